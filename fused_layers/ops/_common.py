@@ -1,0 +1,136 @@
+"""What every op shares: where Triton can run, input checks, config overrides, warnings.
+
+Dispatch rule (one place, used by every op):
+
+* a CUDA tensor runs the Triton kernel;
+* a CPU tensor runs the Triton kernel under ``TRITON_INTERPRET=1`` (the interpreter: slow, for tests);
+* anything else (a CPU tensor without the interpreter, MPS, ...) runs the op's PyTorch reference,
+  with one warning per op.
+
+Eager calls take a *direct path* (``torch.autograd.Function`` straight into the launchers); under
+``torch.compile`` the same launchers are reached through ``torch.library`` custom ops (fake + autograd
+registered) so the graph has no break. The direct path exists because the custom-op dispatcher costs
+tens of microseconds per call in eager mode, comparable to a small kernel (measured in
+``benchmarks/bench_softmax.py``, ``dispatch`` section).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from typing import Iterator
+
+import torch
+
+try:  # Triton is a Linux-only dependency.
+    import triton  # noqa: F401
+    import triton.language as tl  # noqa: F401
+
+    HAS_TRITON = True
+except Exception:  # pragma: no cover - exercised only where triton is missing
+    HAS_TRITON = False
+
+#: Read once at import: Triton itself reads the variable when kernels are first decorated.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DTYPE_NAMES = "float16, bfloat16 or float32"
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str, category: type[Warning] = UserWarning) -> None:
+    """Emit ``message`` once per process for ``key``."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(message, category, stacklevel=3)
+
+
+def triton_runnable(t: torch.Tensor) -> bool:
+    """True when the Triton kernels can run on ``t``'s device (CUDA, or CPU under the interpreter)."""
+    if not HAS_TRITON:
+        return False
+    if t.device.type == "cuda":
+        return True
+    return INTERPRET and t.device.type == "cpu"
+
+
+def use_fallback(op: str, t: torch.Tensor) -> bool:
+    """True (and warn once) when ``op`` must run its PyTorch reference on ``t``'s device."""
+    if triton_runnable(t):
+        return False
+    if t.device.type == "meta":  # shape propagation / FLOP counting: the reference is the right answer
+        return True
+    why = "triton is not installed" if not HAS_TRITON else f"Triton cannot run on device '{t.device}'"
+    hint = "" if t.device.type != "cpu" else " (set TRITON_INTERPRET=1 before import to run the kernels on the CPU)"
+    warn_once(f"fallback:{op}:{t.device.type}", f"fused_layers.{op}: {why}{hint}; using the PyTorch reference.")
+    return True
+
+
+def check_tensor(op: str, name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_float_dtype(op: str, name: str, t: torch.Tensor, allow_float64: bool = False) -> None:
+    """Raise a clear ``TypeError`` when ``t`` is not a supported floating dtype."""
+    ok = SUPPORTED_DTYPES + ((torch.float64,) if allow_float64 else ())
+    if t.dtype not in ok:
+        extra = " (float64 runs the PyTorch reference)" if allow_float64 else ""
+        raise TypeError(f"{op}: argument '{name}' has dtype {t.dtype}; supported: {_DTYPE_NAMES}{extra}")
+
+
+def check_same_device(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
+    for name, t in others.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(
+                f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; "
+                "all tensors must be on the same device"
+            )
+
+
+def normalize_dim(op: str, dim: int, ndim: int) -> int:
+    """Wrap a possibly negative ``dim`` like PyTorch does, raising ``IndexError`` when out of range."""
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"{op}: argument 'dim' must be an int, got {type(dim).__name__}")
+    n = max(ndim, 1)  # a 0-d tensor accepts dim in [-1, 0], like torch
+    if not -n <= dim < n:
+        raise IndexError(f"{op}: argument 'dim' out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def is_compiling() -> bool:
+    """True while Dynamo traces: then ops go through the registered custom ops."""
+    try:
+        return torch.compiler.is_compiling()
+    except AttributeError:  # pragma: no cover - torch < 2.3
+        return False
+
+
+# --------------------------------------------------------------------------------------------------
+# Config overrides. Tests use them to push block sizes down so that the interpreter (which runs one
+# program at a time in numpy) reaches the multi-block / streaming paths on small tensors.
+# --------------------------------------------------------------------------------------------------
+_OVERRIDES: dict[str, dict[str, int]] = {}
+
+
+def get_override(op: str, key: str, default: int) -> int:
+    return _OVERRIDES.get(op, {}).get(key, default)
+
+
+@contextlib.contextmanager
+def config_override(op: str, **values: int) -> Iterator[None]:
+    """Temporarily override config values of ``op`` (e.g. ``config_override("softmax", max_single_block=64)``)."""
+    old = dict(_OVERRIDES.get(op, {}))
+    _OVERRIDES.setdefault(op, {}).update(values)
+    try:
+        yield
+    finally:
+        _OVERRIDES[op] = old

@@ -1,0 +1,54 @@
+"""Test set-up: Triton interpreter on CPU-only machines, a `gpu` marker, seeded fresh inputs.
+
+TRITON_INTERPRET must be set before any kernel module is imported, hence at the top of this file.
+"""
+
+import os
+import random
+import zlib
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+# Fresh inputs on every run, reproducible from the printed seed: FUSED_TEST_SEED=<n> pytest ...
+BASE_SEED = int(os.environ.get("FUSED_TEST_SEED", random.SystemRandom().randrange(2**31)))
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_report_header(config):
+    return f"fused-layers: FUSED_TEST_SEED={BASE_SEED} cuda={HAS_CUDA} TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    """Seed torch/random per test from the run's base seed and the test id."""
+    seed = (BASE_SEED + zlib.crc32(request.node.nodeid.encode())) % 2**31
+    torch.manual_seed(seed)
+    random.seed(seed)
+    yield seed
+
+
+@pytest.fixture
+def device():
+    return "cuda" if HAS_CUDA else "cpu"
+
+
+# Per-dtype tolerances (atol, rtol) for outputs of memory-bound ops computed in float32 from
+# inputs of the given dtype, compared with a float64 reference.
+TOL = {
+    torch.float64: (1e-10, 1e-10),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}

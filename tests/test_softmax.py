@@ -1,0 +1,188 @@
+"""FusedSoftmax / fused_softmax against a float64 reference: outputs and gradients."""
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import TOL
+from fused_layers import FusedSoftmax, fused_softmax
+from fused_layers.ops._common import config_override
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Small on the interpreter; the streaming path is reached by forcing small blocks below.
+SHAPES = [(1, 1), (1, 7), (3, 31), (4, 64), (5, 65), (2, 129), (6, 257)]
+
+
+def _check(x: torch.Tensor, dim: int, fn=fused_softmax, grad=True):
+    """Output and input gradient of fn(x, dim) against float64 torch.softmax."""
+    atol, rtol = TOL[x.dtype]
+    xr = x.detach().double().requires_grad_(grad)
+    x = x.detach().requires_grad_(grad)
+    y = fn(x, dim)
+    yr = torch.softmax(xr, dim)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    torch.testing.assert_close(y.double(), yr, atol=atol, rtol=rtol)
+    if grad:
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        yr.backward(dy.double())
+        assert x.grad.dtype == x.dtype
+        torch.testing.assert_close(x.grad.double(), xr.grad, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_single_block(shape, dtype, device):
+    x = torch.randn(shape, device=device, dtype=dtype) * 3
+    _check(x, -1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [17, 64, 100, 257])
+def test_streaming_multi_block(n, dtype, device):
+    """Rows wider than the single-block limit: online softmax over chunks and pieces."""
+    x = torch.randn(3, n, device=device, dtype=dtype) * 4
+    with config_override("softmax", max_single_block=8, stream_block=8):
+        _check(x, -1)
+    with config_override("softmax", max_single_block=8, stream_block=8, splits=3):  # several pieces per row
+        _check(x, -1)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -2, 2])
+def test_non_last_dim(dim, device):
+    x = torch.randn(3, 11, 5, device=device)
+    _check(x, dim)
+    with config_override("softmax", max_single_block=4, stream_block=4):
+        _check(x, dim)
+
+
+def test_non_contiguous_inputs(device):
+    base = torch.randn(6, 40, device=device)
+    _check(base[:, ::3], -1)  # column stride 3
+    _check(base.t(), -1)  # transposed: column stride 40, row stride 1
+    _check(base.t(), 0)
+    x4 = torch.randn(2, 3, 4, 5, device=device).permute(0, 2, 3, 1)  # needs the documented copy path
+    _check(x4, 1)
+    _check(torch.randn(4, 2, 9, device=device).transpose(0, 1)[:, 1:], -1)
+    with config_override("softmax", max_single_block=4, stream_block=4):
+        _check(base[:, 1::2], -1)
+
+
+def test_rank_and_empty(device):
+    _check(torch.randn((), device=device), 0)
+    _check(torch.randn(13, device=device), 0)
+    _check(torch.randn(2, 3, 2, 7, device=device), -1)
+    for shape, dim in [((0, 5), -1), ((3, 0), -1), ((0,), 0), ((2, 0, 3), 1)]:
+        x = torch.randn(shape, device=device, requires_grad=True)
+        y = fused_softmax(x, dim)
+        assert y.shape == torch.softmax(x, dim).shape
+        y.sum().backward()
+        assert x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_special_values(stream, device):
+    """-inf rows, +inf, NaN and huge logits follow torch.softmax exactly."""
+    x = torch.randn(6, 23, device=device) * 2
+    x[0] = float("-inf")  # all -inf: NaN row
+    x[1, :11] = float("-inf")  # first pieces all -inf, later finite
+    x[2, 5] = float("inf")  # +inf: NaN row
+    x[3, 7] = float("nan")  # NaN: NaN row
+    x[4] = x[4] * 1e37  # huge finite logits
+    x[5, 20:] = float("-inf")  # trailing -inf
+    ctx = config_override("softmax", max_single_block=4, stream_block=4) if stream else config_override("softmax")
+    with ctx:
+        y = fused_softmax(x, -1)
+    ref = torch.softmax(x.double(), -1).float()
+    torch.testing.assert_close(y, ref, equal_nan=True, atol=1e-6, rtol=1e-5)
+    assert torch.isnan(y[0]).all() and torch.isnan(y[2]).all() and torch.isnan(y[3]).all()
+
+
+def test_module_is_drop_in(device):
+    m = FusedSoftmax(dim=1)
+    assert isinstance(m, nn.Softmax) and m.dim == 1 and m.extra_repr() == nn.Softmax(dim=1).extra_repr()
+    x = torch.randn(2, 9, 4, device=device)
+    torch.testing.assert_close(m(x), nn.Softmax(dim=1)(x))
+    m.load_state_dict(nn.Softmax(dim=1).state_dict(), strict=True)
+    legacy = FusedSoftmax()  # dim=None: PyTorch's implicit dim (1 for a 4-D input)
+    x4 = torch.randn(2, 3, 4, 5, device=device)
+    torch.testing.assert_close(legacy(x4), torch.softmax(x4, 1))
+
+
+def test_bad_arguments(device):
+    with pytest.raises(IndexError, match="dim"):
+        fused_softmax(torch.randn(3, 4, device=device), 2)
+    with pytest.raises(TypeError, match="'input' has dtype torch.int64"):
+        fused_softmax(torch.ones(3, 4, dtype=torch.long, device=device), -1)
+    with pytest.raises(TypeError, match="'input' must be a torch.Tensor"):
+        fused_softmax([1.0, 2.0], -1)
+    with pytest.raises(TypeError, match="'dim' must be an int"):
+        fused_softmax(torch.randn(3, device=device), 0.5)
+
+
+def test_float64_uses_reference(device):
+    x = torch.randn(3, 17, dtype=torch.float64, device=device)
+    _check(x, -1)
+
+
+def test_opcheck(device):
+    x = torch.randn(4, 33, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.fused_layers.softmax_fwd.default, (x, 1))
+    y = torch.softmax(x.detach(), -1)
+    torch.library.opcheck(torch.ops.fused_layers.softmax_bwd.default, (y, torch.randn_like(y), 1))
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph(device):
+    """Forward and backward through torch.compile with no graph break (custom op path)."""
+    torch._dynamo.reset()
+    lin = nn.Linear(24, 24).to(device)
+    model = nn.Sequential(lin, FusedSoftmax(dim=-1))
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(5, 24, device=device)
+    y = compiled(x)
+    y_ref = torch.softmax(lin(x), -1)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    g = lin.weight.grad.clone()
+    lin.weight.grad = None
+    y_ref.backward(dy)
+    torch.testing.assert_close(g, lin.weight.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_fallback_without_triton(monkeypatch):
+    """On a device where Triton cannot run, the PyTorch reference computes it with one warning."""
+    import fused_layers.ops._common as common
+
+    monkeypatch.setattr(common, "INTERPRET", False)
+    monkeypatch.setattr(common, "_warned", set())
+    x = torch.randn(3, 10, requires_grad=True)
+    with pytest.warns(UserWarning, match="using the PyTorch reference"):
+        y = fused_softmax(x, -1)
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+    y.sum().backward()  # reference autograd works
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fused_softmax(x, -1)  # warned once only
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU (H200): realistic and wide rows through the real kernels.
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [256, 1000, 1024, 4097, 32768, 65536, 100003, 262144, 1048576])
+def test_gpu_widths(n, dtype):
+    m = max(1, min(64, 2**22 // n))
+    x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
+    _check(x, -1)
+
+
+@pytest.mark.gpu
+def test_gpu_non_last_dim_and_strided():
+    x = torch.randn(8, 4096, 33, device="cuda", dtype=torch.bfloat16)
+    _check(x, 1)
+    _check(torch.randn(512, 8192, device="cuda")[:, ::2], -1)
