@@ -300,11 +300,11 @@ def _single_block_config(n_pow2: int, elem: int) -> tuple[int, int]:
         warps = 16
     else:
         warps = 32 if n_pow2 * elem >= 65536 else 16
-    return block_m, warps
+    return get_override("softmax", "block_m", block_m), get_override("softmax", "num_warps", warps)
 
 
-def _stream_config(m: int, n: int) -> tuple[int, int, int]:
-    """(BLOCK_N chunk, SPLITS pieces per row, PIECE columns per piece) for the streaming kernels."""
+def _stream_config(m: int, n: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N chunk, SPLITS pieces per row, PIECE columns per piece, num_warps) for streaming."""
     block = get_override("softmax", "stream_block", STREAM_BLOCK)
     chunks = triton.cdiv(n, block)
     # Enough programs to fill the GPU several times over (132 SMs on an H200), pieces >= 4 chunks.
@@ -312,7 +312,7 @@ def _stream_config(m: int, n: int) -> tuple[int, int, int]:
     want = get_override("softmax", "splits", want)
     piece = triton.cdiv(chunks, want) * block
     splits = triton.cdiv(n, piece)
-    return block, splits, piece
+    return block, splits, piece, get_override("softmax", "stream_warps", STREAM_WARPS)
 
 
 def _row_view(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, tuple[int, int, int, int, int, int]]:
@@ -371,21 +371,20 @@ def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     n_pow2 = next_power_of_2(n)
     if n_pow2 <= get_override("softmax", "max_single_block", MAX_SINGLE_BLOCK[elem]):
         block_m, warps = _single_block_config(n_pow2, elem)
-        block_m = get_override("softmax", "block_m", block_m)
         grid = (triton.cdiv(m, block_m),)
         _softmax_fwd_kernel[grid](
             xv, y, m, n, inner, sxo, sxi, sxn, syo, syi, syn, BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps
         )
         return y
-    block, splits, piece = _stream_config(m, n)
+    block, splits, piece, warps = _stream_config(m, n)
     stats = torch.empty((m, splits, 2), dtype=torch.float32, device=x.device)
     grid = (m, splits)
     _softmax_fwd_stats_kernel[grid](
-        xv, stats, n, inner, sxo, sxi, sxn, splits, piece, BLOCK_N=block, num_warps=STREAM_WARPS
+        xv, stats, n, inner, sxo, sxi, sxn, splits, piece, BLOCK_N=block, num_warps=warps
     )
     _softmax_fwd_apply_kernel[grid](
         xv, y, stats, n, inner, sxo, sxi, sxn, syo, syi, syn, splits, piece,
-        SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=STREAM_WARPS,
+        SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps,
     )
     return y
 
@@ -405,22 +404,21 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tenso
     n_pow2 = next_power_of_2(n)
     if n_pow2 <= get_override("softmax", "max_single_block", MAX_SINGLE_BLOCK[elem]):
         block_m, warps = _single_block_config(n_pow2, elem)
-        block_m = get_override("softmax", "block_m", block_m)
         grid = (triton.cdiv(m, block_m),)
         _softmax_bwd_kernel[grid](
             yv, dyv, dx, m, n, inner, syo, syi, syn, sdo, sdi, sdn, sgo, sgi, sgn,
             BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps,
         )
         return dx
-    block, splits, piece = _stream_config(m, n)
+    block, splits, piece, warps = _stream_config(m, n)
     dot = torch.empty((m, splits), dtype=torch.float32, device=y.device)
     grid = (m, splits)
     _softmax_bwd_dot_kernel[grid](
-        yv, dyv, dot, n, inner, syo, syi, syn, sdo, sdi, sdn, splits, piece, BLOCK_N=block, num_warps=STREAM_WARPS
+        yv, dyv, dot, n, inner, syo, syi, syn, sdo, sdi, sdn, splits, piece, BLOCK_N=block, num_warps=warps
     )
     _softmax_bwd_apply_kernel[grid](
         yv, dyv, dx, dot, n, inner, syo, syi, syn, sdo, sdi, sdn, sgo, sgi, sgn, splits, piece,
-        SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=STREAM_WARPS,
+        SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps,
     )
     return dx
 
