@@ -1,0 +1,394 @@
+"""The speedup ledger: time each swapped module against its reference on the run's own input shapes.
+
+Usable without Lightning::
+
+    report = swap_modules(model)
+    ledger = Ledger(model)
+    ledger.start_recording()          # forward pre-hooks note (kind, shapes, dtype, autocast) per module
+    train_step(); train_step()
+    ledger.stop_recording()
+    rows = ledger.measure(max_seconds=2.0)   # once per distinct (kind, shape, dtype)
+    print(ledger.format(rows)); scalars = ledger.summary(rows)
+
+What is measured, per distinct (kind, input shapes, dtype):
+
+* forward and forward+backward time of the reference (the fused module's own source class ``forward``
+  called on the *same* module object -- same parameters, no copies) and of the fused module, on fresh
+  random inputs of the recorded shapes/strides/dtypes, under the recorded autocast state;  backward uses
+  ``torch.autograd.grad`` so no ``.grad`` of the model is touched; module hooks are not run;
+* on CUDA: CUDA events, warm-up first, the median of repeated calls; elsewhere (the Triton interpreter on
+  a CPU) ``time.perf_counter`` and the numbers are marked ``meaningful=False``;
+* the fused output's max abs error against the reference (first output tensor, same dtype);
+* achieved throughput of the fused forward: GB/s (bytes of the input + output tensors) for norms and
+  softmax, TFLOP/s for attention kinds (FLOPs of the reference forward counted with
+  ``torch.utils.flop_counter.FlopCounterMode``: a causal mask is counted dense).
+
+The whole measurement is bounded by ``max_seconds`` (split evenly over the keys, fewer repetitions when
+a call is slow; keys left when the budget is spent are reported as not measured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .swap import KINDS, fused_kind, fused_source
+
+__all__ = ["Ledger", "Measurement", "TensorSpec", "measure_pair", "TABLE_COLUMNS"]
+
+TABLE_COLUMNS = ["kind", "modules", "shape", "dtype", "ref_ms", "fused_ms", "speedup", "gbps_or_tflops", "max_err"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Recording: what a module was called with, without keeping the activations alive
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: str
+    requires_grad: bool
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorSpec":
+        return cls(tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), t.requires_grad)
+
+    def make(self) -> torch.Tensor:
+        """A fresh random tensor with this shape/stride/dtype (contiguous when the strides overlap)."""
+        base = torch.randn(self.shape, dtype=self.dtype, device=self.device)
+        try:
+            if self.stride != base.stride() and 0 not in self.stride:
+                out = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+                out.copy_(base)
+                base = out
+        except RuntimeError:
+            pass
+        return base.requires_grad_(self.requires_grad and self.dtype.is_floating_point)
+
+
+def _spec(x: Any) -> Any:
+    """Float tensors become ``TensorSpec`` (re-made random at measure time); other tensors (masks,
+    indices) are kept as they are, detached; everything else as is."""
+    if isinstance(x, torch.Tensor):
+        return TensorSpec.of(x) if x.dtype.is_floating_point and x.dim() > 0 else x.detach()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_spec(v) for v in x)
+    return x
+
+
+def _make(x: Any) -> Any:
+    if isinstance(x, TensorSpec):
+        return x.make()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_make(v) for v in x)
+    return x
+
+
+def _key_part(x: Any) -> Any:
+    if isinstance(x, TensorSpec):
+        return ("T", x.shape, x.stride, str(x.dtype))
+    if isinstance(x, torch.Tensor):
+        return ("t", tuple(x.shape), str(x.dtype))
+    if isinstance(x, (list, tuple)):
+        return tuple(_key_part(v) for v in x)
+    if isinstance(x, (int, float, bool, str, type(None))):
+        return x
+    return repr(type(x))
+
+
+@dataclass
+class Call:
+    """One distinct way a kind of module was called (the ledger's unit of measurement)."""
+
+    kind: str
+    args: tuple
+    kwargs: dict
+    autocast: tuple[str, torch.dtype] | None
+    modules: list[str] = field(default_factory=list)
+
+    @property
+    def shape(self) -> str:
+        shapes = [list(a.shape) for a in self.args if isinstance(a, TensorSpec)]
+        return " ".join(str(s) for s in shapes).replace(" ", "") if len(shapes) == 1 else ", ".join(map(str, shapes))
+
+    @property
+    def dtype(self) -> str:
+        if self.autocast is not None:
+            return f"autocast({str(self.autocast[1]).replace('torch.', '')})"
+        d = next((a.dtype for a in self.args if isinstance(a, TensorSpec)), None)
+        return str(d).replace("torch.", "") if d is not None else "?"
+
+
+# --------------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------------
+def _first_tensor(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (list, tuple)):
+        for o in out:
+            if isinstance(o, torch.Tensor):
+                return o
+    raise TypeError(f"ledger: module output has no tensor ({type(out).__name__})")
+
+
+def _time_ms(fn: Callable[[], Any], cuda: bool, budget_s: float, min_reps: int = 3, max_reps: int = 50) -> float:
+    """Median milliseconds of ``fn()`` after warm-up, spending about ``budget_s``."""
+    fn()  # warm-up (compiles / autotunes on the first call)
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    one = max(time.perf_counter() - t0, 1e-6)
+    reps = int(min(max_reps, max(min_reps, budget_s / one)))
+    times: list[float] = []
+    if cuda:
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+@dataclass
+class Measurement:
+    kind: str
+    modules: list[str]
+    shape: str
+    dtype: str
+    ref_fwd_ms: float
+    fused_fwd_ms: float
+    ref_ms: float  #: forward + backward
+    fused_ms: float  #: forward + backward
+    speedup_fwd: float
+    speedup: float  #: forward + backward, reference time / fused time
+    metric: str  #: "GB/s" or "TFLOP/s"
+    achieved: float  #: of the fused forward, in ``metric`` units
+    max_err: float
+    meaningful: bool  #: False when timed on the CPU (Triton interpreter): only the keys are meaningful
+
+    def row(self) -> list[Any]:
+        return [self.kind, ",".join(self.modules), self.shape, self.dtype, round(self.ref_ms, 4), round(self.fused_ms, 4),
+                round(self.speedup, 4), f"{self.achieved:.4g} {self.metric}", float(self.max_err)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _autocast_ctx(autocast: tuple[str, torch.dtype] | None):
+    """Replay the autocast state the module was called under (none: leave autocast as it is)."""
+    if autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(autocast[0], dtype=autocast[1])
+
+
+def measure_pair(
+    ref: Callable[..., Any],
+    fused: Callable[..., Any],
+    args: tuple,
+    kwargs: dict | None = None,
+    params: tuple[torch.Tensor, ...] = (),
+    kind: str = "softmax",
+    autocast: tuple[str, torch.dtype] | None = None,
+    budget_s: float = 0.5,
+    modules: list[str] | None = None,
+    shape: str = "",
+    dtype: str = "",
+) -> Measurement:
+    """Time ``ref`` against ``fused`` (forward, forward+backward) on ``args`` and measure the error.
+
+    ``args``/``kwargs`` may hold real tensors or ``TensorSpec`` (re-made random).  ``params`` are the
+    parameters to differentiate besides the float inputs that require grad.  ``kind`` picks the metric.
+    """
+    kwargs = dict(kwargs or {})
+    args = _make(tuple(args))
+    kwargs = {k: _make(v) for k, v in kwargs.items()}
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    leaves += [p for p in params if p.requires_grad]
+    dev = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    cuda = dev.type == "cuda"
+    ctx = functools.partial(_autocast_ctx, autocast)
+
+    with torch.enable_grad(), ctx():
+        ref_out = _first_tensor(ref(*args, **kwargs))
+        fused_out = _first_tensor(fused(*args, **kwargs))
+    max_err = (fused_out.detach().float() - ref_out.detach().float()).abs().max().item() if ref_out.numel() else 0.0
+    grad_out = torch.randn_like(ref_out)
+    do_bwd = bool(leaves) and ref_out.requires_grad and fused_out.requires_grad
+
+    def fwd(fn):
+        def run():
+            with torch.no_grad(), ctx():
+                return fn(*args, **kwargs)
+        return run
+
+    def fwd_bwd(fn):
+        def run():
+            with torch.enable_grad(), ctx():
+                out = _first_tensor(fn(*args, **kwargs))
+            return torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
+        return run if do_bwd else fwd(fn)
+
+    per = budget_s / 4
+    ref_fwd = _time_ms(fwd(ref), cuda, per)
+    fused_fwd = _time_ms(fwd(fused), cuda, per)
+    ref_fb = _time_ms(fwd_bwd(ref), cuda, per)
+    fused_fb = _time_ms(fwd_bwd(fused), cuda, per)
+
+    metric = KINDS[kind].metric if kind in KINDS else "GB/s"
+    if metric == "TFLOP/s":
+        from torch.utils.flop_counter import FlopCounterMode
+
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), ctx(), counter:
+            ref(*args, **kwargs)
+        achieved = counter.get_total_flops() / (fused_fwd * 1e-3) / 1e12
+    else:
+        nbytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+        nbytes += fused_out.numel() * fused_out.element_size()
+        achieved = nbytes / (fused_fwd * 1e-3) / 1e9
+    return Measurement(
+        kind=kind, modules=list(modules or []), shape=shape, dtype=dtype,
+        ref_fwd_ms=ref_fwd, fused_fwd_ms=fused_fwd, ref_ms=ref_fb, fused_ms=fused_fb,
+        speedup_fwd=ref_fwd / fused_fwd, speedup=ref_fb / fused_fb,
+        metric=metric, achieved=achieved, max_err=max_err, meaningful=cuda,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The ledger
+# --------------------------------------------------------------------------------------------------
+class Ledger:
+    """Records how the fused modules of ``model`` are called, then measures each distinct call once."""
+
+    def __init__(self, model: nn.Module, names: list[str] | None = None) -> None:
+        self.model = model
+        self.names = names
+        self.calls: dict[tuple, Call] = {}
+        self._handles: list[Any] = []
+        self.measurements: list[Measurement] = []
+        self.not_measured: list[Call] = []
+
+    # recording ------------------------------------------------------------------------------------
+    def fused_modules(self) -> dict[str, tuple[nn.Module, str]]:
+        out = {}
+        for name, m in self.model.named_modules():
+            kind = fused_kind(m)
+            if kind is not None and (self.names is None or name in self.names):
+                out[name] = (m, kind)
+        return out
+
+    def start_recording(self) -> None:
+        self.stop_recording()
+        for name, (m, kind) in self.fused_modules().items():
+            self._handles.append(m.register_forward_pre_hook(functools.partial(self._hook, name, kind), with_kwargs=True))
+
+    def stop_recording(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    @property
+    def recording(self) -> bool:
+        return bool(self._handles)
+
+    def _hook(self, name: str, kind: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        sargs = _spec(tuple(args))
+        skw = {k: _spec(v) for k, v in kwargs.items()}
+        dev = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+        autocast = None
+        try:
+            if torch.is_autocast_enabled(dev):
+                autocast = (dev, torch.get_autocast_dtype(dev))
+        except (TypeError, RuntimeError):  # torch < 2.4, or a device type without autocast
+            pass
+        key = (kind, _key_part(sargs), tuple(sorted((k, _key_part(v)) for k, v in skw.items())), autocast)
+        call = self.calls.get(key)
+        if call is None:
+            call = self.calls[key] = Call(kind, sargs, skw, autocast)
+        if name not in call.modules:
+            call.modules.append(name)
+
+    # measuring ------------------------------------------------------------------------------------
+    def measure(self, max_seconds: float = 2.0, timer: Callable[..., Measurement] | None = None) -> list[Measurement]:
+        """Measure every recorded call once, within about ``max_seconds``; returns (and keeps) the rows."""
+        timer = timer or measure_pair
+        modules = self.fused_modules()
+        calls = list(self.calls.values())
+        self.measurements, self.not_measured = [], []
+        t_end = time.perf_counter() + max_seconds
+        for i, call in enumerate(calls):
+            left = t_end - time.perf_counter()
+            if left <= 0:
+                self.not_measured.extend(calls[i:])
+                break
+            name = next((n for n in call.modules if n in modules), None)
+            if name is None:
+                continue
+            m, _ = modules[name]
+            src = fused_source(m)
+            ref = functools.partial(src.forward, m)
+            fused = functools.partial(type(m).forward, m)
+            self.measurements.append(
+                timer(ref, fused, call.args, call.kwargs, params=tuple(m.parameters()), kind=call.kind,
+                      autocast=call.autocast, budget_s=left / (len(calls) - i), modules=list(call.modules),
+                      shape=call.shape, dtype=call.dtype)
+            )
+        return self.measurements
+
+    # summaries ------------------------------------------------------------------------------------
+    @staticmethod
+    def summary(rows: list[Measurement], prefix: str = "fused") -> dict[str, float]:
+        """Per-kind scalars: geometric means over that kind's shapes of the fwd+bwd and fwd speedups."""
+        out: dict[str, float] = {}
+        by_kind: dict[str, list[Measurement]] = {}
+        for r in rows:
+            by_kind.setdefault(r.kind, []).append(r)
+        for kind, rs in by_kind.items():
+            out[f"{prefix}/speedup/{kind}"] = _gmean([r.speedup for r in rs])
+            out[f"{prefix}/speedup_fwd/{kind}"] = _gmean([r.speedup_fwd for r in rs])
+            out[f"{prefix}/max_err/{kind}"] = max(r.max_err for r in rs)
+            out[f"{prefix}/ref_ms/{kind}"] = sum(r.ref_ms for r in rs)
+            out[f"{prefix}/fused_ms/{kind}"] = sum(r.fused_ms for r in rs)
+        return out
+
+    def module_speedups(self, rows: list[Measurement] | None = None) -> dict[str, float]:
+        """Per module name: geometric mean fwd+bwd speedup over the calls it took part in."""
+        acc: dict[str, list[float]] = {}
+        for r in self.measurements if rows is None else rows:
+            for n in r.modules:
+                acc.setdefault(n, []).append(r.speedup)
+        return {n: _gmean(v) for n, v in acc.items()}
+
+    @staticmethod
+    def format(rows: list[Measurement]) -> str:
+        lines = ["  ".join(f"{c:>12}" for c in TABLE_COLUMNS)]
+        for r in rows:
+            lines.append("  ".join(f"{str(v)[:40]:>12}" for v in r.row()))
+        if rows and not rows[0].meaningful:
+            lines.append("(timed on the CPU / Triton interpreter: times are not meaningful)")
+        return "\n".join(lines)
+
+
+def _gmean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")

@@ -1,0 +1,402 @@
+"""Model surgery: swap PyTorch modules for their fused drop-in subclasses, in place, and back.
+
+``KINDS`` is the one registry of swappable kinds; ``swap_modules``, the Lightning callback
+(``callbacks.FusedLayersCallback``) and the Hydra config all read it.
+
+How a swap works.  Every fused module is a drop-in subclass of its source class (same constructor, same
+attributes and parameter names), so a swap only changes the instance's class::
+
+    module.__class__ = FusedLayerNorm
+
+Everything else is the very same object: the same ``Parameter`` and buffer objects (an optimizer built
+before or after holds the right tensors, in the same order; DDP/FSDP see nothing new), the same forward /
+backward / state-dict hooks, the train/eval mode, device and dtype.  ``state_dict`` keys are unchanged, so
+checkpoints load strictly in either direction.  ``restore_modules`` sets the original class back.
+
+A target class may define ``_fused_after_swap(self)`` (called right after the class change, e.g. to
+derive an attribute its ``__init__`` would have set) and ``_fused_before_restore(self)``.
+
+Rules.  By default only modules whose type *is* a source class are swapped (a subclass may override
+``forward``, so it is reported and left alone unless ``mapping`` names it).  A module that is already
+fused is left alone (swapping is idempotent).  When a whole attention module is swapped for
+``FusedAttention``, the ``nn.Softmax`` inside it is no longer used and is not swapped.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping
+
+from torch import nn
+
+__all__ = ["KINDS", "Kind", "SwapReport", "SwapEntry", "SkipEntry", "swap_modules", "restore_modules",
+           "available_kinds", "resolve_kinds"]
+
+#: Attribute set on a swapped instance: the class it had before (restored by ``restore_modules``).
+SOURCE_ATTR = "_fused_layers_source"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One swappable kind: a reference class and its fused drop-in subclass."""
+
+    name: str
+    source: str  #: dotted path of the reference class
+    target: str  #: name of the fused class, looked up in ``fused_layers.modules`` then ``fused_layers``
+    metric: str  #: "GB/s" (memory-bound: bytes of input + output) or "TFLOP/s" (attention)
+    #: attributes a mapped (non-subclass) user class must have for the fused forward to work
+    needs: tuple[str, ...] = ()
+
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("layer_norm", "torch.nn.LayerNorm", "FusedLayerNorm", "GB/s", ("weight", "eps")),
+        Kind("rms_norm", "torch.nn.RMSNorm", "FusedRMSNorm", "GB/s", ("weight", "eps")),
+        Kind("softmax", "torch.nn.Softmax", "FusedSoftmax", "GB/s", ("dim",)),
+        Kind("multihead_attention", "torch.nn.MultiheadAttention", "FusedMultiheadAttention", "TFLOP/s"),
+        Kind("attention", "fused_layers.modules.attention.Attention", "FusedAttention", "TFLOP/s"),
+    )
+}
+
+
+def _import(path: str) -> Any:
+    mod, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(mod), name)
+
+
+def source_class(kind: str) -> type[nn.Module] | None:
+    try:
+        return _import(KINDS[kind].source)
+    except (ImportError, AttributeError):  # e.g. nn.RMSNorm on torch < 2.4
+        return None
+
+
+def target_class(kind: str) -> type[nn.Module] | None:
+    """The fused class of ``kind``, imported lazily; ``None`` while it does not exist."""
+    name = KINDS[kind].target
+    for mod in ("fused_layers.modules", "fused_layers"):
+        try:
+            return getattr(importlib.import_module(mod), name)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def available_kinds() -> dict[str, str | None]:
+    """``{kind: None}`` for kinds that can be swapped now, ``{kind: reason}`` for those that cannot."""
+    out: dict[str, str | None] = {}
+    for k in KINDS:
+        if source_class(k) is None:
+            out[k] = f"source class {KINDS[k].source} not available in this torch"
+        elif target_class(k) is None:
+            out[k] = f"target not available (fused_layers has no {KINDS[k].target} yet)"
+        else:
+            out[k] = None
+    return out
+
+
+def resolve_kinds(kinds: None | Iterable[str] | Mapping[str, bool]) -> list[str]:
+    """Normalise ``kinds`` (None = all, a list of names, or ``{name: on/off}``) and check the names."""
+    if kinds is None:
+        names = list(KINDS)
+    elif isinstance(kinds, Mapping):
+        _check_names(kinds.keys(), "kinds")
+        names = [k for k, on in kinds.items() if on]
+    elif isinstance(kinds, str):
+        raise TypeError(f"swap_modules: argument 'kinds' must be a list or a dict of kind names, got the string {kinds!r}")
+    else:
+        names = list(kinds)
+        _check_names(names, "kinds")
+    return [k for k in KINDS if k in names]
+
+
+def _check_names(names: Iterable[str], arg: str) -> None:
+    bad = [n for n in names if n not in KINDS]
+    if bad:
+        raise ValueError(f"swap_modules: argument '{arg}' has unknown kind(s) {bad}; allowed: {sorted(KINDS)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class SwapEntry:
+    name: str
+    kind: str
+    from_cls: str
+    to_cls: str
+
+
+@dataclass
+class SkipEntry:
+    name: str
+    kind: str
+    reason: str
+
+
+@dataclass
+class SwapReport:
+    """What ``swap_modules`` (or ``restore_modules``) did: swapped and skipped modules, by qualified name."""
+
+    swapped: list[SwapEntry] = field(default_factory=list)
+    skipped: list[SkipEntry] = field(default_factory=list)
+    #: kinds that were asked for but cannot be swapped in this install (target class not available yet)
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        """Number of swapped modules per kind (every requested kind present, 0 when none)."""
+        out: dict[str, int] = {}
+        for e in self.swapped:
+            out[e.kind] = out.get(e.kind, 0) + 1
+        return out
+
+    def names(self, kind: str | None = None) -> list[str]:
+        return [e.name for e in self.swapped if kind is None or e.kind == kind]
+
+    def merge(self, other: "SwapReport") -> "SwapReport":
+        """Combine two passes (e.g. ``setup`` then ``configure_model``); a later skip of a module that an
+        earlier pass swapped ("already fused") is dropped."""
+        done = {e.name for e in self.swapped}
+        return SwapReport(
+            swapped=self.swapped + other.swapped,
+            skipped=[s for s in self.skipped if s.name not in {e.name for e in other.swapped}]
+            + [s for s in other.skipped if s.name not in done],
+            unavailable={**self.unavailable, **other.unavailable},
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "swapped": [asdict(e) for e in self.swapped],
+            "skipped": [asdict(e) for e in self.skipped],
+            "unavailable": dict(self.unavailable),
+        }
+
+    def rows(self) -> list[list[str]]:
+        """Rows ``[name, kind, status, detail]`` for a text table / W&B table."""
+        rows = [[e.name, e.kind, "swapped", f"{e.from_cls} -> {e.to_cls}"] for e in self.swapped]
+        rows += [[e.name, e.kind, "skipped", e.reason] for e in self.skipped]
+        return rows
+
+    def __str__(self) -> str:
+        lines = [f"fused_layers swap report: {len(self.swapped)} swapped, {len(self.skipped)} skipped"]
+        for kind, n in sorted(self.counts().items()):
+            lines.append(f"  {kind}: {n} swapped")
+        for kind, why in self.unavailable.items():
+            lines.append(f"  {kind}: {why}")
+        rows = self.rows()
+        if rows:
+            w = max(len(r[0]) for r in rows) or 1
+            for name, kind, status, detail in rows:
+                lines.append(f"  {name or '<root>':<{w}}  {kind:<19} {status:<8} {detail}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Matching
+# --------------------------------------------------------------------------------------------------
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    """``name`` matches a pattern as a glob (fnmatch) or, failing that, as a full regex."""
+    for p in patterns:
+        if fnmatch.fnmatchcase(name, p):
+            return True
+        try:
+            if re.fullmatch(p, name):
+                return True
+        except re.error:
+            pass
+    return False
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _normalize_mapping(mapping: Mapping[Any, str] | None) -> dict[type, str]:
+    out: dict[type, str] = {}
+    for key, kind in (mapping or {}).items():
+        if kind not in KINDS:
+            raise ValueError(f"swap_modules: argument 'mapping' maps {key!r} to unknown kind {kind!r}; allowed: {sorted(KINDS)}")
+        if isinstance(key, str):
+            try:
+                cls = _import(key)
+            except (ImportError, AttributeError, ValueError) as e:
+                raise ValueError(f"swap_modules: argument 'mapping' names class {key!r}, which cannot be imported ({e})") from e
+        else:
+            cls = key
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise TypeError(f"swap_modules: argument 'mapping' keys must be nn.Module classes or dotted paths to them, got {key!r}")
+        out[cls] = kind
+    return out
+
+
+def _adapt(module: nn.Module, kind: str, source: type) -> str | None:
+    """Make a mapped module that is not a subclass of ``source`` usable by the fused forward.
+
+    Fills the attributes the fused forward reads that a look-alike class may lack (``normalized_shape``
+    and ``elementwise_affine`` from ``weight``).  Returns a reason string when it cannot.
+    """
+    if isinstance(module, source):
+        return None
+    missing = [a for a in KINDS[kind].needs if not hasattr(module, a)]
+    if kind in ("multihead_attention",):
+        return f"a mapped class for '{kind}' must subclass {KINDS[kind].source}"
+    if missing:
+        return f"incompatible with {KINDS[kind].target}: missing attribute(s) {missing}"
+    if kind in ("layer_norm", "rms_norm"):
+        w = module.weight
+        if not hasattr(module, "normalized_shape"):
+            if w is None:
+                return "incompatible: no weight to derive normalized_shape from"
+            module.__dict__["normalized_shape"] = tuple(w.shape)
+        if not hasattr(module, "elementwise_affine"):
+            module.__dict__["elementwise_affine"] = w is not None
+        if kind == "layer_norm" and not hasattr(module, "bias"):
+            module.__dict__["bias"] = None
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Swap / restore
+# --------------------------------------------------------------------------------------------------
+def swap_modules(
+    model: nn.Module,
+    kinds: None | Iterable[str] | Mapping[str, bool] = None,
+    include: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+    mapping: Mapping[Any, str] | None = None,
+) -> SwapReport:
+    """Replace, in place, the modules of ``model`` that have a fused drop-in; return a ``SwapReport``.
+
+    Args:
+        model: any ``nn.Module`` (the root itself can be swapped too; its name is ``""``).
+        kinds: which kinds to swap: ``None`` (all of ``KINDS``), a list of names, or ``{name: bool}``.
+        include: glob or regex patterns on qualified module names (``"blocks.*.ln_1"``); when given,
+            only matching modules are swapped.
+        exclude: patterns of modules to leave alone (applied after ``include``).
+        mapping: other classes to swap, ``{cls or "dotted.path.Cls": kind}`` -- a model's own
+            LayerNorm look-alike with ``weight``/``bias``/``eps``, or a subclass of a source class.
+
+    Only exact source types are swapped by default; already-fused modules are skipped (idempotent).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"swap_modules: argument 'model' must be an nn.Module, got {type(model).__name__}")
+    include, exclude = list(include or ()), list(exclude or ())
+    wanted = resolve_kinds(kinds)
+    user_map = _normalize_mapping(mapping)
+    report = SwapReport()
+
+    sources: dict[type, str] = {}  # exact source class -> kind (all kinds, to report disabled ones)
+    targets: dict[type, str] = {}
+    for k in KINDS:
+        src = source_class(k)
+        if src is not None:
+            sources[src] = k
+        tgt = target_class(k)
+        if tgt is not None:
+            targets[tgt] = k
+        if k in wanted and (src is None or tgt is None):
+            report.unavailable[k] = available_kinds()[k] or "not available"
+
+    fused_attention_prefixes: list[str] = []
+    for name, module in model.named_modules():
+        cls = type(module)
+        if any(name.startswith(p + ".") for p in fused_attention_prefixes):
+            kind = sources.get(cls) or user_map.get(cls)
+            if kind is not None or cls in targets:
+                report.skipped.append(SkipEntry(name, kind or targets[cls], "inside a fused attention module (unused)"))
+            continue
+        if cls in targets:  # already fused
+            kind = targets[cls]
+            if kind == "attention":
+                fused_attention_prefixes.append(name)
+            report.skipped.append(SkipEntry(name, kind, "already fused"))
+            continue
+        if cls in user_map:
+            kind = user_map[cls]
+        elif cls in sources:
+            kind = sources[cls]
+        else:
+            base = next((s for s in sources if isinstance(module, s)), None)
+            if base is not None and sources[base] in wanted:
+                report.skipped.append(
+                    SkipEntry(name, sources[base], f"{_qualname(cls)} subclasses {_qualname(base)}; add it to 'mapping' to swap it")
+                )
+            continue
+        if kind not in wanted:
+            report.skipped.append(SkipEntry(name, kind, f"kind '{kind}' disabled"))
+            continue
+        if kind in report.unavailable:
+            report.skipped.append(SkipEntry(name, kind, report.unavailable[kind]))
+            continue
+        if include and not _matches(name, include):
+            report.skipped.append(SkipEntry(name, kind, "not matched by 'include'"))
+            continue
+        if exclude and _matches(name, exclude):
+            report.skipped.append(SkipEntry(name, kind, "matched by 'exclude'"))
+            continue
+        target = target_class(kind)
+        src = source_class(kind)
+        why = _adapt(module, kind, src)
+        if why is not None:
+            report.skipped.append(SkipEntry(name, kind, why))
+            continue
+        module.__class__ = target
+        module.__dict__[SOURCE_ATTR] = cls
+        after = getattr(target, "_fused_after_swap", None)
+        if after is not None:
+            after(module)
+        report.swapped.append(SwapEntry(name, kind, _qualname(cls), _qualname(target)))
+        if kind == "attention":
+            fused_attention_prefixes.append(name)
+    return report
+
+
+def restore_modules(model: nn.Module, names: Iterable[str] | SwapReport | None = None) -> SwapReport:
+    """Undo ``swap_modules``: give fused modules back their original class (the same objects again).
+
+    ``names`` limits it to those qualified names (or to the modules a ``SwapReport`` swapped); by default
+    every fused module in ``model`` is restored.  Fused modules that were built as fused (never swapped)
+    go back to their kind's source class.  Returns a report of what was restored.
+    """
+    if isinstance(names, SwapReport):
+        names = names.names()
+    only = None if names is None else set(names)
+    targets = {t: k for k in KINDS if (t := target_class(k)) is not None}
+    report = SwapReport()
+    for name, module in model.named_modules():
+        if only is not None and name not in only:
+            continue
+        kind = targets.get(type(module))
+        if kind is None:
+            continue
+        src = module.__dict__.get(SOURCE_ATTR) or source_class(kind)
+        before = getattr(type(module), "_fused_before_restore", None)
+        if before is not None:
+            before(module)
+        fused_cls = type(module)
+        module.__class__ = src
+        module.__dict__.pop(SOURCE_ATTR, None)
+        report.swapped.append(SwapEntry(name, kind, _qualname(fused_cls), _qualname(src)))
+    return report
+
+
+def fused_source(module: nn.Module) -> type[nn.Module] | None:
+    """The reference class of a fused module (what ``restore_modules`` would give it), else ``None``."""
+    targets = {t: k for k in KINDS if (t := target_class(k)) is not None}
+    kind = targets.get(type(module))
+    if kind is None:
+        return None
+    return module.__dict__.get(SOURCE_ATTR) or source_class(kind)
+
+
+def fused_kind(module: nn.Module) -> str | None:
+    """The kind of a fused module, else ``None``."""
+    for k in KINDS:
+        t = target_class(k)
+        if t is not None and type(module) is t:
+            return k
+    return None
