@@ -1,5 +1,6 @@
 """Functional API: the fused ops as plain functions (eager direct path, custom ops under torch.compile)."""
 
+from .ops.attention import fused_attention, fused_attention_varlen
 from .ops.softmax import fused_softmax
 
-__all__ = ["fused_softmax"]
+__all__ = ["fused_attention", "fused_attention_varlen", "fused_softmax"]

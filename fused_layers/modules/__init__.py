@@ -1,6 +1,6 @@
 """Drop-in ``nn.Module`` replacements (one file per module family)."""
 
-from .attention import Attention
+from .attention import Attention, FusedAttention, FusedMultiheadAttention
 from .softmax import FusedSoftmax
 
-__all__ = ["Attention", "FusedSoftmax"]
+__all__ = ["FusedAttention", "FusedMultiheadAttention", "Attention", "FusedSoftmax"]

@@ -1,0 +1,1036 @@
+r"""Streaming-softmax (FlashAttention-style) attention: Triton forward and backward.
+
+Notation.  For one (batch, head): Q is Sq x D, K and V are Sk x D, ``scale`` defaults to 1/sqrt(D),
+
+    S = scale * Q K^T + b,     P = softmax(S) (row-wise),     O = P V,
+
+where ``b`` is an optional per-key additive bias (a key-padding mask: 0 keeps a key, -inf drops it) and
+the causal mask (``is_causal``) keeps key j for query i iff j <= i: aligned to the *top-left* corner,
+exactly like ``F.scaled_dot_product_attention(is_causal=True)`` (for Sq > Sk the last rows see every
+key; for Sq < Sk row i sees only keys 0..i).
+
+Forward (online softmax).  A program owns BLOCK_M query rows and streams K and V in tiles of BLOCK_N
+keys, never materializing S.  It keeps, per row, the running max m, the running sum l and an fp32
+accumulator A.  Working in base 2 with the scale folded in (s2 = S * log2(e), exp2 is the native
+instruction), for each tile
+
+    m' = max(m, rowmax(s2)),   P~ = exp2(s2 - m'),   a = exp2(m - m'),
+    l' = a * l + rowsum(P~),   A' = a * A + P~ V,
+
+and at the end O = A / l and the base-2 log-sum-exp L = m + log2(l) is saved (fp32, O(S) memory) for
+the backward.  A row with no allowed key (all of its keys masked) keeps m = -inf: the kernel subtracts 0
+instead of -inf there (no -inf - -inf = NaN), so l = 0 and the row's output is 0, which is what SDPA
+returns on this torch version; its saved L is +inf so that the backward recomputes P = 0 for it (zero
+gradients, like SDPA).  Within a program the key range is split in two: tiles that are fully visible to
+every row (no mask arithmetic at all) and the tiles on the causal diagonal or the ragged end of Sk (masked).
+
+Backward.  With dO the incoming gradient, recompute P = exp2(s2 - L) from the saved L, then
+
+    dV = P^T dO,    dP = dO V^T,    dS = P * (dP - delta),    delta = rowsum(dO * O) = rowsum(P * dP),
+    dQ = scale * dS K,     dK = scale * dS^T Q.
+
+Three kernels: ``_attn_bwd_preprocess`` computes delta; ``_attn_bwd_dkdv_kernel`` owns BLOCK_N keys of
+one K/V head and loops over the query blocks of *every query head of its group* (grouped-query
+attention: the dK/dV of a shared K/V head sum over its Hq/Hkv query heads in registers, no atomics);
+``_attn_bwd_dq_kernel`` owns BLOCK_M queries and loops over key blocks.  Query rows past the end of the
+sequence load L = +inf, so they contribute P = 0 without any mask arithmetic.
+
+Layouts.  Dense tensors are (B, H, S, D) with any strides (views of a fused qkv projection, transposes
+of (B, S, H, D)); no copy is made.  Packed variable-length sequences (``fused_attention_varlen``, the
+layout of flash_attn_varlen_func) are (total, H, D) with ``cu_seqlens`` (int32, B + 1 offsets): the
+same kernels run with a batch stride of 0 and per-sequence start offsets read from ``cu_seqlens``, and
+programs past a short sequence's end exit at once, so padding costs no work.  Head dims up to 256 are
+padded to a power of two BLOCK_D with masked loads (other = 0, the identity of the dot products).
+
+Dtypes.  float16 / bfloat16: tensor-core dots with fp32 accumulation, P cast to the input dtype for the
+P V and dS K products (as FlashAttention).  float32: the dots run in tf32 when
+``torch.backends.cuda.matmul.allow_tf32`` is True and in full fp32 ("ieee") otherwise (the default),
+so float32 inputs get float32 accuracy unless the user opted in to tf32.  float64 runs the PyTorch
+reference (SDPA).
+
+Tile sizes, warps and pipeline stages are autotuned on CUDA over a few configs per (head-dim bucket,
+causal, dtype) -- never per sequence length -- so the first call of a bucket tunes once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._common import (
+    INTERPRET,
+    check_float_dtype,
+    check_same_device,
+    check_tensor,
+    config_override,  # noqa: F401  (re-exported for tests: config_override("attention", block_m=16, ...))
+    get_override,
+    is_compiling,
+    next_power_of_2,
+    use_fallback,
+    warn_once,
+)
+
+_OP = "fused_attention"
+LOG2E = 1.4426950408889634
+MAX_HEAD_DIM = 256
+
+
+# ==================================================================================================
+# Forward kernel
+# ==================================================================================================
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i,  # running fp32 accumulator [BLOCK_M, BLOCK_D], sum [BLOCK_M], max [BLOCK_M] (base 2)
+    q,  # the program's query tile [BLOCK_M, BLOCK_D] (input dtype)
+    k_ptrs, v_ptrs,  # pointers to the first K / V tile [BLOCK_N, BLOCK_D] of this key range
+    kb_ptrs,  # pointers to the per-key bias of the first key of the range (only read when HAS_KB)
+    sks, svs, skbn,  # strides of K, V and the key bias along the key dim
+    offs_m, offs_n, d_mask,  # query row indices [BLOCK_M], key offsets in a tile [BLOCK_N], head-dim mask
+    seqlen_k, lo, hi,  # keys of this sequence, and the key range [lo, hi) of this call
+    qk_scale,  # scale * log2(e)
+    MASKED: tl.constexpr,  # apply the ragged-end (and causal) mask: tiles on the diagonal / at the end
+    CAUSAL: tl.constexpr,
+    HAS_KB: tl.constexpr,
+    EVEN_D: tl.constexpr,  # D == BLOCK_D: no head-dim mask
+    BLOCK_N: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        # K / V tiles; out-of-range keys and padded head dims load 0 (identity of the dot products).
+        if MASKED:
+            kv_mask = cols[:, None] < seqlen_k
+            if not EVEN_D:
+                kv_mask = kv_mask & d_mask[None, :]
+            k = tl.load(k_ptrs + start_n * sks, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs + start_n * sks)
+        else:
+            k = tl.load(k_ptrs + start_n * sks, mask=d_mask[None, :], other=0.0)
+        # Scores in base 2: s2 = (q . k) * scale * log2(e) [+ bias * log2(e)].
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        if HAS_KB:
+            # -inf (a dropped key, or a key past the end) is the identity of the max that follows.
+            kb = tl.load(kb_ptrs + cols * skbn, mask=cols < seqlen_k, other=-float("inf")).to(tl.float32)
+            qk = qk + kb[None, :] * 1.4426950408889634
+        if MASKED:
+            keep = cols[None, :] < seqlen_k
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None])
+            qk = tl.where(keep, qk, -float("inf"))
+        # Online softmax update.
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row that has seen no key yet
+        p = tl.math.exp2(qk - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if MASKED:
+            v = tl.load(v_ptrs + start_n * svs, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            v = tl.load(v_ptrs + start_n * svs)
+        else:
+            v = tl.load(v_ptrs + start_n * svs, mask=d_mask[None, :], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q,  # queries: element (b, h, i, d) at Q + b*sqb + h*sqh + (q_start + i)*sqs + d*sqd
+    K,  # keys, head hk = h // GROUP: K + b*skb + hk*skh + (k_start + j)*sks + d*skd
+    V,  # values, same indexing as K with the sv* strides
+    O,  # output, same indexing as Q with the so* strides
+    LSE,  # fp32 base-2 log-sum-exp per query row: LSE + b*slb + h*slh + q_start + i
+    KB,  # fp32 per-key additive bias (b, h, j) at KB + b*skbb + h*skbh + j*skbn (only when HAS_KB)
+    CU_Q, CU_K,  # int32 [B + 1] cumulative sequence offsets (only when VARLEN)
+    qk_scale,  # scale * log2(e)
+    sqb, sqh, sqs, sqd,
+    skb, skh, sks, skd,
+    svb, svh, svs, svd,
+    sob, soh, sos, sod,
+    slb, slh,
+    skbb, skbh, skbn,
+    H,  # query heads
+    GROUP,  # query heads per K/V head (1: MHA, H: MQA)
+    SQ, SK,  # sequence lengths (dense layout; VARLEN reads them from CU_Q / CU_K)
+    HEAD_DIM,  # D (<= BLOCK_D)
+    VARLEN: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_KB: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # next power of two >= D (>= 16)
+    EVEN_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per program
+    BLOCK_N: tl.constexpr,  # keys per streamed tile
+):
+    # Heaviest blocks first: with a causal mask, later query blocks see more keys.
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    if VARLEN:
+        q_start = tl.load(CU_Q + b)
+        seqlen_q = tl.load(CU_Q + b + 1) - q_start
+        k_start = tl.load(CU_K + b)
+        seqlen_k = tl.load(CU_K + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = SQ
+        k_start = 0
+        seqlen_k = SK
+    start_m = pid_m * BLOCK_M
+    if start_m >= seqlen_q:  # a short sequence of a packed batch
+        return
+    b64 = b.to(tl.int64)
+    q_base = Q + b64 * sqb + h.to(tl.int64) * sqh + q_start.to(tl.int64) * sqs
+    k_base = K + b64 * skb + hk.to(tl.int64) * skh + k_start.to(tl.int64) * sks
+    v_base = V + b64 * svb + hk.to(tl.int64) * svh + k_start.to(tl.int64) * svs
+    o_base = O + b64 * sob + h.to(tl.int64) * soh + q_start.to(tl.int64) * sos
+    kb_ptrs = KB + b64 * skbb + h.to(tl.int64) * skbh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    q_mask = offs_m[:, None] < seqlen_q
+    if not EVEN_D:
+        q_mask = q_mask & d_mask[None, :]
+    q = tl.load(q_base + offs_m[:, None] * sqs + offs_d[None, :] * sqd, mask=q_mask, other=0.0)
+    k_ptrs = k_base + offs_n[:, None] * sks + offs_d[None, :] * skd
+    v_ptrs = v_base + offs_n[:, None] * svs + offs_d[None, :] * svd
+
+    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # Key range: [0, n_full) is visible to every row of the block with no mask; [n_full, n_end) holds
+    # the causal diagonal and / or the ragged last tile.
+    if CAUSAL:
+        n_end = tl.minimum(seqlen_k, start_m + BLOCK_M)
+        n_full = (tl.minimum(start_m, seqlen_k) // BLOCK_N) * BLOCK_N
+    else:
+        n_end = seqlen_k
+        n_full = (seqlen_k // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
+        seqlen_k, 0, n_full, qk_scale,
+        MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
+    )
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
+        seqlen_k, n_full, n_end, qk_scale,
+        MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
+    )
+    # Epilogue: normalize; a row with no allowed key (l = 0) outputs 0 and saves L = +inf.
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("inf"), m_i + tl.math.log2(l_safe))
+    row_ok = offs_m < seqlen_q
+    tl.store(LSE + b64 * slb + h.to(tl.int64) * slh + q_start + offs_m, lse, mask=row_ok)
+    o_mask = row_ok[:, None]
+    if not EVEN_D:
+        o_mask = o_mask & d_mask[None, :]
+    tl.store(o_base + offs_m[:, None] * sos + offs_d[None, :] * sod, out.to(O.dtype.element_ty), mask=o_mask)
+
+
+# ==================================================================================================
+# Backward kernels
+# ==================================================================================================
+@triton.jit
+def _attn_bwd_preprocess(
+    O, DO,  # output and its gradient, indexed like Q (strides so*, sdo*)
+    DELTA,  # fp32 rowsum(dO * O), laid out like LSE (strides slb, slh)
+    CU_Q,
+    sob, soh, sos, sod,
+    sdob, sdoh, sdos, sdod,
+    slb, slh,
+    H, SQ, HEAD_DIM,
+    VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    if VARLEN:
+        q_start = tl.load(CU_Q + b)
+        seqlen_q = tl.load(CU_Q + b + 1) - q_start
+    else:
+        q_start = 0
+        seqlen_q = SQ
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    rows = (q_start + offs_m).to(tl.int64)
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    o = tl.load(O + b64 * sob + h64 * soh + rows[:, None] * sos + offs_d[None, :] * sod, mask=mask, other=0.0)
+    do = tl.load(DO + b64 * sdob + h64 * sdoh + rows[:, None] * sdos + offs_d[None, :] * sdod, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + b64 * slb + h64 * slh + rows, delta, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(
+    dk, dv,  # fp32 accumulators [BLOCK_N, BLOCK_D]
+    k, v,  # this program's key / value tiles [BLOCK_N, BLOCK_D]
+    kb,  # per-key bias (base 2) [BLOCK_N] (only when HAS_KB)
+    q_ptrs, do_ptrs,  # pointers to the first query / dO tile [BLOCK_M, BLOCK_D] of the sequence
+    lse_ptr, delta_ptr,  # pointers to row 0 of the sequence's L and delta
+    sqs, sdos,
+    offs_m, cols, d_mask,  # row offsets in a tile [BLOCK_M], this program's keys [BLOCK_N], head-dim mask
+    seqlen_q, lo, hi, qk_scale,
+    MASKED: tl.constexpr,  # causal mask on the diagonal tiles
+    HAS_KB: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    for start_m in tl.range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        row_ok = rows < seqlen_q
+        qd_mask = row_ok[:, None]
+        if not EVEN_D:
+            qd_mask = qd_mask & d_mask[None, :]
+        q = tl.load(q_ptrs + start_m * sqs, mask=qd_mask, other=0.0)
+        do = tl.load(do_ptrs + start_m * sdos, mask=qd_mask, other=0.0)
+        # Rows past the end load L = +inf: P^T = exp2(s2 - inf) = 0, no further mask needed.
+        lse = tl.load(lse_ptr + rows, mask=row_ok, other=float("inf"))
+        delta = tl.load(delta_ptr + rows, mask=row_ok, other=0.0)
+        # Transposed scores s2^T [BLOCK_N, BLOCK_M] and probabilities P^T recomputed from L.
+        qkT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
+        if HAS_KB:
+            qkT = qkT + kb[:, None]
+        pT = tl.math.exp2(qkT - lse[None, :])
+        if MASKED:
+            pT = tl.where(rows[None, :] >= cols[:, None], pT, 0.0)
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)  # dV += P^T dO
+        dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # dP^T = V dO^T
+        dsT = pT * (dpT - delta[None, :])  # dS^T (scale applied at the end)
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)  # dK += dS^T Q
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO,  # inputs and the output gradient (strides below; DO indexed like Q)
+    DK, DV,  # gradients of K and V (written), indexed like K / V with the sdk*, sdv* strides
+    LSE, DELTA,  # fp32 per query row (strides slb, slh)
+    KB, CU_Q, CU_K,  # as in _attn_fwd_kernel
+    qk_scale, sm_scale,
+    sqb, sqh, sqs, sqd,
+    skb, skh, sks, skd,
+    svb, svh, svs, svd,
+    sdob, sdoh, sdos, sdod,
+    sdkb, sdkh, sdks, sdkd,
+    sdvb, sdvh, sdvs, sdvd,
+    slb, slh,
+    skbb, skbh, skbn,
+    HKV,  # K/V heads
+    GROUP,  # query heads per K/V head
+    SQ, SK, HEAD_DIM,
+    VARLEN: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_KB: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per inner step
+    BLOCK_N: tl.constexpr,  # keys per program
+):
+    """One program: BLOCK_N keys of one K/V head; dK, dV summed over every query head of the group."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    if VARLEN:
+        q_start = tl.load(CU_Q + b)
+        seqlen_q = tl.load(CU_Q + b + 1) - q_start
+        k_start = tl.load(CU_K + b)
+        seqlen_k = tl.load(CU_K + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = SQ
+        k_start = 0
+        seqlen_k = SK
+    start_n = pid_n * BLOCK_N
+    if start_n >= seqlen_k:
+        return
+    b64 = b.to(tl.int64)
+    hk64 = hk.to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    cols = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    kv_mask = (cols[:, None] < seqlen_k) & d_mask[None, :]
+    k_off = b64 * skb + hk64 * skh + k_start.to(tl.int64) * sks
+    v_off = b64 * svb + hk64 * svh + k_start.to(tl.int64) * svs
+    k = tl.load(K + k_off + cols[:, None] * sks + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
+    v = tl.load(V + v_off + cols[:, None] * svs + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # Query rows that see this key block: causal -> rows >= start_n. Tiles [lo, hi_mask) straddle the
+    # diagonal (masked), tiles from hi_mask on see every key of the block.
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+        hi_mask = tl.minimum(tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M, tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M)
+        lo_full = tl.maximum(lo, hi_mask)
+    else:
+        lo = 0
+        hi_mask = 0
+        lo_full = 0
+    kb = tl.zeros([BLOCK_N], tl.float32)
+    for g in range(GROUP):
+        h64 = (hk * GROUP + g).to(tl.int64)
+        if HAS_KB:
+            kb = tl.load(KB + b64 * skbb + h64 * skbh + cols * skbn, mask=cols < seqlen_k, other=-float("inf"))
+            kb = kb.to(tl.float32) * 1.4426950408889634
+        q_ptrs = Q + b64 * sqb + h64 * sqh + q_start.to(tl.int64) * sqs + offs_m[:, None] * sqs + offs_d[None, :] * sqd
+        do_ptrs = DO + b64 * sdob + h64 * sdoh + q_start.to(tl.int64) * sdos + offs_m[:, None] * sdos + offs_d[None, :] * sdod
+        lse_ptr = LSE + b64 * slb + h64 * slh + q_start
+        delta_ptr = DELTA + b64 * slb + h64 * slh + q_start
+        if CAUSAL:
+            dk, dv = _attn_bwd_dkdv_inner(
+                dk, dv, k, v, kb, q_ptrs, do_ptrs, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
+                seqlen_q, lo, hi_mask, qk_scale,
+                MASKED=True, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
+            )
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, kb, q_ptrs, do_ptrs, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
+            seqlen_q, lo_full, seqlen_q, qk_scale,
+            MASKED=False, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
+        )
+    dk = dk * sm_scale
+    dk_off = b64 * sdkb + hk64 * sdkh + k_start.to(tl.int64) * sdks
+    dv_off = b64 * sdvb + hk64 * sdvh + k_start.to(tl.int64) * sdvs
+    tl.store(DK + dk_off + cols[:, None] * sdks + offs_d[None, :] * sdkd, dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + dv_off + cols[:, None] * sdvs + offs_d[None, :] * sdvd, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(
+    dq,  # fp32 accumulator [BLOCK_M, BLOCK_D]
+    q, do, lse, delta,  # this program's tiles / rows
+    k_ptrs, v_ptrs, kb_ptrs,  # pointers to the first K / V tile and the key bias of the sequence
+    sks, svs, skbn,
+    rows, offs_n, d_mask,
+    seqlen_k, lo, hi, qk_scale,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_KB: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if MASKED:
+            kv_mask = cols[:, None] < seqlen_k
+            if not EVEN_D:
+                kv_mask = kv_mask & d_mask[None, :]
+            k = tl.load(k_ptrs + start_n * sks, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs + start_n * svs, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs + start_n * sks)
+            v = tl.load(v_ptrs + start_n * svs)
+        else:
+            k = tl.load(k_ptrs + start_n * sks, mask=d_mask[None, :], other=0.0)
+            v = tl.load(v_ptrs + start_n * svs, mask=d_mask[None, :], other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        if HAS_KB:
+            kb = tl.load(kb_ptrs + cols * skbn, mask=cols < seqlen_k, other=-float("inf")).to(tl.float32)
+            qk = qk + kb[None, :] * 1.4426950408889634
+        p = tl.math.exp2(qk - lse[:, None])
+        if MASKED:
+            keep = cols[None, :] < seqlen_k
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= rows[:, None])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # dP = dO V^T
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)  # dQ += dS K
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, DO,
+    DQ,  # gradient of Q (written), indexed like Q with the sdq* strides
+    LSE, DELTA, KB, CU_Q, CU_K,
+    qk_scale, sm_scale,
+    sqb, sqh, sqs, sqd,
+    skb, skh, sks, skd,
+    svb, svh, svs, svd,
+    sdob, sdoh, sdos, sdod,
+    sdqb, sdqh, sdqs, sdqd,
+    slb, slh,
+    skbb, skbh, skbn,
+    H, GROUP, SQ, SK, HEAD_DIM,
+    VARLEN: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_KB: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per program
+    BLOCK_N: tl.constexpr,  # keys per inner step
+):
+    """One program: BLOCK_M query rows of one query head; loops over the key blocks they see."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    if VARLEN:
+        q_start = tl.load(CU_Q + b)
+        seqlen_q = tl.load(CU_Q + b + 1) - q_start
+        k_start = tl.load(CU_K + b)
+        seqlen_k = tl.load(CU_K + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = SQ
+        k_start = 0
+        seqlen_k = SK
+    start_m = pid_m * BLOCK_M
+    if start_m >= seqlen_q:
+        return
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    hk64 = hk.to(tl.int64)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    row_ok = rows < seqlen_q
+    qd_mask = row_ok[:, None] & d_mask[None, :]
+    q_row = q_start.to(tl.int64) + rows
+    q = tl.load(Q + b64 * sqb + h64 * sqh + q_row[:, None] * sqs + offs_d[None, :] * sqd, mask=qd_mask, other=0.0)
+    do = tl.load(DO + b64 * sdob + h64 * sdoh + q_row[:, None] * sdos + offs_d[None, :] * sdod, mask=qd_mask, other=0.0)
+    lse = tl.load(LSE + b64 * slb + h64 * slh + q_row, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + b64 * slb + h64 * slh + q_row, mask=row_ok, other=0.0)
+    k_ptrs = K + b64 * skb + hk64 * skh + k_start.to(tl.int64) * sks + offs_n[:, None] * sks + offs_d[None, :] * skd
+    v_ptrs = V + b64 * svb + hk64 * svh + k_start.to(tl.int64) * svs + offs_n[:, None] * svs + offs_d[None, :] * svd
+    kb_ptrs = KB + b64 * skbb + h64 * skbh
+    if CAUSAL:
+        n_end = tl.minimum(seqlen_k, start_m + BLOCK_M)
+        n_full = (tl.minimum(start_m, seqlen_k) // BLOCK_N) * BLOCK_N
+    else:
+        n_end = seqlen_k
+        n_full = (seqlen_k // BLOCK_N) * BLOCK_N
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse, delta, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, rows, offs_n, d_mask,
+        seqlen_k, 0, n_full, qk_scale,
+        MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
+    )
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse, delta, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, rows, offs_n, d_mask,
+        seqlen_k, n_full, n_end, qk_scale,
+        MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
+    )
+    dq = dq * sm_scale
+    tl.store(DQ + b64 * sdqb + h64 * sdqh + q_row[:, None] * sdqs + offs_d[None, :] * sdqd,
+             dq.to(DQ.dtype.element_ty), mask=qd_mask)
+
+
+# ==================================================================================================
+# PyTorch reference (float64 inputs, devices Triton cannot run on, masks the kernels cannot fuse)
+# ==================================================================================================
+def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """SDPA, with ``is_causal`` and ``attn_mask`` allowed together (folded into one boolean/float mask)."""
+    if is_causal and attn_mask is not None:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        if attn_mask.dtype == torch.bool:
+            attn_mask = attn_mask & keep
+        else:
+            attn_mask = attn_mask.masked_fill(~keep, float("-inf"))
+        is_causal = False
+    if attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
+        attn_mask = attn_mask.to(q.dtype)
+    kw = {"enable_gqa": True} if enable_gqa else {}
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, **kw)
+
+
+def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=False, scale=None):
+    """Each packed sequence through SDPA, one by one."""
+    outs = []
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    gqa = q.shape[1] != k.shape[1]
+    for i in range(len(cq) - 1):
+        qi = q[cq[i] : cq[i + 1]].transpose(0, 1)
+        ki = k[ck[i] : ck[i + 1]].transpose(0, 1)
+        vi = v[ck[i] : ck[i + 1]].transpose(0, 1)
+        outs.append(attention_reference(qi, ki, vi, is_causal=is_causal, scale=scale, enable_gqa=gqa).transpose(0, 1))
+    return torch.cat(outs, 0) if outs else q.new_empty(q.shape)
+
+
+# ==================================================================================================
+# Launchers
+# ==================================================================================================
+# Autotuning sets, (BLOCK_M, BLOCK_N, num_warps, num_stages) per head-dim bucket (BLOCK_D <= 64, 128,
+# 256). The autotuner sees their union; _prune keeps the bucket's few, so a first call tunes quickly.
+_TUNE = {
+    "fwd": {
+        64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4)],
+        128: [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)],
+        256: [(64, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2)],
+    },
+    "dkdv": {
+        64: [(32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 4)],
+        128: [(64, 128, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 3)],
+        256: [(32, 64, 4, 2), (16, 64, 4, 2), (32, 32, 4, 2)],
+    },
+    "dq": {
+        64: [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4)],
+        128: [(128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (64, 64, 4, 3)],
+        256: [(64, 32, 4, 2), (64, 16, 4, 2), (32, 32, 4, 2)],
+    },
+}
+# float32 operands take twice the shared memory: small tiles only.
+_TUNE_FP32 = {"fwd": [(64, 64, 4, 2), (64, 32, 4, 2)], "dkdv": [(32, 64, 4, 2), (16, 64, 4, 2)], "dq": [(64, 32, 4, 2), (32, 32, 4, 2)]}
+
+
+def _configs(kind: str) -> list:
+    seen, out = set(), []
+    for cfgs in list(_TUNE[kind].values()) + [_TUNE_FP32[kind]]:
+        for c in cfgs:
+            if c not in seen:
+                seen.add(c)
+                m, n, w, s = c
+                out.append(triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s))
+    return out
+
+
+def _bucket_configs(kind: str, block_d: int, dtype: torch.dtype) -> list[tuple[int, int, int, int]]:
+    if dtype == torch.float32:
+        return _TUNE_FP32[kind] if block_d <= 128 else [c for c in _TUNE_FP32[kind] if c[0] * c[1] <= 2048] or [(16, 32, 4, 1)]
+    return _TUNE[kind][64 if block_d <= 64 else 128 if block_d <= 128 else 256]
+
+
+def _prune_factory(kind: str):
+    def prune(configs, named_args, **kwargs):
+        bd = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+        want = set(_bucket_configs(kind, bd, named_args["Q"].dtype))
+        keep = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in want]
+        return keep or configs[:1]
+
+    return prune
+
+
+_AUTOTUNE_KEY = ["BLOCK_D", "CAUSAL", "HAS_KB", "VARLEN"]  # tensor dtypes are added by the autotuner
+_fwd_tuned = triton.autotune(_configs("fwd"), key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_factory("fwd")})(_attn_fwd_kernel)
+_dkdv_tuned = triton.autotune(_configs("dkdv"), key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_factory("dkdv")})(_attn_bwd_dkdv_kernel)
+_dq_tuned = triton.autotune(_configs("dq"), key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_factory("dq")})(_attn_bwd_dq_kernel)
+
+
+def _fixed_config(kind: str) -> dict | None:
+    """Block sizes forced by ``config_override("attention", ...)`` (tests) or the interpreter; else None."""
+    bm = get_override("attention", f"{kind}_block_m", get_override("attention", "block_m", 0))
+    bn = get_override("attention", f"{kind}_block_n", get_override("attention", "block_n", 0))
+    if not bm and not bn and not INTERPRET:
+        return None
+    return {
+        "BLOCK_M": bm or 16,
+        "BLOCK_N": bn or 16,
+        "num_warps": get_override("attention", "num_warps", 4),
+        "num_stages": get_override("attention", "num_stages", 2),
+    }
+
+
+def _input_precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "ieee"
+
+
+def _alloc_like(t: torch.Tensor, shape=None) -> torch.Tensor:
+    """A new dense tensor of ``shape`` (default t's) whose dims are ordered in memory like ``t``'s.
+
+    Keeps (B, S, H, D)-major layouts (a transposed or split projection) so that the caller's reshape back
+    to (B, S, E) is a view. Deterministic from t's strides (the fake registration relies on it).
+    """
+    shape = tuple(t.shape) if shape is None else tuple(shape)
+    order = sorted(range(t.dim()), key=lambda i: (-t.stride(i), i))  # outermost first
+    phys = torch.empty([shape[i] for i in order], dtype=t.dtype, device=t.device)
+    inv = [order.index(i) for i in range(t.dim())]
+    return phys.permute(inv)
+
+
+def _dims(q, k, cu_q):
+    """(B, Hq, Hkv, Sq, Sk, D) for the dense (B, H, S, D) or packed (total, H, D) layout."""
+    if cu_q is None:
+        B, H, SQ, D = q.shape
+        return B, H, k.shape[1], SQ, k.shape[2], D
+    return cu_q.numel() - 1, q.shape[1], k.shape[1], 0, 0, q.shape[2]
+
+
+def _strides4(t, varlen):
+    """(batch, head, seq, dim) strides; packed (total, H, D) tensors get batch stride 0."""
+    if varlen:
+        return 0, t.stride(1), t.stride(0), t.stride(2)
+    return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+
+
+def _lse_shape(q, cu_q):
+    if cu_q is None:
+        return (q.shape[0], q.shape[1], q.shape[2])
+    return (q.shape[1], q.shape[0])
+
+
+def _lse_strides(lse, varlen):
+    return (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
+
+
+def _kb_strides(kb):
+    return (0, 0, 0) if kb is None else (kb.stride(0), kb.stride(1), kb.stride(2))
+
+
+def _common(q, k, kb, cu_q, cu_k, max_q, max_k):
+    varlen = cu_q is not None
+    B, H, HKV, SQ, SK, D = _dims(q, k, cu_q)
+    if varlen:
+        SQ, SK = max_q, max_k
+    block_d = max(16, next_power_of_2(D))
+    dummy = q  # any pointer for the unused KB / CU arguments (never read: constexpr-guarded)
+    return dict(
+        varlen=varlen, B=B, H=H, HKV=HKV, SQ=SQ, SK=SK, D=D, block_d=block_d,
+        kb=kb if kb is not None else dummy,
+        cu_q=cu_q if varlen else dummy,
+        cu_k=cu_k if varlen else dummy,
+    )
+
+
+def attention_forward(q, k, v, kb, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float):
+    """Launch the forward. Returns (out laid out like q, fp32 base-2 LSE [B, H, Sq] or [H, total_q])."""
+    c = _common(q, k, kb, cu_q, cu_k, max_q, max_k)
+    out = _alloc_like(q)
+    lse = torch.empty(_lse_shape(q, cu_q), dtype=torch.float32, device=q.device)
+    if out.numel() == 0 or c["SQ"] == 0:
+        return out, lse
+    B, H, SQ, SK, D, bd = c["B"], c["H"], c["SQ"], c["SK"], c["D"], c["block_d"]
+    args = (
+        q, k, v, out, lse, c["kb"], c["cu_q"], c["cu_k"], scale * LOG2E,
+        *_strides4(q, c["varlen"]), *_strides4(k, c["varlen"]), *_strides4(v, c["varlen"]), *_strides4(out, c["varlen"]),
+        *_lse_strides(lse, c["varlen"]), *_kb_strides(kb),
+        H, H // c["HKV"], SQ, SK, D,
+    )
+    meta = dict(
+        VARLEN=c["varlen"], CAUSAL=causal, HAS_KB=kb is not None, BLOCK_D=bd, EVEN_D=D == bd,
+        INPUT_PRECISION=_input_precision(q.dtype),
+    )
+    fixed = _fixed_config("fwd")
+    if fixed is not None:
+        grid = (triton.cdiv(SQ, fixed["BLOCK_M"]), B * H)
+        _attn_fwd_kernel[grid](*args, **meta, **fixed)
+    else:
+        grid = lambda META: (triton.cdiv(SQ, META["BLOCK_M"]), B * H)  # noqa: E731
+        _fwd_tuned[grid](*args, **meta)
+    return out, lse
+
+
+def attention_backward(do, q, k, v, out, lse, kb, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float):
+    """Launch the backward. Returns (dq, dk, dv), each laid out like its input."""
+    c = _common(q, k, kb, cu_q, cu_k, max_q, max_k)
+    dq, dk, dv = _alloc_like(q), _alloc_like(k), _alloc_like(v)
+    B, H, HKV, SQ, SK, D, bd = c["B"], c["H"], c["HKV"], c["SQ"], c["SK"], c["D"], c["block_d"]
+    if dq.numel() == 0 and dk.numel() == 0:
+        return dq, dk, dv
+    if SQ == 0 or SK == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if do.dtype != q.dtype:
+        do = do.to(q.dtype)
+    varlen = c["varlen"]
+    delta = torch.empty_like(lse)
+    pre_bm = 64 if not INTERPRET else 16
+    _attn_bwd_preprocess[(triton.cdiv(SQ, pre_bm), B * H)](
+        out, do, delta, c["cu_q"], *_strides4(out, varlen), *_strides4(do, varlen), *_lse_strides(lse, varlen),
+        H, SQ, D, VARLEN=varlen, BLOCK_M=pre_bm, BLOCK_D=bd,
+    )
+    meta = dict(
+        VARLEN=varlen, CAUSAL=causal, HAS_KB=kb is not None, BLOCK_D=bd, EVEN_D=D == bd,
+        INPUT_PRECISION=_input_precision(q.dtype),
+    )
+    common = (
+        *_strides4(q, varlen), *_strides4(k, varlen), *_strides4(v, varlen), *_strides4(do, varlen),
+    )
+    dkdv_args = (
+        q, k, v, do, dk, dv, lse, delta, c["kb"], c["cu_q"], c["cu_k"], scale * LOG2E, scale,
+        *common, *_strides4(dk, varlen), *_strides4(dv, varlen), *_lse_strides(lse, varlen), *_kb_strides(kb),
+        HKV, H // HKV, SQ, SK, D,
+    )
+    dq_args = (
+        q, k, v, do, dq, lse, delta, c["kb"], c["cu_q"], c["cu_k"], scale * LOG2E, scale,
+        *common, *_strides4(dq, varlen), *_lse_strides(lse, varlen), *_kb_strides(kb),
+        H, H // HKV, SQ, SK, D,
+    )
+    fixed = _fixed_config("dkdv")
+    if fixed is not None:
+        _attn_bwd_dkdv_kernel[(triton.cdiv(SK, fixed["BLOCK_N"]), B * HKV)](*dkdv_args, **meta, **fixed)
+    else:
+        _dkdv_tuned[lambda META: (triton.cdiv(SK, META["BLOCK_N"]), B * HKV)](*dkdv_args, **meta)
+    fixed = _fixed_config("dq")
+    if fixed is not None:
+        _attn_bwd_dq_kernel[(triton.cdiv(SQ, fixed["BLOCK_M"]), B * H)](*dq_args, **meta, **fixed)
+    else:
+        _dq_tuned[lambda META: (triton.cdiv(SQ, META["BLOCK_M"]), B * H)](*dq_args, **meta)
+    return dq, dk, dv
+
+
+# ==================================================================================================
+# Registration: custom ops (torch.compile) and the eager direct path
+# ==================================================================================================
+@torch.library.custom_op("fused_layers::attention_fwd", mutates_args=())
+def _attention_fwd_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: torch.Tensor | None,
+    cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, causal: bool, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return attention_forward(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale)
+
+
+@_attention_fwd_op.register_fake
+def _(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale):
+    return _alloc_like(q), q.new_empty(_lse_shape(q, cu_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("fused_layers::attention_bwd", mutates_args=())
+def _attention_bwd_op(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    kb: torch.Tensor | None, cu_q: torch.Tensor | None, cu_k: torch.Tensor | None,
+    max_q: int, max_k: int, causal: bool, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return attention_backward(do, q, k, v, out, lse, kb, cu_q, cu_k, max_q, max_k, causal, scale)
+
+
+@_attention_bwd_op.register_fake
+def _(do, q, k, v, out, lse, kb, cu_q, cu_k, max_q, max_k, causal, scale):
+    return _alloc_like(q), _alloc_like(k), _alloc_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, kb, cu_q, cu_k)
+    ctx.args = (max_q, max_k, causal, scale)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, kb, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = _attention_bwd_op(dout, q, k, v, out, lse, kb, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _AttentionFunction(torch.autograd.Function):
+    """Eager direct path: the same launchers without the custom-op dispatcher's per-call cost."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale):
+        out, lse = attention_forward(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale)
+        ctx.save_for_backward(q, k, v, out, lse, kb, cu_q, cu_k)
+        ctx.args = (max_q, max_k, causal, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, kb, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = attention_backward(dout, q, k, v, out, lse, kb, cu_q, cu_k, *ctx.args)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _run(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale):
+    if INTERPRET and q.dtype in (torch.float16, torch.bfloat16) and q.device.type == "cpu":
+        # The interpreter (numpy) has no bf16 matmul: run the same kernels on float32 copies.
+        out = _run(q.float(), k.float(), v.float(), kb, cu_q, cu_k, max_q, max_k, causal, scale)
+        return out.to(q.dtype)
+    if is_compiling():
+        return _attention_fwd_op(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale)[0]
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _AttentionFunction.apply(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale)
+    return attention_forward(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale)[0]
+
+
+# ==================================================================================================
+# Public API
+# ==================================================================================================
+def _check_qkv(q, k, v, names=("query", "key", "value")):
+    for t, n in zip((q, k, v), names):
+        check_tensor(_OP, n, t)
+        check_float_dtype(_OP, n, t, allow_float64=True)
+    check_same_device(_OP, names[0], q, **{names[1]: k, names[2]: v})
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(
+            f"{_OP}: arguments 'query', 'key' and 'value' must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+
+
+def key_bias_from_mask(attn_mask: torch.Tensor, B: int, H: int, Sq: int, Sk: int) -> torch.Tensor | None:
+    """The fp32 per-key bias (B, H, Sk) (broadcast strides) equivalent to ``attn_mask``, or None.
+
+    ``attn_mask`` (SDPA semantics: bool True keeps, float is added) is fusable when it does not vary
+    along the query dim, i.e. broadcasts from (B or 1, H or 1, 1, Sk): a key-padding mask.
+    """
+    m = attn_mask
+    if m.requires_grad or m.dim() > 4 or m.dim() == 0:
+        return None
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    if m.shape[-2] != 1 and Sq != 1:
+        return None
+    try:
+        m = m[..., :1, :].expand(B, H, 1, Sk)
+    except RuntimeError:
+        raise ValueError(
+            f"{_OP}: argument 'attn_mask' of shape {tuple(attn_mask.shape)} does not broadcast to "
+            f"(B, H, Sq, Sk) = {(B, H, Sq, Sk)}"
+        ) from None
+    # Build the bias on the un-broadcast tensor, then broadcast with stride-0 dims (no B*H copy).
+    base = attn_mask
+    while base.dim() < 4:
+        base = base.unsqueeze(0)
+    base = base[..., :1, :]
+    if base.dtype == torch.bool:
+        bias = torch.zeros(base.shape, dtype=torch.float32, device=base.device).masked_fill_(~base, float("-inf"))
+    else:
+        bias = base.to(torch.float32)
+    return bias.expand(B, H, 1, Sk)[:, :, 0, :]
+
+
+def fused_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """Scaled dot-product attention with FlashAttention-style Triton forward and backward kernels.
+
+    Same layout and semantics as ``F.scaled_dot_product_attention``: q (B, Hq, Sq, D), k and v
+    (B, Hkv, Sk, D) (3-D inputs (B, S, D) are one head), any strides; ``is_causal`` aligned to the
+    top-left; ``scale`` defaults to 1/sqrt(D); ``enable_gqa`` lets Hkv divide Hq. Returns (B, Hq, Sq, D)
+    in q's dtype, laid out in memory like q.
+
+    ``attn_mask`` that does not vary along the query dim (a key-padding mask, bool or additive, shaped
+    (B or 1, H or 1, 1, Sk) or broadcastable) runs fused, also together with ``is_causal``; any other mask
+    falls back to SDPA with a one-time warning. A query row whose keys are all masked gives 0 (and zero
+    gradients), as SDPA does. float64 inputs and devices Triton cannot run on use SDPA.
+    """
+    _check_qkv(query, key, value)
+    q, k, v = query, key, value
+    if not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
+        raise ValueError(
+            f"{_OP}: 'query', 'key', 'value' must all be 4-D (B, H, S, D) or 3-D (B, S, D), got "
+            f"{q.dim()}-D, {k.dim()}-D, {v.dim()}-D"
+        )
+    if attn_mask is not None:
+        check_tensor(_OP, "attn_mask", attn_mask)
+        check_same_device(_OP, "query", q, attn_mask=attn_mask)
+        if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
+            raise TypeError(f"{_OP}: argument 'attn_mask' must be bool or floating point, got {attn_mask.dtype}")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"{_OP}: argument 'scale' must be a float or None, got {type(scale).__name__}")
+    squeeze = q.dim() == 3
+    if squeeze:
+        q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+    B, Hq, Sq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"{_OP}: batch sizes differ: query {B}, key {k.shape[0]}, value {v.shape[0]}")
+    if k.shape[-1] != D:
+        raise ValueError(f"{_OP}: 'key' head dim {k.shape[-1]} != 'query' head dim {D}")
+    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise ValueError(f"{_OP}: 'key' {tuple(key.shape)} and 'value' {tuple(value.shape)} must have the same heads and length")
+    Hkv, Sk = k.shape[1], k.shape[2]
+    if Hkv != Hq:
+        if not enable_gqa:
+            raise ValueError(f"{_OP}: 'query' has {Hq} heads but 'key'/'value' {Hkv}; pass enable_gqa=True for grouped-query attention")
+        if Hkv == 0 or Hq % Hkv:
+            raise ValueError(f"{_OP}: 'key'/'value' heads ({Hkv}) must divide 'query' heads ({Hq}) for grouped-query attention")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"{_OP}: head dim {D} of 'query' is not supported (at most {MAX_HEAD_DIM})")
+    sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
+
+    def fallback():
+        out = attention_reference(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+        return out.squeeze(1) if squeeze else out
+
+    if q.dtype == torch.float64 or use_fallback(_OP, q):
+        return fallback()
+    if v.shape[-1] != D:
+        warn_once(f"{_OP}:dv", f"{_OP}: value head dim {v.shape[-1]} != query head dim {D} is not fused; using SDPA.")
+        return fallback()
+    kb = None
+    if attn_mask is not None:
+        kb = key_bias_from_mask(attn_mask, B, Hq, Sq, Sk)
+        if kb is None:
+            warn_once(
+                f"{_OP}:mask",
+                f"{_OP}: an attn_mask that varies along the query dim (shape {tuple(attn_mask.shape)}) cannot be "
+                "fused (only key-padding masks shaped (B|1, H|1, 1, Sk) are); using SDPA.",
+            )
+            return fallback()
+    out = _run(q, k, v, kb, None, None, Sq, Sk, bool(is_causal), sc)
+    return out.squeeze(1) if squeeze else out
+
+
+def fused_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention over packed variable-length sequences (the layout of ``flash_attn_varlen_func``).
+
+    q (total_q, Hq, D), k and v (total_k, Hkv, D) with Hkv dividing Hq (grouped-query when smaller);
+    sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q against rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` of k and v (int32 or int64, B + 1 non-decreasing offsets
+    starting at 0); ``max_seqlen_q`` / ``max_seqlen_k`` bound the lengths (they size the launch grid).
+    Causal alignment is top-left per sequence. Returns (total_q, Hq, D).
+    """
+    op = "fused_attention_varlen"
+    _check_qkv(q, k, v, ("q", "k", "v"))
+    for n, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        check_tensor(op, n, t)
+        check_same_device(op, "q", q, **{n: t})
+        if t.dim() != 1 or t.dtype not in (torch.int32, torch.int64) or t.numel() < 1:
+            raise ValueError(f"{op}: argument '{n}' must be a 1-D int32/int64 tensor of B + 1 offsets, got {t.dtype} {tuple(t.shape)}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"{op}: 'cu_seqlens_q' and 'cu_seqlens_k' must have the same length (B + 1)")
+    if not (q.dim() == k.dim() == v.dim() == 3):
+        raise ValueError(f"{op}: 'q', 'k', 'v' must be 3-D (total, H, D), got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D")
+    Hq, D = q.shape[1], q.shape[2]
+    Hkv = k.shape[1]
+    if k.shape[2] != D or v.shape[2] != D:
+        raise ValueError(f"{op}: 'k' / 'v' head dims ({k.shape[2]}, {v.shape[2]}) must equal 'q''s ({D})")
+    if v.shape[:2] != k.shape[:2]:
+        raise ValueError(f"{op}: 'k' {tuple(k.shape)} and 'v' {tuple(v.shape)} must have the same (total, H)")
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"{op}: 'k'/'v' heads ({Hkv}) must divide 'q' heads ({Hq})")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"{op}: head dim {D} is not supported (at most {MAX_HEAD_DIM})")
+    for n, val in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(val, int) or isinstance(val, bool) or val < 0:
+            if not isinstance(val, torch.SymInt):
+                raise TypeError(f"{op}: argument '{n}' must be a non-negative int, got {val!r}")
+    sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if q.dtype == torch.float64 or use_fallback(op, q):
+        return attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, sc)
+    cu_q = cu_seqlens_q.to(torch.int32)
+    cu_k = cu_seqlens_k.to(torch.int32)
+    return _run(q, k, v, None, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), bool(is_causal), sc)
