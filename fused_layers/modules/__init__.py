@@ -1,6 +1,7 @@
 """Drop-in ``nn.Module`` replacements (one file per module family)."""
 
 from .attention import Attention, FusedAttention, FusedMultiheadAttention
+from .norm import FusedLayerNorm, FusedRMSNorm
 from .softmax import FusedSoftmax
 
-__all__ = ["FusedAttention", "FusedMultiheadAttention", "Attention", "FusedSoftmax"]
+__all__ = ["FusedAttention", "FusedMultiheadAttention", "FusedLayerNorm", "FusedRMSNorm", "Attention", "FusedSoftmax"]

@@ -1,0 +1,837 @@
+r"""LayerNorm and RMSNorm over the last k dims: Triton forward and backward, for any width.
+
+The input is viewed as M rows of width N = prod(normalized_shape).  One set of kernels serves both
+norms; the constexpr ``IS_RMS`` removes the mean (and the bias) for RMSNorm.
+
+Forward.  For a row x of width N,
+
+    LayerNorm:  mu = sum(x) / N,   var = sum((x - mu)^2) / N,   rstd = 1 / sqrt(var + eps)
+                y = (x - mu) * rstd * w + b
+    RMSNorm:    rstd = 1 / sqrt(sum(x^2) / N + eps),            y = x * rstd * w
+
+mu and rstd are saved in float32 (mu only for LayerNorm).
+
+*Single block* (the row fits in registers): a program loads a tile of BLOCK_M rows x BLOCK_N columns
+once, computes mu (plus the corrected two-pass term sum(x - mu) / N, which removes the rounding error
+of the first sum when |mu| >> std), then var from the centred values held in registers (no
+E[x^2] - E[x]^2 cancellation), and writes y: the fewest bytes (read x, write y).
+
+*Wide rows* (``N`` above the single-block limit, no width cap): one program per row streams the row in
+chunks of BLOCK_N twice.  Pass 1 keeps per-lane Welford statistics (count, mean, M2); every chunk but
+the last is full, so a live lane's count after chunk t is t + 1 and the update needs one scalar
+reciprocal per chunk:
+
+    d = x - mean_l,   mean_l += d / (t + 1),   M2_l += d * (x - mean_l)
+
+The lanes are then merged with Chan's formula, mu = sum(c_l mean_l) / N,
+var = (sum(M2_l) + sum(c_l (mean_l - mu)^2)) / N.  Pass 2 re-reads the chunk (mostly from L2) and
+writes y.  RMSNorm needs no centring: pass 1 sums x^2.
+
+Backward.  With xhat = (x - mu) * rstd (RMSNorm: x * rstd), g = w * dy (g = dy without weight):
+
+    dx = rstd * (g - xhat * c1 - c2),   c1 = sum(g * xhat) / N,   c2 = sum(g) / N   (RMSNorm: c2 = 0)
+    dw = sum over rows of dy * xhat,    db = sum over rows of dy
+
+(derivation: y = xhat w + b and d xhat_j / d x_k = rstd (delta_jk - 1/N - xhat_j xhat_k / N); RMSNorm
+drops the 1/N term because it has no mean).
+
+*Single block*: G programs (a few per SM); program p owns a contiguous group of rows and walks it in
+tiles of BLOCK_M rows.  Per tile it reads x and dy once, writes dx (one pass per row) and adds
+dy * xhat and dy into float32 register accumulators; at the end it writes one partial row of dW and dB
+into float32 [G, N] buffers.  A second kernel sums the G partial rows column by column in a fixed
+order.  No atomics and no locks: the gradients are bitwise identical from run to run.
+
+*Wide rows*: the row no longer fits in registers together with the dW/dB accumulators, so a row-stats
+kernel computes (c1, c2) per row first (reads x, dy), then each of the G programs loops over column
+chunks outside and its rows inside, writing dx and accumulating dW/dB per chunk (reads x, dy again).
+That costs one extra read of x and dy (5 N instead of 3 N elements per row).
+
+Layout.  The normalized dims must form a unit-stride row and the leading dims must merge into one row
+stride; that covers contiguous tensors and row-strided views (slices, transposes of leading dims) with
+no copy.  Any other layout (e.g. a strided last dim) is copied to contiguous first (``_as_rows``).
+Outputs are contiguous in the input's shape, like ``torch.nn.functional.layer_norm``.
+
+Dtypes.  x in float32, float16 or bfloat16; weight and bias in x's dtype or float32 (mixed, as under
+AMP).  y and dx take x's dtype, dw / db their parameter's dtype, as ``nn.LayerNorm`` gives.  Under
+``torch.autocast`` the functions do what the autocast policy does for ``layer_norm`` / ``rms_norm``
+(on CUDA: run in float32, float32 output; on CPU: nothing).  float64 runs the PyTorch reference.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._common import (
+    INTERPRET,
+    SUPPORTED_DTYPES,
+    check_float_dtype,
+    check_same_device,
+    check_tensor,
+    config_override,  # noqa: F401  (re-exported for tests: config_override("layer_norm", ...))
+    get_override,
+    is_compiling,
+    next_power_of_2,
+    use_fallback,
+)
+
+_LN = "fused_layer_norm"
+_RMS = "fused_rms_norm"
+_CFG = "layer_norm"  # config_override key shared by both norms
+
+
+# ==================================================================================================
+# Forward kernels
+# ==================================================================================================
+@triton.jit
+def _norm_fwd_kernel(
+    X,  # pointer to the input, [M, N] with row stride sx and unit column stride
+    Y,  # pointer to the output, [M, N] contiguous (row stride N)
+    W,  # pointer to the weight [N] (unused unless HAS_W)
+    B,  # pointer to the bias [N] (unused unless HAS_B)
+    MEAN,  # pointer to the float32 row means [M] (written unless IS_RMS)
+    RSTD,  # pointer to the float32 row 1/std [M] (written)
+    M,  # number of rows
+    N,  # row width
+    sx,  # row stride of X (elements)
+    eps,  # added to the variance
+    IS_RMS: tl.constexpr,  # RMSNorm: no mean, no bias
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # next power of two >= N: the whole row in one tile
+):
+    """Single-block forward: each program normalizes BLOCK_M full rows held in registers."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    r64 = rows.to(tl.int64)  # 64-bit offsets: tensors beyond 2^31 elements address correctly
+    # 0 is the identity of the sums below.
+    x = tl.load(X + (r64 * sx)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if IS_RMS:
+        xc = x
+    else:
+        mean = tl.sum(x, axis=1) / N
+        # Padding must stay 0 after centring so that it adds nothing to the variance.
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        # Corrected two-pass: the rounding error of the first sum (large when |mean| >> std) is what
+        # the centred values still sum to; remove it (registers only, no extra memory traffic).
+        corr = tl.sum(xc, axis=1) / N
+        xc = tl.where(mask, xc - corr[:, None], 0.0)
+        mean = mean + corr
+        tl.store(MEAN + rows, mean, mask=row_ok)
+    var = tl.sum(xc * xc, axis=1) / N
+    rstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+    y = xc * rstd[:, None]
+    if HAS_W:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y = y * w[None, :]
+    if HAS_B:
+        b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y = y + b[None, :]
+    tl.store(Y + (r64 * N)[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _norm_fwd_loop_kernel(
+    X, Y, W, B, MEAN, RSTD,  # as in _norm_fwd_kernel
+    M, N, sx, eps,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
+):
+    """Wide-row forward: one program per row; Welford pass over chunks, then a normalize pass."""
+    row = tl.program_id(0).to(tl.int64)
+    xb = X + row * sx
+    yb = Y + row * N
+    cols = tl.arange(0, BLOCK_N)
+    # ---- pass 1: statistics ----
+    if IS_RMS:
+        acc = tl.zeros([BLOCK_N], tl.float32)  # per-lane sum of x^2
+        for off in range(0, N, BLOCK_N):
+            c = off + cols
+            x = tl.load(xb + c, mask=c < N, other=0.0).to(tl.float32)
+            acc += x * x
+        var = tl.sum(acc, axis=0) / N
+        mean = 0.0
+    else:
+        mean_l = tl.zeros([BLOCK_N], tl.float32)  # per-lane running mean
+        m2_l = tl.zeros([BLOCK_N], tl.float32)  # per-lane sum of squared deviations
+        cnt_l = tl.zeros([BLOCK_N], tl.float32)  # per-lane count
+        t = 0
+        for off in range(0, N, BLOCK_N):
+            c = off + cols
+            live = c < N
+            x = tl.load(xb + c, mask=live, other=0.0).to(tl.float32)
+            # Only the last chunk is partial, so a live lane has seen exactly t + 1 values now.
+            inv = 1.0 / (t + 1.0)
+            d = tl.where(live, x - mean_l, 0.0)
+            mean_l += d * inv
+            m2_l += d * (x - mean_l)  # d = 0 on dead lanes
+            cnt_l += live.to(tl.float32)
+            t += 1
+        # Chan's merge of the lanes.
+        mean = tl.sum(mean_l * cnt_l, axis=0) / N
+        dm = mean_l - mean
+        var = (tl.sum(m2_l, axis=0) + tl.sum(cnt_l * dm * dm, axis=0)) / N
+        tl.store(MEAN + row, mean)
+    rstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(RSTD + row, rstd)
+    # ---- pass 2: normalize and write ----
+    for off in range(0, N, BLOCK_N):
+        c = off + cols
+        cm = c < N
+        x = tl.load(xb + c, mask=cm, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_W:
+            y = y * tl.load(W + c, mask=cm, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(B + c, mask=cm, other=0.0).to(tl.float32)
+        tl.store(yb + c, y.to(Y.dtype.element_ty), mask=cm)
+
+
+# ==================================================================================================
+# Backward kernels
+# ==================================================================================================
+@triton.jit
+def _norm_bwd_kernel(
+    X,  # pointer to the saved input, [M, N], row stride sx, unit column stride
+    DY,  # pointer to the incoming gradient, [M, N], row stride sdy, unit column stride
+    DX,  # pointer to the input gradient (written), [M, N] contiguous
+    W,  # pointer to the weight [N] (unused unless HAS_W)
+    MEAN, RSTD,  # pointers to the float32 [M] row statistics from the forward (MEAN unused if IS_RMS)
+    DWP,  # pointer to the float32 [G, N] partial dW rows (written unless not HAS_W)
+    DBP,  # pointer to the float32 [G, N] partial dB rows (written unless not HAS_B)
+    M, N, sx, sdy,
+    ROWS_PER_PROG,  # rows owned by each program (contiguous group)
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows per tile
+    BLOCK_N: tl.constexpr,  # next power of two >= N
+):
+    """Single-block backward: dx per row in one pass; dW/dB partial sums over this program's rows."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    row_start = pid * ROWS_PER_PROG
+    row_end = tl.minimum(row_start + ROWS_PER_PROG, M)
+    if HAS_W:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for r0 in range(row_start, row_end, BLOCK_M):
+        rows = r0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_end
+        mask = row_ok[:, None] & col_ok[None, :]
+        r64 = rows.to(tl.int64)
+        # 0 is the identity of the row sums and of the column accumulators.
+        x = tl.load(X + (r64 * sx)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + (r64 * sdy)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        if IS_RMS:
+            xhat = x * rstd[:, None]
+        else:
+            mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if HAS_W:
+            g = dy * w[None, :]
+        else:
+            g = dy
+        c1 = tl.sum(g * xhat, axis=1) / N
+        if IS_RMS:
+            dx = (g - xhat * c1[:, None]) * rstd[:, None]
+        else:
+            c2 = tl.sum(g, axis=1) / N
+            dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(DX + (r64 * N)[:, None] + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if HAS_W:
+            dw_acc += dy * xhat
+        if HAS_B:
+            db_acc += dy
+    if HAS_W:
+        tl.store(DWP + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+    if HAS_B:
+        tl.store(DBP + pid.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+
+
+@triton.jit
+def _norm_bwd_rowstats_kernel(
+    X, DY, W, MEAN, RSTD,  # as in _norm_bwd_kernel
+    C,  # pointer to float32 [M, 2]: (c1, c2) per row (written)
+    N, sx, sdy,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
+):
+    """Wide-row backward pass 1: c1 = sum(g * xhat) / N and c2 = sum(g) / N for one row."""
+    row = tl.program_id(0).to(tl.int64)
+    xb = X + row * sx
+    db = DY + row * sdy
+    rstd = tl.load(RSTD + row)
+    if IS_RMS:
+        mean = 0.0
+    else:
+        mean = tl.load(MEAN + row)
+    cols = tl.arange(0, BLOCK_N)
+    a1 = tl.zeros([BLOCK_N], tl.float32)
+    a2 = tl.zeros([BLOCK_N], tl.float32)
+    for off in range(0, N, BLOCK_N):
+        c = off + cols
+        cm = c < N
+        x = tl.load(xb + c, mask=cm, other=0.0).to(tl.float32)
+        g = tl.load(db + c, mask=cm, other=0.0).to(tl.float32)
+        if HAS_W:
+            g = g * tl.load(W + c, mask=cm, other=0.0).to(tl.float32)
+        xhat = tl.where(cm, (x - mean) * rstd, 0.0)
+        a1 += g * xhat
+        a2 += g
+    tl.store(C + row * 2, tl.sum(a1, axis=0) / N)
+    tl.store(C + row * 2 + 1, tl.sum(a2, axis=0) / N)
+
+
+@triton.jit
+def _norm_bwd_loop_kernel(
+    X, DY, DX, W, MEAN, RSTD, DWP, DBP,  # as in _norm_bwd_kernel
+    C,  # pointer to float32 [M, 2] from _norm_bwd_rowstats_kernel
+    M, N, sx, sdy,
+    ROWS_PER_PROG,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # column chunk
+):
+    """Wide-row backward pass 2: column chunks outside, the program's rows inside; dx + dW/dB partials."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    row_start = pid.to(tl.int64) * ROWS_PER_PROG  # 64-bit: the row index below is used in offsets
+    row_end = tl.minimum(row_start + ROWS_PER_PROG, M)
+    for off in range(0, N, BLOCK_N):
+        c = off + cols
+        cm = c < N
+        if HAS_W:
+            w = tl.load(W + c, mask=cm, other=0.0).to(tl.float32)
+        dw_acc = tl.zeros([BLOCK_N], tl.float32)
+        db_acc = tl.zeros([BLOCK_N], tl.float32)
+        for r64 in range(row_start, row_end):
+            rstd = tl.load(RSTD + r64)
+            c1 = tl.load(C + r64 * 2)
+            x = tl.load(X + r64 * sx + c, mask=cm, other=0.0).to(tl.float32)
+            dy = tl.load(DY + r64 * sdy + c, mask=cm, other=0.0).to(tl.float32)
+            if IS_RMS:
+                xhat = x * rstd
+            else:
+                mean = tl.load(MEAN + r64)
+                xhat = tl.where(cm, (x - mean) * rstd, 0.0)
+            if HAS_W:
+                g = dy * w
+            else:
+                g = dy
+            if IS_RMS:
+                dx = (g - xhat * c1) * rstd
+            else:
+                c2 = tl.load(C + r64 * 2 + 1)
+                dx = (g - xhat * c1 - c2) * rstd
+            tl.store(DX + r64 * N + c, dx.to(DX.dtype.element_ty), mask=cm)
+            if HAS_W:
+                dw_acc += dy * xhat
+            if HAS_B:
+                db_acc += dy
+        if HAS_W:
+            tl.store(DWP + pid.to(tl.int64) * N + c, dw_acc, mask=cm)
+        if HAS_B:
+            tl.store(DBP + pid.to(tl.int64) * N + c, db_acc, mask=cm)
+
+
+@triton.jit
+def _norm_reduce_partials_kernel(
+    DWP, DBP,  # pointers to the float32 [G, N] partial rows (DBP unused unless HAS_B, DWP unless HAS_W)
+    DW, DB,  # pointers to dW [N], dB [N] in the parameters' dtypes (written)
+    G, N,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # partial rows per loop iteration
+    BLOCK_N: tl.constexpr,  # columns per program
+):
+    """Sum the G partial rows column-wise in a fixed order (deterministic), cast, store."""
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    gs = tl.arange(0, BLOCK_G)
+    dw = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
+    db = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
+    for g0 in range(0, G, BLOCK_G):
+        g = g0 + gs
+        mask = (g < G)[:, None] & col_ok[None, :]
+        offs = g.to(tl.int64)[:, None] * N + cols[None, :]
+        if HAS_W:
+            dw += tl.load(DWP + offs, mask=mask, other=0.0)
+        if HAS_B:
+            db += tl.load(DBP + offs, mask=mask, other=0.0)
+    if HAS_W:
+        tl.store(DW + cols, tl.sum(dw, axis=0).to(DW.dtype.element_ty), mask=col_ok)
+    if HAS_B:
+        tl.store(DB + cols, tl.sum(db, axis=0).to(DB.dtype.element_ty), mask=col_ok)
+
+
+# ==================================================================================================
+# PyTorch reference (tests, CPU fallback)
+# ==================================================================================================
+def layer_norm_reference(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """LayerNorm computed by PyTorch in float64, returned in x's dtype (tests compare against this)."""
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    x64 = x.double()
+    mu = x64.mean(dims, keepdim=True)
+    var = ((x64 - mu) ** 2).mean(dims, keepdim=True)
+    y = (x64 - mu) / torch.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight.double()
+    if bias is not None:
+        y = y + bias.double()
+    return y.to(x.dtype)
+
+
+def rms_norm_reference(x, normalized_shape, weight=None, eps=None):
+    """RMSNorm computed by PyTorch in float64 (eps=None: machine epsilon of x's dtype), in x's dtype."""
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    x64 = x.double()
+    y = x64 * torch.rsqrt((x64 * x64).mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.double()
+    return y.to(x.dtype)
+
+
+# ==================================================================================================
+# Launchers
+# ==================================================================================================
+# One table, by width bucket (next power of two of N) and element size; never re-tuned for a new row
+# count.  Measured on an H200 with benchmarks/bench_norm.py --sweep (see benchmarks/results/).
+#
+# Forward: single block up to FWD_MAX_SINGLE, tiles of FWD_TILE elements for narrow rows; beyond it the
+# wide-row kernels with chunks of FWD_CHUNK.
+FWD_MAX_SINGLE = {2: 32768, 4: 16384}  # by element size (bytes): fp16/bf16, fp32
+FWD_TILE = {2: 4096, 4: 4096}
+FWD_CHUNK = 4096
+FWD_CHUNK_WARPS = 8
+# Backward: single block up to BWD_MAX_SINGLE (the row, dy and two float32 accumulators in registers);
+# BWD_PROGS_PER_SM programs per SM, each over a contiguous group of rows.
+BWD_MAX_SINGLE = {2: 8192, 4: 8192}
+BWD_TILE = {2: 4096, 4: 4096}
+BWD_PROGS_PER_SM = 2
+BWD_CHUNK = 2048
+BWD_CHUNK_WARPS = 8
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    """Number of SMs (programs per wave); a small fixed number under the interpreter."""
+    if device.type != "cuda":
+        return 2
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _warps_for(n_pow2: int, block_m: int) -> int:
+    elems = n_pow2 * block_m
+    if elems <= 1024:
+        return 2
+    if elems <= 4096:
+        return 4
+    if elems <= 8192:
+        return 8
+    return 16 if elems <= 16384 else 32
+
+
+def _fwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int]:
+    """(single_block, BLOCK_M or chunk, num_warps) for the forward."""
+    if n_pow2 <= get_override(_CFG, "fwd_max_single", FWD_MAX_SINGLE[elem]):
+        block_m = get_override(_CFG, "fwd_block_m", max(1, FWD_TILE[elem] // n_pow2))
+        warps = get_override(_CFG, "fwd_warps", _warps_for(n_pow2, block_m))
+        return True, block_m, warps
+    return False, get_override(_CFG, "fwd_chunk", FWD_CHUNK), get_override(_CFG, "fwd_warps", FWD_CHUNK_WARPS)
+
+
+def _bwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int, int]:
+    """(single_block, BLOCK_M or chunk, num_warps, programs per SM) for the backward."""
+    per_sm = get_override(_CFG, "bwd_progs_per_sm", BWD_PROGS_PER_SM)
+    if n_pow2 <= get_override(_CFG, "bwd_max_single", BWD_MAX_SINGLE[elem]):
+        block_m = get_override(_CFG, "bwd_block_m", max(1, BWD_TILE[elem] // n_pow2))
+        warps = get_override(_CFG, "bwd_warps", _warps_for(n_pow2, block_m))
+        return True, block_m, warps, per_sm
+    chunk = get_override(_CFG, "bwd_chunk", BWD_CHUNK)
+    return False, chunk, get_override(_CFG, "bwd_warps", BWD_CHUNK_WARPS), per_sm
+
+
+def _as_rows(t: torch.Tensor, k: int) -> tuple[torch.Tensor, int, int, int]:
+    """(t or a contiguous copy, M, N, row stride) viewing t as M rows of its last k dims.
+
+    No copy when the last k dims form one unit-stride row and the leading dims merge into one stride
+    (contiguous tensors, slices along leading dims, transposes of leading dims); otherwise
+    ``t.contiguous()``.
+    """
+    shape, stride = t.shape, t.stride()
+    nd = t.dim()
+    n = math.prod(shape[nd - k:])
+    m = math.prod(shape[: nd - k])
+    ok = True
+    expect = 1
+    for d in range(nd - 1, nd - k - 1, -1):  # the row: innermost dims outwards, unit stride overall
+        if shape[d] == 1:
+            continue
+        if stride[d] != expect:
+            ok = False
+            break
+        expect *= shape[d]
+    row_stride, size = n, 1
+    if ok:
+        for d in range(nd - k - 1, -1, -1):  # leading dims must merge into one stride
+            if shape[d] == 1:
+                continue
+            if size == 1:
+                row_stride = stride[d]
+            elif stride[d] != row_stride * size:
+                ok = False
+                break
+            size *= shape[d]
+    if not ok:
+        t = t.contiguous()
+        row_stride = n
+    return t, m, n, row_stride
+
+
+def _normalized_ndim(op: str, x: torch.Tensor, normalized_shape) -> tuple[tuple[int, ...], int]:
+    if isinstance(normalized_shape, (int, torch.SymInt)) and not isinstance(normalized_shape, bool):
+        shape = (int(normalized_shape),)
+    elif isinstance(normalized_shape, (tuple, list, torch.Size)) and all(
+        isinstance(s, (int, torch.SymInt)) and not isinstance(s, bool) for s in normalized_shape
+    ):
+        shape = tuple(int(s) for s in normalized_shape)
+    else:
+        raise TypeError(
+            f"{op}: argument 'normalized_shape' must be an int or a sequence of ints, got {normalized_shape!r}"
+        )
+    k = len(shape)
+    if k == 0 or k > x.dim() or tuple(x.shape[x.dim() - k:]) != shape:
+        raise ValueError(
+            f"{op}: argument 'normalized_shape' {list(shape)} must be non-empty and match the input's last "
+            f"dims; expected input of shape [*, {', '.join(map(str, shape))}], got {list(x.shape)}"
+        )
+    return shape, k
+
+
+def _check_param(op: str, name: str, p, x: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if p is None:
+        return
+    check_tensor(op, name, p)
+    if tuple(p.shape) != shape:
+        raise ValueError(f"{op}: argument '{name}' must have shape {list(shape)} (normalized_shape), got {list(p.shape)}")
+    if x.dtype in SUPPORTED_DTYPES and p.dtype not in (x.dtype, torch.float32):
+        raise TypeError(
+            f"{op}: argument '{name}' has dtype {p.dtype}; with a {x.dtype} input it must be {x.dtype} or torch.float32"
+        )
+    check_same_device(op, "input", x, **{name: p})
+
+
+def _param_dummy(p: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    return p if p is not None else x  # never dereferenced: HAS_W / HAS_B are constexpr False
+
+
+def _contig_param(p: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if p is None else p.contiguous()
+
+
+def norm_forward(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    k: int,
+    eps: float,
+    is_rms: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the forward over the last ``k`` dims; returns (y contiguous, mean [M] (RMS: [0]), rstd [M])."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    xv, m, n, sx = _as_rows(x, k)
+    mean = torch.empty((0 if is_rms else m,), dtype=torch.float32, device=x.device)
+    rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return y, mean, rstd
+    w, b = _contig_param(weight), _contig_param(bias)
+    n_pow2 = next_power_of_2(n)
+    single, block, warps = _fwd_config(n_pow2, x.element_size())
+    args = (xv, y, _param_dummy(w, x), _param_dummy(b, x), mean if not is_rms else rstd, rstd, m, n, sx, eps)
+    flags = dict(IS_RMS=is_rms, HAS_W=w is not None, HAS_B=b is not None)
+    if single:
+        _norm_fwd_kernel[(triton.cdiv(m, block),)](*args, **flags, BLOCK_M=block, BLOCK_N=n_pow2, num_warps=warps)
+    else:
+        _norm_fwd_loop_kernel[(m,)](*args, **flags, BLOCK_N=min(block, n_pow2), num_warps=warps)
+    return y, mean, rstd
+
+
+def norm_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    k: int,
+    is_rms: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward; returns (dx, dw, db), dw / db empty ([0]) when there is no weight / bias."""
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    has_w, has_b = weight is not None, bias is not None
+    dw_dtype = weight.dtype if has_w else torch.float32
+    db_dtype = bias.dtype if has_b else torch.float32
+    dw = torch.empty(weight.shape if has_w else (0,), dtype=dw_dtype, device=x.device)
+    db = torch.empty(bias.shape if has_b else (0,), dtype=db_dtype, device=x.device)
+    if x.numel() == 0:
+        dw.zero_()
+        db.zero_()
+        return dx, dw, db
+    if dy.dtype != x.dtype:
+        dy = dy.to(x.dtype)
+    xv, m, n, sx = _as_rows(x, k)
+    dyv, _, _, sdy = _as_rows(dy, k)
+    w = _contig_param(weight)
+    n_pow2 = next_power_of_2(n)
+    single, block, warps, per_sm = _bwd_config(n_pow2, x.element_size())
+    rows_unit = block if single else 1
+    g = max(1, min(per_sm * _sm_count(x.device), triton.cdiv(m, rows_unit)))
+    g = get_override(_CFG, "bwd_programs", g)
+    rows_per_prog = triton.cdiv(m, g)
+    if single:  # round up so every program's tiles start on its own rows
+        rows_per_prog = triton.cdiv(rows_per_prog, block) * block
+    g = triton.cdiv(m, rows_per_prog)
+    dwp = torch.empty((g, n) if has_w else (0,), dtype=torch.float32, device=x.device)
+    dbp = torch.empty((g, n) if has_b else (0,), dtype=torch.float32, device=x.device)
+    wd = _param_dummy(w, x)
+    mean_arg = mean if not is_rms else rstd
+    flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b)
+    dwp_arg = dwp if has_w else rstd
+    dbp_arg = dbp if has_b else rstd
+    if single:
+        _norm_bwd_kernel[(g,)](
+            xv, dyv, dx, wd, mean_arg, rstd, dwp_arg, dbp_arg, m, n, sx, sdy, rows_per_prog,
+            **flags, BLOCK_M=block, BLOCK_N=n_pow2, num_warps=warps,
+        )
+    else:
+        chunk = min(block, n_pow2)
+        cbuf = torch.empty((m, 2), dtype=torch.float32, device=x.device)
+        _norm_bwd_rowstats_kernel[(m,)](
+            xv, dyv, wd, mean_arg, rstd, cbuf, n, sx, sdy,
+            IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk, num_warps=warps,
+        )
+        _norm_bwd_loop_kernel[(g,)](
+            xv, dyv, dx, wd, mean_arg, rstd, dwp_arg, dbp_arg, cbuf, m, n, sx, sdy, rows_per_prog,
+            **flags, BLOCK_N=chunk, num_warps=warps,
+        )
+    if has_w or has_b:
+        red_n = min(get_override(_CFG, "reduce_block_n", 256), n_pow2)
+        red_g = min(get_override(_CFG, "reduce_block_g", 32), next_power_of_2(g))
+        _norm_reduce_partials_kernel[(triton.cdiv(n, red_n),)](
+            dwp_arg, dbp_arg, dw if has_w else dx, db if has_b else dx, g, n,
+            HAS_W=has_w, HAS_B=has_b, BLOCK_G=red_g, BLOCK_N=red_n, num_warps=4,
+        )
+    return dx, dw, db
+
+
+# ==================================================================================================
+# Registration: custom ops (torch.compile) and the eager direct path
+# ==================================================================================================
+@torch.library.custom_op("fused_layers::norm_fwd", mutates_args=())
+def _norm_fwd_op(
+    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], k: int, eps: float, is_rms: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return norm_forward(x, weight, bias, k, eps, is_rms)
+
+
+@_norm_fwd_op.register_fake
+def _(x, weight, bias, k, eps, is_rms):
+    m = math.prod(x.shape[: x.dim() - k])
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    mean = torch.empty((0 if is_rms else m,), dtype=torch.float32, device=x.device)
+    return y, mean, torch.empty((m,), dtype=torch.float32, device=x.device)
+
+
+@torch.library.custom_op("fused_layers::norm_bwd", mutates_args=())
+def _norm_bwd_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    k: int,
+    is_rms: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return norm_backward(dy, x, weight, bias, mean, rstd, k, is_rms)
+
+
+@_norm_bwd_op.register_fake
+def _(dy, x, weight, bias, mean, rstd, k, is_rms):
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw = torch.empty(weight.shape if weight is not None else (0,), dtype=weight.dtype if weight is not None else torch.float32, device=x.device)
+    db = torch.empty(bias.shape if bias is not None else (0,), dtype=bias.dtype if bias is not None else torch.float32, device=x.device)
+    return dx, dw, db
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, k, _eps, is_rms = inputs
+    _y, mean, rstd = output
+    ctx.k, ctx.is_rms = k, is_rms
+    ctx.has_w, ctx.has_b = weight is not None, bias is not None
+    ctx.save_for_backward(x, weight, bias, mean, rstd)
+
+
+def _backward(ctx, dy, _dmean, _drstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _norm_bwd_op(dy, x, weight, bias, mean, rstd, ctx.k, ctx.is_rms)
+    return dx, (dw if ctx.has_w else None), (db if ctx.has_b else None), None, None, None
+
+
+_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _NormFunction(torch.autograd.Function):
+    """Eager direct path: the same launchers without the custom-op dispatcher's per-call cost."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, k, eps, is_rms):
+        y, mean, rstd = norm_forward(x, weight, bias, k, eps, is_rms)
+        ctx.k, ctx.is_rms = k, is_rms
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        dx, dw, db = norm_backward(dy, x, weight, bias, mean, rstd, ctx.k, ctx.is_rms)
+        return dx, (dw if weight is not None else None), (db if bias is not None else None), None, None, None
+
+
+# --------------------------------------------------------------------------------------------------
+# Autocast: torch.autocast registers layer_norm / rms_norm in its float32 list on CUDA (and XPU, MPS,
+# ...), and not at all on CPU.  Look the registration up once per device type, then do the same cast.
+# --------------------------------------------------------------------------------------------------
+_AUTOCAST_KEYS = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU", "xpu": "AutocastXPU", "mps": "AutocastMPS"}
+_AUTOCAST_FP32: dict[tuple[str, str], bool] = {}
+
+
+def autocast_runs_in_float32(aten_op: str, device_type: str) -> bool:
+    """True when ``torch.autocast`` on ``device_type`` has a (float32-policy) kernel for ``aten_op``."""
+    key = (aten_op, device_type)
+    if key not in _AUTOCAST_FP32:
+        dk = _AUTOCAST_KEYS.get(device_type)
+        try:
+            _AUTOCAST_FP32[key] = bool(dk) and torch._C._dispatch_has_kernel_for_dispatch_key(aten_op, dk)
+        except Exception:  # pragma: no cover - private API changed: assume the documented CUDA policy
+            _AUTOCAST_FP32[key] = device_type == "cuda"
+    return _AUTOCAST_FP32[key]
+
+
+# Filled at import so Dynamo only reads a dict while tracing.
+for _op in ("aten::layer_norm", "aten::rms_norm"):
+    for _dt in _AUTOCAST_KEYS:
+        autocast_runs_in_float32(_op, _dt)
+
+
+def _autocast_cast(aten_op: str, x, weight, bias):
+    dt = x.device.type
+    if dt in _AUTOCAST_KEYS and torch.is_autocast_enabled(dt) and _AUTOCAST_FP32.get((aten_op, dt), False):
+
+        def up(t):
+            return t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
+
+        return up(x), up(weight), up(bias)
+    return x, weight, bias
+
+
+def _probe_rms_default_eps(dtype: torch.dtype) -> float:
+    """The eps ``torch.nn.functional.rms_norm`` uses when given ``eps=None`` for ``dtype`` inputs.
+
+    PyTorch documents ``torch.finfo(input.dtype).eps``, but its kernels take the epsilon of the
+    computation type (float32 for float16 / bfloat16 inputs).  Ask PyTorch once, on a tiny CPU tensor
+    where the two candidates give clearly different answers.
+    """
+    small, big = torch.finfo(torch.float32).eps, torch.finfo(dtype).eps
+    if small == big:
+        return big
+    x = torch.full((1, 2), 1e-2, dtype=dtype)  # mean square 1e-4: eps of 2^-7 (bf16) or 2^-10 (fp16) shows
+    y = F.rms_norm(x, (2,), None, None).float()[0, 0].item()
+    return big if y < 0.5 else small
+
+
+_RMS_DEFAULT_EPS = {dt: _probe_rms_default_eps(dt) for dt in SUPPORTED_DTYPES}
+
+
+def _dispatch(x, weight, bias, k, eps, is_rms):
+    if is_compiling():
+        return _norm_fwd_op(x, weight, bias, k, eps, is_rms)[0]
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if needs_grad:
+        return _NormFunction.apply(x, weight, bias, k, eps, is_rms)
+    return norm_forward(x, weight, bias, k, eps, is_rms)[0]
+
+
+def fused_layer_norm(
+    input: torch.Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """Layer normalization over the last ``len(normalized_shape)`` dims, with Triton forward and backward.
+
+    Same semantics as ``torch.nn.functional.layer_norm``: float32 statistics, output in the input's
+    dtype (contiguous), weight / bias in the input's dtype or float32, autocast handled like
+    ``layer_norm``.  float64 inputs, and devices where Triton cannot run, use PyTorch.
+    """
+    x = check_tensor(_LN, "input", input)
+    check_float_dtype(_LN, "input", x, allow_float64=True)
+    shape, k = _normalized_ndim(_LN, x, normalized_shape)
+    _check_param(_LN, "weight", weight, x, shape)
+    _check_param(_LN, "bias", bias, x, shape)
+    x, weight, bias = _autocast_cast("aten::layer_norm", x, weight, bias)
+    if x.dtype == torch.float64 or use_fallback(_LN, x):
+        return F.layer_norm(x, shape, weight, bias, eps)
+    return _dispatch(x, weight, bias, k, float(eps), False)
+
+
+def fused_rms_norm(
+    input: torch.Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: Optional[torch.Tensor] = None,
+    eps: Optional[float] = None,
+) -> torch.Tensor:
+    """RMS normalization over the last ``len(normalized_shape)`` dims, with Triton forward and backward.
+
+    Same semantics as ``torch.nn.functional.rms_norm``: ``eps=None`` means the eps PyTorch uses then
+    (documented as ``torch.finfo(input.dtype).eps``; PyTorch 2.x kernels take float32's epsilon for
+    half-precision inputs, and this follows whatever the installed PyTorch does), output in the input's
+    dtype.
+    """
+    x = check_tensor(_RMS, "input", input)
+    check_float_dtype(_RMS, "input", x, allow_float64=True)
+    shape, k = _normalized_ndim(_RMS, x, normalized_shape)
+    _check_param(_RMS, "weight", weight, x, shape)
+    x, weight, _ = _autocast_cast("aten::rms_norm", x, weight, None)
+    if x.dtype == torch.float64 or use_fallback(_RMS, x):
+        return F.rms_norm(x, shape, weight, eps)
+    if eps is None:
+        eps = _RMS_DEFAULT_EPS[x.dtype]
+    return _dispatch(x, weight, None, k, float(eps), True)

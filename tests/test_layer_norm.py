@@ -1,0 +1,404 @@
+"""FusedLayerNorm / FusedRMSNorm: outputs and all gradients against float64, layouts, dtypes, API, compile.
+
+On a CPU-only machine the kernels run under the Triton interpreter: grids stay tiny (a few rows) and
+``config_override("layer_norm", ...)`` forces the wide-row (chunked) kernels at small widths.
+"""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import HAS_CUDA, TOL
+from fused_layers import FusedLayerNorm, FusedRMSNorm, fused_layer_norm, fused_rms_norm
+from fused_layers.ops import layer_norm as ln_ops
+from fused_layers.ops.layer_norm import config_override, layer_norm_reference
+
+WIDE = dict(fwd_max_single=16, bwd_max_single=16, fwd_chunk=16, bwd_chunk=16)  # chunked kernels at N > 16
+NARROW_TILES = dict(fwd_block_m=2, bwd_block_m=2, bwd_programs=3)  # several tiles and programs per call
+
+
+def _grad_tol(dtype, n_rows):
+    """(atol, rtol) for gradients: the dtype's output tolerance, dW/dB scaled by the rows summed."""
+    atol, rtol = TOL[dtype]
+    return atol * max(4, n_rows ** 0.5) * 4, rtol * 4
+
+
+def _run(fn, x, w, b, dy):
+    leaves = [t for t in (x, w, b) if t is not None]
+    y = fn(x, w, b)
+    grads = torch.autograd.grad(y, leaves, dy)
+    return y, grads
+
+
+def _check(rms, shape, k, dtype, device, param_dtype=None, affine=True, bias=True, make_x=None, dy_fn=None):
+    """Compare our forward and every gradient with a float64 reference on the same inputs."""
+    norm_shape = tuple(shape[len(shape) - k:])
+    pdt = param_dtype or dtype
+    x = (make_x(shape, dtype, device) if make_x else torch.randn(shape, dtype=dtype, device=device) * 2 + 0.5)
+    x.requires_grad_(True)
+    w = (torch.randn(norm_shape, dtype=pdt, device=device) if affine else None)
+    b = (torch.randn(norm_shape, dtype=pdt, device=device) if affine and bias and not rms else None)
+    for t in (w, b):
+        if t is not None:
+            t.requires_grad_(True)
+    dy = torch.randn(shape, dtype=dtype, device=device)
+    if dy_fn is not None:
+        dy = dy_fn(dy)
+    eps = 1e-5
+    if rms:
+        ours = lambda x, w, b: fused_rms_norm(x, norm_shape, w, eps)  # noqa: E731
+        ref = lambda x, w, b: F.rms_norm(x, norm_shape, w, eps)  # noqa: E731
+    else:
+        ours = lambda x, w, b: fused_layer_norm(x, norm_shape, w, b, eps)  # noqa: E731
+        ref = lambda x, w, b: F.layer_norm(x, norm_shape, w, b, eps)  # noqa: E731
+    y, grads = _run(ours, x, w, b, dy)
+    d64 = lambda t: None if t is None else t.detach().double().requires_grad_(True)  # noqa: E731
+    y64, grads64 = _run(ref, d64(x), d64(w), d64(b), dy.double())
+    assert y.dtype == dtype and y.shape == x.shape and y.is_contiguous()
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(y.double(), y64, atol=atol * 4, rtol=rtol * 2)
+    n_rows = x.numel() // max(1, w.numel() if w is not None else x[(0,) * (x.dim() - k)].numel())
+    gatol, grtol = _grad_tol(dtype, n_rows)
+    for g, g64, leaf in zip(grads, grads64, [t for t in (x, w, b) if t is not None]):
+        assert g.dtype == leaf.dtype and g.shape == leaf.shape
+        torch.testing.assert_close(g.double(), g64, atol=gatol * max(1.0, g64.abs().max().item() ** 0.5), rtol=grtol)
+    return y, grads
+
+
+# --------------------------------------------------------------------------------------------------
+# Correctness: widths, dtypes, single block and chunked kernels
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n", [1, 7, 64, 257])
+def test_single_block(rms, dtype, n, device):
+    with config_override("layer_norm", **NARROW_TILES):
+        _check(rms, (5, n), 1, dtype, device)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [17, 48, 131])  # just past a chunk, whole chunks, prime with a ragged tail
+def test_wide_rows_chunked(rms, dtype, n, device):
+    with config_override("layer_norm", **WIDE, bwd_programs=2):
+        _check(rms, (5, n), 1, dtype, device)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("wide", [False, True], ids=["single", "chunked"])
+def test_one_row(rms, wide, device):
+    cfg = WIDE if wide else {}
+    with config_override("layer_norm", **cfg):
+        _check(rms, (1, 53), 1, torch.float32, device)
+
+
+def test_large_mean_welford_numerics(device):
+    """Rows with a mean far from 0 and a small spread: the chunked Welford path must not cancel.
+
+    float32 inputs near 1000 carry an ulp of 6e-5 against a spread of 1e-2, so any float32 method has
+    errors of ~1e-3 after normalizing; compare with PyTorch's own float32 error on the same input.
+    """
+    x = 1000.0 + 0.01 * torch.randn(3, 100, device=device)
+    ref = layer_norm_reference(x.double(), (100,))
+    err_torch = (F.layer_norm(x, (100,)).double() - ref).abs().max().item()
+    for cfg in (WIDE, {}):
+        with config_override("layer_norm", **cfg):
+            y = fused_layer_norm(x, 100)
+        err = (y.double() - ref).abs().max().item()
+        assert err <= 2 * err_torch + 1e-4, (cfg, err, err_torch)
+    assert 0.9 < y.std().item() < 1.1  # normalized: unit variance, not noise from cancellation
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_2d_normalized_shape(rms, device):
+    _check(rms, (2, 3, 4, 5), 2, torch.float32, device)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_no_affine(rms, device):
+    _check(rms, (4, 33), 1, torch.float32, device, affine=False)
+
+
+def test_layer_norm_no_bias(device):
+    with config_override("layer_norm", **WIDE):
+        _check(False, (4, 40), 1, torch.bfloat16, device, bias=False)
+    _check(False, (4, 40), 1, torch.bfloat16, device, bias=False)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_mixed_dtype_params(rms, dtype, device):
+    """float32 parameters with a half-precision input (AMP): output in the input's dtype like torch."""
+    y, grads = _check(rms, (6, 40), 1, dtype, device, param_dtype=torch.float32)
+    x = torch.randn(6, 40, dtype=dtype, device=device)
+    mod = nn.RMSNorm(40, device=device) if rms else nn.LayerNorm(40, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that mixed dtypes take its slow path
+        assert y.dtype == mod(x).dtype == dtype
+    assert grads[1].dtype == torch.float32
+
+
+# --------------------------------------------------------------------------------------------------
+# Layouts
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_row_strided_input_no_copy(rms, device):
+    """A slice of wider rows (row stride 64, unit column stride) runs without a copy; a transpose of
+    leading dims too when they merge, else it is copied."""
+    sliced = lambda s, dt, dev: torch.randn(s[0], 64, dtype=dt, device=dev)[:, 3 : 3 + s[1]]  # noqa: E731
+    probe = sliced((5, 37), torch.float32, device)
+    xv, m, n, sx = ln_ops._as_rows(probe, 1)
+    assert xv.data_ptr() == probe.data_ptr() and (m, n, sx) == (5, 37, 64)
+    _check(rms, (5, 37), 1, torch.float32, device, make_x=sliced)
+    tr = lambda s, dt, dev: torch.randn(s[1], s[0], s[2], dtype=dt, device=dev).transpose(0, 1)  # noqa: E731
+    _check(rms, (3, 4, 40), 1, torch.float32, device, make_x=tr)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_column_strided_input_and_dy_copy(rms, device):
+    """A strided last dim (copied) and a non-contiguous incoming gradient."""
+    make = lambda s, dt, dev: torch.randn(s[1], s[0], dtype=dt, device=dev).t()  # noqa: E731
+    _check(rms, (6, 21), 1, torch.float32, device, make_x=make, dy_fn=lambda d: d.t().contiguous().t())
+    xv, *_ = ln_ops._as_rows(make((6, 21), torch.float32, device), 1)
+    assert xv.is_contiguous()
+
+
+def test_as_rows_merges_leading_dims():
+    t = torch.randn(3, 4, 10)[:, ::2]  # leading dims with strides (40, 20): merge into one stride 20
+    xv, m, n, sx = ln_ops._as_rows(t, 1)
+    assert xv.data_ptr() == t.data_ptr() and (m, n, sx) == (6, 10, 20)
+    t2 = torch.randn(4, 3, 10).transpose(0, 1)  # strides (10, 30): do not merge
+    xv2, m2, n2, sx2 = ln_ops._as_rows(t2, 1)
+    assert xv2.is_contiguous() and (m2, n2, sx2) == (12, 10, 10)
+
+
+def test_empty_input(device):
+    x = torch.randn(0, 8, device=device, requires_grad=True)
+    ln = FusedLayerNorm(8, device=device)
+    y = ln(x)
+    assert y.shape == (0, 8)
+    y.sum().backward()
+    assert torch.equal(ln.weight.grad, torch.zeros(8, device=device))
+
+
+# --------------------------------------------------------------------------------------------------
+# Accuracy of dW / dB in bf16 against PyTorch eager's own error
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_bf16_param_grad_error_vs_eager(rms, device):
+    m, n = 96, 40
+    x = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+    w = torch.randn(n, device=device, dtype=torch.bfloat16)
+    b = None if rms else torch.randn(n, device=device, dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+
+    def grads(fn, x, w, b, dy):
+        leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in (x, w, b)]
+        y = fn(*leaves)
+        return torch.autograd.grad(y, [t for t in leaves[1:] if t is not None], dy)
+
+    if rms:
+        ours = grads(lambda x, w, b: fused_rms_norm(x, (n,), w, 1e-6), x, w, b, dy)
+        eager = grads(lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6), x, w, b, dy)
+        ref = grads(lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6), x.double(), w.double(), None, dy.double())
+    else:
+        ours = grads(lambda x, w, b: fused_layer_norm(x, (n,), w, b), x, w, b, dy)
+        eager = grads(lambda x, w, b: F.layer_norm(x, (n,), w, b), x, w, b, dy)
+        ref = grads(lambda x, w, b: F.layer_norm(x, (n,), w, b), x.double(), w.double(), b.double(), dy.double())
+    # Both errors are dominated by the final rounding to bfloat16 (ours accumulates in float32). The
+    # Triton interpreter rounds float32 -> bfloat16 by truncation (twice the error of round-to-nearest,
+    # which the GPU uses), hence the wider slack there.
+    slack = 1.1 if device == "cuda" else 2.5
+    for o, e, r in zip(ours, eager, ref):
+        err_ours = (o.double() - r).norm().item()
+        err_eager = (e.double() - r).norm().item()
+        assert err_ours <= slack * err_eager + 1e-4 * r.norm().item(), (err_ours, err_eager)
+
+
+# --------------------------------------------------------------------------------------------------
+# Modules: drop-in API, state_dict, autocast
+# --------------------------------------------------------------------------------------------------
+def test_modules_are_drop_in(device):
+    ln = FusedLayerNorm((3, 5), eps=1e-3, elementwise_affine=True, bias=False, device=device, dtype=torch.bfloat16)
+    assert isinstance(ln, nn.LayerNorm) and ln.bias is None and ln.weight.dtype == torch.bfloat16
+    assert ln.normalized_shape == (3, 5) and ln.eps == 1e-3
+    rms = FusedRMSNorm(16, device=device)
+    assert isinstance(rms, nn.RMSNorm) and rms.eps is None and rms.weight.shape == (16,)
+    assert FusedLayerNorm(8, elementwise_affine=False).weight is None
+    assert FusedRMSNorm(8, elementwise_affine=False).weight is None
+    assert set(dict(FusedLayerNorm(8).named_parameters())) == set(dict(nn.LayerNorm(8).named_parameters()))
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_state_dict_round_trip(rms, device):
+    ref_cls, our_cls = (nn.RMSNorm, FusedRMSNorm) if rms else (nn.LayerNorm, FusedLayerNorm)
+    ref = ref_cls(24, device=device)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_()
+    ours = our_cls(24, device=device)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    back = ref_cls(24, device=device)
+    back.load_state_dict(ours.state_dict(), strict=True)
+    x = torch.randn(3, 24, device=device)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(back(x), ref(x), atol=0, rtol=0)
+
+
+def test_rms_eps_none_matches_torch(device):
+    x = torch.randn(4, 32, device=device, dtype=torch.bfloat16) * 1e-2  # eps (bf16: 2^-7) matters here
+    ours, ref = FusedRMSNorm(32, device=device), nn.RMSNorm(32, device=device)
+    torch.testing.assert_close(ours(x).float(), ref(x).float(), atol=2e-2, rtol=2e-2)
+    y_big = fused_rms_norm(x, (32,), None, torch.finfo(torch.bfloat16).eps)
+    y_small = fused_rms_norm(x, (32,), None, torch.finfo(torch.float32).eps)
+    assert not torch.allclose(y_big.float(), y_small.float(), atol=0.05)  # the input tells the two apart
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_autocast_matches_torch_cpu(rms, device):
+    mod_ref = nn.RMSNorm(16, device=device) if rms else nn.LayerNorm(16, device=device)
+    mod = (FusedRMSNorm if rms else FusedLayerNorm)(16, device=device)
+    mod.load_state_dict(mod_ref.state_dict())
+    x = torch.randn(4, 16, device=device, requires_grad=True)
+    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+        y, y_ref = mod(x), mod_ref(x)
+    assert y.dtype == y_ref.dtype
+    torch.testing.assert_close(y.float(), y_ref.float(), atol=2e-2, rtol=2e-2)
+    y.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == x.dtype
+
+
+def test_autocast_policy_lookup():
+    """torch registers layer_norm / rms_norm for float32 under CUDA autocast and not under CPU autocast."""
+    assert ln_ops.autocast_runs_in_float32("aten::layer_norm", "cuda")
+    assert ln_ops.autocast_runs_in_float32("aten::rms_norm", "cuda")
+    assert not ln_ops.autocast_runs_in_float32("aten::layer_norm", "cpu")
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors and fallbacks
+# --------------------------------------------------------------------------------------------------
+def test_clear_errors():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        fused_layer_norm(x, (7,))
+    with pytest.raises(ValueError, match="normalized_shape"):
+        fused_rms_norm(x, (4, 4))
+    with pytest.raises(TypeError, match="normalized_shape"):
+        fused_layer_norm(x, "8")
+    with pytest.raises(ValueError, match="'weight' must have shape"):
+        fused_layer_norm(x, 8, torch.randn(7))
+    with pytest.raises(ValueError, match="'bias' must have shape"):
+        fused_layer_norm(x, 8, torch.randn(8), torch.randn(2, 4))
+    with pytest.raises(TypeError, match="'input' has dtype torch.int64"):
+        fused_layer_norm(torch.ones(4, 8, dtype=torch.long), 8)
+    with pytest.raises(TypeError, match="'weight' has dtype torch.bfloat16"):
+        fused_rms_norm(x, 8, torch.randn(8, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="'input' must be a torch.Tensor"):
+        fused_layer_norm([1.0, 2.0], 2)
+    with pytest.raises(ValueError, match="same device"):
+        fused_layer_norm(x, 8, torch.randn(8, device="meta"))
+
+
+def test_float64_and_meta_use_pytorch():
+    x = torch.randn(3, 10, dtype=torch.float64)
+    torch.testing.assert_close(fused_layer_norm(x, 10), F.layer_norm(x, (10,)))
+    torch.testing.assert_close(fused_rms_norm(x, 10), F.rms_norm(x, (10,)))
+    m = torch.empty(5, 10, device="meta", dtype=torch.bfloat16)
+    assert fused_layer_norm(m, 10).shape == (5, 10)
+    assert fused_rms_norm(m, 10, torch.empty(10, device="meta")).dtype == torch.bfloat16
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.library registration: opcheck and torch.compile
+# --------------------------------------------------------------------------------------------------
+def test_opcheck(device):
+    x = torch.randn(3, 20, device=device, requires_grad=True)
+    w = torch.randn(20, device=device, requires_grad=True)
+    b = torch.randn(20, device=device, requires_grad=True)
+    torch.library.opcheck(ln_ops._norm_fwd_op, (x, w, b, 1, 1e-5, False))
+    torch.library.opcheck(ln_ops._norm_fwd_op, (x, w, None, 1, 1e-6, True))
+    y, mean, rstd = ln_ops._norm_fwd_op(x.detach(), w.detach(), b.detach(), 1, 1e-5, False)
+    dy = torch.randn_like(y)
+    torch.library.opcheck(
+        ln_ops._norm_bwd_op, (dy, x.detach(), w.detach(), b.detach(), mean, rstd, 1, False),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
+@pytest.mark.slow
+def test_compile_fullgraph_forward_backward(device):
+    ln = FusedLayerNorm(24, device=device)
+    rms = FusedRMSNorm(24, device=device)
+    ref_ln, ref_rms = nn.LayerNorm(24, device=device), nn.RMSNorm(24, device=device)
+    with torch.no_grad():
+        for p in list(ln.parameters()) + list(rms.parameters()):
+            p.normal_()
+    ref_ln.load_state_dict(ln.state_dict())
+    ref_rms.load_state_dict(rms.state_dict())
+
+    def f(mods, x):
+        return mods[1](mods[0](x) * 2.0)
+
+    x = torch.randn(4, 24, device=device, requires_grad=True)
+    compiled = torch.compile(f, fullgraph=True)
+    y = compiled((ln, rms), x)
+    y.square().sum().backward()
+    gx, gw = x.grad.clone(), ln.weight.grad.clone()
+    x.grad = None
+    y_ref = f((ref_ln, ref_rms), x)
+    y_ref.square().sum().backward()
+    torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(gx, x.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(gw, ref_ln.weight.grad, atol=1e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU only
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_gpu_param_grads_bitwise_deterministic(rms):
+    m, n = 8192, 1024
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    mod = (FusedRMSNorm if rms else FusedLayerNorm)(n, device="cuda")
+    outs = []
+    for _ in range(3):
+        mod.zero_grad(set_to_none=True)
+        xr = x.clone().requires_grad_(True)
+        mod(xr).backward(dy)
+        outs.append([xr.grad] + [p.grad.clone() for p in mod.parameters()])
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("n", [1, 1000, 4097, 16384, 65536, 100003])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpu_widths(rms, n, dtype):
+    rows = max(3, min(257, (1 << 22) // n))
+    _check(rms, (rows, n), 1, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_gpu_autocast_and_mixed_match_torch(rms):
+    ref = (nn.RMSNorm if rms else nn.LayerNorm)(256, device="cuda")
+    ours = (FusedRMSNorm if rms else FusedLayerNorm)(256, device="cuda")
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    for ctx_dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cuda", dtype=ctx_dtype):
+            a, r = ours(x), ref(x)
+        assert a.dtype == r.dtype == torch.float32
+        torch.testing.assert_close(a, r, atol=1e-4, rtol=1e-4)
+    a, r = ours(x), ref(x)  # fp32 params, bf16 input, no autocast
+    assert a.dtype == r.dtype
+    torch.testing.assert_close(a.float(), r.float(), atol=2e-2, rtol=2e-2)
