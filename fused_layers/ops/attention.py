@@ -48,13 +48,17 @@ P V and dS K products (as FlashAttention).  float32: the dots run in tf32 when
 so float32 inputs get float32 accuracy unless the user opted in to tf32.  float64 runs the PyTorch
 reference (SDPA).
 
-Tile sizes, warps and pipeline stages are autotuned on CUDA over a few configs per (head-dim bucket,
-causal, dtype) -- never per sequence length -- so the first call of a bucket tunes once.
+Tile sizes, warps and pipeline stages come from a table per (kernel, head-dim bucket, causal, dtype),
+never per sequence length, filled by an offline sweep on an H200 (``benchmarks/bench_attention.py
+--sweep``), so a first call compiles one config per kernel; ``FUSED_LAYERS_ATTENTION_AUTOTUNE=1`` uses
+Triton's autotuner over a few configs per bucket instead (keyed on head-dim bucket, causal, dtype).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -631,24 +635,55 @@ _dkdv_tuned = triton.autotune(_configs("dkdv"), key=_AUTOTUNE_KEY, prune_configs
 _dq_tuned = triton.autotune(_configs("dq"), key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_factory("dq")})(_attn_bwd_dq_kernel)
 
 
-def _fixed_config(kind: str) -> dict | None:
-    """Block sizes forced by ``config_override("attention", ...)`` (tests) or the interpreter; else None."""
-    bm = get_override("attention", f"{kind}_block_m", get_override("attention", "block_m", 0))
-    bn = get_override("attention", f"{kind}_block_n", get_override("attention", "block_n", 0))
-    if not bm and not bn and not INTERPRET:
+# The configs used by default: (BLOCK_M, BLOCK_N, num_warps, num_stages) per (kernel, head-dim bucket,
+# causal) for 2-byte dtypes, picked by ``benchmarks/bench_attention.py --sweep`` on an H200 (offline
+# autotuning: no first-call tuning, nothing keyed on the sequence length). Buckets it did not sweep use
+# the first entry of _TUNE. FUSED_LAYERS_ATTENTION_AUTOTUNE=1 autotunes over _TUNE's bucket instead;
+# FUSED_LAYERS_ATTENTION_TABLE=<json> replaces entries (written by the sweep: {"fwd,128,1": [m, n, w, s]}).
+_TABLE: dict[tuple[str, int, bool], tuple[int, int, int, int]] = {}
+_AUTOTUNE = os.environ.get("FUSED_LAYERS_ATTENTION_AUTOTUNE", "0") == "1"
+if os.environ.get("FUSED_LAYERS_ATTENTION_TABLE"):
+    with open(os.environ["FUSED_LAYERS_ATTENTION_TABLE"]) as _f:
+        for _k, _v in json.load(_f).items():
+            _kind, _bd, _c = _k.split(",")
+            _TABLE[(_kind, int(_bd), _c == "1")] = tuple(_v)
+
+
+def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict | None:
+    """Launch config of kernel ``kind`` ("fwd", "dkdv", "dq"); None means: use the autotuner.
+
+    ``config_override("attention", block_m=.., block_n=.., num_warps=.., num_stages=..)`` (or the
+    per-kernel ``fwd_block_m``, ``dq_num_warps``, ...) forces values (tests, the sweep); the interpreter
+    uses 16 x 16 tiles so that small tests span several of them.
+    """
+
+    def ov(name, default):
+        return get_override("attention", f"{kind}_{name}", get_override("attention", name, default))
+
+    if INTERPRET:
+        base = (16, 16, 4, 2)
+    elif _AUTOTUNE and not any(ov(n, 0) for n in ("block_m", "block_n")):
         return None
+    else:
+        bucket = 64 if block_d <= 64 else 128 if block_d <= 128 else 256
+        if dtype == torch.float32:
+            base = _bucket_configs(kind, block_d, dtype)[0]
+        else:
+            base = _TABLE.get((kind, bucket, bool(causal)), _TUNE[kind][bucket][0])
     return {
-        "BLOCK_M": bm or 16,
-        "BLOCK_N": bn or 16,
-        "num_warps": get_override("attention", "num_warps", 4),
-        "num_stages": get_override("attention", "num_stages", 2),
+        "BLOCK_M": ov("block_m", base[0]),
+        "BLOCK_N": ov("block_n", base[1]),
+        "num_warps": ov("num_warps", base[2]),
+        "num_stages": ov("num_stages", base[3]),
     }
 
 
 def _input_precision(dtype: torch.dtype) -> str:
-    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
-        return "tf32"
-    return "ieee"
+    """Dot precision: full fp32 for float32 inputs unless the user enabled tf32 (Triton's default,
+    "tf32", is what 16-bit operands always use: it only affects float32 operands)."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
 
 
 def _alloc_like(t: torch.Tensor, shape=None) -> torch.Tensor:
@@ -726,7 +761,7 @@ def attention_forward(q, k, v, kb, cu_q, cu_k, max_q: int, max_k: int, causal: b
         VARLEN=c["varlen"], CAUSAL=causal, HAS_KB=kb is not None, BLOCK_D=bd, EVEN_D=D == bd,
         INPUT_PRECISION=_input_precision(q.dtype),
     )
-    fixed = _fixed_config("fwd")
+    fixed = _config("fwd", bd, causal, q.dtype)
     if fixed is not None:
         grid = (triton.cdiv(SQ, fixed["BLOCK_M"]), B * H)
         _attn_fwd_kernel[grid](*args, **meta, **fixed)
@@ -771,12 +806,12 @@ def attention_backward(do, q, k, v, out, lse, kb, cu_q, cu_k, max_q: int, max_k:
         *common, *_strides4(dq, varlen), *_lse_strides(lse, varlen), *_kb_strides(kb),
         H, H // HKV, SQ, SK, D,
     )
-    fixed = _fixed_config("dkdv")
+    fixed = _config("dkdv", bd, causal, q.dtype)
     if fixed is not None:
         _attn_bwd_dkdv_kernel[(triton.cdiv(SK, fixed["BLOCK_N"]), B * HKV)](*dkdv_args, **meta, **fixed)
     else:
         _dkdv_tuned[lambda META: (triton.cdiv(SK, META["BLOCK_N"]), B * HKV)](*dkdv_args, **meta)
-    fixed = _fixed_config("dq")
+    fixed = _config("dq", bd, causal, q.dtype)
     if fixed is not None:
         _attn_bwd_dq_kernel[(triton.cdiv(SQ, fixed["BLOCK_M"]), B * H)](*dq_args, **meta, **fixed)
     else:
