@@ -71,7 +71,6 @@ def _sweep_worker(tasks, lock_path, out_path):
     def get(D):
         if D not in inputs:
             q, k, v = (torch.randn(4, H, 4096, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            out, lse = A.attention_forward(q, k, v, None, None, None, 4096, 4096, False, D**-0.5)
             inputs[D] = (q, k, v, torch.randn_like(q))
         return inputs[D]
 
