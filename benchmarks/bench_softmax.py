@@ -86,7 +86,7 @@ def main():
     ap.add_argument("--widths", default=",".join(map(str, WIDTHS)))
     ap.add_argument("--total", type=int, default=2**26, help="elements per tensor")
     ap.add_argument("--sweep", action="store_true", help="sweep kernel configs for ours first")
-    ap.add_argument("--sweep-widths", default="256,1024,4096,16384,32768,65536,262144")
+    ap.add_argument("--sweep-widths", default="1024,16384,32768,65536,262144")
     ap.add_argument("--no-peers", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -168,10 +168,12 @@ def sweep(widths, args):
                     for bm in bms:
                         if bm * n <= 65536 and w * 32 <= bm * n:
                             cands.append(dict(max_single_block=1 << 30, num_warps=w, block_m=bm))
-            if n >= 16384:
-                for sw in (4, 8, 16):
-                    for sb in (2048, 8192):
-                        cands.append(dict(max_single_block=1, stream_warps=sw, stream_block=sb))
+            if n >= 32768:
+                for ww in (4, 8, 16):
+                    for wb in (2048, 4096, 8192):
+                        for wp in (8192, 16384, 32768):
+                            if wp >= wb:
+                                cands.append(dict(max_single_block=1, wide_warps=ww, wide_block=wb, wide_piece=wp))
             for c in cands:
                 try:
                     with config_override("softmax", **c):
@@ -196,12 +198,15 @@ def sweep(widths, args):
 def dispatch_overhead(iters: int = 2000):
     """Host cost per call on a tiny input: direct eager path vs the custom op vs torch.softmax."""
     from fused_layers import fused_softmax
+    from fused_layers.ops.softmax import softmax_forward
 
     x = torch.randn(8, 128, device="cuda")
     cases = {
         "fused_softmax (direct path)": lambda: fused_softmax(x, -1),
         "torch.ops.fused_layers.softmax_fwd (custom op)": lambda: torch.ops.fused_layers.softmax_fwd(x, 1),
         "torch.softmax": lambda: torch.softmax(x, -1),
+        "softmax_forward (launcher only)": lambda: softmax_forward(x, 1),
+        "torch.empty (allocation alone)": lambda: torch.empty_like(x),
     }
     out = {}
     for k, fn in cases.items():

@@ -42,9 +42,9 @@ def test_single_block(shape, dtype, device):
 def test_streaming_multi_block(n, dtype, device):
     """Rows wider than the single-block limit: online softmax over chunks and pieces."""
     x = torch.randn(3, n, device=device, dtype=dtype) * 4
-    with config_override("softmax", max_single_block=8, stream_block=8):
+    with config_override("softmax", max_single_block=8, wide_block=8):
         _check(x, -1)
-    with config_override("softmax", max_single_block=8, stream_block=8, splits=3):  # several pieces per row
+    with config_override("softmax", max_single_block=8, wide_block=8, wide_piece=8):  # several pieces per row
         _check(x, -1)
 
 
@@ -52,7 +52,7 @@ def test_streaming_multi_block(n, dtype, device):
 def test_non_last_dim(dim, device):
     x = torch.randn(3, 11, 5, device=device)
     _check(x, dim)
-    with config_override("softmax", max_single_block=4, stream_block=4):
+    with config_override("softmax", max_single_block=4, wide_block=4, wide_piece=8):
         _check(x, dim)
 
 
@@ -64,7 +64,7 @@ def test_non_contiguous_inputs(device):
     x4 = torch.randn(2, 3, 4, 5, device=device).permute(0, 2, 3, 1)  # needs the documented copy path
     _check(x4, 1)
     _check(torch.randn(4, 2, 9, device=device).transpose(0, 1)[:, 1:], -1)
-    with config_override("softmax", max_single_block=4, stream_block=4):
+    with config_override("softmax", max_single_block=4, wide_block=4, wide_piece=8):
         _check(base[:, 1::2], -1)
 
 
@@ -90,7 +90,7 @@ def test_special_values(stream, device):
     x[3, 7] = float("nan")  # NaN: NaN row
     x[4] = x[4] * 1e37  # huge finite logits
     x[5, 20:] = float("-inf")  # trailing -inf
-    ctx = config_override("softmax", max_single_block=4, stream_block=4) if stream else config_override("softmax")
+    ctx = config_override("softmax", max_single_block=4, wide_block=4, wide_piece=8) if stream else config_override("softmax")
     with ctx:
         y = fused_softmax(x, -1)
     ref = torch.softmax(x.double(), -1).float()

@@ -119,6 +119,11 @@ def is_compiling() -> bool:
 # program at a time in numpy) reaches the multi-block / streaming paths on small tensors.
 # --------------------------------------------------------------------------------------------------
 _OVERRIDES: dict[str, dict[str, int]] = {}
+_EPOCH = [0]  # bumped on every override change, so launch-plan caches keyed on it stay right
+
+
+def override_epoch() -> int:
+    return _EPOCH[0]
 
 
 def get_override(op: str, key: str, default: int) -> int:
@@ -130,7 +135,9 @@ def config_override(op: str, **values: int) -> Iterator[None]:
     """Temporarily override config values of ``op`` (e.g. ``config_override("softmax", max_single_block=64)``)."""
     old = dict(_OVERRIDES.get(op, {}))
     _OVERRIDES.setdefault(op, {}).update(values)
+    _EPOCH[0] += 1
     try:
         yield
     finally:
         _OVERRIDES[op] = old
+        _EPOCH[0] += 1
