@@ -118,7 +118,7 @@ class Call:
     @property
     def shape(self) -> str:
         shapes = [list(a.shape) for a in self.args if isinstance(a, TensorSpec)]
-        return " ".join(str(s) for s in shapes).replace(" ", "") if len(shapes) == 1 else ", ".join(map(str, shapes))
+        return ", ".join(str(s).replace(" ", "") for s in shapes)
 
     @property
     def dtype(self) -> str:
@@ -300,7 +300,9 @@ class Ledger:
     def start_recording(self) -> None:
         self.stop_recording()
         for name, (m, kind) in self.fused_modules().items():
-            self._handles.append(m.register_forward_pre_hook(functools.partial(self._hook, name, kind), with_kwargs=True))
+            # Under torch.compile the hook runs eagerly (a graph break during the recording steps only).
+            hook = torch.compiler.disable(functools.partial(self._hook, name, kind))
+            self._handles.append(m.register_forward_pre_hook(hook, with_kwargs=True))
 
     def stop_recording(self) -> None:
         for h in self._handles:
