@@ -1,0 +1,220 @@
+"""train.py + conf/: compose the real config (shrunk: CPU, a 1-layer GPT, a few steps) and run it.
+
+fused=false and fused=true train; the W&B offline run carries `fused`, the tag, the group and the
+speedup keys; the multirun comparison is produced by `python train.py -m fused=false,true`; bad
+overrides fail clearly. Plus the demo's data split and model (reference attention == SDPA).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import OmegaConfBaseException
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import train as train_script  # noqa: E402  (registers the schema and resolvers)
+from lm_demo.compare import compare  # noqa: E402
+from lm_demo.data import ByteLMDataModule  # noqa: E402
+from lm_demo.model import GPTLM  # noqa: E402
+
+# A 1-layer, 32-wide GPT on 32-byte sequences, batch 2: each step is a few interpreter launches.
+SHRINK = [
+    "model.d_model=32", "model.n_layer=1", "model.n_head=2", "model.seq_len=32", "model.warmup_steps=1",
+    "data.batch_size=2", "data.max_bytes=100000",
+    "trainer.accelerator=cpu", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=2",
+    "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false", "trainer.enable_checkpointing=false",
+    "callbacks.fused.warmup_steps=1", "callbacks.fused.max_measure_seconds=1.0",
+    "callbacks.throughput.window_size=2",
+]
+
+
+def compose_cfg(out_dir: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("train", overrides=[*SHRINK, f"output_dir={out_dir}", *overrides])
+
+
+def read_wandb_records(path: Path) -> list:
+    """Records of an offline ``run-*.wandb`` file (LevelDB-log framing: 32 KiB blocks, 7-byte headers)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    pos, block, buf, chunks = 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # block trailer
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 1:  # FULL
+            chunks.append(chunk)
+        elif kind == 2:  # FIRST
+            buf = chunk
+        elif kind == 3:  # MIDDLE
+            buf += chunk
+        elif kind == 4:  # LAST
+            chunks.append(buf + chunk)
+        elif length == 0:  # zero padding up to the block end
+            pos += block - pos % block if pos % block else 0
+    records = []
+    for c in chunks:
+        r = pb.Record()
+        r.ParseFromString(c)
+        records.append(r)
+    return records
+
+
+def finite(x) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# config
+# ------------------------------------------------------------------------------------------------
+def test_default_config_composes(tmp_path):
+    cfg = compose_cfg(tmp_path)
+    assert cfg.fused is False and cfg.run_tag == "unfused"
+    assert cfg.callbacks.fused._target_ == "callbacks.FusedLayersCallback" and cfg.callbacks.fused.enabled is False
+    assert set(cfg.logger) == {"wandb"} and cfg.logger.wandb.offline is True
+    assert cfg.logger.wandb.save_dir == str(tmp_path) and cfg.logger.wandb.tags == ["unfused"]
+    assert cfg.data.seq_len == cfg.model.seq_len == 32
+    cfg = compose_cfg(tmp_path, "fused=true", "~callbacks.throughput", "logger=none", "model=gpt2_small", "trainer=gpu")
+    assert cfg.callbacks.fused.enabled is True and cfg.run_tag == "fused" and "throughput" not in cfg.callbacks
+    assert cfg.logger == {} and cfg.trainer.precision == "bf16-mixed" and cfg.model.seq_len == 32  # SHRINK wins
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("fused=maybe", ["maybe", "bool"]),
+        ("fuse=true", ["fuse"]),
+        ("trainer.max_step=3", ["max_step"]),
+        ("model.attn_impl=flash", ["flash", "reference", "sdpa"]),
+        ("callbacks.fused.polcy=faster", ["polcy"]),
+        ("model=gpt3", ["gpt3", "gpt2_small", "tiny"]),
+    ],
+)
+def test_bad_overrides_fail_clearly(tmp_path, override, words):
+    with pytest.raises((ConfigCompositionException, OmegaConfBaseException)) as e:
+        compose_cfg(tmp_path, override)
+    msg = str(e.value) + str(e.value.__cause__ or "")
+    for w in words:
+        assert w in msg, (override, msg)
+
+
+def test_cli_help_and_bad_override():
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    r = subprocess.run([sys.executable, "train.py", "fused=maybe"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode != 0 and "Value 'maybe' is not a valid bool" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "fused: false" in r.stdout and "model: gpt2_small, tiny" in r.stdout, r.stdout[-2000:]
+
+
+# ------------------------------------------------------------------------------------------------
+# training
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_unfused_trains_csv(tmp_path):
+    s = train_script.train(compose_cfg(tmp_path, "fused=false", "logger=csv"))
+    assert s["fused"] is False and s["global_step"] == 4
+    assert finite(s["metrics"]["train/loss"]) and finite(s["metrics"]["val/loss"])
+    assert s["metrics"]["train/device/items_per_sec"] > 0  # ThroughputMonitor's tokens/s (window of 2)
+    assert not any(k.startswith("fused/") for k in s["metrics"])  # no callback, no swap
+    assert json.loads((tmp_path / "summary.json").read_text())["metrics"] == s["metrics"]
+    assert "val/loss" in (tmp_path / "csv" / "metrics.csv").read_text()
+
+
+@pytest.mark.slow
+def test_unfused_sdpa_trains_without_logger(tmp_path):
+    s = train_script.train(compose_cfg(tmp_path, "model.attn_impl=sdpa", "logger=none", "~callbacks.throughput"))
+    assert s["attn_impl"] == "sdpa" and finite(s["metrics"]["val/loss"])
+    assert not (tmp_path / "wandb").exists() and not (tmp_path / "csv").exists()
+
+
+@pytest.mark.slow
+def test_fused_trains_and_logs_wandb_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    s = train_script.train(compose_cfg(tmp_path, "fused=true", "run_group=test-sweep"))
+    m = s["metrics"]
+    assert s["fused"] is True and finite(m["train/loss"]) and finite(m["val/loss"])
+    # the callback swapped (interpreter on this CPU) and measured: speedups of the model's kinds
+    assert {"fused/speedup/layer_norm", "fused/speedup/attention"} <= set(m), sorted(m)
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    records = read_wandb_records(run_file)
+    run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert run.run_group == "test-sweep" and list(run.tags) == ["fused"]
+    config = {u.key: json.loads(u.value_json) for r in records if r.WhichOneof("record_type") == "config" for u in r.config.update}
+    assert config["fused"] is True and config["model"]["attn_impl"] == "reference"
+    logged = {i.key or "/".join(i.nested_key) for r in records if r.WhichOneof("record_type") == "history" for i in r.history.item}
+    assert {"fused/speedup/layer_norm", "fused/speedup/attention", "train/loss", "val/loss"} <= logged, sorted(logged)
+
+
+@pytest.mark.slow
+def test_multirun_writes_comparison(tmp_path):
+    """`python train.py -m fused=false,true`: both runs, then compare.py's table and plot in the sweep dir."""
+    cmd = [sys.executable, "train.py", "-m", "fused=false,true", *SHRINK, "logger=csv", f"hydra.sweep.dir={tmp_path}"]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "fused vs unfused (2 runs" in r.stdout, r.stdout[-3000:]
+    for f in ("comparison.md", "comparison.json", "comparison.png"):
+        assert (tmp_path / f).stat().st_size > 0, f
+    result = json.loads((tmp_path / "comparison.json").read_text())
+    rows = {row["label"]: row for row in result["rows"]}
+    assert set(rows) == {"fused=false", "fused=true"} and result["baseline"] == "fused=false"
+    assert "fused/speedup/layer_norm" in result["kinds"] and rows["fused=true"]["fused/speedup/layer_norm"] > 0
+    for row in rows.values():
+        assert row["tokens_per_sec"] > 0 and finite(row["val_loss"]) and finite(row["train_loss"])
+    groups = {json.loads(p.read_text())["group"] for p in tmp_path.glob("*/summary.json")}
+    assert len(groups) == 1  # one W&B group per sweep
+    # compare.py is also a command
+    assert compare(tmp_path, plot=False, echo=False)["rows"] == result["rows"]
+
+
+# ------------------------------------------------------------------------------------------------
+# the demo's data and model
+# ------------------------------------------------------------------------------------------------
+def test_stdlib_data_is_deterministic_and_split(tmp_path):
+    a, b = ByteLMDataModule(seq_len=16, batch_size=4, max_bytes=200_000), ByteLMDataModule(seq_len=16, batch_size=4, max_bytes=200_000)
+    a.setup(), b.setup()
+    assert torch.equal(a.train_set.tokens, b.train_set.tokens) and torch.equal(a.val_set.tokens, b.val_set.tokens)
+    assert len(a.train_set) > 5 * len(a.val_set) > 0
+    x, y = next(iter(a.train_dataloader()))
+    assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.long
+    assert torch.equal(x[:, 1:], y[:, :-1]) and int(x.max()) < 256
+    f = tmp_path / "text.txt"
+    f.write_text("hello fused layers\n" * 50)
+    c = ByteLMDataModule(seq_len=8, batch_size=2, path=str(f))
+    c.setup()
+    assert bytes(c.train_set.tokens[:5].tolist()) == b"hello"
+    s = ByteLMDataModule(seq_len=8, batch_size=2, synthetic=True, synthetic_samples=16)
+    s.setup()
+    assert next(iter(s.train_dataloader()))[0].shape == (2, 8)
+    with pytest.raises(FileNotFoundError, match="data.path"):
+        ByteLMDataModule(path=str(tmp_path / "missing.txt")).setup()
+
+
+def test_reference_attention_matches_sdpa_and_gpt2_size():
+    ref = GPTLM(d_model=32, n_layer=2, n_head=4, seq_len=24, attn_impl="reference")
+    sdpa = GPTLM(d_model=32, n_layer=2, n_head=4, seq_len=24, attn_impl="sdpa")
+    sdpa.load_state_dict(ref.state_dict())  # same parameters, the core has none
+    x = torch.randint(0, 256, (3, 17))
+    torch.testing.assert_close(ref(x), sdpa(x), atol=1e-5, rtol=1e-5)
+    assert ref.model.head.weight is ref.model.wte.weight  # tied
+    with torch.device("meta"):
+        big = GPTLM(vocab_size=50304, seq_len=1024, d_model=768, n_layer=12, n_head=12)
+    assert 123e6 < sum(p.numel() for p in big.parameters()) < 126e6
