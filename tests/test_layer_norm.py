@@ -14,7 +14,7 @@ from torch import nn
 from conftest import HAS_CUDA, TOL
 from fused_layers import FusedLayerNorm, FusedRMSNorm, fused_layer_norm, fused_rms_norm
 from fused_layers.ops import layer_norm as ln_ops
-from fused_layers.ops.layer_norm import config_override, layer_norm_reference
+from fused_layers.ops.layer_norm import config_override, layer_norm_reference, rms_norm_reference
 
 WIDE = dict(fwd_max_single=16, bwd_max_single=16, fwd_chunk=16, bwd_chunk=16)  # chunked kernels at N > 16
 NARROW_TILES = dict(fwd_block_m=2, bwd_block_m=2, bwd_programs=3)  # several tiles and programs per call
@@ -135,10 +135,14 @@ def test_mixed_dtype_params(rms, dtype, device):
     y, grads = _check(rms, (6, 40), 1, dtype, device, param_dtype=torch.float32)
     x = torch.randn(6, 40, dtype=dtype, device=device)
     mod = nn.RMSNorm(40, device=device) if rms else nn.LayerNorm(40, device=device)
+    assert y.dtype == dtype and grads[1].dtype == torch.float32
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns that mixed dtypes take its slow path
-        assert y.dtype == mod(x).dtype == dtype
-    assert grads[1].dtype == torch.float32
+        try:
+            ref_dtype = mod(x).dtype
+        except RuntimeError:  # torch 2.11's CUDA layer_norm rejects a bf16 input with fp32 params
+            return
+    assert ref_dtype == dtype
 
 
 # --------------------------------------------------------------------------------------------------
@@ -209,13 +213,18 @@ def test_bf16_param_grad_error_vs_eager(rms, device):
         eager = grads(lambda x, w, b: F.layer_norm(x, (n,), w, b), x, w, b, dy)
         ref = grads(lambda x, w, b: F.layer_norm(x, (n,), w, b), x.double(), w.double(), b.double(), dy.double())
     # Both errors are dominated by the final rounding to bfloat16 (ours accumulates in float32). The
-    # Triton interpreter rounds float32 -> bfloat16 by truncation (twice the error of round-to-nearest,
-    # which the GPU uses), hence the wider slack there.
-    slack = 1.1 if device == "cuda" else 2.5
+    # Triton interpreter rounds float32 -> bfloat16 by truncation (about twice the error of the
+    # round-to-nearest the GPU uses), so on the CPU the bound is the larger of eager's error and the
+    # error of truncating the exact answer itself.
     for o, e, r in zip(ours, eager, ref):
         err_ours = (o.double() - r).norm().item()
         err_eager = (e.double() - r).norm().item()
-        assert err_ours <= slack * err_eager + 1e-4 * r.norm().item(), (err_ours, err_eager)
+        bound = err_eager
+        if device != "cuda":
+            trunc = (r.float().view(torch.int32) & -65536).view(torch.float32)  # drop the low 16 bits
+            bound = max(bound, (trunc.double() - r).norm().item())
+        print(f"bf16 grad error: ours {err_ours:.4g}, eager {err_eager:.4g}, ratio {err_ours / err_eager:.3f}")
+        assert err_ours <= 1.1 * bound + 1e-4 * r.norm().item(), (err_ours, err_eager, bound)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -273,9 +282,9 @@ def test_autocast_matches_torch_cpu(rms, device):
 
 
 def test_autocast_policy_lookup():
-    """torch registers layer_norm / rms_norm for float32 under CUDA autocast and not under CPU autocast."""
+    """torch registers layer_norm for float32 under CUDA autocast and not under CPU autocast (rms_norm
+    joined the CUDA list after torch 2.11, so it is not asserted here)."""
     assert ln_ops.autocast_runs_in_float32("aten::layer_norm", "cuda")
-    assert ln_ops.autocast_runs_in_float32("aten::rms_norm", "cuda")
     assert not ln_ops.autocast_runs_in_float32("aten::layer_norm", "cpu")
 
 
@@ -397,8 +406,13 @@ def test_gpu_autocast_and_mixed_match_torch(rms):
     for ctx_dtype in (torch.bfloat16, torch.float16):
         with torch.autocast("cuda", dtype=ctx_dtype):
             a, r = ours(x), ref(x)
-        assert a.dtype == r.dtype == torch.float32
-        torch.testing.assert_close(a, r, atol=1e-4, rtol=1e-4)
-    a, r = ours(x), ref(x)  # fp32 params, bf16 input, no autocast
-    assert a.dtype == r.dtype
-    torch.testing.assert_close(a.float(), r.float(), atol=2e-2, rtol=2e-2)
+        # layer_norm is on CUDA autocast's float32 list (float32 out); rms_norm is on it in newer
+        # torch only (torch 2.11 measured: bfloat16 out). Ours follows the installed torch.
+        assert a.dtype == r.dtype
+        if not rms:
+            assert a.dtype == torch.float32
+        torch.testing.assert_close(a.float(), r.float(), atol=2e-2, rtol=2e-2)
+    a = ours(x)  # fp32 params, bf16 input, no autocast: output in the input's dtype
+    assert a.dtype == torch.bfloat16
+    ref64 = (rms_norm_reference if rms else layer_norm_reference)(x.double(), (256,), ours.weight.double())
+    torch.testing.assert_close(a.double(), ref64, atol=2e-2, rtol=2e-2)

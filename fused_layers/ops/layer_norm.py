@@ -17,7 +17,8 @@ of the first sum when |mu| >> std), then var from the centred values held in reg
 E[x^2] - E[x]^2 cancellation), and writes y: the fewest bytes (read x, write y).
 
 *Wide rows* (``N`` above the single-block limit, no width cap): one program per row streams the row in
-chunks of BLOCK_N twice.  Pass 1 keeps per-lane Welford statistics (count, mean, M2); every chunk but
+chunks of BLOCK_N twice.  Pass 1 keeps per-lane Welford statistics (count, mean, M2) of x - x_0 (shifted
+by the row's first element, so that a large mean does not eat float32 precision); every chunk but
 the last is full, so a live lane's count after chunk t is t + 1 and the update needs one scalar
 reciprocal per chunk:
 
@@ -53,8 +54,10 @@ Outputs are contiguous in the input's shape, like ``torch.nn.functional.layer_no
 
 Dtypes.  x in float32, float16 or bfloat16; weight and bias in x's dtype or float32 (mixed, as under
 AMP).  y and dx take x's dtype, dw / db their parameter's dtype, as ``nn.LayerNorm`` gives.  Under
-``torch.autocast`` the functions do what the autocast policy does for ``layer_norm`` / ``rms_norm``
-(on CUDA: run in float32, float32 output; on CPU: nothing).  float64 runs the PyTorch reference.
+``torch.autocast`` the functions do what the installed torch's autocast does for ``layer_norm`` /
+``rms_norm``, looked up in its dispatcher: layer_norm on CUDA runs in float32 with a float32 output; on
+CPU nothing changes; rms_norm is on the CUDA float32 list in recent torch (2.13) but not in 2.11
+(measured on the H200: bfloat16 out).  float64 runs the PyTorch reference.
 """
 
 from __future__ import annotations
@@ -163,8 +166,12 @@ def _norm_fwd_loop_kernel(
             x = tl.load(xb + c, mask=c < N, other=0.0).to(tl.float32)
             acc += x * x
         var = tl.sum(acc, axis=0) / N
+        shift = 0.0
         mean = 0.0
     else:
+        # Shift by the row's first element so the running statistics see values of the row's spread,
+        # not its magnitude (x - shift is exact for nearby values); mean below is relative to shift.
+        shift = tl.load(xb).to(tl.float32)
         mean_l = tl.zeros([BLOCK_N], tl.float32)  # per-lane running mean
         m2_l = tl.zeros([BLOCK_N], tl.float32)  # per-lane sum of squared deviations
         cnt_l = tl.zeros([BLOCK_N], tl.float32)  # per-lane count
@@ -172,7 +179,7 @@ def _norm_fwd_loop_kernel(
         for off in range(0, N, BLOCK_N):
             c = off + cols
             live = c < N
-            x = tl.load(xb + c, mask=live, other=0.0).to(tl.float32)
+            x = tl.load(xb + c, mask=live, other=0.0).to(tl.float32) - shift
             # Only the last chunk is partial, so a live lane has seen exactly t + 1 values now.
             inv = 1.0 / (t + 1.0)
             d = tl.where(live, x - mean_l, 0.0)
@@ -184,7 +191,7 @@ def _norm_fwd_loop_kernel(
         mean = tl.sum(mean_l * cnt_l, axis=0) / N
         dm = mean_l - mean
         var = (tl.sum(m2_l, axis=0) + tl.sum(cnt_l * dm * dm, axis=0)) / N
-        tl.store(MEAN + row, mean)
+        tl.store(MEAN + row, shift + mean)
     rstd = 1.0 / tl.sqrt(var + eps)
     tl.store(RSTD + row, rstd)
     # ---- pass 2: normalize and write ----
@@ -192,7 +199,7 @@ def _norm_fwd_loop_kernel(
         c = off + cols
         cm = c < N
         x = tl.load(xb + c, mask=cm, other=0.0).to(tl.float32)
-        y = (x - mean) * rstd
+        y = ((x - shift) - mean) * rstd
         if HAS_W:
             y = y * tl.load(W + c, mask=cm, other=0.0).to(tl.float32)
         if HAS_B:
@@ -417,21 +424,27 @@ def rms_norm_reference(x, normalized_shape, weight=None, eps=None):
 # Launchers
 # ==================================================================================================
 # One table, by width bucket (next power of two of N) and element size; never re-tuned for a new row
-# count.  Measured on an H200 with benchmarks/bench_norm.py --sweep (see benchmarks/results/).
+# count.  Set from one sweep on an H200 (benchmarks/bench_norm.py --sweep; numbers in
+# benchmarks/results/sweep_norm.json).  That sweep was noisy (+-15% between identical configs), so only
+# changes that won clearly were taken.
 #
 # Forward: single block up to FWD_MAX_SINGLE, tiles of FWD_TILE elements for narrow rows; beyond it the
-# wide-row kernels with chunks of FWD_CHUNK.
+# wide-row kernels with chunks of FWD_CHUNK (8192 / 16 warps edged out 4096 / 8 at 32K-64K).
 FWD_MAX_SINGLE = {2: 32768, 4: 16384}  # by element size (bytes): fp16/bf16, fp32
 FWD_TILE = {2: 4096, 4: 4096}
-FWD_CHUNK = 4096
-FWD_CHUNK_WARPS = 8
-# Backward: single block up to BWD_MAX_SINGLE (the row, dy and two float32 accumulators in registers);
-# BWD_PROGS_PER_SM programs per SM, each over a contiguous group of rows.
+FWD_CHUNK = 8192
+FWD_CHUNK_WARPS = 16
+# Backward: single block up to BWD_MAX_SINGLE (the row, dy and two float32 accumulators in registers;
+# at 16K that spills and ran 4-8x slower); BWD_PROGS_PER_SM programs per SM, each over a contiguous
+# group of rows (4 for rows <= 1024 wide: fp32 0.85 of copy against 0.57 with 2); 16 warps from 4096
+# wide (fp32 4096: 0.88 against 0.67 with 8).  Wide rows: chunks of 4096, 16 warps, 1 program per SM.
 BWD_MAX_SINGLE = {2: 8192, 4: 8192}
 BWD_TILE = {2: 4096, 4: 4096}
 BWD_PROGS_PER_SM = 2
-BWD_CHUNK = 2048
-BWD_CHUNK_WARPS = 8
+BWD_NARROW_PROGS_PER_SM = 4  # n_pow2 <= 1024
+BWD_CHUNK = 4096
+BWD_CHUNK_WARPS = 16
+BWD_CHUNK_PROGS_PER_SM = 1
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -468,13 +481,14 @@ def _fwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int]:
 
 def _bwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int, int]:
     """(single_block, BLOCK_M or chunk, num_warps, programs per SM) for the backward."""
-    per_sm = get_override(_CFG, "bwd_progs_per_sm", BWD_PROGS_PER_SM)
     if n_pow2 <= get_override(_CFG, "bwd_max_single", BWD_MAX_SINGLE[elem]):
         block_m = get_override(_CFG, "bwd_block_m", max(1, BWD_TILE[elem] // n_pow2))
-        warps = get_override(_CFG, "bwd_warps", _warps_for(n_pow2, block_m))
-        return True, block_m, warps, per_sm
+        warps = get_override(_CFG, "bwd_warps", 16 if n_pow2 >= 4096 else _warps_for(n_pow2, block_m))
+        per_sm = BWD_NARROW_PROGS_PER_SM if n_pow2 <= 1024 else BWD_PROGS_PER_SM
+        return True, block_m, warps, get_override(_CFG, "bwd_progs_per_sm", per_sm)
     chunk = get_override(_CFG, "bwd_chunk", BWD_CHUNK)
-    return False, chunk, get_override(_CFG, "bwd_warps", BWD_CHUNK_WARPS), per_sm
+    warps = get_override(_CFG, "bwd_warps", BWD_CHUNK_WARPS)
+    return False, chunk, warps, get_override(_CFG, "bwd_progs_per_sm", BWD_CHUNK_PROGS_PER_SM)
 
 
 def _as_rows(t: torch.Tensor, k: int) -> tuple[torch.Tensor, int, int, int]:
