@@ -1,0 +1,266 @@
+"""End-to-end training throughput of the demo GPT (GPT-2 small: 124M parameters, sequence 1024, bf16
+autocast), fused against the unfused baselines, side by side in one process on one GPU.
+
+    python benchmarks/bench_e2e.py --out benchmarks/results                 # writes e2e_<gpu>.json/.md
+    python benchmarks/bench_e2e.py --out benchmarks/results --lightning     # + train.py runs (Trainer path)
+
+Variants (the same initial weights, data and AdamW; each a full training step: forward, cross-entropy,
+backward, optimizer step):
+
+* ``unfused``            attention core = fused_layers' reference ``Attention`` (explicit ``nn.Softmax``)
+* ``unfused_sdpa``       core = ``F.scaled_dot_product_attention`` (flash kernels): the strongest eager baseline
+* ``compile``            ``torch.compile`` of ``unfused``
+* ``compile_sdpa``       ``torch.compile`` of ``unfused_sdpa``
+* ``fused``              ``unfused`` after ``swap_modules`` (all kinds: FusedAttention + FusedLayerNorm) = fused=true
+* ``fused_softmax_ln``   ``unfused`` with only softmax + layer_norm swapped (attention core left explicit)
+* ``fused_compile``      ``fused``, then ``torch.compile`` (fused ops as custom ops inside the graph)
+
+Method: every variant is built and warmed up first (compilation and Triton JIT excluded), then
+``--rounds`` rounds, each running ``--steps`` steps of every variant in turn (interleaved, so clock or
+thermal drift hits all alike), timed with CUDA events; the median round gives tokens/s and step time.
+Peak memory: for one step of each variant, the allocator's peak above what was allocated before the step,
+plus the variant's own resident parameters and optimizer state (what a run of that variant alone needs).
+First-step losses are compared with ``unfused`` as a correctness check. ``--lightning`` also runs
+``train.py model=gpt2_small trainer=gpu data=synthetic fused=false|true`` (and sdpa) through the real
+Trainer + callbacks and reports ThroughputMonitor's tokens/s from each run's summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+VARIANTS = ["unfused", "unfused_sdpa", "compile", "compile_sdpa", "fused", "fused_softmax_ln", "fused_compile"]
+GPT2_SMALL = dict(vocab_size=50304, seq_len=1024, d_model=768, n_layer=12, n_head=12)
+
+
+def gpu_tag() -> str:
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    for tag in ("h200", "h100", "a100", "l40s", "l4"):
+        if tag in name.lower():
+            return tag
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
+
+
+class Variant:
+    def __init__(self, name: str, args: argparse.Namespace, device: torch.device):
+        from fused_layers.swap import swap_modules
+        from lm_demo.model import GPTLM
+
+        self.name = name
+        torch.manual_seed(0)  # same initial weights for every variant
+        attn = "sdpa" if name.endswith("sdpa") else "reference"
+        self.lm = GPTLM(**{**GPT2_SMALL, "seq_len": args.seq_len}, attn_impl=attn).to(device)
+        self.report = None
+        if name.startswith("fused"):
+            kinds = {"softmax": True, "layer_norm": True} if name == "fused_softmax_ln" else None
+            self.report = swap_modules(self.lm, kinds=kinds)
+        self.net = torch.compile(self.lm.model) if "compile" in name else self.lm.model
+        decay = [p for p in self.lm.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.lm.parameters() if p.dim() < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                                     lr=1e-4, betas=(0.9, 0.95), fused=True)
+        self.losses: list[float] = []
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = self.net(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def resident_bytes(self) -> int:
+        params = sum(p.numel() * p.element_size() for p in self.lm.parameters())
+        state = sum(t.numel() * t.element_size() for s in self.opt.state.values() for t in s.values() if torch.is_tensor(t))
+        return params + state
+
+    def free(self) -> None:
+        self.__dict__.clear()
+
+
+def bench_direct(args: argparse.Namespace) -> dict:
+    device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    g = torch.Generator(device="cpu").manual_seed(1)
+    data = torch.randint(0, 256, (args.batch_size, args.seq_len + 1), generator=g).to(device)
+    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    tokens = args.batch_size * args.seq_len
+
+    variants: dict[str, Variant] = {}
+    results: dict[str, dict] = {}
+    for name in args.variants:
+        t0 = time.perf_counter()
+        try:
+            v = Variant(name, args, device)
+            v.losses.append(float(v.step(x, y)))  # first step: the correctness check, compile/JIT
+            for _ in range(args.warmup - 1):
+                v.step(x, y)
+            torch.cuda.synchronize()
+            # memory of one step, on top of what is resident before it
+            gc.collect()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            v.step(x, y)
+            torch.cuda.synchronize()
+            transient = torch.cuda.max_memory_allocated() - before
+            results[name] = {
+                "first_loss": v.losses[0],
+                "peak_memory_gib": (transient + v.resident_bytes()) / 2**30,
+                "setup_seconds": time.perf_counter() - t0,
+                "swapped": None if v.report is None else len(v.report.swapped),
+            }
+            variants[name] = v
+            print(f"[{name}] ready in {time.perf_counter() - t0:.1f}s, first loss {v.losses[0]:.4f}, "
+                  f"peak {results[name]['peak_memory_gib']:.2f} GiB", flush=True)
+        except Exception as e:  # report and go on with the others
+            results[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+            print(f"[{name}] FAILED: {results[name]['error']}", flush=True)
+            torch.cuda.empty_cache()
+
+    times: dict[str, list[float]] = {n: [] for n in variants}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(args.rounds):
+        for name, v in variants.items():
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(args.steps):
+                v.step(x, y)
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / args.steps)  # ms per step
+    ref_loss = results.get("unfused", {}).get("first_loss")
+    for name, ts in times.items():
+        ms = statistics.median(ts)
+        res = results[name]
+        res.update({
+            "step_ms": ms, "step_ms_rounds": ts, "tokens_per_sec": tokens / (ms / 1e3),
+            "first_loss_diff_vs_unfused": None if ref_loss is None else abs(res["first_loss"] - ref_loss),
+        })
+    base = results.get("unfused", {}).get("tokens_per_sec")
+    for name in times:
+        results[name]["speedup_vs_unfused"] = results[name]["tokens_per_sec"] / base if base else None
+    for v in variants.values():
+        v.free()
+    return results
+
+
+def bench_lightning(args: argparse.Namespace) -> dict:
+    """train.py through the real Trainer + callbacks; tokens/s from ThroughputMonitor (summary.json)."""
+    runs = {"fused=false": ["fused=false"], "fused=false sdpa": ["fused=false", "model.attn_impl=sdpa"], "fused=true": ["fused=true"]}
+    out = {}
+    for label, ov in runs.items():
+        run_dir = Path("/tmp/bench_e2e_lightning") / label.replace(" ", "_").replace("=", "-")
+        cmd = [sys.executable, str(ROOT / "train.py"), "model=gpt2_small", "trainer=gpu", "data=synthetic", "logger=none",
+               f"model.seq_len={args.seq_len}", f"data.batch_size={args.batch_size}", f"trainer.max_steps={args.lightning_steps}",
+               "trainer.limit_val_batches=0", "trainer.enable_checkpointing=false", "trainer.enable_progress_bar=false",
+               f"hydra.run.dir={run_dir}", *ov]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if r.returncode != 0:
+            out[label] = {"error": r.stderr[-2000:]}
+            print(f"[lightning {label}] FAILED:\n{r.stderr[-2000:]}", flush=True)
+            continue
+        m = json.loads((run_dir / "summary.json").read_text())["metrics"]
+        out[label] = {
+            "tokens_per_sec": m.get("train/device/items_per_sec"), "mfu": m.get("train/device/mfu"),
+            "peak_memory_gib": m.get("peak_memory_gib"), "wall_seconds": time.perf_counter() - t0,
+            "speedups": {k: v for k, v in m.items() if k.startswith("fused/speedup/")},
+        }
+        print(f"[lightning {label}] {out[label]}", flush=True)
+    base = out.get("fused=false", {}).get("tokens_per_sec")
+    for v in out.values():
+        if base and v.get("tokens_per_sec"):
+            v["speedup_vs_unfused"] = v["tokens_per_sec"] / base
+    return out
+
+
+def to_markdown(res: dict) -> str:
+    a = res["args"]
+    lines = [
+        f"# End-to-end training throughput: GPT-2 small ({res['params_m']:.0f}M params), bf16 autocast, "
+        f"batch {a['batch_size']} x seq {a['seq_len']}, {res['gpu']}",
+        "",
+        f"torch {res['torch']}, triton {res['triton']}. Command: `{res['command']}`",
+        f"Median of {a['rounds']} interleaved rounds of {a['steps']} steps (CUDA events); warm-up (compile, JIT) excluded.",
+        "",
+        "| variant | tokens/s | step ms | vs unfused | peak GiB | first-step loss diff |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in res["direct"].items():
+        if "error" in r:
+            lines.append(f"| {name} | failed: {r['error'][:120]} | | | | |")
+            continue
+        lines.append(f"| {name} | {r['tokens_per_sec']:,.0f} | {r['step_ms']:.1f} | {r['speedup_vs_unfused']:.2f}x | "
+                     f"{r['peak_memory_gib']:.2f} | {r['first_loss_diff_vs_unfused']:.2e} |")
+    if res.get("lightning"):
+        lines += ["", "train.py through the Trainer (ThroughputMonitor tokens/s, data=synthetic):", "",
+                  "| run | tokens/s | vs fused=false | MFU | peak GiB |", "|---|---|---|---|---|"]
+        for label, r in res["lightning"].items():
+            if "error" in r:
+                lines.append(f"| {label} | failed | | | |")
+                continue
+            f = lambda v, s: "-" if v is None else format(v, s)  # noqa: E731
+            lines.append(f"| {label} | {f(r['tokens_per_sec'], ',.0f')} | {f(r.get('speedup_vs_unfused'), '.2f')} | "
+                         f"{f(r['mfu'], '.1%')} | {f(r['peak_memory_gib'], '.2f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="directory for e2e_<gpu>.json and .md")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--lightning", action="store_true", help="also run train.py fused=false/true (needs hydra)")
+    ap.add_argument("--lightning-steps", type=int, default=80)
+    args = ap.parse_args()
+    args.variants = [v for v in args.variants.split(",") if v]
+    bad = set(args.variants) - set(VARIANTS)
+    if bad:
+        ap.error(f"--variants: unknown {sorted(bad)}; choose from {VARIANTS}")
+    if not torch.cuda.is_available():
+        sys.exit("bench_e2e.py needs a CUDA GPU")
+    import triton
+
+    from lm_demo.model import GPTLM
+
+    with torch.device("meta"):
+        params = sum(p.numel() for p in GPTLM(**GPT2_SMALL).parameters())
+    res = {
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "params_m": params / 1e6, "args": vars(args),
+        "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+        "direct": bench_direct(args),
+    }
+    if args.lightning:
+        res["lightning"] = bench_lightning(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"e2e_{gpu_tag()}"
+    stem.with_suffix(".json").write_text(json.dumps(res, indent=2))
+    md = to_markdown(res)
+    stem.with_suffix(".md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
