@@ -11,6 +11,9 @@ plus a GQA case (Hq 32, Hkv 8) and a varlen case (packed sequences against padde
 document mask). FlexAttention is compiled (static shapes) once per shape, so it is measured on the
 sequence lengths given by --flex-seqlens only.
 
+--static-scan (no GPU needed) compiles the default configs for sm_90 and records registers, spill
+stack bytes, shared memory, and HGMMA / LDGSTS counts in the SASS (attention_static_scan.json).
+
 --sweep times each candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) of each kernel (forward, dK/dV,
 dQ) at B=4, H=16, S=4096, D in {64, 128}, causal and not; candidates compile in parallel worker
 processes and are timed one worker at a time (a file lock), and the fastest per (kernel, D, causal) are
@@ -35,20 +38,83 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 TOKENS = 16384
 H = 16
 
-SWEEP = {
-    "fwd": [
-        (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 4),
-        (64, 64, 4, 3), (128, 128, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3),
-    ],
-    "dkdv": [
-        (32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 4),
-        (32, 128, 8, 3), (64, 128, 4, 2), (128, 128, 8, 2), (32, 128, 4, 4),
-    ],
-    "dq": [
-        (128, 32, 4, 3), (128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 4),
-        (128, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2), (128, 32, 8, 3),
-    ],
-}
+def _sweep_candidates():
+    from fused_layers.ops.attention import _TUNE
+
+    extra = {
+        "fwd": [(128, 64, 4, 4), (64, 128, 4, 3), (128, 128, 8, 2), (128, 32, 4, 3)],
+        "dkdv": [(64, 128, 8, 2), (32, 128, 4, 3), (32, 64, 8, 2), (16, 128, 8, 2)],
+        "dq": [(128, 64, 8, 2), (128, 64, 4, 3), (128, 128, 8, 2), (128, 32, 8, 3)],
+    }
+    out = {}
+    for kind in ("fwd", "dkdv", "dq"):
+        seen = []
+        for c in _TUNE[kind][64] + _TUNE[kind][128] + extra[kind]:
+            if c not in seen:
+                seen.append(c)
+        out[kind] = seen
+    return out
+
+
+def static_scan(out_dir: str) -> None:
+    """Compile the default configs for sm_90 on this (GPU-less) machine and report registers, spills and
+    whether the SASS uses wgmma (HGMMA) and cp.async (LDGSTS): a check that needs no GPU."""
+    import re
+    import subprocess
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fused_layers.ops import attention as A
+
+    kernels = {"fwd": A._attn_fwd_kernel, "dkdv": A._attn_bwd_dkdv_kernel, "dq": A._attn_bwd_dq_kernel}
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    rows = []
+    for kind, fn in kernels.items():
+        for D in (64, 128, 80, 256):
+            bd = max(16, triton.next_power_of_2(D))
+            for causal in (False, True):
+                cfg = A._TUNE[kind][64 if bd <= 64 else 128 if bd <= 128 else 256][0]
+                cx = dict(VARLEN=False, CAUSAL=causal, HAS_KB=False, BLOCK_D=bd, EVEN_D=D == bd, INPUT_PRECISION="tf32",
+                          BLOCK_M=cfg[0], BLOCK_N=cfg[1])
+                sig, attrs = {}, {}
+                for i, n in enumerate(fn.arg_names):
+                    if n in cx:
+                        sig[n] = "constexpr"
+                    elif n.startswith("s") and n.endswith("d") and len(n) <= 5:  # unit head-dim strides
+                        sig[n], cx[n] = "constexpr", 1
+                    elif n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV"):
+                        sig[n], attrs[(i,)] = "*bf16", [["tt.divisibility", 16]]
+                    elif n in ("LSE", "DELTA", "KB"):
+                        sig[n], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
+                    elif n in ("CU_Q", "CU_K"):
+                        sig[n] = "*i32"
+                    elif n in ("qk_scale", "sm_scale"):
+                        sig[n] = "fp32"
+                    else:
+                        sig[n] = "i32"
+                        if n.startswith("s") or n in ("SQ", "SK"):
+                            attrs[(i,)] = [["tt.divisibility", 16]]
+                row = dict(kernel=kind, D=D, causal=causal, config=cfg)
+                try:
+                    k = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
+                                       options=dict(num_warps=cfg[2], num_stages=cfg[3]))
+                    path = os.path.join(out_dir, ".scan.cubin")
+                    with open(path, "wb") as f:
+                        f.write(k.asm["cubin"])
+                    res = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+                    sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
+                    os.remove(path)
+                    m = re.search(r"REG:(\d+) STACK:(\d+)", res)
+                    row.update(regs=int(m.group(1)), stack_bytes=int(m.group(2)), shared_bytes=k.metadata.shared,
+                               hgmma=sass.count("HGMMA"), ldgsts=sass.count("LDGSTS"))
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(row, flush=True)
+                rows.append(row)
+    with open(os.path.join(out_dir, "attention_static_scan.json"), "w") as f:
+        json.dump(dict(triton=triton.__version__, target="sm_90", rows=rows), f, indent=1)
 
 
 def bench(fn, grad_to_none=None):
@@ -115,7 +181,7 @@ def _sweep_worker(tasks, lock_path, out_path):
 def sweep(out_dir: str, workers: int) -> dict:
     import multiprocessing as mp
 
-    tasks = [(kind, D, causal, cfg) for kind, cfgs in SWEEP.items() for D in (64, 128) for causal in (False, True) for cfg in cfgs]
+    tasks = [(kind, D, causal, cfg) for kind, cfgs in _sweep_candidates().items() for D in (64, 128) for causal in (False, True) for cfg in cfgs]
     ctx = mp.get_context("spawn")
     lock_path = "/tmp/attn_sweep.lock"
     procs, paths = [], []
@@ -345,6 +411,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--static-scan", action="store_true", help="no GPU needed: sm_90 registers/spills of the defaults")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--seqlens", default="4096,1024,16384,2048,8192")
     ap.add_argument("--dims", default="128,64")
@@ -354,6 +421,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.sweep:
         sweep(args.out, args.workers)
+        return
+    if args.static_scan:
+        static_scan(args.out)
         return
     from torch.nn.attention import SDPBackend
 

@@ -579,22 +579,26 @@ def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=Fa
 # ==================================================================================================
 # Launchers
 # ==================================================================================================
-# Autotuning sets, (BLOCK_M, BLOCK_N, num_warps, num_stages) per head-dim bucket (BLOCK_D <= 64, 128,
-# 256). The autotuner sees their union; _prune keeps the bucket's few, so a first call tunes quickly.
+# Candidate configs, (BLOCK_M, BLOCK_N, num_warps, num_stages) per head-dim bucket (BLOCK_D <= 64, 128,
+# 256); the first of each is the default (see _TABLE). Chosen without GPU timings (none could be taken
+# for this change): every one compiles for sm_90 with Triton (wgmma "HGMMA" + cp.async "LDGSTS" in the
+# SASS), and the defaults are the register-spill-free ones of a wider static scan (cuobjdump resource
+# usage of AOT-compiled sm_90 cubins; e.g. dK/dV at D=128 with (64, 128, 8, 2) spills 400 bytes a
+# thread, (32, 128, 8, 2) none non-causal). ``bench_attention.py --sweep`` times them on a GPU.
 _TUNE = {
     "fwd": {
         64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4)],
-        128: [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)],
+        128: [(128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 3)],
         256: [(64, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2)],
     },
     "dkdv": {
-        64: [(32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 4)],
-        128: [(64, 128, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 3)],
+        64: [(64, 128, 8, 3), (32, 128, 8, 3), (32, 64, 4, 4), (64, 64, 4, 3)],
+        128: [(32, 128, 8, 2), (32, 64, 8, 3), (16, 128, 8, 3), (64, 64, 8, 2)],
         256: [(32, 64, 4, 2), (16, 64, 4, 2), (32, 32, 4, 2)],
     },
     "dq": {
-        64: [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4)],
-        128: [(128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (64, 64, 4, 3)],
+        64: [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 4)],
+        128: [(128, 64, 8, 3), (128, 32, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3)],
         256: [(64, 32, 4, 2), (64, 16, 4, 2), (32, 32, 4, 2)],
     },
 }
@@ -635,10 +639,9 @@ _dkdv_tuned = triton.autotune(_configs("dkdv"), key=_AUTOTUNE_KEY, prune_configs
 _dq_tuned = triton.autotune(_configs("dq"), key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_factory("dq")})(_attn_bwd_dq_kernel)
 
 
-# The configs used by default: (BLOCK_M, BLOCK_N, num_warps, num_stages) per (kernel, head-dim bucket,
-# causal) for 2-byte dtypes, picked by ``benchmarks/bench_attention.py --sweep`` on an H200 (offline
-# autotuning: no first-call tuning, nothing keyed on the sequence length). Buckets it did not sweep use
-# the first entry of _TUNE. FUSED_LAYERS_ATTENTION_AUTOTUNE=1 autotunes over _TUNE's bucket instead;
+# The configs used by default per (kernel, head-dim bucket, causal) for 2-byte dtypes: offline tuning,
+# no first-call tuning, nothing keyed on the sequence length. Empty until ``benchmarks/bench_attention.py
+# --sweep`` has been run on a GPU (its attn_table.json goes here); meanwhile the first entry of _TUNE. FUSED_LAYERS_ATTENTION_AUTOTUNE=1 autotunes over _TUNE's bucket instead;
 # FUSED_LAYERS_ATTENTION_TABLE=<json> replaces entries (written by the sweep: {"fwd,128,1": [m, n, w, s]}).
 _TABLE: dict[tuple[str, int, bool], tuple[int, int, int, int]] = {}
 _AUTOTUNE = os.environ.get("FUSED_LAYERS_ATTENTION_AUTOTUNE", "0") == "1"
