@@ -29,6 +29,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+import _timing  # noqa: E402  (CUDA-graph replay medians)
 
 COPY_CEILING_GBS = 4220.0  # H200 device-to-device copy, read+write, measured 2026-11-30
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -40,10 +43,9 @@ def elapsed() -> float:
     return time.time() - T0
 
 
-def bench(fn, grad_to_none=None, rep=40):
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=10, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+def bench(fn, grad_to_none=None, rep=40, setup=None):
+    """CUDA-graph replay medians (benchmarks/_timing.py); TIMING=eager for do_bench."""
+    return _timing.bench(fn, grad_to_none=grad_to_none, rep=rep, setup=setup)
 
 
 def measure_copy(nbytes: int = 2**30) -> float:
@@ -104,9 +106,7 @@ def run_case(fwd, x, w, b, dy, parts=("fwd", "bwd", "fwdbwd")):
     if "fwd" in parts:
         out["fwd"] = bench(lambda: fwd(x, w, b))
     if "bwd" in parts:
-        y = fwd(x, w, b)
-        out["bwd"] = bench(lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True))
-        del y
+        out["bwd"] = bench(lambda y: torch.autograd.grad(y, leaves, dy, retain_graph=True), setup=lambda: fwd(x, w, b))
     if "fwdbwd" in parts:
         out["fwdbwd"] = bench(lambda: torch.autograd.grad(fwd(x, w, b), leaves, dy))
     return out

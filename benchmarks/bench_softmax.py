@@ -7,7 +7,8 @@ GB/s counts the fewest bytes: forward reads x and writes y; backward reads y and
 forward+backward is the sum. "frac" is GB/s over the 4.22 TB/s device-to-device copy ceiling measured
 on the H200 (the copy is also re-measured in the same run and reported). Each tensor holds about
 2^26 elements (rows = 2^26 // width); timings are do_bench medians after warm-up (a first call
-compiles and, for torch.compile, traces each width).
+compiles and, for torch.compile, traces each width). Kernel times are CUDA-graph replay medians
+(benchmarks/_timing.py): the host cost of an eager call is reported separately ("dispatch").
 """
 
 from __future__ import annotations
@@ -22,16 +23,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 COPY_CEILING_GBS = 4220.0  # H200 device-to-device copy, read+write, measured 2026-11-30
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 WIDTHS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 1048576]
 
 
-def bench(fn, grad_to_none=None):
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
+from _timing import MODE, bench  # noqa: E402  (CUDA-graph replay medians; see _timing.py)
 
 
 def measure_copy(nbytes: int = 2**31) -> float:
@@ -70,8 +69,7 @@ def run_case(fwd, x, dy):
         return {"error": f"{type(e).__name__}: {str(e)[:120]}"}
     xg = x.detach().requires_grad_(True)
     try:
-        y = fwd(xg)
-        res["bwd"] = bench(lambda: y.backward(dy, retain_graph=True), grad_to_none=[xg])
+        res["bwd"] = bench(lambda y: y.backward(dy, retain_graph=True), grad_to_none=[xg], setup=lambda: fwd(xg))
         res["fwdbwd"] = bench(lambda: fwd(xg).backward(dy), grad_to_none=[xg])
     except Exception as e:  # noqa: BLE001
         res["error"] = f"{type(e).__name__}: {str(e)[:120]}"
@@ -98,7 +96,7 @@ def main():
     results = {
         "device": dev, "torch": torch.__version__, "triton": __import__("triton").__version__,
         "copy_gbs_measured": copy_gbs, "copy_gbs_ceiling": COPY_CEILING_GBS,
-        "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
+        "command": "python " + " ".join(sys.argv), "timing": MODE, "date": time.strftime("%Y-%m-%d"),
         "host": platform.node(), "rows": [], "sweep": [], "dispatch": {},
     }
     widths = [int(w) for w in args.widths.split(",")]
@@ -148,8 +146,6 @@ def main():
 def sweep(widths, args):
     """Time our forward/backward over candidate configs per width bucket."""
     from fused_layers.ops._common import config_override
-    from triton.testing import do_bench
-
     from fused_layers.ops.softmax import softmax_backward, softmax_forward
 
     rows = []
@@ -177,8 +173,8 @@ def sweep(widths, args):
             for c in cands:
                 try:
                     with config_override("softmax", **c):
-                        f = do_bench(lambda: softmax_forward(x, 1), warmup=10, rep=40, return_mode="median")
-                        b = do_bench(lambda: softmax_backward(y, dy, 1), warmup=10, rep=40, return_mode="median")
+                        f = bench(lambda: softmax_forward(x, 1), rep=20)
+                        b = bench(lambda: softmax_backward(y, dy, 1), rep=20)
                 except Exception as e:  # noqa: BLE001
                     rows.append({"dtype": dname, "width": n, "cfg": c, "error": str(e)[:100]})
                     continue
@@ -227,7 +223,8 @@ def write_markdown(results, path):
         "",
         f"Command: `{results['command']}`; torch {results['torch']}, triton {results['triton']}.",
         f"Fraction of the {results['copy_gbs_ceiling']:.0f} GB/s copy ceiling (copy re-measured in this run: "
-        f"{results['copy_gbs_measured']:.0f} GB/s). About 2^26 elements per tensor; do_bench medians.",
+        f"{results['copy_gbs_measured']:.0f} GB/s). About 2^26 elements per tensor; timing: {results['timing']} "
+        "(graph = CUDA-graph replay medians, benchmarks/_timing.py).",
         "",
     ]
     provs = sorted({r["provider"] for r in results["rows"]}, key=["fused", "eager", "compile", "liger"].index)

@@ -1,0 +1,86 @@
+"""Timing shared by the memory-bound benchmarks.
+
+Kernel time is measured with CUDA-graph replays (median over replays of a graph holding many calls): at
+2^26 elements a bf16 forward moves 256 MB in about 60 us, which is about what one eager call costs on
+the host (Python, autograd, the launcher), so event timing of single eager calls measures the host as
+much as the kernel. Graph replay removes the host for every provider alike; the host cost of an eager
+call is reported on its own (each benchmark's "dispatch" section). ``TIMING=eager`` in the environment
+switches to ``triton.testing.do_bench`` (events around single calls, L2 flushed in between).
+
+``setup`` (optional) runs first on the capture stream and its result is passed to ``fn``: a backward is
+timed by making the forward output in ``setup`` (autograd runs backward ops on the forward's stream, so
+both must be on the capture stream).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import torch
+
+MODE = os.environ.get("TIMING", "graph")
+
+
+def _clear(grad_to_none):
+    for t in grad_to_none or ():
+        t.grad = None
+
+
+def _graph_ms(fn, grad_to_none, rep_ms: float, stream=None) -> float:
+    stream = stream or torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm-up: compiles, autotunes, fills the allocator
+            _clear(grad_to_none)
+            fn()
+        stream.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            _clear(grad_to_none)
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        for _ in range(5):
+            g.replay()
+        end.record(stream)
+        end.synchronize()
+        est = max(start.elapsed_time(end) / 5, 1e-3)
+        n = int(min(max(rep_ms / 10 / est, 1), 200))  # calls per graph: ~rep/10 ms of work
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            for _ in range(n):
+                _clear(grad_to_none)
+                fn()
+        g.replay()
+        times = []
+        for _ in range(10):
+            start.record(stream)
+            g.replay()
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end) / n)
+    torch.cuda.current_stream().wait_stream(stream)
+    return statistics.median(times)
+
+
+def bench(fn, grad_to_none=None, rep: int = 60, setup=None) -> float:
+    """Median milliseconds of one call of ``fn`` (or ``fn(setup())`` when ``setup`` is given)."""
+    from triton.testing import do_bench
+
+    if MODE == "graph":
+        try:
+            if setup is not None:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    state = setup()
+                stream.synchronize()
+                return _graph_ms(lambda: fn(state), grad_to_none, rep, stream=stream)
+            return _graph_ms(fn, grad_to_none, rep)
+        except Exception as e:  # noqa: BLE001 - a provider that cannot be captured is timed eagerly
+            print(f"[graph capture failed ({type(e).__name__}: {str(e)[:100]}); timing eagerly]")
+            torch.cuda.synchronize()
+    call = (lambda s=setup(): lambda: fn(s))() if setup is not None else fn
+    return do_bench(call, warmup=25, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+
