@@ -72,7 +72,7 @@ def static_scan(out_dir: str) -> None:
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     rows = []
     for kind, fn in kernels.items():
-        for D in (64, 128, 80, 256):
+        for D in [int(d) for d in os.environ.get("SCAN_DIMS", "64,128,80,256").split(",")]:
             bd = max(16, triton.next_power_of_2(D))
             for causal in (False, True):
                 cfg = A._TUNE[kind][64 if bd <= 64 else 128 if bd <= 128 else 256][0]
@@ -94,7 +94,8 @@ def static_scan(out_dir: str) -> None:
                         sig[n] = "fp32"
                     else:
                         sig[n] = "i32"
-                        if n.startswith("s") or n in ("SQ", "SK"):
+                        # What Triton's runtime specialization gives for these values (divisible by 16).
+                        if n.startswith("s") or n in ("SQ", "SK") or (n == "HEAD_DIM" and D % 16 == 0):
                             attrs[(i,)] = [["tt.divisibility", 16]]
                 row = dict(kernel=kind, D=D, causal=causal, config=cfg)
                 try:

@@ -48,6 +48,9 @@ P V and dS K products (as FlashAttention).  float32: the dots run in tf32 when
 so float32 inputs get float32 accuracy unless the user opted in to tf32.  float64 runs the PyTorch
 reference (SDPA).
 
+Not implemented: attention dropout (FusedMultiheadAttention falls back to PyTorch when it is active),
+masks that vary along the query dim (SDPA fallback), a value head dim different from the query's.
+
 Tile sizes, warps and pipeline stages come from a table per (kernel, head-dim bucket, causal, dtype),
 never per sequence length, filled by an offline sweep on an H200 (``benchmarks/bench_attention.py
 --sweep``), so a first call compiles one config per kernel; ``FUSED_LAYERS_ATTENTION_AUTOTUNE=1`` uses
