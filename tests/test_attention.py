@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import HAS_CUDA
 from fused_layers import (
     Attention,
     FusedAttention,
