@@ -131,6 +131,8 @@ def main():
                 )
             del x, dy
             torch.cuda.empty_cache()
+            with open(os.path.join(args.out, "softmax_h200.json"), "w") as f:  # partial results survive a timeout
+                json.dump(results, f, indent=1)
 
     results["dispatch"] = dispatch_overhead()
     print("dispatch overhead (us/call, host-bound small input):", results["dispatch"])
@@ -165,9 +167,9 @@ def sweep(widths, args):
                         if bm * n <= 65536 and w * 32 <= bm * n:
                             cands.append(dict(max_single_block=1 << 30, num_warps=w, block_m=bm))
             if n >= 32768:
-                for ww in (4, 8, 16):
-                    for wb in (2048, 4096, 8192):
-                        for wp in (8192, 16384, 32768):
+                for ww in (8, 16):
+                    for wb in (4096, 8192):
+                        for wp in (16384, 32768):
                             if wp >= wb:
                                 cands.append(dict(max_single_block=1, wide_warps=ww, wide_block=wb, wide_piece=wp))
             for c in cands:
