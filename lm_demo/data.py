@@ -2,8 +2,8 @@
 
 * default: the text of the Python standard library's own ``.py`` files (this interpreter's), chosen
   deterministically (sorted paths, ``test``/``idlelib``/``site-packages`` trees skipped), read until
-  ``max_bytes``; each file goes to train or validation by a CRC32 of its relative path, so the split is
-  fixed and no file straddles it;
+  ``max_bytes``; whole files go to validation in the order of a CRC32 of their relative path until they
+  hold about ``val_fraction`` of the bytes, so the split is fixed and no file straddles it;
 * ``path=FILE``: a user's own text (split at the byte position ``1 - val_fraction``);
 * ``synthetic=true``: uniformly random bytes, for pure speed runs (no I/O, nothing to learn).
 
@@ -28,7 +28,7 @@ def stdlib_dir() -> Path:
     return Path(os.__file__).resolve().parent
 
 
-def stdlib_corpus(max_bytes: int, val_every: int = 10) -> tuple[bytes, bytes, int]:
+def stdlib_corpus(max_bytes: int, val_fraction: float = 0.1) -> tuple[bytes, bytes, int]:
     """(train bytes, validation bytes, number of files) from the standard library's ``.py`` files."""
     root = stdlib_dir()
     files = sorted(
@@ -44,9 +44,17 @@ def stdlib_corpus(max_bytes: int, val_every: int = 10) -> tuple[bytes, bytes, in
         text = p.read_bytes()[: max_bytes - total]
         picked.append((p.relative_to(root).as_posix(), text))
         total += len(text)
-    is_val = [zlib.crc32(rel.encode()) % val_every == 0 for rel, _ in picked]
-    if len(picked) > 1 and not any(is_val):  # a small cap: still a validation split (the last file)
-        is_val[-1] = True
+    # Validation: files taken in CRC32-of-path order until they hold ~val_fraction of the bytes (a file
+    # that would overshoot twice the target is passed over); a fixed split, no file straddling it.
+    target, val_bytes, is_val = val_fraction * total, 0, [False] * len(picked)
+    for i in sorted(range(len(picked)), key=lambda i: zlib.crc32(picked[i][0].encode())):
+        if val_bytes >= target:
+            break
+        n = len(picked[i][1])
+        if val_bytes + n <= 2 * target:
+            is_val[i], val_bytes = True, val_bytes + n
+    if len(picked) > 1 and not any(is_val):  # every file too big for the target: the smallest one
+        is_val[min(range(len(picked)), key=lambda i: len(picked[i][1]))] = True
     train = b"\n".join(t for (_, t), v in zip(picked, is_val) if not v)
     val = b"\n".join(t for (_, t), v in zip(picked, is_val) if v)
     return train, val, len(picked)
@@ -127,7 +135,7 @@ class ByteLMDataModule(L.LightningDataModule):
             train, val = raw[:cut], raw[cut:]
             self.description = f"{p}: {len(raw):,} bytes"
         else:
-            train, val, n_files = stdlib_corpus(hp.max_bytes, val_every=max(round(1 / hp.val_fraction), 2))
+            train, val, n_files = stdlib_corpus(hp.max_bytes, hp.val_fraction)
             self.description = f"Python stdlib ({stdlib_dir()}): {n_files} files, {len(train) + len(val):,} bytes"
         for name, buf in (("train", train), ("validation", val)):
             if len(buf) < hp.seq_len + 1:
