@@ -52,17 +52,25 @@ stride; that covers contiguous tensors and row-strided views (slices, transposes
 no copy.  Any other layout (e.g. a strided last dim) is copied to contiguous first (``_as_rows``).
 Outputs are contiguous in the input's shape, like ``torch.nn.functional.layer_norm``.
 
+Host cost.  At large sizes a kernel takes tens of microseconds, about what a Python call costs, so
+the per-call path is short: cheap argument checks, one dict lookup for a cached launch plan (grid,
+constexprs, num_warps, the integer arguments; keyed on shape, strides, dtype, k, which parameters
+exist, the norm, the config-override epoch and, for the backward, the device), output allocation,
+launch.  No buffer is zero-filled: every output element and every partial row is written.
+
 Dtypes.  x in float32, float16 or bfloat16; weight and bias in x's dtype or float32 (mixed, as under
 AMP).  y and dx take x's dtype, dw / db their parameter's dtype, as ``nn.LayerNorm`` gives.  Under
 ``torch.autocast`` the functions do what the installed torch's autocast does for ``layer_norm`` /
-``rms_norm``, looked up in its dispatcher: layer_norm on CUDA runs in float32 with a float32 output; on
-CPU nothing changes; rms_norm is on the CUDA float32 list in recent torch (2.13) but not in 2.11
-(measured on the H200: bfloat16 out).  float64 runs the PyTorch reference.
+``rms_norm``: torch itself is asked once per (op, device type, autocast dtype) by running its own op on
+a tiny tensor (``autocast_runs_in_float32``); float32 out means the inputs are cast to float32.  Seen:
+layer_norm on CUDA runs in float32, rms_norm on CUDA keeps bfloat16 (torch 2.11, H200), CPU autocast
+leaves both alone.  float64 runs the PyTorch reference.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional, Sequence
 
 import torch
@@ -71,7 +79,6 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    INTERPRET,
     SUPPORTED_DTYPES,
     check_float_dtype,
     check_same_device,
@@ -80,6 +87,7 @@ from ._common import (
     get_override,
     is_compiling,
     next_power_of_2,
+    override_epoch,
     use_fallback,
 )
 
@@ -449,14 +457,14 @@ BWD_CHUNK_PROGS_PER_SM = 1
 _SM_COUNT: dict[int, int] = {}
 
 
-def _sm_count(device: torch.device) -> int:
-    """Number of SMs (programs per wave); a small fixed number under the interpreter."""
-    if device.type != "cuda":
+def _sm_count(index: int) -> int:
+    """SMs of CUDA device ``index`` (programs per wave), cached per device; 2 for the interpreter (-1)."""
+    if index < 0:
         return 2
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
+    count = _SM_COUNT.get(index)
+    if count is None:
+        count = _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return count
 
 
 def _warps_for(n_pow2: int, block_m: int) -> int:
@@ -491,82 +499,136 @@ def _bwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int, int]:
     return False, chunk, warps, get_override(_CFG, "bwd_progs_per_sm", BWD_CHUNK_PROGS_PER_SM)
 
 
-def _as_rows(t: torch.Tensor, k: int) -> tuple[torch.Tensor, int, int, int]:
-    """(t or a contiguous copy, M, N, row stride) viewing t as M rows of its last k dims.
+
+
+def _row_layout(shape: Sequence[int], stride: Sequence[int], k: int) -> tuple[int, int, Optional[int]]:
+    """(M, N, row stride) viewing a tensor as M rows of its last k dims; row stride None if a copy is needed.
 
     No copy when the last k dims form one unit-stride row and the leading dims merge into one stride
-    (contiguous tensors, slices along leading dims, transposes of leading dims); otherwise
-    ``t.contiguous()``.
+    (contiguous tensors, slices along leading dims, transposes of leading dims).
     """
-    shape, stride = t.shape, t.stride()
-    nd = t.dim()
+    nd = len(shape)
     n = math.prod(shape[nd - k:])
     m = math.prod(shape[: nd - k])
-    ok = True
     expect = 1
     for d in range(nd - 1, nd - k - 1, -1):  # the row: innermost dims outwards, unit stride overall
         if shape[d] == 1:
             continue
         if stride[d] != expect:
-            ok = False
-            break
+            return m, n, None
         expect *= shape[d]
     row_stride, size = n, 1
-    if ok:
-        for d in range(nd - k - 1, -1, -1):  # leading dims must merge into one stride
-            if shape[d] == 1:
-                continue
-            if size == 1:
-                row_stride = stride[d]
-            elif stride[d] != row_stride * size:
-                ok = False
-                break
-            size *= shape[d]
-    if not ok:
-        t = t.contiguous()
-        row_stride = n
+    for d in range(nd - k - 1, -1, -1):  # leading dims must merge into one stride
+        if shape[d] == 1:
+            continue
+        if size == 1:
+            row_stride = stride[d]
+        elif stride[d] != row_stride * size:
+            return m, n, None
+        size *= shape[d]
+    return m, n, row_stride
+
+
+def _as_rows(t: torch.Tensor, k: int) -> tuple[torch.Tensor, int, int, int]:
+    """(t or a contiguous copy, M, N, row stride) viewing t as M rows of its last k dims."""
+    m, n, row_stride = _row_layout(t.shape, t.stride(), k)
+    if row_stride is None:
+        return t.contiguous(), m, n, n
     return t, m, n, row_stride
 
 
-def _normalized_ndim(op: str, x: torch.Tensor, normalized_shape) -> tuple[tuple[int, ...], int]:
-    if isinstance(normalized_shape, (int, torch.SymInt)) and not isinstance(normalized_shape, bool):
-        shape = (int(normalized_shape),)
-    elif isinstance(normalized_shape, (tuple, list, torch.Size)) and all(
-        isinstance(s, (int, torch.SymInt)) and not isinstance(s, bool) for s in normalized_shape
-    ):
-        shape = tuple(int(s) for s in normalized_shape)
+# --------------------------------------------------------------------------------------------------
+# Launch plans.  Everything a launch needs that depends only on (shape, strides, dtype, k, which
+# parameters exist, the norm, the config overrides and, for the backward, the device's SM count) is
+# computed once and cached, so that a call is: cheap checks, one dict lookup, allocate outputs, launch.
+# --------------------------------------------------------------------------------------------------
+_MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
+
+
+class _FwdPlan:
+    __slots__ = ("m", "copy", "launch", "ints", "meta")
+
+
+class _BwdPlan:
+    __slots__ = ("m", "n", "g", "copy_x", "copy_dy", "single", "launch", "ints", "meta",
+                 "stats_launch", "stats_meta", "reduce_launch", "reduce_meta")
+
+
+_FWD_PLANS: dict[tuple, _FwdPlan] = {}
+_BWD_PLANS: dict[tuple, _BwdPlan] = {}
+
+
+def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k: int,
+              has_w: bool, has_b: bool, is_rms: bool) -> _FwdPlan:
+    key = (shape, stride, dtype, k, has_w, has_b, is_rms, override_epoch())
+    plan = _FWD_PLANS.get(key)
+    if plan is not None:
+        return plan
+    m, n, sx = _row_layout(shape, stride, k)
+    plan = _FwdPlan()
+    plan.m, plan.copy = m, sx is None
+    plan.launch = plan.ints = plan.meta = None
+    if m * n > 0:  # empty tensors launch nothing
+        n_pow2 = next_power_of_2(n)
+        single, block, warps = _fwd_config(n_pow2, dtype.itemsize)
+        plan.ints = (m, n, n if sx is None else sx)
+        plan.meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, num_warps=warps)
+        if single:
+            plan.launch = _norm_fwd_kernel[(triton.cdiv(m, block),)]
+            plan.meta.update(BLOCK_M=block, BLOCK_N=n_pow2)
+        else:
+            plan.launch = _norm_fwd_loop_kernel[(m,)]
+            plan.meta.update(BLOCK_N=min(block, n_pow2))
+    if len(_FWD_PLANS) >= _MAX_PLANS:
+        _FWD_PLANS.clear()
+    _FWD_PLANS[key] = plan
+    return plan
+
+
+def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int, ...], dtype: torch.dtype,
+              k: int, has_w: bool, has_b: bool, is_rms: bool, device_index: int) -> _BwdPlan:
+    key = (shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, override_epoch())
+    plan = _BWD_PLANS.get(key)
+    if plan is not None:
+        return plan
+    m, n, sx = _row_layout(shape, x_stride, k)
+    _, _, sdy = _row_layout(shape, dy_stride, k)
+    plan = _BwdPlan()
+    plan.m, plan.n, plan.copy_x, plan.copy_dy = m, n, sx is None, sdy is None
+    sx = n if sx is None else sx
+    sdy = n if sdy is None else sdy
+    n_pow2 = next_power_of_2(n)
+    single, block, warps, per_sm = _bwd_config(n_pow2, dtype.itemsize)
+    rows_unit = block if single else 1
+    g = max(1, min(per_sm * _sm_count(device_index), triton.cdiv(m, rows_unit)))
+    g = get_override(_CFG, "bwd_programs", g)
+    rows_per_prog = triton.cdiv(m, g)
+    if single:  # round up so every program's tiles start on its own rows
+        rows_per_prog = triton.cdiv(rows_per_prog, block) * block
+    g = triton.cdiv(m, rows_per_prog)  # every program owns >= 1 row, so every partial row is written
+    plan.g, plan.single = g, single
+    plan.ints = (m, n, sx, sdy, rows_per_prog)
+    plan.meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, num_warps=warps)
+    plan.stats_launch = plan.stats_meta = None
+    if single:
+        plan.launch = _norm_bwd_kernel[(g,)]
+        plan.meta.update(BLOCK_M=block, BLOCK_N=n_pow2)
     else:
-        raise TypeError(
-            f"{op}: argument 'normalized_shape' must be an int or a sequence of ints, got {normalized_shape!r}"
-        )
-    k = len(shape)
-    if k == 0 or k > x.dim() or tuple(x.shape[x.dim() - k:]) != shape:
-        raise ValueError(
-            f"{op}: argument 'normalized_shape' {list(shape)} must be non-empty and match the input's last "
-            f"dims; expected input of shape [*, {', '.join(map(str, shape))}], got {list(x.shape)}"
-        )
-    return shape, k
-
-
-def _check_param(op: str, name: str, p, x: torch.Tensor, shape: tuple[int, ...]) -> None:
-    if p is None:
-        return
-    check_tensor(op, name, p)
-    if tuple(p.shape) != shape:
-        raise ValueError(f"{op}: argument '{name}' must have shape {list(shape)} (normalized_shape), got {list(p.shape)}")
-    if x.dtype in SUPPORTED_DTYPES and p.dtype not in (x.dtype, torch.float32):
-        raise TypeError(
-            f"{op}: argument '{name}' has dtype {p.dtype}; with a {x.dtype} input it must be {x.dtype} or torch.float32"
-        )
-    check_same_device(op, "input", x, **{name: p})
-
-
-def _param_dummy(p: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    return p if p is not None else x  # never dereferenced: HAS_W / HAS_B are constexpr False
-
-
-def _contig_param(p: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return None if p is None else p.contiguous()
+        chunk = min(block, n_pow2)
+        plan.launch = _norm_bwd_loop_kernel[(g,)]
+        plan.meta.update(BLOCK_N=chunk)
+        plan.stats_launch = _norm_bwd_rowstats_kernel[(m,)]
+        plan.stats_meta = dict(IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk, num_warps=warps)
+    plan.reduce_launch = plan.reduce_meta = None
+    if has_w or has_b:
+        red_n = min(get_override(_CFG, "reduce_block_n", 256), n_pow2)
+        red_g = min(get_override(_CFG, "reduce_block_g", 32), next_power_of_2(g))
+        plan.reduce_launch = _norm_reduce_partials_kernel[(triton.cdiv(n, red_n),)]
+        plan.reduce_meta = dict(HAS_W=has_w, HAS_B=has_b, BLOCK_G=red_g, BLOCK_N=red_n, num_warps=4)
+    if len(_BWD_PLANS) >= _MAX_PLANS:
+        _BWD_PLANS.clear()
+    _BWD_PLANS[key] = plan
+    return plan
 
 
 def norm_forward(
@@ -576,23 +638,20 @@ def norm_forward(
     k: int,
     eps: float,
     is_rms: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the forward over the last ``k`` dims; returns (y contiguous, mean [M] (RMS: [0]), rstd [M])."""
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    xv, m, n, sx = _as_rows(x, k)
-    mean = torch.empty((0 if is_rms else m,), dtype=torch.float32, device=x.device)
-    rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
-    if x.numel() == 0:
+) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """Launch the forward over the last ``k`` dims; returns (y contiguous, mean [M] (RMS: None), rstd [M])."""
+    plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    rstd = x.new_empty((plan.m,), dtype=torch.float32)
+    mean = None if is_rms else x.new_empty((plan.m,), dtype=torch.float32)
+    if plan.launch is None:
         return y, mean, rstd
-    w, b = _contig_param(weight), _contig_param(bias)
-    n_pow2 = next_power_of_2(n)
-    single, block, warps = _fwd_config(n_pow2, x.element_size())
-    args = (xv, y, _param_dummy(w, x), _param_dummy(b, x), mean if not is_rms else rstd, rstd, m, n, sx, eps)
-    flags = dict(IS_RMS=is_rms, HAS_W=w is not None, HAS_B=b is not None)
-    if single:
-        _norm_fwd_kernel[(triton.cdiv(m, block),)](*args, **flags, BLOCK_M=block, BLOCK_N=n_pow2, num_warps=warps)
-    else:
-        _norm_fwd_loop_kernel[(m,)](*args, **flags, BLOCK_N=min(block, n_pow2), num_warps=warps)
+    if plan.copy:
+        x = x.contiguous()
+    # Missing parameters: any pointer does (HAS_W / HAS_B are constexpr False, never dereferenced).
+    w = x if weight is None else weight.contiguous()
+    b = x if bias is None else bias.contiguous()
+    plan.launch(x, y, w, b, rstd if mean is None else mean, rstd, *plan.ints, eps, **plan.meta)
     return y, mean, rstd
 
 
@@ -601,77 +660,62 @@ def norm_backward(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
     bias: Optional[torch.Tensor],
-    mean: torch.Tensor,
+    mean: Optional[torch.Tensor],
     rstd: torch.Tensor,
     k: int,
     is_rms: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the backward; returns (dx, dw, db), dw / db empty ([0]) when there is no weight / bias."""
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Launch the backward; returns (dx, dw, db), dw / db None when there is no weight / bias.
+
+    Allocations: dx, dw, db (no fill: every element is written), the float32 [G, N] partial rows of
+    dW / dB (no fill: each of the G programs writes its row) and, for wide rows, the [M, 2] row terms.
+    """
     has_w, has_b = weight is not None, bias is not None
-    dw_dtype = weight.dtype if has_w else torch.float32
-    db_dtype = bias.dtype if has_b else torch.float32
-    dw = torch.empty(weight.shape if has_w else (0,), dtype=dw_dtype, device=x.device)
-    db = torch.empty(bias.shape if has_b else (0,), dtype=db_dtype, device=x.device)
-    if x.numel() == 0:
-        dw.zero_()
-        db.zero_()
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if x.numel() == 0:  # no rows: the parameter gradients are sums over nothing
+        dw = torch.zeros_like(weight, memory_format=torch.contiguous_format) if has_w else None
+        db = torch.zeros_like(bias, memory_format=torch.contiguous_format) if has_b else None
         return dx, dw, db
     if dy.dtype != x.dtype:
         dy = dy.to(x.dtype)
-    xv, m, n, sx = _as_rows(x, k)
-    dyv, _, _, sdy = _as_rows(dy, k)
-    w = _contig_param(weight)
-    n_pow2 = next_power_of_2(n)
-    single, block, warps, per_sm = _bwd_config(n_pow2, x.element_size())
-    rows_unit = block if single else 1
-    g = max(1, min(per_sm * _sm_count(x.device), triton.cdiv(m, rows_unit)))
-    g = get_override(_CFG, "bwd_programs", g)
-    rows_per_prog = triton.cdiv(m, g)
-    if single:  # round up so every program's tiles start on its own rows
-        rows_per_prog = triton.cdiv(rows_per_prog, block) * block
-    g = triton.cdiv(m, rows_per_prog)
-    dwp = torch.empty((g, n) if has_w else (0,), dtype=torch.float32, device=x.device)
-    dbp = torch.empty((g, n) if has_b else (0,), dtype=torch.float32, device=x.device)
-    wd = _param_dummy(w, x)
-    mean_arg = mean if not is_rms else rstd
-    flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b)
-    dwp_arg = dwp if has_w else rstd
-    dbp_arg = dbp if has_b else rstd
-    if single:
-        _norm_bwd_kernel[(g,)](
-            xv, dyv, dx, wd, mean_arg, rstd, dwp_arg, dbp_arg, m, n, sx, sdy, rows_per_prog,
-            **flags, BLOCK_M=block, BLOCK_N=n_pow2, num_warps=warps,
-        )
+    plan = _bwd_plan(x.shape, x.stride(), dy.stride(), x.dtype, k, has_w, has_b, is_rms, x.get_device())
+    if plan.copy_x:
+        x = x.contiguous()
+    if plan.copy_dy:
+        dy = dy.contiguous()
+    w = x if weight is None else weight.contiguous()
+    mean_arg = rstd if is_rms else mean
+    # Buffers of missing gradients are never dereferenced (constexpr HAS_W / HAS_B): pass rstd.
+    dwp = x.new_empty((plan.g, plan.n), dtype=torch.float32) if has_w else rstd
+    dbp = x.new_empty((plan.g, plan.n), dtype=torch.float32) if has_b else rstd
+    if plan.single:
+        plan.launch(x, dy, dx, w, mean_arg, rstd, dwp, dbp, *plan.ints, **plan.meta)
     else:
-        chunk = min(block, n_pow2)
-        cbuf = torch.empty((m, 2), dtype=torch.float32, device=x.device)
-        _norm_bwd_rowstats_kernel[(m,)](
-            xv, dyv, wd, mean_arg, rstd, cbuf, n, sx, sdy,
-            IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk, num_warps=warps,
-        )
-        _norm_bwd_loop_kernel[(g,)](
-            xv, dyv, dx, wd, mean_arg, rstd, dwp_arg, dbp_arg, cbuf, m, n, sx, sdy, rows_per_prog,
-            **flags, BLOCK_N=chunk, num_warps=warps,
-        )
-    if has_w or has_b:
-        red_n = min(get_override(_CFG, "reduce_block_n", 256), n_pow2)
-        red_g = min(get_override(_CFG, "reduce_block_g", 32), next_power_of_2(g))
-        _norm_reduce_partials_kernel[(triton.cdiv(n, red_n),)](
-            dwp_arg, dbp_arg, dw if has_w else dx, db if has_b else dx, g, n,
-            HAS_W=has_w, HAS_B=has_b, BLOCK_G=red_g, BLOCK_N=red_n, num_warps=4,
-        )
+        m, n, sx, sdy, _ = plan.ints
+        cbuf = x.new_empty((m, 2), dtype=torch.float32)
+        plan.stats_launch(x, dy, w, mean_arg, rstd, cbuf, n, sx, sdy, **plan.stats_meta)
+        plan.launch(x, dy, dx, w, mean_arg, rstd, dwp, dbp, cbuf, *plan.ints, **plan.meta)
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if has_w else None
+    db = torch.empty_like(bias, memory_format=torch.contiguous_format) if has_b else None
+    if plan.reduce_launch is not None:
+        plan.reduce_launch(dwp, dbp, dx if dw is None else dw, dx if db is None else db, plan.g, plan.n,
+                           **plan.reduce_meta)
     return dx, dw, db
 
 
 # ==================================================================================================
 # Registration: custom ops (torch.compile) and the eager direct path
 # ==================================================================================================
+def _empty_f32(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((0,), dtype=torch.float32)
+
+
 @torch.library.custom_op("fused_layers::norm_fwd", mutates_args=())
 def _norm_fwd_op(
     x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], k: int, eps: float, is_rms: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return norm_forward(x, weight, bias, k, eps, is_rms)
+    y, mean, rstd = norm_forward(x, weight, bias, k, eps, is_rms)
+    return y, (_empty_f32(x) if mean is None else mean), rstd
 
 
 @_norm_fwd_op.register_fake
@@ -693,7 +737,8 @@ def _norm_bwd_op(
     k: int,
     is_rms: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return norm_backward(dy, x, weight, bias, mean, rstd, k, is_rms)
+    dx, dw, db = norm_backward(dy, x, weight, bias, mean, rstd, k, is_rms)
+    return dx, (_empty_f32(x) if dw is None else dw), (_empty_f32(x) if db is None else db)
 
 
 @_norm_bwd_op.register_fake
@@ -728,51 +773,81 @@ class _NormFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, k, eps, is_rms):
         y, mean, rstd = norm_forward(x, weight, bias, k, eps, is_rms)
         ctx.k, ctx.is_rms = k, is_rms
-        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)  # mean is None for RMSNorm
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         dx, dw, db = norm_backward(dy, x, weight, bias, mean, rstd, ctx.k, ctx.is_rms)
-        return dx, (dw if weight is not None else None), (db if bias is not None else None), None, None, None
+        return dx, dw, db, None, None, None
 
 
 # --------------------------------------------------------------------------------------------------
-# Autocast: torch.autocast registers layer_norm / rms_norm in its float32 list on CUDA (and XPU, MPS,
-# ...), and not at all on CPU.  Look the registration up once per device type, then do the same cast.
+# Autocast.  What torch.autocast does to layer_norm / rms_norm depends on the device type and the torch
+# version (CUDA: layer_norm runs in float32 on every version, rms_norm returns bfloat16 on torch 2.11;
+# CPU: both untouched), and a dispatcher-registration lookup does not tell the policy (torch 2.11
+# registers an AutocastCUDA kernel for rms_norm that keeps the input dtype).  So ask torch: once per
+# (op, device type, autocast dtype), run its own F.layer_norm / F.rms_norm on a tiny half-precision
+# tensor of that device under autocast and read the output dtype; float32 out means "cast the inputs
+# to float32" (what autocast's float32 policy does), anything else means "leave them alone".
 # --------------------------------------------------------------------------------------------------
-_AUTOCAST_KEYS = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU", "xpu": "AutocastXPU", "mps": "AutocastMPS"}
-_AUTOCAST_FP32: dict[tuple[str, str], bool] = {}
+_HALF = (torch.float16, torch.bfloat16)
+_AUTOCAST_PROBES = {"layer_norm": F.layer_norm, "rms_norm": F.rms_norm}
+_AUTOCAST_FP32: dict[tuple[str, str, torch.dtype], bool] = {}
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
 
 
-def autocast_runs_in_float32(aten_op: str, device_type: str) -> bool:
-    """True when ``torch.autocast`` on ``device_type`` has a (float32-policy) kernel for ``aten_op``."""
-    key = (aten_op, device_type)
-    if key not in _AUTOCAST_FP32:
-        dk = _AUTOCAST_KEYS.get(device_type)
-        try:
-            _AUTOCAST_FP32[key] = bool(dk) and torch._C._dispatch_has_kernel_for_dispatch_key(aten_op, dk)
-        except Exception:  # pragma: no cover - private API changed: assume the documented CUDA policy
-            _AUTOCAST_FP32[key] = device_type == "cuda"
-    return _AUTOCAST_FP32[key]
+def _autocast_default(op: str, device_type: str) -> bool:
+    """Used only when the probe cannot run (while Dynamo traces before any eager call, or when it fails):
+    layer_norm in float32 off the CPU (torch's documented CUDA policy on every version), rms_norm as is
+    (torch 2.11 on CUDA)."""
+    return op == "layer_norm" and device_type != "cpu"
 
 
-# Filled at import so Dynamo only reads a dict while tracing.
-for _op in ("aten::layer_norm", "aten::rms_norm"):
-    for _dt in _AUTOCAST_KEYS:
-        autocast_runs_in_float32(_op, _dt)
+def autocast_runs_in_float32(op: str, device: torch.device | str, autocast_dtype: torch.dtype) -> bool:
+    """True when torch's ``op`` ("layer_norm" / "rms_norm") under ``torch.autocast(device.type,
+    dtype=autocast_dtype)`` returns float32 for a half-precision input (probed once, then cached).
+
+    While Dynamo traces only the cache is read; a miss gives ``_autocast_default``.
+    """
+    device = torch.device(device)
+    key = (op, device.type, autocast_dtype)
+    hit = _AUTOCAST_FP32.get(key)
+    if hit is not None:
+        return hit
+    if is_compiling():
+        return _autocast_default(op, device.type)
+    probe_dtype = autocast_dtype if autocast_dtype in _HALF else torch.bfloat16
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t = torch.ones((1, 2), dtype=probe_dtype, device=device)
+            with torch.autocast(device.type, dtype=autocast_dtype):
+                out_dtype = _AUTOCAST_PROBES[op](t, (2,)).dtype
+        result = out_dtype == torch.float32
+    except Exception:  # pragma: no cover - autocast unsupported for this device type / dtype
+        result = _autocast_default(op, device.type)
+    _AUTOCAST_FP32[key] = result
+    return result
 
 
-def _autocast_cast(aten_op: str, x, weight, bias):
+# The CPU answers cost nothing: fill them at import (CUDA is probed on first use, not to initialize it here).
+for _op in _AUTOCAST_PROBES:
+    for _dt in _HALF:
+        autocast_runs_in_float32(_op, "cpu", _dt)
+
+
+def _autocast_cast(op: str, x, weight, bias):
+    """Cast half-precision inputs to float32 when torch's ``op`` would run in float32 under the active autocast."""
     dt = x.device.type
-    if dt in _AUTOCAST_KEYS and torch.is_autocast_enabled(dt) and _AUTOCAST_FP32.get((aten_op, dt), False):
+    if not torch.is_autocast_enabled(dt) or not autocast_runs_in_float32(op, x.device, torch.get_autocast_dtype(dt)):
+        return x, weight, bias
 
-        def up(t):
-            return t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
+    def up(t):
+        return t.float() if t is not None and t.dtype in _HALF else t
 
-        return up(x), up(weight), up(bias)
-    return x, weight, bias
+    return up(x), up(weight), up(bias)
 
 
 def _probe_rms_default_eps(dtype: torch.dtype) -> float:
@@ -793,11 +868,66 @@ def _probe_rms_default_eps(dtype: torch.dtype) -> float:
 _RMS_DEFAULT_EPS = {dt: _probe_rms_default_eps(dt) for dt in SUPPORTED_DTYPES}
 
 
+# --------------------------------------------------------------------------------------------------
+# Argument checks: every one of them on every call, written so that the common case (a tuple of ints
+# from the module, parameters of the right shape, dtype and device) costs a few comparisons.
+# --------------------------------------------------------------------------------------------------
+_KERNEL_DTYPES = frozenset(SUPPORTED_DTYPES)
+
+
+def _normalized_shape_slow(op: str, normalized_shape) -> tuple[int, ...]:
+    if isinstance(normalized_shape, (int, torch.SymInt)) and not isinstance(normalized_shape, bool):
+        return (int(normalized_shape),)
+    if isinstance(normalized_shape, (tuple, list, torch.Size)) and all(
+        isinstance(s, (int, torch.SymInt)) and not isinstance(s, bool) for s in normalized_shape
+    ):
+        return tuple(int(s) for s in normalized_shape)
+    raise TypeError(f"{op}: argument 'normalized_shape' must be an int or a sequence of ints, got {normalized_shape!r}")
+
+
+def _check_param(op: str, name: str, p, x: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if p is None:
+        return
+    check_tensor(op, name, p)
+    if p.shape != shape:
+        raise ValueError(f"{op}: argument '{name}' must have shape {list(shape)} (normalized_shape), got {list(p.shape)}")
+    if p.dtype != x.dtype and p.dtype != torch.float32 and x.dtype in _KERNEL_DTYPES:
+        raise TypeError(
+            f"{op}: argument '{name}' has dtype {p.dtype}; with a {x.dtype} input it must be {x.dtype} or torch.float32"
+        )
+    if p.device != x.device:
+        check_same_device(op, "input", x, **{name: p})
+
+
+def _validate(op: str, x, normalized_shape, weight, bias) -> tuple[tuple[int, ...], int]:
+    """Check every argument (errors name it); returns (normalized shape, k = its number of dims)."""
+    check_tensor(op, "input", x)
+    if x.dtype not in _KERNEL_DTYPES:
+        check_float_dtype(op, "input", x, allow_float64=True)
+    ns = normalized_shape
+    if type(ns) is tuple and all(type(s) is int for s in ns):
+        shape = ns
+    elif type(ns) is int:
+        shape = (ns,)
+    else:
+        shape = _normalized_shape_slow(op, ns)
+    k = len(shape)
+    if k == 0 or x.shape[-k:] != shape:  # also catches k > x.dim() (the slice is shorter)
+        raise ValueError(
+            f"{op}: argument 'normalized_shape' {list(shape)} must be non-empty and match the input's last "
+            f"dims; expected input of shape [*, {', '.join(map(str, shape))}], got {list(x.shape)}"
+        )
+    _check_param(op, "weight", weight, x, shape)
+    _check_param(op, "bias", bias, x, shape)
+    return shape, k
+
+
 def _dispatch(x, weight, bias, k, eps, is_rms):
     if is_compiling():
         return _norm_fwd_op(x, weight, bias, k, eps, is_rms)[0]
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    if needs_grad:
+    if torch.is_grad_enabled() and (
+        x.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad)
+    ):
         return _NormFunction.apply(x, weight, bias, k, eps, is_rms)
     return norm_forward(x, weight, bias, k, eps, is_rms)[0]
 
@@ -815,13 +945,11 @@ def fused_layer_norm(
     dtype (contiguous), weight / bias in the input's dtype or float32, autocast handled like
     ``layer_norm``.  float64 inputs, and devices where Triton cannot run, use PyTorch.
     """
-    x = check_tensor(_LN, "input", input)
-    check_float_dtype(_LN, "input", x, allow_float64=True)
-    shape, k = _normalized_ndim(_LN, x, normalized_shape)
-    _check_param(_LN, "weight", weight, x, shape)
-    _check_param(_LN, "bias", bias, x, shape)
-    x, weight, bias = _autocast_cast("aten::layer_norm", x, weight, bias)
-    if x.dtype == torch.float64 or use_fallback(_LN, x):
+    shape, k = _validate(_LN, input, normalized_shape, weight, bias)
+    x = input
+    if _any_autocast():
+        x, weight, bias = _autocast_cast("layer_norm", x, weight, bias)
+    if x.dtype == torch.float64 or (not x.is_cuda and use_fallback(_LN, x)):
         return F.layer_norm(x, shape, weight, bias, eps)
     return _dispatch(x, weight, bias, k, float(eps), False)
 
@@ -837,14 +965,13 @@ def fused_rms_norm(
     Same semantics as ``torch.nn.functional.rms_norm``: ``eps=None`` means the eps PyTorch uses then
     (documented as ``torch.finfo(input.dtype).eps``; PyTorch 2.x kernels take float32's epsilon for
     half-precision inputs, and this follows whatever the installed PyTorch does), output in the input's
-    dtype.
+    dtype, autocast handled like ``rms_norm``.
     """
-    x = check_tensor(_RMS, "input", input)
-    check_float_dtype(_RMS, "input", x, allow_float64=True)
-    shape, k = _normalized_ndim(_RMS, x, normalized_shape)
-    _check_param(_RMS, "weight", weight, x, shape)
-    x, weight, _ = _autocast_cast("aten::rms_norm", x, weight, None)
-    if x.dtype == torch.float64 or use_fallback(_RMS, x):
+    shape, k = _validate(_RMS, input, normalized_shape, weight, None)
+    x = input
+    if _any_autocast():
+        x, weight, _ = _autocast_cast("rms_norm", x, weight, None)
+    if x.dtype == torch.float64 or (not x.is_cuda and use_fallback(_RMS, x)):
         return F.rms_norm(x, shape, weight, eps)
     if eps is None:
         eps = _RMS_DEFAULT_EPS[x.dtype]
