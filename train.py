@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
-import torch
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lm_demo.config import register_configs
-from lm_demo.summary import MemoryLogger
+from lm_demo.summary import MemoryLogger, run_summary, wandb_offline
 
 register_configs()
 log = logging.getLogger("train")
@@ -45,46 +43,6 @@ def instantiate_callbacks(cfg: DictConfig) -> list[L.Callback]:
 
 def instantiate_loggers(cfg: DictConfig) -> list:
     return [instantiate(entry) for entry in (cfg.get("logger") or {}).values() if entry is not None]
-
-
-def run_summary(trainer: L.Trainer, cfg: DictConfig, memory: MemoryLogger, fit_seconds: float) -> dict[str, Any]:
-    """What compare.py reads: the run's identity, the last value of every metric logged (``memory``:
-    ThroughputMonitor's, the fused callback's speedups, losses) and ``callback_metrics``, and the loss curves."""
-    metrics: dict[str, float] = dict(memory.last)
-    for k, v in trainer.callback_metrics.items():
-        if isinstance(v, torch.Tensor) and v.numel() == 1:
-            metrics[k] = float(v)
-        elif isinstance(v, (int, float)):
-            metrics[k] = float(v)
-    if torch.cuda.is_available() and trainer.strategy.root_device.type == "cuda":
-        metrics.setdefault("peak_memory_gib", torch.cuda.max_memory_allocated(trainer.strategy.root_device) / 2**30)
-    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    return {
-        "fused": bool(cfg.fused),
-        "tag": cfg.run_tag,
-        "group": cfg.run_group,
-        "seed": int(cfg.seed),
-        "attn_impl": config["model"]["attn_impl"],
-        "compile": bool(config["model"]["compile"]),
-        "precision": str(config["trainer"]["precision"]),
-        "overrides": overrides(),
-        "global_step": int(trainer.global_step),
-        "fit_seconds": fit_seconds,
-        "metrics": metrics,
-        "history": {k: memory.history[k] for k in ("train/loss", "val/loss") if k in memory.history},
-        "config": config,
-    }
-
-
-def overrides() -> list[str]:
-    """This job's command-line overrides (empty outside a Hydra app)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-def wandb_mode_offline(lg: WandbLogger) -> bool:
-    return bool(getattr(lg, "_offline", False)) or os.environ.get("WANDB_MODE", "") in ("offline", "dryrun")
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -118,7 +76,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             if wandb.run is not None:
                 run_dir = Path(wandb.run.dir).parent
                 wandb.finish()  # one W&B run per job, also inside a multirun's single process
-                if wandb_mode_offline(lg):
+                if wandb_offline(lg):
                     log.info(f"W&B offline run: {run_dir}  (upload: wandb sync {run_dir})")
     return summary
 

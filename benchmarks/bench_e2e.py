@@ -131,6 +131,8 @@ def bench_direct(args: argparse.Namespace) -> dict:
         except Exception as e:  # report and go on with the others
             results[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             print(f"[{name}] FAILED: {results[name]['error']}", flush=True)
+            v = None
+            gc.collect()
             torch.cuda.empty_cache()
 
     times: dict[str, list[float]] = {n: [] for n in variants}
