@@ -243,6 +243,8 @@ def _flex(causal, S):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if _flex_compiled is None:
+        # The benchmark times backward with retain_graph=True, which donated buffers forbid.
+        torch._functorch.config.donated_buffer = False
         _flex_compiled = torch.compile(flex_attention, dynamic=False)
     bm = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, S, S, device="cuda") if causal else None
 
@@ -344,6 +346,7 @@ def run_varlen(rows, flex_ok):
 
             doc = torch.repeat_interleave(torch.arange(B, device="cuda"), torch.tensor(lens, device="cuda"))
             bm = create_block_mask(lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki), None, None, TOKENS, TOKENS, device="cuda")
+            torch._functorch.config.donated_buffer = False  # backward is timed with retain_graph=True
             comp = torch.compile(flex_attention, dynamic=False)
 
             def flex(q_, k_, v_, c, gq):

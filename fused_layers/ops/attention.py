@@ -643,10 +643,25 @@ _dq_tuned = triton.autotune(_configs("dq"), key=_AUTOTUNE_KEY, prune_configs_by=
 
 
 # The configs used by default per (kernel, head-dim bucket, causal) for 2-byte dtypes: offline tuning,
-# no first-call tuning, nothing keyed on the sequence length. Empty until ``benchmarks/bench_attention.py
-# --sweep`` has been run on a GPU (its attn_table.json goes here); meanwhile the first entry of _TUNE. FUSED_LAYERS_ATTENTION_AUTOTUNE=1 autotunes over _TUNE's bucket instead;
+# no first-call tuning, nothing keyed on the sequence length; buckets missing here (D=256) use the
+# first entry of _TUNE. FUSED_LAYERS_ATTENTION_AUTOTUNE=1 autotunes over _TUNE's bucket instead;
 # FUSED_LAYERS_ATTENTION_TABLE=<json> replaces entries (written by the sweep: {"fwd,128,1": [m, n, w, s]}).
-_TABLE: dict[tuple[str, int, bool], tuple[int, int, int, int]] = {}
+# Measured on the H200 (benchmarks/bench_attention.py --sweep, 2026-11-30; benchmarks/results/attn_sweep_h200.json):
+# the fastest (BLOCK_M, BLOCK_N, num_warps, num_stages) per (kernel, head-dim bucket, causal), bf16.
+_TABLE: dict[tuple[str, int, bool], tuple[int, int, int, int]] = {
+    ("dkdv", 128, False): (64, 128, 8, 3),
+    ("dkdv", 128, True): (64, 128, 8, 3),
+    ("dkdv", 64, False): (32, 128, 4, 3),
+    ("dkdv", 64, True): (64, 64, 4, 3),
+    ("dq", 128, False): (128, 64, 8, 3),
+    ("dq", 128, True): (128, 64, 8, 3),
+    ("dq", 64, False): (128, 64, 8, 3),
+    ("dq", 64, True): (64, 64, 4, 3),
+    ("fwd", 128, False): (128, 64, 8, 3),
+    ("fwd", 128, True): (128, 64, 8, 3),
+    ("fwd", 64, False): (128, 64, 8, 4),
+    ("fwd", 64, True): (128, 64, 8, 3),
+}
 _AUTOTUNE = os.environ.get("FUSED_LAYERS_ATTENTION_AUTOTUNE", "0") == "1"
 if os.environ.get("FUSED_LAYERS_ATTENTION_TABLE"):
     with open(os.environ["FUSED_LAYERS_ATTENTION_TABLE"]) as _f:

@@ -287,10 +287,11 @@ _SINGLE_BLOCK = {
     4: {256: (8, 8), 512: (4, 8), 1024: (2, 8), 2048: (1, 8), 4096: (1, 16), 8192: (1, 16), 16384: (1, 16), 32768: (1, 16)},
 }
 MAX_SINGLE_BLOCK = 32768  # wider rows take the wide (piece-wise, one launch) kernels
-# Wide rows: pieces of WIDE_PIECE columns streamed in chunks of WIDE_BLOCK with WIDE_WARPS warps.
+# Wide rows: pieces of WIDE_PIECE columns streamed in chunks of WIDE_BLOCK with WIDE_WARPS warps, by
+# direction (forward, backward) and element size; the backward streams two inputs and wants more warps.
 WIDE_PIECE = 16384
-WIDE_BLOCK = 4096
-WIDE_WARPS = 8
+WIDE_BLOCK = {("fwd", 2): 4096, ("fwd", 4): 8192, ("bwd", 2): 8192, ("bwd", 4): 8192}
+WIDE_WARPS = {"fwd": 8, "bwd": 16}
 
 
 def _single_block_config(n_pow2: int, elem: int) -> tuple[int, int]:
@@ -301,12 +302,12 @@ def _single_block_config(n_pow2: int, elem: int) -> tuple[int, int]:
     return get_override("softmax", "block_m", block_m), get_override("softmax", "num_warps", warps)
 
 
-def _wide_config(n: int) -> tuple[int, int, int, int]:
+def _wide_config(n: int, elem: int, direction: str) -> tuple[int, int, int, int]:
     """(BLOCK_N chunk, SPLITS pieces per row, PIECE columns per piece, num_warps) for wide rows."""
-    block = get_override("softmax", "wide_block", WIDE_BLOCK)
+    block = get_override("softmax", "wide_block", WIDE_BLOCK[(direction, elem)])
     piece = triton.cdiv(get_override("softmax", "wide_piece", WIDE_PIECE), block) * block
     piece = min(piece, triton.cdiv(n, block) * block)
-    return block, triton.cdiv(n, piece), piece, get_override("softmax", "wide_warps", WIDE_WARPS)
+    return block, triton.cdiv(n, piece), piece, get_override("softmax", "wide_warps", WIDE_WARPS[direction])
 
 
 def _row_strides(shape: torch.Size, stride: tuple[int, ...], dim: int):
@@ -378,7 +379,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], elem: int, di
         plan.meta = dict(BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
         plan.splits = 0
     else:
-        block, splits, piece, warps = _wide_config(n)
+        block, splits, piece, warps = _wide_config(n, elem, "fwd" if len(strides) == 1 else "bwd")
         plan.grid = (m * splits + splits,)  # + SPLITS: the last row's phase 2
         plan.args = (m, n, inner) + ins + out + (splits, piece)
         plan.meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
