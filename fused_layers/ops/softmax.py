@@ -8,14 +8,14 @@ Forward.  For a row x of width N,
 once, reduces max and sum in float32 and writes y: the fewest bytes (read x, write y).
 
 *Wide rows (online softmax)*, with no width cap.  Each row is cut into SPLITS pieces of PIECE columns.
-Piece statistics come from streaming the piece in chunks of BLOCK_N with per-lane running values
-(m_i, s_i): for a new value x,
+Piece statistics come from streaming the piece in chunks of BLOCK_N with running values (m, s): for
+a new chunk c,
 
-    m' = max(m, x),    s' = s * exp(m - m') + exp(x - m'),
+    m' = max(m, max(c)),    s' = s * exp(m - m') + sum(exp(c - m')),
 
-(with m' = -inf handled so that -inf - -inf never produces NaN for a row that later turns finite), then
-the lanes are combined into the piece's (m_p, s_p).  The row's totals are M = max_p m_p and
-S = sum_p s_p * exp(m_p - M), and y = exp(x - M) / S.
+(with m' = -inf handled so that -inf - -inf never produces NaN for a row that later turns finite): one
+exp per element.  The row's totals are M = max_p m_p and S = sum_p s_p * exp(m_p - M), and
+y = exp(x - M) / S.
 
 One launch does both phases: program g publishes the statistics of piece g (a release atomic on a
 per-row counter), then waits (acquire) until all pieces of the row of piece g - SPLITS are published
@@ -126,19 +126,19 @@ def _softmax_fwd_wide_kernel(
         start = (g % SPLITS) * PIECE
         end = tl.minimum(start + PIECE, N)
         base = X + (row // INNER) * sxo + (row % INNER) * sxi
-        m_i = tl.full([BLOCK_N], -float("inf"), tl.float32)  # per-lane running max
-        s_i = tl.zeros([BLOCK_N], tl.float32)  # per-lane running sum of exp(x - m_i)
+        m_p = -float("inf")  # running max of the piece
+        s_p = 0.0  # running sum of exp(x - m_p)
         for off in range(start, end, BLOCK_N):
             c = off + cols
             x = tl.load(base + c.to(tl.int64) * sxn, mask=c < end, other=-float("inf")).to(tl.float32)
-            m_new = tl.maximum(m_i, x)
-            # While a lane has seen only -inf, subtract 0 instead (-inf - -inf would be NaN).
+            m_new = tl.maximum(m_p, tl.max(x, axis=0))
+            # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
             m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            s_i = s_i * tl.exp2((m_i - m_safe) * 1.4426950408889634) + tl.exp2((x - m_safe) * 1.4426950408889634)
-            m_i = m_new
-        m_p = tl.max(m_i, axis=0)  # combine the lanes
-        m_p_safe = tl.where(m_p == -float("inf"), 0.0, m_p)
-        s_p = tl.sum(s_i * tl.exp2((m_i - m_p_safe) * 1.4426950408889634), axis=0)
+            # One exp per element (plus one per chunk): the special-function unit is not the bottleneck.
+            s_p = s_p * tl.exp2((m_p - m_safe) * 1.4426950408889634) + tl.sum(
+                tl.exp2((x - m_safe) * 1.4426950408889634), axis=0
+            )
+            m_p = m_new
         tl.store(STATS + g * 2, m_p)
         tl.store(STATS + g * 2 + 1, s_p)
         tl.debug_barrier()  # the statistics are written before the count says so
@@ -289,7 +289,7 @@ _SINGLE_BLOCK = {
 MAX_SINGLE_BLOCK = 32768  # wider rows take the wide (piece-wise, one launch) kernels
 # Wide rows: pieces of WIDE_PIECE columns streamed in chunks of WIDE_BLOCK with WIDE_WARPS warps, by
 # direction (forward, backward) and element size; the backward streams two inputs and wants more warps.
-WIDE_PIECE = 16384
+WIDE_PIECE = 8192
 WIDE_BLOCK = {("fwd", 2): 4096, ("fwd", 4): 8192, ("bwd", 2): 8192, ("bwd", 4): 8192}
 WIDE_WARPS = {"fwd": 8, "bwd": 16}
 
