@@ -157,8 +157,11 @@ def best_swept(rows, dname, n):
     if not cands:
         return {}
     w = max(r["width"] for r in cands)
-    best = max((r for r in cands if r["width"] == w), key=lambda r: 1 / (2 / r["fwd_frac"] + 3 / r["bwd_frac"]))
-    return best["cfg"]
+    # at another width than the swept one, only a wide-row config carries over
+    pool = [r for r in cands if r["width"] == w and (w == n or r["cfg"].get("max_single_block") == 1)]
+    if not pool:
+        return {}
+    return max(pool, key=lambda r: 1 / (2 / r["fwd_frac"] + 3 / r["bwd_frac"]))["cfg"]
 
 
 def sweep(widths, args):
