@@ -314,9 +314,11 @@ class Ledger:
         return bool(self._handles)
 
     def _hook(self, name: str, kind: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        dev = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+        if dev == "meta":  # shape propagation or FLOP counting (ThroughputCallback), not a training call
+            return
         sargs = _spec(tuple(args))
         skw = {k: _spec(v) for k, v in kwargs.items()}
-        dev = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
         autocast = None
         try:
             if torch.is_autocast_enabled(dev):

@@ -245,6 +245,7 @@ def test_ledger_records_and_measures_each_distinct_call():
     model["a"](x)
     model["b"](x)  # same (kind, shape, dtype): one measurement, both names
     model["b"](torch.randn(1, 2, 5, 13)[..., 1:])  # another shape, non-contiguous
+    model["a"](torch.randn(7, 8, device="meta"))  # a FLOP count / shape propagation: not recorded
     ledger.stop_recording()
     model["a"](x)  # not recorded any more
     assert len(ledger.calls) == 2
