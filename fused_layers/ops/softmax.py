@@ -296,7 +296,7 @@ WIDE_WARPS = {"fwd": 8, "bwd": 16}
 
 def _single_block_config(n_pow2: int, elem: int) -> tuple[int, int]:
     """(BLOCK_M rows per program, num_warps) for a single-block tile of width n_pow2."""
-    block_m, warps = _SINGLE_BLOCK[elem][max(n_pow2, 256)]
+    block_m, warps = _SINGLE_BLOCK[elem].get(max(n_pow2, 256), (1, 32))  # wider: only via overrides
     if n_pow2 < 256:  # narrow rows: keep about 2048 elements per program
         block_m = 2048 // n_pow2
     return get_override("softmax", "block_m", block_m), get_override("softmax", "num_warps", warps)
