@@ -158,6 +158,13 @@ class GPTLM(L.LightningModule):
         self.example_input_array = torch.zeros(2, min(seq_len, 16), dtype=torch.long)
         self.__dict__["_compiled"] = None  # not a submodule: state_dict keys stay those of self.model
 
+    def setup(self, stage: str) -> None:
+        # Lightning's ModelSummary runs example_input_array through the model after the strategy has
+        # wrapped it; under FSDP the parameters are then flat shards and the forward fails
+        # ("'weight' must be 2-D", seen on two H200s). Sharded runs skip that summary forward.
+        if "FSDP" in type(self.trainer.strategy).__name__:
+            self.example_input_array = None
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
