@@ -287,11 +287,10 @@ _SINGLE_BLOCK = {
     4: {256: (8, 8), 512: (4, 8), 1024: (2, 8), 2048: (1, 8), 4096: (1, 16), 8192: (1, 16), 16384: (1, 16), 32768: (1, 16)},
 }
 MAX_SINGLE_BLOCK = 32768  # wider rows take the wide (piece-wise, one launch) kernels
-# Wide rows: pieces of WIDE_PIECE columns streamed in chunks of WIDE_BLOCK with WIDE_WARPS warps, by
-# direction (forward, backward) and element size; the backward streams two inputs and wants more warps.
-WIDE_PIECE = 8192
-WIDE_BLOCK = {("fwd", 2): 4096, ("fwd", 4): 8192, ("bwd", 2): 8192, ("bwd", 4): 8192}
-WIDE_WARPS = {"fwd": 8, "bwd": 16}
+# Wide rows: (BLOCK_N chunk, PIECE columns per piece, num_warps) by direction and element size; the
+# winners of the H200 sweep (benchmarks/results/softmax_h200.json, "sweep"; fraction of copy at 65,536 /
+# 262,144: fwd bf16 0.73 / 0.70, fp32 0.78 / 0.76; bwd bf16 0.75 / 0.73, fp32 0.75 / 0.77).
+_WIDE = {("fwd", 2): (8192, 16384, 8), ("fwd", 4): (8192, 8192, 8), ("bwd", 2): (4096, 8192, 16), ("bwd", 4): (4096, 4096, 16)}
 
 
 def _single_block_config(n_pow2: int, elem: int) -> tuple[int, int]:
@@ -304,10 +303,11 @@ def _single_block_config(n_pow2: int, elem: int) -> tuple[int, int]:
 
 def _wide_config(n: int, elem: int, direction: str) -> tuple[int, int, int, int]:
     """(BLOCK_N chunk, SPLITS pieces per row, PIECE columns per piece, num_warps) for wide rows."""
-    block = get_override("softmax", "wide_block", WIDE_BLOCK[(direction, elem)])
-    piece = triton.cdiv(get_override("softmax", "wide_piece", WIDE_PIECE), block) * block
+    block, piece, warps = _WIDE[(direction, elem)]
+    block = get_override("softmax", "wide_block", block)
+    piece = triton.cdiv(get_override("softmax", "wide_piece", piece), block) * block
     piece = min(piece, triton.cdiv(n, block) * block)
-    return block, triton.cdiv(n, piece), piece, get_override("softmax", "wide_warps", WIDE_WARPS[direction])
+    return block, triton.cdiv(n, piece), piece, get_override("softmax", "wide_warps", warps)
 
 
 def _row_strides(shape: torch.Size, stride: tuple[int, ...], dim: int):
