@@ -51,7 +51,11 @@ def bench(fn, grad_to_none=None, rep=40, setup=None):
 def measure_copy(nbytes: int = 2**30) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    ms = bench(lambda: dst.copy_(src))
+    # Timed eagerly: inside a CUDA graph a device-to-device copy becomes a memcpy node served by the
+    # copy engines (about 2.77 TB/s on the H200), not the SM copy kernel that sets the 4.22 TB/s ceiling.
+    from triton.testing import do_bench
+
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=100, return_mode="median")
     return 2 * nbytes / ms / 1e6  # GB/s
 
 
