@@ -219,7 +219,11 @@ class FusedLayersCallback(Callback):
             rows = []
         self.measurements = rows
         if self.policy == "faster" and rows:
-            self._apply_policy(trainer, pl_module)
+            if all(r.meaningful for r in rows):
+                self._apply_policy(trainer, pl_module)
+            else:  # interpreter / CPU timings say nothing about the GPU: keep the swaps
+                rank_zero_info("FusedLayersCallback(policy=faster): timings not meaningful on this device "
+                               "(Triton interpreter); no swap undone.")
         if torch.cuda.is_available() and trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize()
         self.paused_seconds += time.perf_counter() - t0

@@ -93,7 +93,7 @@ class FusedCallbackConfig:
     include: Optional[List[str]] = None
     exclude: Optional[List[str]] = None
     mapping: Optional[Dict[str, str]] = None
-    policy: str = "always"
+    policy: str = "faster"
     measure: bool = True
     record_steps: int = 1
     warmup_steps: int = 3

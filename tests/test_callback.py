@@ -179,6 +179,7 @@ def test_policy_faster_undoes_a_slower_swap(tmp_path, monkeypatch):
 
     def slower_softmax(*args, **kwargs):
         m = real(*args, **kwargs)
+        m.meaningful = True  # as GPU timings are
         if m.kind == "softmax":  # simulate a kernel 2x slower than the reference
             m.fused_ms, m.speedup = m.ref_ms * 2, 0.5
         else:
@@ -200,6 +201,16 @@ def test_policy_faster_undoes_a_slower_swap(tmp_path, monkeypatch):
     assert "fused/restored/softmax" in keys
     _assert_optimizer_holds_module_params(trainer, model)
     assert len(model.losses) == 4
+
+
+def test_policy_faster_ignores_interpreter_timings(tmp_path):
+    """Interpreter timings (meaningful=False) never undo a swap, however slow they look."""
+    model = LM()
+    cb = _cb(policy="faster", kinds={"softmax": True})
+    trainer = _trainer(tmp_path, [cb])
+    trainer.fit(model)
+    assert cb.measurements and not any(r.meaningful for r in cb.measurements)
+    assert type(model.net.sm).__name__ == "FusedSoftmax" and not cb.restored
 
 
 def test_no_kernels_warns_and_swaps_nothing(tmp_path, monkeypatch):
