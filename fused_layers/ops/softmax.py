@@ -286,6 +286,9 @@ _SINGLE_BLOCK = {
     2: {256: (8, 4), 512: (4, 4), 1024: (2, 4), 2048: (2, 4), 4096: (2, 4), 8192: (1, 8), 16384: (1, 16), 32768: (1, 16)},
     4: {256: (8, 8), 512: (4, 8), 1024: (2, 8), 2048: (1, 8), 4096: (1, 16), 8192: (1, 16), 16384: (1, 16), 32768: (1, 16)},
 }
+# The backward holds y and dy: at fp32 32K, 8 warps beat 16 (0.95 vs 0.92 of copy in the first sweep,
+# where 16 warps gave 0.87 in the table).
+_SINGLE_BLOCK_BWD_WARPS = {(4, 32768): 8}
 MAX_SINGLE_BLOCK = 32768  # wider rows take the wide (piece-wise, one launch) kernels
 # Wide rows: (BLOCK_N chunk, PIECE columns per piece, num_warps) by direction and element size; the
 # winners of the H200 sweep (benchmarks/results/softmax_h200.json, "sweep"; fraction of copy at 65,536 /
@@ -293,9 +296,10 @@ MAX_SINGLE_BLOCK = 32768  # wider rows take the wide (piece-wise, one launch) ke
 _WIDE = {("fwd", 2): (8192, 16384, 8), ("fwd", 4): (8192, 8192, 8), ("bwd", 2): (4096, 8192, 16), ("bwd", 4): (4096, 4096, 16)}
 
 
-def _single_block_config(n_pow2: int, elem: int) -> tuple[int, int]:
+def _single_block_config(n_pow2: int, elem: int, direction: str) -> tuple[int, int]:
     """(BLOCK_M rows per program, num_warps) for a single-block tile of width n_pow2."""
     block_m, warps = _SINGLE_BLOCK[elem].get(max(n_pow2, 256), (1, 32))  # wider: only via overrides
+    warps = _SINGLE_BLOCK_BWD_WARPS.get((elem, n_pow2), warps) if direction == "bwd" else warps
     if n_pow2 < 256:  # narrow rows: keep about 2048 elements per program
         block_m = 2048 // n_pow2
     return get_override("softmax", "block_m", block_m), get_override("softmax", "num_warps", warps)
@@ -373,7 +377,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], elem: int, di
     plan.m = m
     plan.wide = n_pow2 > get_override("softmax", "max_single_block", MAX_SINGLE_BLOCK)
     if not plan.wide:
-        block_m, warps = _single_block_config(n_pow2, elem)
+        block_m, warps = _single_block_config(n_pow2, elem, "fwd" if len(strides) == 1 else "bwd")
         plan.grid = (triton.cdiv(m, block_m),)
         plan.args = (m, n, inner) + ins + out
         plan.meta = dict(BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
