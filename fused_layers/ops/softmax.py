@@ -278,8 +278,9 @@ def softmax_backward_reference(y: torch.Tensor, dy: torch.Tensor, dim: int = -1)
 # ==================================================================================================
 # One table: configs per width bucket (next power of two of N) and element size, tuned on an H200
 # (benchmarks/results/softmax_h200.json, "sweep"). A bucket never re-tunes for a new row count, so the
-# first call on a new bucket costs one compile (about 0.5-2 s per kernel on the GPU, cached on disk by
-# Triton afterwards) and nothing after that.
+# first call on a new bucket costs one Triton compile of that kernel (cached on disk by Triton for later
+# processes) and nothing after that; the number of compiles is bounded by the buckets (width bucket x
+# dtype size x direction), never by the shapes a run produces.
 #
 # Single block, (BLOCK_M rows per program, num_warps) by (element size, width bucket):
 _SINGLE_BLOCK = {
