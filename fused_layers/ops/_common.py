@@ -106,6 +106,12 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+def concrete(seq) -> tuple[int, ...]:
+    """``seq`` (a shape or strides) as plain ints: symbolic sizes met while tracing with dynamic shapes are
+    specialized (a guard), since launch plans and constexpr block sizes need concrete values."""
+    return tuple(int(v) for v in seq)
+
+
 def is_compiling() -> bool:
     """True while Dynamo traces: then ops go through the registered custom ops."""
     try:

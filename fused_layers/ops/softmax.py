@@ -50,14 +50,15 @@ import triton.language as tl
 from ._common import (
     check_float_dtype,
     check_tensor,
+    concrete,
     config_override,  # noqa: F401  (re-exported for tests: config_override("softmax", ...))
     get_override,
     override_epoch,
-    is_compiling,
     next_power_of_2,
     normalize_dim,
     use_fallback,
 )
+from ._library import FusedOp, Kernel
 
 _OP = "fused_softmax"
 
@@ -348,22 +349,27 @@ def _contiguous_strides(shape: torch.Size, dim: int) -> tuple[int, ...]:
 class _Plan:
     """Everything a launch needs that depends only on shapes, strides, dtype and dim (cached)."""
 
-    __slots__ = ("copy", "wide", "grid", "args", "meta", "m", "splits")
+    __slots__ = ("copy", "wide", "kernel", "m", "splits", "ints")
 
 
 _PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
 
 
-def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], elem: int, dim: int) -> _Plan:
+def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.dtype, dim: int) -> _Plan:
     """Launch plan for inputs with ``strides`` (x; or y and dy) and a contiguous output.
 
-    Cached: the per-call host cost is a dict lookup (measured in the benchmark's dispatch section).
+    Cached, with the bound kernel: the per-call host cost is a dict lookup and one direct launch.
     """
-    key = (shape, strides, elem, dim, override_epoch())
-    plan = _PLANS.get(key)
+    key = (shape, strides, dtype, dim, override_epoch())
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
+        return _plan(concrete(shape), tuple(concrete(s) for s in strides), dtype, dim)
     if plan is not None:
         return plan
     plan = _Plan()
+    elem = dtype.itemsize
     views, plan.copy = [], []
     for st in strides:
         v = _row_strides(shape, st, dim)
@@ -375,20 +381,24 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], elem: int, di
     out = _contiguous_strides(shape, dim)[2:]
     ins = tuple(x for v in views for x in v[2:])
     n_pow2 = next_power_of_2(n)
+    fwd = len(strides) == 1
     plan.m = m
     plan.wide = n_pow2 > get_override("softmax", "max_single_block", MAX_SINGLE_BLOCK)
     if not plan.wide:
-        block_m, warps = _single_block_config(n_pow2, elem, "fwd" if len(strides) == 1 else "bwd")
-        plan.grid = (triton.cdiv(m, block_m),)
-        plan.args = (m, n, inner) + ins + out
-        plan.meta = dict(BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
+        block_m, warps = _single_block_config(n_pow2, elem, "fwd" if fwd else "bwd")
+        plan.ints = (m, n, inner) + ins + out
         plan.splits = 0
+        fn = _softmax_fwd_kernel if fwd else _softmax_bwd_kernel
+        plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
     else:
-        block, splits, piece, warps = _wide_config(n, elem, "fwd" if len(strides) == 1 else "bwd")
-        plan.grid = (m * splits + splits,)  # + SPLITS: the last row's phase 2
-        plan.args = (m, n, inner) + ins + out + (splits, piece)
-        plan.meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
+        block, splits, piece, warps = _wide_config(n, elem, "fwd" if fwd else "bwd")
+        plan.ints = (m, n, inner) + ins + out + (splits, piece)
         plan.splits = splits
+        fn = _softmax_fwd_wide_kernel if fwd else _softmax_bwd_wide_kernel
+        # grid + SPLITS: the last row's phase 2
+        plan.kernel = Kernel(fn, (m * splits + splits,), SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
     _PLANS[key] = plan
     return plan
 
@@ -408,15 +418,15 @@ def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
-    plan = _plan(x.shape, (x.stride(),), x.element_size(), dim)
+    plan = _plan(x.shape, (x.stride(),), x.dtype, dim)
     if plan.copy[0]:
         x = x.contiguous()
     if plan.wide:
         stats = torch.empty(plan.m * plan.splits * 2, dtype=torch.float32, device=x.device)
         count = torch.zeros(plan.m, dtype=torch.int32, device=x.device)
-        _softmax_fwd_wide_kernel[plan.grid](x, y, stats, count, *plan.args, **plan.meta)
+        plan.kernel(x, y, stats, count, *plan.ints)
     else:
-        _softmax_fwd_kernel[plan.grid](x, y, *plan.args, **plan.meta)
+        plan.kernel(x, y, *plan.ints)
     return y
 
 
@@ -427,7 +437,7 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tenso
         return dx
     if dy.dtype != y.dtype:
         dy = dy.to(y.dtype)
-    plan = _plan(y.shape, (y.stride(), dy.stride()), y.element_size(), dim)
+    plan = _plan(y.shape, (y.stride(), dy.stride()), y.dtype, dim)
     if plan.copy[0]:
         y = y.contiguous()
     if plan.copy[1]:
@@ -435,62 +445,26 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tenso
     if plan.wide:
         dot = torch.empty(plan.m * plan.splits, dtype=torch.float32, device=y.device)
         count = torch.zeros(plan.m, dtype=torch.int32, device=y.device)
-        _softmax_bwd_wide_kernel[plan.grid](y, dy, dx, dot, count, *plan.args, **plan.meta)
+        plan.kernel(y, dy, dx, dot, count, *plan.ints)
     else:
-        _softmax_bwd_kernel[plan.grid](y, dy, dx, *plan.args, **plan.meta)
+        plan.kernel(y, dy, dx, *plan.ints)
     return dx
 
 
 # ==================================================================================================
-# Registration: custom ops (torch.compile) and the eager direct path
+# Registration (ops/_library.py): custom ops for torch.compile, autograd, the eager direct path
 # ==================================================================================================
-@torch.library.custom_op("fused_layers::softmax_fwd", mutates_args=())
-def _softmax_fwd_op(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return softmax_forward(x, dim)
-
-
-@_softmax_fwd_op.register_fake
-def _(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
-@torch.library.custom_op("fused_layers::softmax_bwd", mutates_args=())
-def _softmax_bwd_op(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tensor:
-    return softmax_backward(y, dy, dim)
-
-
-@_softmax_bwd_op.register_fake
-def _(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.empty(y.shape, dtype=y.dtype, device=y.device)
-
-
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, outputs):
     ctx.dim = inputs[1]
-    ctx.save_for_backward(output)
+    ctx.save_for_backward(outputs[0])
 
 
-def _backward(ctx, dy):
+def _grads(ctx, backward, dy):
     (y,) = ctx.saved_tensors
-    return _softmax_bwd_op(y, dy, ctx.dim), None
+    return backward(y, dy, ctx.dim), None
 
 
-_softmax_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _SoftmaxFunction(torch.autograd.Function):
-    """Eager direct path: the same launchers without the custom-op dispatcher's per-call cost."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
-        y = softmax_forward(x, dim)
-        ctx.dim = dim
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):
-        (y,) = ctx.saved_tensors
-        return softmax_backward(y, dy, ctx.dim), None
+softmax_op = FusedOp("softmax", softmax_forward, softmax_backward, _setup_context, _grads)
 
 
 def fused_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -501,11 +475,6 @@ def fused_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     cannot run, use the PyTorch reference.
     """
     x, d = _validate(input, dim)
-    if x.dtype == torch.float64 or use_fallback("fused_softmax", x):
+    if x.dtype == torch.float64 or (not x.is_cuda and use_fallback("fused_softmax", x)):
         return torch.softmax(x, d)
-    if is_compiling():
-        return _softmax_fwd_op(x, d)
-    if x.requires_grad and torch.is_grad_enabled():
-        return _SoftmaxFunction.apply(x, d)
-    return softmax_forward(x, d)
-
+    return softmax_op(x, d, needs_grad=x.requires_grad and torch.is_grad_enabled())

@@ -1,0 +1,246 @@
+"""The one path from launchers to Triton launches, custom ops, autograd and the eager fast path.
+
+Every op (softmax, layer/RMS norm, attention, cross-entropy) is written as two plain launcher functions,
+``forward(*inputs) -> outputs`` and ``backward(*saved_and_grads) -> grads``, that allocate their
+outputs and launch Triton kernels through :class:`Kernel` (bound once per launch plan).  :class:`FusedOp`
+turns such a pair into
+
+* two ``torch.library`` ops (``fused_layers::<name>_fwd`` / ``_bwd``) with autograd registered.  On GPU
+  machines they are ``torch.library.triton_op``: under ``torch.compile`` Inductor traces into them and
+  emits the Triton launches in its own generated code (no opaque call, CUDA-graph friendly); under the
+  Triton interpreter (CPU tests) they are opaque ``custom_op`` with the launcher itself as fake kernel;
+* an eager fast path: a ``torch.autograd.Function`` straight into the launchers, because the custom-op
+  dispatcher costs tens of microseconds a call, as much as a small kernel;
+* one call, ``op(*inputs, needs_grad=...)``, choosing between them.
+
+Host cost.  ``kernel[grid](...)`` in Triton 3.x re-binds and re-specializes every argument on every
+call (13 us for a trivial kernel on the H200 host).  :class:`Kernel` does that once: the first launch goes
+through Triton's JIT (compiling if needed) and keeps the ``CompiledKernel``; later launches call its
+C launcher directly with the current CUDA stream, which costs about what ``torch``'s own launch does.  The
+compiled binary is specialized on (a) each pointer's 16-byte alignment and dtype and (b) each integer
+argument's value being 1 or a multiple of 16; (a) is re-checked on every call (a few ``data_ptr()`` reads),
+(b) is the caller's contract: every integer argument must be a function of the plan the ``Kernel`` is
+stored in (shapes, strides), never of anything else.  Anything unusual (Triton interpreter, tensor
+subclasses, tracing, a Triton whose launch API is not the one checked here) takes Triton's own path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ._common import HAS_TRITON, INTERPRET, is_compiling
+
+if HAS_TRITON:
+    import triton
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_get_device = torch._C._cuda_getDevice if torch.cuda.is_available() else None
+_get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+try:  # where Triton keeps the launch hooks (profilers set them); checked on every fast launch
+    from triton import knobs as _knobs
+
+    _RUNTIME = _knobs.runtime
+except Exception:  # pragma: no cover - older Triton: no fast path
+    _RUNTIME = None
+
+
+def _fast_launch_supported() -> bool:
+    """The fast path is used only with Triton versions whose JIT launches exactly as replicated here
+    (3.4 - 3.9: ``CompiledKernel.run(g0, g1, g2, stream, function, packed_metadata, launch_metadata,
+    enter_hook, exit_hook, *all_args)``)."""
+    if not HAS_TRITON or INTERPRET or _RUNTIME is None or _get_stream is None:
+        return False
+    try:
+        major, minor = (int(p) for p in triton.__version__.split(".")[:2])
+    except ValueError:  # pragma: no cover
+        return False
+    return (3, 4) <= (major, minor) <= (3, 9)
+
+
+FAST_LAUNCH = _fast_launch_supported()
+
+
+def _wrap_triton(fn):
+    from torch.library import wrap_triton
+
+    return wrap_triton(fn)
+
+
+class Kernel:
+    """A Triton JIT kernel bound to one launch plan: a fixed grid and fixed constexpr / launch options.
+
+    ``Kernel(fn, grid, BLOCK=..., num_warps=...)(*runtime_args)`` launches ``fn[grid](*runtime_args,
+    **meta)``.  Runtime arguments are positional, in the kernel's order; the constexprs come from
+    ``meta``.  See the module docstring for what is cached and what the caller guarantees.
+    """
+
+    __slots__ = ("fn", "grid", "meta", "_bins", "_tidx", "_tail", "_names")
+
+    def __init__(self, fn: Any, grid: Sequence[int], **meta: Any) -> None:
+        self.fn = fn
+        g = tuple(int(x) for x in grid)
+        self.grid = g + (1,) * (3 - len(g))
+        self.meta = meta
+        self._bins: dict[tuple, tuple] = {}
+        self._tidx: tuple[int, ...] | None = None  # positions of tensor arguments
+        self._tail: tuple | None = None  # constexpr values appended after the runtime args
+        self._names = None
+
+    # -- Triton's own path (first call, interpreter, tracing) ---------------------------------------
+    def _slow(self, args: tuple) -> Any:
+        if type(args[0]) not in _PLAIN:  # FakeTensor / FunctionalTensor: shape propagation or tracing
+            if INTERPRET:  # the opaque op's fake kernel (see _register): nothing to launch
+                return None
+            return _wrap_triton(self.fn)[self.grid](*args, **self.meta)  # make_fx / Inductor see the launch
+        if INTERPRET:
+            # numpy warns on masked-out lanes (-inf - -inf, 0/0) that the kernel never stores: not ours to show.
+            import numpy as np
+
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                return self.fn[self.grid](*args, **self.meta)
+        return self.fn[self.grid](*args, **self.meta)
+
+    def _bind(self, args: tuple, key: tuple, compiled: Any) -> None:
+        """Keep ``compiled`` for launches whose tensor arguments have the dtypes/alignment of ``key``."""
+        if self._tail is None:
+            names = list(getattr(self.fn, "arg_names", ()))
+            n = len(args)
+            tail = []
+            for name in names[n:]:
+                if name not in self.meta:  # a defaulted runtime argument: not bound here
+                    return
+                tail.append(self.meta[name])
+            if any(name in self.meta for name in names[:n]):  # a constexpr before a runtime arg
+                return
+            self._tail = tuple(tail)
+        run = compiled.run  # the C launcher (loads the binary on first use)
+        self._bins[key] = (run, compiled.function, compiled.packed_metadata, compiled)
+
+    def _key(self, args: tuple) -> tuple | None:
+        tidx = self._tidx
+        if tidx is None:
+            tidx = self._tidx = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        key = []
+        for i in tidx:
+            t = args[i]
+            if type(t) not in _PLAIN or not t.is_cuda:
+                return None
+            key.append(t.dtype)
+            key.append(t.data_ptr() & 15 == 0)
+        return tuple(key)
+
+    def __call__(self, *args: Any) -> None:
+        if FAST_LAUNCH:
+            key = self._key(args)
+            if key is not None:
+                hit = self._bins.get(key)
+                if hit is not None:
+                    run, function, packed, compiled = hit
+                    g = self.grid
+                    stream = _get_stream(_get_device())
+                    enter = _RUNTIME.launch_enter_hook
+                    if enter is None:
+                        run(g[0], g[1], g[2], stream, function, packed, None, None, None, *args, *self._tail)
+                    else:  # a profiler is listening: give it what Triton gives it
+                        full = args + self._tail
+                        meta = compiled.launch_metadata(g, stream, *full)
+                        run(g[0], g[1], g[2], stream, function, packed, meta, enter, _RUNTIME.launch_exit_hook, *full)
+                    return
+                compiled = self.fn[self.grid](*args, **self.meta)
+                if compiled is not None and hasattr(compiled, "packed_metadata"):
+                    self._bind(args, key, compiled)
+                return
+        self._slow(args)
+
+
+# ==================================================================================================
+# Registration
+# ==================================================================================================
+def _register(name: str, fn: Callable) -> Any:
+    """``fn`` (annotated; every launch through :class:`Kernel`) as the op ``fused_layers::<name>``."""
+    qualname = f"fused_layers::{name}"
+    if INTERPRET or not HAS_TRITON:
+        # Under the interpreter Inductor cannot emit the kernels (CPU): an opaque op whose fake kernel is
+        # the launcher itself (on fake tensors its launches do nothing, see Kernel._slow).
+        op = torch.library.custom_op(qualname, fn, mutates_args=())
+        op.register_fake(fn)
+        return op
+    return torch.library.triton_op(qualname, fn, mutates_args=())
+
+
+class FusedOp:
+    """Launchers -> custom ops + autograd + eager fast path, for one op.
+
+    Args:
+        name: op name; registers ``fused_layers::<name>_fwd`` and ``fused_layers::<name>_bwd``.
+        forward: ``forward(*inputs) -> Tensor | tuple[Tensor, ...]``, fully annotated (the op schema is
+            inferred from it); the first output is the op's result, the others (saved statistics) are
+            non-differentiable.
+        backward: ``backward(...) -> Tensor | tuple[Tensor, ...]``, annotated; called by ``grads``.
+        setup_context: ``setup_context(ctx, inputs, outputs)``: save what the backward needs
+            (``ctx.save_for_backward`` and attributes); ``outputs`` is always a tuple.
+        grads: ``grads(ctx, backward, grad_out) -> tuple`` (one entry per input): run ``backward`` (the op
+            under torch.compile, the launcher in eager) on the saved values and ``grad_out``, the gradient
+            of the first output.
+        eager_forward / eager_backward: optional launcher variants for the eager path (same results, but
+            free to return ``None`` where the op must return an empty placeholder tensor).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        forward: Callable,
+        backward: Callable,
+        setup_context: Callable,
+        grads: Callable,
+        eager_forward: Callable | None = None,
+        eager_backward: Callable | None = None,
+    ) -> None:
+        self.name = name
+        self.forward = eager_forward or forward
+        self.backward = eager_backward or backward
+        self.fwd_op = _register(f"{name}_fwd", forward)
+        self.bwd_op = _register(f"{name}_bwd", backward)
+        bwd_op = self.bwd_op
+
+        def _setup(ctx, inputs, output):
+            outs = output if isinstance(output, tuple) else (output,)
+            if len(outs) > 1:
+                ctx.mark_non_differentiable(*outs[1:])
+            setup_context(ctx, inputs, outs)
+
+        def _backward(ctx, *grad_outputs):
+            return grads(ctx, bwd_op, grad_outputs[0])
+
+        self.fwd_op.register_autograd(_backward, setup_context=_setup)
+
+        eager_fwd, eager_bwd = self.forward, self.backward
+
+        class _Function(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *inputs):
+                outs = eager_fwd(*inputs)
+                if not isinstance(outs, tuple):
+                    outs = (outs,)
+                setup_context(ctx, inputs, outs)
+                return outs[0]
+
+            @staticmethod
+            def backward(ctx, grad_out):
+                return grads(ctx, eager_bwd, grad_out)
+
+        _Function.__name__ = _Function.__qualname__ = f"{name.title().replace('_', '')}Function"
+        self.function = _Function
+
+    def __call__(self, *inputs: Any, needs_grad: bool) -> torch.Tensor:
+        """The op's result: the registered op while Dynamo traces, else the eager direct path."""
+        if is_compiling():
+            out = self.fwd_op(*inputs)
+            return out[0] if isinstance(out, (tuple, list)) else out
+        if needs_grad:
+            return self.function.apply(*inputs)
+        out = self.forward(*inputs)
+        return out[0] if type(out) is tuple else out
