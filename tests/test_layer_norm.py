@@ -329,7 +329,7 @@ def test_launch_plan_cache(device):
     assert p2 is not p1 and p2.ints == (5, 37, 64) and not p2.copy
     with config_override("layer_norm", **WIDE):
         p3 = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, 1, False, False, False)
-        assert p3 is not p1 and p3.meta["BLOCK_N"] == 16
+        assert p3 is not p1 and p3.kernel.meta["BLOCK_N"] == 16
         y3 = fused_layer_norm(x, 37)
     for y, inp in ((fused_layer_norm(x, 37), x), (fused_layer_norm(xs, 37), xs), (y3, x)):
         torch.testing.assert_close(y.double(), layer_norm_reference(inp.double(), (37,)), atol=1e-5, rtol=1e-5)
@@ -376,12 +376,13 @@ def test_opcheck(device):
     x = torch.randn(3, 20, device=device, requires_grad=True)
     w = torch.randn(20, device=device, requires_grad=True)
     b = torch.randn(20, device=device, requires_grad=True)
-    torch.library.opcheck(ln_ops._norm_fwd_op, (x, w, b, 1, 1e-5, False))
-    torch.library.opcheck(ln_ops._norm_fwd_op, (x, w, None, 1, 1e-6, True))
-    y, mean, rstd = ln_ops._norm_fwd_op(x.detach(), w.detach(), b.detach(), 1, 1e-5, False)
+    fwd, bwd = ln_ops.norm_op.fwd_op, ln_ops.norm_op.bwd_op
+    torch.library.opcheck(fwd, (x, w, b, 1, 1e-5, False))
+    torch.library.opcheck(fwd, (x, w, None, 1, 1e-6, True))
+    y, stats = fwd(x.detach(), w.detach(), b.detach(), 1, 1e-5, False)
     dy = torch.randn_like(y)
     torch.library.opcheck(
-        ln_ops._norm_bwd_op, (dy, x.detach(), w.detach(), b.detach(), mean, rstd, 1, False),
+        bwd, (dy, x.detach(), w.detach(), b.detach(), stats, 1, False),
         test_utils=("test_schema", "test_faketensor"),
     )
 

@@ -83,6 +83,7 @@ from ._common import (
     check_float_dtype,
     check_same_device,
     check_tensor,
+    concrete,
     config_override,  # noqa: F401  (re-exported for tests: config_override("layer_norm", ...))
     get_override,
     is_compiling,
@@ -90,6 +91,7 @@ from ._common import (
     override_epoch,
     use_fallback,
 )
+from ._library import FusedOp, Kernel
 
 _LN = "fused_layer_norm"
 _RMS = "fused_rms_norm"
@@ -105,8 +107,8 @@ def _norm_fwd_kernel(
     Y,  # pointer to the output, [M, N] contiguous (row stride N)
     W,  # pointer to the weight [N] (unused unless HAS_W)
     B,  # pointer to the bias [N] (unused unless HAS_B)
-    MEAN,  # pointer to the float32 row means [M] (written unless IS_RMS)
-    RSTD,  # pointer to the float32 row 1/std [M] (written)
+    MEAN,  # pointer to the float32 statistics: row means at [0, M) (written unless IS_RMS)
+    RSTD,  # pointer to the same buffer: row 1/std at [M, 2M) (RMSNorm: at [0, M)) (written)
     M,  # number of rows
     N,  # row width
     sx,  # row stride of X (elements)
@@ -118,6 +120,8 @@ def _norm_fwd_kernel(
     BLOCK_N: tl.constexpr,  # next power of two >= N: the whole row in one tile
 ):
     """Single-block forward: each program normalizes BLOCK_M full rows held in registers."""
+    if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
+        RSTD = RSTD + M
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -162,6 +166,8 @@ def _norm_fwd_loop_kernel(
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
 ):
     """Wide-row forward: one program per row; Welford pass over chunks, then a normalize pass."""
+    if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
+        RSTD = RSTD + M
     row = tl.program_id(0).to(tl.int64)
     xb = X + row * sx
     yb = Y + row * N
@@ -224,9 +230,9 @@ def _norm_bwd_kernel(
     DY,  # pointer to the incoming gradient, [M, N], row stride sdy, unit column stride
     DX,  # pointer to the input gradient (written), [M, N] contiguous
     W,  # pointer to the weight [N] (unused unless HAS_W)
-    MEAN, RSTD,  # pointers to the float32 [M] row statistics from the forward (MEAN unused if IS_RMS)
-    DWP,  # pointer to the float32 [G, N] partial dW rows (written unless not HAS_W)
-    DBP,  # pointer to the float32 [G, N] partial dB rows (written unless not HAS_B)
+    MEAN, RSTD,  # pointers to the float32 statistics buffer of the forward (layout as in _norm_fwd_kernel)
+    DWP,  # pointer to the float32 partials: [G, N] dW rows (written if HAS_W), then [G, N] dB rows
+    DBP,  # the same pointer (dB rows follow the dW rows when HAS_W; written if HAS_B)
     M, N, sx, sdy,
     ROWS_PER_PROG,  # rows owned by each program (contiguous group)
     IS_RMS: tl.constexpr,
@@ -236,6 +242,10 @@ def _norm_bwd_kernel(
     BLOCK_N: tl.constexpr,  # next power of two >= N
 ):
     """Single-block backward: dx per row in one pass; dW/dB partial sums over this program's rows."""
+    if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
+        RSTD = RSTD + M
+    if HAS_W:  # one float32 partials buffer: G rows of dW, then G rows of dB
+        DBP = DBP + tl.num_programs(0).to(tl.int64) * N
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -284,12 +294,15 @@ def _norm_bwd_kernel(
 def _norm_bwd_rowstats_kernel(
     X, DY, W, MEAN, RSTD,  # as in _norm_bwd_kernel
     C,  # pointer to float32 [M, 2]: (c1, c2) per row (written)
+    M,  # number of rows (locates RSTD in the statistics buffer)
     N, sx, sdy,
     IS_RMS: tl.constexpr,
     HAS_W: tl.constexpr,
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
 ):
     """Wide-row backward pass 1: c1 = sum(g * xhat) / N and c2 = sum(g) / N for one row."""
+    if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
+        RSTD = RSTD + M
     row = tl.program_id(0).to(tl.int64)
     xb = X + row * sx
     db = DY + row * sdy
@@ -327,6 +340,10 @@ def _norm_bwd_loop_kernel(
     BLOCK_N: tl.constexpr,  # column chunk
 ):
     """Wide-row backward pass 2: column chunks outside, the program's rows inside; dx + dW/dB partials."""
+    if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
+        RSTD = RSTD + M
+    if HAS_W:  # one float32 partials buffer: G rows of dW, then G rows of dB
+        DBP = DBP + tl.num_programs(0).to(tl.int64) * N
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row_start = pid.to(tl.int64) * ROWS_PER_PROG  # 64-bit: the row index below is used in offsets
@@ -370,7 +387,7 @@ def _norm_bwd_loop_kernel(
 
 @triton.jit
 def _norm_reduce_partials_kernel(
-    DWP, DBP,  # pointers to the float32 [G, N] partial rows (DBP unused unless HAS_B, DWP unless HAS_W)
+    DWP, DBP,  # the float32 partials buffer twice: [G, N] dW rows (if HAS_W), then [G, N] dB rows (if HAS_B)
     DW, DB,  # pointers to dW [N], dB [N] in the parameters' dtypes (written)
     G, N,
     HAS_W: tl.constexpr,
@@ -379,6 +396,8 @@ def _norm_reduce_partials_kernel(
     BLOCK_N: tl.constexpr,  # columns per program
 ):
     """Sum the G partial rows column-wise in a fixed order (deterministic), cast, store."""
+    if HAS_W:  # one buffer: G rows of dW partials, then G rows of dB partials
+        DBP = DBP + G.to(tl.int64) * N
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -563,18 +582,18 @@ def _as_rows(t: torch.Tensor, k: int) -> tuple[torch.Tensor, int, int, int]:
 # --------------------------------------------------------------------------------------------------
 # Launch plans.  Everything a launch needs that depends only on (shape, strides, dtype, k, which
 # parameters exist, the norm, the config overrides and, for the backward, the device's SM count) is
-# computed once and cached, so that a call is: cheap checks, one dict lookup, allocate outputs, launch.
+# computed once and cached with its bound kernels (ops/_library.Kernel), so that a call is: cheap
+# checks, one dict lookup, allocate outputs, launch.
 # --------------------------------------------------------------------------------------------------
 _MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
 
 
 class _FwdPlan:
-    __slots__ = ("m", "copy", "launch", "ints", "meta")
+    __slots__ = ("m", "nstats", "copy", "kernel", "ints")
 
 
 class _BwdPlan:
-    __slots__ = ("m", "n", "g", "copy_x", "copy_dy", "single", "launch", "ints", "meta",
-                 "stats_launch", "stats_meta", "reduce_launch", "reduce_meta")
+    __slots__ = ("m", "n", "g", "copy_x", "copy_dy", "kernel", "ints", "nparts", "stats_kernel", "reduce_kernel")
 
 
 _FWD_PLANS: dict[tuple, _FwdPlan] = {}
@@ -584,24 +603,26 @@ _BWD_PLANS: dict[tuple, _BwdPlan] = {}
 def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k: int,
               has_w: bool, has_b: bool, is_rms: bool) -> _FwdPlan:
     key = (shape, stride, dtype, k, has_w, has_b, is_rms, override_epoch())
-    plan = _FWD_PLANS.get(key)
+    try:
+        plan = _FWD_PLANS.get(key)
+    except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
+        return _fwd_plan(concrete(shape), concrete(stride), dtype, k, has_w, has_b, is_rms)
     if plan is not None:
         return plan
     m, n, sx = _row_layout(shape, stride, k)
     plan = _FwdPlan()
     plan.m, plan.copy = m, sx is None
-    plan.launch = plan.ints = plan.meta = None
+    plan.nstats = m if is_rms else 2 * m
+    plan.kernel = plan.ints = None
     if m * n > 0:  # empty tensors launch nothing
         n_pow2 = next_power_of_2(n)
         single, block, warps = _fwd_config(n_pow2, dtype.itemsize)
         plan.ints = (m, n, n if sx is None else sx)
-        plan.meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, num_warps=warps)
+        meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, num_warps=warps)
         if single:
-            plan.launch = _norm_fwd_kernel[(triton.cdiv(m, block),)]
-            plan.meta.update(BLOCK_M=block, BLOCK_N=n_pow2)
+            plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
         else:
-            plan.launch = _norm_fwd_loop_kernel[(m,)]
-            plan.meta.update(BLOCK_N=min(block, n_pow2))
+            plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), BLOCK_N=min(block, n_pow2), **meta)
     if len(_FWD_PLANS) >= _MAX_PLANS:
         _FWD_PLANS.clear()
     _FWD_PLANS[key] = plan
@@ -611,7 +632,11 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
 def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int, ...], dtype: torch.dtype,
               k: int, has_w: bool, has_b: bool, is_rms: bool, device_index: int) -> _BwdPlan:
     key = (shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, override_epoch())
-    plan = _BWD_PLANS.get(key)
+    try:
+        plan = _BWD_PLANS.get(key)
+    except TypeError:  # symbolic sizes: plan for their values
+        return _bwd_plan(concrete(shape), concrete(x_stride), concrete(dy_stride), dtype, k, has_w, has_b, is_rms,
+                         device_index)
     if plan is not None:
         return plan
     m, n, sx = _row_layout(shape, x_stride, k)
@@ -629,25 +654,24 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     if single:  # round up so every program's tiles start on its own rows
         rows_per_prog = triton.cdiv(rows_per_prog, block) * block
     g = triton.cdiv(m, rows_per_prog)  # every program owns >= 1 row, so every partial row is written
-    plan.g, plan.single = g, single
+    plan.g = g
+    plan.nparts = (int(has_w) + int(has_b)) * g * n
     plan.ints = (m, n, sx, sdy, rows_per_prog)
-    plan.meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, num_warps=warps)
-    plan.stats_launch = plan.stats_meta = None
+    meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, num_warps=warps)
+    plan.stats_kernel = None
     if single:
-        plan.launch = _norm_bwd_kernel[(g,)]
-        plan.meta.update(BLOCK_M=block, BLOCK_N=n_pow2)
+        plan.kernel = Kernel(_norm_bwd_kernel, (g,), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
     else:
         chunk = min(block, n_pow2)
-        plan.launch = _norm_bwd_loop_kernel[(g,)]
-        plan.meta.update(BLOCK_N=chunk)
-        plan.stats_launch = _norm_bwd_rowstats_kernel[(m,)]
-        plan.stats_meta = dict(IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk, num_warps=warps)
-    plan.reduce_launch = plan.reduce_meta = None
+        plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), BLOCK_N=chunk, **meta)
+        plan.stats_kernel = Kernel(_norm_bwd_rowstats_kernel, (m,), IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk,
+                                   num_warps=warps)
+    plan.reduce_kernel = None
     if has_w or has_b:
         red_n = min(get_override(_CFG, "reduce_block_n", 256), n_pow2)
         red_g = min(get_override(_CFG, "reduce_block_g", 32), next_power_of_2(g))
-        plan.reduce_launch = _norm_reduce_partials_kernel[(triton.cdiv(n, red_n),)]
-        plan.reduce_meta = dict(HAS_W=has_w, HAS_B=has_b, BLOCK_G=red_g, BLOCK_N=red_n, num_warps=4)
+        plan.reduce_kernel = Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), HAS_W=has_w, HAS_B=has_b,
+                                    BLOCK_G=red_g, BLOCK_N=red_n, num_warps=4)
     if len(_BWD_PLANS) >= _MAX_PLANS:
         _BWD_PLANS.clear()
     _BWD_PLANS[key] = plan
@@ -661,21 +685,24 @@ def norm_forward(
     k: int,
     eps: float,
     is_rms: bool,
-) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
-    """Launch the forward over the last ``k`` dims; returns (y contiguous, mean [M] (RMS: None), rstd [M])."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward over the last ``k`` dims.
+
+    Returns (y contiguous, stats): stats is one float32 buffer holding the row means [0, M) then the row
+    1/std [M, 2M) (RMSNorm: 1/std only, [M]); the backward takes it as is.
+    """
     plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms)
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    rstd = x.new_empty((plan.m,), dtype=torch.float32)
-    mean = None if is_rms else x.new_empty((plan.m,), dtype=torch.float32)
-    if plan.launch is None:
-        return y, mean, rstd
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    stats = torch.empty((plan.nstats,), dtype=torch.float32, device=x.device)
+    if plan.kernel is None:
+        return y, stats
     if plan.copy:
         x = x.contiguous()
     # Missing parameters: any pointer does (HAS_W / HAS_B are constexpr False, never dereferenced).
     w = x if weight is None else weight.contiguous()
     b = x if bias is None else bias.contiguous()
-    plan.launch(x, y, w, b, rstd if mean is None else mean, rstd, *plan.ints, eps, **plan.meta)
-    return y, mean, rstd
+    plan.kernel(x, y, w, b, stats, stats, *plan.ints, eps)
+    return y, stats
 
 
 def norm_backward(
@@ -683,18 +710,18 @@ def norm_backward(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
     bias: Optional[torch.Tensor],
-    mean: Optional[torch.Tensor],
-    rstd: torch.Tensor,
+    stats: torch.Tensor,
     k: int,
     is_rms: bool,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Launch the backward; returns (dx, dw, db), dw / db None when there is no weight / bias.
 
-    Allocations: dx, dw, db (no fill: every element is written), the float32 [G, N] partial rows of
-    dW / dB (no fill: each of the G programs writes its row) and, for wide rows, the [M, 2] row terms.
+    Allocations: dx, dw, db (no fill: every element is written), one float32 buffer of the G partial
+    rows of dW then dB (no fill: each of the G programs writes its rows) and, for wide rows, the [M, 2]
+    row terms.  Launches: the dx + partials kernel and the fixed-order reduction of the partials.
     """
     has_w, has_b = weight is not None, bias is not None
-    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:  # no rows: the parameter gradients are sums over nothing
         dw = torch.zeros_like(weight, memory_format=torch.contiguous_format) if has_w else None
         db = torch.zeros_like(bias, memory_format=torch.contiguous_format) if has_b else None
@@ -707,103 +734,63 @@ def norm_backward(
     if plan.copy_dy:
         dy = dy.contiguous()
     w = x if weight is None else weight.contiguous()
-    mean_arg = rstd if is_rms else mean
-    # Buffers of missing gradients are never dereferenced (constexpr HAS_W / HAS_B): pass rstd.
-    dwp = x.new_empty((plan.g, plan.n), dtype=torch.float32) if has_w else rstd
-    dbp = x.new_empty((plan.g, plan.n), dtype=torch.float32) if has_b else rstd
-    if plan.single:
-        plan.launch(x, dy, dx, w, mean_arg, rstd, dwp, dbp, *plan.ints, **plan.meta)
+    # Buffers of missing gradients are never dereferenced (constexpr HAS_W / HAS_B): pass stats.
+    parts = torch.empty((plan.nparts,), dtype=torch.float32, device=x.device) if plan.nparts else stats
+    if plan.stats_kernel is None:
+        plan.kernel(x, dy, dx, w, stats, stats, parts, parts, *plan.ints)
     else:
         m, n, sx, sdy, _ = plan.ints
-        cbuf = x.new_empty((m, 2), dtype=torch.float32)
-        plan.stats_launch(x, dy, w, mean_arg, rstd, cbuf, n, sx, sdy, **plan.stats_meta)
-        plan.launch(x, dy, dx, w, mean_arg, rstd, dwp, dbp, cbuf, *plan.ints, **plan.meta)
-    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if has_w else None
-    db = torch.empty_like(bias, memory_format=torch.contiguous_format) if has_b else None
-    if plan.reduce_launch is not None:
-        plan.reduce_launch(dwp, dbp, dx if dw is None else dw, dx if db is None else db, plan.g, plan.n,
-                           **plan.reduce_meta)
+        cbuf = torch.empty((m, 2), dtype=torch.float32, device=x.device)
+        plan.stats_kernel(x, dy, w, stats, stats, cbuf, m, n, sx, sdy)
+        plan.kernel(x, dy, dx, w, stats, stats, parts, parts, cbuf, *plan.ints)
+    dw = torch.empty(weight.shape, dtype=weight.dtype, device=x.device) if has_w else None
+    db = torch.empty(bias.shape, dtype=bias.dtype, device=x.device) if has_b else None
+    if plan.reduce_kernel is not None:
+        plan.reduce_kernel(parts, parts, dx if dw is None else dw, dx if db is None else db, plan.g, plan.n)
     return dx, dw, db
 
 
 # ==================================================================================================
-# Registration: custom ops (torch.compile) and the eager direct path
+# Registration (ops/_library.py): custom ops for torch.compile, autograd, the eager direct path
 # ==================================================================================================
-def _empty_f32(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((0,), dtype=torch.float32)
-
-
-@torch.library.custom_op("fused_layers::norm_fwd", mutates_args=())
-def _norm_fwd_op(
+def _norm_fwd(
     x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], k: int, eps: float, is_rms: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    y, mean, rstd = norm_forward(x, weight, bias, k, eps, is_rms)
-    return y, (_empty_f32(x) if mean is None else mean), rstd
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return norm_forward(x, weight, bias, k, eps, is_rms)
 
 
-@_norm_fwd_op.register_fake
-def _(x, weight, bias, k, eps, is_rms):
-    m = math.prod(x.shape[: x.dim() - k])
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean = torch.empty((0 if is_rms else m,), dtype=torch.float32, device=x.device)
-    return y, mean, torch.empty((m,), dtype=torch.float32, device=x.device)
+def _empty_f32(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty((0,), dtype=torch.float32, device=x.device)
 
 
-@torch.library.custom_op("fused_layers::norm_bwd", mutates_args=())
-def _norm_bwd_op(
+def _norm_bwd(
     dy: torch.Tensor,
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
     bias: Optional[torch.Tensor],
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
+    stats: torch.Tensor,
     k: int,
     is_rms: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = norm_backward(dy, x, weight, bias, mean, rstd, k, is_rms)
+    """The backward as an op (its outputs must be tensors: a missing parameter gets an empty one)."""
+    dx, dw, db = norm_backward(dy, x, weight, bias, stats, k, is_rms)
     return dx, (_empty_f32(x) if dw is None else dw), (_empty_f32(x) if db is None else db)
 
 
-@_norm_bwd_op.register_fake
-def _(dy, x, weight, bias, mean, rstd, k, is_rms):
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dw = torch.empty(weight.shape if weight is not None else (0,), dtype=weight.dtype if weight is not None else torch.float32, device=x.device)
-    db = torch.empty(bias.shape if bias is not None else (0,), dtype=bias.dtype if bias is not None else torch.float32, device=x.device)
-    return dx, dw, db
-
-
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, outputs):
     x, weight, bias, k, _eps, is_rms = inputs
-    _y, mean, rstd = output
     ctx.k, ctx.is_rms = k, is_rms
     ctx.has_w, ctx.has_b = weight is not None, bias is not None
-    ctx.save_for_backward(x, weight, bias, mean, rstd)
+    ctx.save_for_backward(x, weight, bias, outputs[1])
 
 
-def _backward(ctx, dy, _dmean, _drstd):
-    x, weight, bias, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _norm_bwd_op(dy, x, weight, bias, mean, rstd, ctx.k, ctx.is_rms)
+def _grads(ctx, backward, dy):
+    x, weight, bias, stats = ctx.saved_tensors
+    dx, dw, db = backward(dy, x, weight, bias, stats, ctx.k, ctx.is_rms)
     return dx, (dw if ctx.has_w else None), (db if ctx.has_b else None), None, None, None
 
 
-_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _NormFunction(torch.autograd.Function):
-    """Eager direct path: the same launchers without the custom-op dispatcher's per-call cost."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, k, eps, is_rms):
-        y, mean, rstd = norm_forward(x, weight, bias, k, eps, is_rms)
-        ctx.k, ctx.is_rms = k, is_rms
-        ctx.save_for_backward(x, weight, bias, mean, rstd)  # mean is None for RMSNorm
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, bias, mean, rstd = ctx.saved_tensors
-        dx, dw, db = norm_backward(dy, x, weight, bias, mean, rstd, ctx.k, ctx.is_rms)
-        return dx, dw, db, None, None, None
+norm_op = FusedOp("norm", _norm_fwd, _norm_bwd, _setup_context, _grads, eager_backward=norm_backward)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -946,13 +933,10 @@ def _validate(op: str, x, normalized_shape, weight, bias) -> tuple[tuple[int, ..
 
 
 def _dispatch(x, weight, bias, k, eps, is_rms):
-    if is_compiling():
-        return _norm_fwd_op(x, weight, bias, k, eps, is_rms)[0]
-    if torch.is_grad_enabled() and (
+    needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad)
-    ):
-        return _NormFunction.apply(x, weight, bias, k, eps, is_rms)
-    return norm_forward(x, weight, bias, k, eps, is_rms)[0]
+    )
+    return norm_op(x, weight, bias, k, eps, is_rms, needs_grad=needs_grad)
 
 
 def fused_layer_norm(
