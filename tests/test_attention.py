@@ -21,8 +21,7 @@ from fused_layers import (
 )
 from fused_layers.ops import _common
 from fused_layers.ops.attention import (
-    _attention_bwd_op,
-    _attention_fwd_op,
+    attention_op,
     attention_reference,
     attention_varlen_reference,
     config_override,
@@ -203,10 +202,10 @@ def test_opcheck(device):
         t.requires_grad_()
     kb = torch.zeros(1, 2, 12, device=device)
     args = (q, k, v, kb, None, None, 9, 12, True, 0.25)
-    torch.library.opcheck(_attention_fwd_op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
-    out, lse = _attention_fwd_op(*[a.detach() if isinstance(a, torch.Tensor) else a for a in args])
+    torch.library.opcheck(attention_op.fwd_op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    out, lse = attention_op.fwd_op(*[a.detach() if isinstance(a, torch.Tensor) else a for a in args])
     bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, kb, None, None, 9, 12, True, 0.25)
-    torch.library.opcheck(_attention_bwd_op, bwd_args, test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(attention_op.bwd_op, bwd_args, test_utils=("test_schema", "test_faketensor"))
 
 
 @pytest.mark.slow

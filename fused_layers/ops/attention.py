@@ -75,11 +75,13 @@ from ._common import (
     check_tensor,
     config_override,  # noqa: F401  (re-exported for tests: config_override("attention", block_m=16, ...))
     get_override,
-    is_compiling,
+    override_epoch,
+    concrete,
     next_power_of_2,
     use_fallback,
     warn_once,
 )
+from ._library import FusedOp, Kernel
 
 _OP = "fused_attention"
 LOG2E = 1.4426950408889634
@@ -707,17 +709,16 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _alloc_like(t: torch.Tensor, shape=None) -> torch.Tensor:
-    """A new dense tensor of ``shape`` (default t's) whose dims are ordered in memory like ``t``'s.
+def _memory_order(stride) -> tuple[int, ...]:
+    """Dims ordered outermost first by stride (ties: lower dim outer): how to lay out a look-alike."""
+    return tuple(sorted(range(len(stride)), key=lambda i: (-stride[i], i)))
 
-    Keeps (B, S, H, D)-major layouts (a transposed or split projection) so that the caller's reshape back
-    to (B, S, E) is a view. Deterministic from t's strides (the fake registration relies on it).
-    """
-    shape = tuple(t.shape) if shape is None else tuple(shape)
-    order = sorted(range(t.dim()), key=lambda i: (-t.stride(i), i))  # outermost first
-    phys = torch.empty([shape[i] for i in order], dtype=t.dtype, device=t.device)
-    inv = [order.index(i) for i in range(t.dim())]
-    return phys.permute(inv)
+
+def _alloc_ordered(shape, order, dtype, device) -> torch.Tensor:
+    phys = torch.empty([shape[i] for i in order], dtype=dtype, device=device)
+    if order == tuple(range(len(order))):
+        return phys
+    return phys.permute([order.index(i) for i in range(len(order))])
 
 
 def _dims(q, k, cu_q):
@@ -728,11 +729,11 @@ def _dims(q, k, cu_q):
     return cu_q.numel() - 1, q.shape[1], k.shape[1], 0, 0, q.shape[2]
 
 
-def _strides4(t, varlen):
+def _strides4(stride, varlen):
     """(batch, head, seq, dim) strides; packed (total, H, D) tensors get batch stride 0."""
     if varlen:
-        return 0, t.stride(1), t.stride(0), t.stride(2)
-    return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+        return 0, stride[1], stride[0], stride[2]
+    return tuple(stride)
 
 
 def _lse_shape(q, cu_q):
@@ -741,167 +742,211 @@ def _lse_shape(q, cu_q):
     return (q.shape[1], q.shape[0])
 
 
-def _lse_strides(lse, varlen):
-    return (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return tuple(reversed(out))
 
 
-def _kb_strides(kb):
-    return (0, 0, 0) if kb is None else (kb.stride(0), kb.stride(1), kb.stride(2))
+def _permuted_stride(shape, order) -> tuple[int, ...]:
+    """Strides of ``_alloc_ordered(shape, order)``."""
+    phys = _contiguous_stride([shape[i] for i in order])
+    st = [0] * len(shape)
+    for pos, dim in enumerate(order):
+        st[dim] = phys[pos]
+    return tuple(st)
 
 
-def _common(q, k, kb, cu_q, cu_k, max_q, max_k):
-    varlen = cu_q is not None
-    B, H, HKV, SQ, SK, D = _dims(q, k, cu_q)
+# --------------------------------------------------------------------------------------------------
+# Launch plans: everything but the tensors and the scale, from (shapes, strides, dtype, mask layout,
+# varlen bounds, causal, tf32 setting, override epoch), computed once with the bound kernels.
+# --------------------------------------------------------------------------------------------------
+class _FwdPlan:
+    __slots__ = ("empty", "order", "lse_shape", "kernel", "ints", "tuned", "grid_bh", "meta")
+
+
+class _BwdPlan:
+    __slots__ = ("empty", "zero", "orders", "pre", "pre_ints", "dkdv", "dkdv_ints", "dq", "dq_ints", "tuned",
+                 "meta", "grids")
+
+
+_FWD_PLANS: dict[tuple, _FwdPlan] = {}
+_BWD_PLANS: dict[tuple, _BwdPlan] = {}
+_MAX_PLANS = 4096
+
+
+def _fwd_plan(key) -> _FwdPlan:
+    (qs, qst, ks, kst, vst, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, _epoch) = key
+    plan = _FwdPlan()
     if varlen:
+        B, H, HKV, D = nb - 1, qs[1], ks[1], qs[2]
         SQ, SK = max_q, max_k
-    block_d = max(16, next_power_of_2(D))
-    dummy = q  # any pointer for the unused KB / CU arguments (never read: constexpr-guarded)
-    return dict(
-        varlen=varlen, B=B, H=H, HKV=HKV, SQ=SQ, SK=SK, D=D, block_d=block_d,
-        kb=kb if kb is not None else dummy,
-        cu_q=cu_q if varlen else dummy,
-        cu_k=cu_k if varlen else dummy,
-    )
-
-
-def attention_forward(q, k, v, kb, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float):
-    """Launch the forward. Returns (out laid out like q, fp32 base-2 LSE [B, H, Sq] or [H, total_q])."""
-    c = _common(q, k, kb, cu_q, cu_k, max_q, max_k)
-    out = _alloc_like(q)
-    lse = torch.empty(_lse_shape(q, cu_q), dtype=torch.float32, device=q.device)
-    if out.numel() == 0 or c["SQ"] == 0:
-        return out, lse
-    B, H, SQ, SK, D, bd = c["B"], c["H"], c["SQ"], c["SK"], c["D"], c["block_d"]
-    args = (
-        q, k, v, out, lse, c["kb"], c["cu_q"], c["cu_k"], scale * LOG2E,
-        *_strides4(q, c["varlen"]), *_strides4(k, c["varlen"]), *_strides4(v, c["varlen"]), *_strides4(out, c["varlen"]),
-        *_lse_strides(lse, c["varlen"]), *_kb_strides(kb),
-        H, H // c["HKV"], SQ, SK, D,
-    )
-    meta = dict(
-        VARLEN=c["varlen"], CAUSAL=causal, HAS_KB=kb is not None, BLOCK_D=bd, EVEN_D=D == bd,
-        INPUT_PRECISION=_input_precision(q.dtype),
-    )
-    fixed = _config("fwd", bd, causal, q.dtype)
-    if fixed is not None:
-        grid = (triton.cdiv(SQ, fixed["BLOCK_M"]), B * H)
-        _attn_fwd_kernel[grid](*args, **meta, **fixed)
+        lse_shape = (qs[1], qs[0])
     else:
-        grid = lambda META: (triton.cdiv(SQ, META["BLOCK_M"]), B * H)  # noqa: E731
-        _fwd_tuned[grid](*args, **meta)
+        B, H, SQ, D = qs
+        HKV, SK = ks[1], ks[2]
+        lse_shape = (qs[0], qs[1], qs[2])
+    plan.order = _memory_order(qst)
+    plan.lse_shape = lse_shape
+    plan.empty = math.prod(qs) == 0 or SQ == 0
+    ost = _permuted_stride(qs, plan.order)
+    lst = _contiguous_stride(lse_shape)
+    lse_st = (0, lst[0]) if varlen else (lst[0], lst[1])
+    bd = max(16, next_power_of_2(D))
+    plan.ints = (
+        *_strides4(qst, varlen), *_strides4(kst, varlen), *_strides4(vst, varlen), *_strides4(ost, varlen),
+        *lse_st, *(kbst or (0, 0, 0)), H, H // HKV, SQ, SK, D,
+    )
+    plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
+                     INPUT_PRECISION=prec)
+    plan.grid_bh = B * H
+    fixed = _config("fwd", bd, causal, dtype)
+    plan.tuned = fixed is None
+    plan.kernel = None
+    if fixed is not None and not plan.empty:
+        plan.kernel = Kernel(_attn_fwd_kernel, (triton.cdiv(SQ, fixed["BLOCK_M"]), B * H), **plan.meta, **fixed)
+    return plan
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: torch.Tensor | None,
+                      cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, causal: bool,
+                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward. Returns (out laid out like q, fp32 base-2 LSE [B, H, Sq] or [H, total_q])."""
+    varlen = cu_q is not None
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, None if kb is None else kb.stride(),
+           varlen, cu_q.shape[0] if varlen else 0, max_q, max_k, causal,
+           _input_precision(q.dtype), override_epoch())
+    try:
+        plan = _FWD_PLANS.get(key)
+    except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
+        key = tuple(concrete(e) if isinstance(e, (tuple, torch.Size)) else e for e in key)
+        plan = None
+    if plan is None:
+        plan = _fwd_plan(key)
+        if len(_FWD_PLANS) >= _MAX_PLANS:
+            _FWD_PLANS.clear()
+        _FWD_PLANS[key] = plan
+    out = _alloc_ordered(q.shape, plan.order, q.dtype, q.device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
+    if plan.empty:
+        return out, lse
+    args = (q, k, v, out, lse, q if kb is None else kb, cu_q if varlen else q, cu_k if varlen else q,
+            scale * LOG2E, *plan.ints)
+    if plan.kernel is not None:
+        plan.kernel(*args)
+    else:  # FUSED_LAYERS_ATTENTION_AUTOTUNE=1: the autotuner picks BLOCK_M
+        sq = plan.ints[-3]
+        _fwd_tuned[lambda META: (triton.cdiv(sq, META["BLOCK_M"]), plan.grid_bh)](*args, **plan.meta)
     return out, lse
 
 
-def attention_backward(do, q, k, v, out, lse, kb, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float):
+def _bwd_plan(key) -> _BwdPlan:
+    (qs, qst, ks, kst, vst, dost, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, _epoch) = key
+    plan = _BwdPlan()
+    if varlen:
+        B, H, HKV, D = nb - 1, qs[1], ks[1], qs[2]
+        SQ, SK = max_q, max_k
+        lse_shape = (qs[1], qs[0])
+    else:
+        B, H, SQ, D = qs
+        HKV, SK = ks[1], ks[2]
+        lse_shape = (qs[0], qs[1], qs[2])
+    plan.orders = (_memory_order(qst), _memory_order(kst), _memory_order(vst))
+    plan.empty = math.prod(qs) == 0 and math.prod(ks) == 0
+    plan.zero = SQ == 0 or SK == 0
+    dqst = _permuted_stride(qs, plan.orders[0])
+    dkst = _permuted_stride(ks, plan.orders[1])
+    dvst = _permuted_stride(ks[:-1] + (D,), plan.orders[2])
+    ost = dqst  # the forward's output is laid out like q
+    lst = _contiguous_stride(lse_shape)
+    lse_st = (0, lst[0]) if varlen else (lst[0], lst[1])
+    kb3 = kbst or (0, 0, 0)
+    bd = max(16, next_power_of_2(D))
+    pre_bm = 64 if not INTERPRET else 16
+    plan.pre = Kernel(_attn_bwd_preprocess, (triton.cdiv(SQ, pre_bm), B * H), VARLEN=varlen, BLOCK_M=pre_bm,
+                      BLOCK_D=bd)
+    plan.pre_ints = (*_strides4(ost, varlen), *_strides4(dost, varlen), *lse_st, H, SQ, D)
+    common = (*_strides4(qst, varlen), *_strides4(kst, varlen), *_strides4(vst, varlen), *_strides4(dost, varlen))
+    plan.dkdv_ints = (*common, *_strides4(dkst, varlen), *_strides4(dvst, varlen), *lse_st, *kb3,
+                      HKV, H // HKV, SQ, SK, D)
+    plan.dq_ints = (*common, *_strides4(dqst, varlen), *lse_st, *kb3, H, H // HKV, SQ, SK, D)
+    plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
+                     INPUT_PRECISION=prec)
+    plan.grids = (SQ, SK, B * H, B * HKV)
+    f_dkdv, f_dq = _config("dkdv", bd, causal, dtype), _config("dq", bd, causal, dtype)
+    plan.tuned = f_dkdv is None or f_dq is None
+    plan.dkdv = plan.dq = None
+    if not plan.tuned:
+        plan.dkdv = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV), **plan.meta, **f_dkdv)
+        plan.dq = Kernel(_attn_bwd_dq_kernel, (triton.cdiv(SQ, f_dq["BLOCK_M"]), B * H), **plan.meta, **f_dq)
+    return plan
+
+
+def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor, kb: torch.Tensor | None, cu_q: torch.Tensor | None,
+                       cu_k: torch.Tensor | None, max_q: int, max_k: int, causal: bool,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward. Returns (dq, dk, dv), each laid out like its input."""
-    c = _common(q, k, kb, cu_q, cu_k, max_q, max_k)
-    dq, dk, dv = _alloc_like(q), _alloc_like(k), _alloc_like(v)
-    B, H, HKV, SQ, SK, D, bd = c["B"], c["H"], c["HKV"], c["SQ"], c["SK"], c["D"], c["block_d"]
-    if dq.numel() == 0 and dk.numel() == 0:
-        return dq, dk, dv
-    if SQ == 0 or SK == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
     if do.dtype != q.dtype:
         do = do.to(q.dtype)
-    varlen = c["varlen"]
-    delta = torch.empty_like(lse)
-    pre_bm = 64 if not INTERPRET else 16
-    _attn_bwd_preprocess[(triton.cdiv(SQ, pre_bm), B * H)](
-        out, do, delta, c["cu_q"], *_strides4(out, varlen), *_strides4(do, varlen), *_lse_strides(lse, varlen),
-        H, SQ, D, VARLEN=varlen, BLOCK_M=pre_bm, BLOCK_D=bd,
-    )
-    meta = dict(
-        VARLEN=varlen, CAUSAL=causal, HAS_KB=kb is not None, BLOCK_D=bd, EVEN_D=D == bd,
-        INPUT_PRECISION=_input_precision(q.dtype),
-    )
-    common = (
-        *_strides4(q, varlen), *_strides4(k, varlen), *_strides4(v, varlen), *_strides4(do, varlen),
-    )
-    dkdv_args = (
-        q, k, v, do, dk, dv, lse, delta, c["kb"], c["cu_q"], c["cu_k"], scale * LOG2E, scale,
-        *common, *_strides4(dk, varlen), *_strides4(dv, varlen), *_lse_strides(lse, varlen), *_kb_strides(kb),
-        HKV, H // HKV, SQ, SK, D,
-    )
-    dq_args = (
-        q, k, v, do, dq, lse, delta, c["kb"], c["cu_q"], c["cu_k"], scale * LOG2E, scale,
-        *common, *_strides4(dq, varlen), *_lse_strides(lse, varlen), *_kb_strides(kb),
-        H, H // HKV, SQ, SK, D,
-    )
-    fixed = _config("dkdv", bd, causal, q.dtype)
-    if fixed is not None:
-        _attn_bwd_dkdv_kernel[(triton.cdiv(SK, fixed["BLOCK_N"]), B * HKV)](*dkdv_args, **meta, **fixed)
-    else:
-        _dkdv_tuned[lambda META: (triton.cdiv(SK, META["BLOCK_N"]), B * HKV)](*dkdv_args, **meta)
-    fixed = _config("dq", bd, causal, q.dtype)
-    if fixed is not None:
-        _attn_bwd_dq_kernel[(triton.cdiv(SQ, fixed["BLOCK_M"]), B * H)](*dq_args, **meta, **fixed)
-    else:
-        _dq_tuned[lambda META: (triton.cdiv(SQ, META["BLOCK_M"]), B * H)](*dq_args, **meta)
+    varlen = cu_q is not None
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype,
+           None if kb is None else kb.stride(), varlen, cu_q.shape[0] if varlen else 0, max_q, max_k, causal,
+           _input_precision(q.dtype), override_epoch())
+    try:
+        plan = _BWD_PLANS.get(key)
+    except TypeError:  # symbolic sizes: plan for their values
+        key = tuple(concrete(e) if isinstance(e, (tuple, torch.Size)) else e for e in key)
+        plan = None
+    if plan is None:
+        plan = _bwd_plan(key)
+        if len(_BWD_PLANS) >= _MAX_PLANS:
+            _BWD_PLANS.clear()
+        _BWD_PLANS[key] = plan
+    oq, ok, ov = plan.orders
+    dq = _alloc_ordered(q.shape, oq, q.dtype, q.device)
+    dk = _alloc_ordered(k.shape, ok, k.dtype, k.device)
+    dv = _alloc_ordered(v.shape, ov, v.dtype, v.device)
+    if plan.empty:
+        return dq, dk, dv
+    if plan.zero:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    kb_ = q if kb is None else kb
+    cq = cu_q if varlen else q
+    ck = cu_k if varlen else q
+    plan.pre(out, do, delta, cq, *plan.pre_ints)
+    qk_scale = scale * LOG2E
+    dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, qk_scale, scale, *plan.dkdv_ints)
+    dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, qk_scale, scale, *plan.dq_ints)
+    if not plan.tuned:
+        plan.dkdv(*dkdv_args)
+        plan.dq(*dq_args)
+    else:  # FUSED_LAYERS_ATTENTION_AUTOTUNE=1
+        SQ, SK, BH, BHKV = plan.grids
+        _dkdv_tuned[lambda META: (triton.cdiv(SK, META["BLOCK_N"]), BHKV)](*dkdv_args, **plan.meta)
+        _dq_tuned[lambda META: (triton.cdiv(SQ, META["BLOCK_M"]), BH)](*dq_args, **plan.meta)
     return dq, dk, dv
 
 
 # ==================================================================================================
-# Registration: custom ops (torch.compile) and the eager direct path
+# Registration (ops/_library.py): custom ops for torch.compile, autograd, the eager direct path
 # ==================================================================================================
-@torch.library.custom_op("fused_layers::attention_fwd", mutates_args=())
-def _attention_fwd_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: torch.Tensor | None,
-    cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, causal: bool, scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return attention_forward(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale)
-
-
-@_attention_fwd_op.register_fake
-def _(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale):
-    return _alloc_like(q), q.new_empty(_lse_shape(q, cu_q), dtype=torch.float32)
-
-
-@torch.library.custom_op("fused_layers::attention_bwd", mutates_args=())
-def _attention_bwd_op(
-    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    kb: torch.Tensor | None, cu_q: torch.Tensor | None, cu_k: torch.Tensor | None,
-    max_q: int, max_k: int, causal: bool, scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attention_backward(do, q, k, v, out, lse, kb, cu_q, cu_k, max_q, max_k, causal, scale)
-
-
-@_attention_bwd_op.register_fake
-def _(do, q, k, v, out, lse, kb, cu_q, cu_k, max_q, max_k, causal, scale):
-    return _alloc_like(q), _alloc_like(k), _alloc_like(v)
-
-
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, outputs):
     q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale = inputs
-    out, lse = output
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, out, lse, kb, cu_q, cu_k)
+    ctx.save_for_backward(q, k, v, outputs[0], outputs[1], kb, cu_q, cu_k)
     ctx.args = (max_q, max_k, causal, scale)
 
 
-def _backward(ctx, dout, dlse):
+def _grads(ctx, backward, dout):
     q, k, v, out, lse, kb, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = _attention_bwd_op(dout, q, k, v, out, lse, kb, cu_q, cu_k, *ctx.args)
+    dq, dk, dv = backward(dout, q, k, v, out, lse, kb, cu_q, cu_k, *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
-_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _AttentionFunction(torch.autograd.Function):
-    """Eager direct path: the same launchers without the custom-op dispatcher's per-call cost."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale):
-        out, lse = attention_forward(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale)
-        ctx.save_for_backward(q, k, v, out, lse, kb, cu_q, cu_k)
-        ctx.args = (max_q, max_k, causal, scale)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse, kb, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = attention_backward(dout, q, k, v, out, lse, kb, cu_q, cu_k, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None, None
+attention_op = FusedOp("attention", attention_forward, attention_backward, _setup_context, _grads)
 
 
 def _run(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale):
@@ -909,11 +954,8 @@ def _run(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale):
         # The interpreter (numpy) has no bf16 matmul: run the same kernels on float32 copies.
         out = _run(q.float(), k.float(), v.float(), kb, cu_q, cu_k, max_q, max_k, causal, scale)
         return out.to(q.dtype)
-    if is_compiling():
-        return _attention_fwd_op(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale)[0]
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _AttentionFunction.apply(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale)
-    return attention_forward(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale)[0]
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return attention_op(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, needs_grad=needs_grad)
 
 
 # ==================================================================================================
