@@ -36,6 +36,7 @@ if HAS_TRITON:
     import triton
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_functorch_active = torch._C._are_functorch_transforms_active
 _get_device = torch._C._cuda_getDevice if torch.cuda.is_available() else None
 _get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -234,6 +235,10 @@ class FusedOp:
 
         _Function.__name__ = _Function.__qualname__ = f"{name.title().replace('_', '')}Function"
         self.function = _Function
+        # torch.autograd.Function.apply is a Python wrapper (default-argument binding for setup_context
+        # style Functions, unwrapping of dead functorch wrappers) around the C apply; neither applies
+        # here outside functorch transforms, and the wrapper costs several microseconds a call.
+        self._apply = super(torch.autograd.Function, _Function).apply
 
     def __call__(self, *inputs: Any, needs_grad: bool) -> torch.Tensor:
         """The op's result: the registered op while Dynamo traces, else the eager direct path."""
@@ -241,6 +246,8 @@ class FusedOp:
             out = self.fwd_op(*inputs)
             return out[0] if isinstance(out, (tuple, list)) else out
         if needs_grad:
-            return self.function.apply(*inputs)
+            if _functorch_active():
+                return self.function.apply(*inputs)
+            return self._apply(*inputs)
         out = self.forward(*inputs)
         return out[0] if type(out) is tuple else out

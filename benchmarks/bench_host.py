@@ -1,0 +1,204 @@
+"""Host cost per call: fused-layers against PyTorch's own op and Liger-Kernel (GPU).
+
+    python benchmarks/bench_host.py --out benchmarks/results           # writes host_<gpu>.json / .md
+
+Method (issue 9): tiny inputs, so that GPU time is negligible and the CPU that issues the work is what is
+measured: (8, 768) bf16 for the norms and softmax, B1 H1 S128 D64 bf16 for attention.  After a warm-up,
+N back-to-back calls with no synchronization in between, then one ``torch.cuda.synchronize()``; the
+wall time divided by N is the host cost per call.  "fwd" is a call with no input requiring grad (no
+autograd graph); "fwd+bwd" is ``y = op(x); y.backward(g)`` with x (and the parameters) requiring grad.
+Each figure is the median of ``--rounds`` rounds, providers interleaved within a round, so a slow phase
+of the machine hits all of them alike.  The ratio column is fused / PyTorch (target <= 1.1).
+
+Also measured for reference: a bare Triton JIT launch of a trivial kernel, the same kernel through
+``fused_layers.ops._library.Kernel`` (the bound launch every op uses), and ``torch.empty``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from fused_layers import fused_attention, fused_layer_norm, fused_rms_norm, fused_softmax  # noqa: E402
+from fused_layers.ops._library import Kernel  # noqa: E402
+
+
+@triton.jit
+def _trivial_kernel(X, N, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(X + offs, tl.load(X + offs, mask=offs < N, other=0.0) + 1.0, mask=offs < N)
+
+
+def host_us(fn, n: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def liger_providers():
+    out = {}
+    try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+        out["layer_norm"] = lambda x, w, b: LigerLayerNormFunction.apply(x, w, b, 1e-5)
+    except Exception as e:  # noqa: BLE001
+        print("liger layer_norm unavailable:", type(e).__name__, e)
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        out["rms_norm"] = lambda x, w: LigerRMSNormFunction.apply(x, w, 1e-6)
+    except Exception as e:  # noqa: BLE001
+        print("liger rms_norm unavailable:", type(e).__name__, e)
+    try:
+        from liger_kernel.ops.softmax import LigerSoftmaxFunction
+
+        out["softmax"] = lambda x: LigerSoftmaxFunction.apply(x)
+    except Exception as e:  # noqa: BLE001
+        print("liger softmax unavailable:", type(e).__name__, e)
+    return out
+
+
+def cases():
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(8, 768, device=dev, dtype=dt)
+    w = torch.randn(768, device=dev, dtype=dt)
+    b = torch.randn(768, device=dev, dtype=dt)
+    g = torch.randn(8, 768, device=dev, dtype=dt)
+    xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+    q = torch.randn(1, 1, 128, 64, device=dev, dtype=dt)
+    go = torch.randn_like(q)
+    qg, kg, vg = (q.clone().requires_grad_() for _ in range(3))
+    liger = liger_providers()
+
+    def fb(f):
+        return lambda: f().backward(g)
+
+    def fba(f):
+        return lambda: f().backward(go)
+
+    table = {
+        "layer_norm": {
+            "fwd": {"pytorch": lambda: F.layer_norm(x, (768,), w, b), "fused": lambda: fused_layer_norm(x, (768,), w, b)},
+            "fwd+bwd": {"pytorch": fb(lambda: F.layer_norm(xg, (768,), wg, bg)),
+                        "fused": fb(lambda: fused_layer_norm(xg, (768,), wg, bg))},
+        },
+        "rms_norm": {
+            "fwd": {"pytorch": lambda: F.rms_norm(x, (768,), w, 1e-6), "fused": lambda: fused_rms_norm(x, (768,), w, 1e-6)},
+            "fwd+bwd": {"pytorch": fb(lambda: F.rms_norm(xg, (768,), wg, 1e-6)),
+                        "fused": fb(lambda: fused_rms_norm(xg, (768,), wg, 1e-6))},
+        },
+        "softmax": {
+            "fwd": {"pytorch": lambda: torch.softmax(x, -1), "fused": lambda: fused_softmax(x, -1)},
+            "fwd+bwd": {"pytorch": fb(lambda: torch.softmax(xg, -1)), "fused": fb(lambda: fused_softmax(xg, -1))},
+        },
+        "attention": {
+            "fwd": {"pytorch": lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+                    "fused": lambda: fused_attention(q, q, q, is_causal=True)},
+            "fwd+bwd": {"pytorch": fba(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)),
+                        "fused": fba(lambda: fused_attention(qg, kg, vg, is_causal=True))},
+        },
+    }
+    if "layer_norm" in liger:
+        f = liger["layer_norm"]
+        table["layer_norm"]["fwd"]["liger"] = lambda: f(x, w, b)
+        table["layer_norm"]["fwd+bwd"]["liger"] = fb(lambda: f(xg, wg, bg))
+    if "rms_norm" in liger:
+        f = liger["rms_norm"]
+        table["rms_norm"]["fwd"]["liger"] = lambda: f(x, w)
+        table["rms_norm"]["fwd+bwd"]["liger"] = fb(lambda: f(xg, wg))
+    if "softmax" in liger:
+        f = liger["softmax"]
+        table["softmax"]["fwd"]["liger"] = lambda: f(x)
+        table["softmax"]["fwd+bwd"]["liger"] = fb(lambda: f(xg))
+    buf = torch.randn(1024, device=dev)
+    bound = Kernel(_trivial_kernel, (1,), BLOCK=1024, num_warps=4)
+    table["reference"] = {
+        "launch": {
+            "triton_jit": lambda: _trivial_kernel[(1,)](buf, 1000, BLOCK=1024, num_warps=4),
+            "bound_kernel": lambda: bound(buf, 1000),
+            "torch_empty": lambda: torch.empty((8, 768), device=dev, dtype=dt),
+            "torch_add_": lambda: buf.add_(1.0),
+        }
+    }
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--profile", action="store_true", help="cProfile each fused fwd+bwd (top functions by own time)")
+    args = ap.parse_args()
+    table = cases()
+    if args.profile:
+        import cProfile
+        import pstats
+
+        for op in ("layer_norm", "softmax", "attention"):
+            fn = table[op]["fwd+bwd"]["fused"]
+            for _ in range(50):
+                fn()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(2000):
+                fn()
+            prof.disable()
+            print(f"==== profile: {op} fwd+bwd, 2000 calls")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    for op in table.values():  # warm-up: compiles, plans, allocator
+        for part in op.values():
+            for fn in part.values():
+                for _ in range(50):
+                    fn()
+    torch.cuda.synchronize()
+    samples = {op: {p: {k: [] for k in part} for p, part in parts.items()} for op, parts in table.items()}
+    for _ in range(args.rounds):
+        for op, parts in table.items():
+            for p, part in parts.items():
+                for k, fn in part.items():
+                    samples[op][p][k].append(host_us(fn, args.calls))
+    res = {op: {p: {k: statistics.median(v) for k, v in part.items()} for p, part in parts.items()}
+           for op, parts in samples.items()}
+    spread = {op: {p: {k: (min(v), max(v)) for k, v in part.items()} for p, part in parts.items()}
+              for op, parts in samples.items()}
+    name = torch.cuda.get_device_name().replace(" ", "_")
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                calls=args.calls, rounds=args.rounds, command="python " + " ".join(sys.argv))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "host_h200.json" if "H200" in name else f"host_{name}.json"), "w") as f:
+        json.dump(dict(meta=meta, median_us=res, min_max_us=spread), f, indent=1)
+    lines = [f"# Host cost per call (us), {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}", "",
+             f"`{meta['command']}`: {args.calls} back-to-back calls then one sync, median of {args.rounds} rounds.", "",
+             "| op | part | PyTorch | fused | fused / PyTorch | Liger |", "|---|---|---|---|---|---|"]
+    for op, parts in res.items():
+        if op == "reference":
+            continue
+        for p, r in parts.items():
+            lig = f"{r['liger']:.1f}" if "liger" in r else "-"
+            lines.append(f"| {op} | {p} | {r['pytorch']:.1f} | {r['fused']:.1f} | {r['fused'] / r['pytorch']:.2f} | {lig} |")
+    lines += ["", "| reference | us |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in res["reference"]["launch"].items()]
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(args.out, "host_h200.md" if "H200" in name else f"host_{name}.md"), "w") as f:
+        f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
