@@ -115,16 +115,16 @@ def cases():
     }
     if "layer_norm" in liger:
         f = liger["layer_norm"]
-        table["layer_norm"]["fwd"]["liger"] = lambda: f(x, w, b)
-        table["layer_norm"]["fwd+bwd"]["liger"] = fb(lambda: f(xg, wg, bg))
+        table["layer_norm"]["fwd"]["liger"] = lambda f=f: f(x, w, b)
+        table["layer_norm"]["fwd+bwd"]["liger"] = fb(lambda f=f: f(xg, wg, bg))
     if "rms_norm" in liger:
         f = liger["rms_norm"]
-        table["rms_norm"]["fwd"]["liger"] = lambda: f(x, w)
-        table["rms_norm"]["fwd+bwd"]["liger"] = fb(lambda: f(xg, wg))
+        table["rms_norm"]["fwd"]["liger"] = lambda f=f: f(x, w)
+        table["rms_norm"]["fwd+bwd"]["liger"] = fb(lambda f=f: f(xg, wg))
     if "softmax" in liger:
         f = liger["softmax"]
-        table["softmax"]["fwd"]["liger"] = lambda: f(x)
-        table["softmax"]["fwd+bwd"]["liger"] = fb(lambda: f(xg))
+        table["softmax"]["fwd"]["liger"] = lambda f=f: f(x)
+        table["softmax"]["fwd+bwd"]["liger"] = fb(lambda f=f: f(xg))
     buf = torch.randn(1024, device=dev)
     bound = Kernel(_trivial_kernel, (1,), BLOCK=1024, num_warps=4)
     table["reference"] = {

@@ -70,25 +70,33 @@ def _wrap_triton(fn):
     return wrap_triton(fn)
 
 
+def _hooks_idle() -> bool:
+    """True when no launch hook (a profiler such as proton) is installed: then a launch passes no metadata."""
+    enter = _RUNTIME.launch_enter_hook
+    return enter is None or not getattr(enter, "calls", True)
+
+
 class Kernel:
     """A Triton JIT kernel bound to one launch plan: a fixed grid and fixed constexpr / launch options.
 
-    ``Kernel(fn, grid, BLOCK=..., num_warps=...)(*runtime_args)`` launches ``fn[grid](*runtime_args,
-    **meta)``.  Runtime arguments are positional, in the kernel's order; the constexprs come from
-    ``meta``.  See the module docstring for what is cached and what the caller guarantees.
+    ``Kernel(fn, grid, check=(0, 2), BLOCK=..., num_warps=...)(*runtime_args)`` launches
+    ``fn[grid](*runtime_args, **meta)``.  Runtime arguments are positional, in the kernel's order; the
+    constexprs come from ``meta``.  ``check`` lists the positions of the tensor arguments whose dtype or
+    16-byte alignment is not fixed by the plan (the caller's inputs; outputs the launcher allocates itself
+    are always aligned and of the plan's dtype); ``None`` checks every tensor.  See the module docstring
+    for what is cached and what the caller guarantees.
     """
 
-    __slots__ = ("fn", "grid", "meta", "_bins", "_tidx", "_tail", "_names")
+    __slots__ = ("fn", "grid", "meta", "check", "_bins", "_tail")
 
-    def __init__(self, fn: Any, grid: Sequence[int], **meta: Any) -> None:
+    def __init__(self, fn: Any, grid: Sequence[int], check: Sequence[int] | None = None, **meta: Any) -> None:
         self.fn = fn
         g = tuple(int(x) for x in grid)
         self.grid = g + (1,) * (3 - len(g))
         self.meta = meta
-        self._bins: dict[tuple, tuple] = {}
-        self._tidx: tuple[int, ...] | None = None  # positions of tensor arguments
+        self.check = None if check is None else tuple(check)
+        self._bins: dict[tuple, Callable] = {}
         self._tail: tuple | None = None  # constexpr values appended after the runtime args
-        self._names = None
 
     # -- Triton's own path (first call, interpreter, tracing) ---------------------------------------
     def _slow(self, args: tuple) -> Any:
@@ -104,8 +112,37 @@ class Kernel:
                 return self.fn[self.grid](*args, **self.meta)
         return self.fn[self.grid](*args, **self.meta)
 
+    def _fire(self, compiled: Any) -> Callable | None:
+        """The most direct launch of ``compiled``: ``fire(stream, args)``; None if it cannot be bound."""
+        run = compiled.run  # the launcher (loads the binary on first use)
+        function, packed = compiled.function, compiled.packed_metadata
+        g0, g1, g2 = self.grid
+        tail = self._tail
+        launch = getattr(run, "launch", None)
+        code = getattr(type(run).__call__, "__code__", None)
+        if (
+            launch is not None
+            and code is not None
+            and code.co_argcount == 6  # Triton 3.6: __call__(self, gridX, gridY, gridZ, stream, function, *args)
+            and code.co_varnames[:6] == ("self", "gridX", "gridY", "gridZ", "stream", "function")
+            and getattr(run, "global_scratch_size", 1) == 0
+            and getattr(run, "profile_scratch_size", 1) == 0
+        ):
+            # Skip the Python wrapper that only allocates scratch this kernel does not use.
+            coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+
+            def fire(stream, args):
+                launch(g0, g1, g2, stream, function, coop, pdl, None, None, packed, None, None, None, *args, *tail)
+
+            return fire
+
+        def fire_generic(stream, args):
+            run(g0, g1, g2, stream, function, packed, None, None, None, *args, *tail)
+
+        return fire_generic
+
     def _bind(self, args: tuple, key: tuple, compiled: Any) -> None:
-        """Keep ``compiled`` for launches whose tensor arguments have the dtypes/alignment of ``key``."""
+        """Keep a direct launch of ``compiled`` for calls whose checked tensors match ``key``."""
         if self._tail is None:
             names = list(getattr(self.fn, "arg_names", ()))
             n = len(args)
@@ -114,46 +151,33 @@ class Kernel:
                 if name not in self.meta:  # a defaulted runtime argument: not bound here
                     return
                 tail.append(self.meta[name])
-            if any(name in self.meta for name in names[:n]):  # a constexpr before a runtime arg
+            if not names or any(name in self.meta for name in names[:n]):  # a constexpr before a runtime arg
                 return
             self._tail = tuple(tail)
-        run = compiled.run  # the C launcher (loads the binary on first use)
-        self._bins[key] = (run, compiled.function, compiled.packed_metadata, compiled)
-
-    def _key(self, args: tuple) -> tuple | None:
-        tidx = self._tidx
-        if tidx is None:
-            tidx = self._tidx = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-        key = []
-        for i in tidx:
-            t = args[i]
-            if type(t) not in _PLAIN or not t.is_cuda:
-                return None
-            key.append(t.dtype)
-            key.append(t.data_ptr() & 15 == 0)
-        return tuple(key)
+        if self.check is None:
+            self.check = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        fire = self._fire(compiled)
+        if fire is not None:
+            self._bins[key] = fire
 
     def __call__(self, *args: Any) -> None:
-        if FAST_LAUNCH:
-            key = self._key(args)
-            if key is not None:
-                hit = self._bins.get(key)
-                if hit is not None:
-                    run, function, packed, compiled = hit
-                    g = self.grid
-                    stream = _get_stream(_get_device())
-                    enter = _RUNTIME.launch_enter_hook
-                    if enter is None:
-                        run(g[0], g[1], g[2], stream, function, packed, None, None, None, *args, *self._tail)
-                    else:  # a profiler is listening: give it what Triton gives it
-                        full = args + self._tail
-                        meta = compiled.launch_metadata(g, stream, *full)
-                        run(g[0], g[1], g[2], stream, function, packed, meta, enter, _RUNTIME.launch_exit_hook, *full)
+        if FAST_LAUNCH and type(args[0]) in _PLAIN:
+            check = self.check
+            if check is None:
+                key = None
+            else:
+                key = tuple([(args[i].dtype, args[i].data_ptr() & 15) for i in check])
+                fire = self._bins.get(key)
+                if fire is not None and _hooks_idle():
+                    fire(_get_stream(_get_device()), args)
                     return
-                compiled = self.fn[self.grid](*args, **self.meta)
-                if compiled is not None and hasattr(compiled, "packed_metadata"):
-                    self._bind(args, key, compiled)
-                return
+            compiled = self.fn[self.grid](*args, **self.meta)  # Triton's path: compiles on a new key
+            if compiled is not None and hasattr(compiled, "packed_metadata"):
+                if key is None:
+                    self.check = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+                    key = tuple([(args[i].dtype, args[i].data_ptr() & 15) for i in self.check])
+                self._bind(args, key, compiled)
+            return
         self._slow(args)
 
 

@@ -806,7 +806,8 @@ def _fwd_plan(key) -> _FwdPlan:
     plan.tuned = fixed is None
     plan.kernel = None
     if fixed is not None and not plan.empty:
-        plan.kernel = Kernel(_attn_fwd_kernel, (triton.cdiv(SQ, fixed["BLOCK_M"]), B * H), **plan.meta, **fixed)
+        plan.kernel = Kernel(_attn_fwd_kernel, (triton.cdiv(SQ, fixed["BLOCK_M"]), B * H), check=(0, 1, 2, 5, 6, 7),
+                             **plan.meta, **fixed)
     return plan
 
 
@@ -865,7 +866,7 @@ def _bwd_plan(key) -> _BwdPlan:
     kb3 = kbst or (0, 0, 0)
     bd = max(16, next_power_of_2(D))
     pre_bm = 64 if not INTERPRET else 16
-    plan.pre = Kernel(_attn_bwd_preprocess, (triton.cdiv(SQ, pre_bm), B * H), VARLEN=varlen, BLOCK_M=pre_bm,
+    plan.pre = Kernel(_attn_bwd_preprocess, (triton.cdiv(SQ, pre_bm), B * H), check=(0, 1, 3), VARLEN=varlen, BLOCK_M=pre_bm,
                       BLOCK_D=bd)
     plan.pre_ints = (*_strides4(ost, varlen), *_strides4(dost, varlen), *lse_st, H, SQ, D)
     common = (*_strides4(qst, varlen), *_strides4(kst, varlen), *_strides4(vst, varlen), *_strides4(dost, varlen))
@@ -879,8 +880,10 @@ def _bwd_plan(key) -> _BwdPlan:
     plan.tuned = f_dkdv is None or f_dq is None
     plan.dkdv = plan.dq = None
     if not plan.tuned:
-        plan.dkdv = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV), **plan.meta, **f_dkdv)
-        plan.dq = Kernel(_attn_bwd_dq_kernel, (triton.cdiv(SQ, f_dq["BLOCK_M"]), B * H), **plan.meta, **f_dq)
+        plan.dkdv = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
+                           check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv)
+        plan.dq = Kernel(_attn_bwd_dq_kernel, (triton.cdiv(SQ, f_dq["BLOCK_M"]), B * H), check=(0, 1, 2, 3, 5, 7, 8, 9),
+                         **plan.meta, **f_dq)
     return plan
 
 

@@ -245,7 +245,7 @@ def _norm_bwd_kernel(
     if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
         RSTD = RSTD + M
     if HAS_W:  # one float32 partials buffer: G rows of dW, then G rows of dB
-        DBP = DBP + tl.num_programs(0).to(tl.int64) * N
+        DBP = DBP + tl.num_programs(0) * N
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -343,7 +343,7 @@ def _norm_bwd_loop_kernel(
     if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
         RSTD = RSTD + M
     if HAS_W:  # one float32 partials buffer: G rows of dW, then G rows of dB
-        DBP = DBP + tl.num_programs(0).to(tl.int64) * N
+        DBP = DBP + tl.num_programs(0) * N
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row_start = pid.to(tl.int64) * ROWS_PER_PROG  # 64-bit: the row index below is used in offsets
@@ -397,7 +397,7 @@ def _norm_reduce_partials_kernel(
 ):
     """Sum the G partial rows column-wise in a fixed order (deterministic), cast, store."""
     if HAS_W:  # one buffer: G rows of dW partials, then G rows of dB partials
-        DBP = DBP + G.to(tl.int64) * N
+        DBP = DBP + G * N
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -620,9 +620,9 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
         plan.ints = (m, n, n if sx is None else sx)
         meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, num_warps=warps)
         if single:
-            plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
+            plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), check=(0, 2, 3), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
         else:
-            plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), BLOCK_N=min(block, n_pow2), **meta)
+            plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), check=(0, 2, 3), BLOCK_N=min(block, n_pow2), **meta)
     if len(_FWD_PLANS) >= _MAX_PLANS:
         _FWD_PLANS.clear()
     _FWD_PLANS[key] = plan
@@ -660,17 +660,17 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, num_warps=warps)
     plan.stats_kernel = None
     if single:
-        plan.kernel = Kernel(_norm_bwd_kernel, (g,), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
+        plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
     else:
         chunk = min(block, n_pow2)
-        plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), BLOCK_N=chunk, **meta)
-        plan.stats_kernel = Kernel(_norm_bwd_rowstats_kernel, (m,), IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk,
+        plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), check=(0, 1, 3, 4), BLOCK_N=chunk, **meta)
+        plan.stats_kernel = Kernel(_norm_bwd_rowstats_kernel, (m,), check=(0, 1, 2, 3), IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk,
                                    num_warps=warps)
     plan.reduce_kernel = None
     if has_w or has_b:
         red_n = min(get_override(_CFG, "reduce_block_n", 256), n_pow2)
         red_g = min(get_override(_CFG, "reduce_block_g", 32), next_power_of_2(g))
-        plan.reduce_kernel = Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), HAS_W=has_w, HAS_B=has_b,
+        plan.reduce_kernel = Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(2, 3), HAS_W=has_w, HAS_B=has_b,
                                     BLOCK_G=red_g, BLOCK_N=red_n, num_warps=4)
     if len(_BWD_PLANS) >= _MAX_PLANS:
         _BWD_PLANS.clear()
@@ -692,7 +692,7 @@ def norm_forward(
     1/std [M, 2M) (RMSNorm: 1/std only, [M]); the backward takes it as is.
     """
     plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     stats = torch.empty((plan.nstats,), dtype=torch.float32, device=x.device)
     if plan.kernel is None:
         return y, stats
@@ -721,7 +721,7 @@ def norm_backward(
     row terms.  Launches: the dx + partials kernel and the fixed-order reduction of the partials.
     """
     has_w, has_b = weight is not None, bias is not None
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:  # no rows: the parameter gradients are sums over nothing
         dw = torch.zeros_like(weight, memory_format=torch.contiguous_format) if has_w else None
         db = torch.zeros_like(bias, memory_format=torch.contiguous_format) if has_b else None
@@ -899,7 +899,7 @@ def _check_param(op: str, name: str, p, x: torch.Tensor, shape: tuple[int, ...])
     if p is None:
         return
     check_tensor(op, name, p)
-    if p.shape != shape:
+    if tuple(p.shape) != shape:  # (a torch.Size compared with a tuple goes through sym_eq: slow)
         raise ValueError(f"{op}: argument '{name}' must have shape {list(shape)} (normalized_shape), got {list(p.shape)}")
     if p.dtype != x.dtype and p.dtype != torch.float32 and x.dtype in _KERNEL_DTYPES:
         raise TypeError(
@@ -922,7 +922,7 @@ def _validate(op: str, x, normalized_shape, weight, bias) -> tuple[tuple[int, ..
     else:
         shape = _normalized_shape_slow(op, ns)
     k = len(shape)
-    if k == 0 or x.shape[-k:] != shape:  # also catches k > x.dim() (the slice is shorter)
+    if k == 0 or tuple(x.shape[-k:]) != shape:  # also catches k > x.dim() (the slice is shorter)
         raise ValueError(
             f"{op}: argument 'normalized_shape' {list(shape)} must be non-empty and match the input's last "
             f"dims; expected input of shape [*, {', '.join(map(str, shape))}], got {list(x.shape)}"

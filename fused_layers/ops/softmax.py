@@ -389,14 +389,14 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.ints = (m, n, inner) + ins + out
         plan.splits = 0
         fn = _softmax_fwd_kernel if fwd else _softmax_bwd_kernel
-        plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
+        plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
     else:
         block, splits, piece, warps = _wide_config(n, elem, "fwd" if fwd else "bwd")
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
         plan.splits = splits
         fn = _softmax_fwd_wide_kernel if fwd else _softmax_bwd_wide_kernel
         # grid + SPLITS: the last row's phase 2
-        plan.kernel = Kernel(fn, (m * splits + splits,), SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
+        plan.kernel = Kernel(fn, (m * splits + splits,), check=(0,) if fwd else (0, 1), SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = plan
@@ -415,7 +415,7 @@ def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     Layouts that ``_row_strides`` cannot express (e.g. a 4-D permute mixing both sides of ``dim``) are
     copied to contiguous first: one extra read and write of x.
     """
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
     plan = _plan(x.shape, (x.stride(),), x.dtype, dim)
@@ -432,7 +432,7 @@ def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tensor:
     """Launch the softmax backward: dx = y * (dy - sum(y * dy)) along ``dim``; returns a contiguous dx."""
-    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    dx = torch.empty_like(y) if y.is_contiguous() else torch.empty(y.shape, dtype=y.dtype, device=y.device)
     if y.numel() == 0:
         return dx
     if dy.dtype != y.dtype:
