@@ -146,7 +146,7 @@ def bench_direct(args: argparse.Namespace) -> dict:
             end.record()
             end.synchronize()
             times[name].append(start.elapsed_time(end) / args.steps)  # ms per step
-    ref_loss = results.get("unfused", {}).get("first_loss")
+    ref_loss = results.get("unfused", results.get("unfused_sdpa", {})).get("first_loss")
     for name, ts in times.items():
         ms = statistics.median(ts)
         res = results[name]
@@ -157,9 +157,44 @@ def bench_direct(args: argparse.Namespace) -> dict:
     base = results.get("unfused", {}).get("tokens_per_sec")
     for name in times:
         results[name]["speedup_vs_unfused"] = results[name]["tokens_per_sec"] / base if base else None
+    best = max((results[n]["tokens_per_sec"], n) for n in times if n in ("unfused_sdpa", "compile_sdpa")) if (
+        {"unfused_sdpa", "compile_sdpa"} & set(times)) else None
+    for name in times:
+        results[name]["vs_best_unfused"] = results[name]["tokens_per_sec"] / best[0] if best else None
+        results[name]["best_unfused"] = best[1] if best else None
+    if args.profile_steps:
+        for name, v in variants.items():
+            results[name].update(profile_variant(v, x, y, args.profile_steps))
+            r = results[name]
+            print(f"[{name}] step {r['step_ms']:.2f} ms, GPU kernels {r['gpu_kernel_ms']:.2f} ms "
+                  f"(step / GPU = {r['step_ms'] / r['gpu_kernel_ms']:.3f})", flush=True)
     for v in variants.values():
         v.free()
     return results
+
+
+def profile_variant(v: "Variant", x, y, steps: int) -> dict:
+    """GPU kernel time per step (sum of CUDA kernel durations from torch.profiler), and the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            v.step(x, y)
+        torch.cuda.synchronize()
+    per_kernel: dict[str, float] = {}
+    total = 0.0
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = e.self_cuda_time_total
+        if t <= 0:
+            continue
+        total += t
+        per_kernel[e.key] = per_kernel.get(e.key, 0.0) + t
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:25]
+    return {"gpu_kernel_ms": total / steps / 1e3,
+            "top_kernels_ms": [(k[:120], t / steps / 1e3) for k, t in top]}
 
 
 def bench_lightning(args: argparse.Namespace) -> dict:
@@ -201,15 +236,23 @@ def to_markdown(res: dict) -> str:
         f"torch {res['torch']}, triton {res['triton']}. Command: `{res['command']}`",
         f"Median of {a['rounds']} interleaved rounds of {a['steps']} steps (CUDA events); warm-up (compile, JIT) excluded.",
         "",
-        "| variant | tokens/s | step ms | vs unfused | peak GiB | first-step loss diff |",
-        "|---|---|---|---|---|---|",
+        "| variant | tokens/s | step ms | GPU kernel ms | step / GPU | vs unfused | vs best unfused | peak GiB | first-step loss diff |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in res["direct"].items():
         if "error" in r:
             lines.append(f"| {name} | failed: {r['error'][:120]} | | | | |")
             continue
-        lines.append(f"| {name} | {r['tokens_per_sec']:,.0f} | {r['step_ms']:.1f} | {r['speedup_vs_unfused']:.2f}x | "
-                     f"{r['peak_memory_gib']:.2f} | {r['first_loss_diff_vs_unfused']:.2e} |")
+        gk = r.get("gpu_kernel_ms")
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        lines.append(f"| {name} | {r['tokens_per_sec']:,.0f} | {r['step_ms']:.2f} | {fmt(gk, '.2f')} | "
+                     f"{fmt(None if gk is None else r['step_ms'] / gk, '.3f')} | {fmt(r['speedup_vs_unfused'], '.2f')}x | "
+                     f"{fmt(r.get('vs_best_unfused'), '.3f')}x | {r['peak_memory_gib']:.2f} | "
+                     f"{fmt(r['first_loss_diff_vs_unfused'], '.2e')} |")
+    for name, r in res["direct"].items():
+        if r.get("top_kernels_ms"):
+            lines += ["", f"GPU time per step by kernel, {name} (ms):", ""]
+            lines += [f"- {t:.3f} `{k}`" for k, t in r["top_kernels_ms"][:12]]
     if res.get("lightning"):
         lines += ["", "train.py through the Trainer (ThroughputMonitor tokens/s, data=synthetic):", "",
                   "| run | tokens/s | vs fused=false | MFU | peak GiB |", "|---|---|---|---|---|"]
@@ -232,6 +275,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--profile-steps", type=int, default=3, help="steps under torch.profiler per variant (0: none)")
+    ap.add_argument("--tag", default="", help="suffix of the result files (e.g. _s4096)")
     ap.add_argument("--lightning", action="store_true", help="also run train.py fused=false/true (needs hydra)")
     ap.add_argument("--lightning-steps", type=int, default=80)
     args = ap.parse_args()
@@ -257,7 +302,7 @@ def main() -> None:
         res["lightning"] = bench_lightning(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"e2e_{gpu_tag()}"
+    stem = out / f"e2e_{gpu_tag()}{args.tag}"
     stem.with_suffix(".json").write_text(json.dumps(res, indent=2))
     md = to_markdown(res)
     stem.with_suffix(".md").write_text(md)
