@@ -178,6 +178,7 @@ def _attn_fwd_kernel(
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per streamed tile
 ):
+    qk_scale = tl.cast(qk_scale, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
     # Heaviest blocks first: with a causal mask, later query blocks see more keys.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -356,6 +357,8 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,  # keys per program
 ):
     """One program: BLOCK_N keys of one K/V head; dK, dV summed over every query head of the group."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # float arguments may arrive as fp64 (Inductor's launch)
+    sm_scale = tl.cast(sm_scale, tl.float32)
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // HKV
@@ -493,6 +496,8 @@ def _attn_bwd_dq_kernel(
     BLOCK_N: tl.constexpr,  # keys per inner step
 ):
     """One program: BLOCK_M query rows of one query head; loops over the key blocks they see."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # float arguments may arrive as fp64 (Inductor's launch)
+    sm_scale = tl.cast(sm_scale, tl.float32)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H

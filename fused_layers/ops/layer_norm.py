@@ -116,10 +116,12 @@ def _norm_fwd_kernel(
     IS_RMS: tl.constexpr,  # RMSNorm: no mean, no bias
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
+    STORE_STATS: tl.constexpr,  # write mean / rstd (False: a forward without autograd)
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next power of two >= N: the whole row in one tile
 ):
     """Single-block forward: each program normalizes BLOCK_M full rows held in registers."""
+    eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
     if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
         RSTD = RSTD + M
     pid = tl.program_id(0)
@@ -142,10 +144,12 @@ def _norm_fwd_kernel(
         corr = tl.sum(xc, axis=1) / N
         xc = tl.where(mask, xc - corr[:, None], 0.0)
         mean = mean + corr
-        tl.store(MEAN + rows, mean, mask=row_ok)
+        if STORE_STATS:  # the backward needs them; an inference forward does not
+            tl.store(MEAN + rows, mean, mask=row_ok)
     var = tl.sum(xc * xc, axis=1) / N
     rstd = 1.0 / tl.sqrt(var + eps)
-    tl.store(RSTD + rows, rstd, mask=row_ok)
+    if STORE_STATS:  # the backward needs them; an inference forward does not
+        tl.store(RSTD + rows, rstd, mask=row_ok)
     y = xc * rstd[:, None]
     if HAS_W:
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -163,9 +167,11 @@ def _norm_fwd_loop_kernel(
     IS_RMS: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
+    STORE_STATS: tl.constexpr,  # write mean / rstd (False: a forward without autograd)
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
 ):
     """Wide-row forward: one program per row; Welford pass over chunks, then a normalize pass."""
+    eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
     if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
         RSTD = RSTD + M
     row = tl.program_id(0).to(tl.int64)
@@ -205,9 +211,11 @@ def _norm_fwd_loop_kernel(
         mean = tl.sum(mean_l * cnt_l, axis=0) / N
         dm = mean_l - mean
         var = (tl.sum(m2_l, axis=0) + tl.sum(cnt_l * dm * dm, axis=0)) / N
-        tl.store(MEAN + row, shift + mean)
+        if STORE_STATS:  # the backward needs them; an inference forward does not
+            tl.store(MEAN + row, shift + mean)
     rstd = 1.0 / tl.sqrt(var + eps)
-    tl.store(RSTD + row, rstd)
+    if STORE_STATS:  # the backward needs them; an inference forward does not
+        tl.store(RSTD + row, rstd)
     # ---- pass 2: normalize and write ----
     for off in range(0, N, BLOCK_N):
         c = off + cols
@@ -601,24 +609,24 @@ _BWD_PLANS: dict[tuple, _BwdPlan] = {}
 
 
 def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k: int,
-              has_w: bool, has_b: bool, is_rms: bool) -> _FwdPlan:
-    key = (shape, stride, dtype, k, has_w, has_b, is_rms, override_epoch())
+              has_w: bool, has_b: bool, is_rms: bool, store_stats: bool = True) -> _FwdPlan:
+    key = (shape, stride, dtype, k, has_w, has_b, is_rms, store_stats, override_epoch())
     try:
         plan = _FWD_PLANS.get(key)
     except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
-        return _fwd_plan(concrete(shape), concrete(stride), dtype, k, has_w, has_b, is_rms)
+        return _fwd_plan(concrete(shape), concrete(stride), dtype, k, has_w, has_b, is_rms, store_stats)
     if plan is not None:
         return plan
     m, n, sx = _row_layout(shape, stride, k)
     plan = _FwdPlan()
     plan.m, plan.copy = m, sx is None
-    plan.nstats = m if is_rms else 2 * m
+    plan.nstats = (m if is_rms else 2 * m) if store_stats else 0
     plan.kernel = plan.ints = None
     if m * n > 0:  # empty tensors launch nothing
         n_pow2 = next_power_of_2(n)
         single, block, warps = _fwd_config(n_pow2, dtype.itemsize)
         plan.ints = (m, n, n if sx is None else sx)
-        meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, num_warps=warps)
+        meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, STORE_STATS=store_stats, num_warps=warps)
         if single:
             plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), check=(0, 2, 3), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
         else:
@@ -685,24 +693,26 @@ def norm_forward(
     k: int,
     eps: float,
     is_rms: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    store_stats: bool = True,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Launch the forward over the last ``k`` dims.
 
     Returns (y contiguous, stats): stats is one float32 buffer holding the row means [0, M) then the row
-    1/std [M, 2M) (RMSNorm: 1/std only, [M]); the backward takes it as is.
+    1/std [M, 2M) (RMSNorm: 1/std only, [M]); the backward takes it as is.  ``store_stats=False`` (a
+    forward no backward will follow) writes no statistics and returns None for them.
     """
-    plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms)
+    plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, store_stats)
     y = torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    stats = torch.empty((plan.nstats,), dtype=torch.float32, device=x.device)
+    stats = torch.empty((plan.nstats,), dtype=torch.float32, device=x.device) if store_stats else y
     if plan.kernel is None:
-        return y, stats
+        return y, (stats if store_stats else None)
     if plan.copy:
         x = x.contiguous()
     # Missing parameters: any pointer does (HAS_W / HAS_B are constexpr False, never dereferenced).
     w = x if weight is None else weight.contiguous()
     b = x if bias is None else bias.contiguous()
-    plan.kernel(x, y, w, b, stats, stats, *plan.ints, eps)
-    return y, stats
+    plan.kernel(x, y, w, b, stats, stats, *plan.ints, eps)  # (no stats: any pointer, never written)
+    return y, (stats if store_stats else None)
 
 
 def norm_backward(
@@ -936,7 +946,9 @@ def _dispatch(x, weight, bias, k, eps, is_rms):
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad)
     )
-    return norm_op(x, weight, bias, k, eps, is_rms, needs_grad=needs_grad)
+    if needs_grad or is_compiling():
+        return norm_op(x, weight, bias, k, eps, is_rms, needs_grad=needs_grad)
+    return norm_forward(x, weight, bias, k, eps, is_rms, False)[0]  # inference: no statistics
 
 
 def fused_layer_norm(
