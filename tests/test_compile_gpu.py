@@ -32,10 +32,18 @@ class _Block(nn.Module):
         return self.sm(self.proj(self.rms(x + a)))
 
 
+_W = {}
+
+
 def _step(model, x):
     out = model(x)
-    (out.float() * torch.arange(out.shape[-1], device=out.device)).sum().backward()
+    w = _W.setdefault(out.shape, torch.randn(out.shape, device=out.device, generator=torch.Generator(out.device).manual_seed(1)))
+    (out.float() * w).sum().backward()
     return out
+
+
+def _rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
 
 
 def test_inductor_emits_our_kernels():
@@ -84,6 +92,7 @@ def test_reduce_overhead_no_break_no_sync_no_recompile():
     for p in ref.parameters():
         p.grad = None
     out_ref = _step(ref, x)
-    torch.testing.assert_close(out.float(), out_ref.float(), atol=2e-2, rtol=2e-2)
+    # bf16 end to end (weights, activations, gradients summed over 128 rows): relative-norm errors.
+    assert _rel_err(out, out_ref) < 1e-2
     for (n, p), pr in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad.float(), pr.grad.float(), atol=5e-2, rtol=5e-2, msg=n)
+        assert _rel_err(p.grad, pr.grad) < 3e-2, (n, _rel_err(p.grad, pr.grad))
