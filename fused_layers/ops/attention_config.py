@@ -1,0 +1,103 @@
+"""Tuning table of the attention kernels (fused_layers/ops/attention.py): data, not code paths.
+
+``config_override("attention", ...)`` (tests, sweeps) takes precedence over every entry;
+FUSED_LAYERS_ATTENTION_TABLE=<json> replaces entries, FUSED_LAYERS_ATTENTION_AUTOTUNE=1 autotunes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from ._common import INTERPRET, get_override
+
+# Candidate configs, (BLOCK_M, BLOCK_N, num_warps, num_stages) per head-dim bucket (BLOCK_D <= 64, 128,
+# 256); the first of each is the default (see _TABLE). Chosen without GPU timings (none could be taken
+# for this change): every one compiles for sm_90 with Triton (wgmma "HGMMA" + cp.async "LDGSTS" in the
+# SASS), and the defaults are the register-spill-free ones of a wider static scan (cuobjdump resource
+# usage of AOT-compiled sm_90 cubins; e.g. dK/dV at D=128 with (64, 128, 8, 2) spills 400 bytes a
+# thread, (32, 128, 8, 2) none non-causal). ``bench_attention.py --sweep`` times them on a GPU.
+_TUNE = {
+    "fwd": {
+        64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4)],
+        128: [(128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 3)],
+        256: [(64, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2)],
+    },
+    "dkdv": {
+        64: [(64, 128, 8, 3), (32, 128, 8, 3), (32, 64, 4, 4), (64, 64, 4, 3)],
+        128: [(32, 128, 8, 2), (32, 64, 8, 3), (16, 128, 8, 3), (64, 64, 8, 2)],
+        256: [(32, 64, 4, 2), (16, 64, 4, 2), (32, 32, 4, 2)],
+    },
+    "dq": {
+        64: [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 4)],
+        128: [(128, 64, 8, 3), (128, 32, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3)],
+        256: [(64, 32, 4, 2), (64, 16, 4, 2), (32, 32, 4, 2)],
+    },
+}
+# float32 operands take twice the shared memory: small tiles only.
+_TUNE_FP32 = {"fwd": [(64, 64, 4, 2), (64, 32, 4, 2)], "dkdv": [(32, 64, 4, 2), (16, 64, 4, 2)], "dq": [(64, 32, 4, 2), (32, 32, 4, 2)]}
+
+
+def _bucket_configs(kind: str, block_d: int, dtype: torch.dtype) -> list[tuple[int, int, int, int]]:
+    if dtype == torch.float32:
+        return _TUNE_FP32[kind] if block_d <= 128 else [c for c in _TUNE_FP32[kind] if c[0] * c[1] <= 2048] or [(16, 32, 4, 1)]
+    return _TUNE[kind][64 if block_d <= 64 else 128 if block_d <= 128 else 256]
+
+
+# The configs used by default per (kernel, head-dim bucket, causal) for 2-byte dtypes: offline tuning,
+# no first-call tuning, nothing keyed on the sequence length; buckets missing here (D=256) use the
+# first entry of _TUNE. FUSED_LAYERS_ATTENTION_AUTOTUNE=1 autotunes over _TUNE's bucket instead;
+# FUSED_LAYERS_ATTENTION_TABLE=<json> replaces entries (written by the sweep: {"fwd,128,1": [m, n, w, s]}).
+# Measured on the H200 (benchmarks/bench_attention.py --sweep, 2026-11-30; benchmarks/results/attn_sweep_h200.json):
+# the fastest (BLOCK_M, BLOCK_N, num_warps, num_stages) per (kernel, head-dim bucket, causal), bf16.
+_TABLE: dict[tuple[str, int, bool], tuple[int, int, int, int]] = {
+    ("dkdv", 128, False): (64, 128, 8, 3),
+    ("dkdv", 128, True): (64, 128, 8, 3),
+    ("dkdv", 64, False): (32, 128, 4, 3),
+    ("dkdv", 64, True): (64, 64, 4, 3),
+    ("dq", 128, False): (128, 64, 8, 3),
+    ("dq", 128, True): (128, 64, 8, 3),
+    ("dq", 64, False): (128, 64, 8, 3),
+    ("dq", 64, True): (64, 64, 4, 3),
+    ("fwd", 128, False): (128, 64, 8, 3),
+    ("fwd", 128, True): (128, 64, 8, 3),
+    ("fwd", 64, False): (128, 64, 8, 4),
+    ("fwd", 64, True): (128, 64, 8, 3),
+}
+_AUTOTUNE = os.environ.get("FUSED_LAYERS_ATTENTION_AUTOTUNE", "0") == "1"
+if os.environ.get("FUSED_LAYERS_ATTENTION_TABLE"):
+    with open(os.environ["FUSED_LAYERS_ATTENTION_TABLE"]) as _f:
+        for _k, _v in json.load(_f).items():
+            _kind, _bd, _c = _k.split(",")
+            _TABLE[(_kind, int(_bd), _c == "1")] = tuple(_v)
+
+
+def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict | None:
+    """Launch config of kernel ``kind`` ("fwd", "dkdv", "dq"); None means: use the autotuner.
+
+    ``config_override("attention", block_m=.., block_n=.., num_warps=.., num_stages=..)`` (or the
+    per-kernel ``fwd_block_m``, ``dq_num_warps``, ...) forces values (tests, the sweep); the interpreter
+    uses 16 x 16 tiles so that small tests span several of them.
+    """
+
+    def ov(name, default):
+        return get_override("attention", f"{kind}_{name}", get_override("attention", name, default))
+
+    if INTERPRET:
+        base = (16, 16, 4, 2)
+    elif _AUTOTUNE and not any(ov(n, 0) for n in ("block_m", "block_n")):
+        return None
+    else:
+        bucket = 64 if block_d <= 64 else 128 if block_d <= 128 else 256
+        if dtype == torch.float32:
+            base = _bucket_configs(kind, block_d, dtype)[0]
+        else:
+            base = _TABLE.get((kind, bucket, bool(causal)), _TUNE[kind][bucket][0])
+    return {
+        "BLOCK_M": ov("block_m", base[0]),
+        "BLOCK_N": ov("block_n", base[1]),
+        "num_warps": ov("num_warps", base[2]),
+        "num_stages": ov("num_stages", base[3]),
+    }

@@ -1,0 +1,104 @@
+"""Tuning table of the LayerNorm / RMSNorm kernels (fused_layers/ops/layer_norm.py): data, not code paths.
+
+``config_override("layer_norm", ...)`` (tests, sweeps) takes precedence over every entry.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import get_override
+
+_CFG = "layer_norm"  # config_override key shared by both norms
+
+# One table, by width bucket (next power of two of N) and element size; never re-tuned for a new row
+# count.  Rules set from a first sweep on an H200 (event timing, host-bound: benchmarks/results/sweep_norm.json),
+# then per-width winners of a second, CUDA-graph-timed sweep (_TUNED below).
+#
+# Forward: single block up to FWD_MAX_SINGLE, tiles of FWD_TILE elements for narrow rows; beyond it the
+# wide-row kernels with chunks of FWD_CHUNK (8192 / 16 warps edged out 4096 / 8 at 32K-64K).
+FWD_MAX_SINGLE = {2: 32768, 4: 16384}  # by element size (bytes): fp16/bf16, fp32
+FWD_TILE = {2: 4096, 4: 4096}
+FWD_CHUNK = 8192
+FWD_CHUNK_WARPS = 16
+# Backward: single block up to BWD_MAX_SINGLE (the row, dy and two float32 accumulators in registers;
+# at 16K that spills and ran 4-8x slower); BWD_PROGS_PER_SM programs per SM, each over a contiguous
+# group of rows (4 for rows <= 1024 wide: fp32 0.85 of copy against 0.57 with 2); 16 warps from 4096
+# wide (fp32 4096: 0.88 against 0.67 with 8).  Wide rows: chunks of 4096, 16 warps, 1 program per SM.
+BWD_MAX_SINGLE = {2: 8192, 4: 8192}
+BWD_TILE = {2: 4096, 4: 4096}
+BWD_PROGS_PER_SM = 2
+BWD_NARROW_PROGS_PER_SM = 4  # n_pow2 <= 1024
+BWD_CHUNK = 4096
+BWD_CHUNK_WARPS = 16
+BWD_CHUNK_PROGS_PER_SM = 1
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(index: int) -> int:
+    """SMs of CUDA device ``index`` (programs per wave), cached per device; 2 for the interpreter (-1)."""
+    if index < 0:
+        return 2
+    count = _SM_COUNT.get(index)
+    if count is None:
+        count = _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return count
+
+
+def _warps_for(n_pow2: int, block_m: int) -> int:
+    elems = n_pow2 * block_m
+    if elems <= 1024:
+        return 2
+    if elems <= 4096:
+        return 4
+    if elems <= 8192:
+        return 8
+    return 16 if elems <= 16384 else 32
+
+
+# Per-width winners of the final H200 sweep (CUDA-graph timing, benchmarks/results/norm_sweep_h200.json),
+# for the swept buckets; they take precedence over the rules below, and config_override over both.
+_TUNED: dict[tuple[int, int, str], dict[str, int]] = {
+    (2, 1024, "bwd"): {'bwd_block_m': 4, 'bwd_warps': 4, 'bwd_progs_per_sm': 2, 'bwd_max_single': 65536},  # 0.68 of copy
+    (2, 1024, "fwd"): {'fwd_block_m': 4, 'fwd_warps': 4},  # 0.95 of copy
+    (2, 16384, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 8, 'bwd_progs_per_sm': 2},  # 0.46 of copy
+    (2, 32768, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 16, 'bwd_progs_per_sm': 1},  # 0.43 of copy
+    (2, 4096, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 8, 'bwd_progs_per_sm': 2, 'bwd_max_single': 65536},  # 0.70 of copy
+    (2, 4096, "fwd"): {'fwd_block_m': 1, 'fwd_warps': 4, 'fwd_max_single': 65536},  # 0.93 of copy
+    (2, 65536, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 16, 'bwd_progs_per_sm': 1},  # 0.39 of copy
+    (2, 65536, "fwd"): {'fwd_max_single': 1024, 'fwd_chunk': 8192, 'fwd_warps': 8},  # 0.52 of copy
+    (4, 1024, "bwd"): {'bwd_block_m': 8, 'bwd_warps': 8, 'bwd_progs_per_sm': 1, 'bwd_max_single': 65536},  # 0.88 of copy
+    (4, 1024, "fwd"): {'fwd_block_m': 4, 'fwd_warps': 8},  # 0.96 of copy
+    (4, 16384, "fwd"): {'fwd_block_m': 2, 'fwd_warps': 16, 'fwd_max_single': 65536},  # 0.88 of copy
+    (4, 4096, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 16, 'bwd_progs_per_sm': 2, 'bwd_max_single': 65536},  # 0.90 of copy
+    (4, 4096, "fwd"): {'fwd_block_m': 1, 'fwd_warps': 16, 'fwd_max_single': 65536},  # 0.97 of copy
+    (4, 65536, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 16, 'bwd_progs_per_sm': 1},  # 0.53 of copy
+    (4, 65536, "fwd"): {'fwd_max_single': 1024, 'fwd_chunk': 4096, 'fwd_warps': 8},  # 0.61 of copy
+}
+
+
+def _tuned(n_pow2: int, elem: int, part: str):
+    t = _TUNED.get((elem, n_pow2, part), {})
+    return lambda name, default: get_override(_CFG, name, t.get(name, default))
+
+
+def _fwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int]:
+    """(single_block, BLOCK_M or chunk, num_warps) for the forward."""
+    ov = _tuned(n_pow2, elem, "fwd")
+    if n_pow2 <= ov("fwd_max_single", FWD_MAX_SINGLE[elem]):
+        block_m = ov("fwd_block_m", max(1, FWD_TILE[elem] // n_pow2))
+        warps = ov("fwd_warps", _warps_for(n_pow2, block_m))
+        return True, block_m, warps
+    return False, ov("fwd_chunk", FWD_CHUNK), ov("fwd_warps", FWD_CHUNK_WARPS)
+
+
+def _bwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int, int]:
+    """(single_block, BLOCK_M or chunk, num_warps, programs per SM) for the backward."""
+    ov = _tuned(n_pow2, elem, "bwd")
+    if n_pow2 <= ov("bwd_max_single", BWD_MAX_SINGLE[elem]):
+        block_m = ov("bwd_block_m", max(1, BWD_TILE[elem] // n_pow2))
+        warps = ov("bwd_warps", 16 if n_pow2 >= 4096 else _warps_for(n_pow2, block_m))
+        per_sm = BWD_NARROW_PROGS_PER_SM if n_pow2 <= 1024 else BWD_PROGS_PER_SM
+        return True, block_m, warps, ov("bwd_progs_per_sm", per_sm)
+    return False, ov("bwd_chunk", BWD_CHUNK), ov("bwd_warps", BWD_CHUNK_WARPS), ov("bwd_progs_per_sm", BWD_CHUNK_PROGS_PER_SM)

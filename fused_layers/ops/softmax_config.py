@@ -1,0 +1,49 @@
+"""Tuning table of the softmax kernels (fused_layers/ops/softmax.py): data, not code paths.
+
+Measured on an H200 (benchmarks/bench_softmax.py --sweep; results in benchmarks/results/softmax_h200.json).
+``config_override("softmax", ...)`` (tests, sweeps) takes precedence over every entry.
+"""
+
+from __future__ import annotations
+
+import triton
+
+from ._common import get_override
+
+# One table: configs per width bucket (next power of two of N) and element size, tuned on an H200
+# (benchmarks/results/softmax_h200.json, "sweep"). A bucket never re-tunes for a new row count, so the
+# first call on a new bucket costs one Triton compile of that kernel (cached on disk by Triton for later
+# processes) and nothing after that; the number of compiles is bounded by the buckets (width bucket x
+# dtype size x direction), never by the shapes a run produces.
+#
+# Single block, (BLOCK_M rows per program, num_warps) by (element size, width bucket):
+_SINGLE_BLOCK = {
+    2: {256: (8, 4), 512: (4, 4), 1024: (2, 4), 2048: (2, 4), 4096: (2, 4), 8192: (1, 8), 16384: (1, 16), 32768: (1, 16)},
+    4: {256: (8, 8), 512: (4, 8), 1024: (2, 8), 2048: (1, 8), 4096: (1, 16), 8192: (1, 16), 16384: (1, 16), 32768: (1, 16)},
+}
+# The backward holds y and dy: at fp32 32K, 8 warps beat 16 (0.95 vs 0.92 of copy in the first sweep,
+# where 16 warps gave 0.87 in the table).
+_SINGLE_BLOCK_BWD_WARPS = {(4, 32768): 8}
+MAX_SINGLE_BLOCK = 32768  # wider rows take the wide (piece-wise, one launch) kernels
+# Wide rows: (BLOCK_N chunk, PIECE columns per piece, num_warps) by direction and element size; the
+# winners of the H200 sweep (benchmarks/results/softmax_h200.json, "sweep"; fraction of copy at 65,536 /
+# 262,144: fwd bf16 0.73 / 0.70, fp32 0.78 / 0.76; bwd bf16 0.75 / 0.73, fp32 0.75 / 0.77).
+_WIDE = {("fwd", 2): (8192, 16384, 8), ("fwd", 4): (8192, 8192, 8), ("bwd", 2): (4096, 8192, 16), ("bwd", 4): (4096, 4096, 16)}
+
+
+def _single_block_config(n_pow2: int, elem: int, direction: str) -> tuple[int, int]:
+    """(BLOCK_M rows per program, num_warps) for a single-block tile of width n_pow2."""
+    block_m, warps = _SINGLE_BLOCK[elem].get(max(n_pow2, 256), (1, 32))  # wider: only via overrides
+    warps = _SINGLE_BLOCK_BWD_WARPS.get((elem, n_pow2), warps) if direction == "bwd" else warps
+    if n_pow2 < 256:  # narrow rows: keep about 2048 elements per program
+        block_m = 2048 // n_pow2
+    return get_override("softmax", "block_m", block_m), get_override("softmax", "num_warps", warps)
+
+
+def _wide_config(n: int, elem: int, direction: str) -> tuple[int, int, int, int]:
+    """(BLOCK_N chunk, SPLITS pieces per row, PIECE columns per piece, num_warps) for wide rows."""
+    block, piece, warps = _WIDE[(direction, elem)]
+    block = get_override("softmax", "wide_block", block)
+    piece = triton.cdiv(get_override("softmax", "wide_piece", piece), block) * block
+    piece = min(piece, triton.cdiv(n, block) * block)
+    return block, triton.cdiv(n, piece), piece, get_override("softmax", "wide_warps", warps)
