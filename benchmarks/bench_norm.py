@@ -129,7 +129,7 @@ def byte_counts(x) -> dict:
 # Config sweep (ours only)
 # --------------------------------------------------------------------------------------------------
 def fwd_candidates(n: int, elem: int):
-    from fused_layers.ops.layer_norm import _warps_for
+    from fused_layers.ops.layer_norm_config import _warps_for
 
     c = []
     if n <= 1024:
@@ -148,7 +148,7 @@ def fwd_candidates(n: int, elem: int):
 
 
 def bwd_candidates(n: int, elem: int):
-    from fused_layers.ops.layer_norm import _warps_for
+    from fused_layers.ops.layer_norm_config import _warps_for
 
     c = []
     if n <= 1024:
