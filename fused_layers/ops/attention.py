@@ -60,6 +60,7 @@ Triton's autotuner over a few configs per bucket instead (keyed on head-dim buck
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -922,6 +923,46 @@ def key_bias_from_mask(attn_mask: torch.Tensor, B: int, H: int, Sq: int, Sk: int
     else:
         bias = base.to(torch.float32)
     return bias.expand(B, H, 1, Sk)[:, :, 0, :]
+
+
+# --------------------------------------------------------------------------------------------------
+# Which attention a swapped module runs.  On Hopper, torch's SDPA picks cuDNN's attention for dense
+# bf16/fp16 inputs, and cuDNN is faster than these kernels in every dense case measured (H200,
+# benchmarks/results/attention_h200.md: our forward 0.67-0.90x and backward 0.49-0.91x of cuDNN's, ahead of
+# FlashAttention-2 and Flex).  A swapped module must never make the step slower, so for the dense cases
+# cuDNN handles (no mask, as many K/V heads as query heads, head dim 64 or 128, bf16/fp16, compute
+# capability 9.x, cuDNN SDPA enabled) the modules call SDPA; everything else (key-padding masks fused as a
+# bias, GQA/MQA, other head dims, float32, varlen) runs the Triton kernels, which beat SDPA's other
+# backends there.  FUSED_LAYERS_ATTENTION_BACKEND=triton (or sdpa) forces one side; the functional
+# ``fused_attention`` always runs the Triton kernels.
+# --------------------------------------------------------------------------------------------------
+ATTENTION_BACKEND = os.environ.get("FUSED_LAYERS_ATTENTION_BACKEND", "auto")
+if ATTENTION_BACKEND not in ("auto", "triton", "sdpa"):
+    raise ValueError(f"FUSED_LAYERS_ATTENTION_BACKEND={ATTENTION_BACKEND!r}; allowed: auto, triton, sdpa")
+_CUDNN_FASTER: dict[int, bool] = {}
+
+
+def _cudnn_sdpa_available(device_index: int) -> bool:
+    hit = _CUDNN_FASTER.get(device_index)
+    if hit is None:
+        major, _ = torch.cuda.get_device_capability(device_index)
+        hit = _CUDNN_FASTER[device_index] = major == 9 and getattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: False)()
+    return hit
+
+
+def prefer_sdpa(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """True when a swapped attention module should call SDPA (cuDNN) rather than the Triton kernels."""
+    if ATTENTION_BACKEND != "auto":
+        return ATTENTION_BACKEND == "sdpa"
+    return (
+        attn_mask is None
+        and q.is_cuda
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and q.dim() == 4
+        and q.shape[-1] in (64, 128)
+        and k.shape[-3] == q.shape[-3]
+        and _cudnn_sdpa_available(q.get_device())
+    )
 
 
 def fused_attention(
