@@ -46,9 +46,12 @@ def _rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
 
 
-def test_inductor_emits_our_kernels():
+def test_inductor_emits_our_kernels(monkeypatch):
     from torch._inductor.utils import run_and_get_code
 
+    from fused_layers.ops import layer_norm as ln_ops
+
+    monkeypatch.setattr(ln_ops, "NORM_UNDER_COMPILE", "kernels")  # the default lets Inductor write the norms
     torch._dynamo.reset()
     model = _Block().cuda().to(torch.bfloat16)
     x = torch.randn(2, 64, 128, device="cuda", dtype=torch.bfloat16)
@@ -60,7 +63,11 @@ def test_inductor_emits_our_kernels():
     assert "torch.ops.fused_layers" not in code, "an opaque fused_layers op is left in the compiled graph"
 
 
-def test_reduce_overhead_no_break_no_sync_no_recompile():
+@pytest.mark.parametrize("norms", ["inductor", "kernels"])
+def test_reduce_overhead_no_break_no_sync_no_recompile(monkeypatch, norms):
+    from fused_layers.ops import layer_norm as ln_ops
+
+    monkeypatch.setattr(ln_ops, "NORM_UNDER_COMPILE", norms)
     import torch._dynamo.utils as dyn_utils
 
     torch._dynamo.reset()
