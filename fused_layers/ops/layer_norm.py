@@ -98,6 +98,7 @@ from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the t
     BWD_MAX_SINGLE,
     FWD_MAX_SINGLE,
     _bwd_config,
+    _bwd_stages,
     _fwd_config,
     _sm_count,
 )
@@ -585,6 +586,9 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     plan.nparts = (int(has_w) + int(has_b)) * g * n
     plan.ints = (m, n, sx, sdy, rows_per_prog)
     meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, num_warps=warps)
+    stages = _bwd_stages(n_pow2, dtype.itemsize)
+    if stages:
+        meta["num_stages"] = stages
     plan.stats_kernel = None
     if single:
         plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), BLOCK_M=block, BLOCK_N=n_pow2, **meta)

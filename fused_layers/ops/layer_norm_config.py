@@ -93,6 +93,11 @@ def _fwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int]:
     return False, ov("fwd_chunk", FWD_CHUNK), ov("fwd_warps", FWD_CHUNK_WARPS)
 
 
+def _bwd_stages(n_pow2: int, elem: int) -> int:
+    """Software-pipelining depth (Triton's num_stages) of the backward's row loop: 0 = Triton's default."""
+    return _tuned(n_pow2, elem, "bwd")("bwd_stages", 0)
+
+
 def _bwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int, int]:
     """(single_block, BLOCK_M or chunk, num_warps, programs per SM) for the backward."""
     ov = _tuned(n_pow2, elem, "bwd")
