@@ -1,0 +1,707 @@
+r"""Cross-entropy on logits: one Triton kernel computes the loss AND the gradient (in the forward).
+
+Semantics are those of ``F.cross_entropy(input, target, weight, ignore_index, reduction,
+label_smoothing)``: class-index targets (int64 / uint8, like torch) or class-probability targets (same
+shape as the input), inputs (C,), (N, C) or (N, C, d1, ...).
+
+Derivation.  For one row x (C logits; rows are the positions (n, d1, ...)), with
+lse = m + log(s), m = max_c x_c, s = sum_c exp(x_c - m) and p_c = exp(x_c - lse), every variant has the
+form
+
+    loss = A * lse - sum_c B_c x_c,        dloss/dx_j = A p_j - B_j,        A = sum_c B_c,
+
+* class index t, weight w (w = 1 when absent), smoothing e:
+  B_c = (1 - e) w_t [c = t] + (e / C) w_c, so
+  loss = (1 - e) w_t (lse - x_t) + (e / C) (W lse - sum_c w_c x_c) with W = sum_c w_c
+  (exactly torch's ``(1 - e) * nll + (e / C) * smooth``, LossNLL.cpp), and ignored rows give loss 0 and
+  gradient 0 * p (0 for a finite row; NaN for a row holding NaN/inf, as torch's log_softmax backward);
+* class probabilities q: q' = (1 - e) q + e / C and B_c = w_c q'_c (``ignore_index`` does not apply).
+
+Reductions: ``none`` keeps the per-row loss; ``sum`` adds the rows; ``mean`` divides the sum by
+D = sum over non-ignored rows of w_t for class indices (torch's weighted mean; 0 / 0 = NaN when every
+row is ignored) and by the number of rows for probabilities.  D is computed on the device by a small
+pre-pass (``_ce_den_kernel``) so the main kernel can scale the gradient by 1/D without a host sync.
+
+The main kernel (``_ce_fwd_kernel``), one program per BLOCK_M rows:
+
+1. statistics of the row: online softmax over chunks of BLOCK_N columns, running (m, s) with
+   m' = max(m, max(chunk)), s' = s exp(m - m') + sum exp(chunk - m') (while only -inf was seen it
+   subtracts 0 instead, so -inf - -inf never appears), plus the sums the loss needs (sum w x, sum w,
+   sum w q', sum w q' x);
+2. the loss of the row (scaled by 1/D for ``mean``) into a float32 row buffer;
+3. when a gradient is wanted: dx_j = (A p_j - B_j) / D, written in the logits' dtype.
+
+A row of at most ``MAX_SINGLE`` (padded) columns is loaded once and kept in registers (one read, one
+write).  A wider row is read twice (statistics, then gradient); the second read comes from L2 while
+the rows in flight fit there (about 50 MB on an H200: a few hundred rows of 50K-128K bf16 logits).
+All math is float32; the logits are read in their own dtype (no float32 copy).
+
+Backward.  The saved gradient is that of the loss for an upstream gradient of 1; the backward scales
+it by grad_output: in place, by ``_ce_scale_kernel``, whose programs read the scalar and return at
+once when it is 1 (the usual ``loss.backward()``), so forward + backward is one read of the logits
+and one write of the gradient; for ``reduction='none'`` by a broadcast in-place multiply.  Because the
+scaling is in place, a second backward through the same graph (``retain_graph=True``) raises.
+
+Special values follow torch: +inf or NaN in a row gives NaN loss and gradient for that row, -inf
+logits are fine (the target's -inf gives +inf loss), an all -inf row gives NaN.
+
+Out-of-range targets (not ``ignore_index``, not in [0, C)): the kernel never reads out of bounds (it
+reads column 0 instead), sets an error flag and writes NaN loss/gradient for the row.  The flag is
+checked at once on the CPU (``IndexError``, as torch's CPU kernel), and on CUDA without a host sync:
+it is copied to pinned memory asynchronously and checked at the next call (or by
+``check_cross_entropy_errors()``, which waits), raising ``IndexError`` there.  (torch's CUDA kernel
+asserts on the device, which kills the process.)
+
+Layout.  A row is an (outer, inner) pair: for input (N, C, d1, ...), outer runs over N and inner over
+d1..., element (o, i, c) at ``o * sxo + i * sxi + c * sxc``: (N, C) views with any strides and
+contiguous (N, C, d...) inputs need no copy (the column stride is then d1*...: correct, but reads are
+strided); layouts that do not merge that way are copied to contiguous first (``_row_strides``).
+The gradient is allocated contiguous in the input's shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import cross_entropy_config as cfg
+from ._common import (
+    check_tensor,
+    config_override,  # noqa: F401  (re-exported for tests: config_override("cross_entropy", ...))
+    get_override,
+    is_compiling,
+    next_power_of_2,
+    override_epoch,
+    use_fallback,
+)
+from .softmax import _contiguous_strides, _row_strides
+
+_OP = "fused_cross_entropy"
+_LOG2E = 1.4426950408889634
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+# ==================================================================================================
+# Kernels
+# ==================================================================================================
+@triton.jit
+def _ce_stats_update(x, m, s):
+    """Online softmax step: fold the chunk x [BLOCK_M, BLOCK_N] (float32, masked with -inf) into (m, s)."""
+    m_new = tl.maximum(m, tl.max(x, axis=1))
+    # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+    s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + tl.sum(tl.exp2((x - m_safe[:, None]) * 1.4426950408889634), axis=1)
+    return m_new, s
+
+
+@triton.jit
+def _ce_stats_chunk(xb, tb, W, off, row_ok, C, sxc, stc, smoothing, m, s, sum_w, sum_wx,
+                    SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 1 on the chunk of columns [off, off + BLOCK_N) of BLOCK_M rows (row bases xb / tb).
+
+    Returns the chunk (float32) and the updated running (m, s, sum_w, sum_wx).
+    """
+    c = off + tl.arange(0, BLOCK_N)
+    cm = row_ok[:, None] & (c < C)[None, :]
+    # -inf: the identity of max; exp(-inf - m) = 0 is then the identity of the sum.
+    x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
+    m, s = _ce_stats_update(x, m, s)
+    if SOFT or SMOOTH:
+        if HAS_WEIGHT:
+            w = tl.load(W + c, mask=c < C, other=0.0).to(tl.float32)[None, :]
+        else:
+            w = tl.full([1, BLOCK_N], 1.0, tl.float32)
+        if SOFT:
+            q = tl.load(tb[:, None] + c[None, :].to(tl.int64) * stc, mask=cm, other=0.0).to(tl.float32)
+            if SMOOTH:
+                q = q * (1.0 - smoothing) + smoothing / (C * 1.0)
+            wq = w * q
+            sum_w += tl.sum(tl.where(cm, wq, 0.0), axis=1)
+            sum_wx += tl.sum(tl.where(cm, wq * x, 0.0), axis=1)  # masked: never 0 * -inf
+        else:
+            sum_wx += tl.sum(tl.where(cm, w * x, 0.0), axis=1)
+            if HAS_WEIGHT:
+                sum_w += tl.sum(tl.where(cm, w, 0.0), axis=1)
+    return x, m, s, sum_w, sum_wx
+
+
+@triton.jit
+def _ce_grad_chunk(x, db, tb, W, off, row_ok, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
+                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 2 on one chunk: dx = coef_a * p - B (scaled), stored at db (row bases) in DX's dtype.
+
+    B_j = coef_t [j == t] + coef_b (e / C) w_j for class indices, coef_b w_j q'_j for probabilities.
+    """
+    c = off + tl.arange(0, BLOCK_N)
+    cm = row_ok[:, None] & (c < C)[None, :]
+    c64 = c[None, :].to(tl.int64)
+    p = tl.exp2((x - lse[:, None]) * 1.4426950408889634)
+    g = coef_a[:, None] * p
+    if HAS_WEIGHT:
+        w = tl.load(W + c, mask=c < C, other=0.0).to(tl.float32)[None, :]
+    else:
+        w = tl.full([1, BLOCK_N], 1.0, tl.float32)
+    if SOFT:
+        q = tl.load(tb[:, None] + c64 * stc, mask=cm, other=0.0).to(tl.float32)
+        if SMOOTH:
+            q = q * (1.0 - smoothing) + smoothing / (C * 1.0)
+        g -= coef_b[:, None] * (w * q)
+    else:
+        g -= tl.where(c[None, :] == t[:, None], coef_t[:, None], 0.0)
+        if SMOOTH:
+            g -= (coef_b * (smoothing / (C * 1.0)))[:, None] * w
+    tl.store(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _ce_den_kernel(
+    T,  # int64/uint8 [M]: class-index targets (flat, contiguous)
+    W,  # [C] class weights (float), read only when HAS_WEIGHT
+    DEN,  # float32 [1] (written): D = sum over non-ignored, in-range rows of w_t (1 without weights)
+    M, C,  # rows, classes
+    ignore_index,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program: the denominator of the weighted mean, on the device (no host sync)."""
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, M, BLOCK):
+        r = start + offs
+        t = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
+        ok = (r < M) & (t != ignore_index) & (t >= 0) & (t < C)
+        if HAS_WEIGHT:
+            w = tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32)
+        else:
+            w = ok.to(tl.float32)
+        acc += tl.where(ok, w, 0.0)
+    tl.store(DEN, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _ce_fwd_kernel(
+    X,  # logits; element (row (o, i), class c) at X + o*sxo + i*sxi + c*sxc (bf16/fp16/fp32)
+    T,  # class indices: int64/uint8 [M] flat; probabilities: same layout as X with strides (sto, sti, stc)
+    W,  # [C] class weights (read when HAS_WEIGHT)
+    LOSS,  # float32 [M] (written): loss of each row, already divided by D for reduction='mean'
+    DX,  # gradient (written when HAS_GRAD; may be X itself); element (o, i, c) at DX + o*sdo + i*sdi + c*sdc
+    DEN,  # float32 [1]: D for reduction='mean' with class indices (read when DEN_ON_DEVICE)
+    RS,  # float [M]: per-row scale of the gradient (read when HAS_ROW_SCALE)
+    ERR,  # int32 [1]: set to 1 when a class index is out of range
+    M, C, INNER,  # rows, classes, size of the inner row index (d1 * ...)
+    sxo, sxi, sxc,  # strides of X
+    sto, sti, stc,  # strides of T (probabilities only)
+    sdo, sdi, sdc,  # strides of DX
+    ignore_index,  # class index whose rows are ignored
+    smoothing,  # label_smoothing e (float)
+    inv_den,  # 1/D when not DEN_ON_DEVICE (1.0 for sum/none, 1/M for the mean of probabilities)
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # columns per chunk
+    SINGLE: tl.constexpr,  # the row fits in one chunk: load once, keep it in registers
+    SOFT: tl.constexpr,  # targets are class probabilities
+    HAS_WEIGHT: tl.constexpr,
+    SMOOTH: tl.constexpr,  # smoothing > 0
+    HAS_GRAD: tl.constexpr,  # write the gradient
+    DEN_ON_DEVICE: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    r64 = rows.to(tl.int64)
+    xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi  # [BLOCK_M] row bases
+    cols = tl.arange(0, BLOCK_N)
+    Cf = (C * 1.0)
+
+    # ---- targets ---------------------------------------------------------------------------------
+    if SOFT:
+        tb = T + (r64 // INNER) * sto + (r64 % INNER) * sti
+        ign = rows < 0  # all False: no ignore_index for probabilities
+        bad = ign
+        t = rows * 0
+    else:
+        tb = xb  # unused
+        t = tl.load(T + r64, mask=row_ok, other=ignore_index).to(tl.int64)
+        ign = t == ignore_index
+        bad = row_ok & (~ign) & ((t < 0) | (t >= C))
+        tl.store(ERR + rows * 0, 1, mask=bad)  # every writer writes 1: no race
+        t = tl.where(ign | bad, 0, t)  # never read out of bounds
+        x_t = tl.load(xb + t * sxc, mask=row_ok, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            w_t = tl.load(W + t, mask=row_ok, other=0.0).to(tl.float32)
+        else:
+            w_t = tl.full([BLOCK_M], 1.0, tl.float32)
+
+    # ---- pass 1: statistics ----------------------------------------------------------------------
+    m = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    s = tl.zeros([BLOCK_M], tl.float32)
+    sum_wx = tl.zeros([BLOCK_M], tl.float32)  # hard + smoothing: sum w_c x_c;  soft: sum w_c q'_c x_c
+    sum_w = tl.zeros([BLOCK_M], tl.float32)  # hard + smoothing + weight: sum w_c;  soft: sum w_c q'_c
+    if SINGLE:  # the whole row in one tile, kept in registers for pass 2
+        x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, 0, row_ok, C, sxc, stc, smoothing, m, s, sum_w, sum_wx,
+                                                 SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+    else:
+        for off in range(0, C, BLOCK_N):
+            _x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, off, row_ok, C, sxc, stc, smoothing, m, s, sum_w,
+                                                      sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+    lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below as torch
+
+    # ---- loss of the row -------------------------------------------------------------------------
+    if DEN_ON_DEVICE:
+        scale = 1.0 / tl.load(DEN)
+    else:
+        scale = inv_den
+    if SOFT:
+        a = sum_w
+        loss = a * lse - sum_wx
+    else:
+        loss = (1.0 - smoothing) * w_t * (lse - x_t)
+        if SMOOTH:
+            if HAS_WEIGHT:
+                w_all = sum_w
+            else:
+                w_all = tl.full([BLOCK_M], 1.0, tl.float32) * Cf
+            loss += (smoothing / Cf) * (w_all * lse - sum_wx)
+            a = (1.0 - smoothing) * w_t + (smoothing / Cf) * w_all
+        else:
+            a = w_t
+        loss = tl.where(ign, 0.0, loss)
+        loss = tl.where(bad, float("nan"), loss)
+    tl.store(LOSS + r64, loss * scale, mask=row_ok)
+
+    # ---- pass 2: gradient dx = (A p - B) / D -----------------------------------------------------
+    if HAS_GRAD:
+        if HAS_ROW_SCALE:
+            scale = scale * tl.load(RS + r64, mask=row_ok, other=0.0).to(tl.float32)
+        scale = tl.where(bad, float("nan"), scale)
+        # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
+        coef_a = tl.where(ign, 0.0, a * scale)
+        coef_b = tl.where(ign, 0.0, scale)  # multiplies B_j
+        if SOFT:
+            coef_t = coef_b  # unused
+        else:
+            coef_t = coef_b * (1.0 - smoothing) * w_t
+        db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
+        if SINGLE:
+            _ce_grad_chunk(x, db, tb, W, 0, row_ok, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
+                           SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+        else:
+            for off in range(0, C, BLOCK_N):
+                # second read of the chunk (from L2 while the rows in flight fit there)
+                c = off + cols
+                cm = row_ok[:, None] & (c < C)[None, :]
+                x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
+                _ce_grad_chunk(x, db, tb, W, off, row_ok, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
+                               SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+
+
+@triton.jit
+def _ce_scale_kernel(
+    G,  # flat contiguous gradient [N] (scaled in place)
+    GO,  # the scalar grad_output (any float dtype)
+    N,  # number of elements
+    BLOCK: tl.constexpr,
+):
+    """G *= grad_output, in place; every program returns at once when grad_output == 1 (no traffic)."""
+    go = tl.load(GO).to(tl.float32)
+    if go != 1.0:
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        offs = tl.arange(0, BLOCK)
+        for start in range(pid * BLOCK, N, nprog * BLOCK):
+            o = start + offs.to(tl.int64)
+            g = tl.load(G + o, mask=o < N, other=0.0).to(tl.float32)
+            tl.store(G + o, (g * go).to(G.dtype.element_ty), mask=o < N)
+
+
+# ==================================================================================================
+# PyTorch references
+# ==================================================================================================
+def cross_entropy_reference(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """``F.cross_entropy`` in float32 (float64 stays float64), result in the dtype torch would give."""
+    acc = torch.float64 if input.dtype == torch.float64 else torch.float32
+    out_dtype = _out_dtype(input)
+    w = None if weight is None else weight.to(acc)
+    tgt = target.to(acc) if target.is_floating_point() else target
+    loss = torch.nn.functional.cross_entropy(input.to(acc), tgt, weight=w, ignore_index=ignore_index,
+                                             reduction=reduction, label_smoothing=label_smoothing)
+    return loss.to(out_dtype)
+
+
+def cross_entropy_rows_reference(x, target, weight=None, ignore_index=-100, label_smoothing=0.0):
+    """What ``_ce_fwd_kernel`` computes, in PyTorch: per-row loss and the gradient of their sum.
+
+    ``x`` is (M, C) (float64 in the tests), ``target`` (M,) class indices or (M, C) probabilities.
+    Returns (loss (M,), dx (M, C)) from the A/B form of the module docstring.
+    """
+    M, C = x.shape
+    e = label_smoothing
+    w = torch.ones(C, dtype=x.dtype, device=x.device) if weight is None else weight.to(x.dtype)
+    lse = torch.logsumexp(x, 1)
+    p = torch.exp(x - lse[:, None])
+    if target.is_floating_point():
+        B = w[None, :] * (target.to(x.dtype) * (1 - e) + e / C)
+        ign = torch.zeros(M, dtype=torch.bool, device=x.device)
+    else:
+        ign = target == ignore_index
+        t = torch.where(ign, 0, target)
+        B = (e / C) * w[None, :].expand(M, C).clone()
+        B[torch.arange(M), t] += (1 - e) * w[t]
+        B[ign] = 0
+    A = B.sum(1)
+    if e == 0 and not target.is_floating_point():
+        loss = A * (lse - x[torch.arange(M), t])  # avoids 0 * -inf on the other classes
+    else:
+        loss = A * lse - (B * x).sum(1)
+    loss = torch.where(ign, 0.0, loss)
+    return loss, A[:, None] * p - B
+
+
+# ==================================================================================================
+# Launchers
+# ==================================================================================================
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    """Loss dtype: the input's, or float32 under autocast (torch autocasts cross_entropy to float32)."""
+    try:
+        if x.dtype != torch.float64 and torch.is_autocast_enabled(x.device.type):
+            return torch.float32
+    except (TypeError, RuntimeError):  # torch < 2.4 or a device without autocast
+        pass
+    return x.dtype
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{_OP}: argument 'reduction' is {reduction!r}; allowed: 'none', 'mean', 'sum'")
+
+
+def validate(input, target, weight, ignore_index, reduction, label_smoothing) -> bool:
+    """Check the arguments like torch does (same exception types); returns True for probability targets."""
+    input = check_tensor(_OP, "input", input)
+    target = check_tensor(_OP, "target", target)
+    _check_reduction(reduction)
+    if not input.is_floating_point():
+        raise RuntimeError(f"{_OP}: argument 'input' must be a floating tensor, got {input.dtype}")
+    if input.dim() == 0:
+        raise IndexError(f"{_OP}: argument 'input' must have at least 1 dimension (the classes), got a 0-d tensor")
+    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= float(label_smoothing) <= 1.0:
+        raise RuntimeError(f"{_OP}: argument 'label_smoothing' must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
+        raise TypeError(f"{_OP}: argument 'ignore_index' must be an int, got {type(ignore_index).__name__}")
+    C = input.shape[1] if input.dim() >= 2 else input.shape[0]
+    if weight is not None:
+        check_tensor(_OP, "weight", weight)
+        if weight.dim() != 1 or weight.numel() != C:
+            raise RuntimeError(f"{_OP}: argument 'weight' should be defined either for all {C} classes or no classes "
+                               f"but got weight tensor of shape: {list(weight.shape)}")
+        if weight.dtype != input.dtype:
+            raise RuntimeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; it must match the input's {input.dtype}")
+    devs = {t.device for t in (input, target, weight) if t is not None}
+    if len(devs) > 1:
+        raise ValueError(f"{_OP}: 'input', 'target' and 'weight' must be on one device, got {sorted(map(str, devs))}")
+    if target.is_floating_point():
+        if target.shape != input.shape:
+            raise RuntimeError(f"{_OP}: argument 'target' holds class probabilities (floating) so it must have the "
+                               f"input's shape {list(input.shape)}, got {list(target.shape)}")
+        return True
+    if target.dtype not in (torch.int64, torch.uint8):
+        raise RuntimeError(f"{_OP}: argument 'target' must be class indices of dtype int64 (Long) or uint8 (Byte), "
+                           f"or class probabilities of a floating dtype; got {target.dtype}")
+    exp = (input.shape[:1] + input.shape[2:]) if input.dim() >= 2 else torch.Size([])
+    if target.shape != exp:
+        if input.dim() >= 2 and target.dim() >= 1 and target.shape[0] != input.shape[0]:
+            raise ValueError(f"{_OP}: Expected input batch_size ({input.shape[0]}) to match target batch_size ({target.shape[0]}).")
+        raise RuntimeError(f"{_OP}: argument 'target' has shape {list(target.shape)}; expected {list(exp)} for an input of shape {list(input.shape)}")
+    return False
+
+
+class _Plan:
+    __slots__ = ("copy_x", "copy_t", "args", "meta", "grid", "M", "C")
+
+
+_PLANS: dict[tuple, _Plan] = {}
+
+
+def _plan(shape, xstride, tstride, elem: int, soft: bool) -> _Plan:
+    """Launch plan for an input of ``shape`` (ndim >= 2, classes on dim 1); cached per layout."""
+    key = (shape, xstride, tstride, elem, soft, override_epoch())
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    plan = _Plan()
+    v = _row_strides(shape, xstride, 1)
+    plan.copy_x = v is None
+    outer, inner, sxo, sxi, sxc = v if v is not None else _contiguous_strides(shape, 1)
+    if soft:
+        vt = _row_strides(shape, tstride, 1)
+        plan.copy_t = vt is None
+        st = (vt if vt is not None else _contiguous_strides(shape, 1))[2:]
+    else:
+        plan.copy_t = False
+        st = (0, 0, 0)
+    sd = _contiguous_strides(shape, 1)[2:]
+    C = shape[1]
+    M = outer * inner
+    c_pow2 = next_power_of_2(C)
+    max_single = get_override("cross_entropy", "max_single", cfg.MAX_SINGLE)
+    if c_pow2 <= max_single:
+        block_m, warps = cfg._SINGLE.get(max(c_pow2, 256), (1, 16))
+        if c_pow2 < 256:
+            block_m = 4096 // c_pow2
+        block_n, single = c_pow2, True
+    else:
+        block_m, warps, single = 1, cfg.STREAM_WARPS, False
+        block_n = cfg.STREAM_BLOCK[elem]
+    block_m = min(get_override("cross_entropy", "block_m", block_m), next_power_of_2(M))
+    block_n = get_override("cross_entropy", "block_n", block_n) if not single else block_n
+    plan.M, plan.C = M, C
+    plan.grid = (triton.cdiv(M, block_m),)
+    plan.args = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd)
+    plan.meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
+                     num_warps=get_override("cross_entropy", "num_warps", warps))
+    _PLANS[key] = plan
+    return plan
+
+
+# Out-of-range targets on CUDA: flags copied to pinned memory without a sync, checked at the next call.
+_PENDING: list[tuple] = []
+
+
+def _raise_target_error(C: int) -> None:
+    raise IndexError(f"{_OP}: argument 'target' has a class index out of range: not ignore_index and not in "
+                     f"[0, {C - 1}] (Target is out of bounds.)")
+
+
+def check_cross_entropy_errors(wait: bool = True) -> None:
+    """Raise ``IndexError`` if an earlier CUDA call of the fused cross-entropy saw an out-of-range target.
+
+    With ``wait=False`` only the flags whose copy has already landed are checked (no sync).
+    """
+    keep = []
+    for event, host, C in _PENDING:
+        if wait:
+            event.synchronize()
+        elif not event.query():
+            keep.append((event, host, C))
+            continue
+        if int(host[0]):
+            _PENDING.clear()
+            _raise_target_error(C)
+    _PENDING[:] = keep
+
+
+def _check_flag(err: torch.Tensor, C: int) -> None:
+    if err.device.type != "cuda":
+        if int(err[0]):
+            _raise_target_error(C)
+        return
+    check_cross_entropy_errors(wait=False)
+    if torch.cuda.is_current_stream_capturing():
+        return  # a captured graph cannot copy to a host buffer it does not own; the loss shows NaN
+    host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+    host.copy_(err, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    _PENDING.append((event, host, C))
+
+
+def _loss_shape(input: torch.Tensor) -> torch.Size:
+    return input.shape[:1] + input.shape[2:] if input.dim() >= 2 else torch.Size([])
+
+
+def cross_entropy_forward(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    compute_grad: bool = True,
+    grad_out: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    den: torch.Tensor | None = None,
+    loss_out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+):
+    """Launch the fused cross-entropy on validated arguments.
+
+    Returns ``(loss, grad)``: ``loss`` reduced as asked (``out_dtype``, default the input's or float32
+    under autocast), ``grad`` the gradient of ``loss`` w.r.t. ``input`` for an upstream gradient of 1
+    (contiguous, input's dtype), or ``None`` when ``compute_grad`` is False.
+
+    Advanced (the fused linear cross-entropy): ``grad_out`` is written instead of a new gradient buffer
+    (it may be ``input`` itself: the logits are overwritten by their gradient); ``row_scale`` (M,)
+    multiplies each row's gradient; ``den`` is a precomputed device D for ``mean``; ``loss_out`` (M,)
+    float32 receives the per-row losses (then ``loss`` is None).
+    """
+    soft = target.is_floating_point()
+    if input.dim() == 1:  # (C,) with a 0-d target: one row
+        input = input.unsqueeze(0)
+        target = target.unsqueeze(0)
+        squeeze = True
+    else:
+        squeeze = False
+    out_dtype = out_dtype or _out_dtype(input)
+    shape = input.shape
+    plan = _plan(shape, input.stride(), target.stride() if soft else None, input.element_size(), soft)
+    M, C = plan.M, plan.C
+    dev = input.device
+    if compute_grad and grad_out is None:
+        grad = torch.empty(shape, dtype=input.dtype, device=dev)
+    else:
+        grad = grad_out
+    if M == 0 or C == 0:
+        if grad is not None:
+            grad.zero_()
+        if loss_out is not None:
+            return None, grad
+        if reduction == "none":
+            return torch.empty(_loss_shape(input) if not squeeze else (), dtype=out_dtype, device=dev), grad
+        val = float("nan") if reduction == "mean" else 0.0
+        return torch.full((), val, dtype=out_dtype, device=dev), grad
+    if plan.copy_x:
+        input = input.contiguous()  # a layout the (outer, inner) form cannot express: one copy
+    if soft:
+        if plan.copy_t:
+            target = target.contiguous()
+        t = target
+    else:
+        t = target.reshape(-1)  # a copy only for a non-contiguous target (M integers)
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
+    mean_hard = reduction == "mean" and not soft
+    if mean_hard and den is None:
+        den = torch.empty(1, dtype=torch.float32, device=dev)
+        _ce_den_kernel[(1,)](t, weight if weight is not None else t, den, M, C, ignore_index,
+                             HAS_WEIGHT=weight is not None, BLOCK=1024)
+    inv_den = 1.0 / M if (reduction == "mean" and soft) else 1.0
+    loss_rows = loss_out if loss_out is not None else torch.empty(M, dtype=torch.float32, device=dev)
+    g = grad if grad is not None else input  # not written when HAS_GRAD is False
+    _ce_fwd_kernel[plan.grid](
+        input, t, weight if weight is not None else input, loss_rows, g,
+        den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err,
+        *plan.args, ignore_index, float(label_smoothing), inv_den,
+        SOFT=soft, HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0, HAS_GRAD=grad is not None,
+        DEN_ON_DEVICE=mean_hard, HAS_ROW_SCALE=row_scale is not None, **plan.meta,
+    )
+    if not soft:
+        _check_flag(err, C)
+    if loss_out is not None:
+        return None, grad
+    if reduction == "none":
+        loss = loss_rows.view(_loss_shape(input) if not squeeze else ()).to(out_dtype)
+    else:
+        loss = loss_rows.sum().to(out_dtype)
+    if squeeze and grad is not None and grad_out is None:
+        grad = grad.squeeze(0)
+    return loss, grad
+
+
+def scale_grad_(grad: torch.Tensor, grad_output: torch.Tensor, reduction: str) -> torch.Tensor:
+    """grad *= grad_output in place (grad_output broadcast over the class dim for reduction='none')."""
+    if reduction == "none":
+        go = grad_output.unsqueeze(1) if grad.dim() >= 2 else grad_output
+        return grad.mul_(go.to(grad.dtype))
+    n = grad.numel()
+    if n == 0:
+        return grad
+    if grad.device.type == "cuda" or grad.device.type == "cpu":
+        block = 4096
+        grid = (max(1, min(triton.cdiv(n, block), 1024)),)
+        _ce_scale_kernel[grid](grad, grad_output, n, BLOCK=block, num_warps=8)
+    return grad
+
+
+# ==================================================================================================
+# Registration: custom ops (torch.compile) and the eager direct path
+# ==================================================================================================
+@torch.library.custom_op("fused_layers::cross_entropy_fwd", mutates_args=())
+def _ce_fwd_op(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, ignore_index: int,
+               reduction: str, label_smoothing: float, compute_grad: bool, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    loss, grad = cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing,
+                                       compute_grad, out_dtype=out_dtype)
+    return loss, (grad if grad is not None else input.new_empty(0))
+
+
+@_ce_fwd_op.register_fake
+def _(input, target, weight, ignore_index, reduction, label_smoothing, compute_grad, out_dtype):
+    shape = _loss_shape(input) if reduction == "none" else ()
+    grad = input.new_empty(input.shape) if compute_grad else input.new_empty(0)
+    return input.new_empty(shape, dtype=out_dtype), grad
+
+
+def _ce_setup_context(ctx, inputs, output):
+    ctx.reduction = inputs[4]
+    ctx.save_for_backward(output[1])
+
+
+def _ce_backward(ctx, grad_loss, _grad_grad):
+    (grad,) = ctx.saved_tensors
+    if ctx.reduction == "none":
+        go = grad_loss.unsqueeze(1) if grad.dim() >= 2 else grad_loss
+    else:
+        go = grad_loss
+    return grad * go.to(grad.dtype), None, None, None, None, None, None, None
+
+
+_ce_fwd_op.register_autograd(_ce_backward, setup_context=_ce_setup_context)
+
+
+class _CrossEntropyFunction(torch.autograd.Function):
+    """Eager direct path: gradient computed in the forward, scaled in place in the backward."""
+
+    @staticmethod
+    def forward(ctx, input, target, weight, ignore_index, reduction, label_smoothing, out_dtype):
+        loss, grad = cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing,
+                                           True, out_dtype=out_dtype)
+        ctx.reduction = reduction
+        ctx.used = False
+        ctx.save_for_backward(grad)
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        if ctx.used:
+            raise RuntimeError(f"{_OP}: backward ran twice through the same graph; the gradient computed in the "
+                               "forward is scaled in place, so retain_graph=True double backward is not supported")
+        ctx.used = True
+        (grad,) = ctx.saved_tensors
+        return scale_grad_(grad, grad_loss, ctx.reduction), None, None, None, None, None, None
+
+
+def fused_cross_entropy(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    size_average=None,
+    ignore_index: int = -100,
+    reduce=None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """``F.cross_entropy`` with one fused Triton kernel (loss and gradient in one pass over the logits).
+
+    Same signature and semantics as ``torch.nn.functional.cross_entropy`` (class indices or class
+    probabilities, ``weight``, ``ignore_index``, ``reduction``, ``label_smoothing``); bf16/fp16/fp32 logits
+    are read in their own dtype with float32 math. float64 inputs, probability targets that require a
+    gradient, and devices where Triton cannot run use PyTorch (``F.cross_entropy``).
+    """
+    if size_average is not None or reduce is not None:
+        from torch.nn.modules.loss import _Reduction
+
+        reduction = _Reduction.legacy_get_string(size_average, reduce)
+    soft = validate(input, target, weight, ignore_index, reduction, label_smoothing)
+    if input.dtype == torch.float64 or (soft and target.requires_grad) or use_fallback(_OP, input):
+        return torch.nn.functional.cross_entropy(input, target, weight=weight, ignore_index=ignore_index,
+                                                 reduction=reduction, label_smoothing=label_smoothing)
+    out_dtype = _out_dtype(input)
+    need_grad = input.requires_grad and torch.is_grad_enabled()
+    if is_compiling():
+        return _ce_fwd_op(input, target, weight, ignore_index, reduction, float(label_smoothing), need_grad, out_dtype)[0]
+    if need_grad:
+        return _CrossEntropyFunction.apply(input, target, weight, ignore_index, reduction, float(label_smoothing), out_dtype)
+    return cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing, False,
+                                 out_dtype=out_dtype)[0]
