@@ -59,6 +59,9 @@ KINDS: dict[str, Kind] = {
         Kind("softmax", "torch.nn.Softmax", "FusedSoftmax", "GB/s", ("dim",)),
         Kind("multihead_attention", "torch.nn.MultiheadAttention", "FusedMultiheadAttention", "TFLOP/s"),
         Kind("attention", "fused_layers.modules.attention.Attention", "FusedAttention", "TFLOP/s"),
+        # also turns a LinearCrossEntropyLoss (LM head + loss) holding it into the chunked fused head + loss
+        Kind("cross_entropy", "torch.nn.CrossEntropyLoss", "FusedCrossEntropyLoss", "GB/s",
+             ("weight", "ignore_index", "reduction", "label_smoothing")),
     )
 }
 

@@ -8,7 +8,11 @@ Every layer the fused callback knows is a plain PyTorch (or reference) module he
   callback swaps the whole core for ``FusedAttention`` (kind ``attention``) or only its softmax for
   ``FusedSoftmax`` (kind ``softmax``);
 * with ``attn_impl="sdpa"`` the core is ``F.scaled_dot_product_attention`` (flash / memory-efficient
-  kernels on GPU): the strongest *unfused* baseline, with nothing for the callback to swap but norms.
+  kernels on GPU): the strongest *unfused* baseline, with nothing for the callback to swap but norms;
+* the LM head and the loss are one ``LinearCrossEntropyLoss`` module (``F.linear`` then an
+  ``nn.CrossEntropyLoss`` child on float32 logits); kind ``cross_entropy`` swaps the child, which turns the
+  module into the chunked fused head + loss (``fused_linear_cross_entropy``: the logits are never
+  materialized). The state_dict is the same either way.
 
 Token and position embeddings, a GELU MLP, the LM head tied to the token embedding, AdamW with decoupled
 weight decay on matrices only, linear warm-up then cosine decay.
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fused_layers.modules.attention import Attention
+from fused_layers.modules.loss import LinearCrossEntropyLoss
 
 
 class AttnImpl(str, Enum):
@@ -105,6 +110,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.wte.weight  # tied
+        self.loss = LinearCrossEntropyLoss()  # head + loss (no parameters of its own)
         self.apply(self._init_weights)
         # GPT-2: residual output projections scaled by 1/sqrt(2 * n_layer).
         for name, p in self.named_parameters():
@@ -118,7 +124,8 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, vocab) logits; with ``targets`` (B, T), the mean next-token loss instead."""
         T = idx.shape[1]
         if T > self.seq_len:
             raise ValueError(f"sequence length {T} exceeds the model's seq_len {self.seq_len}")
@@ -126,7 +133,10 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        x = self.ln_f(x)
+        if targets is not None:
+            return self.loss(x, self.head.weight, targets, self.head.bias)
+        return self.head(x)
 
 
 class GPTLM(L.LightningModule):
@@ -181,8 +191,7 @@ class GPTLM(L.LightningModule):
 
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
-        logits = self._net()(x)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+        return self._net()(x, y)
 
     def training_step(self, batch, batch_idx):
         loss = self._loss(batch)

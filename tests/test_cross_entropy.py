@@ -296,3 +296,157 @@ def test_gpu_special_strided_and_errors():
     with pytest.raises(IndexError, match="out of range"):
         check_cross_entropy_errors()
     assert loss.isnan()
+
+
+# ------------------------------------------------------------------------------------------------
+# Fused LM head + loss
+# ------------------------------------------------------------------------------------------------
+def _check_linear(n, h, v, bias=True, dtype=torch.float32, chunk_bytes=None, go=None, tol=None, **kw):
+    from fused_layers import fused_linear_cross_entropy
+
+    hid = torch.randn(n, h, dtype=dtype) * 2
+    w = torch.randn(v, h, dtype=dtype) * 0.5
+    b = torch.randn(v, dtype=dtype) if bias else None
+    t = torch.randint(0, v, (n,))
+    t[::5] = kw.get("ignore_index", -100)
+    leaves = [hid, w] + ([b] if bias else [])
+    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    leaves = [x.detach().requires_grad_() for x in leaves]
+    lr = F.cross_entropy(F.linear(ref_leaves[0], ref_leaves[1], ref_leaves[2] if bias else None), t, **kw)
+    ctx = config_override("linear_cross_entropy", chunk_bytes=chunk_bytes) if chunk_bytes else warnings.catch_warnings()
+    with ctx:
+        loss = fused_linear_cross_entropy(leaves[0], leaves[1], t, leaves[2] if bias else None, **kw)
+        go = torch.randn_like(lr) if go is None else go
+        loss.backward(go.to(loss.dtype))
+    lr.backward(go)
+    atol, rtol = tol or TOL[dtype]
+    torch.testing.assert_close(loss.double(), lr, atol=atol * 4, rtol=rtol)
+    for a, r in zip(leaves, ref_leaves):
+        assert a.grad.dtype == a.dtype
+        torch.testing.assert_close(a.grad.double(), r.grad, atol=atol * 4, rtol=rtol * 4)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_linear_cross_entropy_chunks(reduction):
+    # 300 rows x 37 classes x 4 bytes: chunk_bytes 20000 -> 135 rows -> chunks of 128 rows (3 chunks, ragged)
+    _check_linear(300, 24, 37, chunk_bytes=20000, reduction=reduction)
+    _check_linear(13, 8, 29, bias=False, reduction=reduction, label_smoothing=0.2, ignore_index=3)
+
+
+def test_linear_cross_entropy_scaling_and_layouts():
+    _check_linear(40, 16, 33, go=torch.tensor(1.0, dtype=torch.float64))
+    _check_linear(40, 16, 33, go=torch.tensor(0.5, dtype=torch.float64), bias=False)
+    from fused_layers import fused_linear_cross_entropy
+
+    hid = torch.randn(2, 5, 8, requires_grad=True)
+    w = torch.randn(11, 8, requires_grad=True)
+    t = torch.randint(0, 11, (2, 5))
+    loss = fused_linear_cross_entropy(hid, w, t, reduction="none")
+    ref = F.cross_entropy(F.linear(hid, w).reshape(-1, 11), t.reshape(-1), reduction="none").reshape(2, 5)
+    torch.testing.assert_close(loss, ref)
+    with pytest.raises(RuntimeError, match="do not match"):
+        fused_linear_cross_entropy(hid, w[:, :4], t)
+    with pytest.raises(ValueError, match="target"):
+        fused_linear_cross_entropy(hid, w, t[:1])
+
+
+def test_linear_cross_entropy_autocast():
+    """Under autocast the logits are bf16 (as F.linear's), the loss float32, grads in the inputs' dtypes."""
+    from fused_layers import fused_linear_cross_entropy
+
+    hid = torch.randn(24, 16, requires_grad=True)
+    w = torch.randn(45, 16, requires_grad=True)
+    t = torch.randint(0, 45, (24,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = fused_linear_cross_entropy(hid, w, t)
+        ref = F.cross_entropy(F.linear(hid, w).float(), t)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, ref, atol=2e-2, rtol=2e-2)
+    (gh, gw) = torch.autograd.grad(loss, (hid, w))
+    (rh, rw) = torch.autograd.grad(ref, (hid, w))
+    assert gh.dtype == gw.dtype == torch.float32
+    torch.testing.assert_close(gh, rh, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(gw, rw, atol=2e-2, rtol=2e-2)
+
+
+def test_linear_module_swap_and_state_dict():
+    from fused_layers import FusedLinearCrossEntropyLoss, LinearCrossEntropyLoss, swap_modules
+    from fused_layers.modules.loss import FusedCrossEntropyLoss
+
+    ref = LinearCrossEntropyLoss(label_smoothing=0.1)
+    fused = FusedLinearCrossEntropyLoss(label_smoothing=0.1)
+    assert ref.state_dict().keys() == fused.state_dict().keys()
+    swapped = LinearCrossEntropyLoss(label_smoothing=0.1)
+    rep = swap_modules(swapped, kinds=["cross_entropy"])
+    assert rep.names("cross_entropy") == ["loss_fn"] and type(swapped.loss_fn) is FusedCrossEntropyLoss
+    hid = torch.randn(2, 6, 8)
+    w = torch.randn(17, 8)
+    t = torch.randint(0, 17, (2, 6))
+    for m in (fused, swapped):
+        torch.testing.assert_close(m(hid, w, t), ref(hid, w, t), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_demo_lm_swaps_head_loss_and_matches():
+    import copy
+
+    from fused_layers import swap_modules
+    from lm_demo.model import GPT
+
+    torch.manual_seed(0)
+    ref = GPT(vocab_size=40, seq_len=8, d_model=16, n_layer=1, n_head=2)
+    fused = copy.deepcopy(ref)
+    rep = swap_modules(fused, kinds=["cross_entropy"])
+    assert rep.names("cross_entropy") == ["loss.loss_fn"]
+    assert fused.state_dict().keys() == ref.state_dict().keys()
+    idx = torch.randint(0, 40, (2, 8))
+    y = torch.randint(0, 40, (2, 8))
+    lr, lf = ref(idx, y), fused(idx, y)
+    torch.testing.assert_close(lf, lr, atol=1e-5, rtol=1e-5)
+    lr.backward()
+    lf.backward()
+    torch.testing.assert_close(fused.wte.weight.grad, ref.wte.weight.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_linear_cross_entropy_torch_compile():
+    from fused_layers import FusedLinearCrossEntropyLoss
+
+    torch._dynamo.reset()
+    crit = FusedLinearCrossEntropyLoss()
+    hid = torch.randn(10, 8, requires_grad=True)
+    w = torch.randn(19, 8, requires_grad=True)
+    t = torch.randint(0, 19, (10,))
+    for red in ("mean", "none"):
+        crit.loss_fn.reduction = red
+        torch._dynamo.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss = torch.compile(crit, fullgraph=True)(hid, w, t)
+        ref = F.cross_entropy(F.linear(hid, w), t, reduction=red)
+        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+        go = torch.rand_like(ref)
+        g = torch.autograd.grad(loss, (hid, w), go)
+        r = torch.autograd.grad(ref, (hid, w), go)
+        for a, b in zip(g, r):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("v", [50304, 128256])
+def test_gpu_linear_cross_entropy(v):
+    from fused_layers import fused_linear_cross_entropy
+
+    n, h = 4096, 256
+    hid = torch.randn(n, h, device="cuda", requires_grad=True)
+    w = (torch.randn(v, h, device="cuda") * 0.05).requires_grad_()
+    t = torch.randint(0, v, (n,), device="cuda")
+    with config_override("linear_cross_entropy", chunk_bytes=64 * 2**20):  # several chunks
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fused_linear_cross_entropy(hid, w, t, label_smoothing=0.1)
+            ref = F.cross_entropy(F.linear(hid, w).float(), t, label_smoothing=0.1)
+        g = torch.autograd.grad(loss, (hid, w))
+        r = torch.autograd.grad(ref, (hid, w))
+    torch.testing.assert_close(loss, ref, atol=1e-2, rtol=1e-2)
+    for a, b in zip(g, r):
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=5e-2)

@@ -57,7 +57,7 @@ def _kinds_available() -> list[str]:
 
 # --------------------------------------------------------------------------------------------------
 def test_registry_is_the_single_list_of_kinds():
-    assert set(KINDS) == {"layer_norm", "rms_norm", "softmax", "multihead_attention", "attention"}
+    assert set(KINDS) == {"layer_norm", "rms_norm", "softmax", "multihead_attention", "attention", "cross_entropy"}
     for k in KINDS:
         src = source_class(k)
         assert src is not None, k

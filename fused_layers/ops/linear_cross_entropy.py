@@ -1,0 +1,297 @@
+r"""Fused LM head + cross-entropy: ``F.cross_entropy(hidden @ weight.T + bias, target)`` without the
+full (N, V) logits.
+
+The N tokens are cut into chunks of ``n`` rows (``chunk_rows``: about ``LINEAR_CHUNK_BYTES`` = 256 MiB
+of logits per chunk, a multiple of 128 rows; 2,432 rows at GPT-2's V = 50,304 in bf16, 7 chunks for
+16K tokens).  Per chunk:
+
+1. ``logits = hidden_chunk @ weight.T (+ bias)``: cuBLAS, in the compute dtype (the autocast dtype
+   under autocast, else the inputs' dtype);
+2. the cross-entropy kernel (``ops/cross_entropy.py``) writes the chunk's row losses and overwrites the
+   logits with their gradient d(loss)/d(logits) in place (for ``mean`` scaled by 1/D, D computed once
+   over all N targets on the device);
+3. ``grad_hidden_chunk = dlogits @ weight`` and ``grad_weight += dlogits.T @ hidden_chunk`` (cuBLAS;
+   grad_weight is accumulated in float32 across chunks), ``grad_bias += dlogits.sum(0)`` (float32).
+
+So the forward returns the loss and already holds every gradient (for an upstream gradient of 1); the
+backward only scales them by grad_output (``_ce_scale_kernel``: no traffic when it is 1).  Peak extra
+memory: one chunk of logits + grad_weight in float32 + grad_hidden, instead of the (N, V) logits,
+their float32 copy and their gradient (about 5 GB at GPT-2-small, B16 x 1024 tokens).
+
+``reduction='none'`` needs a per-token upstream gradient that is only known in the backward, so there
+the forward computes the losses only and the backward recomputes the chunks (one more head matmul)
+with the per-row scale folded into the kernel.  Class weights are not supported here (use
+``fused_cross_entropy`` on the logits).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import cross_entropy_config as cfg
+from ._common import check_tensor, get_override, is_compiling, use_fallback
+from .cross_entropy import _REDUCTIONS, _ce_den_kernel, cross_entropy_forward, scale_grad_
+
+_OP = "fused_linear_cross_entropy"
+
+
+def linear_cross_entropy_reference(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
+                                   label_smoothing=0.0):
+    """The unfused computation: logits in the compute dtype, cross-entropy in float32."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return torch.nn.functional.cross_entropy(logits.float(), target, ignore_index=ignore_index,
+                                             reduction=reduction, label_smoothing=label_smoothing)
+
+
+def chunk_rows(n: int, v: int, elem: int) -> int:
+    """Rows per chunk: about LINEAR_CHUNK_BYTES of logits, a multiple of 128 rows, chunks of even size."""
+    budget = get_override("linear_cross_entropy", "chunk_bytes", cfg.LINEAR_CHUNK_BYTES)
+    rows = max(128, (budget // max(v * elem, 1)) // 128 * 128)
+    if rows >= n:
+        return max(n, 1)
+    chunks = -(-n // rows)
+    return -(-(-(-n // chunks)) // 128) * 128  # spread evenly, rounded up to 128
+
+
+def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    try:
+        if torch.is_autocast_enabled(hidden.device.type):
+            return torch.get_autocast_dtype(hidden.device.type)
+    except (TypeError, RuntimeError, AttributeError):
+        pass
+    return hidden.dtype
+
+
+def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
+                                 compute_grad, cdtype, out_dtype, row_scale=None):
+    """Launch the chunked head + loss on validated 2-D ``hidden`` (N, H), ``weight`` (V, H), ``target`` (N,).
+
+    Returns ``(loss, grad_hidden, grad_weight, grad_bias)``; the gradients (for an upstream gradient of
+    1, or per-row ``row_scale``) are None when ``compute_grad`` is False.  ``loss`` is per row (N,)
+    float32 when ``row_scale`` is given.
+    """
+    N, H = hidden.shape
+    V = weight.shape[0]
+    dev = hidden.device
+    with torch.autocast(dev.type, enabled=False):
+        h = hidden.to(cdtype)
+        w = weight.to(cdtype)
+        b = bias.to(cdtype) if bias is not None else None
+        t = target.reshape(-1)
+        den = None
+        if reduction == "mean" and N > 0:
+            den = torch.empty(1, dtype=torch.float32, device=dev)
+            _ce_den_kernel[(1,)](t, t, den, N, V, ignore_index, HAS_WEIGHT=False, BLOCK=1024)
+        loss_rows = torch.empty(N, dtype=torch.float32, device=dev)
+        gh = gw = gb = None
+        if compute_grad:
+            gh = torch.empty(N, H, dtype=cdtype, device=dev)
+            gw = torch.zeros(V, H, dtype=torch.float32, device=dev)
+            gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
+        n = chunk_rows(N, V, h.element_size())
+        for s in range(0, N, n):
+            e = min(s + n, N)
+            hc = h[s:e]
+            logits = torch.addmm(b, hc, w.t()) if b is not None else hc @ w.t()  # (n, V), cuBLAS
+            # Loss rows of the chunk; with a gradient, the logits are overwritten by it (in place).
+            cross_entropy_forward(
+                logits, t[s:e], None, ignore_index, reduction, label_smoothing, compute_grad,
+                grad_out=logits if compute_grad else None, den=den, loss_out=loss_rows[s:e],
+                row_scale=row_scale[s:e] if row_scale is not None else None,
+            )
+            if compute_grad:
+                torch.mm(logits, w, out=gh[s:e])
+                if cdtype == torch.float32:
+                    gw.addmm_(logits.t(), hc)
+                else:  # the product in cdtype (cuBLAS accumulates in fp32), summed over chunks in fp32
+                    gw.add_(logits.t() @ hc)
+                if gb is not None:
+                    gb.add_(logits.sum(0, dtype=torch.float32))
+            del logits
+        if row_scale is not None:
+            loss = loss_rows
+        elif N == 0:
+            loss = torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=out_dtype, device=dev)
+            loss = loss if reduction != "none" else torch.empty(0, dtype=out_dtype, device=dev)
+        elif reduction == "none":
+            loss = loss_rows.to(out_dtype)
+        else:
+            loss = loss_rows.sum().to(out_dtype)
+    if gh is not None:
+        gh = gh.to(hidden.dtype)
+        gw = gw.to(weight.dtype)
+        gb = gb.to(bias.dtype) if gb is not None else None
+    return loss, gh, gw, gb
+
+
+def _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoothing):
+    for name, t in (("hidden", hidden), ("weight", weight), ("target", target)):
+        check_tensor(_OP, name, t)
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{_OP}: argument 'reduction' is {reduction!r}; allowed: 'none', 'mean', 'sum'")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise RuntimeError(f"{_OP}: argument 'label_smoothing' must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if weight.dim() != 2 or hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
+        raise RuntimeError(f"{_OP}: 'hidden' {list(hidden.shape)} and 'weight' {list(weight.shape)} do not match: "
+                           "expected hidden (..., H) and weight (V, H)")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
+        raise RuntimeError(f"{_OP}: argument 'bias' must have shape [{weight.shape[0]}], got {list(bias.shape)}")
+    if target.is_floating_point() or target.dtype not in (torch.int64, torch.uint8):
+        raise RuntimeError(f"{_OP}: argument 'target' must be class indices of dtype int64 (Long) or uint8 (Byte), "
+                           f"got {target.dtype}")
+    if target.shape != hidden.shape[:-1]:
+        raise ValueError(f"{_OP}: argument 'target' has shape {list(target.shape)}; expected {list(hidden.shape[:-1])}")
+    for t in (hidden, weight, bias):
+        if t is not None and not t.is_floating_point():
+            raise RuntimeError(f"{_OP}: 'hidden', 'weight' and 'bias' must be floating tensors, got {t.dtype}")
+
+
+# ==================================================================================================
+# Registration: custom ops (torch.compile) and the eager direct path
+# ==================================================================================================
+def _empty_or(t, like):
+    return t if t is not None else like.new_empty(0)
+
+
+@torch.library.custom_op("fused_layers::linear_cross_entropy_fwd", mutates_args=())
+def _lce_fwd_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+                ignore_index: int, reduction: str, label_smoothing: float, compute_grad: bool,
+                cdtype: torch.dtype, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    loss, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
+                                                    label_smoothing, compute_grad, cdtype, out_dtype)
+    return loss, _empty_or(gh, hidden), _empty_or(gw, weight), _empty_or(gb, hidden)
+
+
+@_lce_fwd_op.register_fake
+def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, compute_grad, cdtype, out_dtype):
+    loss = hidden.new_empty(hidden.shape[:1] if reduction == "none" else (), dtype=out_dtype)
+    if not compute_grad:
+        return loss, hidden.new_empty(0), weight.new_empty(0), hidden.new_empty(0)
+    gb = bias.new_empty(bias.shape) if bias is not None else hidden.new_empty(0)
+    return loss, hidden.new_empty(hidden.shape), weight.new_empty(weight.shape), gb
+
+
+@torch.library.custom_op("fused_layers::linear_cross_entropy_bwd_rows", mutates_args=())
+def _lce_bwd_rows_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+                     grad_loss: torch.Tensor, ignore_index: int, label_smoothing: float,
+                     cdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, "none", label_smoothing,
+                                                 True, cdtype, torch.float32, row_scale=grad_loss.float().contiguous())
+    return gh, gw, _empty_or(gb, hidden)
+
+
+@_lce_bwd_rows_op.register_fake
+def _(hidden, weight, target, bias, grad_loss, ignore_index, label_smoothing, cdtype):
+    gb = bias.new_empty(bias.shape) if bias is not None else hidden.new_empty(0)
+    return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape), gb
+
+
+def _lce_setup_context(ctx, inputs, output):
+    hidden, weight, target, bias, ignore_index, reduction, label_smoothing, compute_grad, cdtype, _ = inputs
+    ctx.reduction, ctx.ignore_index, ctx.label_smoothing, ctx.cdtype = reduction, ignore_index, label_smoothing, cdtype
+    ctx.has_bias = bias is not None
+    if reduction == "none":
+        ctx.save_for_backward(hidden, weight, target, bias)
+    else:
+        ctx.save_for_backward(output[1], output[2], output[3])
+
+
+def _lce_backward(ctx, grad_loss, *_):
+    if ctx.reduction == "none":
+        hidden, weight, target, bias = ctx.saved_tensors
+        gh, gw, gb = _lce_bwd_rows_op(hidden, weight, target, bias, grad_loss, ctx.ignore_index, ctx.label_smoothing,
+                                      ctx.cdtype)
+    else:
+        gh, gw, gb = ctx.saved_tensors
+        gh, gw, gb = gh * grad_loss.to(gh.dtype), gw * grad_loss.to(gw.dtype), gb * grad_loss.to(gb.dtype)
+    return gh, gw, None, (gb if ctx.has_bias else None), None, None, None, None, None, None
+
+
+_lce_fwd_op.register_autograd(_lce_backward, setup_context=_lce_setup_context)
+
+
+class _LinearCrossEntropyFunction(torch.autograd.Function):
+    """Eager direct path: gradients computed in the forward, scaled in place in the backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, ignore_index, reduction, label_smoothing, cdtype, out_dtype):
+        ctx.reduction, ctx.ignore_index, ctx.label_smoothing, ctx.cdtype = reduction, ignore_index, label_smoothing, cdtype
+        ctx.has_bias = bias is not None
+        ctx.used = False
+        if reduction == "none":
+            loss, *_ = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
+                                                    label_smoothing, False, cdtype, out_dtype)
+            ctx.save_for_backward(hidden, weight, target, bias)
+        else:
+            loss, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
+                                                            label_smoothing, True, cdtype, out_dtype)
+            ctx.save_for_backward(gh, gw, gb)
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        if ctx.reduction == "none":
+            hidden, weight, target, bias = ctx.saved_tensors
+            _, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ctx.ignore_index, "none",
+                                                         ctx.label_smoothing, True, ctx.cdtype, torch.float32,
+                                                         row_scale=grad_loss.float().contiguous())
+        else:
+            if ctx.used:
+                raise RuntimeError(f"{_OP}: backward ran twice through the same graph; the gradients computed in "
+                                   "the forward are scaled in place, so retain_graph=True double backward is not supported")
+            ctx.used = True
+            gh, gw, gb = ctx.saved_tensors
+            for g in (gh, gw, gb):
+                if g is not None:
+                    scale_grad_(g, grad_loss, "sum")
+        return gh, gw, None, gb, None, None, None, None, None
+
+
+def fused_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """``F.cross_entropy(F.linear(hidden, weight, bias), target, ...)`` without materializing the logits.
+
+    ``hidden`` (..., H), ``weight`` (V, H), ``bias`` (V,) or None, ``target`` (...) class indices.
+    The logits are computed chunk by chunk in the compute dtype (the autocast dtype under autocast, else
+    the inputs' dtype) and the loss in float32; the loss is float32 under autocast, else in the compute
+    dtype (as ``F.cross_entropy`` of the logits).  Gradients flow to ``hidden``, ``weight`` and ``bias``.
+    """
+    _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoothing)
+    cdtype = _compute_dtype(hidden)
+    if cdtype == torch.float64 or use_fallback(_OP, hidden) or target.requires_grad:
+        logits = torch.nn.functional.linear(hidden, weight, bias)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                                 ignore_index=ignore_index, reduction=reduction,
+                                                 label_smoothing=label_smoothing).reshape(
+            target.shape if reduction == "none" else ())
+    try:
+        autocast = cdtype != torch.float64 and torch.is_autocast_enabled(hidden.device.type)
+    except (TypeError, RuntimeError):
+        autocast = False
+    out_dtype = torch.float32 if autocast else cdtype
+    if not autocast and (hidden.dtype != weight.dtype or (bias is not None and bias.dtype != hidden.dtype)):
+        raise RuntimeError(f"{_OP}: 'hidden' ({hidden.dtype}), 'weight' ({weight.dtype}) and 'bias' must have one "
+                           "dtype outside autocast (as F.linear)")
+    shape = target.shape
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    t1 = target.reshape(-1)
+    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
+                                              or (bias is not None and bias.requires_grad))
+    if is_compiling():
+        loss = _lce_fwd_op(h2, weight, t1, bias, ignore_index, reduction, float(label_smoothing), need_grad,
+                           cdtype, out_dtype)[0]
+    elif need_grad:
+        loss = _LinearCrossEntropyFunction.apply(h2, weight, t1, bias, ignore_index, reduction, float(label_smoothing),
+                                                 cdtype, out_dtype)
+    else:
+        loss = linear_cross_entropy_forward(h2, weight, t1, bias, ignore_index, reduction, float(label_smoothing),
+                                            False, cdtype, out_dtype)[0]
+    return loss.reshape(shape) if reduction == "none" else loss
