@@ -450,3 +450,29 @@ def test_gpu_linear_cross_entropy(v):
     torch.testing.assert_close(loss, ref, atol=1e-2, rtol=1e-2)
     for a, b in zip(g, r):
         torch.testing.assert_close(a, b, atol=2e-3, rtol=5e-2)
+
+
+def test_ledger_times_a_loss_module_call():
+    """The ledger records a swapped loss module's (input, target) call and times it against nn.CrossEntropyLoss."""
+    from torch import nn
+
+    from fused_layers import swap_modules
+    from fused_layers.ledger import Ledger
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 13)
+            self.crit = nn.CrossEntropyLoss(label_smoothing=0.1)
+
+        def forward(self, x, t):
+            return self.crit(self.lin(x), t)
+
+    net = Net()
+    assert swap_modules(net, kinds=["cross_entropy"]).names() == ["crit"]
+    ledger = Ledger(net)
+    ledger.start_recording()
+    net(torch.randn(4, 8), torch.randint(0, 13, (4,))).backward()
+    ledger.stop_recording()
+    (row,) = ledger.measure(max_seconds=1.0)
+    assert row.kind == "cross_entropy" and row.max_err < 1e-5 and row.metric == "GB/s"
