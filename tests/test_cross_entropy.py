@@ -173,25 +173,31 @@ def test_double_backward_through_retained_graph_raises(device):
 
 
 def test_errors(device):
+    from fused_layers.ops.cross_entropy import check_cross_entropy_errors
+
     x = torch.randn(4, 5, device=device)
-    with pytest.raises(IndexError, match="out of range"):
-        fused_cross_entropy(x, torch.tensor([0, 1, 5, 2], device=device))
-    with pytest.raises(IndexError, match="out of range"):
-        fused_cross_entropy(x, torch.tensor([0, -3, 1, 2], device=device))
+
+    def tensor(v, **kw):
+        return torch.tensor(v, device=device, **kw)
+
+    for bad in ([0, 1, 5, 2], [0, -3, 1, 2]):
+        with pytest.raises(IndexError, match="out of range"):
+            fused_cross_entropy(x, tensor(bad))
+            check_cross_entropy_errors()  # CUDA: the flag is read without a sync, at the next call or here
     with pytest.raises(ValueError, match="reduction"):
-        fused_cross_entropy(x, torch.tensor([0, 1, 2, 3]), reduction="avg")
+        fused_cross_entropy(x, tensor([0, 1, 2, 3]), reduction="avg")
     with pytest.raises(RuntimeError, match="label_smoothing"):
-        fused_cross_entropy(x, torch.tensor([0, 1, 2, 3]), label_smoothing=1.5)
+        fused_cross_entropy(x, tensor([0, 1, 2, 3]), label_smoothing=1.5)
     with pytest.raises(RuntimeError, match="weight"):
-        fused_cross_entropy(x, torch.tensor([0, 1, 2, 3]), weight=torch.ones(4))
+        fused_cross_entropy(x, tensor([0, 1, 2, 3]), weight=torch.ones(4, device=device))
     with pytest.raises(RuntimeError, match="Long"):
-        fused_cross_entropy(x, torch.tensor([0, 1, 2, 3], dtype=torch.int32))
+        fused_cross_entropy(x, tensor([0, 1, 2, 3], dtype=torch.int32))
     with pytest.raises(ValueError, match="batch_size"):
-        fused_cross_entropy(x, torch.tensor([0, 1, 2]))
+        fused_cross_entropy(x, tensor([0, 1, 2]))
     with pytest.raises(RuntimeError, match="shape"):
-        fused_cross_entropy(x, torch.rand(4, 6))
+        fused_cross_entropy(x, torch.rand(4, 6, device=device))
     with pytest.raises(TypeError, match="input"):
-        fused_cross_entropy([1.0], torch.tensor([0]))
+        fused_cross_entropy([1.0], tensor([0]))
 
 
 def test_float64_and_soft_target_grad_use_torch(device):

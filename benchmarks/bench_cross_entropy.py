@@ -1,0 +1,229 @@
+"""Cross-entropy benchmark (H200): fused-layers against PyTorch eager, torch.compile and Liger-Kernel.
+
+    python benchmarks/bench_cross_entropy.py --out $OUT            # full run (GPU), json + md
+    python benchmarks/bench_cross_entropy.py --out /tmp/x --quick  # two vocabularies, fewer reps
+
+Part 1, the loss on bf16 logits (8,192 rows, vocab 32,000 / 50,304 / 128,256 / 262,144), forward +
+backward (``loss.backward()``, the logits' gradient written) per provider:
+
+* ``fused``: ``fused_cross_entropy(x, t)`` (gradient computed in the forward, backward scales it);
+* ``torch_fp32``: ``F.cross_entropy(x.float(), t)`` (what LM code writes);
+* ``torch_bf16``: ``F.cross_entropy(x, t)``;
+* ``compile_fp32``: ``torch.compile`` of ``torch_fp32``;
+* ``liger``: ``LigerCrossEntropyLoss()(x, t)`` (when liger_kernel is installed).
+
+``frac`` = (one read of the logits + one write of their gradient) / time / copy bandwidth, where the
+copy bandwidth is measured in the same run (a 2 GiB device-to-device ``copy_``; the H200 ceiling
+recorded for this project is 4.22 TB/s).  ``extra_MB`` = peak memory during forward + backward above
+what was allocated before (logits, targets) minus the gradient itself (which every provider returns).
+
+Part 2, LM head + loss at GPT-2-small shapes (16 x 1024 tokens, d 768, V 50,304): the unfused
+``F.cross_entropy(F.linear(h, W).float(), t)`` against ``fused_linear_cross_entropy`` (and Liger's
+``LigerFusedLinearCrossEntropyLoss``), in bf16 (h and W bf16) and under bf16 autocast (h, W float32,
+as in the demo LM), time of forward + backward (grads of h and W) and peak memory above the inputs.
+
+Timings: ``triton.testing.do_bench`` medians after a warm-up call (do_bench flushes L2 between calls;
+eager calls: at these sizes each call is hundreds of microseconds, so host time is a small part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+COPY_CEILING_GBS = 4220.0
+VOCABS = [32000, 50304, 128256, 262144]
+ROWS = 8192
+
+
+def do_bench(fn, grad_to_none=None, rep=100):
+    from triton.testing import do_bench as _db
+
+    return _db(fn, warmup=25, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+
+
+def measure_copy(nbytes: int = 2**31) -> float:
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * nbytes / ms / 1e6  # GB/s
+
+
+def ce_providers():
+    from fused_layers import fused_cross_entropy
+
+    torch._dynamo.config.cache_size_limit = 64
+    out = {
+        "fused": lambda x, t: fused_cross_entropy(x, t),
+        "torch_fp32": lambda x, t: F.cross_entropy(x.float(), t),
+        "torch_bf16": lambda x, t: F.cross_entropy(x, t),
+        "compile_fp32": torch.compile(lambda x, t: F.cross_entropy(x.float(), t), dynamic=False),
+    }
+    try:
+        from liger_kernel.transformers import LigerCrossEntropyLoss
+
+        out["liger"] = LigerCrossEntropyLoss()
+    except Exception as e:  # noqa: BLE001 - liger is optional
+        print(f"[liger_kernel not available: {type(e).__name__}: {e}]")
+    return out
+
+
+def peak_extra_mb(fn, base_tensors_grad: torch.Tensor | None = None) -> float:
+    """Peak allocated memory during fn() above the memory allocated before it, in MB (minus the grads kept)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    return peak / 1e6
+
+
+def bench_ce(vocabs, rep, copy_gbs):
+    rows = []
+    provs = ce_providers()
+    for v in vocabs:
+        x = (torch.randn(ROWS, v, device="cuda") * 2).to(torch.bfloat16).requires_grad_()
+        t = torch.randint(0, v, (ROWS,), device="cuda")
+        ref = F.cross_entropy(x.detach().float(), t).item()
+        nbytes = 2 * x.numel() * x.element_size()  # one read of x, one write of dx
+        for name, f in provs.items():
+            def step(f=f):
+                f(x, t).backward()
+
+            try:
+                x.grad = None
+                loss = f(x, t)
+                err = abs(loss.item() - ref)
+                loss.backward()
+                dx = x.grad.detach().clone() if name == "fused" else None
+                x.grad = None
+                ms = do_bench(step, grad_to_none=[x], rep=rep)
+                x.grad = None
+                extra = peak_extra_mb(step) - x.numel() * x.element_size() / 1e6
+                x.grad = None
+            except Exception as e:  # noqa: BLE001 - report and go on
+                print(f"[{name} V={v} failed: {type(e).__name__}: {str(e)[:200]}]")
+                torch.cuda.empty_cache()
+                continue
+            gbs = nbytes / ms / 1e6
+            row = dict(part="ce", provider=name, vocab=v, rows=ROWS, ms=ms, gbs=gbs, frac=gbs / copy_gbs,
+                       extra_MB=extra, loss_abs_err=err)
+            if dx is not None:  # gradient check of ours against float32 torch (one sample row set)
+                xr = x.detach()[:256].float().requires_grad_()
+                F.cross_entropy(xr, t[:256], reduction="sum").backward()
+                row["grad_max_err"] = (dx[:256].float() * ROWS - xr.grad).abs().max().item()
+            rows.append(row)
+            print(f"CE V={v:>6} {name:>13}: {ms:8.3f} ms  {gbs:7.0f} GB/s  frac {gbs / copy_gbs:5.3f}  "
+                  f"extra {extra:8.0f} MB  |loss err| {err:.2e}", flush=True)
+        del x, t
+        torch.cuda.empty_cache()
+    return rows
+
+
+def bench_linear(rep, quick):
+    from fused_layers import fused_linear_cross_entropy
+
+    n, d, v = 16 * 1024, 768, 50304
+    rows = []
+    t = torch.randint(0, v, (n,), device="cuda")
+    settings = {"bf16": (torch.bfloat16, False), "autocast_bf16": (torch.float32, True)}
+    for setting, (dtype, autocast) in settings.items():
+        h = torch.randn(n, d, device="cuda", dtype=dtype).requires_grad_()
+        w = (torch.randn(v, d, device="cuda") * 0.02).to(dtype).requires_grad_()
+        provs = {
+            "unfused": lambda: F.cross_entropy(F.linear(h, w).float(), t),
+            "fused_linear": lambda: fused_linear_cross_entropy(h, w, t),
+        }
+        if not autocast:
+            try:
+                from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+                liger = LigerFusedLinearCrossEntropyLoss()
+                provs["liger_linear"] = lambda: liger(w, h, t)
+            except Exception as e:  # noqa: BLE001
+                print(f"[liger fused linear CE not available: {type(e).__name__}: {e}]")
+        for name, f in provs.items():
+            def step(f=f):
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                    loss = f()
+                loss.backward()
+
+            try:
+                h.grad = w.grad = None
+                step()
+                h.grad = w.grad = None
+                ms = do_bench(step, grad_to_none=[h, w], rep=rep)
+                h.grad = w.grad = None
+                peak = peak_extra_mb(step)
+                h.grad = w.grad = None
+            except Exception as e:  # noqa: BLE001
+                print(f"[{name} {setting} failed: {type(e).__name__}: {str(e)[:200]}]")
+                torch.cuda.empty_cache()
+                continue
+            rows.append(dict(part="linear", setting=setting, provider=name, tokens=n, d=d, vocab=v, ms=ms, peak_MB=peak))
+            print(f"LINEAR {setting:>13} {name:>13}: {ms:8.3f} ms  peak above inputs {peak:8.0f} MB", flush=True)
+        del h, w
+        torch.cuda.empty_cache()
+    return rows
+
+
+def write(out_dir, meta, rows):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "cross_entropy_h200.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    lines = [f"# Cross-entropy, {meta['device']} (copy {meta['copy_gbs']:.0f} GB/s measured)", "",
+             "## Loss on bf16 logits, 8,192 rows: forward + backward", "",
+             "| vocab | provider | ms | GB/s | frac of copy | extra peak MB | vs fused |", "|---|---|---|---|---|---|---|"]
+    ce = [r for r in rows if r["part"] == "ce"]
+    for v in sorted({r["vocab"] for r in ce}):
+        group = [r for r in ce if r["vocab"] == v]
+        fused = next((r["ms"] for r in group if r["provider"] == "fused"), None)
+        for r in group:
+            rel = f"{r['ms'] / fused:.2f}x" if fused else "-"
+            lines.append(f"| {v} | {r['provider']} | {r['ms']:.3f} | {r['gbs']:.0f} | {r['frac']:.3f} | {r['extra_MB']:.0f} | {rel} |")
+    lin = [r for r in rows if r["part"] == "linear"]
+    if lin:
+        lines += ["", "## LM head + loss, 16 x 1024 tokens, d 768, V 50,304: forward + backward", "",
+                  "| setting | provider | ms | peak MB above inputs |", "|---|---|---|---|"]
+        for r in lin:
+            lines.append(f"| {r['setting']} | {r['provider']} | {r['ms']:.3f} | {r['peak_MB']:.0f} |")
+    with open(os.path.join(out_dir, "cross_entropy_h200.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skip-linear", action="store_true")
+    args = ap.parse_args()
+    t0 = time.time()
+    copy_gbs = measure_copy()
+    print(f"copy: {copy_gbs:.0f} GB/s (recorded ceiling {COPY_CEILING_GBS:.0f})", flush=True)
+    rep = 40 if args.quick else 100
+    vocabs = [50304, 262144] if args.quick else VOCABS
+    rows = bench_ce(vocabs, rep, copy_gbs)
+    if not args.skip_linear:
+        rows += bench_linear(rep, args.quick)
+    import triton
+
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                python=platform.python_version(), copy_gbs=copy_gbs, seconds=time.time() - t0,
+                command=" ".join(sys.argv))
+    write(args.out, meta, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call (< 6 min on an H200): cross-entropy GPU tests, then the benchmark (json + md + logs in $OUT).
+#   OUT=/tmp/out bash benchmarks/gpu_cross_entropy.sh
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/ce_out}; mkdir -p "$OUT"
+# Liger-Kernel (optional peer) from the carried wheel, when present.
+if ls .whl/liger_kernel*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/liger_kernel*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+echo "=== cross-entropy GPU tests"
+timeout 120 python3 -m pytest tests/test_cross_entropy.py -q -x -m gpu -p no:cacheprovider > "$OUT/ce_gpu_tests.log" 2>&1
+echo "rc=$?"; tail -15 "$OUT/ce_gpu_tests.log"
+echo "=== cross-entropy CPU-path tests on the GPU (every non-slow test, CUDA tensors)"
+timeout 90 python3 -m pytest tests/test_cross_entropy.py -q -x -m "not slow and not gpu" -p no:cacheprovider > "$OUT/ce_tests_cuda.log" 2>&1
+echo "rc=$?"; tail -8 "$OUT/ce_tests_cuda.log"
+echo "=== benchmark"
+timeout 200 python3 benchmarks/bench_cross_entropy.py --out "$OUT" > "$OUT/ce_bench.log" 2>&1
+echo "rc=$?"; grep -v "^\[" "$OUT/ce_bench.log" | tail -45
