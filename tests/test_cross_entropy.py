@@ -62,6 +62,43 @@ def test_streaming_chunks(c, dtype, device):
         _check(x, t, reduction="sum", weight=torch.rand(c, device=device, dtype=dtype))
 
 
+SPLIT = dict(max_single=16, block_n=8, split_min=1, piece=16, split_block=8)  # 16-column pieces, 8-column chunks
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("c", [16, 17, 97])  # one piece, a piece + 1 column, 7 ragged pieces
+def test_split_rows(c, dtype, device):
+    """Several programs per row (_ce_fwd_split_kernel): pieces publish statistics, later programs combine."""
+    x = torch.randn(5, c, device=device, dtype=dtype) * 4
+    t = torch.randint(0, c, (5,), device=device)
+    t[2] = -100
+    with config_override("cross_entropy", **SPLIT):
+        _check(x, t)
+        _check(x, t, reduction="none", label_smoothing=0.2, weight=torch.rand(c, device=device, dtype=dtype))
+        _check(x, torch.softmax(torch.randn(5, c, device=device), -1).to(dtype), reduction="sum", label_smoothing=0.1)
+        _check(x, t, grad=False, reduction="none")  # no gradient: the one-pass streaming kernel
+
+
+def test_split_rows_special_values_and_layouts(device):
+    x = torch.randn(6, 40, device=device)
+    x[0, 3] = float("-inf")
+    x[1, :] = float("-inf")
+    x[2, 33] = float("inf")
+    x[3, 20] = float("nan")
+    x[4, 7] = float("-inf")
+    t = torch.tensor([3, 0, 1, 2, 7, 39], device=device)
+    with config_override("cross_entropy", **SPLIT):
+        _check(x, t, reduction="none")
+        _check(x, torch.full((6,), -100, device=device))  # all ignored: NaN mean, 0 * p gradients
+        _check(torch.randn(3, 40, 2, device=device), torch.randint(0, 40, (3, 2), device=device))  # (N, C, d)
+        _check(torch.randn(40, 8, device=device).t(), torch.randint(0, 40, (8,), device=device))  # column-major
+        with pytest.raises(IndexError, match="out of range"):
+            from fused_layers.ops.cross_entropy import check_cross_entropy_errors
+
+            fused_cross_entropy(x.requires_grad_(), torch.tensor([3, 0, 1, 40, 7, 39], device=device))
+            check_cross_entropy_errors()
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("smoothing", [0.0, 0.25, 1.0])
 @pytest.mark.parametrize("weighted", [False, True])
@@ -287,6 +324,18 @@ def test_gpu_vocab_widths(c, dtype):
     t[::7] = -100
     _check(x, t)
     _check(x, t, reduction="none", label_smoothing=0.1, weight=torch.rand(c, device="cuda", dtype=dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [50304, 262144])
+def test_gpu_stream_and_split_paths(c):
+    """Both wide-row kernels at both widths (the benchmark sweep picks between them)."""
+    x = torch.randn(32, c, device="cuda", dtype=torch.bfloat16) * 2
+    t = torch.randint(0, c, (32,), device="cuda")
+    with config_override("cross_entropy", split_min=1):
+        _check(x, t, label_smoothing=0.1)
+    with config_override("cross_entropy", split_min=10**9):
+        _check(x, t, label_smoothing=0.1)
 
 
 @pytest.mark.gpu

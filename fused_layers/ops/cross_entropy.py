@@ -98,20 +98,20 @@ def _ce_stats_update(x, m, s):
 
 
 @triton.jit
-def _ce_stats_chunk(xb, tb, W, off, row_ok, C, sxc, stc, smoothing, m, s, sum_w, sum_wx,
+def _ce_stats_chunk(xb, tb, W, off, row_ok, lim, C, sxc, stc, smoothing, m, s, sum_w, sum_wx,
                     SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Pass 1 on the chunk of columns [off, off + BLOCK_N) of BLOCK_M rows (row bases xb / tb).
+    """Pass 1 on the columns [off, min(off + BLOCK_N, lim)) of BLOCK_M rows (row bases xb / tb).
 
     Returns the chunk (float32) and the updated running (m, s, sum_w, sum_wx).
     """
     c = off + tl.arange(0, BLOCK_N)
-    cm = row_ok[:, None] & (c < C)[None, :]
+    cm = row_ok[:, None] & (c < lim)[None, :]
     # -inf: the identity of max; exp(-inf - m) = 0 is then the identity of the sum.
     x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
     m, s = _ce_stats_update(x, m, s)
     if SOFT or SMOOTH:
         if HAS_WEIGHT:
-            w = tl.load(W + c, mask=c < C, other=0.0).to(tl.float32)[None, :]
+            w = tl.load(W + c, mask=c < lim, other=0.0).to(tl.float32)[None, :]
         else:
             w = tl.full([1, BLOCK_N], 1.0, tl.float32)
         if SOFT:
@@ -129,19 +129,73 @@ def _ce_stats_chunk(xb, tb, W, off, row_ok, C, sxc, stc, smoothing, m, s, sum_w,
 
 
 @triton.jit
-def _ce_grad_chunk(x, db, tb, W, off, row_ok, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
-                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Pass 2 on one chunk: dx = coef_a * p - B (scaled), stored at db (row bases) in DX's dtype.
+def _ce_row(T, W, xb, r64, row_ok, C, sxc, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
+            SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, DEN_ON_DEVICE: tl.constexpr,
+            HAS_ROW_SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Per-row terms from the row statistics: the (scaled) loss, lse, the gradient coefficients.
 
-    B_j = coef_t [j == t] + coef_b (e / C) w_j for class indices, coef_b w_j q'_j for probabilities.
+    Returns (loss * scale, lse, coef_a, coef_b, coef_t, t, bad): dx_j = coef_a p_j - B_j with
+    B_j = coef_t [j == t] + coef_b (e / C) w_j (class indices) or coef_b w_j q'_j (probabilities).
     """
+    lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below as torch
+    Cf = C * 1.0
+    if DEN_ON_DEVICE:
+        scale = 1.0 / tl.load(DEN)
+    else:
+        scale = inv_den
+    if SOFT:
+        ign = r64 < 0  # all False: no ignore_index for probabilities
+        bad = ign
+        t = r64 * 0
+        a = sum_w
+        loss = a * lse - sum_wx
+    else:
+        t = tl.load(T + r64, mask=row_ok, other=ignore_index).to(tl.int64)
+        ign = t == ignore_index
+        bad = row_ok & (~ign) & ((t < 0) | (t >= C))
+        t = tl.where(ign | bad, 0, t)  # never read out of bounds
+        x_t = tl.load(xb + t * sxc, mask=row_ok, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            w_t = tl.load(W + t, mask=row_ok, other=0.0).to(tl.float32)
+        else:
+            w_t = tl.full([BLOCK_M], 1.0, tl.float32)
+        loss = (1.0 - smoothing) * w_t * (lse - x_t)
+        if SMOOTH:
+            if HAS_WEIGHT:
+                w_all = sum_w
+            else:
+                w_all = tl.full([BLOCK_M], 1.0, tl.float32) * Cf
+            loss += (smoothing / Cf) * (w_all * lse - sum_wx)
+            a = (1.0 - smoothing) * w_t + (smoothing / Cf) * w_all
+        else:
+            a = w_t
+        loss = tl.where(ign, 0.0, loss)
+        loss = tl.where(bad, float("nan"), loss)
+    loss = loss * scale
+    if HAS_ROW_SCALE:
+        scale = scale * tl.load(RS + r64, mask=row_ok, other=0.0).to(tl.float32)
+    scale = tl.where(bad, float("nan"), scale)
+    # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
+    coef_a = tl.where(ign, 0.0, a * scale)
+    coef_b = tl.where(ign, 0.0, scale)
+    if SOFT:
+        coef_t = coef_b  # unused
+    else:
+        coef_t = coef_b * (1.0 - smoothing) * w_t
+    return loss, lse, coef_a, coef_b, coef_t, t, bad
+
+
+@triton.jit
+def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
+                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 2 on one chunk: dx = coef_a * p - B, stored at db (row bases) in DX's dtype."""
     c = off + tl.arange(0, BLOCK_N)
-    cm = row_ok[:, None] & (c < C)[None, :]
+    cm = row_ok[:, None] & (c < lim)[None, :]
     c64 = c[None, :].to(tl.int64)
     p = tl.exp2((x - lse[:, None]) * 1.4426950408889634)
     g = coef_a[:, None] * p
     if HAS_WEIGHT:
-        w = tl.load(W + c, mask=c < C, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(W + c, mask=c < lim, other=0.0).to(tl.float32)[None, :]
     else:
         w = tl.full([1, BLOCK_N], 1.0, tl.float32)
     if SOFT:
@@ -208,32 +262,16 @@ def _ce_fwd_kernel(
     DEN_ON_DEVICE: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr,
 ):
+    """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
     xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi  # [BLOCK_M] row bases
-    cols = tl.arange(0, BLOCK_N)
-    Cf = (C * 1.0)
-
-    # ---- targets ---------------------------------------------------------------------------------
     if SOFT:
         tb = T + (r64 // INNER) * sto + (r64 % INNER) * sti
-        ign = rows < 0  # all False: no ignore_index for probabilities
-        bad = ign
-        t = rows * 0
     else:
         tb = xb  # unused
-        t = tl.load(T + r64, mask=row_ok, other=ignore_index).to(tl.int64)
-        ign = t == ignore_index
-        bad = row_ok & (~ign) & ((t < 0) | (t >= C))
-        tl.store(ERR + rows * 0, 1, mask=bad)  # every writer writes 1: no race
-        t = tl.where(ign | bad, 0, t)  # never read out of bounds
-        x_t = tl.load(xb + t * sxc, mask=row_ok, other=0.0).to(tl.float32)
-        if HAS_WEIGHT:
-            w_t = tl.load(W + t, mask=row_ok, other=0.0).to(tl.float32)
-        else:
-            w_t = tl.full([BLOCK_M], 1.0, tl.float32)
 
     # ---- pass 1: statistics ----------------------------------------------------------------------
     m = tl.full([BLOCK_M], -float("inf"), tl.float32)
@@ -241,61 +279,132 @@ def _ce_fwd_kernel(
     sum_wx = tl.zeros([BLOCK_M], tl.float32)  # hard + smoothing: sum w_c x_c;  soft: sum w_c q'_c x_c
     sum_w = tl.zeros([BLOCK_M], tl.float32)  # hard + smoothing + weight: sum w_c;  soft: sum w_c q'_c
     if SINGLE:  # the whole row in one tile, kept in registers for pass 2
-        x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, 0, row_ok, C, sxc, stc, smoothing, m, s, sum_w, sum_wx,
-                                                 SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+        x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, 0, row_ok, C, C, sxc, stc, smoothing, m, s, sum_w,
+                                                 sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
     else:
         for off in range(0, C, BLOCK_N):
-            _x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, off, row_ok, C, sxc, stc, smoothing, m, s, sum_w,
-                                                      sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
-    lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below as torch
+            _x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, off, row_ok, C, C, sxc, stc, smoothing, m, s,
+                                                      sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
 
     # ---- loss of the row -------------------------------------------------------------------------
-    if DEN_ON_DEVICE:
-        scale = 1.0 / tl.load(DEN)
-    else:
-        scale = inv_den
-    if SOFT:
-        a = sum_w
-        loss = a * lse - sum_wx
-    else:
-        loss = (1.0 - smoothing) * w_t * (lse - x_t)
-        if SMOOTH:
-            if HAS_WEIGHT:
-                w_all = sum_w
-            else:
-                w_all = tl.full([BLOCK_M], 1.0, tl.float32) * Cf
-            loss += (smoothing / Cf) * (w_all * lse - sum_wx)
-            a = (1.0 - smoothing) * w_t + (smoothing / Cf) * w_all
-        else:
-            a = w_t
-        loss = tl.where(ign, 0.0, loss)
-        loss = tl.where(bad, float("nan"), loss)
-    tl.store(LOSS + r64, loss * scale, mask=row_ok)
+    loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
+        T, W, xb, r64, row_ok, C, sxc, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
+        SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, BLOCK_M)
+    tl.store(ERR + rows * 0, 1, mask=bad)  # every writer writes 1: no race
+    tl.store(LOSS + r64, loss, mask=row_ok)
 
     # ---- pass 2: gradient dx = (A p - B) / D -----------------------------------------------------
     if HAS_GRAD:
-        if HAS_ROW_SCALE:
-            scale = scale * tl.load(RS + r64, mask=row_ok, other=0.0).to(tl.float32)
-        scale = tl.where(bad, float("nan"), scale)
-        # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
-        coef_a = tl.where(ign, 0.0, a * scale)
-        coef_b = tl.where(ign, 0.0, scale)  # multiplies B_j
-        if SOFT:
-            coef_t = coef_b  # unused
-        else:
-            coef_t = coef_b * (1.0 - smoothing) * w_t
         db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
         if SINGLE:
-            _ce_grad_chunk(x, db, tb, W, 0, row_ok, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
+            _ce_grad_chunk(x, db, tb, W, 0, row_ok, C, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
                            SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
         else:
+            cols = tl.arange(0, BLOCK_N)
             for off in range(0, C, BLOCK_N):
                 # second read of the chunk (from L2 while the rows in flight fit there)
                 c = off + cols
                 cm = row_ok[:, None] & (c < C)[None, :]
                 x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
-                _ce_grad_chunk(x, db, tb, W, off, row_ok, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
+                _ce_grad_chunk(x, db, tb, W, off, row_ok, C, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
                                SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+
+
+@triton.jit
+def _ce_fwd_split_kernel(
+    X, T, W, LOSS, DX, DEN, RS, ERR,  # as in _ce_fwd_kernel
+    STATS,  # float32 [M * SPLITS, 4] (scratch): per piece (m, s, sum_w, sum_wx)
+    COUNT,  # int32 [M], zeroed: pieces of each row whose statistics are published
+    M, C, INNER,
+    sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc,
+    ignore_index, smoothing, inv_den,
+    SPLITS,  # pieces per row
+    PIECE,  # columns per piece (a multiple of BLOCK_N)
+    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
+    BLOCK_N: tl.constexpr,
+    SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
+    DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
+):
+    """Wide rows, several programs per row, one launch (the scheme of ``_softmax_fwd_wide_kernel``).
+
+    Program g publishes the statistics of piece g (release atomic on a per-row counter), then waits
+    (acquire) for the statistics of every piece of the row of piece h = g - SPLITS and writes h's
+    gradient (and, for the row's first piece, its loss).  Those pieces belong to programs < g only
+    (dispatched first, as the interpreter runs them too): no deadlock.  Piece h was read moments ago by
+    a program resident at the same time, so its second read comes from L2 (a few hundred pieces of
+    PIECE columns in flight, far below L2), at any vocabulary width.
+    """
+    g = tl.program_id(0)
+    zero = tl.arange(0, 1)  # [1]-shaped row vectors, so the BLOCK_M-row helpers serve here
+    # ---- phase 1: statistics of piece g ----------------------------------------------------------
+    if g < M * SPLITS:
+        r64 = (g // SPLITS).to(tl.int64) + zero
+        row_ok = r64 < M
+        start = (g % SPLITS) * PIECE
+        end = tl.minimum(start + PIECE, C)
+        xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi
+        if SOFT:
+            tb = T + (r64 // INNER) * sto + (r64 % INNER) * sti
+        else:
+            tb = xb
+        m = tl.full([1], -float("inf"), tl.float32)
+        s = tl.zeros([1], tl.float32)
+        sum_w = tl.zeros([1], tl.float32)
+        sum_wx = tl.zeros([1], tl.float32)
+        for off in range(start, end, BLOCK_N):
+            _x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, off, row_ok, end, C, sxc, stc, smoothing, m, s,
+                                                      sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+        st = STATS + g * 4 + zero
+        tl.store(st, m)
+        tl.store(st + 1, s)
+        tl.store(st + 2, sum_w)
+        tl.store(st + 3, sum_wx)
+        tl.debug_barrier()  # the statistics are written before the count says so
+        tl.atomic_add(COUNT + (g // SPLITS), 1, sem="release")
+    # ---- phase 2: loss and gradient of piece h = g - SPLITS --------------------------------------
+    h = g - SPLITS
+    if h >= 0:
+        row = h // SPLITS
+        cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+        while cnt < SPLITS:  # wait for the (earlier) programs of this row
+            cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+        p = tl.arange(0, SPLITS_P2)
+        pm = p < SPLITS
+        st = STATS + (row.to(tl.int64) * SPLITS + p) * 4
+        m_p = tl.load(st, mask=pm, other=-float("inf"), volatile=True)
+        s_p = tl.load(st + 1, mask=pm, other=0.0, volatile=True)
+        sw_p = tl.load(st + 2, mask=pm, other=0.0, volatile=True)
+        swx_p = tl.load(st + 3, mask=pm, other=0.0, volatile=True)
+        m_row = tl.max(m_p, axis=0)
+        m_safe = tl.where(m_row == -float("inf"), 0.0, m_row)
+        s_row = tl.sum(s_p * tl.exp2((m_p - m_safe) * 1.4426950408889634), axis=0)
+        r64 = row.to(tl.int64) + zero
+        row_ok = r64 < M
+        xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi
+        if SOFT:
+            tb = T + (r64 // INNER) * sto + (r64 % INNER) * sti
+        else:
+            tb = xb
+        m = m_row + tl.zeros([1], tl.float32)
+        s = s_row + tl.zeros([1], tl.float32)
+        sum_w = tl.sum(sw_p, axis=0) + tl.zeros([1], tl.float32)
+        sum_wx = tl.sum(swx_p, axis=0) + tl.zeros([1], tl.float32)
+        loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
+            T, W, xb, r64, row_ok, C, sxc, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
+            SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, 1)
+        first = ((h % SPLITS) + zero) == 0  # [1]: the first piece writes the loss
+        tl.store(ERR + zero, 1, mask=bad & first)
+        tl.store(LOSS + r64, loss, mask=row_ok & first)
+        db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
+        start = (h % SPLITS) * PIECE
+        end = tl.minimum(start + PIECE, C)
+        cols = tl.arange(0, BLOCK_N)
+        for off in range(start, end, BLOCK_N):
+            c = off + cols
+            cm = row_ok[:, None] & (c < end)[None, :]
+            x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
+            _ce_grad_chunk(x, db, tb, W, off, row_ok, end, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
+                           SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
 
 
 @triton.jit
@@ -419,7 +528,7 @@ def validate(input, target, weight, ignore_index, reduction, label_smoothing) ->
 
 
 class _Plan:
-    __slots__ = ("copy_x", "copy_t", "args", "meta", "grid", "M", "C")
+    __slots__ = ("copy_x", "copy_t", "args", "meta", "grid", "M", "C", "splits", "split_grid", "split_args", "split_meta")
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -458,6 +567,18 @@ def _plan(shape, xstride, tstride, elem: int, soft: bool) -> _Plan:
     block_m = min(get_override("cross_entropy", "block_m", block_m), next_power_of_2(M))
     block_n = get_override("cross_entropy", "block_n", block_n) if not single else block_n
     plan.M, plan.C = M, C
+    plan.splits = 0
+    if not single and C >= get_override("cross_entropy", "split_min", cfg.SPLIT_MIN):
+        # several programs per row (_ce_fwd_split_kernel), used when the gradient is written
+        sblock = get_override("cross_entropy", "split_block", cfg.SPLIT_BLOCK[elem])
+        piece = triton.cdiv(get_override("cross_entropy", "piece", cfg.PIECE[elem]), sblock) * sblock
+        splits = triton.cdiv(C, piece)
+        plan.splits = splits
+        plan.split_grid = (M * splits + splits,)  # + SPLITS: the last row's phase 2
+        plan.split_args = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd)
+        plan.split_meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=sblock,
+                               num_warps=get_override("cross_entropy", "split_warps", cfg.SPLIT_WARPS))
+        plan.split_args = (plan.split_args, (splits, piece))
     plan.grid = (triton.cdiv(M, block_m),)
     plan.args = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd)
     plan.meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
@@ -579,13 +700,24 @@ def cross_entropy_forward(
     inv_den = 1.0 / M if (reduction == "mean" and soft) else 1.0
     loss_rows = loss_out if loss_out is not None else torch.empty(M, dtype=torch.float32, device=dev)
     g = grad if grad is not None else input  # not written when HAS_GRAD is False
-    _ce_fwd_kernel[plan.grid](
-        input, t, weight if weight is not None else input, loss_rows, g,
-        den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err,
-        *plan.args, ignore_index, float(label_smoothing), inv_den,
-        SOFT=soft, HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0, HAS_GRAD=grad is not None,
-        DEN_ON_DEVICE=mean_hard, HAS_ROW_SCALE=row_scale is not None, **plan.meta,
-    )
+    flags = dict(SOFT=soft, HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0,
+                 DEN_ON_DEVICE=mean_hard, HAS_ROW_SCALE=row_scale is not None)
+    if plan.splits and grad is not None:
+        stats = torch.empty(M * plan.splits * 4, dtype=torch.float32, device=dev)
+        count = torch.zeros(M, dtype=torch.int32, device=dev)
+        args, (splits, piece) = plan.split_args
+        _ce_fwd_split_kernel[plan.split_grid](
+            input, t, weight if weight is not None else input, loss_rows, g,
+            den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err, stats, count,
+            *args, ignore_index, float(label_smoothing), inv_den, splits, piece, **flags, **plan.split_meta,
+        )
+    else:
+            _ce_fwd_kernel[plan.grid](
+            input, t, weight if weight is not None else input, loss_rows, g,
+            den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err,
+            *plan.args, ignore_index, float(label_smoothing), inv_den, HAS_GRAD=grad is not None,
+            **flags, **plan.meta,
+        )
     if not soft:
         _check_flag(err, C)
     if loss_out is not None:
