@@ -2,6 +2,7 @@
 
     python benchmarks/bench_cross_entropy.py --out $OUT            # full run (GPU), json + md
     python benchmarks/bench_cross_entropy.py --out /tmp/x --quick  # two vocabularies, fewer reps
+    python benchmarks/bench_cross_entropy.py --out $OUT --sweep    # wide-row config sweep first, + a tuned row
 
 Part 1, the loss on bf16 logits (8,192 rows, vocab 32,000 / 50,304 / 128,256 / 262,144), forward +
 backward (``loss.backward()``, the logits' gradient written) per provider:
@@ -89,10 +90,22 @@ def peak_extra_mb(fn, base_tensors_grad: torch.Tensor | None = None) -> float:
     return peak / 1e6
 
 
-def bench_ce(vocabs, rep, copy_gbs):
+def bench_ce(vocabs, rep, copy_gbs, tuned=None):
+    from fused_layers import fused_cross_entropy
+    from fused_layers.ops._common import config_override
+
     rows = []
-    provs = ce_providers()
+    base = ce_providers()
     for v in vocabs:
+        provs = dict(base)
+        if tuned and v in tuned:
+            cfg = {k: val for k, val in tuned[v].items() if k != "name"}
+
+            def fused_tuned(x, t, cfg=cfg):
+                with config_override("cross_entropy", **cfg):
+                    return fused_cross_entropy(x, t)
+
+            provs = {"fused": provs.pop("fused"), f"fused_tuned[{tuned[v]['name']}]": fused_tuned, **provs}
         x = (torch.randn(ROWS, v, device="cuda") * 2).to(torch.bfloat16).requires_grad_()
         t = torch.randint(0, v, (ROWS,), device="cuda")
         ref = F.cross_entropy(x.detach().float(), t).item()
@@ -106,7 +119,7 @@ def bench_ce(vocabs, rep, copy_gbs):
                 loss = f(x, t)
                 err = abs(loss.item() - ref)
                 loss.backward()
-                dx = x.grad.detach().clone() if name == "fused" else None
+                dx = x.grad.detach().clone() if name.startswith("fused") else None
                 x.grad = None
                 ms = do_bench(step, grad_to_none=[x], rep=rep)
                 x.grad = None
@@ -129,6 +142,63 @@ def bench_ce(vocabs, rep, copy_gbs):
         del x, t
         torch.cuda.empty_cache()
     return rows
+
+
+SWEEP = {
+    # one program per row, two passes (second read from L2 while the rows in flight fit)
+    "stream_8k_w8": dict(split_min=10**9, block_n=8192, num_warps=8),
+    "stream_8k_w16": dict(split_min=10**9, block_n=8192, num_warps=16),
+    "stream_16k_w16": dict(split_min=10**9, block_n=16384, num_warps=16),
+    "stream_16k_w32": dict(split_min=10**9, block_n=16384, num_warps=32),
+    # several programs per row (pieces), second read of a piece from L2
+    "split_p8k_b8k_w8": dict(split_min=1, piece=8192, split_block=8192, split_warps=8),
+    "split_p16k_b8k_w8": dict(split_min=1, piece=16384, split_block=8192, split_warps=8),
+    "split_p16k_b16k_w16": dict(split_min=1, piece=16384, split_block=16384, split_warps=16),
+    "split_p32k_b8k_w8": dict(split_min=1, piece=32768, split_block=8192, split_warps=8),
+    "split_p32k_b16k_w16": dict(split_min=1, piece=32768, split_block=16384, split_warps=16),
+}
+
+
+def sweep(vocabs, copy_gbs, rep=30):
+    """Fraction of copy of the fused forward+backward per wide-row config; returns {vocab: best config}."""
+    from fused_layers import fused_cross_entropy
+    from fused_layers.ops._common import config_override
+
+    rows, best = [], {}
+    for v in vocabs:
+        x = (torch.randn(ROWS, v, device="cuda") * 2).to(torch.bfloat16).requires_grad_()
+        t = torch.randint(0, v, (ROWS,), device="cuda")
+        nbytes = 2 * x.numel() * x.element_size()
+        ref = F.cross_entropy(x.detach().float(), t).item()
+        configs = dict(SWEEP)
+        if v <= 32768:
+            configs = {"single_w16": dict(num_warps=16), "single_w32": dict(num_warps=32), **configs}
+            for cfg in configs.values():
+                if "split_min" in cfg:
+                    cfg["max_single"] = 1024
+        for name, cfg in configs.items():
+            try:
+                with config_override("cross_entropy", **cfg):
+                    x.grad = None
+                    loss = fused_cross_entropy(x, t)
+                    assert abs(loss.item() - ref) < 1e-2, (loss.item(), ref)
+                    ms = do_bench(lambda: fused_cross_entropy(x, t).backward(), grad_to_none=[x], rep=rep)
+            except Exception as e:  # noqa: BLE001
+                print(f"[sweep V={v} {name} failed: {type(e).__name__}: {str(e)[:160]}]")
+                continue
+            frac = nbytes / ms / 1e6 / copy_gbs
+            rows.append(dict(part="sweep", vocab=v, config=name, ms=ms, frac=frac, **{"cfg": cfg}))
+            print(f"SWEEP V={v:>6} {name:>20}: {ms:8.3f} ms  frac {frac:5.3f}", flush=True)
+            if v not in best or frac > best[v][1]:
+                best[v] = (name, frac)
+        x.grad = None
+        del x, t
+        torch.cuda.empty_cache()
+    return rows, {v: configs_of(n) | {"name": n} for v, (n, _) in best.items()}
+
+
+def configs_of(name):
+    return dict(SWEEP.get(name, {"num_warps": 16 if name == "single_w16" else 32}))
 
 
 def bench_linear(rep, quick):
@@ -184,14 +254,20 @@ def write(out_dir, meta, rows):
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     lines = [f"# Cross-entropy, {meta['device']} (copy {meta['copy_gbs']:.0f} GB/s measured)", "",
              "## Loss on bf16 logits, 8,192 rows: forward + backward", "",
-             "| vocab | provider | ms | GB/s | frac of copy | extra peak MB | vs fused |", "|---|---|---|---|---|---|---|"]
+             "| vocab | provider | ms | GB/s | frac of copy | extra peak MB | time vs best fused |", "|---|---|---|---|---|---|---|"]
     ce = [r for r in rows if r["part"] == "ce"]
+    sw = [r for r in rows if r["part"] == "sweep"]
     for v in sorted({r["vocab"] for r in ce}):
         group = [r for r in ce if r["vocab"] == v]
-        fused = next((r["ms"] for r in group if r["provider"] == "fused"), None)
+        fused = min((r["ms"] for r in group if r["provider"].startswith("fused")), default=None)
         for r in group:
             rel = f"{r['ms'] / fused:.2f}x" if fused else "-"
             lines.append(f"| {v} | {r['provider']} | {r['ms']:.3f} | {r['gbs']:.0f} | {r['frac']:.3f} | {r['extra_MB']:.0f} | {rel} |")
+    if sw:
+        lines += ["", "## Sweep of the wide-row configs (fused, forward + backward, bf16)", "",
+                  "| vocab | config | ms | frac of copy |", "|---|---|---|---|"]
+        for r in sw:
+            lines.append(f"| {r['vocab']} | {r['config']} | {r['ms']:.3f} | {r['frac']:.3f} |")
     lin = [r for r in rows if r["part"] == "linear"]
     if lin:
         lines += ["", "## LM head + loss, 16 x 1024 tokens, d 768, V 50,304: forward + backward", "",
@@ -208,18 +284,23 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-linear", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="sweep the wide-row configs first; add a tuned row")
     args = ap.parse_args()
     t0 = time.time()
     copy_gbs = measure_copy()
     print(f"copy: {copy_gbs:.0f} GB/s (recorded ceiling {COPY_CEILING_GBS:.0f})", flush=True)
     rep = 40 if args.quick else 100
     vocabs = [50304, 262144] if args.quick else VOCABS
-    rows = bench_ce(vocabs, rep, copy_gbs)
+    rows, tuned = [], None
+    if args.sweep:
+        rows, tuned = sweep(vocabs, copy_gbs)
+        print("sweep winners:", json.dumps(tuned), flush=True)
+    rows += bench_ce(vocabs, rep, copy_gbs, tuned)
     if not args.skip_linear:
         rows += bench_linear(rep, args.quick)
     import triton
 
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+    meta = dict(tuned={str(k): v for k, v in (tuned or {}).items()}, device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 python=platform.python_version(), copy_gbs=copy_gbs, seconds=time.time() - t0,
                 command=" ".join(sys.argv))
     write(args.out, meta, rows)

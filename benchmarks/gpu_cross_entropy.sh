@@ -17,5 +17,5 @@ echo "=== cross-entropy CPU-path tests on the GPU (every non-slow test, CUDA ten
 timeout 90 python3 -m pytest tests/test_cross_entropy.py -q -x -m "not slow and not gpu" -p no:cacheprovider > "$OUT/ce_tests_cuda.log" 2>&1
 echo "rc=$?"; tail -8 "$OUT/ce_tests_cuda.log"
 echo "=== benchmark"
-timeout 200 python3 benchmarks/bench_cross_entropy.py --out "$OUT" > "$OUT/ce_bench.log" 2>&1
+timeout 230 python3 benchmarks/bench_cross_entropy.py --out "$OUT" --sweep > "$OUT/ce_bench.log" 2>&1
 echo "rc=$?"; grep -v "^\[" "$OUT/ce_bench.log" | tail -45

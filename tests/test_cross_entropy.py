@@ -531,3 +531,22 @@ def test_ledger_times_a_loss_module_call():
     ledger.stop_recording()
     (row,) = ledger.measure(max_seconds=1.0)
     assert row.kind == "cross_entropy" and row.max_err < 1e-5 and row.metric == "GB/s"
+
+
+def test_fallback_without_triton(monkeypatch):
+    """Where Triton cannot run, F.cross_entropy / the unfused head + loss compute it, with one warning."""
+    import fused_layers.ops._common as common
+    from fused_layers import fused_linear_cross_entropy
+
+    monkeypatch.setattr(common, "INTERPRET", False)
+    monkeypatch.setattr(common, "_warned", set())
+    x = torch.randn(3, 10, requires_grad=True)
+    t = torch.tensor([1, 2, 3])
+    with pytest.warns(UserWarning, match="using the PyTorch reference"):
+        loss = fused_cross_entropy(x, t, label_smoothing=0.1)
+    torch.testing.assert_close(loss, F.cross_entropy(x, t, label_smoothing=0.1))
+    loss.backward()
+    h, w = torch.randn(3, 4), torch.randn(10, 4)
+    with pytest.warns(UserWarning, match="using the PyTorch reference"):
+        loss = fused_linear_cross_entropy(h, w, t)
+    torch.testing.assert_close(loss, F.cross_entropy(h @ w.t(), t))
