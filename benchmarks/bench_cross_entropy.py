@@ -44,6 +44,32 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 COPY_CEILING_GBS = 4220.0
 VOCABS = [32000, 50304, 128256, 262144]
 ROWS = 8192
+DEV = "cuda"
+LINEAR_SHAPE = (16 * 1024, 768, 50304)  # tokens, d, V
+
+
+def _empty_cache():
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+
+
+def dry_run_setup():
+    """--cpu-check: the whole script on tiny shapes on the CPU (Triton interpreter), to check its plumbing.
+    Timings and memory are meaningless there."""
+    global DEV, ROWS, VOCABS, LINEAR_SHAPE, do_bench, peak_extra_mb, measure_copy
+    os.environ["TRITON_INTERPRET"] = "1"
+    DEV, ROWS, VOCABS, LINEAR_SHAPE = "cpu", 4, [1000, 50304], (300, 16, 1000)
+
+    def _bench(fn, grad_to_none=None, rep=100):
+        for g in grad_to_none or ():
+            g.grad = None
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    do_bench = _bench
+    peak_extra_mb = lambda fn, *a: (fn(), 0.0)[1]  # noqa: E731
+    measure_copy = lambda: COPY_CEILING_GBS  # noqa: E731
 
 
 def do_bench(fn, grad_to_none=None, rep=100):
@@ -53,7 +79,7 @@ def do_bench(fn, grad_to_none=None, rep=100):
 
 
 def measure_copy(nbytes: int = 2**31) -> float:
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=DEV).normal_()
     dst = torch.empty_like(src)
     ms = do_bench(lambda: dst.copy_(src))
     del src, dst
@@ -64,6 +90,8 @@ def ce_providers():
     from fused_layers import fused_cross_entropy
 
     torch._dynamo.config.cache_size_limit = 64
+    if DEV == "cpu":  # --cpu-check: no torch.compile (minutes on a CPU), no liger (GPU only)
+        return {"fused": lambda x, t: fused_cross_entropy(x, t), "torch_fp32": lambda x, t: F.cross_entropy(x.float(), t)}
     out = {
         "fused": lambda x, t: fused_cross_entropy(x, t),
         "torch_fp32": lambda x, t: F.cross_entropy(x.float(), t),
@@ -106,8 +134,8 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
                     return fused_cross_entropy(x, t)
 
             provs = {"fused": provs.pop("fused"), f"fused_tuned[{tuned[v]['name']}]": fused_tuned, **provs}
-        x = (torch.randn(ROWS, v, device="cuda") * 2).to(torch.bfloat16).requires_grad_()
-        t = torch.randint(0, v, (ROWS,), device="cuda")
+        x = (torch.randn(ROWS, v, device=DEV) * 2).to(torch.bfloat16).requires_grad_()
+        t = torch.randint(0, v, (ROWS,), device=DEV)
         ref = F.cross_entropy(x.detach().float(), t).item()
         nbytes = 2 * x.numel() * x.element_size()  # one read of x, one write of dx
         for name, f in provs.items():
@@ -127,20 +155,20 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
                 x.grad = None
             except Exception as e:  # noqa: BLE001 - report and go on
                 print(f"[{name} V={v} failed: {type(e).__name__}: {str(e)[:200]}]")
-                torch.cuda.empty_cache()
+                _empty_cache()
                 continue
             gbs = nbytes / ms / 1e6
             row = dict(part="ce", provider=name, vocab=v, rows=ROWS, ms=ms, gbs=gbs, frac=gbs / copy_gbs,
                        extra_MB=extra, loss_abs_err=err)
             if dx is not None:  # gradient check of ours against float32 torch (one sample row set)
-                xr = x.detach()[:256].float().requires_grad_()
+                xr = x.detach()[:256].float().requires_grad_()  # noqa: F841 (rows beyond ROWS are cut)
                 F.cross_entropy(xr, t[:256], reduction="sum").backward()
                 row["grad_max_err"] = (dx[:256].float() * ROWS - xr.grad).abs().max().item()
             rows.append(row)
             print(f"CE V={v:>6} {name:>13}: {ms:8.3f} ms  {gbs:7.0f} GB/s  frac {gbs / copy_gbs:5.3f}  "
                   f"extra {extra:8.0f} MB  |loss err| {err:.2e}", flush=True)
         del x, t
-        torch.cuda.empty_cache()
+        _empty_cache()
     return rows
 
 
@@ -166,8 +194,8 @@ def sweep(vocabs, copy_gbs, rep=30):
 
     rows, best = [], {}
     for v in vocabs:
-        x = (torch.randn(ROWS, v, device="cuda") * 2).to(torch.bfloat16).requires_grad_()
-        t = torch.randint(0, v, (ROWS,), device="cuda")
+        x = (torch.randn(ROWS, v, device=DEV) * 2).to(torch.bfloat16).requires_grad_()
+        t = torch.randint(0, v, (ROWS,), device=DEV)
         nbytes = 2 * x.numel() * x.element_size()
         ref = F.cross_entropy(x.detach().float(), t).item()
         configs = dict(SWEEP)
@@ -181,7 +209,7 @@ def sweep(vocabs, copy_gbs, rep=30):
                 with config_override("cross_entropy", **cfg):
                     x.grad = None
                     loss = fused_cross_entropy(x, t)
-                    assert abs(loss.item() - ref) < 1e-2, (loss.item(), ref)
+                    assert abs(loss.item() - ref) <= 0.01 * abs(ref) + 1e-3, (loss.item(), ref)  # bf16 loss
                     ms = do_bench(lambda: fused_cross_entropy(x, t).backward(), grad_to_none=[x], rep=rep)
             except Exception as e:  # noqa: BLE001
                 print(f"[sweep V={v} {name} failed: {type(e).__name__}: {str(e)[:160]}]")
@@ -193,7 +221,7 @@ def sweep(vocabs, copy_gbs, rep=30):
                 best[v] = (name, frac)
         x.grad = None
         del x, t
-        torch.cuda.empty_cache()
+        _empty_cache()
     return rows, {v: configs_of(n) | {"name": n} for v, (n, _) in best.items()}
 
 
@@ -204,18 +232,18 @@ def configs_of(name):
 def bench_linear(rep, quick):
     from fused_layers import fused_linear_cross_entropy
 
-    n, d, v = 16 * 1024, 768, 50304
+    n, d, v = LINEAR_SHAPE
     rows = []
-    t = torch.randint(0, v, (n,), device="cuda")
+    t = torch.randint(0, v, (n,), device=DEV)
     settings = {"bf16": (torch.bfloat16, False), "autocast_bf16": (torch.float32, True)}
     for setting, (dtype, autocast) in settings.items():
-        h = torch.randn(n, d, device="cuda", dtype=dtype).requires_grad_()
-        w = (torch.randn(v, d, device="cuda") * 0.02).to(dtype).requires_grad_()
+        h = torch.randn(n, d, device=DEV, dtype=dtype).requires_grad_()
+        w = (torch.randn(v, d, device=DEV) * 0.02).to(dtype).requires_grad_()
         provs = {
             "unfused": lambda: F.cross_entropy(F.linear(h, w).float(), t),
             "fused_linear": lambda: fused_linear_cross_entropy(h, w, t),
         }
-        if not autocast:
+        if not autocast and DEV == "cuda":
             try:
                 from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
@@ -225,7 +253,7 @@ def bench_linear(rep, quick):
                 print(f"[liger fused linear CE not available: {type(e).__name__}: {e}]")
         for name, f in provs.items():
             def step(f=f):
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                with torch.autocast(DEV, dtype=torch.bfloat16, enabled=autocast):
                     loss = f()
                 loss.backward()
 
@@ -239,12 +267,12 @@ def bench_linear(rep, quick):
                 h.grad = w.grad = None
             except Exception as e:  # noqa: BLE001
                 print(f"[{name} {setting} failed: {type(e).__name__}: {str(e)[:200]}]")
-                torch.cuda.empty_cache()
+                _empty_cache()
                 continue
             rows.append(dict(part="linear", setting=setting, provider=name, tokens=n, d=d, vocab=v, ms=ms, peak_MB=peak))
             print(f"LINEAR {setting:>13} {name:>13}: {ms:8.3f} ms  peak above inputs {peak:8.0f} MB", flush=True)
         del h, w
-        torch.cuda.empty_cache()
+        _empty_cache()
     return rows
 
 
@@ -285,12 +313,15 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-linear", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="sweep the wide-row configs first; add a tuned row")
+    ap.add_argument("--cpu-check", action="store_true", help="tiny shapes on the CPU (interpreter): plumbing only")
     args = ap.parse_args()
+    if args.cpu_check:
+        dry_run_setup()
     t0 = time.time()
     copy_gbs = measure_copy()
     print(f"copy: {copy_gbs:.0f} GB/s (recorded ceiling {COPY_CEILING_GBS:.0f})", flush=True)
     rep = 40 if args.quick else 100
-    vocabs = [50304, 262144] if args.quick else VOCABS
+    vocabs = [v for v in (50304, 262144) if v in VOCABS] if args.quick else VOCABS
     rows, tuned = [], None
     if args.sweep:
         rows, tuned = sweep(vocabs, copy_gbs)
@@ -300,7 +331,7 @@ def main():
         rows += bench_linear(rep, args.quick)
     import triton
 
-    meta = dict(tuned={str(k): v for k, v in (tuned or {}).items()}, device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+    meta = dict(tuned={str(k): v for k, v in (tuned or {}).items()}, device=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (--cpu-check: numbers meaningless)", torch=torch.__version__, triton=triton.__version__,
                 python=platform.python_version(), copy_gbs=copy_gbs, seconds=time.time() - t0,
                 command=" ".join(sys.argv))
     write(args.out, meta, rows)
