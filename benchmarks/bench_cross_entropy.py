@@ -173,17 +173,25 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
 
 
 SWEEP = {
+    # several programs per row, each holding its piece in registers (one read, one write)
+    "coop_2k_w4": dict(wide_mode=0, coop_block=2048, coop_warps=4),
+    "coop_4k_w4": dict(wide_mode=0, coop_block=4096, coop_warps=4),
+    "coop_4k_w8": dict(wide_mode=0, coop_block=4096, coop_warps=8),
+    "coop_8k_w8": dict(wide_mode=0, coop_block=8192, coop_warps=8),
+    "coop_8k_w16": dict(wide_mode=0, coop_block=8192, coop_warps=16),
+    "coop_16k_w16": dict(wide_mode=0, coop_block=16384, coop_warps=16),
     # one program per row, two passes (second read from L2 while the rows in flight fit)
-    "stream_8k_w8": dict(split_min=10**9, block_n=8192, num_warps=8),
-    "stream_8k_w16": dict(split_min=10**9, block_n=8192, num_warps=16),
-    "stream_16k_w16": dict(split_min=10**9, block_n=16384, num_warps=16),
-    "stream_16k_w32": dict(split_min=10**9, block_n=16384, num_warps=32),
-    # several programs per row (pieces), second read of a piece from L2
-    "split_p8k_b8k_w8": dict(split_min=1, piece=8192, split_block=8192, split_warps=8),
-    "split_p16k_b8k_w8": dict(split_min=1, piece=16384, split_block=8192, split_warps=8),
-    "split_p16k_b16k_w16": dict(split_min=1, piece=16384, split_block=16384, split_warps=16),
-    "split_p32k_b8k_w8": dict(split_min=1, piece=32768, split_block=8192, split_warps=8),
-    "split_p32k_b16k_w16": dict(split_min=1, piece=32768, split_block=16384, split_warps=16),
+    "stream_8k_w16": dict(wide_mode=1, block_n=8192, num_warps=16),
+    "stream_16k_w16": dict(wide_mode=1, block_n=16384, num_warps=16),
+    "stream_16k_w32": dict(wide_mode=1, block_n=16384, num_warps=32),
+    # several programs per row (pieces streamed), second read of a piece from L2
+    "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
+    "split_p16k_b16k_w16": dict(wide_mode=2, piece=16384, split_block=16384, split_warps=16),
+    "split_p32k_b8k_w8": dict(wide_mode=2, piece=32768, split_block=8192, split_warps=8),
+}
+SINGLE_SWEEP = {  # one program per row, the whole row in registers (rows up to 32K)
+    "single_32k_w16": dict(max_single=32768, num_warps=16),
+    "single_32k_w32": dict(max_single=32768, num_warps=32),
 }
 
 
@@ -198,12 +206,7 @@ def sweep(vocabs, copy_gbs, rep=30):
         t = torch.randint(0, v, (ROWS,), device=DEV)
         nbytes = 2 * x.numel() * x.element_size()
         ref = F.cross_entropy(x.detach().float(), t).item()
-        configs = dict(SWEEP)
-        if v <= 32768:
-            configs = {"single_w16": dict(num_warps=16), "single_w32": dict(num_warps=32), **configs}
-            for cfg in configs.values():
-                if "split_min" in cfg:
-                    cfg["max_single"] = 1024
+        configs = {**(SINGLE_SWEEP if v <= 32768 else {}), **SWEEP}
         for name, cfg in configs.items():
             try:
                 with config_override("cross_entropy", **cfg):
@@ -226,7 +229,7 @@ def sweep(vocabs, copy_gbs, rep=30):
 
 
 def configs_of(name):
-    return dict(SWEEP.get(name, {"num_warps": 16 if name == "single_w16" else 32}))
+    return dict({**SINGLE_SWEEP, **SWEEP}[name])
 
 
 def bench_linear(rep, quick):

@@ -62,24 +62,28 @@ def test_streaming_chunks(c, dtype, device):
         _check(x, t, reduction="sum", weight=torch.rand(c, device=device, dtype=dtype))
 
 
-SPLIT = dict(max_single=16, block_n=8, split_min=1, piece=16, split_block=8)  # 16-column pieces, 8-column chunks
+SPLIT = dict(max_single=16, block_n=8, wide_mode=2, piece=16, split_block=8)  # 16-column pieces, 8-column chunks
+COOP = dict(max_single=16, wide_mode=0, coop_block=16)  # pieces of at most 16 columns, one program each
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("c", [16, 17, 97])  # one piece, a piece + 1 column, 7 ragged pieces
-def test_split_rows(c, dtype, device):
-    """Several programs per row (_ce_fwd_split_kernel): pieces publish statistics, later programs combine."""
+@pytest.mark.parametrize("mode", ["split", "coop"])
+def test_split_rows(c, dtype, mode, device):
+    """Several programs per row: pieces publish statistics, which the programs of the row combine
+    (_ce_fwd_split_kernel; _ce_fwd_coop_kernel in its two-launch form on the interpreter)."""
     x = torch.randn(5, c, device=device, dtype=dtype) * 4
     t = torch.randint(0, c, (5,), device=device)
     t[2] = -100
-    with config_override("cross_entropy", **SPLIT):
+    with config_override("cross_entropy", **(SPLIT if mode == "split" else COOP)):
         _check(x, t)
         _check(x, t, reduction="none", label_smoothing=0.2, weight=torch.rand(c, device=device, dtype=dtype))
         _check(x, torch.softmax(torch.randn(5, c, device=device), -1).to(dtype), reduction="sum", label_smoothing=0.1)
         _check(x, t, grad=False, reduction="none")  # no gradient: the one-pass streaming kernel
 
 
-def test_split_rows_special_values_and_layouts(device):
+@pytest.mark.parametrize("mode", ["split", "coop"])
+def test_split_rows_special_values_and_layouts(mode, device):
     x = torch.randn(6, 40, device=device)
     x[0, 3] = float("-inf")
     x[1, :] = float("-inf")
@@ -87,7 +91,7 @@ def test_split_rows_special_values_and_layouts(device):
     x[3, 20] = float("nan")
     x[4, 7] = float("-inf")
     t = torch.tensor([3, 0, 1, 2, 7, 39], device=device)
-    with config_override("cross_entropy", **SPLIT):
+    with config_override("cross_entropy", **(SPLIT if mode == "split" else COOP)):
         _check(x, t, reduction="none")
         _check(x, torch.full((6,), -100, device=device))  # all ignored: NaN mean, 0 * p gradients
         _check(torch.randn(3, 40, 2, device=device), torch.randint(0, 40, (3, 2), device=device))  # (N, C, d)
@@ -327,15 +331,16 @@ def test_gpu_vocab_widths(c, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("c", [50304, 262144])
-def test_gpu_stream_and_split_paths(c):
-    """Both wide-row kernels at both widths (the benchmark sweep picks between them)."""
-    x = torch.randn(32, c, device="cuda", dtype=torch.bfloat16) * 2
-    t = torch.randint(0, c, (32,), device="cuda")
-    with config_override("cross_entropy", split_min=1):
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("c", [32000, 50304, 262144])
+def test_gpu_wide_row_kernels(c, mode):
+    """Every wide-row kernel (coop / stream / split) at these widths (the benchmark sweep picks)."""
+    x = torch.randn(256, c, device="cuda", dtype=torch.bfloat16) * 2
+    t = torch.randint(0, c, (256,), device="cuda")
+    t[::5] = -100
+    with config_override("cross_entropy", wide_mode=mode):
         _check(x, t, label_smoothing=0.1)
-    with config_override("cross_entropy", split_min=10**9):
-        _check(x, t, label_smoothing=0.1)
+        _check(x.float(), t, reduction="none", weight=torch.rand(c, device="cuda"))
 
 
 @pytest.mark.gpu

@@ -69,6 +69,7 @@ import triton.language as tl
 
 from . import cross_entropy_config as cfg
 from ._common import (
+    INTERPRET,
     check_tensor,
     config_override,  # noqa: F401  (re-exported for tests: config_override("cross_entropy", ...))
     get_override,
@@ -408,6 +409,95 @@ def _ce_fwd_split_kernel(
 
 
 @triton.jit
+def _ce_fwd_coop_kernel(
+    X, T, W, LOSS, DX, DEN, RS, ERR,  # as in _ce_fwd_kernel
+    STATS,  # float32 [M * SPLITS, 4]: per piece (m, s, sum_w, sum_wx)
+    COUNT,  # int32 [M], zeroed: pieces of each row whose statistics are published (PHASE 2)
+    M, C, INNER,
+    sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc,
+    ignore_index, smoothing, inv_den,
+    SPLITS,  # pieces per row: program g handles piece g % SPLITS of row g // SPLITS
+    PIECE,  # columns per piece (<= BLOCK_N)
+    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
+    BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
+    PHASE: tl.constexpr,  # 2: everything in one launch; 0 then 1: two launches (the interpreter)
+    SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
+    DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
+):
+    """Wide rows, one read: each program keeps its piece of a row in registers.
+
+    PHASE 2 (GPU): a program loads its piece once, publishes the piece's statistics (release atomic on
+    a per-row counter), waits (acquire) until the SPLITS pieces of its row are published, combines
+    them and writes the gradient of its piece from the registers: one read of the logits, one write of
+    the gradient, nothing re-read.  The pieces of a row are consecutive program ids; programs are
+    dispatched in id order, so when one waits its siblings are resident or about to be (a row's
+    SPLITS programs are far fewer than the programs a GPU holds at once).  The Triton interpreter runs
+    programs one after the other, so there it takes two launches instead: PHASE 0 (statistics) then
+    PHASE 1 (reload the piece, gradient) -- the same code apart from the wait and the reload.
+    """
+    g = tl.program_id(0)
+    zero = tl.arange(0, 1)  # [1]-shaped row vectors, so the BLOCK_M-row helpers serve here
+    row = g // SPLITS
+    r64 = row.to(tl.int64) + zero
+    row_ok = r64 < M
+    start = (g % SPLITS) * PIECE
+    end = tl.minimum(start + PIECE, C)
+    xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi
+    if SOFT:
+        tb = T + (r64 // INNER) * sto + (r64 % INNER) * sti
+    else:
+        tb = xb  # unused
+    if PHASE != 1:
+        # ---- statistics of the piece, published -------------------------------------------------
+        m = tl.full([1], -float("inf"), tl.float32)
+        s = tl.zeros([1], tl.float32)
+        sum_w = tl.zeros([1], tl.float32)
+        sum_wx = tl.zeros([1], tl.float32)
+        x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, start, row_ok, end, C, sxc, stc, smoothing, m, s,
+                                                 sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+        st = STATS + g.to(tl.int64) * 4 + zero
+        tl.store(st, m)
+        tl.store(st + 1, s)
+        tl.store(st + 2, sum_w)
+        tl.store(st + 3, sum_wx)
+        if PHASE == 2:
+            tl.debug_barrier()  # the statistics are written before the count says so
+            tl.atomic_add(COUNT + row, 1, sem="release")
+            cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+            while cnt < SPLITS:  # wait for the sibling pieces of the row
+                cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+    if PHASE != 0:
+        if PHASE == 1:  # two-launch form: the piece again
+            c = start + tl.arange(0, BLOCK_N)
+            cm = row_ok[:, None] & (c < end)[None, :]
+            x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
+        # ---- combine the pieces' statistics: lse and the sums of the row ------------------------
+        p = tl.arange(0, SPLITS_P2)
+        pm = p < SPLITS
+        st = STATS + (row.to(tl.int64) * SPLITS + p) * 4
+        m_p = tl.load(st, mask=pm, other=-float("inf"), volatile=True)
+        s_p = tl.load(st + 1, mask=pm, other=0.0, volatile=True)
+        sw_p = tl.load(st + 2, mask=pm, other=0.0, volatile=True)
+        swx_p = tl.load(st + 3, mask=pm, other=0.0, volatile=True)
+        m_row = tl.max(m_p, axis=0)
+        m_safe = tl.where(m_row == -float("inf"), 0.0, m_row)
+        f0 = tl.zeros([1], tl.float32)
+        m = m_row + f0
+        s = tl.sum(s_p * tl.exp2((m_p - m_safe) * 1.4426950408889634), axis=0) + f0
+        sum_w = tl.sum(sw_p, axis=0) + f0
+        sum_wx = tl.sum(swx_p, axis=0) + f0
+        loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
+            T, W, xb, r64, row_ok, C, sxc, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
+            SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, 1)
+        first = ((g % SPLITS) + zero) == 0  # the row's first piece writes its loss
+        tl.store(ERR + zero, 1, mask=bad & first)
+        tl.store(LOSS + r64, loss, mask=row_ok & first)
+        db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
+        _ce_grad_chunk(x, db, tb, W, start, row_ok, end, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
+                       SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+
+
+@triton.jit
 def _ce_scale_kernel(
     G,  # flat contiguous gradient [N] (scaled in place)
     GO,  # the scalar grad_output (any float dtype)
@@ -528,7 +618,7 @@ def validate(input, target, weight, ignore_index, reduction, label_smoothing) ->
 
 
 class _Plan:
-    __slots__ = ("copy_x", "copy_t", "args", "meta", "grid", "M", "C", "splits", "split_grid", "split_args", "split_meta")
+    __slots__ = ("copy_x", "copy_t", "args", "meta", "grid", "M", "C", "wide", "splits", "piece", "wide_grid", "wide_meta")
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -567,18 +657,28 @@ def _plan(shape, xstride, tstride, elem: int, soft: bool) -> _Plan:
     block_m = min(get_override("cross_entropy", "block_m", block_m), next_power_of_2(M))
     block_n = get_override("cross_entropy", "block_n", block_n) if not single else block_n
     plan.M, plan.C = M, C
+    # Wide rows with a gradient: several programs per row (no effect without a gradient: the streaming
+    # kernel is then one pass).  0 = coop (_ce_fwd_coop_kernel, a piece per program in registers),
+    # 2 = split (_ce_fwd_split_kernel, pieces streamed, second read from L2), 1 = stream only.
+    plan.wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE) if not single else 1
     plan.splits = 0
-    if not single and C >= get_override("cross_entropy", "split_min", cfg.SPLIT_MIN):
-        # several programs per row (_ce_fwd_split_kernel), used when the gradient is written
+    if plan.wide == 0:
+        cblock = get_override("cross_entropy", "coop_block", cfg.COOP_BLOCK[elem])
+        splits = triton.cdiv(C, cblock)
+        align = min(64, cblock)
+        piece = triton.cdiv(triton.cdiv(C, splits), align) * align  # balanced pieces, aligned starts
+        plan.splits, plan.piece = splits, piece
+        plan.wide_grid = (M * splits,)
+        plan.wide_meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=cblock,
+                              num_warps=get_override("cross_entropy", "coop_warps", cfg.COOP_WARPS))
+    elif plan.wide == 2:
         sblock = get_override("cross_entropy", "split_block", cfg.SPLIT_BLOCK[elem])
         piece = triton.cdiv(get_override("cross_entropy", "piece", cfg.PIECE[elem]), sblock) * sblock
         splits = triton.cdiv(C, piece)
-        plan.splits = splits
-        plan.split_grid = (M * splits + splits,)  # + SPLITS: the last row's phase 2
-        plan.split_args = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd)
-        plan.split_meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=sblock,
-                               num_warps=get_override("cross_entropy", "split_warps", cfg.SPLIT_WARPS))
-        plan.split_args = (plan.split_args, (splits, piece))
+        plan.splits, plan.piece = splits, piece
+        plan.wide_grid = (M * splits + splits,)  # + SPLITS: the last row's phase 2
+        plan.wide_meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=sblock,
+                              num_warps=get_override("cross_entropy", "split_warps", cfg.SPLIT_WARPS))
     plan.grid = (triton.cdiv(M, block_m),)
     plan.args = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd)
     plan.meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
@@ -704,15 +804,19 @@ def cross_entropy_forward(
                  DEN_ON_DEVICE=mean_hard, HAS_ROW_SCALE=row_scale is not None)
     if plan.splits and grad is not None:
         stats = torch.empty(M * plan.splits * 4, dtype=torch.float32, device=dev)
-        count = torch.zeros(M, dtype=torch.int32, device=dev)
-        args, (splits, piece) = plan.split_args
-        _ce_fwd_split_kernel[plan.split_grid](
-            input, t, weight if weight is not None else input, loss_rows, g,
-            den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err, stats, count,
-            *args, ignore_index, float(label_smoothing), inv_den, splits, piece, **flags, **plan.split_meta,
-        )
+        count = torch.zeros(M, dtype=torch.int32, device=dev) if (plan.wide == 2 or not INTERPRET) else stats
+        args = (input, t, weight if weight is not None else input, loss_rows, g,
+                den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err, stats, count,
+                *plan.args, ignore_index, float(label_smoothing), inv_den, plan.splits, plan.piece)
+        if plan.wide == 2:
+            _ce_fwd_split_kernel[plan.wide_grid](*args, **flags, **plan.wide_meta)
+        elif INTERPRET:  # programs run one at a time: statistics, then gradients (two launches)
+            _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=0, **flags, **plan.wide_meta)
+            _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=1, **flags, **plan.wide_meta)
+        else:
+            _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=2, **flags, **plan.wide_meta)
     else:
-            _ce_fwd_kernel[plan.grid](
+        _ce_fwd_kernel[plan.grid](
             input, t, weight if weight is not None else input, loss_rows, g,
             den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err,
             *plan.args, ignore_index, float(label_smoothing), inv_den, HAS_GRAD=grad is not None,
