@@ -130,11 +130,24 @@ def _ce_stats_chunk(xb, tb, W, off, row_ok, lim, C, sxc, stc, smoothing, m, s, s
 
 
 @triton.jit
-def _ce_row(T, W, xb, r64, row_ok, C, sxc, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
+def _ce_target_logit(T, xb, r64, row_ok, lo, hi, C, sxc):
+    """x[t] of each row whose class index t lies in [lo, hi) (0 otherwise: ignored, out of range, elsewhere).
+
+    Read during the statistics pass, before any program writes its gradient (the gradient may be written
+    over the logits in place, as the fused linear cross-entropy does).
+    """
+    t = tl.load(T + r64, mask=row_ok, other=-1).to(tl.int64)
+    inside = row_ok & (t >= lo) & (t < hi) & (t >= 0) & (t < C)
+    return tl.load(xb + tl.where(inside, t, 0) * sxc, mask=inside, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _ce_row(T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
             SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, DEN_ON_DEVICE: tl.constexpr,
             HAS_ROW_SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
     """Per-row terms from the row statistics: the (scaled) loss, lse, the gradient coefficients.
 
+    ``x_t`` is the target's logit (``_ce_target_logit``).
     Returns (loss * scale, lse, coef_a, coef_b, coef_t, t, bad): dx_j = coef_a p_j - B_j with
     B_j = coef_t [j == t] + coef_b (e / C) w_j (class indices) or coef_b w_j q'_j (probabilities).
     """
@@ -155,7 +168,6 @@ def _ce_row(T, W, xb, r64, row_ok, C, sxc, ignore_index, smoothing, m, s, sum_w,
         ign = t == ignore_index
         bad = row_ok & (~ign) & ((t < 0) | (t >= C))
         t = tl.where(ign | bad, 0, t)  # never read out of bounds
-        x_t = tl.load(xb + t * sxc, mask=row_ok, other=0.0).to(tl.float32)
         if HAS_WEIGHT:
             w_t = tl.load(W + t, mask=row_ok, other=0.0).to(tl.float32)
         else:
@@ -288,8 +300,12 @@ def _ce_fwd_kernel(
                                                       sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
 
     # ---- loss of the row -------------------------------------------------------------------------
+    if SOFT:
+        x_t = tl.zeros([BLOCK_M], tl.float32)  # unused
+    else:
+        x_t = _ce_target_logit(T, xb, r64, row_ok, 0, C, C, sxc)
     loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
-        T, W, xb, r64, row_ok, C, sxc, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
+        T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
         SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, BLOCK_M)
     tl.store(ERR + rows * 0, 1, mask=bad)  # every writer writes 1: no race
     tl.store(LOSS + r64, loss, mask=row_ok)
@@ -314,7 +330,7 @@ def _ce_fwd_kernel(
 @triton.jit
 def _ce_fwd_split_kernel(
     X, T, W, LOSS, DX, DEN, RS, ERR,  # as in _ce_fwd_kernel
-    STATS,  # float32 [M * SPLITS, 4] (scratch): per piece (m, s, sum_w, sum_wx)
+    STATS,  # float32 [M * SPLITS, 5] (scratch): per piece (m, s, sum_w, sum_wx, x_t if t is in the piece)
     COUNT,  # int32 [M], zeroed: pieces of each row whose statistics are published
     M, C, INNER,
     sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc,
@@ -355,11 +371,16 @@ def _ce_fwd_split_kernel(
         for off in range(start, end, BLOCK_N):
             _x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, off, row_ok, end, C, sxc, stc, smoothing, m, s,
                                                       sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
-        st = STATS + g * 4 + zero
+        if SOFT:
+            xt_p = tl.zeros([1], tl.float32)
+        else:
+            xt_p = _ce_target_logit(T, xb, r64, row_ok, start, end, C, sxc)
+        st = STATS + g * 5 + zero
         tl.store(st, m)
         tl.store(st + 1, s)
         tl.store(st + 2, sum_w)
         tl.store(st + 3, sum_wx)
+        tl.store(st + 4, xt_p)
         tl.debug_barrier()  # the statistics are written before the count says so
         tl.atomic_add(COUNT + (g // SPLITS), 1, sem="release")
     # ---- phase 2: loss and gradient of piece h = g - SPLITS --------------------------------------
@@ -371,11 +392,12 @@ def _ce_fwd_split_kernel(
             cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
         p = tl.arange(0, SPLITS_P2)
         pm = p < SPLITS
-        st = STATS + (row.to(tl.int64) * SPLITS + p) * 4
+        st = STATS + (row.to(tl.int64) * SPLITS + p) * 5
         m_p = tl.load(st, mask=pm, other=-float("inf"), volatile=True)
         s_p = tl.load(st + 1, mask=pm, other=0.0, volatile=True)
         sw_p = tl.load(st + 2, mask=pm, other=0.0, volatile=True)
         swx_p = tl.load(st + 3, mask=pm, other=0.0, volatile=True)
+        xt_p = tl.load(st + 4, mask=pm, other=0.0, volatile=True)
         m_row = tl.max(m_p, axis=0)
         m_safe = tl.where(m_row == -float("inf"), 0.0, m_row)
         s_row = tl.sum(s_p * tl.exp2((m_p - m_safe) * 1.4426950408889634), axis=0)
@@ -390,8 +412,9 @@ def _ce_fwd_split_kernel(
         s = s_row + tl.zeros([1], tl.float32)
         sum_w = tl.sum(sw_p, axis=0) + tl.zeros([1], tl.float32)
         sum_wx = tl.sum(swx_p, axis=0) + tl.zeros([1], tl.float32)
+        x_t = tl.sum(xt_p, axis=0) + tl.zeros([1], tl.float32)  # only the target's piece is not 0
         loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
-            T, W, xb, r64, row_ok, C, sxc, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
+            T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
             SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, 1)
         first = ((h % SPLITS) + zero) == 0  # [1]: the first piece writes the loss
         tl.store(ERR + zero, 1, mask=bad & first)
@@ -411,7 +434,7 @@ def _ce_fwd_split_kernel(
 @triton.jit
 def _ce_fwd_coop_kernel(
     X, T, W, LOSS, DX, DEN, RS, ERR,  # as in _ce_fwd_kernel
-    STATS,  # float32 [M * SPLITS, 4]: per piece (m, s, sum_w, sum_wx)
+    STATS,  # float32 [M * SPLITS, 5]: per piece (m, s, sum_w, sum_wx, x_t if t is in the piece)
     COUNT,  # int32 [M], zeroed: pieces of each row whose statistics are published (PHASE 2)
     M, C, INNER,
     sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc,
@@ -455,11 +478,16 @@ def _ce_fwd_coop_kernel(
         sum_wx = tl.zeros([1], tl.float32)
         x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, start, row_ok, end, C, sxc, stc, smoothing, m, s,
                                                  sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
-        st = STATS + g.to(tl.int64) * 4 + zero
+        if SOFT:
+            xt_p = tl.zeros([1], tl.float32)
+        else:
+            xt_p = _ce_target_logit(T, xb, r64, row_ok, start, end, C, sxc)
+        st = STATS + g.to(tl.int64) * 5 + zero
         tl.store(st, m)
         tl.store(st + 1, s)
         tl.store(st + 2, sum_w)
         tl.store(st + 3, sum_wx)
+        tl.store(st + 4, xt_p)
         if PHASE == 2:
             tl.debug_barrier()  # the statistics are written before the count says so
             tl.atomic_add(COUNT + row, 1, sem="release")
@@ -474,11 +502,12 @@ def _ce_fwd_coop_kernel(
         # ---- combine the pieces' statistics: lse and the sums of the row ------------------------
         p = tl.arange(0, SPLITS_P2)
         pm = p < SPLITS
-        st = STATS + (row.to(tl.int64) * SPLITS + p) * 4
+        st = STATS + (row.to(tl.int64) * SPLITS + p) * 5
         m_p = tl.load(st, mask=pm, other=-float("inf"), volatile=True)
         s_p = tl.load(st + 1, mask=pm, other=0.0, volatile=True)
         sw_p = tl.load(st + 2, mask=pm, other=0.0, volatile=True)
         swx_p = tl.load(st + 3, mask=pm, other=0.0, volatile=True)
+        xt_p = tl.load(st + 4, mask=pm, other=0.0, volatile=True)
         m_row = tl.max(m_p, axis=0)
         m_safe = tl.where(m_row == -float("inf"), 0.0, m_row)
         f0 = tl.zeros([1], tl.float32)
@@ -486,8 +515,9 @@ def _ce_fwd_coop_kernel(
         s = tl.sum(s_p * tl.exp2((m_p - m_safe) * 1.4426950408889634), axis=0) + f0
         sum_w = tl.sum(sw_p, axis=0) + f0
         sum_wx = tl.sum(swx_p, axis=0) + f0
+        x_t = tl.sum(xt_p, axis=0) + tl.zeros([1], tl.float32)  # only the target's piece is not 0
         loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
-            T, W, xb, r64, row_ok, C, sxc, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
+            T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
             SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, 1)
         first = ((g % SPLITS) + zero) == 0  # the row's first piece writes its loss
         tl.store(ERR + zero, 1, mask=bad & first)
@@ -803,7 +833,7 @@ def cross_entropy_forward(
     flags = dict(SOFT=soft, HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0,
                  DEN_ON_DEVICE=mean_hard, HAS_ROW_SCALE=row_scale is not None)
     if plan.splits and grad is not None:
-        stats = torch.empty(M * plan.splits * 4, dtype=torch.float32, device=dev)
+        stats = torch.empty(M * plan.splits * 5, dtype=torch.float32, device=dev)
         count = torch.zeros(M, dtype=torch.int32, device=dev) if (plan.wide == 2 or not INTERPRET) else stats
         args = (input, t, weight if weight is not None else input, loss_rows, g,
                 den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err, stats, count,
