@@ -180,6 +180,10 @@ SWEEP = {
     "coop_8k_w8": dict(wide_mode=0, coop_block=8192, coop_warps=8),
     "coop_8k_w16": dict(wide_mode=0, coop_block=8192, coop_warps=16),
     "coop_16k_w16": dict(wide_mode=0, coop_block=16384, coop_warps=16),
+    # the same, re-reading the piece from L2 after the wait (fewer registers, more programs resident)
+    "coopL2_4k_w4": dict(wide_mode=3, coop_block=4096, coop_warps=4),
+    "coopL2_8k_w8": dict(wide_mode=3, coop_block=8192, coop_warps=8),
+    "coopL2_16k_w16": dict(wide_mode=3, coop_block=16384, coop_warps=16),
     # one program per row, two passes (second read from L2 while the rows in flight fit)
     "stream_8k_w16": dict(wide_mode=1, block_n=8192, num_warps=16),
     "stream_16k_w16": dict(wide_mode=1, block_n=16384, num_warps=16),

@@ -331,7 +331,7 @@ def test_gpu_vocab_widths(c, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
 @pytest.mark.parametrize("c", [32000, 50304, 262144])
 def test_gpu_wide_row_kernels(c, mode):
     """Every wide-row kernel (coop / stream / split) at these widths (the benchmark sweep picks)."""

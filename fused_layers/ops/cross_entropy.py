@@ -443,7 +443,7 @@ def _ce_fwd_coop_kernel(
     PIECE,  # columns per piece (<= BLOCK_N)
     SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
     BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
-    PHASE: tl.constexpr,  # 2: everything in one launch; 0 then 1: two launches (the interpreter)
+    PHASE: tl.constexpr,  # 2: one launch; 3: one launch, piece re-read after the wait; 0 then 1: two launches
     SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
     DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
 ):
@@ -457,6 +457,9 @@ def _ce_fwd_coop_kernel(
     SPLITS programs are far fewer than the programs a GPU holds at once).  The Triton interpreter runs
     programs one after the other, so there it takes two launches instead: PHASE 0 (statistics) then
     PHASE 1 (reload the piece, gradient) -- the same code apart from the wait and the reload.
+    PHASE 3 is PHASE 2 without keeping the piece in registers across the wait: the piece is read again
+    (from L2: it was read moments ago, and the pieces in flight are a few MB), fewer registers per
+    program, more programs resident.
     """
     g = tl.program_id(0)
     zero = tl.arange(0, 1)  # [1]-shaped row vectors, so the BLOCK_M-row helpers serve here
@@ -488,14 +491,14 @@ def _ce_fwd_coop_kernel(
         tl.store(st + 2, sum_w)
         tl.store(st + 3, sum_wx)
         tl.store(st + 4, xt_p)
-        if PHASE == 2:
+        if PHASE >= 2:
             tl.debug_barrier()  # the statistics are written before the count says so
             tl.atomic_add(COUNT + row, 1, sem="release")
             cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
             while cnt < SPLITS:  # wait for the sibling pieces of the row
                 cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
     if PHASE != 0:
-        if PHASE == 1:  # two-launch form: the piece again
+        if PHASE == 1 or PHASE == 3:  # the piece again (two-launch form; PHASE 3: from L2)
             c = start + tl.arange(0, BLOCK_N)
             cm = row_ok[:, None] & (c < end)[None, :]
             x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
@@ -689,10 +692,11 @@ def _plan(shape, xstride, tstride, elem: int, soft: bool) -> _Plan:
     plan.M, plan.C = M, C
     # Wide rows with a gradient: several programs per row (no effect without a gradient: the streaming
     # kernel is then one pass).  0 = coop (_ce_fwd_coop_kernel, a piece per program in registers),
-    # 2 = split (_ce_fwd_split_kernel, pieces streamed, second read from L2), 1 = stream only.
+    # 3 = coop re-reading its piece from L2 after the wait, 2 = split (_ce_fwd_split_kernel, pieces
+    # streamed, second read from L2), 1 = stream only.
     plan.wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE) if not single else 1
     plan.splits = 0
-    if plan.wide == 0:
+    if plan.wide in (0, 3):
         cblock = get_override("cross_entropy", "coop_block", cfg.COOP_BLOCK[elem])
         splits = triton.cdiv(C, cblock)
         align = min(64, cblock)
@@ -844,7 +848,7 @@ def cross_entropy_forward(
             _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=0, **flags, **plan.wide_meta)
             _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=1, **flags, **plan.wide_meta)
         else:
-            _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=2, **flags, **plan.wide_meta)
+            _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=2 if plan.wide == 0 else 3, **flags, **plan.wide_meta)
     else:
         _ce_fwd_kernel[plan.grid](
             input, t, weight if weight is not None else input, loss_rows, g,

@@ -13,6 +13,8 @@ by the winners of ``benchmarks/bench_cross_entropy.py --sweep`` on the H200.
   one write, at any width);
   2 = split: pieces of ``PIECE`` columns streamed in chunks of ``SPLIT_BLOCK``, the second read of a
   piece from L2 (``_ce_fwd_split_kernel``);
+  3 = coop, but each program reads its piece again after the wait (from L2) instead of holding it in
+  registers across the wait (fewer registers, more programs resident);
   1 = stream: one program per row, chunks of ``STREAM_BLOCK``, two passes (second read from L2 while
   the rows in flight fit there).  Without a gradient wide rows always stream (one pass).
 * ``LINEAR_CHUNK_BYTES``: the fused linear cross-entropy computes the logits of this many bytes at a
