@@ -11,7 +11,8 @@ of logits per chunk, a multiple of 128 rows; 2,432 rows at GPT-2's V = 50,304 in
    logits with their gradient d(loss)/d(logits) in place (for ``mean`` scaled by 1/D, D computed once
    over all N targets on the device);
 3. ``grad_hidden_chunk = dlogits @ weight`` and ``grad_weight += dlogits.T @ hidden_chunk`` (cuBLAS;
-   grad_weight is accumulated in float32 across chunks), ``grad_bias += dlogits.sum(0)`` (float32).
+   grad_weight is accumulated in float32 across chunks: in place by ``addmm(out_dtype=float32)``
+   where torch has it on CUDA, else through a compute-dtype product), ``grad_bias += dlogits.sum(0)``.
 
 So the forward returns the loss and already holds every gradient (for an upstream gradient of 1); the
 backward only scales them by grad_output (``_ce_scale_kernel``: no traffic when it is 1).  Peak extra
@@ -51,6 +52,23 @@ def chunk_rows(n: int, v: int, elem: int) -> int:
         return max(n, 1)
     chunks = -(-n // rows)
     return -(-(-(-n // chunks)) // 128) * 128  # spread evenly, rounded up to 128
+
+
+_ADDMM_FP32_OUT = [True]  # cuBLAS bf16/fp16 x bf16/fp16 -> fp32 accumulate in place (torch >= 2.8, CUDA)
+
+
+def _accumulate_grad_weight(gw: torch.Tensor, dlogits: torch.Tensor, hc: torch.Tensor) -> None:
+    """gw (float32) += dlogits.T @ hc, without a (V, H) temporary when cuBLAS can write fp32 from bf16/fp16."""
+    if dlogits.dtype == torch.float32:
+        gw.addmm_(dlogits.t(), hc)
+        return
+    if gw.is_cuda and _ADDMM_FP32_OUT[0]:
+        try:
+            torch.addmm(gw, dlogits.t(), hc, out_dtype=torch.float32, out=gw)
+            return
+        except (RuntimeError, TypeError, NotImplementedError):  # this torch has no addmm(out_dtype=)
+            _ADDMM_FP32_OUT[0] = False
+    gw.add_(dlogits.t() @ hc)  # the product in the compute dtype (fp32 accumulation inside cuBLAS)
 
 
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -101,10 +119,7 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             )
             if compute_grad:
                 torch.mm(logits, w, out=gh[s:e])
-                if cdtype == torch.float32:
-                    gw.addmm_(logits.t(), hc)
-                else:  # the product in cdtype (cuBLAS accumulates in fp32), summed over chunks in fp32
-                    gw.add_(logits.t() @ hc)
+                _accumulate_grad_weight(gw, logits, hc)
                 if gb is not None:
                     gb.add_(logits.sum(0, dtype=torch.float32))
             del logits
