@@ -31,10 +31,27 @@ The main kernel (``_ce_fwd_kernel``), one program per BLOCK_M rows:
 2. the loss of the row (scaled by 1/D for ``mean``) into a float32 row buffer;
 3. when a gradient is wanted: dx_j = (A p_j - B_j) / D, written in the logits' dtype.
 
-A row of at most ``MAX_SINGLE`` (padded) columns is loaded once and kept in registers (one read, one
-write).  A wider row is read twice (statistics, then gradient); the second read comes from L2 while
-the rows in flight fit there (about 50 MB on an H200: a few hundred rows of 50K-128K bf16 logits).
-All math is float32; the logits are read in their own dtype (no float32 copy).
+Rows by width (``cross_entropy_config.py``):
+
+* at most ``MAX_SINGLE`` (padded) columns: ``_ce_fwd_kernel`` loads the row once and keeps it in
+  registers (one read, one write);
+* wider, with a gradient, by default: ``_ce_fwd_coop_kernel``, the row cut into balanced pieces of at
+  most ``COOP_BLOCK`` columns, one program each holding its piece in registers.  The pieces publish
+  (m, s, sums, and x_t when the target falls in the piece) to a scratch buffer and a per-row counter;
+  each program waits for its row's pieces, combines the statistics (M = max m_p,
+  S = sum s_p exp(m_p - M)) and writes its piece's gradient from registers: one read, one write at any
+  width.  The wait needs the pieces of a row resident together: they are consecutive program ids and
+  far fewer than the programs a GPU holds, and programs are dispatched in id order.  The interpreter
+  runs programs one by one, so there the same kernel runs as two launches (statistics, gradient);
+* alternatives the benchmark sweeps (``WIDE_MODE``): ``_ce_fwd_kernel`` streaming one row per program in
+  two passes (the second read from L2 while the rows in flight fit there: about 50 MB on an H200), and
+  ``_ce_fwd_split_kernel``, pieces streamed with the wait only on earlier programs (the scheme of the
+  wide softmax), the second read of a piece from L2;
+* without a gradient: one streaming pass.
+
+All math is float32; the logits are read in their own dtype (no float32 copy).  The target's logit is
+read during the statistics pass, before any gradient is written, so the gradient may overwrite the
+logits in place (the fused linear cross-entropy does).
 
 Backward.  The saved gradient is that of the loss for an upstream gradient of 1; the backward scales
 it by grad_output: in place, by ``_ce_scale_kernel``, whose programs read the scalar and return at
