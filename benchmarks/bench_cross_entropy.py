@@ -179,18 +179,14 @@ SWEEP = {
     "coop_4k_w8": dict(wide_mode=0, coop_block=4096, coop_warps=8),
     "coop_8k_w8": dict(wide_mode=0, coop_block=8192, coop_warps=8),
     "coop_8k_w16": dict(wide_mode=0, coop_block=8192, coop_warps=16),
-    "coop_16k_w16": dict(wide_mode=0, coop_block=16384, coop_warps=16),
     # the same, re-reading the piece from L2 after the wait (fewer registers, more programs resident)
     "coopL2_4k_w4": dict(wide_mode=3, coop_block=4096, coop_warps=4),
     "coopL2_8k_w8": dict(wide_mode=3, coop_block=8192, coop_warps=8),
-    "coopL2_16k_w16": dict(wide_mode=3, coop_block=16384, coop_warps=16),
     # one program per row, two passes (second read from L2 while the rows in flight fit)
     "stream_8k_w16": dict(wide_mode=1, block_n=8192, num_warps=16),
-    "stream_16k_w16": dict(wide_mode=1, block_n=16384, num_warps=16),
     "stream_16k_w32": dict(wide_mode=1, block_n=16384, num_warps=32),
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
-    "split_p16k_b16k_w16": dict(wide_mode=2, piece=16384, split_block=16384, split_warps=16),
     "split_p32k_b8k_w8": dict(wide_mode=2, piece=32768, split_block=8192, split_warps=8),
 }
 SINGLE_SWEEP = {  # one program per row, the whole row in registers (rows up to 32K)

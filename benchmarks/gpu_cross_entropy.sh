@@ -12,10 +12,10 @@ fi
 XDIST=""; python3 -c "import xdist" 2>/dev/null && XDIST="-n 8"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 echo "=== cross-entropy GPU tests (vocabulary widths, every wide-row kernel, linear CE)"
-timeout 110 python3 -m pytest tests/test_cross_entropy.py -q -x -m gpu $XDIST -p no:cacheprovider > "$OUT/ce_gpu_tests.log" 2>&1
+timeout 100 python3 -m pytest tests/test_cross_entropy.py -q -x -m gpu $XDIST -p no:cacheprovider > "$OUT/ce_gpu_tests.log" 2>&1
 echo "rc=$?"; tail -15 "$OUT/ce_gpu_tests.log"
 echo "=== cross-entropy semantics tests on CUDA tensors (every non-slow CPU test, real kernels)"
-timeout 80 python3 -m pytest tests/test_cross_entropy.py -q -m "not slow and not gpu" $XDIST -p no:cacheprovider > "$OUT/ce_tests_cuda.log" 2>&1
+timeout 70 python3 -m pytest tests/test_cross_entropy.py -q -m "not slow and not gpu" $XDIST -p no:cacheprovider > "$OUT/ce_tests_cuda.log" 2>&1
 echo "rc=$?"; tail -8 "$OUT/ce_tests_cuda.log"
 echo "=== benchmark (sweep of wide-row configs, then every provider; json + md)"
 timeout 185 python3 benchmarks/bench_cross_entropy.py --out "$OUT" --sweep > "$OUT/ce_bench.log" 2>&1
