@@ -279,7 +279,7 @@ def bench_linear(rep, quick):
     return rows
 
 
-def write(out_dir, meta, rows):
+def write(out_dir, meta, rows, show=False):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "cross_entropy_h200.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
@@ -307,7 +307,8 @@ def write(out_dir, meta, rows):
             lines.append(f"| {r['setting']} | {r['provider']} | {r['ms']:.3f} | {r['peak_MB']:.0f} |")
     with open(os.path.join(out_dir, "cross_entropy_h200.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    if show:
+        print("\n".join(lines))
 
 
 def main():
@@ -325,19 +326,32 @@ def main():
     print(f"copy: {copy_gbs:.0f} GB/s (recorded ceiling {COPY_CEILING_GBS:.0f})", flush=True)
     rep = 40 if args.quick else 100
     vocabs = [v for v in (50304, 262144) if v in VOCABS] if args.quick else VOCABS
+    import signal
+
+    import triton
+
     rows, tuned = [], None
+    meta = dict(device=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", copy_gbs=copy_gbs, partial=True)
+
+    def on_term(*_):  # killed by a timeout: keep what was measured
+        write(args.out, meta, rows)
+        sys.exit(124)
+
+    signal.signal(signal.SIGTERM, on_term)
     if args.sweep:
         rows, tuned = sweep(vocabs, copy_gbs)
         print("sweep winners:", json.dumps(tuned), flush=True)
+        meta["tuned"] = {str(k): v for k, v in tuned.items()}
+        write(args.out, meta, rows)
     rows += bench_ce(vocabs, rep, copy_gbs, tuned)
+    write(args.out, meta, rows)
     if not args.skip_linear:
         rows += bench_linear(rep, args.quick)
-    import triton
 
     meta = dict(tuned={str(k): v for k, v in (tuned or {}).items()}, device=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (--cpu-check: numbers meaningless)", torch=torch.__version__, triton=triton.__version__,
                 python=platform.python_version(), copy_gbs=copy_gbs, seconds=time.time() - t0,
                 command=" ".join(sys.argv))
-    write(args.out, meta, rows)
+    write(args.out, meta, rows, show=True)
 
 
 if __name__ == "__main__":
