@@ -82,7 +82,7 @@ def measure_copy(nbytes: int = 2**31) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=DEV).normal_()
     dst = torch.empty_like(src)
     ms = do_bench(lambda: dst.copy_(src))
-    del src, dst
+    src = dst = None
     return 2 * nbytes / ms / 1e6  # GB/s
 
 
@@ -167,7 +167,7 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
             rows.append(row)
             print(f"CE V={v:>6} {name:>13}: {ms:8.3f} ms  {gbs:7.0f} GB/s  frac {gbs / copy_gbs:5.3f}  "
                   f"extra {extra:8.0f} MB  |loss err| {err:.2e}", flush=True)
-        del x, t
+        x = t = None  # free before the next width
         _empty_cache()
     return rows
 
@@ -223,7 +223,7 @@ def sweep(vocabs, copy_gbs, rep=30):
             if v not in best or frac > best[v][1]:
                 best[v] = (name, frac)
         x.grad = None
-        del x, t
+        x = t = None  # free before the next width
         _empty_cache()
     return rows, {v: configs_of(n) | {"name": n} for v, (n, _) in best.items()}
 
@@ -274,7 +274,7 @@ def bench_linear(rep, quick):
                 continue
             rows.append(dict(part="linear", setting=setting, provider=name, tokens=n, d=d, vocab=v, ms=ms, peak_MB=peak))
             print(f"LINEAR {setting:>13} {name:>13}: {ms:8.3f} ms  peak above inputs {peak:8.0f} MB", flush=True)
-        del h, w
+        h = w = None
         _empty_cache()
     return rows
 

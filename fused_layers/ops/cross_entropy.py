@@ -78,7 +78,6 @@ The gradient is allocated contiguous in the input's shape.
 
 from __future__ import annotations
 
-import math
 
 import torch
 import triton
