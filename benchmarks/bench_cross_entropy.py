@@ -232,6 +232,44 @@ def configs_of(name):
     return dict({**SINGLE_SWEEP, **SWEEP}[name])
 
 
+SOFTMAX_COOP = {"default": {}, "coop_8k_w8": dict(wide_mode=1, coop_block=8192, coop_warps=8),
+                "coop_4k_w4": dict(wide_mode=1, coop_block=4096, coop_warps=4),
+                "coop_8k_w16": dict(wide_mode=1, coop_block=8192, coop_warps=16)}
+
+
+def bench_softmax_coop(copy_gbs, rep=40):
+    """Issue part 4: the opt-in coop wide-row softmax (pieces in registers) against the default wide
+    kernels, bf16, 2^26 elements; fraction of copy (fwd: read x + write y; bwd: read y, dy + write dx)."""
+    from fused_layers import fused_softmax
+    from fused_layers.ops._common import config_override
+
+    rows = []
+    widths = [32768, 65536, 262144] if DEV == "cuda" else [64]
+    for n in widths:
+        m = max(1, 2**26 // n) if DEV == "cuda" else 2
+        x = torch.randn(m, n, device=DEV, dtype=torch.bfloat16).requires_grad_()
+        dy = torch.randn_like(x)
+        for name, cfg in SOFTMAX_COOP.items():
+            if n <= 32768 and name != "default":
+                cfg = dict(cfg, max_single_block=16384)
+            try:
+                with config_override("softmax", **cfg):
+                    y = fused_softmax(x, -1)
+                    err = (y.float() - torch.softmax(x.detach().float(), -1)).abs().max().item()
+                    fwd = do_bench(lambda: fused_softmax(x.detach(), -1), rep=rep)
+                    bwd = do_bench(lambda: torch.autograd.grad(y, x, dy, retain_graph=True), rep=rep)
+            except Exception as e:  # noqa: BLE001
+                print(f"[softmax {name} N={n} failed: {type(e).__name__}: {str(e)[:160]}]")
+                continue
+            nb = x.numel() * x.element_size()
+            fr, br = 2 * nb / fwd / 1e6 / copy_gbs, 3 * nb / bwd / 1e6 / copy_gbs
+            rows.append(dict(part="softmax_coop", width=n, config=name, fwd_ms=fwd, bwd_ms=bwd, fwd_frac=fr, bwd_frac=br, max_err=err))
+            print(f"SOFTMAX N={n:>6} {name:>12}: fwd {fr:5.3f}  bwd {br:5.3f} of copy  max err {err:.1e}", flush=True)
+        x = dy = y = None
+        _empty_cache()
+    return rows
+
+
 def bench_linear(rep, quick):
     from fused_layers import fused_linear_cross_entropy
 
@@ -299,6 +337,12 @@ def write(out_dir, meta, rows, show=False):
                   "| vocab | config | ms | frac of copy |", "|---|---|---|---|"]
         for r in sw:
             lines.append(f"| {r['vocab']} | {r['config']} | {r['ms']:.3f} | {r['frac']:.3f} |")
+    smc = [r for r in rows if r["part"] == "softmax_coop"]
+    if smc:
+        lines += ["", "## Wide softmax (issue part 4): opt-in coop kernels vs the default, bf16, 2^26 elements", "",
+                  "| width | config | fwd frac of copy | bwd frac of copy | max err |", "|---|---|---|---|---|"]
+        for r in smc:
+            lines.append(f"| {r['width']} | {r['config']} | {r['fwd_frac']:.3f} | {r['bwd_frac']:.3f} | {r['max_err']:.1e} |")
     lin = [r for r in rows if r["part"] == "linear"]
     if lin:
         lines += ["", "## LM head + loss, 16 x 1024 tokens, d 768, V 50,304: forward + backward", "",
@@ -316,6 +360,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-linear", action="store_true")
+    ap.add_argument("--skip-softmax", action="store_true", help="skip the opt-in coop wide softmax section")
     ap.add_argument("--sweep", action="store_true", help="sweep the wide-row configs first; add a tuned row")
     ap.add_argument("--cpu-check", action="store_true", help="tiny shapes on the CPU (interpreter): plumbing only")
     args = ap.parse_args()
@@ -347,6 +392,9 @@ def main():
     write(args.out, meta, rows)
     if not args.skip_linear:
         rows += bench_linear(rep, args.quick)
+        write(args.out, meta, rows)
+    if not args.skip_softmax:
+        rows += bench_softmax_coop(copy_gbs)
 
     meta = dict(tuned={str(k): v for k, v in (tuned or {}).items()}, device=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (--cpu-check: numbers meaningless)", torch=torch.__version__, triton=triton.__version__,
                 python=platform.python_version(), copy_gbs=copy_gbs, seconds=time.time() - t0,

@@ -11,12 +11,12 @@ if ls .whl/liger_kernel*.whl >/dev/null 2>&1; then
 fi
 XDIST=""; python3 -c "import xdist" 2>/dev/null && XDIST="-n 8"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-echo "=== cross-entropy GPU tests (vocabulary widths, every wide-row kernel, linear CE)"
-timeout 100 python3 -m pytest tests/test_cross_entropy.py -q -x -m gpu $XDIST -p no:cacheprovider > "$OUT/ce_gpu_tests.log" 2>&1
+echo "=== GPU tests: cross-entropy (vocabulary widths, every wide-row kernel, linear CE), opt-in coop wide softmax"
+timeout 95 python3 -m pytest tests/test_cross_entropy.py tests/test_softmax.py::test_gpu_wide_coop_opt_in -q -x -m gpu $XDIST -p no:cacheprovider > "$OUT/ce_gpu_tests.log" 2>&1
 echo "rc=$?"; tail -15 "$OUT/ce_gpu_tests.log"
 echo "=== cross-entropy semantics tests on CUDA tensors (every non-slow CPU test, real kernels)"
-timeout 70 python3 -m pytest tests/test_cross_entropy.py -q -m "not slow and not gpu" $XDIST -p no:cacheprovider > "$OUT/ce_tests_cuda.log" 2>&1
+timeout 60 python3 -m pytest tests/test_cross_entropy.py -q -m "not slow and not gpu" $XDIST -p no:cacheprovider > "$OUT/ce_tests_cuda.log" 2>&1
 echo "rc=$?"; tail -8 "$OUT/ce_tests_cuda.log"
-echo "=== benchmark (sweep of wide-row configs, then every provider; json + md)"
-timeout 185 python3 benchmarks/bench_cross_entropy.py --out "$OUT" --sweep > "$OUT/ce_bench.log" 2>&1
+echo "=== benchmark (CE config sweep, CE vs peers, linear CE, opt-in coop wide softmax; json + md)"
+timeout 200 python3 benchmarks/bench_cross_entropy.py --out "$OUT" --sweep > "$OUT/ce_bench.log" 2>&1
 echo "rc=$?"; grep -v "^\[" "$OUT/ce_bench.log" | grep -v "^SWEEP\|^CE \|^LINEAR" | tail -70

@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    INTERPRET,
     check_float_dtype,
     check_tensor,
     concrete,
@@ -59,7 +60,7 @@ from ._common import (
     use_fallback,
 )
 from ._library import FusedOp, Kernel
-from .softmax_config import MAX_SINGLE_BLOCK, _single_block_config, _wide_config  # noqa: F401
+from .softmax_config import MAX_SINGLE_BLOCK, _coop_config, _single_block_config, _wide_config  # noqa: F401
 
 _OP = "fused_softmax"
 
@@ -260,6 +261,109 @@ def _softmax_bwd_wide_kernel(
             tl.store(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
 
 
+@triton.jit
+def _softmax_fwd_coop_kernel(
+    X, Y,  # input / output (see _softmax_fwd_kernel)
+    STATS,  # float32 [M * SPLITS, 2]: per-piece (max, sum of exp(x - max))
+    COUNT,  # int32 [M], zeroed: pieces of each row whose statistics are published (PHASE 2)
+    M, N, INNER,
+    sxo, sxi, sxn,
+    syo, syi, syn,
+    SPLITS,  # pieces per row: program g handles piece g % SPLITS of row g // SPLITS
+    PIECE,  # columns per piece (<= BLOCK_N)
+    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
+    BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
+    PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter)
+):
+    """Wide rows, one read: each program keeps its piece in registers (opt-in: ``wide_mode=1``).
+
+    PHASE 2: load the piece once, publish its (max, sum) (release atomic on a per-row counter), wait
+    (acquire) for the SPLITS pieces of the row -- consecutive program ids, resident together since
+    programs are dispatched in id order and a row's pieces are far fewer than the resident programs --
+    then write y from the registers: one read of x, one write of y, at any width.  The interpreter runs
+    programs one by one: there PHASE 0 (statistics) and PHASE 1 (reload, write) are two launches.
+    """
+    g = tl.program_id(0)
+    row = (g // SPLITS).to(tl.int64)
+    start = (g % SPLITS) * PIECE
+    end = tl.minimum(start + PIECE, N)
+    c = start + tl.arange(0, BLOCK_N)
+    cm = c < end
+    c64 = c.to(tl.int64)
+    xb = X + (row // INNER) * sxo + (row % INNER) * sxi
+    if PHASE != 1:
+        x = tl.load(xb + c64 * sxn, mask=cm, other=-float("inf")).to(tl.float32)
+        m_p = tl.max(x, axis=0)
+        m_safe = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
+        tl.store(STATS + g * 2, m_p)
+        tl.store(STATS + g * 2 + 1, tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0))
+        if PHASE == 2:
+            tl.debug_barrier()  # the statistics are written before the count says so
+            tl.atomic_add(COUNT + row, 1, sem="release")
+            cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+            while cnt < SPLITS:  # wait for the sibling pieces of the row
+                cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+    if PHASE != 0:
+        if PHASE == 1:
+            x = tl.load(xb + c64 * sxn, mask=cm, other=-float("inf")).to(tl.float32)
+        p = tl.arange(0, SPLITS_P2)
+        st = STATS + (row * SPLITS + p) * 2
+        m_all = tl.load(st, mask=p < SPLITS, other=-float("inf"), volatile=True)
+        s_all = tl.load(st + 1, mask=p < SPLITS, other=0.0, volatile=True)
+        m = tl.max(m_all, axis=0)
+        # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
+        m_safe = tl.where(m == -float("inf"), 0.0, m)
+        inv_s = 1.0 / tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
+        y = tl.exp2((x - m) * 1.4426950408889634) * inv_s
+        yb = Y + (row // INNER) * syo + (row % INNER) * syi
+        tl.store(yb + c64 * syn, y.to(Y.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _softmax_bwd_coop_kernel(
+    Y, DY, DX,  # saved output, incoming gradient, input gradient (written); strides below
+    DOT,  # float32 [M * SPLITS]: partial sum(y * dy) per piece
+    COUNT,  # int32 [M], zeroed (PHASE 2)
+    M, N, INNER,
+    syo, syi, syn,
+    sdo, sdi, sdn,
+    sgo, sgi, sgn,
+    SPLITS, PIECE,
+    SPLITS_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PHASE: tl.constexpr,
+):
+    """Wide-row backward, one read of y and dy: the piece stays in registers while the row's partial
+    dots are published and combined (the scheme of _softmax_fwd_coop_kernel)."""
+    g = tl.program_id(0)
+    row = (g // SPLITS).to(tl.int64)
+    start = (g % SPLITS) * PIECE
+    end = tl.minimum(start + PIECE, N)
+    c = start + tl.arange(0, BLOCK_N)
+    cm = c < end
+    c64 = c.to(tl.int64)
+    yb = Y + (row // INNER) * syo + (row % INNER) * syi
+    db = DY + (row // INNER) * sdo + (row % INNER) * sdi
+    if PHASE != 1:
+        y = tl.load(yb + c64 * syn, mask=cm, other=0.0).to(tl.float32)
+        dy = tl.load(db + c64 * sdn, mask=cm, other=0.0).to(tl.float32)
+        tl.store(DOT + g, tl.sum(y * dy, axis=0))
+        if PHASE == 2:
+            tl.debug_barrier()
+            tl.atomic_add(COUNT + row, 1, sem="release")
+            cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+            while cnt < SPLITS:
+                cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+    if PHASE != 0:
+        if PHASE == 1:
+            y = tl.load(yb + c64 * syn, mask=cm, other=0.0).to(tl.float32)
+            dy = tl.load(db + c64 * sdn, mask=cm, other=0.0).to(tl.float32)
+        p = tl.arange(0, SPLITS_P2)
+        dot = tl.sum(tl.load(DOT + row * SPLITS + p, mask=p < SPLITS, other=0.0, volatile=True), axis=0)
+        gb = DX + (row // INNER) * sgo + (row % INNER) * sgi
+        tl.store(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
+
+
 # ==================================================================================================
 # PyTorch reference (tests, CPU fallback, the callback's ledger)
 # ==================================================================================================
@@ -314,7 +418,7 @@ def _contiguous_strides(shape: torch.Size, dim: int) -> tuple[int, ...]:
 class _Plan:
     """Everything a launch needs that depends only on shapes, strides, dtype and dim (cached)."""
 
-    __slots__ = ("copy", "wide", "kernel", "m", "splits", "ints")
+    __slots__ = ("copy", "wide", "kernel", "kernel2", "m", "splits", "ints")
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -334,6 +438,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     if plan is not None:
         return plan
     plan = _Plan()
+    plan.kernel2 = None
     elem = dtype.itemsize
     views, plan.copy = [], []
     for st in strides:
@@ -355,6 +460,19 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.splits = 0
         fn = _softmax_fwd_kernel if fwd else _softmax_bwd_kernel
         plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
+    elif get_override("softmax", "wide_mode", 0) == 1:
+        # opt-in (not yet measured): pieces held in registers, one read (_softmax_fwd_coop_kernel)
+        block, splits, piece, warps = _coop_config(n)
+        plan.ints = (m, n, inner) + ins + out + (splits, piece)
+        plan.splits = splits
+        fn = _softmax_fwd_coop_kernel if fwd else _softmax_bwd_coop_kernel
+        meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
+        check = (0,) if fwd else (0, 1)
+        if INTERPRET:  # programs run one at a time: statistics, then the output (two launches)
+            plan.kernel = Kernel(fn, (m * splits,), check=check, PHASE=0, **meta)
+            plan.kernel2 = Kernel(fn, (m * splits,), check=check, PHASE=1, **meta)
+        else:
+            plan.kernel = Kernel(fn, (m * splits,), check=check, PHASE=2, **meta)
     else:
         block, splits, piece, warps = _wide_config(n, elem, "fwd" if fwd else "bwd")
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
@@ -390,6 +508,8 @@ def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
         stats = torch.empty(plan.m * plan.splits * 2, dtype=torch.float32, device=x.device)
         count = torch.zeros(plan.m, dtype=torch.int32, device=x.device)
         plan.kernel(x, y, stats, count, *plan.ints)
+        if plan.kernel2 is not None:
+            plan.kernel2(x, y, stats, count, *plan.ints)
     else:
         plan.kernel(x, y, *plan.ints)
     return y
@@ -411,6 +531,8 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tenso
         dot = torch.empty(plan.m * plan.splits, dtype=torch.float32, device=y.device)
         count = torch.zeros(plan.m, dtype=torch.int32, device=y.device)
         plan.kernel(y, dy, dx, dot, count, *plan.ints)
+        if plan.kernel2 is not None:
+            plan.kernel2(y, dy, dx, dot, count, *plan.ints)
     else:
         plan.kernel(y, dy, dx, *plan.ints)
     return dx

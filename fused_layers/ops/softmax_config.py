@@ -47,3 +47,14 @@ def _wide_config(n: int, elem: int, direction: str) -> tuple[int, int, int, int]
     piece = triton.cdiv(get_override("softmax", "wide_piece", piece), block) * block
     piece = min(piece, triton.cdiv(n, block) * block)
     return block, triton.cdiv(n, piece), piece, get_override("softmax", "wide_warps", warps)
+
+
+def _coop_config(n: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N tile, SPLITS pieces per row, PIECE columns per piece, num_warps) for the opt-in coop
+    kernels (``config_override("softmax", wide_mode=1, coop_block=..., coop_warps=...)``): balanced pieces
+    of at most BLOCK_N columns with 64-aligned starts.  Not measured yet: not the default."""
+    block = get_override("softmax", "coop_block", 8192)
+    splits = triton.cdiv(n, block)
+    align = min(64, block)
+    piece = triton.cdiv(triton.cdiv(n, splits), align) * align
+    return block, splits, piece, get_override("softmax", "coop_warps", 8)
