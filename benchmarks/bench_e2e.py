@@ -4,8 +4,9 @@ autocast), fused against the unfused baselines, side by side in one process on o
     python benchmarks/bench_e2e.py --out benchmarks/results                 # writes e2e_<gpu>.json/.md
     python benchmarks/bench_e2e.py --out benchmarks/results --lightning     # + train.py runs (Trainer path)
 
-Variants (the same initial weights, data and AdamW; each a full training step: forward, cross-entropy,
-backward, optimizer step):
+Variants (the same initial weights, data and AdamW; each a full training step: forward, LM head +
+cross-entropy (the model's ``LinearCrossEntropyLoss``; float32 logits unless swapped), backward, optimizer
+step; ``torch.compile`` variants compile the whole model, loss included):
 
 * ``unfused``            attention core = fused_layers' reference ``Attention`` (explicit ``nn.Softmax``)
 * ``unfused_sdpa``       core = ``F.scaled_dot_product_attention`` (flash kernels): the strongest eager baseline
@@ -77,8 +78,7 @@ class Variant:
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = self.net(x)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+            loss = self.net(x, y)  # the LM head + loss module (swapped by kind cross_entropy), inside any compile
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
