@@ -42,7 +42,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 VARIANTS = ["unfused", "unfused_sdpa", "compile", "compile_sdpa", "fused", "fused_softmax_ln", "fused_compile"]
 GPT2_SMALL = dict(vocab_size=50304, seq_len=1024, d_model=768, n_layer=12, n_head=12)
