@@ -35,14 +35,19 @@ _OP = "fused_rms_norm_variant"
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def rms_norm_variant_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_weight: bool) -> torch.Tensor:
+def _out_dtype(x: torch.Tensor, weight: torch.Tensor, keep_input_dtype: bool) -> torch.dtype:
+    return x.dtype if keep_input_dtype else torch.promote_types(x.dtype, weight.dtype)
+
+
+def rms_norm_variant_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_weight: bool,
+                               keep_input_dtype: bool = False) -> torch.Tensor:
     """PyTorch reference: the Llama-family order (``cast_before_weight``) or multiply-then-cast, y in
-    ``promote_types(x, weight)``."""
+    ``promote_types(x, weight)`` (``keep_input_dtype``: in x's dtype, as Gemma's ``type_as(x)``)."""
     xf = x.float()
     h = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    out_dtype = _out_dtype(x, weight, keep_input_dtype)
     if cast_before_weight:
-        return weight * h.to(x.dtype)
+        return (weight * h.to(x.dtype)).to(out_dtype)
     return (weight.float() * h).to(out_dtype)
 
 
@@ -61,15 +66,16 @@ def variant_supported(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
 
 
 @torch.library.custom_op("fused_layers::rms_norm_variant_fwd", mutates_args=())
-def _fwd_op(x: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_w: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    y, _mean, rstd = norm_forward(x, weight, None, 1, eps, True, cast_before_w=cast_before_w, out_dtype=torch.promote_types(x.dtype, weight.dtype))
+def _fwd_op(x: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_w: bool,
+            keep_input_dtype: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    y, _mean, rstd = norm_forward(x, weight, None, 1, eps, True, cast_before_w=cast_before_w, out_dtype=_out_dtype(x, weight, keep_input_dtype))
     return y, rstd
 
 
 @_fwd_op.register_fake
-def _(x, weight, eps, cast_before_w):
+def _(x, weight, eps, cast_before_w, keep_input_dtype):
     m = x.numel() // max(1, x.shape[-1])
-    y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    y = torch.empty(x.shape, dtype=_out_dtype(x, weight, keep_input_dtype), device=x.device)
     return y, torch.empty((m,), dtype=torch.float32, device=x.device)
 
 
@@ -86,7 +92,7 @@ def _(dy, x, weight, rstd, cast_before_w):
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, _eps, cast_before_w = inputs
+    x, weight, _eps, cast_before_w, _keep = inputs
     ctx.cast_before_w = cast_before_w
     ctx.save_for_backward(x, weight, output[1])
 
@@ -94,7 +100,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
     dx, dw = _bwd_op(dy, x, weight, rstd, ctx.cast_before_w)
-    return dx, dw, None, None
+    return dx, dw, None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -104,9 +110,8 @@ class _VariantFunction(torch.autograd.Function):
     """Eager direct path (no custom-op dispatcher cost), same launchers."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, cast_before_w):
-        out_dtype = torch.promote_types(x.dtype, weight.dtype)
-        y, _mean, rstd = norm_forward(x, weight, None, 1, eps, True, cast_before_w=cast_before_w, out_dtype=out_dtype)
+    def forward(ctx, x, weight, eps, cast_before_w, keep_input_dtype):
+        y, _mean, rstd = norm_forward(x, weight, None, 1, eps, True, cast_before_w=cast_before_w, out_dtype=_out_dtype(x, weight, keep_input_dtype))
         ctx.cast_before_w = cast_before_w
         ctx.save_for_backward(x, weight, rstd)
         return y
@@ -115,13 +120,15 @@ class _VariantFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
         dx, dw, _ = norm_backward(dy, x, weight, None, None, rstd, 1, True, ctx.cast_before_w)
-        return dx, dw, None, None
+        return dx, dw, None, None, None
 
 
-def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_weight: bool = True) -> torch.Tensor:
+def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_weight: bool = True,
+                           keep_input_dtype: bool = False) -> torch.Tensor:
     """RMSNorm over the last dim with float32 statistics; ``cast_before_weight`` rounds the normalized
     row to ``input``'s dtype before the weight multiply (HF Llama family), else it multiplies in float32
-    and rounds once.  y's dtype is ``torch.promote_types(input.dtype, weight.dtype)``.
+    and rounds once.  y's dtype is ``torch.promote_types(input.dtype, weight.dtype)``, or ``input``'s with
+    ``keep_input_dtype`` (Gemma: ``(h * (1 + w.float())).type_as(x)``).
 
     ``weight``: 1-D over the last dim, in ``input``'s dtype or float32.  Devices where Triton cannot run
     and float64 use ``rms_norm_variant_reference``.
@@ -136,12 +143,12 @@ def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float
             f"elements, got shape {list(weight.shape)}"
         )
     if input.dtype == torch.float64 or weight.dtype == torch.float64 or use_fallback(_OP, input):
-        return rms_norm_variant_reference(input, weight, eps, cast_before_weight)
+        return rms_norm_variant_reference(input, weight, eps, cast_before_weight, keep_input_dtype)
     if weight.dtype != input.dtype and weight.dtype != torch.float32:
         raise TypeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; with a {input.dtype} input it must be {input.dtype} or torch.float32")
-    eps, cast = float(eps), bool(cast_before_weight)
+    eps, cast, keep = float(eps), bool(cast_before_weight), bool(keep_input_dtype)
     if is_compiling():
-        return _fwd_op(input, weight, eps, cast)[0]
+        return _fwd_op(input, weight, eps, cast, keep)[0]
     if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad):
-        return _VariantFunction.apply(input, weight, eps, cast)
-    return norm_forward(input, weight, None, 1, eps, True, cast_before_w=cast, out_dtype=torch.promote_types(input.dtype, weight.dtype))[0]
+        return _VariantFunction.apply(input, weight, eps, cast, keep)
+    return norm_forward(input, weight, None, 1, eps, True, cast_before_w=cast, out_dtype=_out_dtype(input, weight, keep))[0]
