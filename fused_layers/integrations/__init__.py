@@ -160,8 +160,10 @@ def fused_class(cls: type, entry: LookAlike) -> type:
     fused = _FUSED_CACHE.get(cls)
     if fused is None:
         ns = dict(entry.build(cls))
+        # Named after the module that defines the entry (fused_layers.integrations._hf / _timm), so the
+        # report reads "timm.layers.norm.LayerNorm -> fused_layers.integrations._timm.FusedLayerNorm".
         ns.update(_fused_layers_kind=entry.kind, _fused_layers_lookalike=entry.name, _fused_layers_source=cls,
-                  __module__=__name__)
+                  __module__=getattr(entry.build, "__module__", __name__))
         fused = type(f"Fused{cls.__name__}", (cls,), ns)
         fused.__qualname__ = f"Fused{cls.__name__}"
         _FUSED_CACHE[cls] = fused

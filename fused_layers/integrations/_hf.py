@@ -29,6 +29,9 @@ mask, or causal (Sq == Sk) AND a key-padding mask (decomposed once per mask tens
 same tensor to every layer); GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
 repeated); ``scaling``; attention dropout in training.  Anything else -- sliding windows, soft-capping,
 attention sinks, position biases, other masks, ``output_attentions`` -- runs SDPA after one warning.
+A query row whose keys are all masked (a padded query under causal + left padding) gives 0, as SDPA
+does with the boolean masks transformers builds; with a finite additive mask SDPA would average over
+all keys there instead (a row no loss reads).
 """
 
 from __future__ import annotations
@@ -261,7 +264,9 @@ def decompose_mask(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch
 
 def _decompose(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch.Tensor, bool]]:
     last = mask[:, :, -1:, :]
-    if mask.shape[-2] == 1 or torch.equal(mask, last.expand_as(mask)):
+    if mask.dtype != torch.bool:  # a dropped key (finfo.min, as transformers' eager masks) becomes -inf
+        last = last.masked_fill(last <= torch.finfo(mask.dtype).min / 2, float("-inf"))
+    if mask.shape[-2] == 1 or torch.equal(mask, mask[:, :, -1:, :].expand_as(mask)):
         return last, False
     if sq != sk:
         return None
@@ -270,8 +275,8 @@ def _decompose(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch.Ten
         expect = last & tril
         return (last, True) if torch.equal(mask, expect.expand_as(mask)) else None
     # additive: the lower triangle must equal the key bias, the upper triangle must drop the key
-    lo = torch.where(tril, mask, last.expand_as(mask))
-    if not torch.equal(lo, last.expand_as(mask)):
+    key = mask[:, :, -1:, :].expand_as(mask)
+    if not torch.equal(torch.where(tril, mask, key), key):
         return None
     dropped = torch.finfo(mask.dtype).min / 2
     up = torch.where(tril, torch.full_like(mask, float("-inf")), mask)
