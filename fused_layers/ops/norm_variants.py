@@ -20,15 +20,16 @@ h passes gradients through), dW = sum over rows of dy * h with the same rounded 
 Autocast is not applied: these modules set their dtypes explicitly, and their own forward (float32
 casts, elementwise multiply) gives the same dtypes with or without ``torch.autocast``.
 
-``fused_rms_norm_variant`` is the entry point (eager direct path or, under ``torch.compile``, the custom
-ops registered below); ``rms_norm_variant_reference`` is its PyTorch reference.
+``fused_rms_norm_variant`` is the entry point (``ops/_library.FusedOp``: the eager direct path or, under
+``torch.compile``, the registered ops); ``rms_norm_variant_reference`` is its PyTorch reference.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._common import SUPPORTED_DTYPES, check_float_dtype, check_same_device, check_tensor, is_compiling, use_fallback
+from ._common import SUPPORTED_DTYPES, check_float_dtype, check_same_device, check_tensor, use_fallback
+from ._library import FusedOp
 from .layer_norm import norm_backward, norm_forward
 
 _OP = "fused_rms_norm_variant"
@@ -65,62 +66,32 @@ def variant_supported(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
     )
 
 
-@torch.library.custom_op("fused_layers::rms_norm_variant_fwd", mutates_args=())
-def _fwd_op(x: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_w: bool,
-            keep_input_dtype: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    y, _mean, rstd = norm_forward(x, weight, None, 1, eps, True, cast_before_w=cast_before_w, out_dtype=_out_dtype(x, weight, keep_input_dtype))
-    return y, rstd
+# Registration through ops/_library.FusedOp (custom ops for torch.compile, autograd, eager direct path).
+def _variant_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_w: bool,
+                 keep_input_dtype: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return norm_forward(x, weight, None, 1, eps, True, cast_before_w=cast_before_w,
+                        out_dtype=_out_dtype(x, weight, keep_input_dtype))
 
 
-@_fwd_op.register_fake
-def _(x, weight, eps, cast_before_w, keep_input_dtype):
-    m = x.numel() // max(1, x.shape[-1])
-    y = torch.empty(x.shape, dtype=_out_dtype(x, weight, keep_input_dtype), device=x.device)
-    return y, torch.empty((m,), dtype=torch.float32, device=x.device)
-
-
-@torch.library.custom_op("fused_layers::rms_norm_variant_bwd", mutates_args=())
-def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-            cast_before_w: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    dx, dw, _ = norm_backward(dy, x, weight, None, None, rstd, 1, True, cast_before_w)
+def _variant_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stats: torch.Tensor,
+                 cast_before_w: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    dx, dw, _ = norm_backward(dy, x, weight, None, stats, 1, True, cast_before_w=cast_before_w)
     return dx, dw
 
 
-@_bwd_op.register_fake
-def _(dy, x, weight, rstd, cast_before_w):
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(weight.shape, dtype=weight.dtype, device=x.device)
-
-
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, outputs):
     x, weight, _eps, cast_before_w, _keep = inputs
     ctx.cast_before_w = cast_before_w
-    ctx.save_for_backward(x, weight, output[1])
+    ctx.save_for_backward(x, weight, outputs[1])
 
 
-def _backward(ctx, dy, _drstd):
-    x, weight, rstd = ctx.saved_tensors
-    dx, dw = _bwd_op(dy, x, weight, rstd, ctx.cast_before_w)
+def _grads(ctx, backward, dy):
+    x, weight, stats = ctx.saved_tensors
+    dx, dw = backward(dy, x, weight, stats, ctx.cast_before_w)
     return dx, dw, None, None, None
 
 
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _VariantFunction(torch.autograd.Function):
-    """Eager direct path (no custom-op dispatcher cost), same launchers."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps, cast_before_w, keep_input_dtype):
-        y, _mean, rstd = norm_forward(x, weight, None, 1, eps, True, cast_before_w=cast_before_w, out_dtype=_out_dtype(x, weight, keep_input_dtype))
-        ctx.cast_before_w = cast_before_w
-        ctx.save_for_backward(x, weight, rstd)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dw, _ = norm_backward(dy, x, weight, None, None, rstd, 1, True, ctx.cast_before_w)
-        return dx, dw, None, None, None
+variant_op = FusedOp("rms_norm_variant", _variant_fwd, _variant_bwd, _setup_context, _grads)
 
 
 def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_weight: bool = True,
@@ -146,9 +117,5 @@ def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float
         return rms_norm_variant_reference(input, weight, eps, cast_before_weight, keep_input_dtype)
     if weight.dtype != input.dtype and weight.dtype != torch.float32:
         raise TypeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; with a {input.dtype} input it must be {input.dtype} or torch.float32")
-    eps, cast, keep = float(eps), bool(cast_before_weight), bool(keep_input_dtype)
-    if is_compiling():
-        return _fwd_op(input, weight, eps, cast, keep)[0]
-    if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad):
-        return _VariantFunction.apply(input, weight, eps, cast, keep)
-    return norm_forward(input, weight, None, 1, eps, True, cast_before_w=cast, out_dtype=_out_dtype(input, weight, keep))[0]
+    needs_grad = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
+    return variant_op(input, weight, float(eps), bool(cast_before_weight), bool(keep_input_dtype), needs_grad=needs_grad)
