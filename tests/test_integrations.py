@@ -541,6 +541,17 @@ def test_gpt2_swap_eval_matches():
     _compare_steps(_step(ref, ids), _step(m, ids))
 
 
+@needs_hf
+def test_gpt2_training_dropout_runs_in_the_kernels(spy):
+    cfg = transformers.GPT2Config(vocab_size=48, n_embd=32, n_layer=2, n_head=4, n_positions=32, attn_pdrop=0.1,
+                                  attn_implementation="sdpa")
+    m = transformers.GPT2LMHeadModel(cfg).train()
+    swap_modules(m)
+    loss, _, grads = _step(m, torch.randint(0, 48, (2, 10)))
+    assert len(spy) == 2 and all(k["dropout_p"] == pytest.approx(0.1) for k in spy)
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads.values())
+
+
 # ==================================================================================================
 # timm
 # ==================================================================================================

@@ -313,8 +313,6 @@ def fused_attention_forward(
         why = "output_attentions=True"
     elif query.shape[-1] != value.shape[-1] or query.shape[-1] > 256:
         why = f"head dims q {query.shape[-1]} / v {value.shape[-1]}"
-    elif dropout and not _dropout_supported():
-        why = "attention dropout (not in this build's kernels)"
     sq, sk = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     kmask = None
@@ -339,17 +337,9 @@ def fused_attention_forward(
     from ..ops.attention import fused_attention
 
     gqa = query.shape[1] != key.shape[1]
-    kw = {"dropout_p": float(dropout)} if dropout else {}
-    out = fused_attention(query, key, value, attn_mask=kmask, is_causal=causal, scale=scaling, enable_gqa=gqa, **kw)
+    out = fused_attention(query, key, value, attn_mask=kmask, dropout_p=float(dropout), is_causal=causal, scale=scaling,
+                          enable_gqa=gqa)
     return out.transpose(1, 2).contiguous(), None
-
-
-def _dropout_supported() -> bool:
-    import inspect
-
-    from ..ops.attention import fused_attention
-
-    return "dropout_p" in inspect.signature(fused_attention).parameters
 
 
 # --------------------------------------------------------------------------------------------------

@@ -24,25 +24,15 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from ..ops._common import warn_once
 
 _REAL_SDPA = F.scaled_dot_product_attention
 
 
-def sdpa_fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def sdpa_fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     """``F.scaled_dot_product_attention``'s signature and result, on the fused kernels."""
     from ..ops.attention import fused_attention
 
-    if dropout_p:
-        import inspect
-
-        if "dropout_p" not in inspect.signature(fused_attention).parameters:
-            warn_once("sdpa_fused:dropout", "fused_layers: attention dropout is not in this build's kernels; using SDPA for those calls.")
-            return _REAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                              scale=scale, enable_gqa=enable_gqa)
-        return fused_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                               scale=scale, enable_gqa=enable_gqa)
-    return fused_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return fused_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 class _Proxy(types.ModuleType):
