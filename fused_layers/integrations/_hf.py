@@ -203,7 +203,17 @@ def _build_attention(cls: type) -> dict:
         finally:
             _ACTIVE.pop()
 
-    return {"forward": forward}
+    def _fused_ledger_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """For the speedup ledger, which replays recorded calls: no KV cache (a stateful object that each
+        call would grow, holding tensors of the recorded step's graph)."""
+        cache_mod = sys.modules.get("transformers.cache_utils")
+        base = getattr(cache_mod, "Cache", ()) if cache_mod is not None else ()
+        kwargs = {k: (None if base and isinstance(v, base) else v) for k, v in kwargs.items()}
+        if "use_cache" in kwargs:
+            kwargs["use_cache"] = False
+        return tuple(None if base and isinstance(a, base) else a for a in args), kwargs
+
+    return {"forward": forward, "_fused_ledger_inputs": staticmethod(_fused_ledger_inputs)}
 
 
 REGISTRY.append(
