@@ -108,10 +108,11 @@ def _dropout_keep(
     dropout_p,  # probability of dropping an element
 ):
     """True where P[b, h, row, col] is kept: one Philox-4x32 draw per element, counters (col, row, bh, 0)."""
-    c0 = (cols + rows * 0).to(tl.uint32)
-    c1 = (rows + cols * 0).to(tl.uint32)
-    c2 = (c0 * 0 + bh).to(tl.uint32)
-    r0, _r1, _r2, _r3 = tl.philox(seed, c0, c1, c2, c2 * 0)
+    zero = rows * 0 + cols * 0  # int32, the full tile shape
+    c0 = (cols + zero).to(tl.uint32)
+    c1 = (rows + zero).to(tl.uint32)
+    c2 = (zero + bh).to(tl.uint32)
+    r0, _r1, _r2, _r3 = tl.philox(seed, c0, c1, c2, zero.to(tl.uint32))
     return tl.random.uint_to_uniform_float(r0) >= dropout_p
 
 
