@@ -29,6 +29,8 @@ mask, or causal (Sq == Sk) AND a key-padding mask (decomposed once per mask tens
 same tensor to every layer); GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
 repeated); ``scaling``; attention dropout in training.  Anything else -- sliding windows, soft-capping,
 attention sinks, position biases, other masks, ``output_attentions`` -- runs SDPA after one warning.
+Where the project's attention modules call SDPA because cuDNN is measured faster (``prefer_sdpa``: dense,
+no mask, MHA, head dim 64/128 on Hopper), so does this function.
 A query row whose keys are all masked (a padded query under causal + left padding) gives 0, as SDPA
 does with the boolean masks transformers builds; with a finite additive mask SDPA would average over
 all keys there instead (a row no loss reads).
@@ -344,8 +346,10 @@ def fused_attention_forward(
         causal = bool(sq > 1 and causal)
         if causal and sk > sq:
             key, value = key[:, :, :sq], value[:, :, :sq]
-    from ..ops.attention import fused_attention
+    from ..ops.attention import fused_attention, prefer_sdpa
 
+    if kmask is None and prefer_sdpa(query, key, None):  # where cuDNN is measured faster, as FusedAttention does
+        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
     gqa = query.shape[1] != key.shape[1]
     out = fused_attention(query, key, value, attn_mask=kmask, dropout_p=float(dropout), is_causal=causal, scale=scaling,
                           enable_gqa=gqa)

@@ -12,7 +12,8 @@ defining module's globals in which the names the code reaches SDPA through are r
 
 Other modules, and the same class's instances that were not swapped, still call torch's SDPA.
 ``sdpa_fused`` takes SDPA's full signature and gives SDPA's result (``fused_attention`` falls back to
-SDPA for what the kernels do not cover), so rebinding cannot change what a forward computes.  A call
+SDPA for what the kernels do not cover, and where cuDNN is measured faster -- ``prefer_sdpa`` -- it calls
+SDPA itself, as the project's attention modules do), so rebinding cannot change what a forward computes.  A call
 the forward makes through a helper function defined elsewhere is not rebound (it keeps torch's SDPA).
 """
 
@@ -30,8 +31,10 @@ _REAL_SDPA = F.scaled_dot_product_attention
 
 def sdpa_fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     """``F.scaled_dot_product_attention``'s signature and result, on the fused kernels."""
-    from ..ops.attention import fused_attention
+    from ..ops.attention import fused_attention, prefer_sdpa
 
+    if attn_mask is None and prefer_sdpa(query, key, None):  # cuDNN measured faster there (as FusedAttention)
+        return _REAL_SDPA(query, key, value, None, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     return fused_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
