@@ -371,18 +371,20 @@ def _compare_steps(a, b, tol=2e-4):
 
 @needs_hf
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_hf_model_swap_attention_and_norms(family, spy):
+@pytest.mark.parametrize("device", DEVICES)
+def test_hf_model_swap_attention_and_norms(family, device, spy):
     import copy
 
-    ref = _tiny_llama(family)
+    dev = _dev(device)
+    ref = _tiny_llama(family).to(dev)
     m = copy.deepcopy(ref)
     rep = swap_modules(m)
     counts = rep.counts()
     assert counts == {"attention": 2, "rms_norm": 5}, str(rep)
     assert m.config._attn_implementation == "fused_layers"
     assert all(e.via.startswith("known: ") for e in rep.swapped)
-    ids = torch.randint(0, 48, (2, 12))
-    pad = torch.ones(2, 12, dtype=torch.long)
+    ids = torch.randint(0, 48, (2, 12), device=dev)
+    pad = torch.ones(2, 12, dtype=torch.long, device=dev)
     pad[1, :4] = 0  # left padding
     for mask in (None, pad):
         spy.clear()

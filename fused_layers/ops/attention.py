@@ -53,9 +53,10 @@ O = (P * Z) V: the forward drops elements of P~ before the P~ V product only (th
 undropped P~, as softmax-then-dropout does) and multiplies O by 1 / (1 - p) in the epilogue; the saved L
 is unchanged.  Backward: dV = (P * Z)^T dO, dP = (dO V^T) * Z, dS = P * (dP - delta) with the same
 delta = rowsum(dO * O) (= rowsum(P * dP)).  M is never stored: every kernel regenerates it from
-Philox-4x32 (``_dropout_keep``), one draw per element with the counters (key j, query i, b * H + h) and
+Philox-4x32 (``_dropout_keep``), with the counters (key j // 8, query i, b * H + h) and
 a 64-bit seed drawn from torch's RNG per call, so the backward sees the forward's mask and
-``torch.manual_seed`` reproduces it.
+``torch.manual_seed`` reproduces it.  One Philox call serves 8 keys of a row (16 bits each, so p acts in
+steps of 2^-16), which keeps its integer work small next to the tile's matrix products.
 
 Not implemented: masks that vary along the query dim (SDPA fallback), a value head dim different from
 the query's.
@@ -104,16 +105,28 @@ MAX_HEAD_DIM = 256
 def _dropout_keep(
     seed,  # int64 scalar, drawn from torch's RNG per call (loaded from a 1-element tensor)
     bh,  # query (batch, head) index b * H + h
-    rows, cols,  # query / key indices, broadcastable tiles ([M, 1] and [1, N], or transposed)
+    rows,  # [BLOCK_M] query indices
+    key_start,  # first key of the tile (a multiple of 8)
     dropout_p,  # probability of dropping an element
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # keys in the tile (a multiple of 8)
 ):
-    """True where P[b, h, row, col] is kept: one Philox-4x32 draw per element, counters (col, row, bh, 0)."""
-    zero = rows * 0 + cols * 0  # int32, the full tile shape
-    c0 = (cols + zero).to(tl.uint32)
-    c1 = (rows + zero).to(tl.uint32)
-    c2 = (zero + bh).to(tl.uint32)
-    r0, _r1, _r2, _r3 = tl.philox(seed, c0, c1, c2, zero.to(tl.uint32))
-    return tl.random.uint_to_uniform_float(r0) >= dropout_p
+    """[BLOCK_M, BLOCK_N] True where P[b, h, row, key] is kept.
+
+    One Philox-4x32-10 call per 8 keys of a row: counters (key // 8, row, b * H + h, 0) give 4 x 32 bits,
+    cut into 8 16-bit uniforms, one per key (a fixed order of the 8); a key is kept when its 16 bits are
+    >= round(p * 2^16) (so p acts in steps of 2^-16).  8 elements per call keeps Philox's integer work
+    small next to the tile's matrix products; every kernel calls this with the same (row, key) -> bits map.
+    """
+    G: tl.constexpr = BLOCK_N // 8
+    grp = key_start // 8 + tl.arange(0, G)
+    zero = rows[:, None] * 0 + grp[None, :] * 0  # int32 [BLOCK_M, G]
+    r0, r1, r2, r3 = tl.philox(seed, (grp[None, :] + zero).to(tl.uint32), (rows[:, None] + zero).to(tl.uint32),
+                               (zero + bh).to(tl.uint32), zero.to(tl.uint32))
+    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK_M, G, 4])
+    halves = tl.reshape(tl.join(w & 0xFFFF, w >> 16), [BLOCK_M, BLOCK_N])
+    thr = tl.cast(dropout_p * 65536.0 + 0.5, tl.uint32)
+    return halves >= thr
 
 
 @triton.jit
@@ -133,7 +146,7 @@ def _dropout_mask_kernel(
     base = OUT + pid_bh.to(tl.int64) * SQ * SK
     for start_n in range(0, SK, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        keep = _dropout_keep(seed, pid_bh, rows[:, None], cols[None, :], dropout_p)
+        keep = _dropout_keep(seed, pid_bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N)
         mask = (rows[:, None] < SQ) & (cols[None, :] < SK)
         tl.store(base + rows[:, None].to(tl.int64) * SK + cols[None, :], keep.to(tl.int8), mask=mask)
 
@@ -159,6 +172,7 @@ def _attn_fwd_inner(
     BLOCK_N: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -191,7 +205,7 @@ def _attn_fwd_inner(
         l_i = l_i * alpha + tl.sum(p, 1)  # the softmax normalizer sums the probabilities before dropout
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:  # dropped probabilities add nothing to P V (the 1 / (1 - p) is in the epilogue)
-            p = tl.where(_dropout_keep(seed, bh, offs_m[:, None], cols[None, :], dropout_p), p, 0.0)
+            p = tl.where(_dropout_keep(seed, bh, offs_m, start_n, dropout_p, BLOCK_M, BLOCK_N), p, 0.0)
         if MASKED:
             v = tl.load(v_ptrs + start_n * svs, mask=kv_mask, other=0.0)
         elif EVEN_D:
@@ -291,13 +305,13 @@ def _attn_fwd_kernel(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
         seqlen_k, 0, n_full, qk_scale, seed, pid_bh, dropout_p,
         MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
         seqlen_k, n_full, n_end, qk_scale, seed, pid_bh, dropout_p,
         MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
     )
     # Epilogue: normalize; a row with no allowed key (l = 0) outputs 0 and saves L = +inf.
     empty = l_i == 0.0
@@ -364,12 +378,14 @@ def _attn_bwd_dkdv_inner(
     offs_m, cols, d_mask,  # row offsets in a tile [BLOCK_M], this program's keys [BLOCK_N], head-dim mask
     seqlen_q, lo, hi, qk_scale,
     seed, bh, dropout_p, dropout_scale,  # dropout (HAS_DROPOUT only): the forward's mask is regenerated
+    key_start,  # first key of this program's block (dropout only)
     MASKED: tl.constexpr,  # causal mask on the diagonal tiles
     HAS_KB: tl.constexpr,
     EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     for start_m in tl.range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
@@ -391,7 +407,7 @@ def _attn_bwd_dkdv_inner(
             pT = tl.where(rows[None, :] >= cols[:, None], pT, 0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # dP^T = V dO^T
         if HAS_DROPOUT:  # with Z = keep / (1 - p): dV += (P Z)^T dO, dP = (dO V^T) Z
-            keepT = _dropout_keep(seed, bh, rows[None, :], cols[:, None], dropout_p)
+            keepT = tl.trans(_dropout_keep(seed, bh, rows, key_start, dropout_p, BLOCK_M, BLOCK_N))
             dv = tl.dot(tl.where(keepT, pT * dropout_scale, 0.0).to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
             dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
         else:
@@ -490,15 +506,15 @@ def _attn_bwd_dkdv_kernel(
         if CAUSAL:
             dk, dv = _attn_bwd_dkdv_inner(
                 dk, dv, k, v, kb, q_ptrs, do_ptrs, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
-                seqlen_q, lo, hi_mask, qk_scale, seed, bh, dropout_p, dropout_scale,
+                seqlen_q, lo, hi_mask, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
                 MASKED=True, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-                HAS_DROPOUT=HAS_DROPOUT,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
             )
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, kb, q_ptrs, do_ptrs, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
-            seqlen_q, lo_full, seqlen_q, qk_scale, seed, bh, dropout_p, dropout_scale,
+            seqlen_q, lo_full, seqlen_q, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
             MASKED=False, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-            HAS_DROPOUT=HAS_DROPOUT,
+            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
         )
     dk = dk * sm_scale
     dk_off = b64 * sdkb + hk64 * sdkh + k_start.to(tl.int64) * sdks
@@ -523,6 +539,7 @@ def _attn_bwd_dq_inner(
     BLOCK_N: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -550,7 +567,7 @@ def _attn_bwd_dq_inner(
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # dP = dO V^T
         if HAS_DROPOUT:  # dP = (dO V^T) Z, Z = keep / (1 - p)
-            keep_d = _dropout_keep(seed, bh, rows[:, None], cols[None, :], dropout_p)
+            keep_d = _dropout_keep(seed, bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N)
             dp = tl.where(keep_d, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)  # dQ += dS K
@@ -634,13 +651,13 @@ def _attn_bwd_dq_kernel(
         dq, q, do, lse, delta, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, rows, offs_n, d_mask,
         seqlen_k, 0, n_full, qk_scale, seed, pid_bh, dropout_p, dropout_scale,
         MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
     )
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse, delta, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, rows, offs_n, d_mask,
         seqlen_k, n_full, n_end, qk_scale, seed, pid_bh, dropout_p, dropout_scale,
         MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
     )
     dq = dq * sm_scale
     tl.store(DQ + b64 * sdqb + h64 * sdqh + q_row[:, None] * sdqs + offs_d[None, :] * sdqd,
