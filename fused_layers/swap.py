@@ -37,7 +37,7 @@ import importlib
 import re
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from torch import nn
 
@@ -244,7 +244,7 @@ def _mapping_value(key: Any, value: Any) -> tuple[str, dict[str, str]]:
                 f"'aliases' (got keys {sorted(map(str, value))})"
             )
         kind, aliases = value["kind"], value.get("aliases") or {}
-    elif isinstance(value, (tuple, list)) and len(value) == 2:
+    elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:  # also OmegaConf lists
         kind, aliases = value
     else:
         raise TypeError(
