@@ -317,6 +317,9 @@ class Ledger:
         dev = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
         if dev == "meta":  # shape propagation or FLOP counting (ThroughputCallback), not a training call
             return
+        prep = getattr(module, "_fused_ledger_inputs", None)  # a fused class may drop stateful inputs (caches)
+        if prep is not None:
+            args, kwargs = prep(tuple(args), dict(kwargs))
         sargs = _spec(tuple(args))
         skw = {k: _spec(v) for k, v in kwargs.items()}
         autocast = None

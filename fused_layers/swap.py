@@ -16,6 +16,14 @@ checkpoints load strictly in either direction.  ``restore_modules`` sets the ori
 A target class may define ``_fused_after_swap(self)`` (called right after the class change, e.g. to
 derive an attribute its ``__init__`` would have set) and ``_fused_before_restore(self)``.
 
+Known look-alikes (``fused_layers.integrations``).  Classes of other libraries whose forward computes
+what one of our kinds does (Hugging Face's Llama-family / T5 / Gemma RMSNorms, timm's LayerNorm and
+LayerNorm2d, timm's SDPA-calling attention, every transformers attention module that goes through its
+``AttentionInterface``) are swapped by default whenever their library is imported, each into a fused
+subclass of its own class (only ``forward`` differs).  They count as their kind (``kinds`` switches
+them) and the report names the registry entry.  Hugging Face attention modules also switch their model
+to the attention implementation "fused_layers" (and back on restore).
+
 Rules.  By default only modules whose type *is* a source class are swapped (a subclass may override
 ``forward``, so it is reported and left alone unless ``mapping`` names it).  A module that is already
 fused is left alone (swapping is idempotent).  When a whole attention module is swapped for
@@ -27,8 +35,9 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import re
+import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from torch import nn
 
@@ -132,6 +141,8 @@ class SwapEntry:
     kind: str
     from_cls: str
     to_cls: str
+    #: how the class was recognised: "" (a torch source class), "mapping", or "known: <registry entry>"
+    via: str = ""
 
 
 @dataclass
@@ -180,7 +191,8 @@ class SwapReport:
 
     def rows(self) -> list[list[str]]:
         """Rows ``[name, kind, status, detail]`` for a text table / W&B table."""
-        rows = [[e.name, e.kind, "swapped", f"{e.from_cls} -> {e.to_cls}"] for e in self.swapped]
+        rows = [[e.name, e.kind, "swapped", f"{e.from_cls} -> {e.to_cls}" + (f" ({e.via})" if e.via else "")]
+                for e in self.swapped]
         rows += [[e.name, e.kind, "skipped", e.reason] for e in self.skipped]
         return rows
 
@@ -218,9 +230,39 @@ def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _normalize_mapping(mapping: Mapping[Any, str] | None) -> dict[type, str]:
-    out: dict[type, str] = {}
-    for key, kind in (mapping or {}).items():
+def _mapping_value(key: Any, value: Any) -> tuple[str, dict[str, str]]:
+    """A mapping value: ``"kind"``, ``("kind", {"eps": "variance_epsilon"})`` or
+    ``{"kind": "kind", "aliases": {"eps": "variance_epsilon"}}`` -> (kind, aliases)."""
+    aliases: Any = {}
+    if isinstance(value, str):
+        kind = value
+    elif isinstance(value, Mapping):
+        extra = set(value) - {"kind", "aliases"}
+        if "kind" not in value or extra:
+            raise ValueError(
+                f"swap_modules: argument 'mapping' entry {key!r}: a dict value needs 'kind' and optionally "
+                f"'aliases' (got keys {sorted(map(str, value))})"
+            )
+        kind, aliases = value["kind"], value.get("aliases") or {}
+    elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:  # also OmegaConf lists
+        kind, aliases = value
+    else:
+        raise TypeError(
+            f"swap_modules: argument 'mapping' entry {key!r}: value must be a kind name, (kind, aliases) or "
+            f"{{'kind': ..., 'aliases': ...}}, got {value!r}"
+        )
+    if not isinstance(aliases, Mapping) or not all(isinstance(a, str) and isinstance(b, str) for a, b in aliases.items()):
+        raise TypeError(
+            f"swap_modules: argument 'mapping' entry {key!r}: aliases must map attribute names to attribute names "
+            f"(e.g. {{'eps': 'variance_epsilon'}}), got {aliases!r}"
+        )
+    return kind, dict(aliases)
+
+
+def _normalize_mapping(mapping: Mapping[Any, Any] | None) -> dict[type, tuple[str, dict[str, str]]]:
+    out: dict[type, tuple[str, dict[str, str]]] = {}
+    for key, value in (mapping or {}).items():
+        kind, aliases = _mapping_value(key, value)
         if kind not in KINDS:
             raise ValueError(f"swap_modules: argument 'mapping' maps {key!r} to unknown kind {kind!r}; allowed: {sorted(KINDS)}")
         if isinstance(key, str):
@@ -232,11 +274,30 @@ def _normalize_mapping(mapping: Mapping[Any, str] | None) -> dict[type, str]:
             cls = key
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
             raise TypeError(f"swap_modules: argument 'mapping' keys must be nn.Module classes or dotted paths to them, got {key!r}")
-        out[cls] = kind
+        out[cls] = (kind, aliases)
     return out
 
 
-def _adapt(module: nn.Module, kind: str, source: type) -> str | None:
+_ALIASED: dict[tuple, type] = {}
+
+
+def _alias_property(real: str) -> property:
+    return property(lambda self: getattr(self, real), lambda self, v: setattr(self, real, v))
+
+
+def _aliased_target(target: type, aliases: Mapping[str, str]) -> type:
+    """A subclass of ``target`` where attribute ``a`` reads / writes ``aliases[a]`` (made once)."""
+    key = (target, tuple(sorted(aliases.items())))
+    cls = _ALIASED.get(key)
+    if cls is None:
+        ns = {a: _alias_property(real) for a, real in aliases.items()}
+        ns.update(_fused_layers_kind=next(k for k in KINDS if target_class(k) is target),
+                  _fused_layers_lookalike="mapping", _fused_layers_source=None, __module__=__name__)
+        cls = _ALIASED[key] = type(target.__name__, (target,), ns)
+    return cls
+
+
+def _adapt(module: nn.Module, kind: str, source: type, aliases: Mapping[str, str] | None = None) -> str | None:
     """Make a mapped module that is not a subclass of ``source`` usable by the fused forward.
 
     Fills the attributes the fused forward reads that a look-alike class may lack (``normalized_shape``
@@ -244,13 +305,17 @@ def _adapt(module: nn.Module, kind: str, source: type) -> str | None:
     """
     if isinstance(module, source):
         return None
-    missing = [a for a in KINDS[kind].needs if not hasattr(module, a)]
+    aliases = aliases or {}
+    bad = [real for real in aliases.values() if not hasattr(module, real)]
+    if bad:
+        return f"'mapping' aliases name attribute(s) {bad} that the module does not have"
+    missing = [a for a in KINDS[kind].needs if not hasattr(module, a) and a not in aliases]
     if kind in ("multihead_attention",):
         return f"a mapped class for '{kind}' must subclass {KINDS[kind].source}"
     if missing:
         return f"incompatible with {KINDS[kind].target}: missing attribute(s) {missing}"
     if kind in ("layer_norm", "rms_norm"):
-        w = module.weight
+        w = getattr(module, aliases.get("weight", "weight"))
         if not hasattr(module, "normalized_shape"):
             if w is None:
                 return "incompatible: no weight to derive normalized_shape from"
@@ -282,8 +347,14 @@ def swap_modules(
         exclude: patterns of modules to leave alone (applied after ``include``).
         mapping: other classes to swap, ``{cls or "dotted.path.Cls": kind}`` -- a model's own
             LayerNorm look-alike with ``weight``/``bias``/``eps``, or a subclass of a source class.
+            A value may also name attribute aliases the fused forward should read instead:
+            ``{MyNorm: ("rms_norm", {"eps": "variance_epsilon"})}`` (or ``{"kind": ..., "aliases": ...}``).
+            A class mapped to ``"attention"`` that is not our ``Attention`` but whose forward calls
+            ``F.scaled_dot_product_attention`` (nanoGPT's ``CausalSelfAttention``) runs ``fused_attention``
+            there instead.  A mapping entry takes precedence over the known look-alikes.
 
-    Only exact source types are swapped by default; already-fused modules are skipped (idempotent).
+    Exact source types and the known look-alikes of ``fused_layers.integrations`` (when their library is
+    imported) are swapped by default; already-fused modules are skipped (idempotent).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"swap_modules: argument 'model' must be an nn.Module, got {type(model).__name__}")
@@ -304,24 +375,40 @@ def swap_modules(
         if k in wanted and (src is None or tgt is None):
             report.unavailable[k] = available_kinds()[k] or "not available"
 
+    from . import integrations
+
     fused_attention_prefixes: list[str] = []
+    hf_attention: list[str] = []
     for name, module in model.named_modules():
         cls = type(module)
         if any(name.startswith(p + ".") for p in fused_attention_prefixes):
-            kind = sources.get(cls) or user_map.get(cls)
+            kind = sources.get(cls) or user_map.get(cls, (None,))[0]
             if kind is not None or cls in targets:
                 report.skipped.append(SkipEntry(name, kind or targets[cls], "inside a fused attention module (unused)"))
             continue
-        if cls in targets:  # already fused
-            kind = targets[cls]
-            if kind == "attention":
+        if cls in targets or integrations.is_fused_class(cls):  # already fused
+            kind = targets.get(cls) or cls._fused_layers_kind
+            if cls in targets and kind == "attention":
                 fused_attention_prefixes.append(name)
             report.skipped.append(SkipEntry(name, kind, "already fused"))
             continue
+        aliases: dict[str, str] = {}
+        known = None
+        via = ""
         if cls in user_map:
-            kind = user_map[cls]
+            kind, aliases = user_map[cls]
+            via = "mapping"
+            if kind == "attention" and not issubclass(cls, source_class("attention") or ()):
+                known = _sdpa_caller_entry(cls)
+                if known is None:
+                    report.skipped.append(SkipEntry(name, kind, f"{_qualname(cls)} is not an Attention and its forward "
+                                                    "does not call F.scaled_dot_product_attention"))
+                    continue
         elif cls in sources:
             kind = sources[cls]
+        elif (known := integrations.match(cls)) is not None:
+            kind = known.kind
+            via = f"known: {known.name}"
         else:
             base = next((s for s in sources if isinstance(module, s)), None)
             if base is not None and sources[base] in wanted:
@@ -341,21 +428,53 @@ def swap_modules(
         if exclude and _matches(name, exclude):
             report.skipped.append(SkipEntry(name, kind, "matched by 'exclude'"))
             continue
-        target = target_class(kind)
-        src = source_class(kind)
-        why = _adapt(module, kind, src)
-        if why is not None:
-            report.skipped.append(SkipEntry(name, kind, why))
-            continue
+        if known is not None:
+            why = known.check(module) if known.check is not None else None
+            if why is not None:
+                report.skipped.append(SkipEntry(name, kind, f"{via or 'mapping'}: {why}"))
+                continue
+            target = integrations.fused_class(cls, known)
+        else:
+            target = target_class(kind)
+            src = source_class(kind)
+            why = _adapt(module, kind, src, aliases)
+            if why is not None:
+                report.skipped.append(SkipEntry(name, kind, why))
+                continue
+            if aliases:
+                target = _aliased_target(target, aliases)
         module.__class__ = target
         module.__dict__[SOURCE_ATTR] = cls
         after = getattr(target, "_fused_after_swap", None)
         if after is not None:
             after(module)
-        report.swapped.append(SwapEntry(name, kind, _qualname(cls), _qualname(target)))
-        if kind == "attention":
+        report.swapped.append(SwapEntry(name, kind, _qualname(cls), _qualname(target), via))
+        if kind == "attention" and known is None:
             fused_attention_prefixes.append(name)
+        if known is not None and known.name == "hf_attention":
+            hf_attention.append(name)
+    if hf_attention:  # switch the models that hold them to the "fused_layers" attention implementation
+        from .integrations import _hf
+
+        failed = _hf.switch_models(model, hf_attention)
+        if failed:
+            modules = dict(model.named_modules())
+            for n, why in failed.items():
+                modules[n].__class__ = modules[n].__dict__.pop(SOURCE_ATTR)
+                report.skipped.append(SkipEntry(n, "attention", why))
+            report.swapped = [e for e in report.swapped if e.name not in failed]
     return report
+
+
+def _sdpa_caller_entry(cls: type):
+    """A registry entry for a user class mapped to "attention" whose forward calls SDPA (else None)."""
+    from .integrations import LookAlike
+    from .integrations._sdpa import build_sdpa_caller, rebound_forward
+
+    if rebound_forward(cls.forward) is None:
+        return None
+    return LookAlike("sdpa_caller", cls.__module__.split(".")[0], "attention", _qualname(cls), build_sdpa_caller,
+                     note="F.scaled_dot_product_attention runs fused_attention")
 
 
 def restore_modules(model: nn.Module, names: Iterable[str] | SwapReport | None = None) -> SwapReport:
@@ -373,10 +492,10 @@ def restore_modules(model: nn.Module, names: Iterable[str] | SwapReport | None =
     for name, module in model.named_modules():
         if only is not None and name not in only:
             continue
-        kind = targets.get(type(module))
+        kind = _kind_of(type(module), targets)
         if kind is None:
             continue
-        src = module.__dict__.get(SOURCE_ATTR) or source_class(kind)
+        src = module.__dict__.get(SOURCE_ATTR) or type(module).__dict__.get("_fused_layers_source") or source_class(kind)
         before = getattr(type(module), "_fused_before_restore", None)
         if before is not None:
             before(module)
@@ -384,22 +503,30 @@ def restore_modules(model: nn.Module, names: Iterable[str] | SwapReport | None =
         module.__class__ = src
         module.__dict__.pop(SOURCE_ATTR, None)
         report.swapped.append(SwapEntry(name, kind, _qualname(fused_cls), _qualname(src)))
+    if "transformers.modeling_utils" in sys.modules:  # models with no fused attention left switch back
+        from .integrations import _hf
+
+        _hf.unswitch_models(model)
     return report
+
+
+def _kind_of(cls: type, targets: dict[type, str]) -> str | None:
+    """The kind of a fused class (ours, a look-alike's fused subclass or an aliased one), else None."""
+    kind = targets.get(cls)
+    if kind is None and "_fused_layers_lookalike" in cls.__dict__:
+        kind = cls.__dict__["_fused_layers_kind"]
+    return kind
 
 
 def fused_source(module: nn.Module) -> type[nn.Module] | None:
     """The reference class of a fused module (what ``restore_modules`` would give it), else ``None``."""
     targets = {t: k for k in KINDS if (t := target_class(k)) is not None}
-    kind = targets.get(type(module))
+    kind = _kind_of(type(module), targets)
     if kind is None:
         return None
-    return module.__dict__.get(SOURCE_ATTR) or source_class(kind)
+    return module.__dict__.get(SOURCE_ATTR) or type(module).__dict__.get("_fused_layers_source") or source_class(kind)
 
 
 def fused_kind(module: nn.Module) -> str | None:
     """The kind of a fused module, else ``None``."""
-    for k in KINDS:
-        t = target_class(k)
-        if t is not None and type(module) is t:
-            return k
-    return None
+    return _kind_of(type(module), {t: k for k in KINDS if (t := target_class(k)) is not None})

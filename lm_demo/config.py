@@ -92,7 +92,7 @@ class FusedCallbackConfig:
     kinds: Optional[Dict[str, bool]] = None
     include: Optional[List[str]] = None
     exclude: Optional[List[str]] = None
-    mapping: Optional[Dict[str, str]] = None
+    mapping: Optional[Dict[str, Any]] = None  # class -> kind, (kind, aliases) or {kind: ..., aliases: {...}}
     policy: str = "faster"
     measure: bool = True
     record_steps: int = 1

@@ -47,7 +47,7 @@ def _fwd_bwd(fn, q, k, v, do):
 
 def _assert_matches_reference(q, k, v, tol=F32_TOL, mask=None, causal=False, scale=None, gqa=False):
     do = torch.randn(q.shape[:-1] + (v.shape[-1],), device=q.device, dtype=q.dtype)
-    got = _fwd_bwd(lambda a, b, c: fused_attention(a, b, c, mask, causal, scale, gqa), q, k, v, do)
+    got = _fwd_bwd(lambda a, b, c: fused_attention(a, b, c, mask, is_causal=causal, scale=scale, enable_gqa=gqa), q, k, v, do)
     m64 = mask.double() if mask is not None and mask.dtype != torch.bool else mask
     ref = _fwd_bwd(
         lambda a, b, c: attention_reference(a, b, c, m64, causal, scale, gqa), q.double(), k.double(), v.double(), do.double()

@@ -131,7 +131,8 @@ class FusedMultiheadAttention(nn.MultiheadAttention):
     give the requested result: ``need_weights=True`` -- the default of ``nn.MultiheadAttention.forward``;
     the weights are the S x S matrix that the fused kernel exists to avoid, so a drop-in must compute
     them the slow way; pass ``need_weights=False`` to get the speed --, a general (non-causal)
-    ``attn_mask``, ``add_bias_kv`` / ``add_zero_attn``, or attention dropout while training.
+    ``attn_mask``, ``add_bias_kv`` / ``add_zero_attn``.  Attention dropout in training runs in the kernels
+    (``fused_attention(dropout_p=...)``, the same semantics: dropped attention weights, kept ones scaled).
     A query whose keys are all padded gives 0, as the non-fast path of ``nn.MultiheadAttention`` does
     (PyTorch's inference fast path gives NaN there).
     """
@@ -143,8 +144,6 @@ class FusedMultiheadAttention(nn.MultiheadAttention):
             return "add_bias_kv=True"
         if self.add_zero_attn:
             return "add_zero_attn=True"
-        if self.training and self.dropout > 0.0:
-            return "attention dropout in training mode"
         if attn_mask is not None and not causal:
             return "a non-causal attn_mask"
         if query.is_nested:
@@ -217,10 +216,11 @@ class FusedMultiheadAttention(nn.MultiheadAttention):
             else:
                 mask = kpm.to(q.dtype)[:, None, None, :]
         qh, kh, vh = heads(q), heads(k), heads(v)
+        p = self.dropout if self.training else 0.0
         if prefer_sdpa(qh, kh, mask):  # cuDNN is faster here (see fused_layers/ops/attention.py)
-            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
+            o = F.scaled_dot_product_attention(qh, kh, vh, dropout_p=p, is_causal=causal)
         else:
-            o = fused_attention(qh, kh, vh, attn_mask=mask, is_causal=causal)
+            o = fused_attention(qh, kh, vh, attn_mask=mask, dropout_p=p, is_causal=causal)
         # o is laid out like q: (B, S, H, Dh) or (S, B, H, Dh) in memory, so these reshapes are views.
         o = o.transpose(1, 2) if self.batch_first else o.permute(2, 0, 1, 3)
         o = o.flatten(-2)

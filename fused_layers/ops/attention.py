@@ -48,8 +48,18 @@ P V and dS K products (as FlashAttention).  float32: the dots run in tf32 when
 so float32 inputs get float32 accuracy unless the user opted in to tf32.  float64 runs the PyTorch
 reference (SDPA).
 
-Not implemented: attention dropout (FusedMultiheadAttention falls back to PyTorch when it is active),
-masks that vary along the query dim (SDPA fallback), a value head dim different from the query's.
+Dropout (``dropout_p`` > 0).  With Z = M / (1 - p), M a Bernoulli(1 - p) keep mask, the output is
+O = (P * Z) V: the forward drops elements of P~ before the P~ V product only (the normalizer l sums the
+undropped P~, as softmax-then-dropout does) and multiplies O by 1 / (1 - p) in the epilogue; the saved L
+is unchanged.  Backward: dV = (P * Z)^T dO, dP = (dO V^T) * Z, dS = P * (dP - delta) with the same
+delta = rowsum(dO * O) (= rowsum(P * dP)).  M is never stored: every kernel regenerates it from
+Philox-4x32 (``_dropout_keep``), with the counters (key j // 8, query i, b * H + h) and
+a 64-bit seed drawn from torch's RNG per call, so the backward sees the forward's mask and
+``torch.manual_seed`` reproduces it.  One Philox call serves 8 keys of a row (16 bits each, so p acts in
+steps of 2^-16), which keeps its integer work small next to the tile's matrix products.
+
+Not implemented: masks that vary along the query dim (SDPA fallback), a value head dim different from
+the query's.
 
 Tile sizes, warps and pipeline stages come from a table per (kernel, head-dim bucket, causal, dtype),
 never per sequence length, filled by an offline sweep on an H200 (``benchmarks/bench_attention.py
@@ -89,6 +99,59 @@ MAX_HEAD_DIM = 256
 
 
 # ==================================================================================================
+# Dropout mask (shared by every kernel: the backward regenerates exactly the forward's mask)
+# ==================================================================================================
+@triton.jit
+def _dropout_keep(
+    seed,  # int64 scalar, drawn from torch's RNG per call (loaded from a 1-element tensor)
+    bh,  # query (batch, head) index b * H + h
+    rows,  # [BLOCK_M] query indices
+    key_start,  # first key of the tile (a multiple of 8)
+    dropout_p,  # probability of dropping an element
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # keys in the tile (a multiple of 8)
+):
+    """[BLOCK_M, BLOCK_N] True where P[b, h, row, key] is kept.
+
+    One Philox-4x32-10 call per 8 keys of a row: counters (key // 8, row, b * H + h, 0) give 4 x 32 bits,
+    cut into 8 16-bit uniforms, one per key (a fixed order of the 8); a key is kept when its 16 bits are
+    >= round(p * 2^16) (so p acts in steps of 2^-16).  8 elements per call keeps Philox's integer work
+    small next to the tile's matrix products; every kernel calls this with the same (row, key) -> bits map.
+    """
+    G: tl.constexpr = BLOCK_N // 8
+    grp = key_start // 8 + tl.arange(0, G)
+    zero = rows[:, None] * 0 + grp[None, :] * 0  # int32 [BLOCK_M, G]
+    r0, r1, r2, r3 = tl.philox(seed, (grp[None, :] + zero).to(tl.uint32), (rows[:, None] + zero).to(tl.uint32),
+                               (zero + bh).to(tl.uint32), zero.to(tl.uint32))
+    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK_M, G, 4])
+    halves = tl.reshape(tl.join(w & 0xFFFF, w >> 16), [BLOCK_M, BLOCK_N])
+    thr = tl.cast(dropout_p * 65536.0 + 0.5, tl.uint32)
+    return halves >= thr
+
+
+@triton.jit
+def _dropout_mask_kernel(
+    SEED,  # pointer to the int64 seed [1]
+    OUT,  # int8 keep mask (B*H, SQ, SK), contiguous (written)
+    SQ, SK,
+    dropout_p,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Materialize the keep mask the attention kernels use (tests / debugging only)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    seed = tl.load(SEED)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    base = OUT + pid_bh.to(tl.int64) * SQ * SK
+    for start_n in range(0, SK, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        keep = _dropout_keep(seed, pid_bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N)
+        mask = (rows[:, None] < SQ) & (cols[None, :] < SK)
+        tl.store(base + rows[:, None].to(tl.int64) * SK + cols[None, :], keep.to(tl.int8), mask=mask)
+
+
+# ==================================================================================================
 # Forward kernel
 # ==================================================================================================
 @triton.jit
@@ -101,12 +164,15 @@ def _attn_fwd_inner(
     offs_m, offs_n, d_mask,  # query row indices [BLOCK_M], key offsets in a tile [BLOCK_N], head-dim mask
     seqlen_k, lo, hi,  # keys of this sequence, and the key range [lo, hi) of this call
     qk_scale,  # scale * log2(e)
+    seed, bh, dropout_p,  # dropout: seed, query (batch, head) index, drop probability (HAS_DROPOUT only)
     MASKED: tl.constexpr,  # apply the ragged-end (and causal) mask: tiles on the diagonal / at the end
     CAUSAL: tl.constexpr,
     HAS_KB: tl.constexpr,
     EVEN_D: tl.constexpr,  # D == BLOCK_D: no head-dim mask
     BLOCK_N: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -136,8 +202,10 @@ def _attn_fwd_inner(
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row that has seen no key yet
         p = tl.math.exp2(qk - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.sum(p, 1)  # the softmax normalizer sums the probabilities before dropout
         acc = acc * alpha[:, None]
+        if HAS_DROPOUT:  # dropped probabilities add nothing to P V (the 1 / (1 - p) is in the epilogue)
+            p = tl.where(_dropout_keep(seed, bh, offs_m, start_n, dropout_p, BLOCK_M, BLOCK_N), p, 0.0)
         if MASKED:
             v = tl.load(v_ptrs + start_n * svs, mask=kv_mask, other=0.0)
         elif EVEN_D:
@@ -158,7 +226,9 @@ def _attn_fwd_kernel(
     LSE,  # fp32 base-2 log-sum-exp per query row: LSE + b*slb + h*slh + q_start + i
     KB,  # fp32 per-key additive bias (b, h, j) at KB + b*skbb + h*skbh + j*skbn (only when HAS_KB)
     CU_Q, CU_K,  # int32 [B + 1] cumulative sequence offsets (only when VARLEN)
+    SEED,  # int64 [1] dropout seed (only when HAS_DROPOUT)
     qk_scale,  # scale * log2(e)
+    dropout_p, dropout_scale,  # drop probability and 1 / (1 - p) (only when HAS_DROPOUT)
     sqb, sqh, sqs, sqd,
     skb, skh, sks, skd,
     svb, svh, svs, svd,
@@ -177,6 +247,7 @@ def _attn_fwd_kernel(
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per streamed tile
+    HAS_DROPOUT: tl.constexpr = False,
 ):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
     # Heaviest blocks first: with a causal mask, later query blocks see more keys.
@@ -219,6 +290,9 @@ def _attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
     # Key range: [0, n_full) is visible to every row of the block with no mask; [n_full, n_end) holds
     # the causal diagonal and / or the ragged last tile.
     if CAUSAL:
@@ -229,18 +303,23 @@ def _attn_fwd_kernel(
         n_full = (seqlen_k // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
-        seqlen_k, 0, n_full, qk_scale,
+        seqlen_k, 0, n_full, qk_scale, seed, pid_bh, dropout_p,
         MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
-        seqlen_k, n_full, n_end, qk_scale,
+        seqlen_k, n_full, n_end, qk_scale, seed, pid_bh, dropout_p,
         MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
     )
     # Epilogue: normalize; a row with no allowed key (l = 0) outputs 0 and saves L = +inf.
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    if HAS_DROPOUT:
+        out = acc * (dropout_scale / l_safe)[:, None]  # out = acc / l * 1 / (1 - p); L below stays undropped
+    else:
+        out = acc / l_safe[:, None]
     lse = tl.where(empty, float("inf"), m_i + tl.math.log2(l_safe))
     row_ok = offs_m < seqlen_q
     tl.store(LSE + b64 * slb + h.to(tl.int64) * slh + q_start + offs_m, lse, mask=row_ok)
@@ -298,11 +377,15 @@ def _attn_bwd_dkdv_inner(
     sqs, sdos,
     offs_m, cols, d_mask,  # row offsets in a tile [BLOCK_M], this program's keys [BLOCK_N], head-dim mask
     seqlen_q, lo, hi, qk_scale,
+    seed, bh, dropout_p, dropout_scale,  # dropout (HAS_DROPOUT only): the forward's mask is regenerated
+    key_start,  # first key of this program's block (dropout only)
     MASKED: tl.constexpr,  # causal mask on the diagonal tiles
     HAS_KB: tl.constexpr,
     EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     for start_m in tl.range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
@@ -322,8 +405,13 @@ def _attn_bwd_dkdv_inner(
         pT = tl.math.exp2(qkT - lse[None, :])
         if MASKED:
             pT = tl.where(rows[None, :] >= cols[:, None], pT, 0.0)
-        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)  # dV += P^T dO
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # dP^T = V dO^T
+        if HAS_DROPOUT:  # with Z = keep / (1 - p): dV += (P Z)^T dO, dP = (dO V^T) Z
+            keepT = tl.trans(_dropout_keep(seed, bh, rows, key_start, dropout_p, BLOCK_M, BLOCK_N))
+            dv = tl.dot(tl.where(keepT, pT * dropout_scale, 0.0).to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+            dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
+        else:
+            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)  # dV += P^T dO
         dsT = pT * (dpT - delta[None, :])  # dS^T (scale applied at the end)
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)  # dK += dS^T Q
     return dk, dv
@@ -334,8 +422,9 @@ def _attn_bwd_dkdv_kernel(
     Q, K, V, DO,  # inputs and the output gradient (strides below; DO indexed like Q)
     DK, DV,  # gradients of K and V (written), indexed like K / V with the sdk*, sdv* strides
     LSE, DELTA,  # fp32 per query row (strides slb, slh)
-    KB, CU_Q, CU_K,  # as in _attn_fwd_kernel
+    KB, CU_Q, CU_K, SEED,  # as in _attn_fwd_kernel
     qk_scale, sm_scale,
+    dropout_p, dropout_scale,  # as in _attn_fwd_kernel
     sqb, sqh, sqs, sqd,
     skb, skh, sks, skd,
     svb, svh, svs, svd,
@@ -355,6 +444,7 @@ def _attn_bwd_dkdv_kernel(
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,  # query rows per inner step
     BLOCK_N: tl.constexpr,  # keys per program
+    HAS_DROPOUT: tl.constexpr = False,
 ):
     """One program: BLOCK_N keys of one K/V head; dK, dV summed over every query head of the group."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # float arguments may arrive as fp64 (Inductor's launch)
@@ -400,8 +490,12 @@ def _attn_bwd_dkdv_kernel(
         hi_mask = 0
         lo_full = 0
     kb = tl.zeros([BLOCK_N], tl.float32)
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
     for g in range(GROUP):
         h64 = (hk * GROUP + g).to(tl.int64)
+        bh = b * (HKV * GROUP) + hk * GROUP + g  # the query head's (batch, head) index, as in the forward
         if HAS_KB:
             kb = tl.load(KB + b64 * skbb + h64 * skbh + cols * skbn, mask=cols < seqlen_k, other=-float("inf"))
             kb = kb.to(tl.float32) * 1.4426950408889634
@@ -412,13 +506,15 @@ def _attn_bwd_dkdv_kernel(
         if CAUSAL:
             dk, dv = _attn_bwd_dkdv_inner(
                 dk, dv, k, v, kb, q_ptrs, do_ptrs, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
-                seqlen_q, lo, hi_mask, qk_scale,
+                seqlen_q, lo, hi_mask, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
                 MASKED=True, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
             )
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, kb, q_ptrs, do_ptrs, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
-            seqlen_q, lo_full, seqlen_q, qk_scale,
+            seqlen_q, lo_full, seqlen_q, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
             MASKED=False, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
+            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
         )
     dk = dk * sm_scale
     dk_off = b64 * sdkb + hk64 * sdkh + k_start.to(tl.int64) * sdks
@@ -435,12 +531,15 @@ def _attn_bwd_dq_inner(
     sks, svs, skbn,
     rows, offs_n, d_mask,
     seqlen_k, lo, hi, qk_scale,
+    seed, bh, dropout_p, dropout_scale,  # dropout (HAS_DROPOUT only)
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_KB: tl.constexpr,
     EVEN_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -467,6 +566,9 @@ def _attn_bwd_dq_inner(
                 keep = keep & (cols[None, :] <= rows[:, None])
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # dP = dO V^T
+        if HAS_DROPOUT:  # dP = (dO V^T) Z, Z = keep / (1 - p)
+            keep_d = _dropout_keep(seed, bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N)
+            dp = tl.where(keep_d, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)  # dQ += dS K
     return dq
@@ -476,8 +578,9 @@ def _attn_bwd_dq_inner(
 def _attn_bwd_dq_kernel(
     Q, K, V, DO,
     DQ,  # gradient of Q (written), indexed like Q with the sdq* strides
-    LSE, DELTA, KB, CU_Q, CU_K,
+    LSE, DELTA, KB, CU_Q, CU_K, SEED,
     qk_scale, sm_scale,
+    dropout_p, dropout_scale,
     sqb, sqh, sqs, sqd,
     skb, skh, sks, skd,
     svb, svh, svs, svd,
@@ -494,6 +597,7 @@ def _attn_bwd_dq_kernel(
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per inner step
+    HAS_DROPOUT: tl.constexpr = False,
 ):
     """One program: BLOCK_M query rows of one query head; loops over the key blocks they see."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # float arguments may arrive as fp64 (Inductor's launch)
@@ -540,15 +644,20 @@ def _attn_bwd_dq_kernel(
         n_end = seqlen_k
         n_full = (seqlen_k // BLOCK_N) * BLOCK_N
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse, delta, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, rows, offs_n, d_mask,
-        seqlen_k, 0, n_full, qk_scale,
+        seqlen_k, 0, n_full, qk_scale, seed, pid_bh, dropout_p, dropout_scale,
         MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
     )
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse, delta, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, rows, offs_n, d_mask,
-        seqlen_k, n_full, n_end, qk_scale,
+        seqlen_k, n_full, n_end, qk_scale, seed, pid_bh, dropout_p, dropout_scale,
         MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
     )
     dq = dq * sm_scale
     tl.store(DQ + b64 * sdqb + h64 * sdqh + q_row[:, None] * sdqs + offs_d[None, :] * sdqd,
@@ -558,8 +667,9 @@ def _attn_bwd_dq_kernel(
 # ==================================================================================================
 # PyTorch reference (float64 inputs, devices Triton cannot run on, masks the kernels cannot fuse)
 # ==================================================================================================
-def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-    """SDPA, with ``is_causal`` and ``attn_mask`` allowed together (folded into one boolean/float mask)."""
+def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, dropout_p=0.0):
+    """SDPA, with ``is_causal`` and ``attn_mask`` allowed together (folded into one boolean/float mask).
+    With ``dropout_p`` SDPA draws its own mask (not the kernels')."""
     if is_causal and attn_mask is not None:
         keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
         if attn_mask.dtype == torch.bool:
@@ -570,7 +680,8 @@ def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, en
     if attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
         attn_mask = attn_mask.to(q.dtype)
     kw = {"enable_gqa": True} if enable_gqa else {}
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, **kw)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                          dropout_p=dropout_p, **kw)
 
 
 def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=False, scale=None):
@@ -613,7 +724,7 @@ def _prune_factory(kind: str):
     return prune
 
 
-_AUTOTUNE_KEY = ["BLOCK_D", "CAUSAL", "HAS_KB", "VARLEN"]  # tensor dtypes are added by the autotuner
+_AUTOTUNE_KEY = ["BLOCK_D", "CAUSAL", "HAS_KB", "VARLEN", "HAS_DROPOUT"]  # tensor dtypes are added by the autotuner
 _fwd_tuned = triton.autotune(_configs("fwd"), key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_factory("fwd")})(_attn_fwd_kernel)
 _dkdv_tuned = triton.autotune(_configs("dkdv"), key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_factory("dkdv")})(_attn_bwd_dkdv_kernel)
 _dq_tuned = triton.autotune(_configs("dq"), key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_factory("dq")})(_attn_bwd_dq_kernel)
@@ -696,7 +807,7 @@ _MAX_PLANS = 4096
 
 
 def _fwd_plan(key) -> _FwdPlan:
-    (qs, qst, ks, kst, vst, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, _epoch) = key
+    (qs, qst, ks, kst, vst, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, dropout, _epoch) = key
     plan = _FwdPlan()
     if varlen:
         B, H, HKV, D = nb - 1, qs[1], ks[1], qs[2]
@@ -718,7 +829,7 @@ def _fwd_plan(key) -> _FwdPlan:
         *lse_st, *(kbst or (0, 0, 0)), H, H // HKV, SQ, SK, D,
     )
     plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
-                     INPUT_PRECISION=prec)
+                     INPUT_PRECISION=prec, HAS_DROPOUT=dropout)
     plan.grid_bh = B * H
     fixed = _config("fwd", bd, causal, dtype)
     plan.tuned = fixed is None
@@ -731,12 +842,16 @@ def _fwd_plan(key) -> _FwdPlan:
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: torch.Tensor | None,
                       cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, causal: bool,
-                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward. Returns (out laid out like q, fp32 base-2 LSE [B, H, Sq] or [H, total_q])."""
+                      scale: float, dropout_p: float = 0.0,
+                      seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward. Returns (out laid out like q, fp32 base-2 LSE [B, H, Sq] or [H, total_q]).
+
+    ``dropout_p`` > 0 drops attention probabilities (Philox, keyed by ``seed``, an int64 [1] tensor)."""
     varlen = cu_q is not None
+    dropout = dropout_p > 0.0
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, None if kb is None else kb.stride(),
            varlen, cu_q.shape[0] if varlen else 0, max_q, max_k, causal,
-           _input_precision(q.dtype), override_epoch())
+           _input_precision(q.dtype), dropout, override_epoch())
     try:
         plan = _FWD_PLANS.get(key)
     except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
@@ -752,7 +867,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: tor
     if plan.empty:
         return out, lse
     args = (q, k, v, out, lse, q if kb is None else kb, cu_q if varlen else q, cu_k if varlen else q,
-            scale * LOG2E, *plan.ints)
+            seed if dropout else q, scale * LOG2E, dropout_p, 1.0 / (1.0 - dropout_p) if dropout else 1.0, *plan.ints)
     if plan.kernel is not None:
         plan.kernel(*args)
     else:  # FUSED_LAYERS_ATTENTION_AUTOTUNE=1: the autotuner picks BLOCK_M
@@ -762,7 +877,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: tor
 
 
 def _bwd_plan(key) -> _BwdPlan:
-    (qs, qst, ks, kst, vst, dost, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, _epoch) = key
+    (qs, qst, ks, kst, vst, dost, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, dropout, _epoch) = key
     plan = _BwdPlan()
     if varlen:
         B, H, HKV, D = nb - 1, qs[1], ks[1], qs[2]
@@ -792,7 +907,7 @@ def _bwd_plan(key) -> _BwdPlan:
                       HKV, H // HKV, SQ, SK, D)
     plan.dq_ints = (*common, *_strides4(dqst, varlen), *lse_st, *kb3, H, H // HKV, SQ, SK, D)
     plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
-                     INPUT_PRECISION=prec)
+                     INPUT_PRECISION=prec, HAS_DROPOUT=dropout)
     plan.grids = (SQ, SK, B * H, B * HKV)
     f_dkdv, f_dq = _config("dkdv", bd, causal, dtype), _config("dq", bd, causal, dtype)
     plan.tuned = f_dkdv is None or f_dq is None
@@ -808,14 +923,17 @@ def _bwd_plan(key) -> _BwdPlan:
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        lse: torch.Tensor, kb: torch.Tensor | None, cu_q: torch.Tensor | None,
                        cu_k: torch.Tensor | None, max_q: int, max_k: int, causal: bool,
-                       scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the backward. Returns (dq, dk, dv), each laid out like its input."""
+                       scale: float, dropout_p: float = 0.0,
+                       seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward. Returns (dq, dk, dv), each laid out like its input.  With ``dropout_p`` > 0
+    the forward's keep mask is regenerated from ``seed`` (nothing of it was stored)."""
     if do.dtype != q.dtype:
         do = do.to(q.dtype)
     varlen = cu_q is not None
+    dropout = dropout_p > 0.0
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype,
            None if kb is None else kb.stride(), varlen, cu_q.shape[0] if varlen else 0, max_q, max_k, causal,
-           _input_precision(q.dtype), override_epoch())
+           _input_precision(q.dtype), dropout, override_epoch())
     try:
         plan = _BWD_PLANS.get(key)
     except TypeError:  # symbolic sizes: plan for their values
@@ -840,8 +958,10 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     ck = cu_k if varlen else q
     plan.pre(out, do, delta, cq, *plan.pre_ints)
     qk_scale = scale * LOG2E
-    dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, qk_scale, scale, *plan.dkdv_ints)
-    dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, qk_scale, scale, *plan.dq_ints)
+    sd = seed if dropout else q
+    dscale = 1.0 / (1.0 - dropout_p) if dropout else 1.0
+    dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints)
+    dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)
     if not plan.tuned:
         plan.dkdv(*dkdv_args)
         plan.dq(*dq_args)
@@ -856,27 +976,45 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 # Registration (ops/_library.py): custom ops for torch.compile, autograd, the eager direct path
 # ==================================================================================================
 def _setup_context(ctx, inputs, outputs):
-    q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale = inputs
-    ctx.save_for_backward(q, k, v, outputs[0], outputs[1], kb, cu_q, cu_k)
-    ctx.args = (max_q, max_k, causal, scale)
+    q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed = inputs
+    ctx.save_for_backward(q, k, v, outputs[0], outputs[1], kb, cu_q, cu_k, seed)
+    ctx.args = (max_q, max_k, causal, scale, dropout_p)
 
 
 def _grads(ctx, backward, dout):
-    q, k, v, out, lse, kb, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = backward(dout, q, k, v, out, lse, kb, cu_q, cu_k, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    q, k, v, out, lse, kb, cu_q, cu_k, seed = ctx.saved_tensors
+    dq, dk, dv = backward(dout, q, k, v, out, lse, kb, cu_q, cu_k, *ctx.args, seed)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 attention_op = FusedOp("attention", attention_forward, attention_backward, _setup_context, _grads)
 
 
-def _run(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale):
+def _run(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p=0.0, seed=None):
     if INTERPRET and q.dtype in (torch.float16, torch.bfloat16) and q.device.type == "cpu":
         # The interpreter (numpy) has no bf16 matmul: run the same kernels on float32 copies.
-        out = _run(q.float(), k.float(), v.float(), kb, cu_q, cu_k, max_q, max_k, causal, scale)
+        out = _run(q.float(), k.float(), v.float(), kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed)
         return out.to(q.dtype)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return attention_op(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, needs_grad=needs_grad)
+    return attention_op(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, needs_grad=needs_grad)
+
+
+def draw_dropout_seed(device: torch.device | str) -> torch.Tensor:
+    """The int64 [1] Philox seed of one dropout call, drawn from torch's generator of ``device`` (so
+    ``torch.manual_seed`` reproduces the mask; on CUDA no host sync, and torch.compile traces it)."""
+    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
+
+
+def attention_dropout_mask(seed: torch.Tensor, B: int, H: int, Sq: int, Sk: int, dropout_p: float) -> torch.Tensor:
+    """The boolean keep mask (B, H, Sq, Sk) the kernels apply for ``seed`` (tests and debugging only:
+    the kernels themselves never store it).  True = kept (and scaled by 1 / (1 - p))."""
+    if not isinstance(seed, torch.Tensor) or seed.dtype != torch.int64 or seed.numel() != 1:
+        raise TypeError("attention_dropout_mask: argument 'seed' must be an int64 tensor with one element")
+    out = torch.empty((B, H, Sq, Sk), dtype=torch.int8, device=seed.device)
+    if out.numel():
+        bm, bn = (16, 16) if INTERPRET else (64, 64)
+        _dropout_mask_kernel[(triton.cdiv(Sq, bm), B * H)](seed, out, Sq, Sk, float(dropout_p), BLOCK_M=bm, BLOCK_N=bn)
+    return out.bool()
 
 
 # ==================================================================================================
@@ -970,11 +1108,16 @@ def fused_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
     is_causal: bool = False,
+    *,
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
     """Scaled dot-product attention with FlashAttention-style Triton forward and backward kernels.
+
+    Takes ``F.scaled_dot_product_attention``'s full signature, in its order: ``(query, key, value,
+    attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)``.
 
     Same layout and semantics as ``F.scaled_dot_product_attention``: q (B, Hq, Sq, D), k and v
     (B, Hkv, Sk, D) (3-D inputs (B, S, D) are one head), any strides; ``is_causal`` aligned to the
@@ -985,6 +1128,11 @@ def fused_attention(
     (B or 1, H or 1, 1, Sk) or broadcastable) runs fused, also together with ``is_causal``; any other mask
     falls back to SDPA with a one-time warning. A query row whose keys are all masked gives 0 (and zero
     gradients), as SDPA does. float64 inputs and devices Triton cannot run on use SDPA.
+
+    ``dropout_p`` (applied whenever > 0, like SDPA; pass 0 in eval): each probability is kept with
+    probability 1 - p and scaled by 1 / (1 - p).  The mask comes from Philox inside the kernels, keyed by a
+    seed drawn from torch's RNG on q's device (``torch.manual_seed`` reproduces it); the backward
+    regenerates it, nothing is stored.  ``attention_dropout_mask`` materializes it for tests.
     """
     _check_qkv(query, key, value)
     q, k, v = query, key, value
@@ -1000,6 +1148,10 @@ def fused_attention(
             raise TypeError(f"{_OP}: argument 'attn_mask' must be bool or floating point, got {attn_mask.dtype}")
     if scale is not None and not isinstance(scale, (int, float)):
         raise TypeError(f"{_OP}: argument 'scale' must be a float or None, got {type(scale).__name__}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"{_OP}: argument 'dropout_p' must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"{_OP}: argument 'dropout_p' must be in [0, 1], got {dropout_p}")
     squeeze = q.dim() == 3
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
@@ -1021,10 +1173,10 @@ def fused_attention(
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
 
     def fallback():
-        out = attention_reference(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+        out = attention_reference(q, k, v, attn_mask, is_causal, scale, enable_gqa, dropout_p)
         return out.squeeze(1) if squeeze else out
 
-    if q.dtype == torch.float64 or use_fallback(_OP, q):
+    if q.dtype == torch.float64 or use_fallback(_OP, q) or dropout_p == 1.0:  # p = 1: SDPA gives zeros
         return fallback()
     if v.shape[-1] != D:
         warn_once(f"{_OP}:dv", f"{_OP}: value head dim {v.shape[-1]} != query head dim {D} is not fused; using SDPA.")
@@ -1039,7 +1191,9 @@ def fused_attention(
                 "fused (only key-padding masks shaped (B|1, H|1, 1, Sk) are); using SDPA.",
             )
             return fallback()
-    out = _run(q, k, v, kb, None, None, Sq, Sk, bool(is_causal), sc)
+    dp = float(dropout_p)
+    seed = draw_dropout_seed(q.device) if dp > 0.0 else None
+    out = _run(q, k, v, kb, None, None, Sq, Sk, bool(is_causal), sc, dp, seed)
     return out.squeeze(1) if squeeze else out
 
 

@@ -65,6 +65,12 @@ AMP).  y and dx take x's dtype, dw / db their parameter's dtype, as ``nn.LayerNo
 a tiny tensor (``autocast_runs_in_float32``); float32 out means the inputs are cast to float32.  Seen:
 layer_norm on CUDA runs in float32, rms_norm on CUDA keeps bfloat16 (torch 2.11, H200), CPU autocast
 leaves both alone.  float64 runs the PyTorch reference.
+
+Weight order.  ``CAST_BEFORE_W`` (a constexpr, off by default) rounds xhat to x's dtype *before* the
+weight multiply, the order of Hugging Face's Llama-family RMSNorm (``weight * xhat.to(input_dtype)``),
+with y in a dtype the caller picks (there: the promotion of x and the weight); dW then sums dy times
+the rounded xhat, dx is unchanged (the rounding passes gradients through).  Its only user is
+``ops/norm_variants.py`` (the third-party look-alikes).
 """
 
 from __future__ import annotations
@@ -129,6 +135,7 @@ def _norm_fwd_kernel(
     STORE_STATS: tl.constexpr,  # write mean / rstd (False: a forward without autograd)
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next power of two >= N: the whole row in one tile
+    CAST_BEFORE_W: tl.constexpr = False,  # round xhat to X's dtype before the weight (HF Llama-family order)
 ):
     """Single-block forward: each program normalizes BLOCK_M full rows held in registers."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
@@ -162,6 +169,8 @@ def _norm_fwd_kernel(
         tl.store(RSTD + rows, rstd, mask=row_ok)
     y = xc * rstd[:, None]
     if HAS_W:
+        if CAST_BEFORE_W:
+            y = y.to(X.dtype.element_ty).to(tl.float32)
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
         y = y * w[None, :]
     if HAS_B:
@@ -179,6 +188,7 @@ def _norm_fwd_loop_kernel(
     HAS_B: tl.constexpr,
     STORE_STATS: tl.constexpr,  # write mean / rstd (False: a forward without autograd)
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
+    CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_fwd_kernel
 ):
     """Wide-row forward: one program per row; Welford pass over chunks, then a normalize pass."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
@@ -233,6 +243,8 @@ def _norm_fwd_loop_kernel(
         x = tl.load(xb + c, mask=cm, other=0.0).to(tl.float32)
         y = ((x - shift) - mean) * rstd
         if HAS_W:
+            if CAST_BEFORE_W:
+                y = y.to(X.dtype.element_ty).to(tl.float32)
             y = y * tl.load(W + c, mask=cm, other=0.0).to(tl.float32)
         if HAS_B:
             y = y + tl.load(B + c, mask=cm, other=0.0).to(tl.float32)
@@ -258,6 +270,7 @@ def _norm_bwd_kernel(
     HAS_B: tl.constexpr,
     BLOCK_M: tl.constexpr,  # rows per tile
     BLOCK_N: tl.constexpr,  # next power of two >= N
+    CAST_BEFORE_W: tl.constexpr = False,  # the forward rounded xhat to X's dtype before the weight: dW uses that
 ):
     """Single-block backward: dx per row in one pass; dW/dB partial sums over this program's rows."""
     if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
@@ -299,6 +312,8 @@ def _norm_bwd_kernel(
             dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
         tl.store(DX + (r64 * N)[:, None] + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if HAS_W:
+            if CAST_BEFORE_W:  # dx above uses the exact xhat (the rounding passes gradients through)
+                xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
             dw_acc += dy * xhat
         if HAS_B:
             db_acc += dy
@@ -356,6 +371,7 @@ def _norm_bwd_loop_kernel(
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     BLOCK_N: tl.constexpr,  # column chunk
+    CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_bwd_kernel
 ):
     """Wide-row backward pass 2: column chunks outside, the program's rows inside; dx + dW/dB partials."""
     if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
@@ -394,6 +410,8 @@ def _norm_bwd_loop_kernel(
                 dx = (g - xhat * c1 - c2) * rstd
             tl.store(DX + r64 * N + c, dx.to(DX.dtype.element_ty), mask=cm)
             if HAS_W:
+                if CAST_BEFORE_W:
+                    xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
                 dw_acc += dy * xhat
             if HAS_B:
                 db_acc += dy
@@ -529,12 +547,13 @@ _BWD_PLANS: dict[tuple, _BwdPlan] = {}
 
 
 def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k: int,
-              has_w: bool, has_b: bool, is_rms: bool, store_stats: bool = True) -> _FwdPlan:
-    key = (shape, stride, dtype, k, has_w, has_b, is_rms, store_stats, override_epoch())
+              has_w: bool, has_b: bool, is_rms: bool, store_stats: bool = True,
+              cast_before_w: bool = False) -> _FwdPlan:
+    key = (shape, stride, dtype, k, has_w, has_b, is_rms, store_stats, cast_before_w, override_epoch())
     try:
         plan = _FWD_PLANS.get(key)
     except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
-        return _fwd_plan(concrete(shape), concrete(stride), dtype, k, has_w, has_b, is_rms, store_stats)
+        return _fwd_plan(concrete(shape), concrete(stride), dtype, k, has_w, has_b, is_rms, store_stats, cast_before_w)
     if plan is not None:
         return plan
     m, n, sx = _row_layout(shape, stride, k)
@@ -546,7 +565,9 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
         n_pow2 = next_power_of_2(n)
         single, block, warps = _fwd_config(n_pow2, dtype.itemsize)
         plan.ints = (m, n, n if sx is None else sx)
-        meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, STORE_STATS=store_stats, num_warps=warps)
+        # CAST_BEFORE_W always passed: Kernel binds its fast launch only when every constexpr is in meta.
+        meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, STORE_STATS=store_stats, CAST_BEFORE_W=cast_before_w,
+                    num_warps=warps)
         if single:
             plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), check=(0, 2, 3), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
         else:
@@ -558,13 +579,13 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
 
 
 def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int, ...], dtype: torch.dtype,
-              k: int, has_w: bool, has_b: bool, is_rms: bool, device_index: int) -> _BwdPlan:
-    key = (shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, override_epoch())
+              k: int, has_w: bool, has_b: bool, is_rms: bool, device_index: int, cast_before_w: bool = False) -> _BwdPlan:
+    key = (shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w, override_epoch())
     try:
         plan = _BWD_PLANS.get(key)
     except TypeError:  # symbolic sizes: plan for their values
         return _bwd_plan(concrete(shape), concrete(x_stride), concrete(dy_stride), dtype, k, has_w, has_b, is_rms,
-                         device_index)
+                         device_index, cast_before_w)
     if plan is not None:
         return plan
     m, n, sx = _row_layout(shape, x_stride, k)
@@ -585,7 +606,7 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     plan.g = g
     plan.nparts = (int(has_w) + int(has_b)) * g * n
     plan.ints = (m, n, sx, sdy, rows_per_prog)
-    meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, num_warps=warps)
+    meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, CAST_BEFORE_W=cast_before_w, num_warps=warps)
     stages = _bwd_stages(n_pow2, dtype.itemsize)
     if stages:
         meta["num_stages"] = stages
@@ -617,15 +638,21 @@ def norm_forward(
     eps: float,
     is_rms: bool,
     store_stats: bool = True,
+    cast_before_w: bool = False,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Launch the forward over the last ``k`` dims.
 
     Returns (y contiguous, stats): stats is one float32 buffer holding the row means [0, M) then the row
     1/std [M, 2M) (RMSNorm: 1/std only, [M]); the backward takes it as is.  ``store_stats=False`` (a
-    forward no backward will follow) writes no statistics and returns None for them.
+    forward no backward will follow) writes no statistics and returns None for them.  ``cast_before_w``:
+    round the normalized row to x's dtype before multiplying by the weight (the order of Hugging Face's
+    Llama-family RMSNorm); ``out_dtype``: y's dtype (default x's).
     """
-    plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, store_stats)
-    y = torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, store_stats,
+                     cast_before_w)
+    y_dtype = x.dtype if out_dtype is None else out_dtype
+    y = torch.empty_like(x, dtype=y_dtype) if x.is_contiguous() else torch.empty(x.shape, dtype=y_dtype, device=x.device)
     stats = torch.empty((plan.nstats,), dtype=torch.float32, device=x.device) if store_stats else y
     if plan.kernel is None:
         return y, (stats if store_stats else None)
@@ -646,12 +673,14 @@ def norm_backward(
     stats: torch.Tensor,
     k: int,
     is_rms: bool,
+    cast_before_w: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Launch the backward; returns (dx, dw, db), dw / db None when there is no weight / bias.
 
     Allocations: dx, dw, db (no fill: every element is written), one float32 buffer of the G partial
     rows of dW then dB (no fill: each of the G programs writes its rows) and, for wide rows, the [M, 2]
     row terms.  Launches: the dx + partials kernel and the fixed-order reduction of the partials.
+    ``cast_before_w`` as in ``norm_forward`` (dW then sums dy times the rounded xhat).
     """
     has_w, has_b = weight is not None, bias is not None
     dx = torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -661,7 +690,7 @@ def norm_backward(
         return dx, dw, db
     if dy.dtype != x.dtype:
         dy = dy.to(x.dtype)
-    plan = _bwd_plan(x.shape, x.stride(), dy.stride(), x.dtype, k, has_w, has_b, is_rms, x.get_device())
+    plan = _bwd_plan(x.shape, x.stride(), dy.stride(), x.dtype, k, has_w, has_b, is_rms, x.get_device(), cast_before_w)
     if plan.copy_x:
         x = x.contiguous()
     if plan.copy_dy:

@@ -1,0 +1,88 @@
+"""What attention dropout costs inside the kernels: fused_attention fwd and fwd+bwd with dropout_p = 0
+against 0.1, bf16, on the shapes of the acceptance models (and SDPA's own cost of dropout beside it).
+
+    python benchmarks/bench_attention_dropout.py --out $OUT      # writes dropout_<gpu>.json / .md
+
+Timing: triton.testing.do_bench (CUDA events, L2 flushed), median; eager calls (host included), the same
+way for every row.  SDPA with dropout runs PyTorch's flash kernel (its Philox dropout) where it applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+SHAPES = [  # (name, B, Hq, Hkv, S, D, causal)
+    ("gpt2 12x64 S1024", 8, 12, 12, 1024, 64, True),
+    ("llama 16/4x64 S2048", 4, 16, 4, 2048, 64, True),
+    ("vit 12x64 S197", 64, 12, 12, 197, 64, False),
+    ("S4096 D128 causal", 4, 16, 16, 4096, 128, True),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--p", type=float, default=0.1)
+    args = ap.parse_args()
+    from triton.testing import do_bench
+
+    from benchmarks.bench_models import gpu_tag
+    from fused_layers import fused_attention
+
+    rows = []
+    for name, B, Hq, Hkv, S, D, causal in SHAPES:
+        q = torch.randn(B, Hq, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        g = torch.randn(B, Hq, S, D, device="cuda", dtype=torch.bfloat16)
+        gqa = Hq != Hkv
+        row = {"shape": name}
+        for impl, fn in (("fused", fused_attention), ("sdpa", F.scaled_dot_product_attention)):
+            for p in (0.0, args.p):
+                def fwd():
+                    return fn(q, k, v, None, p, causal, enable_gqa=gqa)
+
+                def fb():
+                    torch.autograd.grad(fwd(), (q, k, v), g)
+
+                try:
+                    row[f"{impl}_fwd_p{p}"] = do_bench(fwd, warmup=5, rep=40)
+                    row[f"{impl}_fb_p{p}"] = do_bench(fb, warmup=5, rep=40)
+                except Exception as e:  # noqa: BLE001 - e.g. SDPA without a dropout-capable kernel for GQA
+                    row[f"{impl}_p{p}_error"] = f"{type(e).__name__}: {e}"[:200]
+        for impl in ("fused", "sdpa"):
+            for part in ("fwd", "fb"):
+                a, b = row.get(f"{impl}_{part}_p0.0"), row.get(f"{impl}_{part}_p{args.p}")
+                if a and b:
+                    row[f"{impl}_{part}_dropout_cost"] = b / a - 1
+        rows.append(row)
+        print(row, flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"dropout_{gpu_tag()}"
+    stem.with_suffix(".json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "p": args.p, "rows": rows}, indent=1))
+    f = lambda r, key: "-" if key not in r else f"{r[key]:.3f}"  # noqa: E731
+    c = lambda r, key: "-" if key not in r else f"{r[key]:+.1%}"  # noqa: E731
+    lines = [f"# Attention dropout cost (p = {args.p}), bf16, {torch.cuda.get_device_name()}", "",
+             "| shape | fused fwd ms p=0 / p | fused fwd+bwd ms p=0 / p | fused cost fwd / fwd+bwd | SDPA cost fwd / fwd+bwd |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['shape']} | {f(r, 'fused_fwd_p0.0')} / {f(r, f'fused_fwd_p{args.p}')} | "
+                     f"{f(r, 'fused_fb_p0.0')} / {f(r, f'fused_fb_p{args.p}')} | "
+                     f"{c(r, 'fused_fwd_dropout_cost')} / {c(r, 'fused_fb_dropout_cost')} | "
+                     f"{c(r, 'sdpa_fwd_dropout_cost')} / {c(r, 'sdpa_fb_dropout_cost')} |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

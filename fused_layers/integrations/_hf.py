@@ -1,0 +1,422 @@
+"""Hugging Face transformers: RMSNorm look-alikes and the attention implementation "fused_layers".
+
+Norms (matched by forward fingerprint, see the package docstring; the verified forwards are below):
+
+* ``LlamaRMSNorm`` and its copies: ``weight * (x.float() * rsqrt(mean(x^2) + variance_epsilon)).to(x.dtype)``
+  -> ``fused_rms_norm_variant(cast_before_weight=True)``: h is rounded to x's dtype *before* the weight
+  multiply, y in the promoted dtype, exactly that order.
+* ``T5LayerNorm`` (RMS, no mean; rounds h to the weight's dtype only when that is half precision) ->
+  ``cast_before_weight = weight is half``.
+* ``GemmaRMSNorm``: ``(h * (1 + weight.float())).type_as(x)`` -> the same kernels with the weight
+  ``1 + weight.float()`` (an N-element op; its gradient is the weight's), multiply in float32, one
+  rounding to x's dtype: the same order as Gemma's.
+
+A call the kernels cannot take (a weight in a third dtype, a device Triton cannot run on) runs the
+class's own forward.
+
+Attention.  ``register()`` adds "fused_layers" to transformers' ``AttentionInterface`` (the function
+``fused_attention_forward``) and to ``AttentionMaskInterface`` (the mask function is SDPA's own, so the
+masks a model builds are exactly those ``sdpa`` gets: ``None`` for causal without padding, else a 4-D
+boolean mask).  ``swap_modules`` gives each attention module that calls ``ALL_ATTENTION_FUNCTIONS`` a
+fused subclass and switches the model to "fused_layers" with the model's own
+``set_attn_implementation``; ``restore_modules`` switches back to what it was when the last one is
+restored.  The registered function runs our kernels for modules of a fused subclass (inside their
+forward) and SDPA for any other module, so a model whose layers are partly restored (``policy=faster``)
+is right everywhere.
+
+What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding
+mask, or causal (Sq == Sk) AND a key-padding mask (decomposed once per mask tensor, the model passes the
+same tensor to every layer); GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
+repeated); ``scaling``; attention dropout in training.  Anything else -- sliding windows, soft-capping,
+attention sinks, position biases, other masks, ``output_attentions`` -- runs SDPA after one warning.
+Where the project's attention modules call SDPA because cuDNN is measured faster (``prefer_sdpa``: dense,
+no mask, MHA, head dim 64/128 on Hopper), so does this function.
+A query row whose keys are all masked (a padded query under causal + left padding) gives 0, as SDPA
+does with the boolean masks transformers builds; with a finite additive mask SDPA would average over
+all keys there instead (a row no loss reads).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import weakref
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from ..ops._common import warn_once
+from ..ops.norm_variants import fused_rms_norm_variant, variant_supported
+from . import REGISTRY, LookAlike
+
+IMPL = "fused_layers"  #: the name registered in transformers' AttentionInterface
+
+# --------------------------------------------------------------------------------------------------
+# Norms.  The forwards below are copied from transformers 5.24 (models/llama, models/t5, models/gemma);
+# a class matches only when its forward compiles to the same code.
+# --------------------------------------------------------------------------------------------------
+LLAMA_RMS_FORWARD = '''
+def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return self.weight * hidden_states.to(input_dtype)
+'''
+
+T5_NORM_FORWARD = '''
+def forward(self, hidden_states):
+    # T5 uses a layer_norm which only scales and doesn't shift, which is also known as Root Mean
+    # Square Layer Normalization https://huggingface.co/papers/1910.07467 thus variance is calculated
+    # w/o mean and there is no bias. Additionally we want to make sure that the accumulation for
+    # half-precision inputs is done in fp32
+
+    variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+
+    # convert into half-precision if necessary
+    if self.weight.dtype in [torch.float16, torch.bfloat16]:
+        hidden_states = hidden_states.to(self.weight.dtype)
+
+    return self.weight * hidden_states
+'''
+
+GEMMA_RMS_FORWARD = '''
+def forward(self, x):
+    output = self._norm(x.float())
+    # Llama does x.to(float16) * w whilst Gemma is (x * w).to(float16)
+    # See https://github.com/huggingface/transformers/pull/29402
+    output = output * (1.0 + self.weight.float())
+    return output.type_as(x)
+'''
+
+GEMMA_NORM_HELPER = '''
+def forward(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+'''
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _needs(*names: str):
+    def check(m: nn.Module) -> Optional[str]:
+        missing = [n for n in names if not hasattr(m, n)]
+        if missing:
+            return f"missing attribute(s) {missing}"
+        w = getattr(m, "weight", None)
+        if not isinstance(w, torch.Tensor) or w.dim() != 1:
+            return "weight is not a 1-D tensor"
+        return None
+    return check
+
+
+def _build_llama(cls: type) -> dict:
+    source_forward = cls.forward
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not variant_supported(hidden_states, self.weight):
+            return source_forward(self, hidden_states)
+        return fused_rms_norm_variant(hidden_states, self.weight, self.variance_epsilon, cast_before_weight=True)
+
+    return {"forward": forward}
+
+
+def _build_t5(cls: type) -> dict:
+    source_forward = cls.forward
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if not variant_supported(hidden_states, w):
+            return source_forward(self, hidden_states)
+        return fused_rms_norm_variant(hidden_states, w, self.variance_epsilon, cast_before_weight=w.dtype in _HALF)
+
+    return {"forward": forward}
+
+
+def _gemma_check(m: nn.Module) -> Optional[str]:
+    why = _needs("weight", "eps")(m)
+    if why:
+        return why
+    from . import fingerprint, _compile_forward
+    norm = type(m).__dict__.get("_norm") or getattr(type(m), "_norm", None)
+    if norm is None or fingerprint(norm) != _compile_forward(GEMMA_NORM_HELPER):
+        return "its _norm differs from GemmaRMSNorm's (not verified)"
+    return None
+
+
+def _build_gemma(cls: type) -> dict:
+    source_forward = cls.forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not variant_supported(x, self.weight):
+            return source_forward(self, x)
+        w1 = 1.0 + self.weight.float()  # float32 [N]; the gradient flows back to the weight
+        return fused_rms_norm_variant(x, w1, self.eps, cast_before_weight=False, keep_input_dtype=True)
+
+    return {"forward": forward}
+
+
+REGISTRY.extend([
+    LookAlike("hf_llama_rms_norm", "transformers", "rms_norm", "transformers.models.llama.modeling_llama.LlamaRMSNorm",
+              _build_llama, forward_src=LLAMA_RMS_FORWARD, check=_needs("weight", "variance_epsilon"),
+              note="Llama-family RMSNorm (cast to the input dtype, then weight)"),
+    LookAlike("hf_t5_layer_norm", "transformers", "rms_norm", "transformers.models.t5.modeling_t5.T5LayerNorm",
+              _build_t5, forward_src=T5_NORM_FORWARD, check=_needs("weight", "variance_epsilon"),
+              note="T5 LayerNorm (RMS, no mean; cast to a half weight's dtype, then weight)"),
+    LookAlike("hf_gemma_rms_norm", "transformers", "rms_norm", "transformers.models.gemma.modeling_gemma.GemmaRMSNorm",
+              _build_gemma, forward_src=GEMMA_RMS_FORWARD, check=_gemma_check,
+              note="Gemma RMSNorm (x * (1 + weight), float32, then cast)"),
+])
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention
+# --------------------------------------------------------------------------------------------------
+_ACTIVE: list[nn.Module] = []  # the fused HF attention modules whose forward is running (innermost last)
+
+
+def _is_hf_attention(cls: type) -> bool:
+    if not cls.__module__.startswith("transformers.models."):
+        return False
+    fwd = cls.__dict__.get("forward")
+    try:
+        fwd = inspect.unwrap(fwd) if fwd is not None else None  # transformers decorates some forwards
+    except ValueError:
+        return False
+    code = getattr(fwd, "__code__", None)
+    return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
+
+
+def _attention_check(m: nn.Module) -> Optional[str]:
+    cfg = getattr(m, "config", None)
+    if cfg is None or not hasattr(cfg, "_attn_implementation"):
+        return "no config with an attention implementation"
+    return None
+
+
+def _build_attention(cls: type) -> dict:
+    source_forward = cls.forward
+
+    def forward(self, *args: Any, **kwargs: Any):
+        _ACTIVE.append(self)
+        try:
+            return source_forward(self, *args, **kwargs)
+        finally:
+            _ACTIVE.pop()
+
+    def _fused_ledger_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """For the speedup ledger, which replays recorded calls: no KV cache (a stateful object that each
+        call would grow, holding tensors of the recorded step's graph)."""
+        cache_mod = sys.modules.get("transformers.cache_utils")
+        base = getattr(cache_mod, "Cache", ()) if cache_mod is not None else ()
+        kwargs = {k: (None if base and isinstance(v, base) else v) for k, v in kwargs.items()}
+        if "use_cache" in kwargs:
+            kwargs["use_cache"] = False
+        return tuple(None if base and isinstance(a, base) else a for a in args), kwargs
+
+    return {"forward": forward, "_fused_ledger_inputs": staticmethod(_fused_ledger_inputs)}
+
+
+REGISTRY.append(
+    LookAlike("hf_attention", "transformers", "attention", "transformers.models.llama.modeling_llama.LlamaAttention",
+              _build_attention, predicate=_is_hf_attention, check=_attention_check,
+              note="attention through transformers' AttentionInterface ('fused_layers')"),
+)
+
+_registered = [False]
+
+
+def register() -> None:
+    """Register "fused_layers" in transformers' attention and attention-mask interfaces (idempotent)."""
+    if _registered[0]:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(IMPL, fused_attention_forward)
+    AttentionMaskInterface.register(IMPL, sdpa_mask)
+    _registered[0] = True
+
+
+def _sdpa(*args, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(*args, **kwargs)
+
+
+# One slot: the decomposition of the last mask tensor seen (a model passes the same tensor to every layer).
+_MASK_CACHE: list = [None, None, None]  # [weakref to mask, its _version, result]
+
+
+def _tril(sq: int, sk: int, device) -> torch.Tensor:
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
+
+
+def decompose_mask(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch.Tensor, bool]]:
+    """(key mask shaped (B|1, H|1, 1, Sk), causal) equivalent to a 4-D SDPA-style ``mask``, or None.
+
+    ``mask`` is boolean (True keeps) or additive (float: 0 keeps, a large negative value or -inf drops).
+    It decomposes when every query row equals the last one (a key-padding mask), or when Sq == Sk and it
+    is the causal mask AND the last row (causal's last row keeps every key, so the last row is the key
+    mask).  One comparison over the mask; the result is cached for the same tensor.
+    """
+    if mask.dim() != 4 or mask.shape[-1] != sk or mask.shape[-2] not in (1, sq) or mask.requires_grad:
+        return None
+    ref, ver, res = _MASK_CACHE
+    if ref is not None and ref() is mask and ver == mask._version:
+        return res
+    res = _decompose(mask, sq, sk)
+    try:
+        _MASK_CACHE[:] = [weakref.ref(mask), mask._version, res]
+    except TypeError:
+        pass
+    return res
+
+
+def _decompose(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch.Tensor, bool]]:
+    last = mask[:, :, -1:, :]
+    if mask.dtype != torch.bool:  # a dropped key (finfo.min, as transformers' eager masks) becomes -inf
+        last = last.masked_fill(last <= torch.finfo(mask.dtype).min / 2, float("-inf"))
+    if mask.shape[-2] == 1 or torch.equal(mask, mask[:, :, -1:, :].expand_as(mask)):
+        return last, False
+    if sq != sk:
+        return None
+    tril = _tril(sq, sk, mask.device)
+    if mask.dtype == torch.bool:
+        expect = last & tril
+        return (last, True) if torch.equal(mask, expect.expand_as(mask)) else None
+    # additive: the lower triangle must equal the key bias, the upper triangle must drop the key
+    key = mask[:, :, -1:, :].expand_as(mask)
+    if not torch.equal(torch.where(tril, mask, key), key):
+        return None
+    dropped = torch.finfo(mask.dtype).min / 2
+    up = torch.where(tril, torch.full_like(mask, float("-inf")), mask)
+    if bool((up > dropped).any()):
+        return None
+    return last, True
+
+
+def fused_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function convention: q (B, Hq, Sq, D), k / v (B, Hkv, Sk, D), returns
+    ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, SDPA otherwise (see module docstring)."""
+    if not (_ACTIVE and _ACTIVE[-1] is module):
+        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+    why = None
+    if kwargs.get("softcap") is not None:
+        why = "soft-capping"
+    elif kwargs.get("sliding_window") is not None:
+        why = "a sliding window"
+    elif kwargs.get("position_bias") is not None:
+        why = "a position bias"
+    elif kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+        why = "attention sinks"
+    elif kwargs.get("output_attentions"):
+        why = "output_attentions=True"
+    elif query.shape[-1] != value.shape[-1] or query.shape[-1] > 256:
+        why = f"head dims q {query.shape[-1]} / v {value.shape[-1]}"
+    sq, sk = query.shape[2], key.shape[2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    kmask = None
+    if why is None and attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor):
+            why = f"a {type(attention_mask).__name__} mask"
+        else:
+            dec = decompose_mask(attention_mask, sq, sk)
+            if dec is None:
+                why = "a mask that is neither key padding nor causal + key padding"
+            else:
+                kmask, causal = dec
+    if why is not None:
+        warn_once(f"hf_attention:{why}", f"fused_layers attention: {why} is not fused; using SDPA for these calls.")
+        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+    if attention_mask is None:
+        # SDPA's rule (transformers' sdpa_attention_forward): causal only with several queries and no mask;
+        # with more keys than queries (prefill of an empty static cache) the extra keys are cropped.
+        causal = bool(sq > 1 and causal)
+        if causal and sk > sq:
+            key, value = key[:, :, :sq], value[:, :, :sq]
+    from ..ops.attention import fused_attention, prefer_sdpa
+
+    if kmask is None and prefer_sdpa(query, key, None):  # where cuDNN is measured faster, as FusedAttention does
+        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+    gqa = query.shape[1] != key.shape[1]
+    out = fused_attention(query, key, value, attn_mask=kmask, dropout_p=float(dropout), is_causal=causal, scale=scaling,
+                          enable_gqa=gqa)
+    return out.transpose(1, 2).contiguous(), None
+
+
+# --------------------------------------------------------------------------------------------------
+# Model-level switch (called by swap_modules / restore_modules)
+# --------------------------------------------------------------------------------------------------
+PREV_ATTR = "_fused_layers_prev_attn"
+
+
+def _pretrained_roots(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The outermost transformers PreTrainedModel instances in ``model`` (name, module)."""
+    mu = sys.modules.get("transformers.modeling_utils")
+    if mu is None:
+        return []
+    base = mu.PreTrainedModel
+    roots: list[tuple[str, nn.Module]] = []
+    for name, m in model.named_modules():
+        if isinstance(m, base) and not any(name == r or name.startswith(r + ".") or r == "" for r, _ in roots):
+            roots.append((name, m))
+    return roots
+
+
+def _under(name: str, root: str) -> bool:
+    return root == "" or name == root or name.startswith(root + ".")
+
+
+def switch_models(model: nn.Module, attention_names: list[str]) -> dict[str, str]:
+    """Switch the PreTrainedModels that hold the fused attention modules ``attention_names`` to
+    "fused_layers"; returns {attention module name: reason} for those that could not be switched."""
+    failed: dict[str, str] = {}
+    if not attention_names:
+        return failed
+    register()
+    roots = _pretrained_roots(model)
+    modules = dict(model.named_modules())
+    for name in attention_names:
+        owner = next((r for r in roots if _under(name, r[0])), None)
+        if owner is None:
+            failed[name] = "not inside a transformers PreTrainedModel (its attention implementation cannot be set)"
+            continue
+        rname, root = owner
+        if PREV_ATTR not in root.__dict__:
+            prev = root.config._attn_implementation
+            try:
+                root.set_attn_implementation(IMPL)
+            except Exception as e:  # noqa: BLE001 - any refusal: leave this model alone
+                failed[name] = f"set_attn_implementation refused: {type(e).__name__}: {e}"
+                continue
+            root.__dict__[PREV_ATTR] = prev
+        cfg = getattr(modules[name], "config", None)
+        if getattr(cfg, "_attn_implementation", None) != IMPL:
+            failed[name] = f"its config's attention implementation stayed {getattr(cfg, '_attn_implementation', None)!r}"
+    return failed
+
+
+def unswitch_models(model: nn.Module) -> None:
+    """Switch back every PreTrainedModel in ``model`` that no longer holds a fused attention module."""
+    roots = _pretrained_roots(model)
+    if not roots:
+        return
+    fused = [n for n, m in model.named_modules() if getattr(type(m), "_fused_layers_lookalike", None) == "hf_attention"]
+    for rname, root in roots:
+        prev = root.__dict__.get(PREV_ATTR)
+        if prev is None or any(_under(n, rname) for n in fused):
+            continue
+        root.set_attn_implementation(prev)
+        root.__dict__.pop(PREV_ATTR, None)

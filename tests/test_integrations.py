@@ -1,0 +1,652 @@
+"""Known third-party look-alikes (fused_layers.integrations): each entry against its library's own forward
+and backward; HF attention through AttentionInterface; SDPA callers (timm, nanoGPT style).
+
+Tiny models built from configs (no download).  transformers / timm tests skip when the library cannot be
+imported (timm needs torchvision, which imports only beside its own torch build; see README, "CI").
+CPU: Triton interpreter, tens of rows.  The same tests run on CUDA where marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fused_layers import integrations, restore_modules, swap_modules
+from fused_layers.integrations import _sdpa
+from fused_layers.ops import attention as attn_ops
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _lib(name):
+    try:
+        return importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - e.g. timm without an importable torchvision
+        return e
+
+
+transformers = _lib("transformers")
+timm = _lib("timm")
+needs_hf = pytest.mark.skipif(isinstance(transformers, Exception), reason=f"transformers not importable: {transformers}")
+needs_timm = pytest.mark.skipif(isinstance(timm, Exception), reason=f"timm not importable: {timm}")
+
+
+def _dev(device):
+    if device == "cuda" and not HAS_CUDA:
+        pytest.skip("needs CUDA")
+    return torch.device(device)
+
+
+def _import(path):
+    mod, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(mod), name)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts the calls that reach the fused attention kernels' entry point."""
+    calls = []
+    real = attn_ops.fused_attention
+
+    def wrapped(*a, **k):
+        calls.append(k)
+        return real(*a, **k)
+
+    monkeypatch.setattr(attn_ops, "fused_attention", wrapped)
+    return calls
+
+
+def _ulp_tol(dtype):
+    # The interpreter rounds float32 -> bfloat16 by truncation (the GPU rounds to nearest), so bf16 gets 2 ulps.
+    return {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (3e-2, 2 * 2**-7)}[dtype]
+
+
+def _check_module_pair(ref_mod, fused_mod, x, atol_rtol):
+    """Outputs and every gradient (input and parameters) of two modules with the same parameters."""
+    xr = x.detach().clone().requires_grad_()
+    xf = x.detach().clone().requires_grad_()
+    yr, yf = ref_mod(xr), fused_mod(xf)
+    assert yf.dtype == yr.dtype and yf.shape == yr.shape
+    atol, rtol = atol_rtol
+    torch.testing.assert_close(yf.float(), yr.float(), atol=atol, rtol=rtol)
+    g = torch.randn_like(yr)
+    gr = torch.autograd.grad(yr, [xr, *ref_mod.parameters()], g)
+    gf = torch.autograd.grad(yf, [xf, *fused_mod.parameters()], g)
+    for a, b in zip(gf, gr):
+        assert a.dtype == b.dtype
+        scale = max(1.0, b.float().abs().max().item())
+        torch.testing.assert_close(a.float(), b.float(), atol=atol * scale * 4, rtol=rtol * 4)
+
+
+def _twin(mod):
+    """A deep copy (same parameter values), swapped; the original stays the reference."""
+    import copy
+
+    other = copy.deepcopy(mod)
+    rep = swap_modules(other)
+    assert rep.swapped, str(rep)
+    return other, rep
+
+
+# ==================================================================================================
+# Registry
+# ==================================================================================================
+@needs_hf
+def test_llama_family_copies_match_by_fingerprint():
+    names = [
+        "mistral.modeling_mistral.MistralRMSNorm", "qwen2.modeling_qwen2.Qwen2RMSNorm",
+        "qwen3.modeling_qwen3.Qwen3RMSNorm", "phi3.modeling_phi3.Phi3RMSNorm", "mixtral.modeling_mixtral.MixtralRMSNorm",
+    ]
+    for n in names:
+        try:
+            cls = _import("transformers.models." + n)
+        except (ImportError, AttributeError):
+            continue
+        e = integrations.match(cls)
+        assert e is not None and e.name == "hf_llama_rms_norm", n
+    # classes that compute something else are not matched
+    gemma = _import("transformers.models.gemma.modeling_gemma.GemmaRMSNorm")
+    assert integrations.match(gemma).name == "hf_gemma_rms_norm"
+    assert integrations.match(nn.Linear) is None
+
+
+@needs_hf
+def test_changed_forward_is_not_matched():
+    base = _import("transformers.models.llama.modeling_llama.LlamaRMSNorm")
+
+    class Tweaked(base):
+        def forward(self, hidden_states):
+            input_dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(torch.float32)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+            return (self.weight * hidden_states).to(input_dtype)  # Gemma-like order: not the verified forward
+
+    Tweaked.__module__ = base.__module__  # looks like a transformers class, computes something else
+    assert integrations.match(Tweaked) is None
+
+
+def test_every_entry_names_a_kind():
+    from fused_layers.swap import KINDS
+
+    assert {e.kind for e in integrations.REGISTRY} <= set(KINDS)
+    assert len({e.name for e in integrations.REGISTRY}) == len(integrations.REGISTRY)
+
+
+# ==================================================================================================
+# HF norms against the library's own forward / backward
+# ==================================================================================================
+HF_NORMS = [
+    ("transformers.models.llama.modeling_llama.LlamaRMSNorm", "ones"),
+    ("transformers.models.t5.modeling_t5.T5LayerNorm", "ones"),
+    ("transformers.models.gemma.modeling_gemma.GemmaRMSNorm", "zeros"),
+]
+DTYPES = [  # (x dtype, weight dtype)
+    (torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+    (torch.bfloat16, torch.float32),
+]
+
+
+@needs_hf
+@pytest.mark.parametrize("path,_init", HF_NORMS, ids=[p.rsplit(".", 1)[1] for p, _ in HF_NORMS])
+@pytest.mark.parametrize("xd,wd", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("device", DEVICES)
+def test_hf_norm_matches_library(path, _init, xd, wd, device):
+    dev = _dev(device)
+    cls = _import(path)
+    n = 67  # prime width
+    ref = cls(n, eps=1e-5).to(device=dev, dtype=wd)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(n) * 0.3 + (0.0 if _init == "zeros" else 1.0))
+    fused, rep = _twin(ref)
+    assert rep.swapped[0].via.startswith("known: ")
+    x = (torch.randn(3, 5, n) * 2 + 0.5).to(device=dev, dtype=xd)
+    _check_module_pair(ref, fused, x, _ulp_tol(xd if xd != torch.float32 else wd))
+
+
+@needs_hf
+def test_llama_order_exact_in_float16():
+    """float16 rounds the same on the interpreter and the GPU: the Llama order is matched bit for bit
+    (multiplying before the cast, as nn.RMSNorm does, differs)."""
+    cls = _import("transformers.models.llama.modeling_llama.LlamaRMSNorm")
+    ref = cls(96).half()
+    with torch.no_grad():
+        ref.weight.copy_(torch.rand(96) * 3)
+    fused, _ = _twin(ref)
+    x = torch.randn(16, 96, dtype=torch.float16) * 3
+    yr, yf = ref(x), fused(x)
+    assert torch.equal(yr, yf)
+    w_first = F.rms_norm(x.float(), (96,), ref.weight.float(), 1e-6).half()
+    assert not torch.equal(w_first, yr)  # the test would catch the other order
+
+
+@needs_hf
+def test_gemma_weight_offset_and_restore():
+    cls = _import("transformers.models.gemma.modeling_gemma.GemmaRMSNorm")
+    ref = cls(40).to(torch.bfloat16)
+    fused, rep = _twin(ref)
+    assert type(fused).__name__ == "FusedGemmaRMSNorm" and isinstance(fused, cls)
+    x = torch.randn(4, 40, dtype=torch.bfloat16)
+    torch.testing.assert_close(fused(x).float(), ref(x).float(), atol=3e-2, rtol=2 * 2**-7)
+    restore_modules(fused)
+    assert type(fused) is cls
+
+
+@needs_hf
+def test_hf_norm_state_dict_and_params_unchanged():
+    cls = _import("transformers.models.llama.modeling_llama.LlamaRMSNorm")
+    m = cls(32)
+    w = m.weight
+    keys = list(m.state_dict())
+    swap_modules(m)
+    assert m.weight is w and list(m.state_dict()) == keys and isinstance(m, cls)
+    restore_modules(m)
+    assert type(m) is cls
+
+
+@needs_hf
+def test_hf_norm_unsupported_call_runs_library_forward():
+    cls = _import("transformers.models.llama.modeling_llama.LlamaRMSNorm")
+    ref = cls(16).to(torch.bfloat16)
+    fused, _ = _twin(ref)
+    x = torch.randn(3, 16, dtype=torch.float32)  # fp32 input, bf16 weight: not a kernel mix
+    assert torch.equal(fused(x), ref(x))
+
+
+# ==================================================================================================
+# mapping with attribute aliases
+# ==================================================================================================
+class MyRMS(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.scale = nn.Parameter(torch.rand(n) + 0.5)
+        self.variance_epsilon = 1e-4
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.scale, self.variance_epsilon)
+
+
+def test_mapping_aliases():
+    from fused_layers import FusedRMSNorm
+
+    ref = MyRMS(24)
+    import copy
+
+    m = copy.deepcopy(ref)
+    with pytest.raises(ValueError, match="missing attribute"):
+        raise ValueError(swap_modules(copy.deepcopy(ref), mapping={MyRMS: "rms_norm"}).skipped[0].reason)
+    rep = swap_modules(m, mapping={MyRMS: ("rms_norm", {"eps": "variance_epsilon", "weight": "scale"})})
+    assert rep.counts() == {"rms_norm": 1} and isinstance(m, FusedRMSNorm) and rep.swapped[0].via == "mapping"
+    assert m.eps == 1e-4
+    m.eps = 1e-3  # writes go to the aliased attribute
+    assert m.variance_epsilon == 1e-3
+    m.eps = 1e-4
+    x = torch.randn(5, 24)
+    _check_module_pair(ref, m, x, _ulp_tol(torch.float32))
+    restore_modules(m)
+    assert type(m) is MyRMS and "eps" not in m.__dict__
+    # dict form, and errors that name the problem
+    m2 = copy.deepcopy(ref)
+    assert swap_modules(m2, mapping={MyRMS: {"kind": "rms_norm", "aliases": {"eps": "variance_epsilon", "weight": "scale"}}}).swapped
+    with pytest.raises(ValueError, match="'kind'"):
+        swap_modules(copy.deepcopy(ref), mapping={MyRMS: {"aliases": {}}})
+    with pytest.raises(TypeError, match="aliases"):
+        swap_modules(copy.deepcopy(ref), mapping={MyRMS: ("rms_norm", {"eps": 3})})
+    rep = swap_modules(copy.deepcopy(ref), mapping={MyRMS: ("rms_norm", {"eps": "nope", "weight": "scale"})})
+    assert not rep.swapped and "nope" in rep.skipped[0].reason
+
+
+# ==================================================================================================
+# SDPA callers: nanoGPT style (mapping) and scoping
+# ==================================================================================================
+class NanoGPTAttention(nn.Module):
+    """nanoGPT's CausalSelfAttention (flash path), shortened."""
+
+    def __init__(self, n_embd=32, n_head=4, dropout=0.0):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head, self.n_embd, self.dropout = n_head, n_embd, dropout
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class FStyleAttention(NanoGPTAttention):
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, scale=0.3)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+@pytest.mark.parametrize("cls", [NanoGPTAttention, FStyleAttention])
+def test_sdpa_caller_mapping_is_scoped(cls, spy):
+    ref = cls().eval()
+    import copy
+
+    m = copy.deepcopy(ref)
+    rep = swap_modules(m, mapping={cls: "attention"})
+    assert rep.counts() == {"attention": 1} and isinstance(m, cls)
+    x = torch.randn(2, 7, 32)
+    _check_module_pair(ref, m, x, _ulp_tol(torch.float32))
+    assert spy, "the swapped module did not reach fused_attention"
+    n = len(spy)
+    ref(x)  # the unswapped instance of the same class still calls torch's SDPA
+    assert len(spy) == n
+    assert F.scaled_dot_product_attention is _sdpa._REAL_SDPA  # nothing patched process-wide
+    restore_modules(m)
+    assert type(m) is cls
+    m(x)
+    assert len(spy) == n
+
+
+def test_mapping_attention_needs_sdpa_call():
+    class NoSDPA(nn.Module):
+        def forward(self, x):
+            return x
+
+    rep = swap_modules(nn.Sequential(NoSDPA()), mapping={NoSDPA: "attention"})
+    assert not rep.swapped and "scaled_dot_product_attention" in rep.skipped[0].reason
+
+
+def test_sdpa_fused_full_signature_matches_sdpa():
+    q, k, v = (torch.randn(2, 4, 9, 16) for _ in range(3))
+    kv = torch.randn(2, 2, 9, 16)
+    mask = torch.rand(2, 1, 1, 9) > 0.3
+    mask[..., 0] = True
+    for kw in [dict(is_causal=True), dict(attn_mask=mask), dict(scale=0.2, is_causal=True)]:
+        torch.testing.assert_close(_sdpa.sdpa_fused(q, k, v, **kw), F.scaled_dot_product_attention(q, k, v, **kw),
+                                   atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(_sdpa.sdpa_fused(q, kv, kv, enable_gqa=True),
+                               F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True), atol=2e-5, rtol=2e-5)
+
+
+# ==================================================================================================
+# HF attention
+# ==================================================================================================
+def _tiny_llama(family="llama", **over):
+    cfgs = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    }
+    cfg_cls, model_cls = (getattr(transformers, n) for n in cfgs[family])
+    kw = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=32, attn_implementation="sdpa")
+    kw.update(over)
+    return model_cls(cfg_cls(**kw))
+
+
+def _step(m, ids, mask=None):
+    m.zero_grad(set_to_none=True)
+    out = m(input_ids=ids, attention_mask=mask, labels=ids)
+    out.loss.backward()
+    return out.loss.detach(), out.logits.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+def _compare_steps(a, b, tol=2e-4):
+    la, oa, ga = a
+    lb, ob, gb = b
+    torch.testing.assert_close(lb, la, atol=tol, rtol=tol)
+    torch.testing.assert_close(ob, oa, atol=tol, rtol=tol)
+    assert ga.keys() == gb.keys()
+    for n in ga:
+        torch.testing.assert_close(gb[n], ga[n], atol=tol, rtol=tol, msg=n)
+
+
+@needs_hf
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_hf_model_swap_attention_and_norms(family, device, spy):
+    import copy
+
+    dev = _dev(device)
+    ref = _tiny_llama(family).to(dev)
+    m = copy.deepcopy(ref)
+    rep = swap_modules(m)
+    counts = rep.counts()
+    assert counts == {"attention": 2, "rms_norm": 5}, str(rep)
+    assert m.config._attn_implementation == "fused_layers"
+    assert all(e.via.startswith("known: ") for e in rep.swapped)
+    ids = torch.randint(0, 48, (2, 12), device=dev)
+    pad = torch.ones(2, 12, dtype=torch.long, device=dev)
+    pad[1, :4] = 0  # left padding
+    for mask in (None, pad):
+        spy.clear()
+        _compare_steps(_step(ref, ids, mask), _step(m, ids, mask))
+        assert len(spy) == 2 and spy[0].get("enable_gqa") and spy[0]["is_causal"]
+        assert (spy[0]["attn_mask"] is None) == (mask is None)
+    back = restore_modules(m)
+    assert len(back.swapped) == 7 and m.config._attn_implementation == "sdpa"
+
+
+@needs_hf
+def test_hf_partial_restore_keeps_the_rest(spy):
+    m = _tiny_llama()
+    swap_modules(m)
+    restore_modules(m, ["model.layers.0.self_attn"])  # what policy=faster does for a slower layer
+    assert m.config._attn_implementation == "fused_layers"
+    ids = torch.randint(0, 48, (1, 8))
+    m(input_ids=ids)
+    assert len(spy) == 1  # layer 1 fused, layer 0 back on SDPA
+    restore_modules(m)
+    assert m.config._attn_implementation == "sdpa"
+
+
+@needs_hf
+def test_hf_eager_model_switches_back_to_eager():
+    m = _tiny_llama(attn_implementation="eager")
+    assert swap_modules(m).counts()["attention"] == 2
+    assert m.config._attn_implementation == "fused_layers"
+    restore_modules(m)
+    assert m.config._attn_implementation == "eager"
+
+
+@needs_hf
+def test_hf_attention_kind_off_and_wrapper_module():
+    m = _tiny_llama()
+    rep = swap_modules(m, kinds={"attention": False, "rms_norm": True})
+    assert "attention" not in rep.counts() and m.config._attn_implementation == "sdpa"
+
+    class Wrapper(nn.Module):  # e.g. a LightningModule holding the HF model
+        def __init__(self):
+            super().__init__()
+            self.model = _tiny_llama()
+
+    w = Wrapper()
+    assert swap_modules(w).counts()["attention"] == 2
+    assert w.model.config._attn_implementation == "fused_layers"
+    restore_modules(w)
+    assert w.model.config._attn_implementation == "sdpa"
+
+
+class _Mod(nn.Module):
+    def __init__(self, groups=1, causal=True):
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = causal
+
+
+def _active(module):
+    """Run the registered function as the fused subclass's forward would (module marked active)."""
+    from fused_layers.integrations import _hf
+
+    class _Ctx:
+        def __enter__(self):
+            _hf._ACTIVE.append(module)
+
+        def __exit__(self, *a):
+            _hf._ACTIVE.pop()
+
+    return _Ctx()
+
+
+@needs_hf
+def test_hf_attention_function_conventions(spy):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from fused_layers.integrations._hf import fused_attention_forward
+
+    B, Hq, Hkv, S, D = 2, 4, 2, 11, 16
+    q = torch.randn(B, Hq, S, D)
+    k, v = torch.randn(B, Hkv, S, D), torch.randn(B, Hkv, S, D)
+    keep = torch.ones(B, S, dtype=torch.bool)
+    keep[0, :3] = False
+    causal_pad = torch.ones(S, S, dtype=torch.bool).tril()[None, None] & keep[:, None, None, :]
+    pad_only = keep[:, None, None, :].expand(B, 1, S, S)
+    additive = torch.zeros(B, 1, S, S).masked_fill(~causal_pad, torch.finfo(torch.float32).min)
+    mod = _Mod(groups=Hq // Hkv)
+    cases = [
+        (None, dict()), (None, dict(scaling=0.25)), (causal_pad, dict()), (pad_only, dict()), (additive, dict()),
+        (None, dict(is_causal=False)),
+    ]
+    for mask, kw in cases:
+        spy.clear()
+        ref, _ = sdpa_attention_forward(mod, q, k, v, mask, **kw)
+        with _active(mod):
+            out, w = fused_attention_forward(mod, q, k, v, mask, **kw)
+        assert w is None and len(spy) == 1, (mask is None, kw)
+        if mask is additive:
+            # A query row whose keys are all dropped: 0 here (as SDPA with a boolean mask); SDPA with a finite
+            # additive mask averages over every key instead.  Padded queries only, which no loss reads.
+            live = causal_pad.any(-1).squeeze(1)  # (B, S)
+            out, ref = out[live], ref[live]
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+    # not active (a module that was not swapped, or the ledger's reference run): SDPA, no kernel call
+    spy.clear()
+    out, _ = fused_attention_forward(mod, q, k, v, causal_pad)
+    assert not spy
+
+
+@needs_hf
+def test_hf_attention_unsupported_falls_back_once(spy):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from fused_layers.integrations._hf import fused_attention_forward
+
+    q = k = v = torch.randn(1, 2, 6, 8)
+    mod = _Mod()
+    general = torch.rand(1, 1, 6, 6) > 0.5  # neither padding nor causal + padding
+    general[..., 0] = True
+    for mask, kw in [(None, dict(sliding_window=3)), (None, dict(softcap=30.0)), (general, dict())]:
+        spy.clear()
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            with _active(mod):
+                if "softcap" in kw:
+                    with pytest.raises(ValueError, match="softcap"):  # what SDPA itself says
+                        fused_attention_forward(mod, q, k, v, mask, **kw)
+                    continue
+                out, _ = fused_attention_forward(mod, q, k, v, mask, **kw)
+        assert not spy
+        torch.testing.assert_close(out, sdpa_attention_forward(mod, q, k, v, mask, **kw)[0])
+
+
+@needs_hf
+def test_hf_mask_decomposition_cached_per_tensor():
+    from fused_layers.integrations._hf import decompose_mask
+
+    S = 6
+    keep = torch.tensor([[False, True, True, True, True, True]])
+    m = torch.ones(S, S, dtype=torch.bool).tril()[None, None] & keep[:, None, None, :]
+    kmask, causal = decompose_mask(m, S, S)
+    assert causal and torch.equal(kmask[0, 0, 0], keep[0])
+    assert decompose_mask(m, S, S)[0] is kmask  # cached: every layer gets the same tensor
+    assert decompose_mask(torch.ones(1, 1, 4, S, dtype=torch.bool).tril(2), 4, S) is None  # Sq != Sk
+
+
+@needs_hf
+def test_gpt2_swap_eval_matches():
+    import copy
+
+    cfg = transformers.GPT2Config(vocab_size=48, n_embd=32, n_layer=2, n_head=4, n_positions=32, attn_implementation="sdpa")
+    ref = transformers.GPT2LMHeadModel(cfg).eval()
+    m = copy.deepcopy(ref)
+    rep = swap_modules(m)
+    assert rep.counts() == {"attention": 2, "layer_norm": 5}
+    ids = torch.randint(0, 48, (2, 10))
+    _compare_steps(_step(ref, ids), _step(m, ids))
+
+
+@needs_hf
+def test_gpt2_training_dropout_runs_in_the_kernels(spy):
+    cfg = transformers.GPT2Config(vocab_size=48, n_embd=32, n_layer=2, n_head=4, n_positions=32, attn_pdrop=0.1,
+                                  attn_implementation="sdpa")
+    m = transformers.GPT2LMHeadModel(cfg).train()
+    swap_modules(m)
+    loss, _, grads = _step(m, torch.randint(0, 48, (2, 10)))
+    assert len(spy) == 2 and all(k["dropout_p"] == pytest.approx(0.1) for k in spy)
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads.values())
+
+
+# ==================================================================================================
+# timm
+# ==================================================================================================
+@needs_timm
+@pytest.mark.parametrize("name", ["LayerNorm", "LayerNorm2d", "LayerNormFp32", "LayerNorm2dFp32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_timm_norms_match_library(name, dtype, channels_last, device):
+    dev = _dev(device)
+    cls = getattr(timm.layers.norm, name)
+    two_d = "2d" in name
+    if channels_last and not two_d:
+        pytest.skip("channels_last is a 2-D layout")
+    C = 19
+    ref = cls(C).to(dev)
+    if "Fp32" not in name:
+        ref = ref.to(dtype)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(C))
+        ref.bias.copy_(torch.randn(C))
+    fused, rep = _twin(ref)
+    assert rep.swapped[0].via.startswith("known: timm")
+    x = torch.randn(2, C, 3, 5) if two_d else torch.randn(2, 7, C)
+    x = (x * 2 + 1).to(device=dev, dtype=dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    _check_module_pair(ref, fused, x, _ulp_tol(dtype))
+    if two_d:
+        assert fused(x).stride() == ref(x).stride()
+
+
+@needs_timm
+@pytest.mark.parametrize("device", DEVICES)
+def test_timm_attention_and_vit(device, spy):
+    dev = _dev(device)
+    from timm.layers.attention import Attention
+
+    ref = Attention(32, num_heads=4, qkv_bias=True).to(dev).eval()
+    fused, rep = _twin(ref)
+    assert rep.swapped[0].via == "known: timm_attention"
+    _check_module_pair(ref, fused, torch.randn(2, 9, 32, device=dev), _ulp_tol(torch.float32))
+    assert spy
+    off = Attention(32, num_heads=4)
+    off.fused_attn = False
+    rep = swap_modules(nn.Sequential(off))
+    assert not rep.swapped and "fused_attn=False" in rep.skipped[0].reason
+
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=16, depth=2,
+                            num_classes=5).to(dev).eval()
+    rep = swap_modules(vit)
+    assert rep.counts() == {"attention": 2, "layer_norm": 5}, str(rep)
+    restore_modules(vit)
+    assert type(vit.blocks[0].attn) is Attention
+
+
+# ==================================================================================================
+# Through the Lightning callback
+# ==================================================================================================
+@needs_hf
+def test_callback_switches_hf_model_and_policy_faster_restores_attention(tmp_path, monkeypatch):
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import fused_layers.ledger as ledger_mod
+    from callbacks import FusedLayersCallback
+
+    class HFLM(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = _tiny_llama()
+
+        def training_step(self, batch, batch_idx):
+            return self.model(input_ids=batch[0], labels=batch[0]).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(torch.randint(0, 48, (8, 8))), batch_size=4)
+
+    def attention_slower(ref, fused, args, kwargs=None, params=(), kind="", modules=(), **kw):
+        # What a GPU might measure: attention loses, norms win (no interpreter timing: a fast test).
+        s = 0.5 if kind == "attention" else 2.0
+        return ledger_mod.Measurement(kind, list(modules), "", "", 1.0, 1.0 / s, 1.0, 1.0 / s, s, s, "GB/s", 0.0, 0.0, True)
+
+    monkeypatch.setattr(ledger_mod, "measure_pair", attention_slower)
+    lm = HFLM()
+    lm.model.config.use_cache = False
+    cb = FusedLayersCallback(policy="faster", warmup_steps=2, record_steps=1, max_measure_seconds=60.0)
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, callbacks=[cb], logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    trainer.fit(lm)
+    assert {r.kind for r in cb.measurements} == {"attention", "rms_norm"}
+    assert cb.report.counts() == {"rms_norm": 5}  # attention restored by the policy
+    assert lm.model.config._attn_implementation == "sdpa"  # and the model switched back
+    assert type(lm.model.model.norm).__name__ == "FusedLlamaRMSNorm"
