@@ -371,7 +371,10 @@ class FusedLayersCallback(Callback):
         else:
             self.ab_status = (f"A/B-measured ({how}): {n} round(s) of {len(ab.arms)} arms"
                               + (", training ended before all rounds" if ended_early and n < ab.rounds else ""))
-        rank_zero_info("fused_layers step-time A/B (unfused step / arm step, median over rounds):\n" + ab.format())
+        if n:
+            rank_zero_info("fused_layers step-time A/B (unfused step / arm step, median over rounds):\n" + ab.format())
+        else:
+            rank_zero_info(f"FusedLayersCallback: {self.ab_status}; no step speedup measured.")
         if self.policy == "faster" and n:
             if ab.meaningful:
                 scores = {arm: (1.0 if arm == "unfused" else r.speedup) for arm, r in results.items()}
