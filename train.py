@@ -143,7 +143,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tps = m.get("train/device/items_per_sec")
         lines = [f"[{summary['tag']}] {trainer.global_step} steps in {fit_seconds:.0f} s"
                  + (f", {tps:,.0f} tokens/s" if tps else "")
-                 + f", train/loss {m.get('train/loss', float('nan')):.4f}, val/loss {m.get('val/loss', float('nan')):.4f}",
+                 + f", train/loss {m.get('train/loss', float('nan')):.4f}"
+                 + (f", val/loss {m['val/loss']:.4f}" if "val/loss" in m else ", no validation"),
                  f"  summary:    {out_dir / 'summary.json'}"]
         for lg in loggers:
             if isinstance(lg, CSVLogger):
