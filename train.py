@@ -132,6 +132,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         raise
 
     summary = run_summary(trainer, cfg, memory, fit_seconds, fused_cb=_fused_callback(callbacks))
+    if "peak_memory_gib" in summary["metrics"]:  # this job's own peak (statistics reset at its start)
+        for lg in loggers:
+            lg.log_metrics({"peak_memory_gib": summary["metrics"]["peak_memory_gib"]}, step=trainer.global_step)
     summary["resumed_from"] = ckpt_path
     summary["checkpoint"] = str(last_ckpt) if last_ckpt else None
     if trainer.is_global_zero:

@@ -431,6 +431,11 @@ class FusedLayersCallback(Callback):
                             for a, r in ab.results.items()]
                     lg.log_table(key="fused/step_ab", columns=["arm", "fused kinds", "median step ms", "step speedup vs unfused",
                                                                 "min", "max", "within noise", "rounds"], data=rows)
+                if self.log_table and hasattr(lg, "log_table") and self.measurements:
+                    # per-module detail next to the step-time A/B of its kind (what policy=faster used)
+                    step = {k: r.speedup for k, r in ab.kind_speedups().items()} if ab is not None and ab.results else {}
+                    lg.log_table(key="fused/speedups", columns=[*TABLE_COLUMNS, "step A/B speedup of kind"],
+                                 data=[[*m.row(), None if m.kind not in step else round(step[m.kind], 4)] for m in self.measurements])
             except Exception as e:  # a logger that cannot take them must not stop training
                 log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)
 
@@ -485,7 +490,7 @@ class FusedLayersCallback(Callback):
         for lg in trainer.loggers:
             try:
                 lg.log_metrics(metrics, step=trainer.global_step)
-                if self.log_table and hasattr(lg, "log_table") and rows:
+                if self.log_table and hasattr(lg, "log_table") and rows and self.ab_rounds == 0:  # else with the A/B
                     lg.log_table(key="fused/speedups", columns=list(TABLE_COLUMNS), data=[r.row() for r in rows])
             except Exception as e:
                 log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)

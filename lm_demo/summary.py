@@ -82,6 +82,8 @@ def quiet_console() -> None:
         if not any(isinstance(f, _DropLightningTips) for f in lg.filters):
             lg.addFilter(_DropLightningTips())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    # resuming into a new run dir (by design: ckpt_path=... starts a new output dir) is not news
+    warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
 
 
 def run_summary(trainer: L.Trainer, cfg: DictConfig, memory: MemoryLogger, fit_seconds: float,

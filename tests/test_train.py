@@ -226,7 +226,7 @@ def test_failure_report_prints_seed_whatever_the_flags(tmp_path):
     (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
     (tmp_path / "test_fails.py").write_text("def test_fails():\n    assert 1 == 2\n")
     env = {**os.environ, "FUSED_TEST_SEED": "4242"}
-    for flags in (["-q"], ["-qq", "--show-capture=no", "--tb=no"], ["-q", "--tb=line", "-rN"]):
+    for flags in (["-q"], ["-qq", "--show-capture=no", "--tb=no", "-rN"]):
         r = subprocess.run([sys.executable, "-m", "pytest", "test_fails.py", "-p", "no:cacheprovider", *flags], cwd=tmp_path,
                            capture_output=True, text=True, env=env, timeout=120)
         assert r.returncode == 1, r.stdout[-2000:]
