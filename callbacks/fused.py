@@ -257,7 +257,8 @@ class FusedLayersCallback(Callback):
             "kernels_runnable": bool(self.enabled),
             "policy": self.policy,
             "restored": {n: {"kind": k, "speedup": s} for n, (k, s) in self.restored.items()},
-            "ab_status": self.ab_status,
+            "ab_status": self.ab_status if (self.report.swapped or self.restored or self.ab_status != "not run")
+            else "not run: nothing swapped",
             "kept_arm": self.kept_arm,
         }
         if self.ab is not None and self.ab.results:

@@ -483,8 +483,6 @@ class StepAB:
 
     def __init__(self, model: nn.Module, swapped: dict[str, str], rounds: int = 5, warmup_rounds: int = 1,
                  timer: Any = None, device: torch.device | str = "cpu") -> None:
-        from .swap import fused_source  # noqa: F401  (import check)
-
         self.model = model
         self.swapped = dict(swapped)  #: module name -> kind, as swapped before the A/B
         self.kinds = sorted(set(self.swapped.values()), key=list(KINDS).index)
