@@ -354,7 +354,7 @@ class FusedLayersCallback(Callback):
         if compiled:
             _raise_recompile_limit(n_arms)
         self.ab = StepAB(pl_module, swapped, rounds=rounds, warmup_rounds=self.ab_warmup_rounds,
-                         timer=self.step_timer, device=trainer.strategy.root_device)
+                         timer=self.step_timer, device=trainer.strategy.root_device, mapping=self.mapping)
         self.ab.compiled = compiled
         rank_zero_info(f"FusedLayersCallback: step-time A/B over the next {self.ab.steps} training steps "
                        f"(arms {list(self.ab.arms)}, {self.ab_warmup_rounds} warm-up + {rounds} rounds"

@@ -482,10 +482,12 @@ class StepAB:
     """
 
     def __init__(self, model: nn.Module, swapped: dict[str, str], rounds: int = 5, warmup_rounds: int = 1,
-                 timer: Any = None, device: torch.device | str = "cpu") -> None:
+                 timer: Any = None, device: torch.device | str = "cpu", mapping: dict | None = None) -> None:
         self.model = model
         self.swapped = dict(swapped)  #: module name -> kind, as swapped before the A/B
-        self.kinds = sorted(set(self.swapped.values()), key=list(KINDS).index)
+        self.mapping = dict(mapping or {})  #: swap_modules' mapping (a model's own classes), to swap them back in
+        order = list(KINDS)
+        self.kinds = sorted(set(self.swapped.values()), key=lambda k: (order.index(k) if k in order else len(order), k))
         self.arms: dict[str, list[str]] = {"unfused": [], "all": list(self.kinds)}
         if len(self.kinds) > 1:
             self.arms.update({k: [k] for k in self.kinds})
@@ -524,7 +526,7 @@ class StepAB:
             restore_modules(self.model, off)
         for kind in want - self._fused_now:
             names = [n for n, k in self.swapped.items() if k == kind]
-            swap_modules(self.model, kinds=[kind], include=[re.escape(n) for n in names])
+            swap_modules(self.model, kinds=[kind], include=[re.escape(n) for n in names], mapping=self.mapping)
         self._fused_now = want
 
     def begin_step(self) -> bool:
