@@ -8,6 +8,7 @@ Config: ``conf/`` (``python train.py --cfg job`` prints it; schema and checks in
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
@@ -101,6 +102,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if torch.cuda.is_available():  # peak memory per job, also for the jobs of one multirun process
+        gc.collect()  # the previous job's model and optimizer state
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 

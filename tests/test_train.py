@@ -306,6 +306,34 @@ def test_resume_across_fused_and_unfused(tmp_path):
         train_script.train(compose_cfg(tmp_path / "d", *common, "model.d_model=64", f"ckpt_path={ck_a}"))
 
 
+def test_comparison_medians_spreads_noise_and_best_unfused(tmp_path):
+    """comparison.md: median [min-max] per variant, "within noise" where ranges overlap, the ratio against the
+    fastest unfused variant (SDPA, compiled SDPA), the in-run step A/B; notes when a baseline is missing."""
+    def job(i, overrides, fused, attn, compiled, tps, swapped=None, extra=None, wiggle=0.01):
+        d = tmp_path / str(i)
+        d.mkdir()
+        hist = [[st, tps * (1 + wiggle * ((st // 10) % 3 - 1))] for st in range(9, 100, 10)]
+        m = {"train/device/items_per_sec": tps, "train/loss": 2.0, "val/loss": 2.1, **(extra or {})}
+        fl = None if not fused else {"swapped": swapped or {}, "swapped_total": sum((swapped or {}).values()), "ab_status": "A/B-measured"}
+        (d / "summary.json").write_text(json.dumps({"fused": fused, "attn_impl": attn, "compile": compiled, "overrides": overrides,
+                                                    "metrics": m, "fused_layers": fl, "history": {"train/device/items_per_sec": hist}}))
+
+    job(0, ["fused=false", "model.attn_impl=reference"], False, "reference", False, 100_000)
+    job(1, ["fused=true", "model.attn_impl=reference"], True, "reference", False, 250_000, {"attention": 4, "layer_norm": 9},
+        {"fused/step_speedup/all": 2.5, "fused/step_speedup_lo/all": 2.4, "fused/step_speedup_hi/all": 2.6})
+    job(2, ["fused=false", "model.attn_impl=sdpa"], False, "sdpa", False, 240_000)
+    job(3, ["fused=true", "model.attn_impl=sdpa"], True, "sdpa", False, 241_000, {"layer_norm": 9})
+    res = compare(tmp_path, plot=False, echo=False)
+    rows = {r["label"]: r for r in res["rows"]}
+    assert res["best_unfused"] == "fused=false model.attn_impl=sdpa"
+    assert rows["fused=true model.attn_impl=reference"]["vs_best_unfused"] == pytest.approx(250 / 240, rel=0.02)
+    assert rows["fused=true model.attn_impl=sdpa"]["vs_best_unfused_noise"] is True  # 241k vs 240k: noise
+    assert rows["fused=true model.attn_impl=reference"]["vs_base_noise"] is False
+    md = (tmp_path / "comparison.md").read_text()
+    assert "1.00x (within noise)" in md and "2.500x [2.400-2.600]" in md and "fused: attention 4, layer_norm 9" in md
+    assert "no compiled unfused SDPA baseline" in md and "no unfused SDPA baseline" not in md
+
+
 def test_ckpt_path_last_is_the_newest(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="ckpt_path: 'last': no checkpoints/last.ckpt"):
