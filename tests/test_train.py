@@ -77,6 +77,22 @@ def read_wandb_records(path: Path) -> list:
     return records
 
 
+def wandb_run_records(out_dir: Path, timeout_s: float = 30.0) -> list:
+    """The records of the one offline run under ``out_dir``, once W&B's service has written them all (its
+    writer is a separate process: ``wandb.finish()`` can return before the file holds the exit record)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        files = list(out_dir.glob("wandb/offline-run-*/run-*.wandb"))
+        assert len(files) <= 1, files
+        records = read_wandb_records(files[0]) if files else []
+        kinds = {r.WhichOneof("record_type") for r in records}
+        if {"run", "exit"} <= kinds or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def finite(x) -> bool:
     return x is not None and math.isfinite(x)
 
@@ -154,8 +170,7 @@ def test_fused_trains_and_logs_wandb_offline(tmp_path, monkeypatch):
     assert s["fused"] is True and finite(m["train/loss"]) and finite(m["val/loss"])
     # the callback swapped (interpreter on this CPU) and measured: speedups of the model's kinds
     assert {"fused/speedup/layer_norm", "fused/speedup/attention"} <= set(m), sorted(m)
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    records = read_wandb_records(run_file)
+    records = wandb_run_records(tmp_path)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert run.run_group == "test-sweep" and list(run.tags) == ["fused"]
     config = {u.key: json.loads(u.value_json) for r in records if r.WhichOneof("record_type") == "config" for u in r.config.update}
@@ -245,8 +260,7 @@ def test_fused_run_that_swaps_nothing_is_labelled_so(tmp_path, monkeypatch):
     assert s["fused"] is True and s["fused_effective"] is False and s["tag"] == "fused (0 swapped)"
     assert s["fused_layers"]["swapped_total"] == 0 and set(s["fused_layers"]["swapped"].values()) == {0}
     assert not any(k.startswith(("fused/speedup/", "fused/step_speedup/")) for k in s["metrics"])
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    records = read_wandb_records(run_file)
+    records = wandb_run_records(tmp_path)
     runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert list(runs[-1].tags) == ["fused (0 swapped)"]
     config = {u.key: json.loads(u.value_json) for r in records if r.WhichOneof("record_type") == "config" for u in r.config.update}
