@@ -26,11 +26,12 @@ sweep() {  # name, timeout, overrides...
   el "sweep $name: $*"
   timeout $limit python3 train.py -m $COMMON "$@" hydra.sweep.dir=$W/$name > $W/$name.log 2>&1
   el "sweep $name rc=$?"
-  grep -E "FusedLayersCallback|step-time A/B|^ +(unfused|all|layer_norm|attention) |\] \[|Error|error" $W/$name.log | tail -40 >> $LOG
+  [ -f $W/$name/comparison.md ] || timeout 30 python3 -m lm_demo.compare $W/$name >> $W/$name.log 2>&1  # sweep cut short
+  grep -E "swap report|FusedLayersCallback|step-time A/B|^ +(unfused|all|layer_norm|attention) |steps in|Error|Traceback" $W/$name.log | tail -40 >> $LOG
 }
-sweep s1024_eager 110 model.seq_len=1024 data.batch_size=16 fused=false,true model.attn_impl=reference,sdpa logger=wandb
+sweep s1024_eager 140 model.seq_len=1024 data.batch_size=16 fused=false,true model.attn_impl=reference,sdpa logger=wandb
 sweep s1024_compile 150 model.seq_len=1024 data.batch_size=16 fused=false,true model.attn_impl=sdpa model.compile=true callbacks.fused.measure=false logger=csv
-sweep s4096_eager 110 model.seq_len=4096 data.batch_size=4 fused=false,true model.attn_impl=reference,sdpa logger=csv
+sweep s4096_eager 120 model.seq_len=4096 data.batch_size=4 fused=false,true model.attn_impl=reference,sdpa logger=csv
 left=$(( 440 - ($(date +%s) - T0) ))
 if [ $left -gt 60 ]; then
   sweep s4096_compile $left model.seq_len=4096 data.batch_size=4 fused=false,true model.attn_impl=sdpa model.compile=true callbacks.fused.measure=false logger=csv
