@@ -95,8 +95,9 @@ def check_args(policy: str = "always", record_steps: int = 1, warmup_steps: int 
             bad(arg, f"must be an int >= {lo}, got {val!r}")
     if not max_measure_seconds >= 0:
         bad("max_measure_seconds", f"must be >= 0, got {max_measure_seconds!r}")
-    for arg, fn in (("kinds", lambda: resolve_kinds(kinds)),
-                    ("mapping", lambda: [resolve_kinds([k]) for k in (mapping or {}).values()])):
+    from fused_layers.swap import _normalize_mapping  # the swap's own check (kinds, aliases, importable classes)
+
+    for arg, fn in (("kinds", lambda: resolve_kinds(kinds)), ("mapping", lambda: _normalize_mapping(mapping))):
         try:
             fn()
         except (ValueError, TypeError) as e:

@@ -93,7 +93,9 @@ class FusedCallbackConfig:
     kinds: Optional[Dict[str, bool]] = None
     include: Optional[List[str]] = None
     exclude: Optional[List[str]] = None
-    mapping: Optional[Dict[str, Any]] = None  # class -> kind, (kind, aliases) or {kind: ..., aliases: {...}}
+    # class -> kind, (kind, aliases) or {kind: ..., aliases: {...}}; {} rather than None: OmegaConf cannot merge
+    # a CLI dict (callbacks.fused.mapping={...}) into a None node of a structured config
+    mapping: Dict[str, Any] = field(default_factory=dict)
     policy: str = "faster"
     measure: bool = True
     record_steps: int = 1

@@ -193,7 +193,7 @@ def test_multirun_writes_comparison(tmp_path):
     rows = {row["label"]: row for row in result["rows"]}
     assert set(rows) == {"fused=false", "fused=true"} and result["baseline"] == "fused=false"
     assert "fused/speedup/layer_norm" in result["per_module_kinds"] and rows["fused=true"]["fused/speedup/layer_norm"] > 0
-    assert rows["fused=true"]["tag"] == "fused" and rows["fused=true"]["swapped"] == {"layer_norm": 3, "attention": 1}
+    assert rows["fused=true"]["tag"] == "fused" and rows["fused=true"]["swapped"] == {"layer_norm": 3, "attention": 1, "cross_entropy": 1}
     assert rows["fused=false"]["tag"] == "unfused" and rows["fused=false"]["swapped"] == {}
     for row in rows.values():
         assert row["tokens_per_sec"] > 0 and finite(row["val_loss"]) and finite(row["train_loss"])
@@ -218,6 +218,7 @@ def test_multirun_writes_comparison(tmp_path):
         (["callbacks.fused.ab_compiled=sometimes"], "callbacks.fused.ab_compiled"),
         (["+callbacks.fused.kinds.layernorm=true"], "callbacks.fused.kinds"),
         (["callbacks.throughput.flops_from=guess"], "callbacks.throughput.flops_from"),
+        (["++callbacks.fused.mapping={torch.nn.GELU:layer_nrm}"], "callbacks.fused.mapping"),
         (["+callbacks.throughput.windowsize=3"], "callbacks.throughput"),
         (["ckpt_path=/nonexistent.ckpt"], "ckpt_path"),
         (["model.n_head=3"], "model.n_head"),
@@ -290,7 +291,7 @@ def test_cli_console_is_quiet_and_ends_with_a_summary(tmp_path):
     assert r.returncode == 0, out[-3000:]
     for noise in ("Tip:", "wandb:", "LeafSpec", "RuntimeWarning", "anonymous", "weights_only"):
         assert noise not in out, (noise, out[-3000:])
-    assert "fused_layers swap report: 4 swapped" in out
+    assert "fused_layers swap report: 5 swapped" in out
     assert "[fused] 3 steps" in out and "tokens/s" in out and "val/loss" in out  # validated at the end (interval 100)
     for line in ("summary:", f"metrics:    {tmp_path / 'csv' / 'metrics.csv'}", f"checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'}",
                  "W&B offline run:", "wandb leet", "wandb sync", "logger.wandb.offline=false"):
@@ -315,7 +316,7 @@ def test_resume_across_fused_and_unfused(tmp_path):
     assert all(int(v["step"]) == 4 for v in adam.values())  # 2 steps restored + 2 more: optimizer state continued
     c = train_script.train(compose_cfg(tmp_path / "c", *common, "fused=true", "trainer.max_steps=5", "callbacks.fused.measure=false",
                                        f"ckpt_path={tmp_path / 'b' / 'checkpoints' / 'last.ckpt'}"))
-    assert c["global_step"] == 5 and c["fused_layers"]["swapped_total"] == 4
+    assert c["global_step"] == 5 and c["fused_layers"]["swapped_total"] == 5
     with pytest.raises(ConfigError, match="model.d_model=32, the config has model.d_model=64"):
         train_script.train(compose_cfg(tmp_path / "d", *common, "model.d_model=64", f"ckpt_path={ck_a}"))
 
