@@ -30,9 +30,9 @@ sweep() {  # name, timeout, overrides...
   grep -E "swap report|FusedLayersCallback|step-time A/B|^ +(unfused|all|layer_norm|attention) |steps in|Error|Traceback" $W/$name.log | tail -40 >> $LOG
 }
 sweep s1024_eager 140 model.seq_len=1024 data.batch_size=16 fused=false,true model.attn_impl=reference,sdpa logger=wandb
-sweep s1024_compile 150 model.seq_len=1024 data.batch_size=16 fused=false,true model.attn_impl=sdpa model.compile=true callbacks.fused.measure=false logger=csv
+sweep s1024_compile 180 model.seq_len=1024 data.batch_size=16 fused=false,true model.attn_impl=sdpa model.compile=true callbacks.fused.measure=false logger=csv
 sweep s4096_eager 120 model.seq_len=4096 data.batch_size=4 fused=false,true model.attn_impl=reference,sdpa logger=csv
-left=$(( 440 - ($(date +%s) - T0) ))
+left=$(( 450 - ($(date +%s) - T0) ))
 if [ $left -gt 60 ]; then
   sweep s4096_compile $left model.seq_len=4096 data.batch_size=4 fused=false,true model.attn_impl=sdpa model.compile=true callbacks.fused.measure=false logger=csv
 else
