@@ -17,15 +17,35 @@ Where the swap happens (Lightning 2.6, ``Trainer._run``)::
 * Every rank runs the same deterministic swap on the same model, so all ranks agree; with
   ``policy="faster"`` rank 0's decision is broadcast.
 
-Speed measurement (``measure=True``): forward pre-hooks record the real input shapes/dtypes of every
-swapped module during the first ``record_steps`` training batches; at the start of training batch
-``max(warmup_steps, record_steps)`` (between steps, so not inside any step's time) the
-``fused_layers.ledger.Ledger`` times reference against fused once per distinct (kind, shape, dtype),
-spending about ``max_measure_seconds``.  The time spent is in ``paused_seconds`` (``ThroughputCallback``
-subtracts it).  Logged through ``trainer.loggers``: ``fused/speedup/<kind>`` (fwd+bwd, geometric mean
-over the kind's shapes), ``fused/speedup_fwd/<kind>``, ``fused/max_err/<kind>``, ``fused/ref_ms/<kind>``,
-``fused/fused_ms/<kind>``, ``fused/restored/<kind>`` (policy=faster), plus a ``fused/speedups`` table on
-a ``WandbLogger``.  If training ends before that batch, the measurement runs at ``on_train_end``.
+What is measured (both on the run's own model, batches and shapes):
+
+* **Step-time A/B** (``ab_rounds > 0``, what ``policy="faster"`` decides from): after ``warmup_steps``
+  training batches, real training steps run interleaved with and without the swaps -- arms ``unfused``
+  (every swap undone), ``all`` and, when several kinds are swapped, one arm per kind (only that kind
+  fused) -- ``ab_warmup_rounds`` uncounted rounds, then ``ab_rounds`` rounds, each arm once per round in a
+  rotating order (``fused_layers.ledger.StepAB``).  Step times: CUDA events from batch start to batch end
+  (forward, backward, optimizer step), read after the last A/B step.  Each arm's speedup is the median
+  over rounds of (unfused step / arm step) within a round, with its min-max spread.  The cost is
+  ``(ab_warmup_rounds + ab_rounds) * len(arms)`` training steps (still training: swapping changes the
+  class, not the parameters), at most ``ab_max_steps`` (fewer rounds when needed).  ``policy="faster"``
+  then keeps the arm with the best median speedup (``unfused`` when none beats 1.0).  Under
+  ``torch.compile`` a class change makes Dynamo compile one graph per arm (cached; the warm-up round pays
+  for it), so the A/B compares compiled steps (``ab_compiled="per_arm"``, the default), or is skipped
+  (``ab_compiled="skip"``: logged as not A/B-measured, no swap undone).
+* **Per-module kernel timings** (``measure=True``, detail only): forward pre-hooks record the input
+  shapes/dtypes of every swapped module during the first ``record_steps`` batches; just before the A/B
+  (between steps) ``fused_layers.ledger.Ledger`` times each module's reference class against the fused
+  one, once per distinct (kind, shape, dtype), in about ``max_measure_seconds``.  Those are isolated calls
+  with syncs, host-bound where no real step is: the table names the reference each was compared to.
+  Time spent there is in ``paused_seconds`` (``ThroughputCallback`` subtracts it).
+
+Logged through ``trainer.loggers``: ``fused/swapped/<kind>`` (hyper-parameters, at setup; final counts
+again after the policy), ``fused/step_speedup/<kind>``, ``fused/step_speedup/all`` (+ ``_lo``/``_hi``:
+the spread), ``fused/step_ms/unfused|all``, ``fused/kept/<kind>``, ``fused/ab_meaningful``; per-module
+detail ``fused/speedup/<kind>`` (fwd+bwd against the module's reference class, geometric mean over
+shapes), ``fused/speedup_fwd/<kind>``, ``fused/max_err/<kind>``; with a ``WandbLogger`` also the tables
+``fused/step_ab`` and ``fused/speedups``.  If training ends before the A/B is complete, the completed
+rounds are used (none: not A/B-measured, said so).
 """
 
 from __future__ import annotations
@@ -41,12 +61,47 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from fused_layers.ledger import TABLE_COLUMNS, Ledger, Measurement
+from fused_layers.ledger import TABLE_COLUMNS, Ledger, Measurement, StepAB, StepTimer
 from fused_layers.swap import KINDS, SkipEntry, SwapReport, resolve_kinds, restore_modules, swap_modules
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("always", "faster")
+AB_COMPILED = ("per_arm", "skip")
+INTERPRETER_NOTE = (
+    "TRITON_INTERPRET=1 runs the kernels on the CPU in Triton's interpreter: for tests and debugging only, "
+    "far too slow to train with (about 90 s per training step of the demo's tiny GPT, hours for a default run)"
+)
+
+
+def check_args(policy: str = "always", record_steps: int = 1, warmup_steps: int = 3, kinds: Any = None,
+               mapping: Any = None, ab_rounds: int = 5, ab_warmup_rounds: int = 1, ab_max_steps: int = 40,
+               ab_compiled: str = "per_arm", max_measure_seconds: float = 2.0, **_: Any) -> None:
+    """Check the constructor arguments (also used by train.py's config check, for a disabled callback too).
+    Raises ``ValueError`` whose ``arg`` attribute names the argument."""
+
+    def bad(arg: str, msg: str) -> None:
+        e = ValueError(f"FusedLayersCallback: argument '{arg}' {msg}")
+        e.arg = arg  # type: ignore[attr-defined]
+        raise e
+
+    if policy not in POLICIES:
+        bad("policy", f"must be one of {list(POLICIES)}, got {policy!r}")
+    if ab_compiled not in AB_COMPILED:
+        bad("ab_compiled", f"must be one of {list(AB_COMPILED)}, got {ab_compiled!r}")
+    for arg, val, lo in (("record_steps", record_steps, 1), ("warmup_steps", warmup_steps, 0), ("ab_rounds", ab_rounds, 0),
+                         ("ab_warmup_rounds", ab_warmup_rounds, 0), ("ab_max_steps", ab_max_steps, 0)):
+        if not isinstance(val, int) or isinstance(val, bool) or val < lo:
+            bad(arg, f"must be an int >= {lo}, got {val!r}")
+    if not max_measure_seconds >= 0:
+        bad("max_measure_seconds", f"must be >= 0, got {max_measure_seconds!r}")
+    from fused_layers.swap import _normalize_mapping  # the swap's own check (kinds, aliases, importable classes)
+
+    for arg, fn in (("kinds", lambda: resolve_kinds(kinds)), ("mapping", lambda: _normalize_mapping(mapping))):
+        try:
+            fn()
+        except (ValueError, TypeError) as e:
+            bad(arg, f"is invalid: {e}")
 
 
 def kernels_runnable(device: torch.device) -> bool:
@@ -68,9 +123,14 @@ class FusedLayersCallback(Callback):
         include: glob/regex patterns on qualified module names to swap (empty = all).
         exclude: patterns of module names to leave alone.
         mapping: ``{"dotted.path.Class": kind}`` for a model's own classes that behave like a source.
-        policy: ``"always"`` keeps every swap; ``"faster"`` undoes, after measuring, each swap whose
-            forward+backward on the run's shapes is slower than the reference.
-        measure: record shapes and time reference vs fused (off: swap only).
+        policy: ``"always"`` keeps every swap; ``"faster"`` keeps, after the step-time A/B, the fastest
+            measured arm (``unfused`` when no arm beats it); without an A/B (``ab_rounds=0``) it falls back
+            to undoing the modules whose isolated forward+backward timing is slower than the reference.
+        measure: record shapes and time each module against its reference (detail).
+        ab_rounds: measured rounds of the step-time A/B (0: no A/B).
+        ab_warmup_rounds: uncounted rounds first (first use of each arm; a compiled graph per arm).
+        ab_max_steps: bound on the A/B's training steps (rounds are reduced to fit).
+        ab_compiled: under ``torch.compile``: ``"per_arm"`` (a compiled graph per arm) or ``"skip"``.
         record_steps: training batches during which input shapes are recorded.
         warmup_steps: training batches to run before measuring (caches, autotuning settle).
         max_measure_seconds: time budget of the whole measurement.
@@ -78,6 +138,9 @@ class FusedLayersCallback(Callback):
 
     See the module docstring for where the swap happens and what is logged.
     """
+
+    #: checks the constructor arguments without building (train.py checks disabled entries too)
+    check_args = staticmethod(check_args)
 
     def __init__(
         self,
@@ -91,15 +154,16 @@ class FusedLayersCallback(Callback):
         warmup_steps: int = 3,
         max_measure_seconds: float = 2.0,
         log_table: bool = True,
+        ab_rounds: int = 5,
+        ab_warmup_rounds: int = 1,
+        ab_max_steps: int = 40,
+        ab_compiled: str = "per_arm",
+        step_timer: Any = None,
     ) -> None:
         super().__init__()
-        if policy not in POLICIES:
-            raise ValueError(f"FusedLayersCallback: argument 'policy' must be one of {POLICIES}, got {policy!r}")
-        if record_steps < 1:
-            raise ValueError(f"FusedLayersCallback: argument 'record_steps' must be >= 1, got {record_steps}")
-        if warmup_steps < 0:
-            raise ValueError(f"FusedLayersCallback: argument 'warmup_steps' must be >= 0, got {warmup_steps}")
-        resolve_kinds(kinds)  # validates names early (clear error at config time)
+        check_args(policy=policy, record_steps=record_steps, warmup_steps=warmup_steps, kinds=kinds, mapping=mapping,
+                   ab_rounds=ab_rounds, ab_warmup_rounds=ab_warmup_rounds, ab_max_steps=ab_max_steps,
+                   ab_compiled=ab_compiled, max_measure_seconds=max_measure_seconds)
         self.kinds = dict(kinds) if kinds is not None else None
         self.include = list(include or [])
         self.exclude = list(exclude or [])
@@ -110,8 +174,16 @@ class FusedLayersCallback(Callback):
         self.warmup_steps = int(warmup_steps)
         self.max_measure_seconds = float(max_measure_seconds)
         self.log_table = log_table
+        self.ab_rounds = int(ab_rounds)
+        self.ab_warmup_rounds = int(ab_warmup_rounds)
+        self.ab_max_steps = int(ab_max_steps)
+        self.ab_compiled = ab_compiled
+        self.step_timer = step_timer  #: None: CUDA events / perf_counter (tests pass a fake)
 
         self.report = SwapReport()
+        self.ab: StepAB | None = None
+        self.ab_status = "not run"  #: what happened to the step-time A/B, in words (summary, logs)
+        self.kept_arm: str | None = None  #: policy=faster's choice from the A/B
         self.enabled: bool | None = None
         self.ledger: Ledger | None = None
         self.measurements: list[Measurement] = []
@@ -120,6 +192,7 @@ class FusedLayersCallback(Callback):
         self._train_batches = 0
         self._measured = False
         self._warned = False
+        self._graphs_at_setup = 0
 
     # ----------------------------------------------------------------------------------------------
     # swapping
@@ -130,6 +203,8 @@ class FusedLayersCallback(Callback):
         return rep
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.enabled is not None and stage != "fit":  # e.g. trainer.validate after fit: keep the fit's swaps
+            return
         if self.enabled is None:
             self.enabled = kernels_runnable(trainer.strategy.root_device)
         if not self.enabled:
@@ -137,11 +212,15 @@ class FusedLayersCallback(Callback):
                 self._warned = True
                 warnings.warn(
                     f"FusedLayersCallback: the Triton kernels cannot run on {trainer.strategy.root_device} "
-                    "(no CUDA, and TRITON_INTERPRET=1 is not set); swapping nothing, training goes on unfused.",
+                    "(no CUDA, and TRITON_INTERPRET=1 is not set); swapping nothing, training goes on unfused "
+                    f"(0 modules swapped). {INTERPRETER_NOTE}.",
                     UserWarning,
                     stacklevel=2,
                 )
+                self.ab_status = "not run: nothing swapped (the kernels cannot run on this device)"
+                self._log_report(trainer)
             return
+        self._graphs_at_setup = _compiled_graphs()
         self._swap(pl_module)
         if is_overridden("configure_model", pl_module) and "configure_model" not in pl_module.__dict__:
             self._wrap_configure_model(trainer, pl_module)
@@ -166,11 +245,35 @@ class FusedLayersCallback(Callback):
         if self.ledger is not None:
             self.ledger.stop_recording()
 
+    def swapped_counts(self) -> dict[str, int]:
+        """Modules swapped now, per requested kind (0 where none): what the run actually trained with."""
+        counts = self.report.counts()
+        return {k: counts.get(k, 0) for k in resolve_kinds(self.kinds)}
+
+    def summary(self) -> dict[str, Any]:
+        """What the callback did, for a run summary (train.py's summary.json)."""
+        out: dict[str, Any] = {
+            "swapped": self.swapped_counts(),
+            "swapped_total": len(self.report.swapped),
+            "kernels_runnable": bool(self.enabled),
+            "policy": self.policy,
+            "restored": {n: {"kind": k, "speedup": s} for n, (k, s) in self.restored.items()},
+            "ab_status": self.ab_status if (self.report.swapped or self.restored or self.ab_status != "not run")
+            else "not run: nothing swapped",
+            "kept_arm": self.kept_arm,
+        }
+        if self.ab is not None and self.ab.results:
+            out["step_ab"] = {a: {"kinds": r.kinds, "step_ms": r.step_ms, "median_ms": r.median_ms, "speedup": r.speedup,
+                                  "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi}
+                              for a, r in self.ab.results.items()}
+            out["step_ab_meaningful"] = self.ab.meaningful
+        return out
+
     def _log_report(self, trainer: Trainer) -> None:
         rep = self.report
         rank_zero_info(str(rep))
-        counts = rep.counts()
-        params: dict[str, Any] = {f"fused/swapped/{k}": counts.get(k, 0) for k in resolve_kinds(self.kinds)}
+        params: dict[str, Any] = {f"fused/swapped/{k}": n for k, n in self.swapped_counts().items()}
+        params["fused/swapped_total"] = len(rep.swapped)
         params["fused/skipped"] = len(rep.skipped)
         params["fused/policy"] = self.policy
         for lg in trainer.loggers:
@@ -186,30 +289,163 @@ class FusedLayersCallback(Callback):
     # ----------------------------------------------------------------------------------------------
     @property
     def measure_at(self) -> int:
-        """Index of the training batch at whose start the measurement runs."""
+        """Index of the training batch at whose start the per-module timing and then the A/B start."""
         return max(self.warmup_steps, self.record_steps)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if not (self.enabled and self.measure) or self._measured or not self.report.swapped:
+        if not self.enabled or not self.report.swapped:
             return
-        if self._train_batches == 0:
+        if self._train_batches == 0 and self.measure and not self._measured:
             self.ledger = Ledger(pl_module)
             self.ledger.start_recording()
-        elif self._train_batches >= self.measure_at:
+        if self._train_batches < self.measure_at:
+            return
+        if self.measure and not self._measured:
             self._measure(trainer, pl_module)
+        if self.ab is None and self.ab_status == "not run":
+            self._start_ab(trainer, pl_module)
+        if self.ab is not None and not self.ab.done:
+            self.ab.begin_step()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._train_batches += 1
         if self.ledger is not None and self._train_batches >= self.record_steps:
             self.ledger.stop_recording()
+        if self.ab is not None and not self.ab.results and self.ab._token is not None:
+            self.ab.end_step()
+            if self.ab.done:
+                self._finish_ab(trainer, pl_module)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.enabled and self.measure and not self._measured and self.ledger is not None and self.ledger.calls:
+        if not self.enabled:
+            return
+        if self.measure and not self._measured and self.ledger is not None and self.ledger.calls:
             self._measure(trainer, pl_module)
+        if self.ab is not None and not self.ab.results:
+            self.ab._token = None  # a step that started but did not end is not counted
+            self._finish_ab(trainer, pl_module, ended_early=True)
+        elif self.ab is None and self.ab_status == "not run" and self.report.swapped and self.ab_rounds > 0:
+            self.ab_status = (f"not run: training ended after {self._train_batches} batches, before the A/B's start "
+                              f"(batch {self.measure_at})")
+            self._log_ab(trainer)
 
+    # step-time A/B --------------------------------------------------------------------------------
+    def _start_ab(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.ab_rounds <= 0:
+            self.ab_status = "not run: ab_rounds=0"
+            if self.policy == "faster":
+                self._apply_module_policy(trainer, pl_module)
+            return
+        compiled = _compiled_graphs() > self._graphs_at_setup
+        if compiled and self.ab_compiled == "skip":
+            self.ab_status = "not A/B-measured: the model runs under torch.compile and ab_compiled=skip"
+            rank_zero_info(f"FusedLayersCallback: {self.ab_status}; no swap undone.")
+            self._log_ab(trainer)
+            return
+        swapped = {e.name: e.kind for e in self.report.swapped}
+        n_arms = 2 + (len(set(swapped.values())) if len(set(swapped.values())) > 1 else 0)
+        rounds = self.ab_rounds
+        while rounds > 1 and (rounds + self.ab_warmup_rounds) * n_arms > self.ab_max_steps:
+            rounds -= 1
+        if (rounds + self.ab_warmup_rounds) * n_arms > self.ab_max_steps:
+            self.ab_status = (f"not run: one round of {n_arms} arms plus warm-up needs "
+                              f"{(1 + self.ab_warmup_rounds) * n_arms} steps > ab_max_steps={self.ab_max_steps}")
+            self._log_ab(trainer)
+            return
+        if compiled:
+            _raise_recompile_limit(n_arms)
+        self.ab = StepAB(pl_module, swapped, rounds=rounds, warmup_rounds=self.ab_warmup_rounds,
+                         timer=self.step_timer, device=trainer.strategy.root_device, mapping=self.mapping)
+        self.ab.compiled = compiled
+        rank_zero_info(f"FusedLayersCallback: step-time A/B over the next {self.ab.steps} training steps "
+                       f"(arms {list(self.ab.arms)}, {self.ab_warmup_rounds} warm-up + {rounds} rounds"
+                       f"{', one compiled graph per arm' if compiled else ''})")
+
+    def _finish_ab(self, trainer: Trainer, pl_module: LightningModule, ended_early: bool = False) -> None:
+        ab = self.ab
+        assert ab is not None
+        t0 = time.perf_counter()
+        results = ab.finish()
+        n = len(results.get("unfused").step_ms) if results.get("unfused") else 0
+        how = "compiled, one graph per arm" if getattr(ab, "compiled", False) else "eager"
+        if n == 0:
+            self.ab_status = f"not A/B-measured: training ended during the A/B's warm-up ({ab._i} of {ab.steps} steps)"
+        else:
+            self.ab_status = (f"A/B-measured ({how}): {n} round(s) of {len(ab.arms)} arms"
+                              + (", training ended before all rounds" if ended_early and n < ab.rounds else ""))
+        if n:
+            rank_zero_info("fused_layers step-time A/B (unfused step / arm step, median over rounds):\n" + ab.format())
+        else:
+            rank_zero_info(f"FusedLayersCallback: {self.ab_status}; no step speedup measured.")
+        if self.policy == "faster" and n:
+            if ab.meaningful:
+                scores = {arm: (1.0 if arm == "unfused" else r.speedup) for arm, r in results.items()}
+                best = max(scores, key=lambda a: (scores[a], a == "unfused"))
+                best = trainer.strategy.broadcast(best, src=0)  # every rank keeps the same swaps
+                self.kept_arm = best
+                keep = ab.arms[best]
+                ab.set_fused(keep)
+                self._record_restored(pl_module, [nm for nm, k in ab.swapped.items() if k not in keep],
+                                      {k: results[best].speedup if best != "unfused" else 1.0 for k in ab.kinds}, how="step A/B")
+                rank_zero_info(f"FusedLayersCallback(policy=faster): keeping arm '{best}' (fused kinds: {keep or 'none'}).")
+            else:
+                rank_zero_info("FusedLayersCallback(policy=faster): step times not meaningful on this device "
+                               "(Triton interpreter); no swap undone.")
+        self.paused_seconds += time.perf_counter() - t0
+        self._log_ab(trainer)
+
+    def _record_restored(self, pl_module: LightningModule, names: list[str], speedups: dict[str, float], how: str) -> None:
+        if not names:
+            return
+        kinds = {e.name: e.kind for e in self.report.swapped}
+        self.report.swapped = [e for e in self.report.swapped if e.name not in names]
+        for name in names:
+            k = kinds.get(name, "?")
+            if how == "step A/B":
+                reason = f"restored by policy=faster: the step-time A/B kept arm '{self.kept_arm}'"
+                self.restored[name] = (k, float("nan"))
+            else:
+                reason = f"restored by policy=faster: fwd+bwd speedup {speedups[name]:.3f}x"
+                self.restored[name] = (k, speedups[name])
+            self.report.skipped.append(SkipEntry(name, k, reason))
+
+    def _log_ab(self, trainer: Trainer) -> None:
+        metrics: dict[str, float] = {}
+        ab = self.ab
+        if ab is not None and ab.results:
+            metrics.update(ab.metrics())
+            metrics["fused/ab_meaningful"] = float(ab.meaningful)
+            metrics["fused/ab_compiled"] = float(getattr(ab, "compiled", False))
+        counts = self.swapped_counts()
+        metrics.update({f"fused/kept/{k}": float(n) for k, n in counts.items()})
+        for kind in {k for k, _ in self.restored.values()}:
+            metrics[f"fused/restored/{kind}"] = float(sum(1 for k, _ in self.restored.values() if k == kind))
+        metrics["fused/swapped_total"] = float(sum(counts.values()))
+        for lg in trainer.loggers:
+            try:
+                lg.log_metrics(metrics, step=trainer.global_step)
+                if hasattr(lg, "log_hyperparams"):
+                    lg.log_hyperparams({"fused/ab_status": self.ab_status, **{f"fused/swapped/{k}": n for k, n in counts.items()}})
+                if self.log_table and hasattr(lg, "log_table") and ab is not None and ab.results:
+                    rows = [[a, ",".join(r.kinds) or "none (reference classes)", round(r.median_ms, 4),
+                             None if a == "unfused" else round(r.speedup, 4), None if a == "unfused" else round(r.speedup_lo, 4),
+                             None if a == "unfused" else round(r.speedup_hi, 4), a != "unfused" and r.within_noise, len(r.step_ms)]
+                            for a, r in ab.results.items()]
+                    lg.log_table(key="fused/step_ab", columns=["arm", "fused kinds", "median step ms", "step speedup vs unfused",
+                                                                "min", "max", "within noise", "rounds"], data=rows)
+                if self.log_table and hasattr(lg, "log_table") and self.measurements:
+                    # per-module detail next to the step-time A/B of its kind (what policy=faster used)
+                    step = {k: r.speedup for k, r in ab.kind_speedups().items()} if ab is not None and ab.results else {}
+                    lg.log_table(key="fused/speedups", columns=[*TABLE_COLUMNS, "step A/B speedup of kind"],
+                                 data=[[*m.row(), None if m.kind not in step else round(step[m.kind], 4)] for m in self.measurements])
+            except Exception as e:  # a logger that cannot take them must not stop training
+                log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)
+
+    # per-module detail ----------------------------------------------------------------------------
     def _measure(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._measured = True
-        assert self.ledger is not None
+        if self.ledger is None:
+            return
         self.ledger.stop_recording()
         t0 = time.perf_counter()
         try:
@@ -218,51 +454,71 @@ class FusedLayersCallback(Callback):
             warnings.warn(f"FusedLayersCallback: speed measurement failed ({type(e).__name__}: {e}); swaps kept.")
             rows = []
         self.measurements = rows
-        if self.policy == "faster" and rows:
-            if all(r.meaningful for r in rows):
-                self._apply_policy(trainer, pl_module)
-            else:  # interpreter / CPU timings say nothing about the GPU: keep the swaps
-                rank_zero_info("FusedLayersCallback(policy=faster): timings not meaningful on this device "
-                               "(Triton interpreter); no swap undone.")
         if torch.cuda.is_available() and trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize()
         self.paused_seconds += time.perf_counter() - t0
         self._log_measurements(trainer)
 
-    def _apply_policy(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        slower = {n: s for n, s in self.ledger.module_speedups(self.measurements).items() if s < 1.0}
+    def _apply_module_policy(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """policy=faster without a step A/B (ab_rounds=0): undo modules whose isolated timing lost."""
+        rows = self.measurements
+        if not rows:
+            return
+        if not all(r.meaningful for r in rows):  # interpreter / CPU timings say nothing about the GPU
+            rank_zero_info("FusedLayersCallback(policy=faster): timings not meaningful on this device "
+                           "(Triton interpreter); no swap undone.")
+            return
+        slower = {n: s for n, s in self.ledger.module_speedups(rows).items() if s < 1.0}
         slower = trainer.strategy.broadcast(slower, src=0)  # every rank undoes the same swaps
         if not slower:
             return
         restore_modules(pl_module, list(slower))
-        kinds = {e.name: e.kind for e in self.report.swapped}
-        self.report.swapped = [e for e in self.report.swapped if e.name not in slower]
-        for name, s in slower.items():
-            self.report.skipped.append(SkipEntry(name, kinds.get(name, "?"), f"restored by policy=faster: fwd+bwd speedup {s:.3f}x"))
-        self.restored = {n: (kinds.get(n, "?"), s) for n, s in slower.items()}
-        rank_zero_info(f"FusedLayersCallback(policy=faster): restored {len(slower)} slower swap(s): {sorted(slower)}")
+        self._record_restored(pl_module, list(slower), slower, how="module")
+        rank_zero_info(f"FusedLayersCallback(policy=faster, no A/B): restored {len(slower)} slower swap(s): {sorted(slower)}")
+        self._log_ab(trainer)
 
     def _log_measurements(self, trainer: Trainer) -> None:
         rows = self.measurements
         metrics = Ledger.summary(rows)
-        if self.policy == "faster":
-            for kind in {r.kind for r in rows}:
-                metrics[f"fused/restored/{kind}"] = float(sum(1 for k, _ in self.restored.values() if k == kind))
         if rows:
             metrics["fused/measure_seconds"] = self.paused_seconds
             metrics["fused/timings_meaningful"] = float(all(r.meaningful for r in rows))
         if self.ledger is not None and self.ledger.not_measured:
             metrics["fused/not_measured"] = float(len(self.ledger.not_measured))
-        rank_zero_info("fused_layers speedups (reference / fused, fwd+bwd):\n" + Ledger.format(rows))
+        rank_zero_info("fused_layers per-module timings (detail; isolated calls, reference / fused, fwd+bwd):\n"
+                       + Ledger.format(rows))
         if not metrics:
             return
         for lg in trainer.loggers:
             try:
                 lg.log_metrics(metrics, step=trainer.global_step)
-                if self.log_table and hasattr(lg, "log_table") and rows:
+                if self.log_table and hasattr(lg, "log_table") and rows and self.ab_rounds == 0:  # else with the A/B
                     lg.log_table(key="fused/speedups", columns=list(TABLE_COLUMNS), data=[r.row() for r in rows])
             except Exception as e:
                 log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)
 
 
-__all__ = ["FusedLayersCallback", "kernels_runnable", "KINDS"]
+def _compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process (grows when the model runs under torch.compile)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # pragma: no cover
+        return 0
+
+
+def _raise_recompile_limit(n_arms: int) -> None:
+    """One compiled graph per arm: make sure Dynamo's per-frame recompile limit leaves room for them."""
+    try:
+        import torch._dynamo.config as dc
+
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(dc, name):
+                setattr(dc, name, max(getattr(dc, name), 8 + n_arms))
+                break
+    except Exception:  # pragma: no cover
+        pass
+
+
+__all__ = ["FusedLayersCallback", "kernels_runnable", "check_args", "KINDS"]

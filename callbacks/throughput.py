@@ -87,6 +87,19 @@ class ThroughputCallback(ThroughputMonitor):
         length_fn: items (tokens) in a batch; default ``batch[0].numel()`` = B * T.
     """
 
+    @staticmethod
+    def check_args(window_size: int = 20, flops_from: str = "meta", **_: Any) -> None:
+        """Check the arguments (train.py's config check); the ``ValueError`` names the argument in ``arg``."""
+        for arg, ok, msg in (
+            ("flops_from", flops_from in ("meta", "module", "none"), f"must be 'meta', 'module' or 'none', got {flops_from!r}"),
+            ("window_size", isinstance(window_size, int) and not isinstance(window_size, bool) and window_size >= 1,
+             f"must be an int >= 1, got {window_size!r}"),
+        ):
+            if not ok:
+                e = ValueError(f"ThroughputCallback: argument '{arg}' {msg}")
+                e.arg = arg  # type: ignore[attr-defined]
+                raise e
+
     def __init__(
         self,
         window_size: int = 20,
@@ -94,8 +107,7 @@ class ThroughputCallback(ThroughputMonitor):
         batch_size_fn: Callable[[Any], int] | None = None,
         length_fn: Callable[[Any], int] | None = None,
     ) -> None:
-        if flops_from not in ("meta", "module", "none"):
-            raise ValueError(f"ThroughputCallback: argument 'flops_from' must be 'meta', 'module' or 'none', got {flops_from!r}")
+        self.check_args(window_size=window_size, flops_from=flops_from)
         super().__init__(
             batch_size_fn=batch_size_fn or (lambda b: int(_tokens(b).shape[0])),
             length_fn=length_fn or (lambda b: int(_tokens(b).numel())),

@@ -30,6 +30,7 @@ a call is slow; keys left when the budget is spent are reported as not measured)
 from __future__ import annotations
 
 import contextlib
+import re
 import functools
 import math
 import statistics
@@ -42,9 +43,9 @@ from torch import nn
 
 from .swap import KINDS, fused_kind, fused_source
 
-__all__ = ["Ledger", "Measurement", "TensorSpec", "measure_pair", "TABLE_COLUMNS"]
+__all__ = ["Ledger", "Measurement", "TensorSpec", "measure_pair", "TABLE_COLUMNS", "StepAB", "StepTimer", "ArmResult"]
 
-TABLE_COLUMNS = ["kind", "modules", "shape", "dtype", "ref_ms", "fused_ms", "speedup", "gbps_or_tflops", "max_err"]
+TABLE_COLUMNS = ["kind", "modules", "shape", "dtype", "reference", "ref_ms", "fused_ms", "speedup", "gbps_or_tflops", "max_err"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -185,9 +186,10 @@ class Measurement:
     achieved: float  #: of the fused forward, in ``metric`` units
     max_err: float
     meaningful: bool  #: False when timed on the CPU (Triton interpreter): only the keys are meaningful
+    reference: str = ""  #: what ``ref_ms`` timed: the module's reference class (e.g. the explicit-softmax Attention)
 
     def row(self) -> list[Any]:
-        return [self.kind, ",".join(self.modules), self.shape, self.dtype, round(self.ref_ms, 4), round(self.fused_ms, 4),
+        return [self.kind, ",".join(self.modules), self.shape, self.dtype, self.reference, round(self.ref_ms, 4), round(self.fused_ms, 4),
                 round(self.speedup, 4), f"{self.achieved:.4g} {self.metric}", float(self.max_err)]
 
     def as_dict(self) -> dict[str, Any]:
@@ -355,11 +357,11 @@ class Ledger:
             src = fused_source(m)
             ref = functools.partial(src.forward, m)
             fused = functools.partial(type(m).forward, m)
-            self.measurements.append(
-                timer(ref, fused, call.args, call.kwargs, params=tuple(m.parameters()), kind=call.kind,
-                      autocast=call.autocast, budget_s=left / (len(calls) - i), modules=list(call.modules),
-                      shape=call.shape, dtype=call.dtype)
-            )
+            row = timer(ref, fused, call.args, call.kwargs, params=tuple(m.parameters()), kind=call.kind,
+                        autocast=call.autocast, budget_s=left / (len(calls) - i), modules=list(call.modules),
+                        shape=call.shape, dtype=call.dtype)
+            row.reference = reference_name(src)
+            self.measurements.append(row)
         return self.measurements
 
     # summaries ------------------------------------------------------------------------------------
@@ -396,6 +398,205 @@ class Ledger:
         return "\n".join(lines)
 
 
+def reference_name(cls: type) -> str:
+    """A short name for what a fused module was timed against (``nn.LayerNorm``; the reference
+    ``Attention`` computes an explicit softmax, which is not what SDPA users run)."""
+    name = cls.__qualname__
+    if cls.__module__.startswith("torch.nn"):
+        return f"nn.{name}"
+    if name == "Attention" and cls.__module__ == "fused_layers.modules.attention":
+        return "Attention (explicit softmax, not SDPA)"
+    return f"{cls.__module__}.{name}"
+
+
 def _gmean(xs: list[float]) -> float:
     xs = [x for x in xs if x > 0 and math.isfinite(x)]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+# --------------------------------------------------------------------------------------------------
+# Step-time A/B: what swapping does to the run's own training step
+# --------------------------------------------------------------------------------------------------
+class StepTimer:
+    """Times training steps: CUDA events on a CUDA device (read once, after the last step, so that no
+    step waits on the host), ``time.perf_counter`` elsewhere (then ``meaningful`` is False: the Triton
+    interpreter says nothing about GPU speed).  Tests pass their own timer with the same three methods."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self.meaningful = self.cuda
+
+    def start(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def stop(self, token: Any) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return (token, ev)
+        return (time.perf_counter() - token) * 1e3
+
+    def elapsed_ms(self, stopped: Any) -> float:
+        if self.cuda:
+            start, end = stopped
+            end.synchronize()
+            return float(start.elapsed_time(end))
+        return float(stopped)
+
+
+@dataclass
+class ArmResult:
+    """One arm of the A/B: which kinds were fused during its steps, and what they cost."""
+
+    arm: str  #: "unfused", "all", or a kind name (only that kind fused)
+    kinds: list[str]
+    step_ms: list[float]  #: one per measured round
+    median_ms: float = float("nan")
+    speedup: float = float("nan")  #: median over rounds of (unfused step / this arm's step), paired per round
+    speedup_lo: float = float("nan")  #: min over rounds
+    speedup_hi: float = float("nan")  #: max over rounds
+
+    @property
+    def within_noise(self) -> bool:
+        return self.speedup_lo <= 1.0 <= self.speedup_hi
+
+
+class StepAB:
+    """Interleaved step-time A/B of the swaps of ``model`` (usable without Lightning).
+
+    Arms: ``unfused`` (every swapped module given back its reference class), ``all`` (every swap in
+    place) and, when more than one kind is swapped, one arm per kind (only that kind fused).  Swapping and
+    restoring are class changes (same parameters, same optimizer state), so the arms are real training
+    steps of the same run.  The schedule is ``warmup_rounds`` uncounted rounds (first use of each arm:
+    autotuning, allocator, a compiled graph per arm), then ``rounds`` measured rounds; each round runs every
+    arm once, in an order rotated from round to round, so that drift hits every arm alike.  Each kind's
+    speedup is the median over rounds of ``t(unfused) / t(kind)`` taken within the same round, with the
+    min and max over rounds as its spread.  Total cost: ``(warmup_rounds + rounds) * len(arms)`` steps.
+
+    Use: ``ab.begin_step()`` before a step (sets the arm's classes, starts the timer; False once done),
+    ``ab.end_step()`` after it, ``ab.finish()`` when done (restores every swap, returns the results).
+    """
+
+    def __init__(self, model: nn.Module, swapped: dict[str, str], rounds: int = 5, warmup_rounds: int = 1,
+                 timer: Any = None, device: torch.device | str = "cpu", mapping: dict | None = None) -> None:
+        self.model = model
+        self.swapped = dict(swapped)  #: module name -> kind, as swapped before the A/B
+        self.mapping = dict(mapping or {})  #: swap_modules' mapping (a model's own classes), to swap them back in
+        order = list(KINDS)
+        self.kinds = sorted(set(self.swapped.values()), key=lambda k: (order.index(k) if k in order else len(order), k))
+        self.arms: dict[str, list[str]] = {"unfused": [], "all": list(self.kinds)}
+        if len(self.kinds) > 1:
+            self.arms.update({k: [k] for k in self.kinds})
+        self.rounds, self.warmup_rounds = int(rounds), int(warmup_rounds)
+        names = list(self.arms)
+        self.schedule: list[tuple[int, str]] = []  # (round, arm); round < 0: warm-up
+        for r in range(-self.warmup_rounds, self.rounds):
+            shift = r % len(names)
+            self.schedule += [(r, a) for a in names[shift:] + names[:shift]]
+        self.timer = timer if timer is not None else StepTimer(device)
+        self._i = 0
+        self._token: Any = None
+        self._stopped: list[tuple[int, str, Any]] = []
+        self._fused_now = set(self.kinds)
+        self.results: dict[str, ArmResult] = {}
+
+    @property
+    def steps(self) -> int:
+        return len(self.schedule)
+
+    @property
+    def done(self) -> bool:
+        return self._i >= len(self.schedule)
+
+    @property
+    def meaningful(self) -> bool:
+        return bool(getattr(self.timer, "meaningful", False))
+
+    def set_fused(self, kinds: list[str]) -> None:
+        """Make exactly ``kinds`` (of the swapped modules) fused; the rest get their reference class."""
+        from .swap import restore_modules, swap_modules
+
+        want = set(kinds)
+        off = [n for n, k in self.swapped.items() if k in self._fused_now - want]
+        if off:
+            restore_modules(self.model, off)
+        for kind in want - self._fused_now:
+            names = [n for n, k in self.swapped.items() if k == kind]
+            swap_modules(self.model, kinds=[kind], include=[re.escape(n) for n in names], mapping=self.mapping)
+        self._fused_now = want
+
+    def begin_step(self) -> bool:
+        if self.done:
+            return False
+        _, arm = self.schedule[self._i]
+        self.set_fused(self.arms[arm])
+        self._token = self.timer.start()
+        return True
+
+    def end_step(self) -> None:
+        if self._token is None:
+            return
+        r, arm = self.schedule[self._i]
+        self._stopped.append((r, arm, self.timer.stop(self._token)))
+        self._token = None
+        self._i += 1
+
+    def finish(self, keep: list[str] | None = None) -> dict[str, ArmResult]:
+        """Stop: set ``keep`` kinds fused (default: all swapped kinds), compute the results."""
+        self.set_fused(self.kinds if keep is None else keep)
+        self._schedule_left = self.schedule[self._i:]
+        self._i = len(self.schedule)
+        per_round: dict[int, dict[str, float]] = {}
+        for r, arm, stopped in self._stopped:
+            ms = self.timer.elapsed_ms(stopped)
+            if r >= 0:
+                per_round.setdefault(r, {})[arm] = ms
+        full = [d for d in per_round.values() if len(d) == len(self.arms)]
+        self.results = {}
+        for arm, kinds in self.arms.items():
+            ms = [d[arm] for d in full]
+            res = ArmResult(arm, list(kinds), ms)
+            if ms:
+                res.median_ms = statistics.median(ms)
+                ratios = [d["unfused"] / d[arm] for d in full if d[arm] > 0]
+                if ratios:
+                    res.speedup, res.speedup_lo, res.speedup_hi = statistics.median(ratios), min(ratios), max(ratios)
+            self.results[arm] = res
+        return self.results
+
+    def kind_speedups(self) -> dict[str, ArmResult]:
+        """Per swapped kind: the arm that fused only that kind (``all`` when a single kind is swapped)."""
+        if len(self.kinds) == 1:
+            return {self.kinds[0]: self.results["all"]} if "all" in self.results else {}
+        return {k: self.results[k] for k in self.kinds if k in self.results}
+
+    def metrics(self, prefix: str = "fused") -> dict[str, float]:
+        """``<prefix>/step_speedup/<kind>`` and ``/all`` (median), with ``_lo``/``_hi`` and step medians."""
+        out: dict[str, float] = {}
+        items = {**self.kind_speedups(), "all": self.results.get("all")}
+        for name, res in items.items():
+            if res is None or not res.step_ms:
+                continue
+            out[f"{prefix}/step_speedup/{name}"] = res.speedup
+            out[f"{prefix}/step_speedup_lo/{name}"] = res.speedup_lo
+            out[f"{prefix}/step_speedup_hi/{name}"] = res.speedup_hi
+        if self.results.get("unfused") is not None and self.results["unfused"].step_ms:
+            out[f"{prefix}/step_ms/unfused"] = self.results["unfused"].median_ms
+            out[f"{prefix}/step_ms/all"] = self.results["all"].median_ms
+        out[f"{prefix}/ab_rounds"] = float(len(self.results.get("unfused", ArmResult("", [], [])).step_ms))
+        return out
+
+    def format(self) -> str:
+        lines = [f"{'arm':>20}  {'fused kinds':>32}  {'median ms':>10}  {'speedup (min-max)':>22}"]
+        for arm, res in self.results.items():
+            sp = "-" if arm == "unfused" else f"{res.speedup:.3f}x ({res.speedup_lo:.3f}-{res.speedup_hi:.3f})"
+            if arm != "unfused" and res.step_ms and res.within_noise:
+                sp += " within noise"
+            lines.append(f"{arm:>20}  {','.join(res.kinds) or '-':>32}  {res.median_ms:>10.3f}  {sp:>22}")
+        if not self.meaningful:
+            lines.append("(steps timed on the CPU / Triton interpreter: step times are not meaningful)")
+        return "\n".join(lines)

@@ -4,9 +4,15 @@
 in ``conf/train.yaml``); by hand: ``python -m lm_demo.compare multirun/DATE/TIME``. Writes
 ``comparison.md``, ``comparison.json`` and ``comparison.png`` into the sweep dir and prints the table.
 
-Runs are grouped by the command-line overrides that differ between them, other than ``seed`` (values averaged over seeds); the
-first group with ``fused=false`` is the baseline of the ``vs base`` column. Throughput keys are found
-among those Lightning's ThroughputMonitor logs (``train/device/items_per_sec`` = tokens/s, ...).
+Runs are grouped by the command-line overrides that differ between them, other than ``seed``.  Each
+group's tokens/s is a median with its spread (min-max): over seeds when the group has several runs, else
+over the throughput windows ThroughputMonitor logged in the second half of the run.  A ratio whose
+spreads overlap is printed as "within noise".  Columns: what was actually swapped (a ``fused=true`` run
+that swapped nothing is labelled ``fused (0 swapped)`` and gets no ratio), ``vs base`` (the first
+``fused=false`` group), ``vs best unfused`` (the fastest group that ran unfused: where the sweep has them,
+SDPA and compiled SDPA; the table says when it has neither), and the step-time A/B the fused callback
+measured inside each run (``fused/step_speedup/<kind>``, median over rounds, min-max).  Per-module kernel
+timings (``fused/speedup/<kind>``, against each module's reference class) are in ``comparison.json`` only.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from statistics import mean
+from statistics import median
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -35,12 +41,29 @@ def _first(m: dict[str, float], keys: tuple[str, ...]) -> float | None:
     return None
 
 
+def _spread(values: list[float]) -> tuple[float | None, float | None, float | None]:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return None, None, None
+    return median(vals), min(vals), max(vals)
+
+
+def _window_samples(s: dict[str, Any], key: str = "train/device/items_per_sec") -> list[float]:
+    """ThroughputMonitor's logged values in the second half of the run (after warm-up and the A/B)."""
+    h = (s.get("history") or {}).get(key) or []
+    if not h:
+        return []
+    last = h[-1][0]
+    return [v for step, v in h if step >= last / 2] or [h[-1][1]]
+
+
 def run_row(s: dict[str, Any]) -> dict[str, Any]:
     """The compared quantities of one run's summary (None where the run did not log them)."""
     m = s.get("metrics", {})
     step_ms = _first(m, _STEP_MS)
     if step_ms is None and (bps := _first(m, _BATCHES)):
         step_ms = 1000.0 / bps
+    fl = s.get("fused_layers") or {}
     row = {
         "tokens_per_sec": _first(m, _TOKENS),
         "step_ms": step_ms,
@@ -48,8 +71,12 @@ def run_row(s: dict[str, Any]) -> dict[str, Any]:
         "mfu": _first(m, _MFU),
         "train_loss": m.get("train/loss"),
         "val_loss": m.get("val/loss"),
+        "swapped": fl.get("swapped") or {},
+        "swapped_total": fl.get("swapped_total", 0) if s.get("fused") else 0,
+        "ab_status": fl.get("ab_status") if s.get("fused") else None,
+        "_windows": _window_samples(s),
     }
-    row.update({k: v for k, v in m.items() if k.startswith("fused/speedup/")})
+    row.update({k: v for k, v in m.items() if k.startswith(("fused/speedup/", "fused/step_speedup"))})
     return row
 
 
@@ -89,19 +116,51 @@ def compare(sweep_dir: str | Path, plot: bool = True, echo: bool = True) -> dict
     rows = []
     for label, ss in groups.items():
         rr = [run_row(s) for s in ss]
-        keys = sorted({k for r in rr for k in r}, key=lambda k: (k.startswith("fused/"), k))
-        agg = {k: (mean(v) if (v := [r[k] for r in rr if r.get(k) is not None]) else None) for k in keys}
-        rows.append({"label": label, "fused": ss[0].get("fused"), "attn_impl": ss[0].get("attn_impl"),
-                     "compile": ss[0].get("compile"), "runs": len(ss), **agg,
-                     "history": ss[0].get("history", {})})
+        keys = sorted({k for r in rr for k in r if not k.startswith("_") and k not in ("swapped", "ab_status")},
+                      key=lambda k: (k.startswith("fused/"), k))
+        agg: dict[str, Any] = {}
+        for k in keys:
+            vals = [r[k] for r in rr if isinstance(r.get(k), (int, float))]
+            agg[k] = median(vals) if vals else None
+        samples = [r["tokens_per_sec"] for r in rr] if len(rr) > 1 else rr[0]["_windows"]
+        med, lo, hi = _spread(samples)
+        if med is not None:
+            agg["tokens_per_sec"], agg["tokens_lo"], agg["tokens_hi"] = med, lo, hi
+            agg["tokens_spread_over"] = f"{len(rr)} seeds" if len(rr) > 1 else f"{len(samples)} windows"
+        fused = bool(ss[0].get("fused"))
+        swapped_total = min(r["swapped_total"] for r in rr)
+        swapped: dict[str, int] = {}
+        for k, n in rr[0]["swapped"].items():
+            if n:
+                swapped[k] = n
+        rows.append({"label": label, "fused": fused, "ran_fused": fused and swapped_total > 0,
+                     "tag": "unfused" if not fused else ("fused" if swapped_total else "fused (0 swapped)"),
+                     "attn_impl": ss[0].get("attn_impl"), "compile": ss[0].get("compile"), "runs": len(ss),
+                     "swapped": swapped, "ab_status": rr[0]["ab_status"], **agg, "history": ss[0].get("history", {})})
     base = next((r for r in rows if r["fused"] is False), rows[0])
+    unfused = [r for r in rows if not r["ran_fused"] and r.get("tokens_per_sec")]
+    best = max(unfused, key=lambda r: r["tokens_per_sec"]) if unfused else None
     for r in rows:
-        t, b = r.get("tokens_per_sec"), base.get("tokens_per_sec")
-        r["vs_base"] = (t / b) if t and b else None
-    kinds = sorted({k for r in rows for k in r if k.startswith("fused/speedup/")})
-    result = {"sweep_dir": str(sweep_dir), "baseline": base["label"], "kinds": kinds,
+        for name, ref in (("vs_base", base), ("vs_best_unfused", best)):
+            t, b = r.get("tokens_per_sec"), (ref or {}).get("tokens_per_sec")
+            r[name] = (t / b) if t and b and r["ran_fused"] == r["fused"] else None
+            lo, hi, blo, bhi = r.get("tokens_lo"), r.get("tokens_hi"), (ref or {}).get("tokens_lo"), (ref or {}).get("tokens_hi")
+            r[name + "_noise"] = None if None in (lo, hi, blo, bhi) or ref is r else (lo <= bhi and blo <= hi)
+    notes = []
+    if not any(r["attn_impl"] == "sdpa" and not r["ran_fused"] and not r["compile"] for r in rows):
+        notes.append("no unfused SDPA baseline in this sweep (add model.attn_impl=sdpa jobs, e.g. `model.attn_impl=reference,sdpa`)")
+    if not any(r["attn_impl"] == "sdpa" and not r["ran_fused"] and r["compile"] for r in rows):
+        notes.append("no compiled unfused SDPA baseline in this sweep (add `model.compile=false,true` with model.attn_impl=sdpa)")
+    for r in rows:
+        if r["fused"] and not r["ran_fused"]:
+            notes.append(f"{r['label']}: fused=true but nothing was swapped ({r.get('ab_status') or 'no kernels'}): "
+                         "an unfused run, no ratio shown")
+    kinds = sorted({k for r in rows for k in r if k.startswith("fused/step_speedup/")})
+    detail = sorted({k for r in rows for k in r if k.startswith("fused/speedup/")})
+    result = {"sweep_dir": str(sweep_dir), "baseline": base["label"], "best_unfused": best["label"] if best else None,
+              "kinds": kinds, "per_module_kinds": detail, "notes": notes,
               "rows": [{k: v for k, v in r.items() if k != "history"} for r in rows]}
-    md = format_table(rows, kinds, base["label"])
+    md = format_table(rows, kinds, base["label"], best["label"] if best else None, notes)
     (sweep_dir / "comparison.md").write_text(md + "\n")
     (sweep_dir / "comparison.json").write_text(json.dumps(result, indent=2))
     if plot:
@@ -117,17 +176,40 @@ def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def format_table(rows: list[dict[str, Any]], kinds: list[str], base_label: str) -> str:
-    head = ["run", "n", "tokens/s", "vs base", "step ms", "peak GiB", "MFU", "train loss", "val loss"]
-    head += [f"speedup {k.rsplit('/', 1)[-1]}" for k in kinds]
+def _ratio(r: dict[str, Any], key: str) -> str:
+    v = r.get(key)
+    if v is None:
+        return "-"
+    return f"{v:.2f}x" + (" (within noise)" if r.get(key + "_noise") else "")
+
+
+def format_table(rows: list[dict[str, Any]], kinds: list[str], base_label: str, best_label: str | None = None,
+                 notes: list[str] | None = None) -> str:
+    short = [k.rsplit("/", 1)[-1] for k in kinds]
+    head = ["run", "ran as", "n", "tokens/s median [min-max]", "vs base", "vs best unfused", "step ms", "peak GiB", "MFU",
+            "train loss", "val loss"] + [f"step A/B {k}" for k in short]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["label"] + (" (base)" if r["label"] == base_label else ""), str(r["runs"]),
-                 _fmt(r.get("tokens_per_sec"), ",.0f"), _fmt(r.get("vs_base"), ".2f") + ("x" if r.get("vs_base") else ""),
+        label = r["label"] + (" (base)" if r["label"] == base_label else "") + (" (best unfused)" if r["label"] == best_label else "")
+        ran = r["tag"] + (": " + ", ".join(f"{k} {n}" for k, n in r["swapped"].items()) if r["swapped"] else "")
+        tps = "-" if r.get("tokens_per_sec") is None else (
+            f"{r['tokens_per_sec']:,.0f} [{r['tokens_lo']:,.0f}-{r['tokens_hi']:,.0f}]" if r.get("tokens_lo") is not None
+            else f"{r['tokens_per_sec']:,.0f}")
+        cells = [label, ran, str(r["runs"]), tps, _ratio(r, "vs_base"), _ratio(r, "vs_best_unfused"),
                  _fmt(r.get("step_ms"), ".1f"), _fmt(r.get("peak_memory_gib"), ".2f"), _fmt(r.get("mfu"), ".1%"),
                  _fmt(r.get("train_loss"), ".4f"), _fmt(r.get("val_loss"), ".4f")]
-        cells += [_fmt(r.get(k), ".3g") + ("x" if r.get(k) is not None else "") for k in kinds]
+        for k, sk in zip(kinds, short):
+            v = r.get(k)
+            lo, hi = r.get(f"fused/step_speedup_lo/{sk}"), r.get(f"fused/step_speedup_hi/{sk}")
+            cells.append("-" if v is None else f"{v:.3f}x" + (f" [{lo:.3f}-{hi:.3f}]" if lo is not None and hi is not None else ""))
         lines.append("| " + " | ".join(cells) + " |")
+    spread = sorted({r.get("tokens_spread_over", "") for r in rows} - {""})
+    lines.append("")
+    lines.append(f"tokens/s: median, [min-max] over {' / '.join(spread) or '-'}; a ratio whose ranges overlap is within noise. "
+                 "step A/B: the fused callback's interleaved step-time A/B inside the run (unfused step / step with that "
+                 "kind fused; median [min-max] over rounds).")
+    for n in notes or []:
+        lines.append(f"- note: {n}")
     return "\n".join(lines)
 
 
@@ -143,10 +225,18 @@ def _plot(rows: list[dict[str, Any]], kinds: list[str], path: Path) -> str | Non
     labels = [r["label"] for r in rows]
     panels = [("tokens/s", "tokens_per_sec"), ("step time (ms)", "step_ms"), ("peak memory (GiB)", "peak_memory_gib")]
     fig, axes = plt.subplots(1, 5, figsize=(22, 4.2))
-    colors = ["tab:orange" if r["fused"] else "tab:blue" for r in rows]
+    colors = ["tab:orange" if r["ran_fused"] else "tab:blue" for r in rows]
     for ax, (title, key) in zip(axes, panels):
         vals = [r.get(key) or 0.0 for r in rows]
-        ax.bar(range(len(rows)), vals, color=colors)
+        err = None
+        if key == "tokens_per_sec" and all(r.get("tokens_lo") is not None for r in rows):
+            err = [[v - r["tokens_lo"] for v, r in zip(vals, rows)], [r["tokens_hi"] - v for v, r in zip(vals, rows)]]
+            title = "tokens/s (median, min-max)"
+        ax.bar(range(len(rows)), vals, color=colors, yerr=err, capsize=3)
+        if key == "tokens_per_sec":  # the ratio a user compares: against the fastest unfused run of the sweep
+            for i, r in enumerate(rows):
+                if r.get("vs_best_unfused") is not None:
+                    ax.text(i, vals[i], f"{r['vs_best_unfused']:.2f}x", ha="center", va="bottom", fontsize=7)
         ax.set_xticks(range(len(rows)), labels, rotation=20, ha="right", fontsize=8)
         ax.set_title(title if any(vals) else f"{title}: not logged")
     ax = axes[3]
@@ -157,7 +247,8 @@ def _plot(rows: list[dict[str, Any]], kinds: list[str], path: Path) -> str | Non
                 ax.plot([p[0] for p in h], [p[1] for p in h], style, color=c, alpha=0.8, label=f"{r['label']} {key}")
     ax.set_title("loss (nats/byte)")
     ax.set_xlabel("step")
-    ax.legend(fontsize=6)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6)
     ax = axes[4]
     if kinds:
         measured = [(r, c) for r, c in zip(rows, colors) if any(r.get(k) is not None for k in kinds)]
@@ -167,7 +258,7 @@ def _plot(rows: list[dict[str, Any]], kinds: list[str], path: Path) -> str | Non
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks(range(len(kinds)), [k.rsplit("/", 1)[-1] for k in kinds], fontsize=8)
         ax.legend(fontsize=6)
-    ax.set_title("per-kind speedup (fwd+bwd)" if kinds else "per-kind speedup: none measured")
+    ax.set_title("step-time A/B speedup per kind" if kinds else "step-time A/B: none measured")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

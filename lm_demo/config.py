@@ -14,6 +14,7 @@ and ``${sweep_group:}`` (one name shared by all jobs of a multirun).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -92,19 +93,26 @@ class FusedCallbackConfig:
     kinds: Optional[Dict[str, bool]] = None
     include: Optional[List[str]] = None
     exclude: Optional[List[str]] = None
-    mapping: Optional[Dict[str, Any]] = None  # class -> kind, (kind, aliases) or {kind: ..., aliases: {...}}
+    # class -> kind, (kind, aliases) or {kind: ..., aliases: {...}}; {} rather than None: OmegaConf cannot merge
+    # a CLI dict (callbacks.fused.mapping={...}) into a None node of a structured config
+    mapping: Dict[str, Any] = field(default_factory=dict)
     policy: str = "faster"
     measure: bool = True
     record_steps: int = 1
     warmup_steps: int = 3
     max_measure_seconds: float = 2.0
     log_table: bool = True
+    ab_rounds: int = 5
+    ab_warmup_rounds: int = 1
+    ab_max_steps: int = 40
+    ab_compiled: str = "per_arm"
 
 
 @dataclass
 class TrainConfig:
     fused: bool = False
     seed: int = 1234
+    ckpt_path: Optional[str] = None
     output_dir: str = "${hydra:runtime.output_dir}"
     run_group: str = "${sweep_group:}"
     run_tag: str = "${fused_tag:${fused}}"
@@ -113,6 +121,108 @@ class TrainConfig:
     trainer: TrainerConfig = MISSING
     callbacks: Dict[str, Any] = field(default_factory=dict)
     logger: Dict[str, Any] = field(default_factory=dict)
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key (``data.path``) and the problem."""
+
+
+def _fail(key: str, problem: str) -> None:
+    raise ConfigError(f"{key}: {problem}")
+
+
+def resolve_ckpt_path(value: str | None, roots: tuple[str, ...] = ("outputs", "multirun")) -> str | None:
+    """``ckpt_path`` as a file: ``None`` stays ``None``; ``last`` is the newest ``checkpoints/last.ckpt``
+    under ``roots`` (the Hydra run/sweep dirs, relative to the working directory)."""
+    if value is None:
+        return None
+    if value == "last":
+        found = [p for r in roots for p in Path(r).glob("**/checkpoints/last.ckpt")]
+        if not found:
+            _fail("ckpt_path", f"'last': no checkpoints/last.ckpt under {' or '.join(r + '/' for r in roots)} (has a run finished here?)")
+        return str(max(found, key=lambda p: p.stat().st_mtime))
+    p = Path(value).expanduser()
+    if not p.is_file():
+        _fail("ckpt_path", f"{value!r}: no such file")
+    return str(p)
+
+
+#: model hyper-parameters that fix parameter shapes: a checkpoint must agree on them to load
+_SHAPE_KEYS = ("vocab_size", "seq_len", "d_model", "n_layer", "n_head", "mlp_ratio")
+
+
+def check_config(cfg: Any) -> None:
+    """Check what composing cannot: paths, values and every callback's settings (disabled ones too).
+
+    Runs before anything is built (no logger, no W&B run dir, no trainer). Raises `ConfigError` naming the
+    key. Callback entries are checked by their class's ``check_args`` (``FusedLayersCallback``,
+    ``ThroughputCallback``) or, failing that, by binding the entry to the class's constructor signature.
+    """
+    import importlib
+    import inspect
+
+    d = cfg.data
+    if d.path is not None:
+        if d.synthetic:
+            _fail("data.path", "cannot be combined with data.synthetic=true; pick one")
+        p = Path(str(d.path)).expanduser()
+        if not p.is_file():
+            _fail("data.path", f"{d.path!r}: no such file")
+    if not 0.0 < float(d.val_fraction) < 1.0:
+        _fail("data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
+    for key in ("batch_size", "seq_len"):
+        if int(d[key]) < 1:
+            _fail(f"data.{key}", f"must be >= 1, got {d[key]}")
+    m = cfg.model
+    if int(m.n_head) < 1 or int(m.d_model) % int(m.n_head):
+        _fail("model.n_head", f"must divide model.d_model ({m.d_model}), got {m.n_head}")
+    if int(cfg.trainer.max_steps) < -1:
+        _fail("trainer.max_steps", f"must be -1 (no limit) or >= 0, got {cfg.trainer.max_steps}")
+
+    for group in ("callbacks", "logger"):
+        for name, entry in (cfg.get(group) or {}).items():
+            if entry is None:
+                continue
+            key = f"{group}.{name}"
+            target = entry.get("_target_")
+            if not target:
+                _fail(key, "has no _target_")
+            mod, _, attr = str(target).rpartition(".")
+            try:
+                cls = getattr(importlib.import_module(mod), attr)
+            except (ImportError, AttributeError, ValueError) as e:
+                _fail(f"{key}._target_", f"{target!r} cannot be imported ({type(e).__name__}: {e})")
+            kwargs = {k: v for k, v in OmegaConf.to_container(entry, resolve=True).items() if k not in ("_target_", "enabled")}
+            kwargs = {k: v for k, v in kwargs.items() if not (isinstance(v, dict) and "_target_" in v)}  # nested objects
+            checker = getattr(cls, "check_args", None)
+            try:
+                inspect.signature(cls).bind(**kwargs)  # unknown argument names
+                if checker is not None:
+                    checker(**kwargs)
+            except TypeError as e:
+                _fail(key, str(e))
+            except ValueError as e:
+                arg = getattr(e, "arg", None)
+                _fail(f"{key}.{arg}" if arg else key, str(e).split(": ", 1)[-1] if arg else str(e))
+
+    ckpt = resolve_ckpt_path(cfg.get("ckpt_path"))
+    if ckpt is not None:
+        check_checkpoint_fits(ckpt, cfg)
+
+
+def check_checkpoint_fits(path: str, cfg: Any) -> None:
+    """The checkpoint's model hyper-parameters that fix parameter shapes must equal the config's."""
+    import torch
+
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        _fail("ckpt_path", f"{path!r} is not a readable checkpoint ({type(e).__name__}: {e})")
+    hp = ck.get("hyper_parameters") or {}
+    for k in _SHAPE_KEYS:
+        if k in hp and k in cfg.model and int(hp[k]) != int(cfg.model[k]):
+            _fail("ckpt_path", f"{path!r} was trained with model.{k}={hp[k]}, the config has model.{k}={cfg.model[k]}; "
+                               "resume with the run's own model settings")
 
 
 _GROUP_CACHE: dict[str, str] = {}

@@ -161,6 +161,7 @@ class GPTLM(L.LightningModule):
     ):
         super().__init__()
         attn_impl = AttnImpl(getattr(attn_impl, "value", attn_impl)).value
+        betas = tuple(float(b) for b in betas)  # plain types (not Hydra's ListConfig): checkpoints load with weights_only
         self.save_hyperparameters()
         self.hparams.attn_impl = attn_impl
         self.model = GPT(vocab_size, seq_len, d_model, n_layer, n_head, mlp_ratio, dropout, attn_impl)

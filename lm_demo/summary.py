@@ -9,7 +9,9 @@ callback's ``fused/speedup/<kind>`` -- without depending on either callback's in
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from typing import Any
 
 import lightning as L
@@ -57,9 +59,38 @@ class MemoryLogger(Logger):
                 h.append((int(step) if step is not None else len(h), v))
 
 
-def run_summary(trainer: L.Trainer, cfg: DictConfig, memory: MemoryLogger, fit_seconds: float) -> dict[str, Any]:
-    """What compare.py reads: the run's identity, the last value of every metric logged (``memory``:
-    ThroughputMonitor's, the fused callback's speedups, losses) and ``callback_metrics``, and the loss curves."""
+def run_tag(fused_requested: bool, swapped_total: int | None) -> str:
+    """The label of what ran: ``unfused``, ``fused``, or ``fused (0 swapped)`` where fused=true swapped nothing
+    (no runnable kernels, no swappable module, or policy=faster undid every swap)."""
+    if not fused_requested:
+        return "unfused"
+    return "fused" if swapped_total else "fused (0 swapped)"
+
+
+class _DropLightningTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith("\U0001f4a1 Tip")
+
+
+def quiet_console() -> None:
+    """Drop what a user does not need on every run: Lightning's "Tip" adverts (litlogger, litmodels) and a
+    deprecation warning Lightning 2.6 triggers in torch's pytree (``isinstance(treespec, LeafSpec)``).
+    W&B's console lines are off through ``settings.silent`` (conf/logger/wandb.yaml); the Triton
+    interpreter's numpy warnings are silenced where kernels are launched (fused_layers/ops/_library.py)."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, _DropLightningTips) for f in lg.filters):
+            lg.addFilter(_DropLightningTips())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    # resuming into a new run dir (by design: ckpt_path=... starts a new output dir) is not news
+    warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+
+
+def run_summary(trainer: L.Trainer, cfg: DictConfig, memory: MemoryLogger, fit_seconds: float,
+                fused_cb: Any = None) -> dict[str, Any]:
+    """What compare.py reads: the run's identity, what the fused callback actually did (swapped modules per
+    kind, the step-time A/B), the last value of every metric logged (``memory``: ThroughputMonitor's, the
+    fused callback's speedups, losses) and ``callback_metrics``, the loss and throughput curves."""
     metrics: dict[str, float] = dict(memory.last)
     for k, v in trainer.callback_metrics.items():
         if isinstance(v, torch.Tensor) and v.numel() == 1:
@@ -67,11 +98,16 @@ def run_summary(trainer: L.Trainer, cfg: DictConfig, memory: MemoryLogger, fit_s
         elif isinstance(v, (int, float)):
             metrics[k] = float(v)
     if torch.cuda.is_available() and trainer.strategy.root_device.type == "cuda":
+        # train.py resets the peak statistics at the start of each job (one process runs a whole multirun)
         metrics.setdefault("peak_memory_gib", torch.cuda.max_memory_allocated(trainer.strategy.root_device) / 2**30)
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    fused_info = fused_cb.summary() if fused_cb is not None else None
+    swapped_total = fused_info["swapped_total"] if fused_info else 0
     return {
         "fused": bool(cfg.fused),
-        "tag": cfg.run_tag,
+        "fused_effective": bool(cfg.fused) and swapped_total > 0,
+        "fused_layers": fused_info,
+        "tag": run_tag(bool(cfg.fused), swapped_total),
         "group": cfg.run_group,
         "seed": int(cfg.seed),
         "attn_impl": config["model"]["attn_impl"],
@@ -81,7 +117,8 @@ def run_summary(trainer: L.Trainer, cfg: DictConfig, memory: MemoryLogger, fit_s
         "global_step": int(trainer.global_step),
         "fit_seconds": fit_seconds,
         "metrics": metrics,
-        "history": {k: memory.history[k] for k in ("train/loss", "val/loss") if k in memory.history},
+        "history": {k: memory.history[k] for k in ("train/loss", "val/loss", "train/device/items_per_sec",
+                                                   "train/device/batches_per_sec") if k in memory.history},
         "config": config,
     }
 

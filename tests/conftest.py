@@ -15,12 +15,30 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 # Fresh inputs on every run, reproducible from the printed seed: FUSED_TEST_SEED=<n> pytest ...
+# The seed is in the header and, after a failure, in the failure report and the terminal summary.
 BASE_SEED = int(os.environ.get("FUSED_TEST_SEED", random.SystemRandom().randrange(2**31)))
 HAS_CUDA = torch.cuda.is_available()
 
 
 def pytest_report_header(config):
     return f"fused-layers: FUSED_TEST_SEED={BASE_SEED} cuda={HAS_CUDA} TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Every failed test's report carries the seed that reproduces it (shown with -q too)."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed:
+        seed = (BASE_SEED + zlib.crc32(item.nodeid.encode())) % 2**31
+        rep.sections.append(("fused-layers seed", f"reproduce with: FUSED_TEST_SEED={BASE_SEED} (this test's seed {seed})"))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After failures, one line with the seed, whatever the verbosity / --show-capture / --tb flags."""
+    if terminalreporter.stats.get("failed") or terminalreporter.stats.get("error"):
+        terminalreporter.write_line(f"fused-layers: inputs were drawn with FUSED_TEST_SEED={BASE_SEED}; "
+                                    f"rerun with FUSED_TEST_SEED={BASE_SEED} python -m pytest ... to reproduce")
 
 
 def pytest_collection_modifyitems(config, items):

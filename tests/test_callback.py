@@ -188,7 +188,7 @@ def test_policy_faster_undoes_a_slower_swap(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ledger_mod, "measure_pair", slower_softmax)
     model = LM()
-    cb = _cb(policy="faster", kinds={"softmax": True, "layer_norm": True})
+    cb = _cb(policy="faster", kinds={"softmax": True, "layer_norm": True}, ab_rounds=0)  # no A/B: per-module fallback
     logger = CSVLogger(tmp_path, name="faster")
     trainer = _trainer(tmp_path, [cb], logger=logger)
     trainer.fit(model)
@@ -204,27 +204,130 @@ def test_policy_faster_undoes_a_slower_swap(tmp_path, monkeypatch):
 
 
 def test_policy_faster_ignores_interpreter_timings(tmp_path):
-    """Interpreter timings (meaningful=False) never undo a swap, however slow they look."""
+    """Interpreter timings (meaningful=False) never undo a swap, however slow they look: neither the
+    per-module ones nor the step-time A/B's."""
     model = LM()
-    cb = _cb(policy="faster", kinds={"softmax": True})
+    cb = _cb(policy="faster", kinds={"softmax": True}, warmup_steps=1, ab_rounds=1, ab_warmup_rounds=0)
     trainer = _trainer(tmp_path, [cb])
     trainer.fit(model)
     assert cb.measurements and not any(r.meaningful for r in cb.measurements)
-    assert type(model.net.sm).__name__ == "FusedSoftmax" and not cb.restored
+    assert cb.ab is not None and cb.ab.results and not cb.ab.meaningful and "A/B-measured" in cb.ab_status
+    assert type(model.net.sm).__name__ == "FusedSoftmax" and not cb.restored and cb.kept_arm is None
+
+
+class FakeStepTimer:
+    """Step 'times' from the classes the model has at the step's start: fused LayerNorm saves 2 ms, fused
+    softmax costs 5 ms, on a 10 ms step. Exercises the A/B's mechanism, not any speed."""
+
+    meaningful = True
+
+    def __init__(self) -> None:
+        self.model: nn.Module | None = None
+        self.seen: list[frozenset] = []
+
+    def start(self):
+        from fused_layers.swap import fused_kind
+
+        kinds = frozenset(k for m in self.model.modules() if (k := fused_kind(m)) is not None)
+        self.seen.append(kinds)
+        return 10.0 + (5.0 if "softmax" in kinds else 0.0) - (2.0 if "layer_norm" in kinds else 0.0)
+
+    def stop(self, token):
+        return token
+
+    def elapsed_ms(self, stopped):
+        return stopped
+
+
+def test_step_ab_interleaves_arms_logs_and_keeps_the_fastest(tmp_path):
+    """The step-time A/B: real training steps, interleaved arms (unfused / all / each kind), paired
+    per-round ratios, fused/step_speedup/<kind> and /all logged, policy=faster keeps the fastest arm."""
+    torch.manual_seed(0)
+    ref = LM()
+    model = copy.deepcopy(ref)
+    timer = FakeStepTimer()
+    timer.model = model
+    cb = _cb(policy="faster", kinds={"softmax": True, "layer_norm": True}, warmup_steps=1, measure=False,
+             ab_rounds=2, ab_warmup_rounds=1, ab_max_steps=40, step_timer=timer)
+    logger = CSVLogger(tmp_path, name="ab")
+    steps = 1 + 3 * 4 + 1  # warm-up, (1 + 2 rounds) x 4 arms, one more after the A/B
+    trainer = _trainer(tmp_path, [cb], steps=steps, logger=logger)
+    trainer.fit(model)
+    ab = cb.ab
+    assert list(ab.arms) == ["unfused", "all", "layer_norm", "softmax"] and ab.steps == 12
+    # every round runs each arm once, in an order rotated from round to round
+    rounds = [[a for r, a in ab.schedule if r == i] for i in (-1, 0, 1)]
+    assert all(sorted(r) == sorted(ab.arms) for r in rounds) and len({tuple(r) for r in rounds}) == 3
+    assert timer.seen == [frozenset(ab.arms[a]) for _, a in ab.schedule]  # each step ran its arm's classes
+    res = ab.results
+    assert res["unfused"].step_ms == [10.0, 10.0] and res["layer_norm"].step_ms == [8.0, 8.0]
+    assert res["layer_norm"].speedup == pytest.approx(1.25) and res["softmax"].speedup == pytest.approx(10 / 15)
+    assert res["all"].speedup == pytest.approx(10 / 13) and not res["layer_norm"].within_noise
+    # policy=faster: arm "layer_norm" wins; the softmax is back to nn.Softmax, the LayerNorm stays fused
+    assert cb.kept_arm == "layer_norm" and "A/B-measured (eager)" in cb.ab_status
+    assert type(model.net.sm) is nn.Softmax and type(model.net.ln).__name__ == "FusedLayerNorm"
+    assert cb.swapped_counts() == {"layer_norm": 1, "softmax": 0}
+    assert any(s.name == "net.sm" and "step-time A/B kept arm 'layer_norm'" in s.reason for s in cb.report.skipped)
+    _assert_optimizer_holds_module_params(trainer, model)
+    rows = _metrics(logger)
+    logged = {k: float(v) for r in rows for k, v in r.items() if v not in ("", None)}
+    assert logged["fused/step_speedup/layer_norm"] == pytest.approx(1.25)
+    assert logged["fused/step_speedup/softmax"] == pytest.approx(10 / 15)
+    assert logged["fused/step_speedup/all"] == pytest.approx(10 / 13)
+    assert logged["fused/kept/softmax"] == 0 and logged["fused/kept/layer_norm"] == 1 and logged["fused/ab_meaningful"] == 1
+    summary = cb.summary()
+    assert summary["swapped_total"] == 1 and summary["kept_arm"] == "layer_norm" and summary["step_ab"]["all"]["step_ms"] == [13.0, 13.0]
+    # the A/B's steps are training steps of the same function: same losses as the unfused model
+    _trainer(tmp_path, [], steps=steps).fit(ref)
+    torch.testing.assert_close(torch.tensor(model.losses), torch.tensor(ref.losses), atol=1e-4, rtol=1e-4)
+
+
+def test_step_ab_bounded_ended_early_and_compiled(tmp_path, monkeypatch):
+    """The A/B's cost is bounded by ab_max_steps; a run that ends during it says so; under torch.compile
+    with ab_compiled=skip the run is logged as not A/B-measured and nothing is undone."""
+    timer = FakeStepTimer()
+    model = LM()
+    timer.model = model
+    cb = _cb(policy="faster", kinds={"softmax": True, "layer_norm": True}, warmup_steps=1, measure=False,
+             ab_rounds=5, ab_warmup_rounds=1, ab_max_steps=12, step_timer=timer)
+    _trainer(tmp_path, [cb], steps=4).fit(model)
+    assert cb.ab.rounds == 2 and cb.ab.steps == 12  # 5 rounds did not fit in 12 steps
+    assert "not A/B-measured: training ended during the A/B's warm-up" in cb.ab_status
+    assert cb.swapped_counts() == {"layer_norm": 1, "softmax": 2} and cb.kept_arm is None  # all swaps back in place
+    assert type(model.net.sm).__name__ == "FusedSoftmax"
+
+    graphs = iter([0] + [1] * 100)
+    monkeypatch.setattr(fused_cb, "_compiled_graphs", lambda: next(graphs))
+    model = LM()
+    timer.model = model
+    cb = _cb(policy="faster", kinds={"softmax": True}, warmup_steps=1, measure=False, ab_compiled="skip", step_timer=timer)
+    _trainer(tmp_path, [cb], steps=3).fit(model)
+    assert cb.ab is None and cb.ab_status.startswith("not A/B-measured: the model runs under torch.compile")
+    assert type(model.net.sm).__name__ == "FusedSoftmax"
 
 
 def test_no_kernels_warns_and_swaps_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(fused_cb, "kernels_runnable", lambda device: False)
     model = LM()
     cb = _cb()
-    with pytest.warns(UserWarning, match="cannot run.*swapping nothing"):
-        _trainer(tmp_path, [cb], steps=2).fit(model)
+    logger = CSVLogger(tmp_path, name="none")
+    with pytest.warns(UserWarning, match="cannot run.*swapping nothing") as w:
+        _trainer(tmp_path, [cb], steps=2, logger=logger).fit(model)
     assert not _fused_names(model) and not cb.report.swapped and len(model.losses) == 2
+    # the hint says what the interpreter is for and what it costs
+    assert any("tests and debugging only" in str(x.message) and "90 s per training step" in str(x.message) for x in w)
+    # what happened is recorded: 0 swapped per kind, in the hyper-parameters and the summary
+    assert cb.summary()["swapped_total"] == 0 and set(cb.swapped_counts().values()) == {0}
+    assert "fused/swapped/layer_norm: 0" in (Path(logger.log_dir) / "hparams.yaml").read_text()
 
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="policy"):
         FusedLayersCallback(policy="sometimes")
+    with pytest.raises(ValueError, match="ab_compiled"):
+        FusedLayersCallback(ab_compiled="maybe")
+    with pytest.raises(ValueError, match="ab_rounds"):
+        FusedLayersCallback(ab_rounds=-1)
     with pytest.raises(ValueError, match="unknown kind"):
         FusedLayersCallback(kinds={"layernorm": True})
     with pytest.raises(ValueError, match="flops_from"):

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import train as train_script  # noqa: E402  (registers the schema and resolvers)
 from lm_demo.compare import compare  # noqa: E402
+from lm_demo.config import ConfigError, resolve_ckpt_path  # noqa: E402
 from lm_demo.data import ByteLMDataModule  # noqa: E402
 from lm_demo.model import GPTLM  # noqa: E402
 
@@ -74,6 +75,22 @@ def read_wandb_records(path: Path) -> list:
         r.ParseFromString(c)
         records.append(r)
     return records
+
+
+def wandb_run_records(out_dir: Path, timeout_s: float = 30.0) -> list:
+    """The records of the one offline run under ``out_dir``, once W&B's service has written them all (its
+    writer is a separate process: ``wandb.finish()`` can return before the file holds the exit record)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        files = list(out_dir.glob("wandb/offline-run-*/run-*.wandb"))
+        assert len(files) <= 1, files
+        records = read_wandb_records(files[0]) if files else []
+        kinds = {r.WhichOneof("record_type") for r in records}
+        if {"run", "exit"} <= kinds or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
 
 
 def finite(x) -> bool:
@@ -153,8 +170,7 @@ def test_fused_trains_and_logs_wandb_offline(tmp_path, monkeypatch):
     assert s["fused"] is True and finite(m["train/loss"]) and finite(m["val/loss"])
     # the callback swapped (interpreter on this CPU) and measured: speedups of the model's kinds
     assert {"fused/speedup/layer_norm", "fused/speedup/attention"} <= set(m), sorted(m)
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    records = read_wandb_records(run_file)
+    records = wandb_run_records(tmp_path)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert run.run_group == "test-sweep" and list(run.tags) == ["fused"]
     config = {u.key: json.loads(u.value_json) for r in records if r.WhichOneof("record_type") == "config" for u in r.config.update}
@@ -176,13 +192,173 @@ def test_multirun_writes_comparison(tmp_path):
     result = json.loads((tmp_path / "comparison.json").read_text())
     rows = {row["label"]: row for row in result["rows"]}
     assert set(rows) == {"fused=false", "fused=true"} and result["baseline"] == "fused=false"
-    assert "fused/speedup/layer_norm" in result["kinds"] and rows["fused=true"]["fused/speedup/layer_norm"] > 0
+    assert "fused/speedup/layer_norm" in result["per_module_kinds"] and rows["fused=true"]["fused/speedup/layer_norm"] > 0
+    assert rows["fused=true"]["tag"] == "fused" and rows["fused=true"]["swapped"] == {"layer_norm": 3, "attention": 1, "cross_entropy": 1}
+    assert rows["fused=false"]["tag"] == "unfused" and rows["fused=false"]["swapped"] == {}
     for row in rows.values():
         assert row["tokens_per_sec"] > 0 and finite(row["val_loss"]) and finite(row["train_loss"])
+        assert row["tokens_lo"] <= row["tokens_per_sec"] <= row["tokens_hi"]  # median with its spread
+    assert result["best_unfused"] == "fused=false" and rows["fused=true"]["vs_best_unfused"] > 0
+    md = (tmp_path / "comparison.md").read_text()
+    assert "vs best unfused" in md and "no unfused SDPA baseline" in md and "[" in md
     groups = {json.loads(p.read_text())["group"] for p in tmp_path.glob("*/summary.json")}
     assert len(groups) == 1  # one W&B group per sweep
     # compare.py is also a command
     assert compare(tmp_path, plot=False, echo=False)["rows"] == result["rows"]
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 14: a new user's first hour
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["data.path=/nonexistent.txt"], "data.path"),
+        (["callbacks.fused.policy=fastest"], "callbacks.fused.policy"),  # checked while fused=false too
+        (["callbacks.fused.ab_compiled=sometimes"], "callbacks.fused.ab_compiled"),
+        (["+callbacks.fused.kinds.layernorm=true"], "callbacks.fused.kinds"),
+        (["callbacks.throughput.flops_from=guess"], "callbacks.throughput.flops_from"),
+        (["++callbacks.fused.mapping={torch.nn.GELU:layer_nrm}"], "callbacks.fused.mapping"),
+        (["+callbacks.throughput.windowsize=3"], "callbacks.throughput"),
+        (["ckpt_path=/nonexistent.ckpt"], "ckpt_path"),
+        (["model.n_head=3"], "model.n_head"),
+    ],
+)
+def test_config_checked_before_anything_starts(tmp_path, overrides, key):
+    with pytest.raises(ConfigError) as e:
+        train_script.train(compose_cfg(tmp_path, *overrides))
+    assert str(e.value).startswith(f"{key}: ") and "\n" not in str(e.value), str(e.value)
+    assert list(tmp_path.iterdir()) == []  # no W&B run dir, no logs, nothing to sync
+
+
+def test_cli_config_error_is_one_line_and_leaves_no_wandb_run(tmp_path):
+    r = subprocess.run([sys.executable, "train.py", "data.path=/nonexistent.txt", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == "config error: data.path: '/nonexistent.txt': no such file", r.stderr[-2000:]
+    assert not list(tmp_path.glob("**/wandb")) and not list(tmp_path.glob("**/*.wandb"))
+
+
+def test_failure_report_prints_seed_whatever_the_flags(tmp_path):
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_fails.py").write_text("def test_fails():\n    assert 1 == 2\n")
+    env = {**os.environ, "FUSED_TEST_SEED": "4242"}
+    for flags in (["-q"], ["-qq", "--show-capture=no", "--tb=no", "-rN"]):
+        r = subprocess.run([sys.executable, "-m", "pytest", "test_fails.py", "-p", "no:cacheprovider", *flags], cwd=tmp_path,
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 1, r.stdout[-2000:]
+        assert "FUSED_TEST_SEED=4242" in r.stdout, (flags, r.stdout[-2000:])
+
+
+@pytest.mark.slow
+def test_fused_run_that_swaps_nothing_is_labelled_so(tmp_path, monkeypatch):
+    """fused=true where the kernels cannot run: summary, W&B tag/config/summary and the comparison say
+    "fused (0 swapped)", with 0 per kind, and show no speedup."""
+    import callbacks.fused as fused_cb
+
+    monkeypatch.setattr(fused_cb, "kernels_runnable", lambda device: False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    s = train_script.train(compose_cfg(tmp_path, "fused=true", "trainer.max_steps=2"))
+    assert s["fused"] is True and s["fused_effective"] is False and s["tag"] == "fused (0 swapped)"
+    assert s["fused_layers"]["swapped_total"] == 0 and set(s["fused_layers"]["swapped"].values()) == {0}
+    assert not any(k.startswith(("fused/speedup/", "fused/step_speedup/")) for k in s["metrics"])
+    records = wandb_run_records(tmp_path)
+    runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert list(runs[-1].tags) == ["fused (0 swapped)"]
+    config = {u.key: json.loads(u.value_json) for r in records if r.WhichOneof("record_type") == "config" for u in r.config.update}
+    assert config["fused_effective"] is False and config["fused_swapped"]["layer_norm"] == 0
+    summ = {u.key: u.value_json for r in records if r.WhichOneof("record_type") == "summary" for u in r.summary.update}
+    assert summ["fused/swapped_total"] == "0"
+    # comparison against an unfused twin: labelled as what it was, no ratio
+    (tmp_path / "0").mkdir(), (tmp_path / "1").mkdir()
+    base = dict(s, fused=False, fused_effective=False, fused_layers=None, tag="unfused", overrides=["fused=false"])
+    (tmp_path / "0" / "summary.json").write_text(json.dumps(base))
+    (tmp_path / "1" / "summary.json").write_text(json.dumps(dict(s, overrides=["fused=true"])))
+    rows = {r["label"]: r for r in compare(tmp_path, plot=False, echo=False)["rows"]}
+    assert rows["fused=true"]["tag"] == "fused (0 swapped)" and rows["fused=true"]["vs_base"] is None
+    assert "nothing was swapped" in (tmp_path / "comparison.md").read_text()
+
+
+@pytest.mark.slow
+def test_cli_console_is_quiet_and_ends_with_a_summary(tmp_path):
+    """Console of a real run: no Lightning tips, no deprecation warning, no wandb: lines, no numpy warnings
+    from the interpreter; a final summary with throughput, losses and where every output is."""
+    cmd = [sys.executable, "train.py", "fused=true", *SHRINK, "trainer.max_steps=3", "trainer.val_check_interval=100",
+           "trainer.enable_checkpointing=true", "logger=[wandb,csv]", f"hydra.run.dir={tmp_path}"]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop("WANDB_SILENT", None)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    for noise in ("Tip:", "wandb:", "LeafSpec", "RuntimeWarning", "anonymous", "weights_only"):
+        assert noise not in out, (noise, out[-3000:])
+    assert "fused_layers swap report: 5 swapped" in out
+    assert "[fused] 3 steps" in out and "tokens/s" in out and "val/loss" in out  # validated at the end (interval 100)
+    for line in ("summary:", f"metrics:    {tmp_path / 'csv' / 'metrics.csv'}", f"checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'}",
+                 "W&B offline run:", "wandb leet", "wandb sync", "logger.wandb.offline=false"):
+        assert line in out, (line, out[-3000:])
+    leet = subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "--help"], capture_output=True, text=True, timeout=120)
+    assert leet.returncode == 0 and "terminal UI" in leet.stdout  # the viewer the summary line names exists
+
+
+@pytest.mark.slow
+def test_resume_across_fused_and_unfused(tmp_path):
+    """ckpt_path continues a run (step, optimizer state), fused or not, and the checkpoint loads both ways;
+    runs shorter than the validation interval still validate at the end."""
+    common = ["logger=csv", "trainer.enable_checkpointing=true", "trainer.val_check_interval=100"]
+    a = train_script.train(compose_cfg(tmp_path / "a", *common, "fused=true", "trainer.max_steps=2", "callbacks.fused.measure=false"))
+    assert a["global_step"] == 2 and finite(a["metrics"]["val/loss"]) and a["tag"] == "fused"
+    ck_a = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    assert a["checkpoint"] == str(ck_a) and ck_a.is_file()
+    b = train_script.train(compose_cfg(tmp_path / "b", *common, "fused=false", "trainer.max_steps=4", f"ckpt_path={ck_a}"))
+    assert b["global_step"] == 4 and b["resumed_from"] == str(ck_a) and b["tag"] == "unfused"
+    state = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=False)
+    adam = state["optimizer_states"][0]["state"]
+    assert all(int(v["step"]) == 4 for v in adam.values())  # 2 steps restored + 2 more: optimizer state continued
+    c = train_script.train(compose_cfg(tmp_path / "c", *common, "fused=true", "trainer.max_steps=5", "callbacks.fused.measure=false",
+                                       f"ckpt_path={tmp_path / 'b' / 'checkpoints' / 'last.ckpt'}"))
+    assert c["global_step"] == 5 and c["fused_layers"]["swapped_total"] == 5
+    with pytest.raises(ConfigError, match="model.d_model=32, the config has model.d_model=64"):
+        train_script.train(compose_cfg(tmp_path / "d", *common, "model.d_model=64", f"ckpt_path={ck_a}"))
+
+
+def test_comparison_medians_spreads_noise_and_best_unfused(tmp_path):
+    """comparison.md: median [min-max] per variant, "within noise" where ranges overlap, the ratio against the
+    fastest unfused variant (SDPA, compiled SDPA), the in-run step A/B; notes when a baseline is missing."""
+    def job(i, overrides, fused, attn, compiled, tps, swapped=None, extra=None, wiggle=0.01):
+        d = tmp_path / str(i)
+        d.mkdir()
+        hist = [[st, tps * (1 + wiggle * ((st // 10) % 3 - 1))] for st in range(9, 100, 10)]
+        m = {"train/device/items_per_sec": tps, "train/loss": 2.0, "val/loss": 2.1, **(extra or {})}
+        fl = None if not fused else {"swapped": swapped or {}, "swapped_total": sum((swapped or {}).values()), "ab_status": "A/B-measured"}
+        (d / "summary.json").write_text(json.dumps({"fused": fused, "attn_impl": attn, "compile": compiled, "overrides": overrides,
+                                                    "metrics": m, "fused_layers": fl, "history": {"train/device/items_per_sec": hist}}))
+
+    job(0, ["fused=false", "model.attn_impl=reference"], False, "reference", False, 100_000)
+    job(1, ["fused=true", "model.attn_impl=reference"], True, "reference", False, 250_000, {"attention": 4, "layer_norm": 9},
+        {"fused/step_speedup/all": 2.5, "fused/step_speedup_lo/all": 2.4, "fused/step_speedup_hi/all": 2.6})
+    job(2, ["fused=false", "model.attn_impl=sdpa"], False, "sdpa", False, 240_000)
+    job(3, ["fused=true", "model.attn_impl=sdpa"], True, "sdpa", False, 241_000, {"layer_norm": 9})
+    res = compare(tmp_path, plot=False, echo=False)
+    rows = {r["label"]: r for r in res["rows"]}
+    assert res["best_unfused"] == "fused=false model.attn_impl=sdpa"
+    assert rows["fused=true model.attn_impl=reference"]["vs_best_unfused"] == pytest.approx(250 / 240, rel=0.02)
+    assert rows["fused=true model.attn_impl=sdpa"]["vs_best_unfused_noise"] is True  # 241k vs 240k: noise
+    assert rows["fused=true model.attn_impl=reference"]["vs_base_noise"] is False
+    md = (tmp_path / "comparison.md").read_text()
+    assert "1.00x (within noise)" in md and "2.500x [2.400-2.600]" in md and "fused: attention 4, layer_norm 9" in md
+    assert "no compiled unfused SDPA baseline" in md and "no unfused SDPA baseline" not in md
+
+
+def test_ckpt_path_last_is_the_newest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="ckpt_path: 'last': no checkpoints/last.ckpt"):
+        resolve_ckpt_path("last")
+    old, new = tmp_path / "outputs/d/t1/checkpoints/last.ckpt", tmp_path / "multirun/d/t2/0/checkpoints/last.ckpt"
+    for i, p in enumerate((old, new)):
+        p.parent.mkdir(parents=True)
+        p.write_bytes(b"x")
+        os.utime(p, (1000 + i, 1000 + i))
+    assert Path(resolve_ckpt_path("last")).resolve() == new.resolve()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -40,6 +40,19 @@ _DTYPE_NAMES = "float16, bfloat16 or float32"
 _warned: set[str] = set()
 
 
+# --------------------------------------------------------------------------------------------------
+# Error types: the fused modules are drop-ins, so a bad input raises what PyTorch's module raises for it
+# (``except RuntimeError`` around ``nn.LayerNorm`` keeps working) and what our messages always raised.
+# --------------------------------------------------------------------------------------------------
+class FusedShapeError(ValueError, RuntimeError):
+    """A shape that does not fit (PyTorch raises ``RuntimeError`` there; we raised ``ValueError``)."""
+
+
+class FusedDtypeError(TypeError, NotImplementedError):
+    """A dtype the op does not implement (PyTorch raises ``NotImplementedError``, a ``RuntimeError``, for
+    e.g. an integer tensor into softmax; we raised ``TypeError``)."""
+
+
 def warn_once(key: str, message: str, category: type[Warning] = UserWarning) -> None:
     """Emit ``message`` once per process for ``key``."""
     if key in _warned:
@@ -64,7 +77,10 @@ def use_fallback(op: str, t: torch.Tensor) -> bool:
     if t.device.type == "meta":  # shape propagation / FLOP counting: the reference is the right answer
         return True
     why = "triton is not installed" if not HAS_TRITON else f"Triton cannot run on device '{t.device}'"
-    hint = "" if t.device.type != "cpu" else " (set TRITON_INTERPRET=1 before import to run the kernels on the CPU)"
+    hint = "" if t.device.type != "cpu" else (
+        " (TRITON_INTERPRET=1, set before import, runs the kernels on the CPU in Triton's interpreter: for tests "
+        "and debugging only, far too slow to train with -- about 90 s per step of the demo's tiny GPT)"
+    )
     warn_once(f"fallback:{op}:{t.device.type}", f"fused_layers.{op}: {why}{hint}; using the PyTorch reference.")
     return True
 
@@ -76,11 +92,12 @@ def check_tensor(op: str, name: str, t: object) -> torch.Tensor:
 
 
 def check_float_dtype(op: str, name: str, t: torch.Tensor, allow_float64: bool = False) -> None:
-    """Raise a clear ``TypeError`` when ``t`` is not a supported floating dtype."""
+    """Raise a clear ``FusedDtypeError`` (a ``TypeError`` and, like PyTorch's, a ``NotImplementedError``)
+    when ``t`` is not a supported floating dtype."""
     ok = SUPPORTED_DTYPES + ((torch.float64,) if allow_float64 else ())
     if t.dtype not in ok:
         extra = " (float64 runs the PyTorch reference)" if allow_float64 else ""
-        raise TypeError(f"{op}: argument '{name}' has dtype {t.dtype}; supported: {_DTYPE_NAMES}{extra}")
+        raise FusedDtypeError(f"{op}: argument '{name}' has dtype {t.dtype}; supported: {_DTYPE_NAMES}{extra}")
 
 
 def check_same_device(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:

@@ -87,6 +87,7 @@ import triton.language as tl
 
 from ._common import (
     SUPPORTED_DTYPES,
+    FusedShapeError,
     check_float_dtype,
     check_same_device,
     check_tensor,
@@ -862,7 +863,7 @@ def _check_param(op: str, name: str, p, x: torch.Tensor, shape: tuple[int, ...])
         return
     check_tensor(op, name, p)
     if tuple(p.shape) != shape:  # (a torch.Size compared with a tuple goes through sym_eq: slow)
-        raise ValueError(f"{op}: argument '{name}' must have shape {list(shape)} (normalized_shape), got {list(p.shape)}")
+        raise FusedShapeError(f"{op}: argument '{name}' must have shape {list(shape)} (normalized_shape), got {list(p.shape)}")
     if p.dtype != x.dtype and p.dtype != torch.float32 and x.dtype in _KERNEL_DTYPES:
         raise TypeError(
             f"{op}: argument '{name}' has dtype {p.dtype}; with a {x.dtype} input it must be {x.dtype} or torch.float32"
@@ -885,7 +886,7 @@ def _validate(op: str, x, normalized_shape, weight, bias) -> tuple[tuple[int, ..
         shape = _normalized_shape_slow(op, ns)
     k = len(shape)
     if k == 0 or tuple(x.shape[-k:]) != shape:  # also catches k > x.dim() (the slice is shorter)
-        raise ValueError(
+        raise FusedShapeError(
             f"{op}: argument 'normalized_shape' {list(shape)} must be non-empty and match the input's last "
             f"dims; expected input of shape [*, {', '.join(map(str, shape))}], got {list(x.shape)}"
         )
