@@ -130,7 +130,8 @@ def test_kernel_formula_matches_torch(device):
     c = 11
     x = torch.randn(5, c, dtype=torch.float64, device=device, requires_grad=True)
     w = torch.rand(c, dtype=torch.float64, device=device)
-    for t in (torch.tensor([1, -100, 3, 10, 0], device=device), torch.softmax(torch.randn(5, c, dtype=torch.float64), -1)):
+    q = torch.softmax(torch.randn(5, c, dtype=torch.float64, device=device), -1)
+    for t in (torch.tensor([1, -100, 3, 10, 0], device=device), q):
         for e in (0.0, 0.3):
             loss, dx = cross_entropy_rows_reference(x.detach(), t, w, label_smoothing=e)
             ref = F.cross_entropy(x, t, weight=w, reduction="none", label_smoothing=e)
@@ -158,6 +159,16 @@ def test_strided_inputs(device):
     _check(base[::2, ::2], t)  # both strides non-unit
     _check(base.t()[:40, :6].t(), t, reduction="none")  # column-major (N, C)
     _check(base[::2, :40], t[None].expand(2, 6).reshape(-1)[:6])  # a target that came from a view
+    # Strided targets: a 1-D view (target[::2]: reshape(-1) keeps it strided; the kernel reads T + row) and
+    # an (N, d) view.  The GPU test at 50,304 classes caught the 1-D case reading the wrong class indices.
+    tt = torch.randint(0, 40, (12,), device=device)
+    _check(base[::2, :40], tt[::2])
+    _check(base[::2, :40], tt[::2], reduction="none", weight=torch.rand(40, device=device), label_smoothing=0.1)
+    with config_override("cross_entropy", max_single=16, block_n=16):  # the streaming kernel
+        _check(base[::2, :40], tt[::2])
+    x3 = torch.randn(3, 7, 4, device=device)
+    t3 = torch.randint(0, 7, (3, 8), device=device)[:, ::2]
+    _check(x3, t3)
     q = torch.softmax(torch.randn(40, 6, device=device), 0).t()  # non-contiguous probabilities
     _check(base[::2, 1:41], q, label_smoothing=0.1)
 
@@ -413,6 +424,9 @@ def test_linear_cross_entropy_scaling_and_layouts():
     loss = fused_linear_cross_entropy(hid, w, t, reduction="none")
     ref = F.cross_entropy(F.linear(hid, w).reshape(-1, 11), t.reshape(-1), reduction="none").reshape(2, 5)
     torch.testing.assert_close(loss, ref)
+    t2 = torch.randint(0, 11, (20,))[::2]  # a strided 1-D target
+    loss = fused_linear_cross_entropy(hid.reshape(10, 8), w, t2)
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(hid.reshape(10, 8), w), t2))
     with pytest.raises(RuntimeError, match="do not match"):
         fused_linear_cross_entropy(hid, w[:, :4], t)
     with pytest.raises(ValueError, match="target"):

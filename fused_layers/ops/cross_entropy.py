@@ -840,7 +840,9 @@ def cross_entropy_forward(
             target = target.contiguous()
         t = target
     else:
-        t = target.reshape(-1)  # a copy only for a non-contiguous target (M integers)
+        # The kernels read class indices at T + row: a flat contiguous view.  reshape(-1) alone keeps a
+        # strided 1-D view (target[::2]) as it is, so force the copy (M integers) for strided targets.
+        t = target.reshape(-1).contiguous()
     err = torch.zeros(1, dtype=torch.int32, device=dev)
     mean_hard = reduction == "mean" and not soft
     if mean_hard and den is None:

@@ -95,7 +95,7 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
         h = hidden.to(cdtype)
         w = weight.to(cdtype)
         b = bias.to(cdtype) if bias is not None else None
-        t = target.reshape(-1)
+        t = target.reshape(-1).contiguous()  # the kernels read T + row (a strided 1-D view is kept by reshape)
         den = None
         if reduction == "mean" and N > 0:
             den = torch.empty(1, dtype=torch.float32, device=dev)
