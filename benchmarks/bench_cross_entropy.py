@@ -172,26 +172,23 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
     return rows
 
 
+_PF = dict(wide_mode=1, prefetch=1, reverse=1)  # streaming with prefetch + reversed gradient pass (default)
 SWEEP = {
-    # several programs per row, each holding its piece in registers (one read, one write)
-    "coop_2k_w4": dict(wide_mode=0, coop_block=2048, coop_warps=4),
-    "coop_4k_w4": dict(wide_mode=0, coop_block=4096, coop_warps=4),
-    "coop_4k_w8": dict(wide_mode=0, coop_block=4096, coop_warps=8),
-    "coop_8k_w8": dict(wide_mode=0, coop_block=8192, coop_warps=8),
-    "coop_8k_w16": dict(wide_mode=0, coop_block=8192, coop_warps=16),
-    # the same, re-reading the piece from L2 after the wait (fewer registers, more programs resident)
-    "coopL2_4k_w4": dict(wide_mode=3, coop_block=4096, coop_warps=4),
-    "coopL2_8k_w8": dict(wide_mode=3, coop_block=8192, coop_warps=8),
-    # one program per row, two passes (second read from L2 while the rows in flight fit)
-    "stream_8k_w16": dict(wide_mode=1, block_n=8192, num_warps=16),
-    "stream_16k_w32": dict(wide_mode=1, block_n=16384, num_warps=32),
+    # one program per row, two passes, the second read from L2
+    "stream_8k_w16_base": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=0),  # run4's best
+    "stream_8k_w16_rev": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=1),
+    "stream_8k_w16": dict(_PF, block_n=8192, num_warps=16),
+    "stream_4k_w8": dict(_PF, block_n=4096, num_warps=8),
+    "stream_4k_w16": dict(_PF, block_n=4096, num_warps=16),
+    "stream_16k_w16": dict(_PF, block_n=16384, num_warps=16),
+    "stream_16k_w32": dict(_PF, block_n=16384, num_warps=32),
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
     "split_p32k_b8k_w8": dict(wide_mode=2, piece=32768, split_block=8192, split_warps=8),
 }
-SINGLE_SWEEP = {  # one program per row, the whole row in registers (rows up to 32K)
-    "single_32k_w16": dict(max_single=32768, num_warps=16),
-    "single_32k_w32": dict(max_single=32768, num_warps=32),
+SINGLE_SWEEP = {  # one program per row, the whole row in registers: (config, widest vocab)
+    "single_32k_w32": (dict(max_single=32768, num_warps=32), 32768),
+    "single_64k_w32": (dict(max_single=65536, num_warps=32), 65536),
 }
 
 
@@ -206,7 +203,7 @@ def sweep(vocabs, copy_gbs, rep=30):
         t = torch.randint(0, v, (ROWS,), device=DEV)
         nbytes = 2 * x.numel() * x.element_size()
         ref = F.cross_entropy(x.detach().float(), t).item()
-        configs = {**(SINGLE_SWEEP if v <= 32768 else {}), **SWEEP}
+        configs = {**{n: c for n, (c, widest) in SINGLE_SWEEP.items() if v <= widest and 2 * v > widest}, **SWEEP}
         for name, cfg in configs.items():
             try:
                 with config_override("cross_entropy", **cfg):
@@ -229,7 +226,7 @@ def sweep(vocabs, copy_gbs, rep=30):
 
 
 def configs_of(name):
-    return dict({**SINGLE_SWEEP, **SWEEP}[name])
+    return dict({**{n: c for n, (c, _) in SINGLE_SWEEP.items()}, **SWEEP}[name])
 
 
 SOFTMAX_COOP = {"default": {}, "coop_8k_w8": dict(wide_mode=1, coop_block=8192, coop_warps=8),

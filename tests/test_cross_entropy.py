@@ -63,26 +63,28 @@ def test_streaming_chunks(c, dtype, device):
 
 
 SPLIT = dict(max_single=16, block_n=8, wide_mode=2, piece=16, split_block=8)  # 16-column pieces, 8-column chunks
-COOP = dict(max_single=16, wide_mode=0, coop_block=16)  # pieces of at most 16 columns, one program each
+STREAM = dict(max_single=16, block_n=16)  # 16-column chunks: prefetch + reversed gradient pass (defaults)
+STREAM_BASE = dict(max_single=16, block_n=16, prefetch=0, reverse=0)  # the plain two-pass form
+WIDE = {"split": SPLIT, "stream": STREAM, "stream_base": STREAM_BASE}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("c", [17, 41])  # a piece + 1 column, 3 ragged pieces
-@pytest.mark.parametrize("mode", ["split", "coop"])
+@pytest.mark.parametrize("c", [17, 41])  # a piece / chunk + 1 column, 3 ragged pieces / chunks
+@pytest.mark.parametrize("mode", ["split", "stream", "stream_base"])
 def test_split_rows(c, dtype, mode, device):
-    """Several programs per row: pieces publish statistics, which the programs of the row combine
-    (_ce_fwd_split_kernel; _ce_fwd_coop_kernel in its two-launch form on the interpreter)."""
+    """Wide-row kernels: several programs per row publishing piece statistics (_ce_fwd_split_kernel), and
+    the streaming kernel with and without prefetch / the reversed gradient pass."""
     x = torch.randn(5, c, device=device, dtype=dtype) * 4
     t = torch.randint(0, c, (5,), device=device)
     t[2] = -100
-    with config_override("cross_entropy", **(SPLIT if mode == "split" else COOP)):
+    with config_override("cross_entropy", **WIDE[mode]):
         _check(x, t)
         _check(x, t, reduction="none", label_smoothing=0.2, weight=torch.rand(c, device=device, dtype=dtype))
         _check(x, torch.softmax(torch.randn(5, c, device=device), -1).to(dtype), reduction="sum", label_smoothing=0.1)
         _check(x, t, grad=False, reduction="none")  # no gradient: the one-pass streaming kernel
 
 
-@pytest.mark.parametrize("mode", ["split", "coop"])
+@pytest.mark.parametrize("mode", ["split", "stream", "stream_base"])
 def test_split_rows_special_values_and_layouts(mode, device):
     x = torch.randn(6, 40, device=device)
     x[0, 3] = float("-inf")
@@ -91,7 +93,7 @@ def test_split_rows_special_values_and_layouts(mode, device):
     x[3, 20] = float("nan")
     x[4, 7] = float("-inf")
     t = torch.tensor([3, 0, 1, 2, 7, 39], device=device)
-    with config_override("cross_entropy", **(SPLIT if mode == "split" else COOP)):
+    with config_override("cross_entropy", **WIDE[mode]):
         _check(x, t, reduction="none")
         _check(x, torch.full((6,), -100, device=device))  # all ignored: NaN mean, 0 * p gradients
         _check(torch.randn(3, 40, 2, device=device), torch.randint(0, 40, (3, 2), device=device))  # (N, C, d)
@@ -342,14 +344,19 @@ def test_gpu_vocab_widths(c, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+@pytest.mark.parametrize("mode", ["stream", "stream_base", "split", "single64k"])
 @pytest.mark.parametrize("c", [32000, 50304, 262144])
 def test_gpu_wide_row_kernels(c, mode):
-    """Every wide-row kernel (coop / stream / split) at these widths (the benchmark sweep picks)."""
+    """Every wide-row kernel (stream with/without prefetch and reversed pass, split, single block) at these
+    widths (the benchmark sweep picks)."""
+    if mode == "single64k" and c > 65536:
+        pytest.skip("single-block tiles only up to 64K columns")
     x = torch.randn(256, c, device="cuda", dtype=torch.bfloat16) * 2
     t = torch.randint(0, c, (256,), device="cuda")
     t[::5] = -100
-    with config_override("cross_entropy", wide_mode=mode):
+    cfg = {"stream": {}, "stream_base": dict(prefetch=0, reverse=0), "split": dict(wide_mode=2),
+           "single64k": dict(max_single=65536, num_warps=32)}[mode]
+    with config_override("cross_entropy", **cfg):
         _check(x, t, label_smoothing=0.1)
         _check(x.float(), t, reduction="none", weight=torch.rand(c, device="cuda"))
 
@@ -404,12 +411,11 @@ def test_linear_cross_entropy_chunks(reduction):
     _check_linear(13, 8, 29, bias=False, reduction=reduction, label_smoothing=0.2, ignore_index=3)
 
 
-@pytest.mark.parametrize("mode", ["coop", "split", "stream"])
+@pytest.mark.parametrize("mode", ["split", "stream", "stream_base"])
 def test_linear_cross_entropy_wide_row_kernels(mode):
     """The logits chunk is overwritten by its gradient in place: every wide-row kernel must read the
     target's logit before any program of the row writes (the stats pass carries it)."""
-    cfg = {"coop": COOP, "split": SPLIT, "stream": dict(max_single=16, block_n=8, wide_mode=1)}[mode]
-    with config_override("cross_entropy", **cfg):
+    with config_override("cross_entropy", **WIDE[mode]):
         _check_linear(12, 8, 37, label_smoothing=0.1)
 
 

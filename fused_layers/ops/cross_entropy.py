@@ -35,19 +35,21 @@ Rows by width (``cross_entropy_config.py``):
 
 * at most ``MAX_SINGLE`` (padded) columns: ``_ce_fwd_kernel`` loads the row once and keeps it in
   registers (one read, one write);
-* wider, with a gradient, by default: ``_ce_fwd_coop_kernel``, the row cut into balanced pieces of at
-  most ``COOP_BLOCK`` columns, one program each holding its piece in registers.  The pieces publish
-  (m, s, sums, and x_t when the target falls in the piece) to a scratch buffer and a per-row counter;
-  each program waits for its row's pieces, combines the statistics (M = max m_p,
-  S = sum s_p exp(m_p - M)) and writes its piece's gradient from registers: one read, one write at any
-  width.  The wait needs the pieces of a row resident together: they are consecutive program ids and
-  far fewer than the programs a GPU holds, and programs are dispatched in id order.  The interpreter
-  runs programs one by one, so there the same kernel runs as two launches (statistics, gradient);
-* alternatives the benchmark sweeps (``WIDE_MODE``): ``_ce_fwd_kernel`` streaming one row per program in
-  two passes (the second read from L2 while the rows in flight fit there: about 50 MB on an H200), and
-  ``_ce_fwd_split_kernel``, pieces streamed with the wait only on earlier programs (the scheme of the
-  wide softmax), the second read of a piece from L2;
+* wider (default): ``_ce_fwd_kernel`` streaming one row per program in chunks of BLOCK_N, two passes.
+  Pass 1 keeps the sum of exponentials per lane (s_v' = s_v exp(m - m') + exp(x - m'), one block
+  reduction per chunk, for the max) and loads chunk k + 1 before reducing chunk k (``PREFETCH``).
+  Pass 2 reads the row again -- from L2 while the rows in flight fit there (about 50 MB on an H200:
+  132 SMs x one 16-warp program x the row) -- walking the chunks last to first (``REVERSE``): the
+  chunks read last are the likeliest still in L2, so rows too wide for that (262K columns: 67 MB in
+  flight) still hit on their tail instead of missing on every chunk as a forward walk would under LRU;
+* alternative the benchmark sweeps (``WIDE_MODE`` 2): ``_ce_fwd_split_kernel``, pieces of a row
+  streamed by several programs with the wait only on earlier programs (the scheme of the wide
+  softmax), the second read of a piece from L2;
 * without a gradient: one streaming pass.
+
+(A kernel holding the pieces of a row in registers across programs that wait for each other, one read
+at any width, was measured slower than streaming everywhere (0.53-0.58 of copy against 0.58-0.65) and
+needed its programs co-resident: removed.)
 
 All math is float32; the logits are read in their own dtype (no float32 copy).  The target's logit is
 read during the statistics pass, before any gradient is written, so the gradient may overwrite the
@@ -143,6 +145,49 @@ def _ce_stats_chunk(xb, tb, W, off, row_ok, lim, C, sxc, stc, smoothing, m, s, s
             if HAS_WEIGHT:
                 sum_w += tl.sum(tl.where(cm, w, 0.0), axis=1)
     return x, m, s, sum_w, sum_wx
+
+
+@triton.jit
+def _ce_load_chunk(xb, c, row_ok, lim, sxc):
+    """Raw chunk x[rows, c] (logits' dtype) for columns c in [0, lim); -inf elsewhere (the identity of max,
+    and exp(-inf - m) = 0 is the identity of the sum).  Columns below 0 or past lim are not read, so the
+    prefetch of the chunk after the last (or before the first) costs no traffic."""
+    cm = row_ok[:, None] & ((c >= 0) & (c < lim))[None, :]
+    return tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf"))
+
+
+@triton.jit
+def _ce_fold_chunk(x, tb, W, c, row_ok, lim, C, stc, smoothing, m, s_v, sum_w, sum_wx,
+                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 1 of the streaming kernel on one chunk x [BLOCK_M, BLOCK_N] (float32, -inf where masked).
+
+    Like ``_ce_stats_chunk``, but the sum of exponentials stays per lane, s_v [BLOCK_M, BLOCK_N]:
+    s_v' = s_v exp(m - m') + exp(x - m') with the row's running max m (one block reduction per chunk,
+    for the max, instead of two; s = sum(s_v) once at the end).
+    """
+    m_new = tl.maximum(m, tl.max(x, axis=1))
+    # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+    alpha = tl.exp2((m - m_safe) * 1.4426950408889634)  # [BLOCK_M]: 0 while m was -inf (s_v was 0)
+    s_v = s_v * alpha[:, None] + tl.exp2((x - m_safe[:, None]) * 1.4426950408889634)
+    if SOFT or SMOOTH:
+        cm = row_ok[:, None] & (c < lim)[None, :]
+        if HAS_WEIGHT:
+            w = tl.load(W + c, mask=c < lim, other=0.0).to(tl.float32)[None, :]
+        else:
+            w = tl.full([1, BLOCK_N], 1.0, tl.float32)
+        if SOFT:
+            q = tl.load(tb[:, None] + c[None, :].to(tl.int64) * stc, mask=cm, other=0.0).to(tl.float32)
+            if SMOOTH:
+                q = q * (1.0 - smoothing) + smoothing / (C * 1.0)
+            wq = w * q
+            sum_w += tl.sum(tl.where(cm, wq, 0.0), axis=1)
+            sum_wx += tl.sum(tl.where(cm, wq * x, 0.0), axis=1)  # masked: never 0 * -inf
+        else:
+            sum_wx += tl.sum(tl.where(cm, w * x, 0.0), axis=1)
+            if HAS_WEIGHT:
+                sum_w += tl.sum(tl.where(cm, w, 0.0), axis=1)
+    return m_new, s_v, sum_w, sum_wx
 
 
 @triton.jit
@@ -290,6 +335,8 @@ def _ce_fwd_kernel(
     HAS_GRAD: tl.constexpr,  # write the gradient
     DEN_ON_DEVICE: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr,
+    PREFETCH: tl.constexpr,  # streaming: load chunk k + 1 before reducing chunk k (software pipelining)
+    REVERSE: tl.constexpr,  # streaming: the gradient pass walks the chunks last to first
 ):
     """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient."""
     pid = tl.program_id(0)
@@ -311,9 +358,20 @@ def _ce_fwd_kernel(
         x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, 0, row_ok, C, C, sxc, stc, smoothing, m, s, sum_w,
                                                  sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
     else:
+        cols = tl.arange(0, BLOCK_N)
+        s_v = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if PREFETCH:
+            x_next = _ce_load_chunk(xb, cols, row_ok, C, sxc)
         for off in range(0, C, BLOCK_N):
-            _x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, off, row_ok, C, C, sxc, stc, smoothing, m, s,
-                                                      sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+            c = off + cols
+            if PREFETCH:  # chunk k + 1 is in flight while chunk k is reduced
+                x_raw = x_next
+                x_next = _ce_load_chunk(xb, c + BLOCK_N, row_ok, C, sxc)
+            else:
+                x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
+            m, s_v, sum_w, sum_wx = _ce_fold_chunk(x_raw.to(tl.float32), tb, W, c, row_ok, C, C, stc, smoothing, m,
+                                                   s_v, sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+        s = tl.sum(s_v, axis=1)
 
     # ---- loss of the row -------------------------------------------------------------------------
     if SOFT:
@@ -333,14 +391,30 @@ def _ce_fwd_kernel(
             _ce_grad_chunk(x, db, tb, W, 0, row_ok, C, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
                            SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
         else:
+            # Second read of the row (from L2 while it is still there).  REVERSE: last chunk first, so
+            # the chunks read last in pass 1 (the likeliest to still be in L2) are re-read first; with
+            # more rows in flight than L2 holds (262K-wide rows) a forward re-read would miss on every
+            # chunk under LRU, the reverse one hits on the row's tail.
             cols = tl.arange(0, BLOCK_N)
-            for off in range(0, C, BLOCK_N):
-                # second read of the chunk (from L2 while the rows in flight fit there)
+            n_chunks = tl.cdiv(C, BLOCK_N)
+            if REVERSE:
+                first = (n_chunks - 1) * BLOCK_N
+                step = -BLOCK_N
+            else:
+                first = n_chunks * 0
+                step = BLOCK_N
+            if PREFETCH:
+                x_next = _ce_load_chunk(xb, first + cols, row_ok, C, sxc)
+            for i in range(0, n_chunks):
+                off = first + i * step
                 c = off + cols
-                cm = row_ok[:, None] & (c < C)[None, :]
-                x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
-                _ce_grad_chunk(x, db, tb, W, off, row_ok, C, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
-                               SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+                if PREFETCH:
+                    x_raw = x_next
+                    x_next = _ce_load_chunk(xb, c + step, row_ok, C, sxc)  # never the chunk written below
+                else:
+                    x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
+                _ce_grad_chunk(x_raw.to(tl.float32), db, tb, W, off, row_ok, C, C, sdc, stc, smoothing, lse, coef_a,
+                               coef_b, coef_t, t, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
 
 
 @triton.jit
@@ -445,105 +519,6 @@ def _ce_fwd_split_kernel(
             x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
             _ce_grad_chunk(x, db, tb, W, off, row_ok, end, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
                            SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
-
-
-@triton.jit
-def _ce_fwd_coop_kernel(
-    X, T, W, LOSS, DX, DEN, RS, ERR,  # as in _ce_fwd_kernel
-    STATS,  # float32 [M * SPLITS, 5]: per piece (m, s, sum_w, sum_wx, x_t if t is in the piece)
-    COUNT,  # int32 [M], zeroed: pieces of each row whose statistics are published (PHASE 2)
-    M, C, INNER,
-    sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc,
-    ignore_index, smoothing, inv_den,
-    SPLITS,  # pieces per row: program g handles piece g % SPLITS of row g // SPLITS
-    PIECE,  # columns per piece (<= BLOCK_N)
-    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
-    BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
-    PHASE: tl.constexpr,  # 2: one launch; 3: one launch, piece re-read after the wait; 0 then 1: two launches
-    SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
-    DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
-):
-    """Wide rows, one read: each program keeps its piece of a row in registers.
-
-    PHASE 2 (GPU): a program loads its piece once, publishes the piece's statistics (release atomic on
-    a per-row counter), waits (acquire) until the SPLITS pieces of its row are published, combines
-    them and writes the gradient of its piece from the registers: one read of the logits, one write of
-    the gradient, nothing re-read.  The pieces of a row are consecutive program ids; programs are
-    dispatched in id order, so when one waits its siblings are resident or about to be (a row's
-    SPLITS programs are far fewer than the programs a GPU holds at once).  The Triton interpreter runs
-    programs one after the other, so there it takes two launches instead: PHASE 0 (statistics) then
-    PHASE 1 (reload the piece, gradient) -- the same code apart from the wait and the reload.
-    PHASE 3 is PHASE 2 without keeping the piece in registers across the wait: the piece is read again
-    (from L2: it was read moments ago, and the pieces in flight are a few MB), fewer registers per
-    program, more programs resident.
-    """
-    g = tl.program_id(0)
-    zero = tl.arange(0, 1)  # [1]-shaped row vectors, so the BLOCK_M-row helpers serve here
-    row = g // SPLITS
-    r64 = row.to(tl.int64) + zero
-    row_ok = r64 < M
-    start = (g % SPLITS) * PIECE
-    end = tl.minimum(start + PIECE, C)
-    xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi
-    if SOFT:
-        tb = T + (r64 // INNER) * sto + (r64 % INNER) * sti
-    else:
-        tb = xb  # unused
-    if PHASE != 1:
-        # ---- statistics of the piece, published -------------------------------------------------
-        m = tl.full([1], -float("inf"), tl.float32)
-        s = tl.zeros([1], tl.float32)
-        sum_w = tl.zeros([1], tl.float32)
-        sum_wx = tl.zeros([1], tl.float32)
-        x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, start, row_ok, end, C, sxc, stc, smoothing, m, s,
-                                                 sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
-        if SOFT:
-            xt_p = tl.zeros([1], tl.float32)
-        else:
-            xt_p = _ce_target_logit(T, xb, r64, row_ok, start, end, C, sxc)
-        st = STATS + g.to(tl.int64) * 5 + zero
-        tl.store(st, m)
-        tl.store(st + 1, s)
-        tl.store(st + 2, sum_w)
-        tl.store(st + 3, sum_wx)
-        tl.store(st + 4, xt_p)
-        if PHASE >= 2:
-            tl.debug_barrier()  # the statistics are written before the count says so
-            tl.atomic_add(COUNT + row, 1, sem="release")
-            cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
-            while cnt < SPLITS:  # wait for the sibling pieces of the row
-                cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
-    if PHASE != 0:
-        if PHASE == 1 or PHASE == 3:  # the piece again (two-launch form; PHASE 3: from L2)
-            c = start + tl.arange(0, BLOCK_N)
-            cm = row_ok[:, None] & (c < end)[None, :]
-            x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
-        # ---- combine the pieces' statistics: lse and the sums of the row ------------------------
-        p = tl.arange(0, SPLITS_P2)
-        pm = p < SPLITS
-        st = STATS + (row.to(tl.int64) * SPLITS + p) * 5
-        m_p = tl.load(st, mask=pm, other=-float("inf"), volatile=True)
-        s_p = tl.load(st + 1, mask=pm, other=0.0, volatile=True)
-        sw_p = tl.load(st + 2, mask=pm, other=0.0, volatile=True)
-        swx_p = tl.load(st + 3, mask=pm, other=0.0, volatile=True)
-        xt_p = tl.load(st + 4, mask=pm, other=0.0, volatile=True)
-        m_row = tl.max(m_p, axis=0)
-        m_safe = tl.where(m_row == -float("inf"), 0.0, m_row)
-        f0 = tl.zeros([1], tl.float32)
-        m = m_row + f0
-        s = tl.sum(s_p * tl.exp2((m_p - m_safe) * 1.4426950408889634), axis=0) + f0
-        sum_w = tl.sum(sw_p, axis=0) + f0
-        sum_wx = tl.sum(swx_p, axis=0) + f0
-        x_t = tl.sum(xt_p, axis=0) + tl.zeros([1], tl.float32)  # only the target's piece is not 0
-        loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
-            T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
-            SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, 1)
-        first = ((g % SPLITS) + zero) == 0  # the row's first piece writes its loss
-        tl.store(ERR + zero, 1, mask=bad & first)
-        tl.store(LOSS + r64, loss, mask=row_ok & first)
-        db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
-        _ce_grad_chunk(x, db, tb, W, start, row_ok, end, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
-                       SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
 
 
 @triton.jit
@@ -701,27 +676,19 @@ def _plan(shape, xstride, tstride, elem: int, soft: bool) -> _Plan:
             block_m = 4096 // c_pow2
         block_n, single = c_pow2, True
     else:
-        block_m, warps, single = 1, cfg.STREAM_WARPS, False
-        block_n = cfg.STREAM_BLOCK[elem]
+        block_n, warps = cfg.stream_config(C, elem)
+        block_m, single = 1, False
     block_m = min(get_override("cross_entropy", "block_m", block_m), next_power_of_2(M))
     block_n = get_override("cross_entropy", "block_n", block_n) if not single else block_n
     plan.M, plan.C = M, C
-    # Wide rows with a gradient: several programs per row (no effect without a gradient: the streaming
-    # kernel is then one pass).  0 = coop (_ce_fwd_coop_kernel, a piece per program in registers),
-    # 3 = coop re-reading its piece from L2 after the wait, 2 = split (_ce_fwd_split_kernel, pieces
-    # streamed, second read from L2), 1 = stream only.
+    # Wide rows with a gradient: 1 = stream (one program per row, two passes, the second from L2),
+    # 2 = split (_ce_fwd_split_kernel: several programs per row).  No effect without a gradient: the
+    # streaming kernel is then one pass.
     plan.wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE) if not single else 1
     plan.splits = 0
-    if plan.wide in (0, 3):
-        cblock = get_override("cross_entropy", "coop_block", cfg.COOP_BLOCK[elem])
-        splits = triton.cdiv(C, cblock)
-        align = min(64, cblock)
-        piece = triton.cdiv(triton.cdiv(C, splits), align) * align  # balanced pieces, aligned starts
-        plan.splits, plan.piece = splits, piece
-        plan.wide_grid = (M * splits,)
-        plan.wide_meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=cblock,
-                              num_warps=get_override("cross_entropy", "coop_warps", cfg.COOP_WARPS))
-    elif plan.wide == 2:
+    if plan.wide not in (1, 2):
+        raise ValueError(f"{_OP}: wide_mode {plan.wide} does not exist (1 = stream, 2 = split)")
+    if plan.wide == 2:
         sblock = get_override("cross_entropy", "split_block", cfg.SPLIT_BLOCK[elem])
         piece = triton.cdiv(get_override("cross_entropy", "piece", cfg.PIECE[elem]), sblock) * sblock
         splits = triton.cdiv(C, piece)
@@ -732,6 +699,8 @@ def _plan(shape, xstride, tstride, elem: int, soft: bool) -> _Plan:
     plan.grid = (triton.cdiv(M, block_m),)
     plan.args = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd)
     plan.meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
+                     PREFETCH=bool(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH)),
+                     REVERSE=bool(get_override("cross_entropy", "reverse", cfg.STREAM_REVERSE)),
                      num_warps=get_override("cross_entropy", "num_warps", warps))
     _PLANS[key] = plan
     return plan
@@ -856,17 +825,11 @@ def cross_entropy_forward(
                  DEN_ON_DEVICE=mean_hard, HAS_ROW_SCALE=row_scale is not None)
     if plan.splits and grad is not None:
         stats = torch.empty(M * plan.splits * 5, dtype=torch.float32, device=dev)
-        count = torch.zeros(M, dtype=torch.int32, device=dev) if (plan.wide == 2 or not INTERPRET) else stats
+        count = torch.zeros(M, dtype=torch.int32, device=dev)
         args = (input, t, weight if weight is not None else input, loss_rows, g,
                 den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err, stats, count,
                 *plan.args, ignore_index, float(label_smoothing), inv_den, plan.splits, plan.piece)
-        if plan.wide == 2:
-            _ce_fwd_split_kernel[plan.wide_grid](*args, **flags, **plan.wide_meta)
-        elif INTERPRET:  # programs run one at a time: statistics, then gradients (two launches)
-            _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=0, **flags, **plan.wide_meta)
-            _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=1, **flags, **plan.wide_meta)
-        else:
-            _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=2 if plan.wide == 0 else 3, **flags, **plan.wide_meta)
+        _ce_fwd_split_kernel[plan.wide_grid](*args, **flags, **plan.wide_meta)
     else:
         _ce_fwd_kernel[plan.grid](
             input, t, weight if weight is not None else input, loss_rows, g,
