@@ -376,6 +376,48 @@ def test_gpu_special_strided_and_errors():
     assert loss.isnan()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [1000, 50304])
+def test_gpu_torch_compile_triton_op(c):
+    """Under torch.compile the op is a torch.library.triton_op: Inductor traces into the launcher (FakeTensor /
+    FunctionalTensor: no host reads, no pinned copies) and launches the kernels from its own code."""
+    from torch import nn
+
+    from fused_layers import FusedCrossEntropyLoss, FusedLinearCrossEntropyLoss
+
+    torch._dynamo.reset()
+    lin = nn.Linear(64, c, device="cuda", dtype=torch.bfloat16)
+    crit = FusedCrossEntropyLoss(label_smoothing=0.1, ignore_index=3)
+
+    def step(h, t):
+        return crit(lin(h), t)
+
+    h = torch.randn(96, 64, device="cuda", dtype=torch.bfloat16)
+    t = torch.randint(0, c, (96,), device="cuda")
+    t[::7] = 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = torch.compile(step, fullgraph=True)(h, t)
+    ref = F.cross_entropy(lin(h).float(), t, label_smoothing=0.1, ignore_index=3)
+    torch.testing.assert_close(loss.float(), ref, atol=2e-2, rtol=2e-2)
+    (g,) = torch.autograd.grad(loss, lin.weight)
+    (r,) = torch.autograd.grad(ref, lin.weight)
+    torch.testing.assert_close(g.float(), r.float(), atol=2e-2, rtol=5e-2)
+    # the fused LM head + loss (an opaque custom op) under compile, autocast as in the demo LM
+    hid = torch.randn(96, 64, device="cuda", requires_grad=True)
+    w = (torch.randn(c, 64, device="cuda") * 0.1).requires_grad_()
+    lce = FusedLinearCrossEntropyLoss()
+    with torch.autocast("cuda", dtype=torch.bfloat16), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = torch.compile(lce, fullgraph=True)(hid, w, t)
+        ref = F.cross_entropy(F.linear(hid, w).float(), t)
+    torch.testing.assert_close(loss, ref, atol=2e-2, rtol=2e-2)
+    g = torch.autograd.grad(loss, (hid, w))
+    r = torch.autograd.grad(ref, (hid, w))
+    for a, b in zip(g, r):
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=5e-2)
+
+
 # ------------------------------------------------------------------------------------------------
 # Fused LM head + loss
 # ------------------------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ The gradient is allocated contiguous in the input's shape.
 
 from __future__ import annotations
 
+from typing import Optional
 
 import torch
 import triton
@@ -87,8 +88,8 @@ import triton.language as tl
 
 from . import cross_entropy_config as cfg
 from ._common import (
-    INTERPRET,
     check_tensor,
+    concrete,
     config_override,  # noqa: F401  (re-exported for tests: config_override("cross_entropy", ...))
     get_override,
     is_compiling,
@@ -96,6 +97,7 @@ from ._common import (
     override_epoch,
     use_fallback,
 )
+from ._library import FusedOp, Kernel
 from .softmax import _contiguous_strides, _row_strides
 
 _OP = "fused_cross_entropy"
@@ -284,7 +286,7 @@ def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, 
     tl.store(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), mask=cm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "C", "ignore_index"])
 def _ce_den_kernel(
     T,  # int64/uint8 [M]: class-index targets (flat, contiguous)
     W,  # [C] class weights (float), read only when HAS_WEIGHT
@@ -339,6 +341,8 @@ def _ce_fwd_kernel(
     REVERSE: tl.constexpr,  # streaming: the gradient pass walks the chunks last to first
 ):
     """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient."""
+    smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
+    inv_den = tl.cast(inv_den, tl.float32)
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -441,6 +445,8 @@ def _ce_fwd_split_kernel(
     a program resident at the same time, so its second read comes from L2 (a few hundred pieces of
     PIECE columns in flight, far below L2), at any vocabulary width.
     """
+    smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
+    inv_den = tl.cast(inv_den, tl.float32)
     g = tl.program_id(0)
     zero = tl.arange(0, 1)  # [1]-shaped row vectors, so the BLOCK_M-row helpers serve here
     # ---- phase 1: statistics of piece g ----------------------------------------------------------
@@ -521,7 +527,7 @@ def _ce_fwd_split_kernel(
                            SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _ce_scale_kernel(
     G,  # flat contiguous gradient [N] (scaled in place)
     GO,  # the scalar grad_output (any float dtype)
@@ -642,19 +648,34 @@ def validate(input, target, weight, ignore_index, reduction, label_smoothing) ->
 
 
 class _Plan:
-    __slots__ = ("copy_x", "copy_t", "args", "meta", "grid", "M", "C", "wide", "splits", "piece", "wide_grid", "wide_meta")
+    """Everything a launch needs that depends only on the plan key (shapes, strides, dtype, flags):
+    the bound kernels (``_library.Kernel``) and their integer arguments."""
+
+    __slots__ = ("copy_x", "copy_t", "ints", "M", "C", "splits", "piece", "kernel", "den_kernel")
 
 
 _PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
 
 
-def _plan(shape, xstride, tstride, elem: int, soft: bool) -> _Plan:
-    """Launch plan for an input of ``shape`` (ndim >= 2, classes on dim 1); cached per layout."""
-    key = (shape, xstride, tstride, elem, soft, override_epoch())
-    plan = _PLANS.get(key)
+def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: bool, smooth: bool,
+          ignore_index: int, den_on_device: bool, has_row_scale: bool, has_grad: bool) -> _Plan:
+    """Launch plan for an input of ``shape`` (ndim >= 2, classes on dim 1); cached per key.
+
+    Every integer a kernel receives (sizes, strides, ``ignore_index``, pieces) is a function of the key:
+    the bound kernels' compiled binaries are specialized on them (``_library.Kernel``).
+    """
+    key = (shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index, den_on_device, has_row_scale,
+           has_grad, override_epoch())
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
+        return _plan(concrete(shape), concrete(xstride), None if tstride is None else concrete(tstride), dtype, soft,
+                     has_weight, smooth, ignore_index, den_on_device, has_row_scale, has_grad)
     if plan is not None:
         return plan
     plan = _Plan()
+    elem = dtype.itemsize
     v = _row_strides(shape, xstride, 1)
     plan.copy_x = v is None
     outer, inner, sxo, sxi, sxc = v if v is not None else _contiguous_strides(shape, 1)
@@ -668,42 +689,76 @@ def _plan(shape, xstride, tstride, elem: int, soft: bool) -> _Plan:
     sd = _contiguous_strides(shape, 1)[2:]
     C = shape[1]
     M = outer * inner
-    c_pow2 = next_power_of_2(C)
-    max_single = get_override("cross_entropy", "max_single", cfg.MAX_SINGLE)
-    if c_pow2 <= max_single:
-        block_m, warps = cfg._SINGLE.get(max(c_pow2, 256), (1, 16))
-        if c_pow2 < 256:
-            block_m = 4096 // c_pow2
-        block_n, single = c_pow2, True
-    else:
-        block_n, warps = cfg.stream_config(C, elem)
-        block_m, single = 1, False
-    block_m = min(get_override("cross_entropy", "block_m", block_m), next_power_of_2(M))
-    block_n = get_override("cross_entropy", "block_n", block_n) if not single else block_n
     plan.M, plan.C = M, C
-    # Wide rows with a gradient: 1 = stream (one program per row, two passes, the second from L2),
-    # 2 = split (_ce_fwd_split_kernel: several programs per row).  No effect without a gradient: the
-    # streaming kernel is then one pass.
-    plan.wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE) if not single else 1
+    flags = dict(SOFT=soft, HAS_WEIGHT=has_weight, SMOOTH=smooth, DEN_ON_DEVICE=den_on_device,
+                 HAS_ROW_SCALE=has_row_scale)
+    plan.den_kernel = _den_kernel(has_weight) if den_on_device else None
     plan.splits = 0
-    if plan.wide not in (1, 2):
-        raise ValueError(f"{_OP}: wide_mode {plan.wide} does not exist (1 = stream, 2 = split)")
-    if plan.wide == 2:
-        sblock = get_override("cross_entropy", "split_block", cfg.SPLIT_BLOCK[elem])
-        piece = triton.cdiv(get_override("cross_entropy", "piece", cfg.PIECE[elem]), sblock) * sblock
-        splits = triton.cdiv(C, piece)
-        plan.splits, plan.piece = splits, piece
-        plan.wide_grid = (M * splits + splits,)  # + SPLITS: the last row's phase 2
-        plan.wide_meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=sblock,
-                              num_warps=get_override("cross_entropy", "split_warps", cfg.SPLIT_WARPS))
-    plan.grid = (triton.cdiv(M, block_m),)
-    plan.args = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd)
-    plan.meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
-                     PREFETCH=bool(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH)),
-                     REVERSE=bool(get_override("cross_entropy", "reverse", cfg.STREAM_REVERSE)),
-                     num_warps=get_override("cross_entropy", "num_warps", warps))
+    if M == 0 or C == 0:
+        plan.kernel, plan.ints = None, ()
+    else:
+        c_pow2 = next_power_of_2(C)
+        max_single = get_override("cross_entropy", "max_single", cfg.MAX_SINGLE)
+        if c_pow2 <= max_single:
+            block_m, warps = cfg._SINGLE.get(max(c_pow2, 256), (1, 16))
+            if c_pow2 < 256:
+                block_m = 4096 // c_pow2
+            block_n, single = c_pow2, True
+        else:
+            block_n, warps = cfg.stream_config(C, elem)
+            block_m, single = 1, False
+            block_n = get_override("cross_entropy", "block_n", block_n)
+        block_m = min(get_override("cross_entropy", "block_m", block_m), next_power_of_2(M))
+        # Wide rows with a gradient: 1 = stream (one program per row, two passes, the second from L2),
+        # 2 = split (_ce_fwd_split_kernel: several programs per row).  Without a gradient the streaming
+        # kernel is one pass.
+        wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE) if not single else 1
+        if wide not in (1, 2):
+            raise ValueError(f"{_OP}: wide_mode {wide} does not exist (1 = stream, 2 = split)")
+        base = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd) + (ignore_index,)
+        if wide == 2 and has_grad:
+            sblock = get_override("cross_entropy", "split_block", cfg.SPLIT_BLOCK[elem])
+            piece = triton.cdiv(get_override("cross_entropy", "piece", cfg.PIECE[elem]), sblock) * sblock
+            splits = triton.cdiv(C, piece)
+            plan.splits, plan.piece = splits, piece
+            plan.ints = base
+            # grid + SPLITS: the last row's phase 2
+            plan.kernel = Kernel(_ce_fwd_split_kernel, (M * splits + splits,), check=None,
+                                 SPLITS_P2=next_power_of_2(splits), BLOCK_N=sblock, **flags,
+                                 num_warps=get_override("cross_entropy", "split_warps", cfg.SPLIT_WARPS))
+        else:
+            plan.ints = base
+            plan.kernel = Kernel(
+                _ce_fwd_kernel, (triton.cdiv(M, block_m),), check=None, BLOCK_M=block_m, BLOCK_N=block_n,
+                SINGLE=single, **flags, HAS_GRAD=has_grad,
+                PREFETCH=bool(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH)),
+                REVERSE=bool(get_override("cross_entropy", "reverse", cfg.STREAM_REVERSE)),
+                num_warps=get_override("cross_entropy", "num_warps", warps))
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
     _PLANS[key] = plan
     return plan
+
+
+_DEN_KERNELS: dict[bool, Kernel] = {}
+_SCALE_KERNELS: dict[int, Kernel] = {}
+
+
+def _den_kernel(has_weight: bool) -> Kernel:
+    """``_ce_den_kernel`` bound (one program; M, C and ignore_index are runtime integers of it, so it is
+    not bound through a plan: ``do_not_specialize`` keeps its binary valid for any of them)."""
+    k = _DEN_KERNELS.get(has_weight)
+    if k is None:
+        k = _DEN_KERNELS[has_weight] = Kernel(_ce_den_kernel, (1,), check=None, HAS_WEIGHT=has_weight, BLOCK=1024,
+                                              num_warps=4)
+    return k
+
+
+def launch_den(t: torch.Tensor, weight: torch.Tensor | None, M: int, C: int, ignore_index: int) -> torch.Tensor:
+    """D of the weighted mean (float32 [1], on the device): sum over non-ignored in-range rows of w_t."""
+    den = torch.empty(1, dtype=torch.float32, device=t.device)
+    _den_kernel(weight is not None)(t, weight if weight is not None else den, den, M, C, ignore_index)
+    return den
 
 
 # Out-of-range targets on CUDA: flags copied to pinned memory without a sync, checked at the next call.
@@ -734,6 +789,14 @@ def check_cross_entropy_errors(wait: bool = True) -> None:
 
 
 def _check_flag(err: torch.Tensor, C: int) -> None:
+    """The deferred out-of-range check (eager only).
+
+    Skipped while tracing (``torch.compile``: Dynamo, or Inductor tracing into the ``triton_op``, where
+    the tensors are FakeTensor / FunctionalTensor): no host read, pinned copy or event can be traced.
+    There an out-of-range target shows as a NaN loss (the kernel writes NaN for that row).
+    """
+    if type(err) is not torch.Tensor or is_compiling():
+        return
     if err.device.type != "cuda":
         if int(err[0]):
             _raise_target_error(C)
@@ -776,6 +839,9 @@ def cross_entropy_forward(
     (it may be ``input`` itself: the logits are overwritten by their gradient); ``row_scale`` (M,)
     multiplies each row's gradient; ``den`` is a precomputed device D for ``mean``; ``loss_out`` (M,)
     float32 receives the per-row losses (then ``loss`` is None).
+
+    Traceable (the body of the ``triton_op``): launches go through bound ``Kernel`` objects, no host
+    read happens on the traced path (``_check_flag`` skips itself there).
     """
     soft = target.is_floating_point()
     if input.dim() == 1:  # (C,) with a 0-d target: one row
@@ -786,14 +852,16 @@ def cross_entropy_forward(
         squeeze = False
     out_dtype = out_dtype or _out_dtype(input)
     shape = input.shape
-    plan = _plan(shape, input.stride(), target.stride() if soft else None, input.element_size(), soft)
-    M, C = plan.M, plan.C
     dev = input.device
     if compute_grad and grad_out is None:
         grad = torch.empty(shape, dtype=input.dtype, device=dev)
     else:
         grad = grad_out
-    if M == 0 or C == 0:
+    mean_hard = reduction == "mean" and not soft
+    plan = _plan(shape, input.stride(), target.stride() if soft else None, input.dtype, soft, weight is not None,
+                 label_smoothing > 0, ignore_index, mean_hard, row_scale is not None, grad is not None)
+    M, C = plan.M, plan.C
+    if plan.kernel is None:  # M == 0 or C == 0
         if grad is not None:
             grad.zero_()
         if loss_out is not None:
@@ -805,38 +873,25 @@ def cross_entropy_forward(
     if plan.copy_x:
         input = input.contiguous()  # a layout the (outer, inner) form cannot express: one copy
     if soft:
-        if plan.copy_t:
-            target = target.contiguous()
-        t = target
+        t = target.contiguous() if plan.copy_t else target
     else:
         # The kernels read class indices at T + row: a flat contiguous view.  reshape(-1) alone keeps a
         # strided 1-D view (target[::2]) as it is, so force the copy (M integers) for strided targets.
         t = target.reshape(-1).contiguous()
     err = torch.zeros(1, dtype=torch.int32, device=dev)
-    mean_hard = reduction == "mean" and not soft
     if mean_hard and den is None:
-        den = torch.empty(1, dtype=torch.float32, device=dev)
-        _ce_den_kernel[(1,)](t, weight if weight is not None else t, den, M, C, ignore_index,
-                             HAS_WEIGHT=weight is not None, BLOCK=1024)
+        den = launch_den(t, weight, M, C, ignore_index)
     inv_den = 1.0 / M if (reduction == "mean" and soft) else 1.0
     loss_rows = loss_out if loss_out is not None else torch.empty(M, dtype=torch.float32, device=dev)
-    g = grad if grad is not None else input  # not written when HAS_GRAD is False
-    flags = dict(SOFT=soft, HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0,
-                 DEN_ON_DEVICE=mean_hard, HAS_ROW_SCALE=row_scale is not None)
-    if plan.splits and grad is not None:
+    # Pointers the flags leave unread: any tensor does (constexpr-False branches never dereference them).
+    args = (input, t, weight if weight is not None else loss_rows, loss_rows, grad if grad is not None else loss_rows,
+            den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err)
+    if plan.splits:
         stats = torch.empty(M * plan.splits * 5, dtype=torch.float32, device=dev)
         count = torch.zeros(M, dtype=torch.int32, device=dev)
-        args = (input, t, weight if weight is not None else input, loss_rows, g,
-                den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err, stats, count,
-                *plan.args, ignore_index, float(label_smoothing), inv_den, plan.splits, plan.piece)
-        _ce_fwd_split_kernel[plan.wide_grid](*args, **flags, **plan.wide_meta)
+        plan.kernel(*args, stats, count, *plan.ints, float(label_smoothing), inv_den, plan.splits, plan.piece)
     else:
-        _ce_fwd_kernel[plan.grid](
-            input, t, weight if weight is not None else input, loss_rows, g,
-            den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err,
-            *plan.args, ignore_index, float(label_smoothing), inv_den, HAS_GRAD=grad is not None,
-            **flags, **plan.meta,
-        )
+        plan.kernel(*args, *plan.ints, float(label_smoothing), inv_den)
     if not soft:
         _check_flag(err, C)
     if loss_out is not None:
@@ -851,76 +906,71 @@ def cross_entropy_forward(
 
 
 def scale_grad_(grad: torch.Tensor, grad_output: torch.Tensor, reduction: str) -> torch.Tensor:
-    """grad *= grad_output in place (grad_output broadcast over the class dim for reduction='none')."""
+    """grad *= grad_output in place (grad_output broadcast over the class dim for reduction='none').
+
+    Eager only: the scalar case reads grad_output on the device and returns at once when it is 1 (the
+    usual ``loss.backward()``), so forward + backward stays one read and one write of the logits.
+    """
     if reduction == "none":
         go = grad_output.unsqueeze(1) if grad.dim() >= 2 else grad_output
         return grad.mul_(go.to(grad.dtype))
     n = grad.numel()
     if n == 0:
         return grad
-    if grad.device.type == "cuda" or grad.device.type == "cpu":
+    k = _SCALE_KERNELS.get(n)
+    if k is None:
+        if len(_SCALE_KERNELS) >= _MAX_PLANS:
+            _SCALE_KERNELS.clear()
         block = 4096
-        grid = (max(1, min(triton.cdiv(n, block), 1024)),)
-        _ce_scale_kernel[grid](grad, grad_output, n, BLOCK=block, num_warps=8)
+        k = _SCALE_KERNELS[n] = Kernel(_ce_scale_kernel, (max(1, min(triton.cdiv(n, block), 1024)),), check=None,
+                                       BLOCK=block, num_warps=8)
+    k(grad, grad_output, n)
     return grad
 
 
 # ==================================================================================================
-# Registration: custom ops (torch.compile) and the eager direct path
+# Registration (ops/_library.py): custom ops for torch.compile, autograd, the eager direct path
 # ==================================================================================================
-@torch.library.custom_op("fused_layers::cross_entropy_fwd", mutates_args=())
-def _ce_fwd_op(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, ignore_index: int,
-               reduction: str, label_smoothing: float, compute_grad: bool, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _ce_fwd(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+            reduction: str, label_smoothing: float, compute_grad: bool,
+            out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward as an op: (loss, gradient of the loss for an upstream gradient of 1; empty without)."""
     loss, grad = cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing,
                                        compute_grad, out_dtype=out_dtype)
     return loss, (grad if grad is not None else input.new_empty(0))
 
 
-@_ce_fwd_op.register_fake
-def _(input, target, weight, ignore_index, reduction, label_smoothing, compute_grad, out_dtype):
-    shape = _loss_shape(input) if reduction == "none" else ()
-    grad = input.new_empty(input.shape) if compute_grad else input.new_empty(0)
-    return input.new_empty(shape, dtype=out_dtype), grad
+def _ce_bwd(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    """The backward as an op (functional): grad * grad_loss, a new tensor (broadcast over the classes
+    for reduction='none').  Under torch.compile Inductor emits it as one pointwise kernel (a read and a
+    write of the gradient that the eager path skips when grad_loss is 1)."""
+    if reduction == "none" and grad.dim() >= 2:
+        grad_loss = grad_loss.unsqueeze(1)
+    return grad * grad_loss.to(grad.dtype)
 
 
-def _ce_setup_context(ctx, inputs, output):
+def _ce_bwd_eager(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Eager backward: the gradient computed in the forward, scaled in place (no traffic when 1)."""
+    return scale_grad_(grad, grad_loss, reduction)
+
+
+def _setup_context(ctx, inputs, outputs):
     ctx.reduction = inputs[4]
-    ctx.save_for_backward(output[1])
+    ctx.used = False
+    ctx.save_for_backward(outputs[1])
 
 
-def _ce_backward(ctx, grad_loss, _grad_grad):
+def _grads(ctx, backward, grad_loss):
     (grad,) = ctx.saved_tensors
-    if ctx.reduction == "none":
-        go = grad_loss.unsqueeze(1) if grad.dim() >= 2 else grad_loss
-    else:
-        go = grad_loss
-    return grad * go.to(grad.dtype), None, None, None, None, None, None, None
-
-
-_ce_fwd_op.register_autograd(_ce_backward, setup_context=_ce_setup_context)
-
-
-class _CrossEntropyFunction(torch.autograd.Function):
-    """Eager direct path: gradient computed in the forward, scaled in place in the backward."""
-
-    @staticmethod
-    def forward(ctx, input, target, weight, ignore_index, reduction, label_smoothing, out_dtype):
-        loss, grad = cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing,
-                                           True, out_dtype=out_dtype)
-        ctx.reduction = reduction
-        ctx.used = False
-        ctx.save_for_backward(grad)
-        return loss
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss):
+    if backward is _ce_bwd_eager:
         if ctx.used:
             raise RuntimeError(f"{_OP}: backward ran twice through the same graph; the gradient computed in the "
                                "forward is scaled in place, so retain_graph=True double backward is not supported")
         ctx.used = True
-        (grad,) = ctx.saved_tensors
-        return scale_grad_(grad, grad_loss, ctx.reduction), None, None, None, None, None, None
+    return backward(grad, grad_loss, ctx.reduction), None, None, None, None, None, None, None
+
+
+cross_entropy_op = FusedOp("cross_entropy", _ce_fwd, _ce_bwd, _setup_context, _grads, eager_backward=_ce_bwd_eager)
 
 
 def fused_cross_entropy(
@@ -950,9 +1000,5 @@ def fused_cross_entropy(
                                                  reduction=reduction, label_smoothing=label_smoothing)
     out_dtype = _out_dtype(input)
     need_grad = input.requires_grad and torch.is_grad_enabled()
-    if is_compiling():
-        return _ce_fwd_op(input, target, weight, ignore_index, reduction, float(label_smoothing), need_grad, out_dtype)[0]
-    if need_grad:
-        return _CrossEntropyFunction.apply(input, target, weight, ignore_index, reduction, float(label_smoothing), out_dtype)
-    return cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing, False,
-                                 out_dtype=out_dtype)[0]
+    return cross_entropy_op(input, target, weight, ignore_index, reduction, float(label_smoothing), need_grad,
+                            out_dtype, needs_grad=need_grad)
