@@ -65,11 +65,12 @@ Special values follow torch: +inf or NaN in a row gives NaN loss and gradient fo
 logits are fine (the target's -inf gives +inf loss), an all -inf row gives NaN.
 
 Out-of-range targets (not ``ignore_index``, not in [0, C)): the kernel never reads out of bounds (it
-reads column 0 instead), sets an error flag and writes NaN loss/gradient for the row.  The flag is
-checked at once on the CPU (``IndexError``, as torch's CPU kernel), and on CUDA without a host sync:
-it is copied to pinned memory asynchronously and checked at the next call (or by
-``check_cross_entropy_errors()``, which waits), raising ``IndexError`` there.  (torch's CUDA kernel
-asserts on the device, which kills the process.)
+reads column 0 instead) and writes NaN loss/gradient for the row.  The pre-pass ``_ce_den_kernel``
+(which also computes D) counts them; the count is checked at once on the CPU (``IndexError``, as
+torch's CPU kernel), and on CUDA without a host sync: it is copied to pinned memory asynchronously and
+checked at the next call (or by ``check_cross_entropy_errors()``, which waits), raising ``IndexError``
+there.  (torch's CUDA kernel asserts on the device, which kills the process.)  Under torch.compile no
+host read can be traced: there the NaN loss is the only sign.
 
 Layout.  A row is an (outer, inner) pair: for input (N, C, d1, ...), outer runs over N and inner over
 d1..., element (o, i, c) at ``o * sxo + i * sxi + c * sxc``: (N, C) views with any strides and
@@ -290,25 +291,47 @@ def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, 
 def _ce_den_kernel(
     T,  # int64/uint8 [M]: class-index targets (flat, contiguous)
     W,  # [C] class weights (float), read only when HAS_WEIGHT
-    DEN,  # float32 [1] (written): D = sum over non-ignored, in-range rows of w_t (1 without weights)
+    DEN,  # float32 [2] (written): [0] D = sum over non-ignored, in-range rows of w_t (1 without weights),
+          # [1] the number of out-of-range targets (not ignore_index, not in [0, C))
     M, C,  # rows, classes
     ignore_index,
     HAS_WEIGHT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """One program: the denominator of the weighted mean, on the device (no host sync)."""
+    """One program, before the main kernel: the denominator of the weighted mean and the out-of-range
+    count, on the device (no host sync; nothing to zero beforehand)."""
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
+    nbad = tl.zeros([BLOCK], tl.float32)
     for start in range(0, M, BLOCK):
         r = start + offs
         t = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
-        ok = (r < M) & (t != ignore_index) & (t >= 0) & (t < C)
+        live = (r < M) & (t != ignore_index)
+        ok = live & (t >= 0) & (t < C)
         if HAS_WEIGHT:
             w = tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32)
         else:
             w = ok.to(tl.float32)
         acc += tl.where(ok, w, 0.0)
+        nbad += (live & ~ok).to(tl.float32)
     tl.store(DEN, tl.sum(acc, axis=0))
+    tl.store(DEN + 1, tl.sum(nbad, axis=0))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _ce_sum_kernel(
+    LOSS,  # float32 [M]: per-row losses (already divided by D for 'mean')
+    OUT,  # [] (written): their sum, in the loss dtype
+    M,  # rows
+    BLOCK: tl.constexpr,
+):
+    """One program: the reduced loss, summed in a fixed order (deterministic) and cast in one launch."""
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, M, BLOCK):
+        r = start + offs
+        acc += tl.load(LOSS + r, mask=r < M, other=0.0)
+    tl.store(OUT, tl.sum(acc, axis=0).to(OUT.dtype.element_ty))
 
 
 @triton.jit
@@ -316,11 +339,10 @@ def _ce_fwd_kernel(
     X,  # logits; element (row (o, i), class c) at X + o*sxo + i*sxi + c*sxc (bf16/fp16/fp32)
     T,  # class indices: int64/uint8 [M] flat; probabilities: same layout as X with strides (sto, sti, stc)
     W,  # [C] class weights (read when HAS_WEIGHT)
-    LOSS,  # float32 [M] (written): loss of each row, already divided by D for reduction='mean'
+    LOSS,  # [M] (written; float32, or the loss dtype for reduction='none'): loss of each row, / D for 'mean'
     DX,  # gradient (written when HAS_GRAD; may be X itself); element (o, i, c) at DX + o*sdo + i*sdi + c*sdc
-    DEN,  # float32 [1]: D for reduction='mean' with class indices (read when DEN_ON_DEVICE)
+    DEN,  # float32 [2] from _ce_den_kernel: D for reduction='mean' with class indices (read when DEN_ON_DEVICE)
     RS,  # float [M]: per-row scale of the gradient (read when HAS_ROW_SCALE)
-    ERR,  # int32 [1]: set to 1 when a class index is out of range
     M, C, INNER,  # rows, classes, size of the inner row index (d1 * ...)
     sxo, sxi, sxc,  # strides of X
     sto, sti, stc,  # strides of T (probabilities only)
@@ -385,8 +407,7 @@ def _ce_fwd_kernel(
     loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
         T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
         SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, BLOCK_M)
-    tl.store(ERR + rows * 0, 1, mask=bad)  # every writer writes 1: no race
-    tl.store(LOSS + r64, loss, mask=row_ok)
+    tl.store(LOSS + r64, loss.to(LOSS.dtype.element_ty), mask=row_ok)
 
     # ---- pass 2: gradient dx = (A p - B) / D -----------------------------------------------------
     if HAS_GRAD:
@@ -423,7 +444,7 @@ def _ce_fwd_kernel(
 
 @triton.jit
 def _ce_fwd_split_kernel(
-    X, T, W, LOSS, DX, DEN, RS, ERR,  # as in _ce_fwd_kernel
+    X, T, W, LOSS, DX, DEN, RS,  # as in _ce_fwd_kernel
     STATS,  # float32 [M * SPLITS, 5] (scratch): per piece (m, s, sum_w, sum_wx, x_t if t is in the piece)
     COUNT,  # int32 [M], zeroed: pieces of each row whose statistics are published
     M, C, INNER,
@@ -513,8 +534,7 @@ def _ce_fwd_split_kernel(
             T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
             SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, 1)
         first = ((h % SPLITS) + zero) == 0  # [1]: the first piece writes the loss
-        tl.store(ERR + zero, 1, mask=bad & first)
-        tl.store(LOSS + r64, loss, mask=row_ok & first)
+        tl.store(LOSS + r64, loss.to(LOSS.dtype.element_ty), mask=row_ok & first)
         db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
         start = (h % SPLITS) * PIECE
         end = tl.minimum(start + PIECE, C)
@@ -755,10 +775,21 @@ def _den_kernel(has_weight: bool) -> Kernel:
 
 
 def launch_den(t: torch.Tensor, weight: torch.Tensor | None, M: int, C: int, ignore_index: int) -> torch.Tensor:
-    """D of the weighted mean (float32 [1], on the device): sum over non-ignored in-range rows of w_t."""
-    den = torch.empty(1, dtype=torch.float32, device=t.device)
-    _den_kernel(weight is not None)(t, weight if weight is not None else den, den, M, C, ignore_index)
+    """float32 [2] on the device: [0] D of the weighted mean (sum over non-ignored in-range rows of w_t),
+    [1] the number of out-of-range targets (``check_target_flag`` reads it without a sync)."""
+    den = torch.empty(2, dtype=torch.float32, device=t.device)
+    _den_kernel(weight is not None)(t, weight if weight is not None else t, den, M, C, ignore_index)
     return den
+
+
+def _sum_kernel() -> Kernel:
+    k = _SUM_KERNELS.get(0)
+    if k is None:
+        k = _SUM_KERNELS[0] = Kernel(_ce_sum_kernel, (1,), check=None, BLOCK=1024, num_warps=4)
+    return k
+
+
+_SUM_KERNELS: dict[int, Kernel] = {}
 
 
 # Out-of-range targets on CUDA: flags copied to pinned memory without a sync, checked at the next call.
@@ -788,23 +819,26 @@ def check_cross_entropy_errors(wait: bool = True) -> None:
     _PENDING[:] = keep
 
 
-def _check_flag(err: torch.Tensor, C: int) -> None:
-    """The deferred out-of-range check (eager only).
+def check_target_flag(den: torch.Tensor, C: int) -> None:
+    """The out-of-range check on ``launch_den``'s count ``den[1]``: at once on the CPU, deferred on CUDA.
+
+    Eager only.
 
     Skipped while tracing (``torch.compile``: Dynamo, or Inductor tracing into the ``triton_op``, where
     the tensors are FakeTensor / FunctionalTensor): no host read, pinned copy or event can be traced.
     There an out-of-range target shows as a NaN loss (the kernel writes NaN for that row).
     """
-    if type(err) is not torch.Tensor or is_compiling():
+    if type(den) is not torch.Tensor or is_compiling():
         return
+    err = den[1:2]
     if err.device.type != "cuda":
-        if int(err[0]):
+        if float(err[0]):
             _raise_target_error(C)
         return
     check_cross_entropy_errors(wait=False)
     if torch.cuda.is_current_stream_capturing():
         return  # a captured graph cannot copy to a host buffer it does not own; the loss shows NaN
-    host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+    host = torch.empty(1, dtype=torch.float32, pin_memory=True)
     host.copy_(err, non_blocking=True)
     event = torch.cuda.Event()
     event.record()
@@ -837,11 +871,15 @@ def cross_entropy_forward(
 
     Advanced (the fused linear cross-entropy): ``grad_out`` is written instead of a new gradient buffer
     (it may be ``input`` itself: the logits are overwritten by their gradient); ``row_scale`` (M,)
-    multiplies each row's gradient; ``den`` is a precomputed device D for ``mean``; ``loss_out`` (M,)
-    float32 receives the per-row losses (then ``loss`` is None).
+    multiplies each row's gradient; ``den`` is ``launch_den``'s result for all the rows, computed and
+    checked (``check_target_flag``) by the caller; ``loss_out`` (M,) float32 receives the per-row losses
+    (then ``loss`` is None).
+
+    Launches: ``_ce_den_kernel`` (class indices, unless ``den`` is given), the main kernel, and for
+    'mean' / 'sum' ``_ce_sum_kernel``; nothing is zero-filled.
 
     Traceable (the body of the ``triton_op``): launches go through bound ``Kernel`` objects, no host
-    read happens on the traced path (``_check_flag`` skips itself there).
+    read happens on the traced path (``check_target_flag`` skips itself there).
     """
     soft = target.is_floating_point()
     if input.dim() == 1:  # (C,) with a 0-d target: one row
@@ -878,28 +916,34 @@ def cross_entropy_forward(
         # The kernels read class indices at T + row: a flat contiguous view.  reshape(-1) alone keeps a
         # strided 1-D view (target[::2]) as it is, so force the copy (M integers) for strided targets.
         t = target.reshape(-1).contiguous()
-    err = torch.zeros(1, dtype=torch.int32, device=dev)
-    if mean_hard and den is None:
+    if not soft and den is None:
         den = launch_den(t, weight, M, C, ignore_index)
+        check_target_flag(den, C)
     inv_den = 1.0 / M if (reduction == "mean" and soft) else 1.0
-    loss_rows = loss_out if loss_out is not None else torch.empty(M, dtype=torch.float32, device=dev)
-    # Pointers the flags leave unread: any tensor does (constexpr-False branches never dereference them).
-    args = (input, t, weight if weight is not None else loss_rows, loss_rows, grad if grad is not None else loss_rows,
-            den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err)
+    if loss_out is not None:
+        loss_rows = loss_out
+    elif reduction == "none":  # written by the kernel in the loss dtype, in the loss's shape
+        loss_rows = torch.empty(_loss_shape(input) if not squeeze else (), dtype=out_dtype, device=dev)
+    else:
+        loss_rows = torch.empty(M, dtype=torch.float32, device=dev)
+    # Pointers the flags leave unread: the (read-only) input does; constexpr-False branches never
+    # dereference them, and no mutated buffer is passed twice (what torch.compile's analysis of the
+    # kernel's writes sees).
+    args = (input, t, weight if weight is not None else input, loss_rows, grad if grad is not None else input,
+            den if mean_hard else input, row_scale if row_scale is not None else input)
     if plan.splits:
         stats = torch.empty(M * plan.splits * 5, dtype=torch.float32, device=dev)
         count = torch.zeros(M, dtype=torch.int32, device=dev)
         plan.kernel(*args, stats, count, *plan.ints, float(label_smoothing), inv_den, plan.splits, plan.piece)
     else:
         plan.kernel(*args, *plan.ints, float(label_smoothing), inv_den)
-    if not soft:
-        _check_flag(err, C)
     if loss_out is not None:
         return None, grad
     if reduction == "none":
-        loss = loss_rows.view(_loss_shape(input) if not squeeze else ()).to(out_dtype)
+        loss = loss_rows
     else:
-        loss = loss_rows.sum().to(out_dtype)
+        loss = torch.empty((), dtype=out_dtype, device=dev)
+        _sum_kernel()(loss_rows, loss, M)
     if squeeze and grad is not None and grad_out is None:
         grad = grad.squeeze(0)
     return loss, grad
