@@ -173,18 +173,19 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
 
 
 _PF = dict(wide_mode=1, prefetch=1, reverse=1)  # streaming with prefetch + reversed gradient pass (default)
+_PF2 = dict(wide_mode=1, prefetch=2, reverse=1)  # two chunks loaded ahead
 SWEEP = {
     # one program per row, two passes, the second read from L2
     "stream_8k_w16_base": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=0),  # run4's best
     "stream_8k_w16_rev": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=1),
     "stream_8k_w16": dict(_PF, block_n=8192, num_warps=16),
-    "stream_4k_w8": dict(_PF, block_n=4096, num_warps=8),
-    "stream_4k_w16": dict(_PF, block_n=4096, num_warps=16),
+    "stream_8k_w16_pf2": dict(_PF2, block_n=8192, num_warps=16),
+    "stream_8k_w8": dict(_PF, block_n=8192, num_warps=8),
+    "stream_4k_w8_pf2": dict(_PF2, block_n=4096, num_warps=8),
     "stream_16k_w16": dict(_PF, block_n=16384, num_warps=16),
     "stream_16k_w32": dict(_PF, block_n=16384, num_warps=32),
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
-    "split_p32k_b8k_w8": dict(wide_mode=2, piece=32768, split_block=8192, split_warps=8),
 }
 SINGLE_SWEEP = {  # one program per row, the whole row in registers: (config, widest vocab)
     "single_32k_w32": (dict(max_single=32768, num_warps=32), 32768),

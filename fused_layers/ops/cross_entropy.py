@@ -37,7 +37,9 @@ Rows by width (``cross_entropy_config.py``):
   registers (one read, one write);
 * wider (default): ``_ce_fwd_kernel`` streaming one row per program in chunks of BLOCK_N, two passes.
   Pass 1 keeps the sum of exponentials per lane (s_v' = s_v exp(m - m') + exp(x - m'), one block
-  reduction per chunk, for the max) and loads chunk k + 1 before reducing chunk k (``PREFETCH``).
+  reduction per chunk, for the max) and loads chunks k + 1 (.. k + PREFETCH) before reducing chunk k:
+  with one 16-warp program per SM, about 32 KB must be in flight per SM to cover the HBM latency at
+  its share of the bandwidth (0.8 us x 32 GB/s), more than one 8K-column bf16 chunk (16 KB).
   Pass 2 reads the row again -- from L2 while the rows in flight fit there (about 50 MB on an H200:
   132 SMs x one 16-warp program x the row) -- walking the chunks last to first (``REVERSE``): the
   chunks read last are the likeliest still in L2, so rows too wide for that (262K columns: 67 MB in
@@ -359,7 +361,7 @@ def _ce_fwd_kernel(
     HAS_GRAD: tl.constexpr,  # write the gradient
     DEN_ON_DEVICE: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr,
-    PREFETCH: tl.constexpr,  # streaming: load chunk k + 1 before reducing chunk k (software pipelining)
+    PREFETCH: tl.constexpr,  # streaming: chunks loaded ahead (0, 1 or 2: chunk k + PREFETCH in flight at chunk k)
     REVERSE: tl.constexpr,  # streaming: the gradient pass walks the chunks last to first
 ):
     """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient."""
@@ -386,13 +388,19 @@ def _ce_fwd_kernel(
     else:
         cols = tl.arange(0, BLOCK_N)
         s_v = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if PREFETCH:
+        if PREFETCH >= 1:
             x_next = _ce_load_chunk(xb, cols, row_ok, C, sxc)
+        if PREFETCH >= 2:
+            x_next2 = _ce_load_chunk(xb, cols + BLOCK_N, row_ok, C, sxc)
         for off in range(0, C, BLOCK_N):
             c = off + cols
-            if PREFETCH:  # chunk k + 1 is in flight while chunk k is reduced
+            if PREFETCH == 1:  # chunk k + 1 is in flight while chunk k is reduced
                 x_raw = x_next
                 x_next = _ce_load_chunk(xb, c + BLOCK_N, row_ok, C, sxc)
+            elif PREFETCH == 2:  # chunks k + 1 and k + 2
+                x_raw = x_next
+                x_next = x_next2
+                x_next2 = _ce_load_chunk(xb, c + 2 * BLOCK_N, row_ok, C, sxc)
             else:
                 x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
             m, s_v, sum_w, sum_wx = _ce_fold_chunk(x_raw.to(tl.float32), tb, W, c, row_ok, C, C, stc, smoothing, m,
@@ -428,14 +436,21 @@ def _ce_fwd_kernel(
             else:
                 first = n_chunks * 0
                 step = BLOCK_N
-            if PREFETCH:
+            if PREFETCH >= 1:
                 x_next = _ce_load_chunk(xb, first + cols, row_ok, C, sxc)
+            if PREFETCH >= 2:
+                x_next2 = _ce_load_chunk(xb, first + step + cols, row_ok, C, sxc)
             for i in range(0, n_chunks):
                 off = first + i * step
                 c = off + cols
-                if PREFETCH:
+                # (the chunks loaded ahead are never the one written below: in-place gradients are safe)
+                if PREFETCH == 1:
                     x_raw = x_next
-                    x_next = _ce_load_chunk(xb, c + step, row_ok, C, sxc)  # never the chunk written below
+                    x_next = _ce_load_chunk(xb, c + step, row_ok, C, sxc)
+                elif PREFETCH == 2:
+                    x_raw = x_next
+                    x_next = x_next2
+                    x_next2 = _ce_load_chunk(xb, c + 2 * step, row_ok, C, sxc)
                 else:
                     x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
                 _ce_grad_chunk(x_raw.to(tl.float32), db, tb, W, off, row_ok, C, C, sdc, stc, smoothing, lse, coef_a,
@@ -751,7 +766,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
             plan.kernel = Kernel(
                 _ce_fwd_kernel, (triton.cdiv(M, block_m),), check=None, BLOCK_M=block_m, BLOCK_N=block_n,
                 SINGLE=single, **flags, HAS_GRAD=has_grad,
-                PREFETCH=bool(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH)),
+                PREFETCH=int(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH)),
                 REVERSE=bool(get_override("cross_entropy", "reverse", cfg.STREAM_REVERSE)),
                 num_warps=get_override("cross_entropy", "num_warps", warps))
     if len(_PLANS) >= _MAX_PLANS:
