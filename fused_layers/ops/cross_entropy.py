@@ -850,9 +850,9 @@ def check_target_flag(den: torch.Tensor, C: int) -> None:
         if float(err[0]):
             _raise_target_error(C)
         return
-    check_cross_entropy_errors(wait=False)
     if torch.cuda.is_current_stream_capturing():
         return  # a captured graph cannot copy to a host buffer it does not own; the loss shows NaN
+    check_cross_entropy_errors(wait=False)
     host = torch.empty(1, dtype=torch.float32, pin_memory=True)
     host.copy_(err, non_blocking=True)
     event = torch.cuda.Event()
