@@ -178,13 +178,13 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
     return rows
 
 
-_PF = dict(wide_mode=1, prefetch=1, reverse=1)  # streaming with prefetch + reversed gradient pass (default)
-_PF2 = dict(wide_mode=1, prefetch=2, reverse=1)  # two chunks loaded ahead
+_PF = dict(wide_mode=1, prefetch=1, reverse=1, lane_max=1)  # per-lane max, prefetch, reversed gradient pass (default)
+_PF2 = dict(_PF, prefetch=2)  # two chunks loaded ahead
 SWEEP = {
     # one program per row, two passes, the second read from L2
-    "stream_8k_w16_base": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=0),  # run4's best
-    "stream_8k_w16_rev": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=1),
-    "stream_8k_w16": dict(_PF, block_n=8192, num_warps=16),
+    "stream_8k_w16_base": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=0, lane_max=0),  # run4's
+    "stream_8k_w16_rowmax": dict(_PF, block_n=8192, num_warps=16, lane_max=0),  # max per row (a reduction per chunk)
+    "stream_8k_w16": dict(_PF, block_n=8192, num_warps=16),  # the default up to 100K columns
     "stream_8k_w16_pf2": dict(_PF2, block_n=8192, num_warps=16),
     "stream_8k_w8": dict(_PF, block_n=8192, num_warps=8),
     "stream_4k_w8_pf2": dict(_PF2, block_n=4096, num_warps=8),

@@ -64,7 +64,7 @@ def test_streaming_chunks(c, dtype, device):
 
 SPLIT = dict(max_single=16, block_n=8, wide_mode=2, piece=16, split_block=8)  # 16-column pieces, 8-column chunks
 STREAM = dict(max_single=16, block_n=16)  # 16-column chunks: prefetch + reversed gradient pass (defaults)
-STREAM_BASE = dict(max_single=16, block_n=16, prefetch=0, reverse=0)  # the plain two-pass form
+STREAM_BASE = dict(max_single=16, block_n=16, prefetch=0, reverse=0, lane_max=0)  # the plain two-pass form
 STREAM_PF2 = dict(max_single=16, block_n=16, prefetch=2)  # two chunks loaded ahead
 WIDE = {"split": SPLIT, "stream": STREAM, "stream_base": STREAM_BASE, "stream_pf2": STREAM_PF2}
 
@@ -93,6 +93,7 @@ def test_split_rows_special_values_and_layouts(mode, device):
     x[2, 33] = float("inf")
     x[3, 20] = float("nan")
     x[4, 7] = float("-inf")
+    x[5, 12] = 1e30  # huge finite: exact through the max subtraction (per-lane max included)
     t = torch.tensor([3, 0, 1, 2, 7, 39], device=device)
     with config_override("cross_entropy", **WIDE[mode]):
         _check(x, t, reduction="none")
@@ -355,7 +356,7 @@ def test_gpu_wide_row_kernels(c, mode):
     x = torch.randn(256, c, device="cuda", dtype=torch.bfloat16) * 2
     t = torch.randint(0, c, (256,), device="cuda")
     t[::5] = -100
-    cfg = {"stream": {}, "stream_base": dict(prefetch=0, reverse=0), "stream_pf2": dict(prefetch=2), "split": dict(wide_mode=2),
+    cfg = {"stream": {}, "stream_base": dict(prefetch=0, reverse=0, lane_max=0), "stream_pf2": dict(prefetch=2), "split": dict(wide_mode=2),
            "single64k": dict(max_single=65536, num_warps=32)}[mode]
     with config_override("cross_entropy", **cfg):
         _check(x, t, label_smoothing=0.1)

@@ -36,8 +36,9 @@ Rows by width (``cross_entropy_config.py``):
 * at most ``MAX_SINGLE`` (padded) columns: ``_ce_fwd_kernel`` loads the row once and keeps it in
   registers (one read, one write);
 * wider (default): ``_ce_fwd_kernel`` streaming one row per program in chunks of BLOCK_N, two passes.
-  Pass 1 keeps the sum of exponentials per lane (s_v' = s_v exp(m - m') + exp(x - m'), one block
-  reduction per chunk, for the max) and loads chunks k + 1 (.. k + PREFETCH) before reducing chunk k:
+  Pass 1 keeps the running max and sum of exponentials per lane (``LANE_MAX``, ``_ce_fold_lanes``:
+  one exponential per element and no block reduction, so no barrier, until the row's end; without it
+  the max is per row, one block reduction per chunk) and loads chunks k + 1 (.. k + PREFETCH) before reducing chunk k:
   with one 16-warp program per SM, about 32 KB must be in flight per SM to cover the HBM latency at
   its share of the bandwidth (0.8 us x 32 GB/s), more than one 8K-column bf16 chunk (16 KB).
   Pass 2 reads the row again -- from L2 while the rows in flight fit there (about 50 MB on an H200:
@@ -163,18 +164,23 @@ def _ce_load_chunk(xb, c, row_ok, lim, sxc):
 
 @triton.jit
 def _ce_fold_chunk(x, tb, W, c, row_ok, lim, C, stc, smoothing, m, s_v, sum_w, sum_wx,
-                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
+                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr,
+                   LANE_MAX: tl.constexpr):
     """Pass 1 of the streaming kernel on one chunk x [BLOCK_M, BLOCK_N] (float32, -inf where masked).
 
     Like ``_ce_stats_chunk``, but the sum of exponentials stays per lane, s_v [BLOCK_M, BLOCK_N]:
     s_v' = s_v exp(m - m') + exp(x - m') with the row's running max m (one block reduction per chunk,
-    for the max, instead of two; s = sum(s_v) once at the end).
+    for the max, instead of two; s = sum(s_v) once at the end).  LANE_MAX: the max is per lane as well,
+    m [BLOCK_M, BLOCK_N] (``_ce_fold_lanes``): no block reduction (no barrier) in the loop at all.
     """
-    m_new = tl.maximum(m, tl.max(x, axis=1))
-    # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
-    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-    alpha = tl.exp2((m - m_safe) * 1.4426950408889634)  # [BLOCK_M]: 0 while m was -inf (s_v was 0)
-    s_v = s_v * alpha[:, None] + tl.exp2((x - m_safe[:, None]) * 1.4426950408889634)
+    if LANE_MAX:  # m is per lane too: no reduction at all
+        m_new, s_v = _ce_fold_lanes(x, m, s_v)
+    else:
+        m_new = tl.maximum(m, tl.max(x, axis=1))
+        # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp2((m - m_safe) * 1.4426950408889634)  # [BLOCK_M]: 0 while m was -inf (s_v was 0)
+        s_v = s_v * alpha[:, None] + tl.exp2((x - m_safe[:, None]) * 1.4426950408889634)
     if SOFT or SMOOTH:
         cm = row_ok[:, None] & (c < lim)[None, :]
         if HAS_WEIGHT:
@@ -193,6 +199,33 @@ def _ce_fold_chunk(x, tb, W, c, row_ok, lim, C, stc, smoothing, m, s_v, sum_w, s
             if HAS_WEIGHT:
                 sum_w += tl.sum(tl.where(cm, w, 0.0), axis=1)
     return m_new, s_v, sum_w, sum_wx
+
+
+@triton.jit
+def _ce_fold_lanes(x, m_v, s_v):
+    """Pass 1 per lane, no reduction: running (m_v, s_v) [BLOCK_M, BLOCK_N] with one exponential per element.
+
+    With d = x - m_v: when x > m_v the lane's max becomes x and s_v' = s_v exp(-d) + 1, else
+    s_v' = s_v + exp(d): both are s_v exp(m_v - m_v') + exp(x - m_v'), and e = exp(-|d|) serves both.
+    m_v starts at -FLT_MAX (finite), so d is never -inf - -inf: an x of -inf adds exp(-inf) = 0, +inf makes
+    m_v = +inf (then NaN at the combine, as torch), NaN makes s_v NaN.  The row's (m, s) come from
+    ``_ce_combine_lanes`` once at the end.
+    """
+    d = x - m_v
+    e = tl.exp2(-tl.abs(d) * 1.4426950408889634)
+    up = d > 0
+    s_v = tl.where(up, s_v * e + 1.0, s_v + e)
+    m_v = tl.where(up, x, m_v)
+    return m_v, s_v
+
+
+@triton.jit
+def _ce_combine_lanes(m_v, s_v):
+    """Row statistics from the lanes: m = max m_v, s = sum s_v exp(m_v - m) (m = -FLT_MAX for an all -inf
+    row: s = 0 and lse = -inf, as with m = -inf)."""
+    m = tl.max(m_v, axis=1)
+    s = tl.sum(s_v * tl.exp2((m_v - m[:, None]) * 1.4426950408889634), axis=1)
+    return m, s
 
 
 @triton.jit
@@ -363,6 +396,7 @@ def _ce_fwd_kernel(
     HAS_ROW_SCALE: tl.constexpr,
     PREFETCH: tl.constexpr,  # streaming: chunks loaded ahead (0, 1 or 2: chunk k + PREFETCH in flight at chunk k)
     REVERSE: tl.constexpr,  # streaming: the gradient pass walks the chunks last to first
+    LANE_MAX: tl.constexpr,  # streaming: running max per lane (no block reduction in pass 1)
 ):
     """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient."""
     smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
@@ -388,6 +422,10 @@ def _ce_fwd_kernel(
     else:
         cols = tl.arange(0, BLOCK_N)
         s_v = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if LANE_MAX:
+            m_v = tl.full([BLOCK_M, BLOCK_N], -3.4028234663852886e38, tl.float32)  # -FLT_MAX, see _ce_fold_lanes
+        else:
+            m_v = m
         if PREFETCH >= 1:
             x_next = _ce_load_chunk(xb, cols, row_ok, C, sxc)
         if PREFETCH >= 2:
@@ -403,9 +441,14 @@ def _ce_fwd_kernel(
                 x_next2 = _ce_load_chunk(xb, c + 2 * BLOCK_N, row_ok, C, sxc)
             else:
                 x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
-            m, s_v, sum_w, sum_wx = _ce_fold_chunk(x_raw.to(tl.float32), tb, W, c, row_ok, C, C, stc, smoothing, m,
-                                                   s_v, sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
-        s = tl.sum(s_v, axis=1)
+            m_v, s_v, sum_w, sum_wx = _ce_fold_chunk(x_raw.to(tl.float32), tb, W, c, row_ok, C, C, stc, smoothing,
+                                                     m_v, s_v, sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N,
+                                                     LANE_MAX)
+        if LANE_MAX:
+            m, s = _ce_combine_lanes(m_v, s_v)
+        else:
+            m = m_v
+            s = tl.sum(s_v, axis=1)
 
     # ---- loss of the row -------------------------------------------------------------------------
     if SOFT:
@@ -768,6 +811,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                 SINGLE=single, **flags, HAS_GRAD=has_grad,
                 PREFETCH=int(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH)),
                 REVERSE=bool(get_override("cross_entropy", "reverse", cfg.STREAM_REVERSE)),
+                LANE_MAX=bool(get_override("cross_entropy", "lane_max", cfg.STREAM_LANE_MAX)),
                 num_warps=get_override("cross_entropy", "num_warps", warps))
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()

@@ -14,8 +14,9 @@ vocab      single 32K w16  coop (best)   stream 8K w16    stream 16K w32  split 
 
 So wide rows stream by default (the coop kernel, pieces of a row in registers waiting on each other,
 was slower everywhere and needed its programs co-resident: removed).  The stream kernel now also
-prefetches the next chunk and walks the gradient pass backwards (``STREAM_PREFETCH`` /
-``STREAM_REVERSE``, not yet measured: the sweep has the old form, ``stream_8k_w16_base``, beside them).
+keeps its running max per lane (no barrier in the statistics pass), prefetches the next chunk and walks
+the gradient pass backwards (``STREAM_LANE_MAX`` / ``STREAM_PREFETCH`` / ``STREAM_REVERSE``, not yet
+measured: the sweep has the old form, ``stream_8k_w16_base``, beside them).
 
 * Rows whose padded width (next power of two of C) is at most ``MAX_SINGLE`` are held in registers by
   one program: one read of the logits, one write of the gradient.  ``_SINGLE[width]`` gives (BLOCK_M
@@ -42,6 +43,7 @@ STREAM = {
 }
 STREAM_PREFETCH = 1
 STREAM_REVERSE = 1
+STREAM_LANE_MAX = 1
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8
