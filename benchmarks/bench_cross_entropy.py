@@ -184,12 +184,12 @@ SWEEP = {
     # one program per row, two passes, the second read from L2
     "stream_8k_w16_base": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=0, lane_max=0),  # run4's
     "stream_8k_w16_rowmax": dict(_PF, block_n=8192, num_warps=16, lane_max=0),  # max per row (a reduction per chunk)
-    "stream_8k_w16": dict(_PF, block_n=8192, num_warps=16),  # the default up to 100K columns
+    "stream_8k_w16": dict(_PF, block_n=8192, num_warps=16),  # the default (any width)
     "stream_8k_w16_pf2": dict(_PF2, block_n=8192, num_warps=16),
-    "stream_8k_w8": dict(_PF, block_n=8192, num_warps=8),
+    "stream_4k_w8": dict(_PF, block_n=4096, num_warps=8),  # same values per thread, more programs per SM
     "stream_4k_w8_pf2": dict(_PF2, block_n=4096, num_warps=8),
-    "stream_16k_w16": dict(_PF, block_n=16384, num_warps=16),
-    "stream_16k_w32": dict(_PF, block_n=16384, num_warps=32),
+    "stream_2k_w4_pf2": dict(_PF2, block_n=2048, num_warps=4),
+    "stream_16k_w32": dict(_PF, block_n=16384, num_warps=32),  # run4's best at 262K (now more registers)
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
 }
