@@ -28,7 +28,8 @@ The main kernel (``_ce_fwd_kernel``), one program per BLOCK_M rows:
    m' = max(m, max(chunk)), s' = s exp(m - m') + sum exp(chunk - m') (while only -inf was seen it
    subtracts 0 instead, so -inf - -inf never appears), plus the sums the loss needs (sum w x, sum w,
    sum w q', sum w q' x);
-2. the loss of the row (scaled by 1/D for ``mean``) into a float32 row buffer;
+2. the loss of the row (scaled by 1/D for ``mean``) into a float32 row buffer (for ``none``: the loss
+   itself, in its dtype), which ``_ce_sum_kernel`` reduces for ``mean`` / ``sum``;
 3. when a gradient is wanted: dx_j = (A p_j - B_j) / D, written in the logits' dtype.
 
 Rows by width (``cross_entropy_config.py``):
@@ -62,7 +63,15 @@ Backward.  The saved gradient is that of the loss for an upstream gradient of 1;
 it by grad_output: in place, by ``_ce_scale_kernel``, whose programs read the scalar and return at
 once when it is 1 (the usual ``loss.backward()``), so forward + backward is one read of the logits
 and one write of the gradient; for ``reduction='none'`` by a broadcast in-place multiply.  Because the
-scaling is in place, a second backward through the same graph (``retain_graph=True``) raises.
+scaling is in place, a second backward through the same graph (``retain_graph=True``) raises.  Under
+torch.compile the backward op is functional (``grad * grad_output``, a new tensor: Inductor emits one
+pointwise kernel, a read and a write of the gradient the eager path skips when grad_output is 1).
+
+Registration (``ops/_library.py``): ``FusedOp("cross_entropy", ...)``: an eager autograd.Function fast
+path, and ops ``fused_layers::cross_entropy_fwd`` / ``_bwd`` (``torch.library.triton_op`` on GPU
+machines: Inductor traces into ``cross_entropy_forward`` and launches the kernels from its own code).
+Launches go through ``Kernel`` objects bound in launch plans cached per (shape, strides, dtype, flags,
+ignore_index): every integer a kernel receives is a function of that key.
 
 Special values follow torch: +inf or NaN in a row gives NaN loss and gradient for that row, -inf
 logits are fine (the target's -inf gives +inf loss), an all -inf row gives NaN.
