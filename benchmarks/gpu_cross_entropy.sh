@@ -13,7 +13,7 @@ fi
 XDIST=""; python3 -c "import xdist" 2>/dev/null && XDIST="-n 8"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 echo "=== GPU tests: cross-entropy (vocabulary widths, every wide-row kernel, torch.compile triton_op, linear CE), opt-in coop wide softmax"
-timeout 90 python3 -m pytest tests/test_cross_entropy.py tests/test_softmax.py::test_gpu_wide_coop_opt_in -q -m gpu $XDIST -p no:cacheprovider > "$OUT/ce_gpu_tests.log" 2>&1
+timeout 120 python3 -m pytest tests/test_cross_entropy.py tests/test_softmax.py::test_gpu_wide_coop_opt_in -q -m gpu $XDIST -p no:cacheprovider > "$OUT/ce_gpu_tests.log" 2>&1
 echo "rc=$?"; tail -15 "$OUT/ce_gpu_tests.log"
 echo "=== cross-entropy semantics tests on CUDA tensors (every non-slow CPU test, real kernels)"
 timeout 60 python3 -m pytest tests/test_cross_entropy.py -q -m "not slow and not gpu" $XDIST -p no:cacheprovider > "$OUT/ce_tests_cuda.log" 2>&1
