@@ -30,6 +30,7 @@ eager calls: at these sizes each call is hundreds of microseconds, so host time 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -129,10 +130,12 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
         if tuned and v in tuned:
             cfg = {k: val for k, val in tuned[v].items() if k != "name"}
 
-            def fused_tuned(x, t, cfg=cfg):
-                with config_override("cross_entropy", **cfg):
-                    return fused_cross_entropy(x, t)
+            def fused_tuned(x, t):
+                return fused_cross_entropy(x, t)
 
+            # The override is entered once around the whole measurement (below), not per call: entering it
+            # changes the plan-cache epoch, so a per-call override would re-plan (host time) on every call.
+            fused_tuned.override = cfg
             provs = {"fused": provs.pop("fused"), f"fused_tuned[{tuned[v]['name']}]": fused_tuned, **provs}
         x = (torch.randn(ROWS, v, device=DEV) * 2).to(torch.bfloat16).requires_grad_()
         t = torch.randint(0, v, (ROWS,), device=DEV)
@@ -142,17 +145,20 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
             def step(f=f):
                 f(x, t).backward()
 
+            override = getattr(f, "override", None)
+            ctx = config_override("cross_entropy", **override) if override else contextlib.nullcontext()
             try:
-                x.grad = None
-                loss = f(x, t)
-                err = abs(loss.item() - ref)
-                loss.backward()
-                dx = x.grad.detach().clone() if name.startswith("fused") else None
-                x.grad = None
-                ms = do_bench(step, grad_to_none=[x], rep=rep)
-                x.grad = None
-                extra = peak_extra_mb(step) - x.numel() * x.element_size() / 1e6
-                x.grad = None
+                with ctx:
+                    x.grad = None
+                    loss = f(x, t)
+                    err = abs(loss.item() - ref)
+                    loss.backward()
+                    dx = x.grad.detach().clone() if name.startswith("fused") else None
+                    x.grad = None
+                    ms = do_bench(step, grad_to_none=[x], rep=rep)
+                    x.grad = None
+                    extra = peak_extra_mb(step) - x.numel() * x.element_size() / 1e6
+                    x.grad = None
             except Exception as e:  # noqa: BLE001 - report and go on
                 print(f"[{name} V={v} failed: {type(e).__name__}: {str(e)[:200]}]")
                 _empty_cache()
@@ -172,26 +178,24 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
     return rows
 
 
+_PF = dict(wide_mode=1, prefetch=1, reverse=1, lane_max=1)  # per-lane max, prefetch, reversed gradient pass (default)
+_PF2 = dict(_PF, prefetch=2)  # two chunks loaded ahead
 SWEEP = {
-    # several programs per row, each holding its piece in registers (one read, one write)
-    "coop_2k_w4": dict(wide_mode=0, coop_block=2048, coop_warps=4),
-    "coop_4k_w4": dict(wide_mode=0, coop_block=4096, coop_warps=4),
-    "coop_4k_w8": dict(wide_mode=0, coop_block=4096, coop_warps=8),
-    "coop_8k_w8": dict(wide_mode=0, coop_block=8192, coop_warps=8),
-    "coop_8k_w16": dict(wide_mode=0, coop_block=8192, coop_warps=16),
-    # the same, re-reading the piece from L2 after the wait (fewer registers, more programs resident)
-    "coopL2_4k_w4": dict(wide_mode=3, coop_block=4096, coop_warps=4),
-    "coopL2_8k_w8": dict(wide_mode=3, coop_block=8192, coop_warps=8),
-    # one program per row, two passes (second read from L2 while the rows in flight fit)
-    "stream_8k_w16": dict(wide_mode=1, block_n=8192, num_warps=16),
-    "stream_16k_w32": dict(wide_mode=1, block_n=16384, num_warps=32),
+    # one program per row, two passes, the second read from L2
+    "stream_8k_w16_base": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=0, lane_max=0),  # run4's
+    "stream_8k_w16_rowmax": dict(_PF, block_n=8192, num_warps=16, lane_max=0),  # max per row (a reduction per chunk)
+    "stream_8k_w16": dict(_PF, block_n=8192, num_warps=16),  # the default (any width)
+    "stream_8k_w16_pf2": dict(_PF2, block_n=8192, num_warps=16),
+    "stream_4k_w8": dict(_PF, block_n=4096, num_warps=8),  # same values per thread, more programs per SM
+    "stream_4k_w8_pf2": dict(_PF2, block_n=4096, num_warps=8),
+    "stream_2k_w4_pf2": dict(_PF2, block_n=2048, num_warps=4),
+    "stream_16k_w32": dict(_PF, block_n=16384, num_warps=32),  # run4's best at 262K (now more registers)
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
-    "split_p32k_b8k_w8": dict(wide_mode=2, piece=32768, split_block=8192, split_warps=8),
 }
-SINGLE_SWEEP = {  # one program per row, the whole row in registers (rows up to 32K)
-    "single_32k_w16": dict(max_single=32768, num_warps=16),
-    "single_32k_w32": dict(max_single=32768, num_warps=32),
+SINGLE_SWEEP = {  # one program per row, the whole row in registers: (config, widest vocab)
+    "single_32k_w32": (dict(max_single=32768, num_warps=32), 32768),
+    "single_64k_w32": (dict(max_single=65536, num_warps=32), 65536),
 }
 
 
@@ -206,7 +210,7 @@ def sweep(vocabs, copy_gbs, rep=30):
         t = torch.randint(0, v, (ROWS,), device=DEV)
         nbytes = 2 * x.numel() * x.element_size()
         ref = F.cross_entropy(x.detach().float(), t).item()
-        configs = {**(SINGLE_SWEEP if v <= 32768 else {}), **SWEEP}
+        configs = {**{n: c for n, (c, widest) in SINGLE_SWEEP.items() if v <= widest and 2 * v > widest}, **SWEEP}
         for name, cfg in configs.items():
             try:
                 with config_override("cross_entropy", **cfg):
@@ -229,7 +233,7 @@ def sweep(vocabs, copy_gbs, rep=30):
 
 
 def configs_of(name):
-    return dict({**SINGLE_SWEEP, **SWEEP}[name])
+    return dict({**{n: c for n, (c, _) in SINGLE_SWEEP.items()}, **SWEEP}[name])
 
 
 SOFTMAX_COOP = {"default": {}, "coop_8k_w8": dict(wide_mode=1, coop_block=8192, coop_warps=8),

@@ -63,26 +63,29 @@ def test_streaming_chunks(c, dtype, device):
 
 
 SPLIT = dict(max_single=16, block_n=8, wide_mode=2, piece=16, split_block=8)  # 16-column pieces, 8-column chunks
-COOP = dict(max_single=16, wide_mode=0, coop_block=16)  # pieces of at most 16 columns, one program each
+STREAM = dict(max_single=16, block_n=16)  # 16-column chunks: prefetch + reversed gradient pass (defaults)
+STREAM_BASE = dict(max_single=16, block_n=16, prefetch=0, reverse=0, lane_max=0)  # the plain two-pass form
+STREAM_PF2 = dict(max_single=16, block_n=16, prefetch=2)  # two chunks loaded ahead
+WIDE = {"split": SPLIT, "stream": STREAM, "stream_base": STREAM_BASE, "stream_pf2": STREAM_PF2}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("c", [17, 41])  # a piece + 1 column, 3 ragged pieces
-@pytest.mark.parametrize("mode", ["split", "coop"])
+@pytest.mark.parametrize("c", [17, 41])  # a piece / chunk + 1 column, 3 ragged pieces / chunks
+@pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2"])
 def test_split_rows(c, dtype, mode, device):
-    """Several programs per row: pieces publish statistics, which the programs of the row combine
-    (_ce_fwd_split_kernel; _ce_fwd_coop_kernel in its two-launch form on the interpreter)."""
+    """Wide-row kernels: several programs per row publishing piece statistics (_ce_fwd_split_kernel), and
+    the streaming kernel with and without prefetch / the reversed gradient pass."""
     x = torch.randn(5, c, device=device, dtype=dtype) * 4
     t = torch.randint(0, c, (5,), device=device)
     t[2] = -100
-    with config_override("cross_entropy", **(SPLIT if mode == "split" else COOP)):
+    with config_override("cross_entropy", **WIDE[mode]):
         _check(x, t)
         _check(x, t, reduction="none", label_smoothing=0.2, weight=torch.rand(c, device=device, dtype=dtype))
         _check(x, torch.softmax(torch.randn(5, c, device=device), -1).to(dtype), reduction="sum", label_smoothing=0.1)
         _check(x, t, grad=False, reduction="none")  # no gradient: the one-pass streaming kernel
 
 
-@pytest.mark.parametrize("mode", ["split", "coop"])
+@pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2"])
 def test_split_rows_special_values_and_layouts(mode, device):
     x = torch.randn(6, 40, device=device)
     x[0, 3] = float("-inf")
@@ -90,8 +93,9 @@ def test_split_rows_special_values_and_layouts(mode, device):
     x[2, 33] = float("inf")
     x[3, 20] = float("nan")
     x[4, 7] = float("-inf")
+    x[5, 12] = 1e30  # huge finite: exact through the max subtraction (per-lane max included)
     t = torch.tensor([3, 0, 1, 2, 7, 39], device=device)
-    with config_override("cross_entropy", **(SPLIT if mode == "split" else COOP)):
+    with config_override("cross_entropy", **WIDE[mode]):
         _check(x, t, reduction="none")
         _check(x, torch.full((6,), -100, device=device))  # all ignored: NaN mean, 0 * p gradients
         _check(torch.randn(3, 40, 2, device=device), torch.randint(0, 40, (3, 2), device=device))  # (N, C, d)
@@ -130,7 +134,8 @@ def test_kernel_formula_matches_torch(device):
     c = 11
     x = torch.randn(5, c, dtype=torch.float64, device=device, requires_grad=True)
     w = torch.rand(c, dtype=torch.float64, device=device)
-    for t in (torch.tensor([1, -100, 3, 10, 0], device=device), torch.softmax(torch.randn(5, c, dtype=torch.float64), -1)):
+    q = torch.softmax(torch.randn(5, c, dtype=torch.float64, device=device), -1)
+    for t in (torch.tensor([1, -100, 3, 10, 0], device=device), q):
         for e in (0.0, 0.3):
             loss, dx = cross_entropy_rows_reference(x.detach(), t, w, label_smoothing=e)
             ref = F.cross_entropy(x, t, weight=w, reduction="none", label_smoothing=e)
@@ -158,6 +163,16 @@ def test_strided_inputs(device):
     _check(base[::2, ::2], t)  # both strides non-unit
     _check(base.t()[:40, :6].t(), t, reduction="none")  # column-major (N, C)
     _check(base[::2, :40], t[None].expand(2, 6).reshape(-1)[:6])  # a target that came from a view
+    # Strided targets: a 1-D view (target[::2]: reshape(-1) keeps it strided; the kernel reads T + row) and
+    # an (N, d) view.  The GPU test at 50,304 classes caught the 1-D case reading the wrong class indices.
+    tt = torch.randint(0, 40, (12,), device=device)
+    _check(base[::2, :40], tt[::2])
+    _check(base[::2, :40], tt[::2], reduction="none", weight=torch.rand(40, device=device), label_smoothing=0.1)
+    with config_override("cross_entropy", max_single=16, block_n=16):  # the streaming kernel
+        _check(base[::2, :40], tt[::2])
+    x3 = torch.randn(3, 7, 4, device=device)
+    t3 = torch.randint(0, 7, (3, 8), device=device)[:, ::2]
+    _check(x3, t3)
     q = torch.softmax(torch.randn(40, 6, device=device), 0).t()  # non-contiguous probabilities
     _check(base[::2, 1:41], q, label_smoothing=0.1)
 
@@ -331,14 +346,19 @@ def test_gpu_vocab_widths(c, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+@pytest.mark.parametrize("mode", ["stream", "stream_base", "stream_pf2", "split", "single64k"])
 @pytest.mark.parametrize("c", [32000, 50304, 262144])
 def test_gpu_wide_row_kernels(c, mode):
-    """Every wide-row kernel (coop / stream / split) at these widths (the benchmark sweep picks)."""
+    """Every wide-row kernel (stream with/without prefetch and reversed pass, split, single block) at these
+    widths (the benchmark sweep picks)."""
+    if mode == "single64k" and c > 65536:
+        pytest.skip("single-block tiles only up to 64K columns")
     x = torch.randn(256, c, device="cuda", dtype=torch.bfloat16) * 2
     t = torch.randint(0, c, (256,), device="cuda")
     t[::5] = -100
-    with config_override("cross_entropy", wide_mode=mode):
+    cfg = {"stream": {}, "stream_base": dict(prefetch=0, reverse=0, lane_max=0), "stream_pf2": dict(prefetch=2), "split": dict(wide_mode=2),
+           "single64k": dict(max_single=65536, num_warps=32)}[mode]
+    with config_override("cross_entropy", **cfg):
         _check(x, t, label_smoothing=0.1)
         _check(x.float(), t, reduction="none", weight=torch.rand(c, device="cuda"))
 
@@ -356,6 +376,48 @@ def test_gpu_special_strided_and_errors():
     with pytest.raises(IndexError, match="out of range"):
         check_cross_entropy_errors()
     assert loss.isnan()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [1000, 50304])
+def test_gpu_torch_compile_triton_op(c):
+    """Under torch.compile the op is a torch.library.triton_op: Inductor traces into the launcher (FakeTensor /
+    FunctionalTensor: no host reads, no pinned copies) and launches the kernels from its own code."""
+    from torch import nn
+
+    from fused_layers import FusedCrossEntropyLoss, FusedLinearCrossEntropyLoss
+
+    torch._dynamo.reset()
+    lin = nn.Linear(64, c, device="cuda", dtype=torch.bfloat16)
+    crit = FusedCrossEntropyLoss(label_smoothing=0.1, ignore_index=3)
+
+    def step(h, t):
+        return crit(lin(h), t)
+
+    h = torch.randn(96, 64, device="cuda", dtype=torch.bfloat16)
+    t = torch.randint(0, c, (96,), device="cuda")
+    t[::7] = 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = torch.compile(step, fullgraph=True)(h, t)
+    ref = F.cross_entropy(lin(h).float(), t, label_smoothing=0.1, ignore_index=3)
+    torch.testing.assert_close(loss.float(), ref, atol=2e-2, rtol=2e-2)
+    (g,) = torch.autograd.grad(loss, lin.weight)
+    (r,) = torch.autograd.grad(ref, lin.weight)
+    torch.testing.assert_close(g.float(), r.float(), atol=2e-2, rtol=5e-2)
+    # the fused LM head + loss (an opaque custom op) under compile, autocast as in the demo LM
+    hid = torch.randn(96, 64, device="cuda", requires_grad=True)
+    w = (torch.randn(c, 64, device="cuda") * 0.1).requires_grad_()
+    lce = FusedLinearCrossEntropyLoss()
+    with torch.autocast("cuda", dtype=torch.bfloat16), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = torch.compile(lce, fullgraph=True)(hid, w, t)
+        ref = F.cross_entropy(F.linear(hid, w).float(), t)
+    torch.testing.assert_close(loss, ref, atol=2e-2, rtol=2e-2)
+    g = torch.autograd.grad(loss, (hid, w))
+    r = torch.autograd.grad(ref, (hid, w))
+    for a, b in zip(g, r):
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=5e-2)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -393,12 +455,11 @@ def test_linear_cross_entropy_chunks(reduction):
     _check_linear(13, 8, 29, bias=False, reduction=reduction, label_smoothing=0.2, ignore_index=3)
 
 
-@pytest.mark.parametrize("mode", ["coop", "split", "stream"])
+@pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2"])
 def test_linear_cross_entropy_wide_row_kernels(mode):
     """The logits chunk is overwritten by its gradient in place: every wide-row kernel must read the
     target's logit before any program of the row writes (the stats pass carries it)."""
-    cfg = {"coop": COOP, "split": SPLIT, "stream": dict(max_single=16, block_n=8, wide_mode=1)}[mode]
-    with config_override("cross_entropy", **cfg):
+    with config_override("cross_entropy", **WIDE[mode]):
         _check_linear(12, 8, 37, label_smoothing=0.1)
 
 
@@ -413,6 +474,9 @@ def test_linear_cross_entropy_scaling_and_layouts():
     loss = fused_linear_cross_entropy(hid, w, t, reduction="none")
     ref = F.cross_entropy(F.linear(hid, w).reshape(-1, 11), t.reshape(-1), reduction="none").reshape(2, 5)
     torch.testing.assert_close(loss, ref)
+    t2 = torch.randint(0, 11, (20,))[::2]  # a strided 1-D target
+    loss = fused_linear_cross_entropy(hid.reshape(10, 8), w, t2)
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(hid.reshape(10, 8), w), t2))
     with pytest.raises(RuntimeError, match="do not match"):
         fused_linear_cross_entropy(hid, w[:, :4], t)
     with pytest.raises(ValueError, match="target"):

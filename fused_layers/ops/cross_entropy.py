@@ -28,26 +28,32 @@ The main kernel (``_ce_fwd_kernel``), one program per BLOCK_M rows:
    m' = max(m, max(chunk)), s' = s exp(m - m') + sum exp(chunk - m') (while only -inf was seen it
    subtracts 0 instead, so -inf - -inf never appears), plus the sums the loss needs (sum w x, sum w,
    sum w q', sum w q' x);
-2. the loss of the row (scaled by 1/D for ``mean``) into a float32 row buffer;
+2. the loss of the row (scaled by 1/D for ``mean``) into a float32 row buffer (for ``none``: the loss
+   itself, in its dtype), which ``_ce_sum_kernel`` reduces for ``mean`` / ``sum``;
 3. when a gradient is wanted: dx_j = (A p_j - B_j) / D, written in the logits' dtype.
 
 Rows by width (``cross_entropy_config.py``):
 
 * at most ``MAX_SINGLE`` (padded) columns: ``_ce_fwd_kernel`` loads the row once and keeps it in
   registers (one read, one write);
-* wider, with a gradient, by default: ``_ce_fwd_coop_kernel``, the row cut into balanced pieces of at
-  most ``COOP_BLOCK`` columns, one program each holding its piece in registers.  The pieces publish
-  (m, s, sums, and x_t when the target falls in the piece) to a scratch buffer and a per-row counter;
-  each program waits for its row's pieces, combines the statistics (M = max m_p,
-  S = sum s_p exp(m_p - M)) and writes its piece's gradient from registers: one read, one write at any
-  width.  The wait needs the pieces of a row resident together: they are consecutive program ids and
-  far fewer than the programs a GPU holds, and programs are dispatched in id order.  The interpreter
-  runs programs one by one, so there the same kernel runs as two launches (statistics, gradient);
-* alternatives the benchmark sweeps (``WIDE_MODE``): ``_ce_fwd_kernel`` streaming one row per program in
-  two passes (the second read from L2 while the rows in flight fit there: about 50 MB on an H200), and
-  ``_ce_fwd_split_kernel``, pieces streamed with the wait only on earlier programs (the scheme of the
-  wide softmax), the second read of a piece from L2;
+* wider (default): ``_ce_fwd_kernel`` streaming one row per program in chunks of BLOCK_N, two passes.
+  Pass 1 keeps the running max and sum of exponentials per lane (``LANE_MAX``, ``_ce_fold_lanes``:
+  one exponential per element and no block reduction, so no barrier, until the row's end; without it
+  the max is per row, one block reduction per chunk) and loads chunks k + 1 (.. k + PREFETCH) before reducing chunk k:
+  with one 16-warp program per SM, about 32 KB must be in flight per SM to cover the HBM latency at
+  its share of the bandwidth (0.8 us x 32 GB/s), more than one 8K-column bf16 chunk (16 KB).
+  Pass 2 reads the row again -- from L2 while the rows in flight fit there (about 50 MB on an H200:
+  132 SMs x one 16-warp program x the row) -- walking the chunks last to first (``REVERSE``): the
+  chunks read last are the likeliest still in L2, so rows too wide for that (262K columns: 67 MB in
+  flight) still hit on their tail instead of missing on every chunk as a forward walk would under LRU;
+* alternative the benchmark sweeps (``WIDE_MODE`` 2): ``_ce_fwd_split_kernel``, pieces of a row
+  streamed by several programs with the wait only on earlier programs (the scheme of the wide
+  softmax), the second read of a piece from L2;
 * without a gradient: one streaming pass.
+
+(A kernel holding the pieces of a row in registers across programs that wait for each other, one read
+at any width, was measured slower than streaming everywhere (0.53-0.58 of copy against 0.58-0.65) and
+needed its programs co-resident: removed.)
 
 All math is float32; the logits are read in their own dtype (no float32 copy).  The target's logit is
 read during the statistics pass, before any gradient is written, so the gradient may overwrite the
@@ -57,17 +63,26 @@ Backward.  The saved gradient is that of the loss for an upstream gradient of 1;
 it by grad_output: in place, by ``_ce_scale_kernel``, whose programs read the scalar and return at
 once when it is 1 (the usual ``loss.backward()``), so forward + backward is one read of the logits
 and one write of the gradient; for ``reduction='none'`` by a broadcast in-place multiply.  Because the
-scaling is in place, a second backward through the same graph (``retain_graph=True``) raises.
+scaling is in place, a second backward through the same graph (``retain_graph=True``) raises.  Under
+torch.compile the backward op is functional (``grad * grad_output``, a new tensor: Inductor emits one
+pointwise kernel, a read and a write of the gradient the eager path skips when grad_output is 1).
+
+Registration (``ops/_library.py``): ``FusedOp("cross_entropy", ...)``: an eager autograd.Function fast
+path, and ops ``fused_layers::cross_entropy_fwd`` / ``_bwd`` (``torch.library.triton_op`` on GPU
+machines: Inductor traces into ``cross_entropy_forward`` and launches the kernels from its own code).
+Launches go through ``Kernel`` objects bound in launch plans cached per (shape, strides, dtype, flags,
+ignore_index): every integer a kernel receives is a function of that key.
 
 Special values follow torch: +inf or NaN in a row gives NaN loss and gradient for that row, -inf
 logits are fine (the target's -inf gives +inf loss), an all -inf row gives NaN.
 
 Out-of-range targets (not ``ignore_index``, not in [0, C)): the kernel never reads out of bounds (it
-reads column 0 instead), sets an error flag and writes NaN loss/gradient for the row.  The flag is
-checked at once on the CPU (``IndexError``, as torch's CPU kernel), and on CUDA without a host sync:
-it is copied to pinned memory asynchronously and checked at the next call (or by
-``check_cross_entropy_errors()``, which waits), raising ``IndexError`` there.  (torch's CUDA kernel
-asserts on the device, which kills the process.)
+reads column 0 instead) and writes NaN loss/gradient for the row.  The pre-pass ``_ce_den_kernel``
+(which also computes D) counts them; the count is checked at once on the CPU (``IndexError``, as
+torch's CPU kernel), and on CUDA without a host sync: it is copied to pinned memory asynchronously and
+checked at the next call (or by ``check_cross_entropy_errors()``, which waits), raising ``IndexError``
+there.  (torch's CUDA kernel asserts on the device, which kills the process.)  Under torch.compile no
+host read can be traced: there the NaN loss is the only sign.
 
 Layout.  A row is an (outer, inner) pair: for input (N, C, d1, ...), outer runs over N and inner over
 d1..., element (o, i, c) at ``o * sxo + i * sxi + c * sxc``: (N, C) views with any strides and
@@ -78,6 +93,7 @@ The gradient is allocated contiguous in the input's shape.
 
 from __future__ import annotations
 
+from typing import Optional
 
 import torch
 import triton
@@ -85,8 +101,8 @@ import triton.language as tl
 
 from . import cross_entropy_config as cfg
 from ._common import (
-    INTERPRET,
     check_tensor,
+    concrete,
     config_override,  # noqa: F401  (re-exported for tests: config_override("cross_entropy", ...))
     get_override,
     is_compiling,
@@ -94,6 +110,7 @@ from ._common import (
     override_epoch,
     use_fallback,
 )
+from ._library import FusedOp, Kernel
 from .softmax import _contiguous_strides, _row_strides
 
 _OP = "fused_cross_entropy"
@@ -143,6 +160,81 @@ def _ce_stats_chunk(xb, tb, W, off, row_ok, lim, C, sxc, stc, smoothing, m, s, s
             if HAS_WEIGHT:
                 sum_w += tl.sum(tl.where(cm, w, 0.0), axis=1)
     return x, m, s, sum_w, sum_wx
+
+
+@triton.jit
+def _ce_load_chunk(xb, c, row_ok, lim, sxc):
+    """Raw chunk x[rows, c] (logits' dtype) for columns c in [0, lim); -inf elsewhere (the identity of max,
+    and exp(-inf - m) = 0 is the identity of the sum).  Columns below 0 or past lim are not read, so the
+    prefetch of the chunk after the last (or before the first) costs no traffic."""
+    cm = row_ok[:, None] & ((c >= 0) & (c < lim))[None, :]
+    return tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf"))
+
+
+@triton.jit
+def _ce_fold_chunk(x, tb, W, c, row_ok, lim, C, stc, smoothing, m, s_v, sum_w, sum_wx,
+                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr,
+                   LANE_MAX: tl.constexpr):
+    """Pass 1 of the streaming kernel on one chunk x [BLOCK_M, BLOCK_N] (float32, -inf where masked).
+
+    Like ``_ce_stats_chunk``, but the sum of exponentials stays per lane, s_v [BLOCK_M, BLOCK_N]:
+    s_v' = s_v exp(m - m') + exp(x - m') with the row's running max m (one block reduction per chunk,
+    for the max, instead of two; s = sum(s_v) once at the end).  LANE_MAX: the max is per lane as well,
+    m [BLOCK_M, BLOCK_N] (``_ce_fold_lanes``): no block reduction (no barrier) in the loop at all.
+    """
+    if LANE_MAX:  # m is per lane too: no reduction at all
+        m_new, s_v = _ce_fold_lanes(x, m, s_v)
+    else:
+        m_new = tl.maximum(m, tl.max(x, axis=1))
+        # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp2((m - m_safe) * 1.4426950408889634)  # [BLOCK_M]: 0 while m was -inf (s_v was 0)
+        s_v = s_v * alpha[:, None] + tl.exp2((x - m_safe[:, None]) * 1.4426950408889634)
+    if SOFT or SMOOTH:
+        cm = row_ok[:, None] & (c < lim)[None, :]
+        if HAS_WEIGHT:
+            w = tl.load(W + c, mask=c < lim, other=0.0).to(tl.float32)[None, :]
+        else:
+            w = tl.full([1, BLOCK_N], 1.0, tl.float32)
+        if SOFT:
+            q = tl.load(tb[:, None] + c[None, :].to(tl.int64) * stc, mask=cm, other=0.0).to(tl.float32)
+            if SMOOTH:
+                q = q * (1.0 - smoothing) + smoothing / (C * 1.0)
+            wq = w * q
+            sum_w += tl.sum(tl.where(cm, wq, 0.0), axis=1)
+            sum_wx += tl.sum(tl.where(cm, wq * x, 0.0), axis=1)  # masked: never 0 * -inf
+        else:
+            sum_wx += tl.sum(tl.where(cm, w * x, 0.0), axis=1)
+            if HAS_WEIGHT:
+                sum_w += tl.sum(tl.where(cm, w, 0.0), axis=1)
+    return m_new, s_v, sum_w, sum_wx
+
+
+@triton.jit
+def _ce_fold_lanes(x, m_v, s_v):
+    """Pass 1 per lane, no reduction: running (m_v, s_v) [BLOCK_M, BLOCK_N] with one exponential per element.
+
+    With d = x - m_v: when x > m_v the lane's max becomes x and s_v' = s_v exp(-d) + 1, else
+    s_v' = s_v + exp(d): both are s_v exp(m_v - m_v') + exp(x - m_v'), and e = exp(-|d|) serves both.
+    m_v starts at -FLT_MAX (finite), so d is never -inf - -inf: an x of -inf adds exp(-inf) = 0, +inf makes
+    m_v = +inf (then NaN at the combine, as torch), NaN makes s_v NaN.  The row's (m, s) come from
+    ``_ce_combine_lanes`` once at the end.
+    """
+    d = x - m_v
+    e = tl.exp2(-tl.abs(d) * 1.4426950408889634)
+    up = d > 0
+    s_v = tl.where(up, s_v * e + 1.0, s_v + e)
+    m_v = tl.where(up, x, m_v)
+    return m_v, s_v
+
+
+@triton.jit
+def _ce_combine_lanes(m_v, s_v):
+    """Row statistics from the lanes: m = max m_v, s = sum s_v exp(m_v - m) (m = -FLT_MAX for an all -inf
+    row: s = 0 and lse = -inf, as with m = -inf)."""
+    m = tl.max(m_v, axis=1)
+    s = tl.sum(s_v * tl.exp2((m_v - m[:, None]) * 1.4426950408889634), axis=1)
+    return m, s
 
 
 @triton.jit
@@ -239,29 +331,51 @@ def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, 
     tl.store(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), mask=cm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "C", "ignore_index"])
 def _ce_den_kernel(
     T,  # int64/uint8 [M]: class-index targets (flat, contiguous)
     W,  # [C] class weights (float), read only when HAS_WEIGHT
-    DEN,  # float32 [1] (written): D = sum over non-ignored, in-range rows of w_t (1 without weights)
+    DEN,  # float32 [2] (written): [0] D = sum over non-ignored, in-range rows of w_t (1 without weights),
+          # [1] the number of out-of-range targets (not ignore_index, not in [0, C))
     M, C,  # rows, classes
     ignore_index,
     HAS_WEIGHT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """One program: the denominator of the weighted mean, on the device (no host sync)."""
+    """One program, before the main kernel: the denominator of the weighted mean and the out-of-range
+    count, on the device (no host sync; nothing to zero beforehand)."""
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
+    nbad = tl.zeros([BLOCK], tl.float32)
     for start in range(0, M, BLOCK):
         r = start + offs
         t = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
-        ok = (r < M) & (t != ignore_index) & (t >= 0) & (t < C)
+        live = (r < M) & (t != ignore_index)
+        ok = live & (t >= 0) & (t < C)
         if HAS_WEIGHT:
             w = tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32)
         else:
             w = ok.to(tl.float32)
         acc += tl.where(ok, w, 0.0)
+        nbad += (live & ~ok).to(tl.float32)
     tl.store(DEN, tl.sum(acc, axis=0))
+    tl.store(DEN + 1, tl.sum(nbad, axis=0))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _ce_sum_kernel(
+    LOSS,  # float32 [M]: per-row losses (already divided by D for 'mean')
+    OUT,  # [] (written): their sum, in the loss dtype
+    M,  # rows
+    BLOCK: tl.constexpr,
+):
+    """One program: the reduced loss, summed in a fixed order (deterministic) and cast in one launch."""
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, M, BLOCK):
+        r = start + offs
+        acc += tl.load(LOSS + r, mask=r < M, other=0.0)
+    tl.store(OUT, tl.sum(acc, axis=0).to(OUT.dtype.element_ty))
 
 
 @triton.jit
@@ -269,11 +383,10 @@ def _ce_fwd_kernel(
     X,  # logits; element (row (o, i), class c) at X + o*sxo + i*sxi + c*sxc (bf16/fp16/fp32)
     T,  # class indices: int64/uint8 [M] flat; probabilities: same layout as X with strides (sto, sti, stc)
     W,  # [C] class weights (read when HAS_WEIGHT)
-    LOSS,  # float32 [M] (written): loss of each row, already divided by D for reduction='mean'
+    LOSS,  # [M] (written; float32, or the loss dtype for reduction='none'): loss of each row, / D for 'mean'
     DX,  # gradient (written when HAS_GRAD; may be X itself); element (o, i, c) at DX + o*sdo + i*sdi + c*sdc
-    DEN,  # float32 [1]: D for reduction='mean' with class indices (read when DEN_ON_DEVICE)
+    DEN,  # float32 [2] from _ce_den_kernel: D for reduction='mean' with class indices (read when DEN_ON_DEVICE)
     RS,  # float [M]: per-row scale of the gradient (read when HAS_ROW_SCALE)
-    ERR,  # int32 [1]: set to 1 when a class index is out of range
     M, C, INNER,  # rows, classes, size of the inner row index (d1 * ...)
     sxo, sxi, sxc,  # strides of X
     sto, sti, stc,  # strides of T (probabilities only)
@@ -290,8 +403,13 @@ def _ce_fwd_kernel(
     HAS_GRAD: tl.constexpr,  # write the gradient
     DEN_ON_DEVICE: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr,
+    PREFETCH: tl.constexpr,  # streaming: chunks loaded ahead (0, 1 or 2: chunk k + PREFETCH in flight at chunk k)
+    REVERSE: tl.constexpr,  # streaming: the gradient pass walks the chunks last to first
+    LANE_MAX: tl.constexpr,  # streaming: running max per lane (no block reduction in pass 1)
 ):
     """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient."""
+    smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
+    inv_den = tl.cast(inv_den, tl.float32)
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -311,9 +429,35 @@ def _ce_fwd_kernel(
         x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, 0, row_ok, C, C, sxc, stc, smoothing, m, s, sum_w,
                                                  sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
     else:
+        cols = tl.arange(0, BLOCK_N)
+        s_v = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if LANE_MAX:
+            m_v = tl.full([BLOCK_M, BLOCK_N], -3.4028234663852886e38, tl.float32)  # -FLT_MAX, see _ce_fold_lanes
+        else:
+            m_v = m
+        if PREFETCH >= 1:
+            x_next = _ce_load_chunk(xb, cols, row_ok, C, sxc)
+        if PREFETCH >= 2:
+            x_next2 = _ce_load_chunk(xb, cols + BLOCK_N, row_ok, C, sxc)
         for off in range(0, C, BLOCK_N):
-            _x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, off, row_ok, C, C, sxc, stc, smoothing, m, s,
-                                                      sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+            c = off + cols
+            if PREFETCH == 1:  # chunk k + 1 is in flight while chunk k is reduced
+                x_raw = x_next
+                x_next = _ce_load_chunk(xb, c + BLOCK_N, row_ok, C, sxc)
+            elif PREFETCH == 2:  # chunks k + 1 and k + 2
+                x_raw = x_next
+                x_next = x_next2
+                x_next2 = _ce_load_chunk(xb, c + 2 * BLOCK_N, row_ok, C, sxc)
+            else:
+                x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
+            m_v, s_v, sum_w, sum_wx = _ce_fold_chunk(x_raw.to(tl.float32), tb, W, c, row_ok, C, C, stc, smoothing,
+                                                     m_v, s_v, sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N,
+                                                     LANE_MAX)
+        if LANE_MAX:
+            m, s = _ce_combine_lanes(m_v, s_v)
+        else:
+            m = m_v
+            s = tl.sum(s_v, axis=1)
 
     # ---- loss of the row -------------------------------------------------------------------------
     if SOFT:
@@ -323,8 +467,7 @@ def _ce_fwd_kernel(
     loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
         T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
         SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, BLOCK_M)
-    tl.store(ERR + rows * 0, 1, mask=bad)  # every writer writes 1: no race
-    tl.store(LOSS + r64, loss, mask=row_ok)
+    tl.store(LOSS + r64, loss.to(LOSS.dtype.element_ty), mask=row_ok)
 
     # ---- pass 2: gradient dx = (A p - B) / D -----------------------------------------------------
     if HAS_GRAD:
@@ -333,19 +476,42 @@ def _ce_fwd_kernel(
             _ce_grad_chunk(x, db, tb, W, 0, row_ok, C, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
                            SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
         else:
+            # Second read of the row (from L2 while it is still there).  REVERSE: last chunk first, so
+            # the chunks read last in pass 1 (the likeliest to still be in L2) are re-read first; with
+            # more rows in flight than L2 holds (262K-wide rows) a forward re-read would miss on every
+            # chunk under LRU, the reverse one hits on the row's tail.
             cols = tl.arange(0, BLOCK_N)
-            for off in range(0, C, BLOCK_N):
-                # second read of the chunk (from L2 while the rows in flight fit there)
+            n_chunks = tl.cdiv(C, BLOCK_N)
+            if REVERSE:
+                first = (n_chunks - 1) * BLOCK_N
+                step = -BLOCK_N
+            else:
+                first = n_chunks * 0
+                step = BLOCK_N
+            if PREFETCH >= 1:
+                x_next = _ce_load_chunk(xb, first + cols, row_ok, C, sxc)
+            if PREFETCH >= 2:
+                x_next2 = _ce_load_chunk(xb, first + step + cols, row_ok, C, sxc)
+            for i in range(0, n_chunks):
+                off = first + i * step
                 c = off + cols
-                cm = row_ok[:, None] & (c < C)[None, :]
-                x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
-                _ce_grad_chunk(x, db, tb, W, off, row_ok, C, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
-                               SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+                # (the chunks loaded ahead are never the one written below: in-place gradients are safe)
+                if PREFETCH == 1:
+                    x_raw = x_next
+                    x_next = _ce_load_chunk(xb, c + step, row_ok, C, sxc)
+                elif PREFETCH == 2:
+                    x_raw = x_next
+                    x_next = x_next2
+                    x_next2 = _ce_load_chunk(xb, c + 2 * step, row_ok, C, sxc)
+                else:
+                    x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
+                _ce_grad_chunk(x_raw.to(tl.float32), db, tb, W, off, row_ok, C, C, sdc, stc, smoothing, lse, coef_a,
+                               coef_b, coef_t, t, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
 
 
 @triton.jit
 def _ce_fwd_split_kernel(
-    X, T, W, LOSS, DX, DEN, RS, ERR,  # as in _ce_fwd_kernel
+    X, T, W, LOSS, DX, DEN, RS,  # as in _ce_fwd_kernel
     STATS,  # float32 [M * SPLITS, 5] (scratch): per piece (m, s, sum_w, sum_wx, x_t if t is in the piece)
     COUNT,  # int32 [M], zeroed: pieces of each row whose statistics are published
     M, C, INNER,
@@ -367,6 +533,8 @@ def _ce_fwd_split_kernel(
     a program resident at the same time, so its second read comes from L2 (a few hundred pieces of
     PIECE columns in flight, far below L2), at any vocabulary width.
     """
+    smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
+    inv_den = tl.cast(inv_den, tl.float32)
     g = tl.program_id(0)
     zero = tl.arange(0, 1)  # [1]-shaped row vectors, so the BLOCK_M-row helpers serve here
     # ---- phase 1: statistics of piece g ----------------------------------------------------------
@@ -433,8 +601,7 @@ def _ce_fwd_split_kernel(
             T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
             SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, 1)
         first = ((h % SPLITS) + zero) == 0  # [1]: the first piece writes the loss
-        tl.store(ERR + zero, 1, mask=bad & first)
-        tl.store(LOSS + r64, loss, mask=row_ok & first)
+        tl.store(LOSS + r64, loss.to(LOSS.dtype.element_ty), mask=row_ok & first)
         db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
         start = (h % SPLITS) * PIECE
         end = tl.minimum(start + PIECE, C)
@@ -447,106 +614,7 @@ def _ce_fwd_split_kernel(
                            SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
 
 
-@triton.jit
-def _ce_fwd_coop_kernel(
-    X, T, W, LOSS, DX, DEN, RS, ERR,  # as in _ce_fwd_kernel
-    STATS,  # float32 [M * SPLITS, 5]: per piece (m, s, sum_w, sum_wx, x_t if t is in the piece)
-    COUNT,  # int32 [M], zeroed: pieces of each row whose statistics are published (PHASE 2)
-    M, C, INNER,
-    sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc,
-    ignore_index, smoothing, inv_den,
-    SPLITS,  # pieces per row: program g handles piece g % SPLITS of row g // SPLITS
-    PIECE,  # columns per piece (<= BLOCK_N)
-    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
-    BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
-    PHASE: tl.constexpr,  # 2: one launch; 3: one launch, piece re-read after the wait; 0 then 1: two launches
-    SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
-    DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
-):
-    """Wide rows, one read: each program keeps its piece of a row in registers.
-
-    PHASE 2 (GPU): a program loads its piece once, publishes the piece's statistics (release atomic on
-    a per-row counter), waits (acquire) until the SPLITS pieces of its row are published, combines
-    them and writes the gradient of its piece from the registers: one read of the logits, one write of
-    the gradient, nothing re-read.  The pieces of a row are consecutive program ids; programs are
-    dispatched in id order, so when one waits its siblings are resident or about to be (a row's
-    SPLITS programs are far fewer than the programs a GPU holds at once).  The Triton interpreter runs
-    programs one after the other, so there it takes two launches instead: PHASE 0 (statistics) then
-    PHASE 1 (reload the piece, gradient) -- the same code apart from the wait and the reload.
-    PHASE 3 is PHASE 2 without keeping the piece in registers across the wait: the piece is read again
-    (from L2: it was read moments ago, and the pieces in flight are a few MB), fewer registers per
-    program, more programs resident.
-    """
-    g = tl.program_id(0)
-    zero = tl.arange(0, 1)  # [1]-shaped row vectors, so the BLOCK_M-row helpers serve here
-    row = g // SPLITS
-    r64 = row.to(tl.int64) + zero
-    row_ok = r64 < M
-    start = (g % SPLITS) * PIECE
-    end = tl.minimum(start + PIECE, C)
-    xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi
-    if SOFT:
-        tb = T + (r64 // INNER) * sto + (r64 % INNER) * sti
-    else:
-        tb = xb  # unused
-    if PHASE != 1:
-        # ---- statistics of the piece, published -------------------------------------------------
-        m = tl.full([1], -float("inf"), tl.float32)
-        s = tl.zeros([1], tl.float32)
-        sum_w = tl.zeros([1], tl.float32)
-        sum_wx = tl.zeros([1], tl.float32)
-        x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, start, row_ok, end, C, sxc, stc, smoothing, m, s,
-                                                 sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
-        if SOFT:
-            xt_p = tl.zeros([1], tl.float32)
-        else:
-            xt_p = _ce_target_logit(T, xb, r64, row_ok, start, end, C, sxc)
-        st = STATS + g.to(tl.int64) * 5 + zero
-        tl.store(st, m)
-        tl.store(st + 1, s)
-        tl.store(st + 2, sum_w)
-        tl.store(st + 3, sum_wx)
-        tl.store(st + 4, xt_p)
-        if PHASE >= 2:
-            tl.debug_barrier()  # the statistics are written before the count says so
-            tl.atomic_add(COUNT + row, 1, sem="release")
-            cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
-            while cnt < SPLITS:  # wait for the sibling pieces of the row
-                cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
-    if PHASE != 0:
-        if PHASE == 1 or PHASE == 3:  # the piece again (two-launch form; PHASE 3: from L2)
-            c = start + tl.arange(0, BLOCK_N)
-            cm = row_ok[:, None] & (c < end)[None, :]
-            x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
-        # ---- combine the pieces' statistics: lse and the sums of the row ------------------------
-        p = tl.arange(0, SPLITS_P2)
-        pm = p < SPLITS
-        st = STATS + (row.to(tl.int64) * SPLITS + p) * 5
-        m_p = tl.load(st, mask=pm, other=-float("inf"), volatile=True)
-        s_p = tl.load(st + 1, mask=pm, other=0.0, volatile=True)
-        sw_p = tl.load(st + 2, mask=pm, other=0.0, volatile=True)
-        swx_p = tl.load(st + 3, mask=pm, other=0.0, volatile=True)
-        xt_p = tl.load(st + 4, mask=pm, other=0.0, volatile=True)
-        m_row = tl.max(m_p, axis=0)
-        m_safe = tl.where(m_row == -float("inf"), 0.0, m_row)
-        f0 = tl.zeros([1], tl.float32)
-        m = m_row + f0
-        s = tl.sum(s_p * tl.exp2((m_p - m_safe) * 1.4426950408889634), axis=0) + f0
-        sum_w = tl.sum(sw_p, axis=0) + f0
-        sum_wx = tl.sum(swx_p, axis=0) + f0
-        x_t = tl.sum(xt_p, axis=0) + tl.zeros([1], tl.float32)  # only the target's piece is not 0
-        loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
-            T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
-            SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, 1)
-        first = ((g % SPLITS) + zero) == 0  # the row's first piece writes its loss
-        tl.store(ERR + zero, 1, mask=bad & first)
-        tl.store(LOSS + r64, loss, mask=row_ok & first)
-        db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
-        _ce_grad_chunk(x, db, tb, W, start, row_ok, end, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
-                       SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
-
-
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _ce_scale_kernel(
     G,  # flat contiguous gradient [N] (scaled in place)
     GO,  # the scalar grad_output (any float dtype)
@@ -667,19 +735,34 @@ def validate(input, target, weight, ignore_index, reduction, label_smoothing) ->
 
 
 class _Plan:
-    __slots__ = ("copy_x", "copy_t", "args", "meta", "grid", "M", "C", "wide", "splits", "piece", "wide_grid", "wide_meta")
+    """Everything a launch needs that depends only on the plan key (shapes, strides, dtype, flags):
+    the bound kernels (``_library.Kernel``) and their integer arguments."""
+
+    __slots__ = ("copy_x", "copy_t", "ints", "M", "C", "splits", "piece", "kernel", "den_kernel")
 
 
 _PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
 
 
-def _plan(shape, xstride, tstride, elem: int, soft: bool) -> _Plan:
-    """Launch plan for an input of ``shape`` (ndim >= 2, classes on dim 1); cached per layout."""
-    key = (shape, xstride, tstride, elem, soft, override_epoch())
-    plan = _PLANS.get(key)
+def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: bool, smooth: bool,
+          ignore_index: int, den_on_device: bool, has_row_scale: bool, has_grad: bool) -> _Plan:
+    """Launch plan for an input of ``shape`` (ndim >= 2, classes on dim 1); cached per key.
+
+    Every integer a kernel receives (sizes, strides, ``ignore_index``, pieces) is a function of the key:
+    the bound kernels' compiled binaries are specialized on them (``_library.Kernel``).
+    """
+    key = (shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index, den_on_device, has_row_scale,
+           has_grad, override_epoch())
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
+        return _plan(concrete(shape), concrete(xstride), None if tstride is None else concrete(tstride), dtype, soft,
+                     has_weight, smooth, ignore_index, den_on_device, has_row_scale, has_grad)
     if plan is not None:
         return plan
     plan = _Plan()
+    elem = dtype.itemsize
     v = _row_strides(shape, xstride, 1)
     plan.copy_x = v is None
     outer, inner, sxo, sxi, sxc = v if v is not None else _contiguous_strides(shape, 1)
@@ -693,48 +776,88 @@ def _plan(shape, xstride, tstride, elem: int, soft: bool) -> _Plan:
     sd = _contiguous_strides(shape, 1)[2:]
     C = shape[1]
     M = outer * inner
-    c_pow2 = next_power_of_2(C)
-    max_single = get_override("cross_entropy", "max_single", cfg.MAX_SINGLE)
-    if c_pow2 <= max_single:
-        block_m, warps = cfg._SINGLE.get(max(c_pow2, 256), (1, 16))
-        if c_pow2 < 256:
-            block_m = 4096 // c_pow2
-        block_n, single = c_pow2, True
-    else:
-        block_m, warps, single = 1, cfg.STREAM_WARPS, False
-        block_n = cfg.STREAM_BLOCK[elem]
-    block_m = min(get_override("cross_entropy", "block_m", block_m), next_power_of_2(M))
-    block_n = get_override("cross_entropy", "block_n", block_n) if not single else block_n
     plan.M, plan.C = M, C
-    # Wide rows with a gradient: several programs per row (no effect without a gradient: the streaming
-    # kernel is then one pass).  0 = coop (_ce_fwd_coop_kernel, a piece per program in registers),
-    # 3 = coop re-reading its piece from L2 after the wait, 2 = split (_ce_fwd_split_kernel, pieces
-    # streamed, second read from L2), 1 = stream only.
-    plan.wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE) if not single else 1
+    flags = dict(SOFT=soft, HAS_WEIGHT=has_weight, SMOOTH=smooth, DEN_ON_DEVICE=den_on_device,
+                 HAS_ROW_SCALE=has_row_scale)
+    plan.den_kernel = _den_kernel(has_weight) if den_on_device else None
     plan.splits = 0
-    if plan.wide in (0, 3):
-        cblock = get_override("cross_entropy", "coop_block", cfg.COOP_BLOCK[elem])
-        splits = triton.cdiv(C, cblock)
-        align = min(64, cblock)
-        piece = triton.cdiv(triton.cdiv(C, splits), align) * align  # balanced pieces, aligned starts
-        plan.splits, plan.piece = splits, piece
-        plan.wide_grid = (M * splits,)
-        plan.wide_meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=cblock,
-                              num_warps=get_override("cross_entropy", "coop_warps", cfg.COOP_WARPS))
-    elif plan.wide == 2:
-        sblock = get_override("cross_entropy", "split_block", cfg.SPLIT_BLOCK[elem])
-        piece = triton.cdiv(get_override("cross_entropy", "piece", cfg.PIECE[elem]), sblock) * sblock
-        splits = triton.cdiv(C, piece)
-        plan.splits, plan.piece = splits, piece
-        plan.wide_grid = (M * splits + splits,)  # + SPLITS: the last row's phase 2
-        plan.wide_meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=sblock,
-                              num_warps=get_override("cross_entropy", "split_warps", cfg.SPLIT_WARPS))
-    plan.grid = (triton.cdiv(M, block_m),)
-    plan.args = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd)
-    plan.meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=single,
-                     num_warps=get_override("cross_entropy", "num_warps", warps))
+    if M == 0 or C == 0:
+        plan.kernel, plan.ints = None, ()
+    else:
+        c_pow2 = next_power_of_2(C)
+        max_single = get_override("cross_entropy", "max_single", cfg.MAX_SINGLE)
+        if c_pow2 <= max_single:
+            block_m, warps = cfg._SINGLE.get(max(c_pow2, 256), (1, 16))
+            if c_pow2 < 256:
+                block_m = 4096 // c_pow2
+            block_n, single = c_pow2, True
+        else:
+            block_n, warps = cfg.stream_config(C, elem)
+            block_m, single = 1, False
+            block_n = get_override("cross_entropy", "block_n", block_n)
+        block_m = min(get_override("cross_entropy", "block_m", block_m), next_power_of_2(M))
+        # Wide rows with a gradient: 1 = stream (one program per row, two passes, the second from L2),
+        # 2 = split (_ce_fwd_split_kernel: several programs per row).  Without a gradient the streaming
+        # kernel is one pass.
+        wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE) if not single else 1
+        if wide not in (1, 2):
+            raise ValueError(f"{_OP}: wide_mode {wide} does not exist (1 = stream, 2 = split)")
+        base = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd) + (ignore_index,)
+        if wide == 2 and has_grad:
+            sblock = get_override("cross_entropy", "split_block", cfg.SPLIT_BLOCK[elem])
+            piece = triton.cdiv(get_override("cross_entropy", "piece", cfg.PIECE[elem]), sblock) * sblock
+            splits = triton.cdiv(C, piece)
+            plan.splits, plan.piece = splits, piece
+            plan.ints = base
+            # grid + SPLITS: the last row's phase 2
+            plan.kernel = Kernel(_ce_fwd_split_kernel, (M * splits + splits,), check=None,
+                                 SPLITS_P2=next_power_of_2(splits), BLOCK_N=sblock, **flags,
+                                 num_warps=get_override("cross_entropy", "split_warps", cfg.SPLIT_WARPS))
+        else:
+            plan.ints = base
+            plan.kernel = Kernel(
+                _ce_fwd_kernel, (triton.cdiv(M, block_m),), check=None, BLOCK_M=block_m, BLOCK_N=block_n,
+                SINGLE=single, **flags, HAS_GRAD=has_grad,
+                PREFETCH=int(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH)),
+                REVERSE=bool(get_override("cross_entropy", "reverse", cfg.STREAM_REVERSE)),
+                LANE_MAX=bool(get_override("cross_entropy", "lane_max", cfg.STREAM_LANE_MAX)),
+                num_warps=get_override("cross_entropy", "num_warps", warps))
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
     _PLANS[key] = plan
     return plan
+
+
+_DEN_KERNELS: dict[bool, Kernel] = {}
+_SCALE_KERNELS: dict[int, Kernel] = {}
+
+
+def _den_kernel(has_weight: bool) -> Kernel:
+    """``_ce_den_kernel`` bound (one program; M, C and ignore_index are runtime integers of it, so it is
+    not bound through a plan: ``do_not_specialize`` keeps its binary valid for any of them)."""
+    k = _DEN_KERNELS.get(has_weight)
+    if k is None:
+        k = _DEN_KERNELS[has_weight] = Kernel(_ce_den_kernel, (1,), check=None, HAS_WEIGHT=has_weight, BLOCK=1024,
+                                              num_warps=4)
+    return k
+
+
+def launch_den(t: torch.Tensor, weight: torch.Tensor | None, M: int, C: int, ignore_index: int) -> torch.Tensor:
+    """float32 [2] on the device: [0] D of the weighted mean (sum over non-ignored in-range rows of w_t),
+    [1] the number of out-of-range targets (``check_target_flag`` reads it without a sync)."""
+    den = torch.empty(2, dtype=torch.float32, device=t.device)
+    _den_kernel(weight is not None)(t, weight if weight is not None else t, den, M, C, ignore_index)
+    return den
+
+
+def _sum_kernel() -> Kernel:
+    k = _SUM_KERNELS.get(0)
+    if k is None:
+        k = _SUM_KERNELS[0] = Kernel(_ce_sum_kernel, (1,), check=None, BLOCK=1024, num_warps=4)
+    return k
+
+
+_SUM_KERNELS: dict[int, Kernel] = {}
 
 
 # Out-of-range targets on CUDA: flags copied to pinned memory without a sync, checked at the next call.
@@ -764,15 +887,26 @@ def check_cross_entropy_errors(wait: bool = True) -> None:
     _PENDING[:] = keep
 
 
-def _check_flag(err: torch.Tensor, C: int) -> None:
+def check_target_flag(den: torch.Tensor, C: int) -> None:
+    """The out-of-range check on ``launch_den``'s count ``den[1]``: at once on the CPU, deferred on CUDA.
+
+    Eager only.
+
+    Skipped while tracing (``torch.compile``: Dynamo, or Inductor tracing into the ``triton_op``, where
+    the tensors are FakeTensor / FunctionalTensor): no host read, pinned copy or event can be traced.
+    There an out-of-range target shows as a NaN loss (the kernel writes NaN for that row).
+    """
+    if type(den) is not torch.Tensor or is_compiling():
+        return
+    err = den[1:2]
     if err.device.type != "cuda":
-        if int(err[0]):
+        if float(err[0]):
             _raise_target_error(C)
         return
-    check_cross_entropy_errors(wait=False)
     if torch.cuda.is_current_stream_capturing():
         return  # a captured graph cannot copy to a host buffer it does not own; the loss shows NaN
-    host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+    check_cross_entropy_errors(wait=False)
+    host = torch.empty(1, dtype=torch.float32, pin_memory=True)
     host.copy_(err, non_blocking=True)
     event = torch.cuda.Event()
     event.record()
@@ -805,8 +939,15 @@ def cross_entropy_forward(
 
     Advanced (the fused linear cross-entropy): ``grad_out`` is written instead of a new gradient buffer
     (it may be ``input`` itself: the logits are overwritten by their gradient); ``row_scale`` (M,)
-    multiplies each row's gradient; ``den`` is a precomputed device D for ``mean``; ``loss_out`` (M,)
-    float32 receives the per-row losses (then ``loss`` is None).
+    multiplies each row's gradient; ``den`` is ``launch_den``'s result for all the rows, computed and
+    checked (``check_target_flag``) by the caller; ``loss_out`` (M,) float32 receives the per-row losses
+    (then ``loss`` is None).
+
+    Launches: ``_ce_den_kernel`` (class indices, unless ``den`` is given), the main kernel, and for
+    'mean' / 'sum' ``_ce_sum_kernel``; nothing is zero-filled.
+
+    Traceable (the body of the ``triton_op``): launches go through bound ``Kernel`` objects, no host
+    read happens on the traced path (``check_target_flag`` skips itself there).
     """
     soft = target.is_floating_point()
     if input.dim() == 1:  # (C,) with a 0-d target: one row
@@ -817,14 +958,16 @@ def cross_entropy_forward(
         squeeze = False
     out_dtype = out_dtype or _out_dtype(input)
     shape = input.shape
-    plan = _plan(shape, input.stride(), target.stride() if soft else None, input.element_size(), soft)
-    M, C = plan.M, plan.C
     dev = input.device
     if compute_grad and grad_out is None:
         grad = torch.empty(shape, dtype=input.dtype, device=dev)
     else:
         grad = grad_out
-    if M == 0 or C == 0:
+    mean_hard = reduction == "mean" and not soft
+    plan = _plan(shape, input.stride(), target.stride() if soft else None, input.dtype, soft, weight is not None,
+                 label_smoothing > 0, ignore_index, mean_hard, row_scale is not None, grad is not None)
+    M, C = plan.M, plan.C
+    if plan.kernel is None:  # M == 0 or C == 0
         if grad is not None:
             grad.zero_()
         if loss_out is not None:
@@ -836,126 +979,110 @@ def cross_entropy_forward(
     if plan.copy_x:
         input = input.contiguous()  # a layout the (outer, inner) form cannot express: one copy
     if soft:
-        if plan.copy_t:
-            target = target.contiguous()
-        t = target
+        t = target.contiguous() if plan.copy_t else target
     else:
-        t = target.reshape(-1)  # a copy only for a non-contiguous target (M integers)
-    err = torch.zeros(1, dtype=torch.int32, device=dev)
-    mean_hard = reduction == "mean" and not soft
-    if mean_hard and den is None:
-        den = torch.empty(1, dtype=torch.float32, device=dev)
-        _ce_den_kernel[(1,)](t, weight if weight is not None else t, den, M, C, ignore_index,
-                             HAS_WEIGHT=weight is not None, BLOCK=1024)
+        # The kernels read class indices at T + row: a flat contiguous view.  reshape(-1) alone keeps a
+        # strided 1-D view (target[::2]) as it is, so force the copy (M integers) for strided targets.
+        t = target.reshape(-1).contiguous()
+    if not soft and den is None:
+        den = launch_den(t, weight, M, C, ignore_index)
+        check_target_flag(den, C)
     inv_den = 1.0 / M if (reduction == "mean" and soft) else 1.0
-    loss_rows = loss_out if loss_out is not None else torch.empty(M, dtype=torch.float32, device=dev)
-    g = grad if grad is not None else input  # not written when HAS_GRAD is False
-    flags = dict(SOFT=soft, HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing > 0,
-                 DEN_ON_DEVICE=mean_hard, HAS_ROW_SCALE=row_scale is not None)
-    if plan.splits and grad is not None:
-        stats = torch.empty(M * plan.splits * 5, dtype=torch.float32, device=dev)
-        count = torch.zeros(M, dtype=torch.int32, device=dev) if (plan.wide == 2 or not INTERPRET) else stats
-        args = (input, t, weight if weight is not None else input, loss_rows, g,
-                den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err, stats, count,
-                *plan.args, ignore_index, float(label_smoothing), inv_den, plan.splits, plan.piece)
-        if plan.wide == 2:
-            _ce_fwd_split_kernel[plan.wide_grid](*args, **flags, **plan.wide_meta)
-        elif INTERPRET:  # programs run one at a time: statistics, then gradients (two launches)
-            _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=0, **flags, **plan.wide_meta)
-            _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=1, **flags, **plan.wide_meta)
-        else:
-            _ce_fwd_coop_kernel[plan.wide_grid](*args, PHASE=2 if plan.wide == 0 else 3, **flags, **plan.wide_meta)
+    if loss_out is not None:
+        loss_rows = loss_out
+    elif reduction == "none":  # written by the kernel in the loss dtype, in the loss's shape
+        loss_rows = torch.empty(_loss_shape(input) if not squeeze else (), dtype=out_dtype, device=dev)
     else:
-        _ce_fwd_kernel[plan.grid](
-            input, t, weight if weight is not None else input, loss_rows, g,
-            den if mean_hard else loss_rows, row_scale if row_scale is not None else loss_rows, err,
-            *plan.args, ignore_index, float(label_smoothing), inv_den, HAS_GRAD=grad is not None,
-            **flags, **plan.meta,
-        )
-    if not soft:
-        _check_flag(err, C)
+        loss_rows = torch.empty(M, dtype=torch.float32, device=dev)
+    # Pointers the flags leave unread: the (read-only) input does; constexpr-False branches never
+    # dereference them, and no mutated buffer is passed twice (what torch.compile's analysis of the
+    # kernel's writes sees).
+    args = (input, t, weight if weight is not None else input, loss_rows, grad if grad is not None else input,
+            den if mean_hard else input, row_scale if row_scale is not None else input)
+    if plan.splits:
+        stats = torch.empty(M * plan.splits * 5, dtype=torch.float32, device=dev)
+        count = torch.zeros(M, dtype=torch.int32, device=dev)
+        plan.kernel(*args, stats, count, *plan.ints, float(label_smoothing), inv_den, plan.splits, plan.piece)
+    else:
+        plan.kernel(*args, *plan.ints, float(label_smoothing), inv_den)
     if loss_out is not None:
         return None, grad
     if reduction == "none":
-        loss = loss_rows.view(_loss_shape(input) if not squeeze else ()).to(out_dtype)
+        loss = loss_rows
     else:
-        loss = loss_rows.sum().to(out_dtype)
+        loss = torch.empty((), dtype=out_dtype, device=dev)
+        _sum_kernel()(loss_rows, loss, M)
     if squeeze and grad is not None and grad_out is None:
         grad = grad.squeeze(0)
     return loss, grad
 
 
 def scale_grad_(grad: torch.Tensor, grad_output: torch.Tensor, reduction: str) -> torch.Tensor:
-    """grad *= grad_output in place (grad_output broadcast over the class dim for reduction='none')."""
+    """grad *= grad_output in place (grad_output broadcast over the class dim for reduction='none').
+
+    Eager only: the scalar case reads grad_output on the device and returns at once when it is 1 (the
+    usual ``loss.backward()``), so forward + backward stays one read and one write of the logits.
+    """
     if reduction == "none":
         go = grad_output.unsqueeze(1) if grad.dim() >= 2 else grad_output
         return grad.mul_(go.to(grad.dtype))
     n = grad.numel()
     if n == 0:
         return grad
-    if grad.device.type == "cuda" or grad.device.type == "cpu":
+    k = _SCALE_KERNELS.get(n)
+    if k is None:
+        if len(_SCALE_KERNELS) >= _MAX_PLANS:
+            _SCALE_KERNELS.clear()
         block = 4096
-        grid = (max(1, min(triton.cdiv(n, block), 1024)),)
-        _ce_scale_kernel[grid](grad, grad_output, n, BLOCK=block, num_warps=8)
+        k = _SCALE_KERNELS[n] = Kernel(_ce_scale_kernel, (max(1, min(triton.cdiv(n, block), 1024)),), check=None,
+                                       BLOCK=block, num_warps=8)
+    k(grad, grad_output, n)
     return grad
 
 
 # ==================================================================================================
-# Registration: custom ops (torch.compile) and the eager direct path
+# Registration (ops/_library.py): custom ops for torch.compile, autograd, the eager direct path
 # ==================================================================================================
-@torch.library.custom_op("fused_layers::cross_entropy_fwd", mutates_args=())
-def _ce_fwd_op(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, ignore_index: int,
-               reduction: str, label_smoothing: float, compute_grad: bool, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _ce_fwd(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+            reduction: str, label_smoothing: float, compute_grad: bool,
+            out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward as an op: (loss, gradient of the loss for an upstream gradient of 1; empty without)."""
     loss, grad = cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing,
                                        compute_grad, out_dtype=out_dtype)
     return loss, (grad if grad is not None else input.new_empty(0))
 
 
-@_ce_fwd_op.register_fake
-def _(input, target, weight, ignore_index, reduction, label_smoothing, compute_grad, out_dtype):
-    shape = _loss_shape(input) if reduction == "none" else ()
-    grad = input.new_empty(input.shape) if compute_grad else input.new_empty(0)
-    return input.new_empty(shape, dtype=out_dtype), grad
+def _ce_bwd(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    """The backward as an op (functional): grad * grad_loss, a new tensor (broadcast over the classes
+    for reduction='none').  Under torch.compile Inductor emits it as one pointwise kernel (a read and a
+    write of the gradient that the eager path skips when grad_loss is 1)."""
+    if reduction == "none" and grad.dim() >= 2:
+        grad_loss = grad_loss.unsqueeze(1)
+    return grad * grad_loss.to(grad.dtype)
 
 
-def _ce_setup_context(ctx, inputs, output):
+def _ce_bwd_eager(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Eager backward: the gradient computed in the forward, scaled in place (no traffic when 1)."""
+    return scale_grad_(grad, grad_loss, reduction)
+
+
+def _setup_context(ctx, inputs, outputs):
     ctx.reduction = inputs[4]
-    ctx.save_for_backward(output[1])
+    ctx.used = False
+    ctx.save_for_backward(outputs[1])
 
 
-def _ce_backward(ctx, grad_loss, _grad_grad):
+def _grads(ctx, backward, grad_loss):
     (grad,) = ctx.saved_tensors
-    if ctx.reduction == "none":
-        go = grad_loss.unsqueeze(1) if grad.dim() >= 2 else grad_loss
-    else:
-        go = grad_loss
-    return grad * go.to(grad.dtype), None, None, None, None, None, None, None
-
-
-_ce_fwd_op.register_autograd(_ce_backward, setup_context=_ce_setup_context)
-
-
-class _CrossEntropyFunction(torch.autograd.Function):
-    """Eager direct path: gradient computed in the forward, scaled in place in the backward."""
-
-    @staticmethod
-    def forward(ctx, input, target, weight, ignore_index, reduction, label_smoothing, out_dtype):
-        loss, grad = cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing,
-                                           True, out_dtype=out_dtype)
-        ctx.reduction = reduction
-        ctx.used = False
-        ctx.save_for_backward(grad)
-        return loss
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss):
+    if backward is _ce_bwd_eager:
         if ctx.used:
             raise RuntimeError(f"{_OP}: backward ran twice through the same graph; the gradient computed in the "
                                "forward is scaled in place, so retain_graph=True double backward is not supported")
         ctx.used = True
-        (grad,) = ctx.saved_tensors
-        return scale_grad_(grad, grad_loss, ctx.reduction), None, None, None, None, None, None
+    return backward(grad, grad_loss, ctx.reduction), None, None, None, None, None, None, None
+
+
+cross_entropy_op = FusedOp("cross_entropy", _ce_fwd, _ce_bwd, _setup_context, _grads, eager_backward=_ce_bwd_eager)
 
 
 def fused_cross_entropy(
@@ -985,9 +1112,5 @@ def fused_cross_entropy(
                                                  reduction=reduction, label_smoothing=label_smoothing)
     out_dtype = _out_dtype(input)
     need_grad = input.requires_grad and torch.is_grad_enabled()
-    if is_compiling():
-        return _ce_fwd_op(input, target, weight, ignore_index, reduction, float(label_smoothing), need_grad, out_dtype)[0]
-    if need_grad:
-        return _CrossEntropyFunction.apply(input, target, weight, ignore_index, reduction, float(label_smoothing), out_dtype)
-    return cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing, False,
-                                 out_dtype=out_dtype)[0]
+    return cross_entropy_op(input, target, weight, ignore_index, reduction, float(label_smoothing), need_grad,
+                            out_dtype, needs_grad=need_grad)

@@ -1,35 +1,61 @@
 """Launch configurations of the cross-entropy kernels (data, not code paths).
 
-Not yet tuned on a GPU: first-principles values (register counts from ptxas for sm_90), to be replaced
-by the winners of ``benchmarks/bench_cross_entropy.py --sweep`` on the H200.
+Measured on the H200 (``benchmarks/bench_cross_entropy.py --sweep``, 8,192 bf16 rows, forward +
+backward, fraction of the copy bandwidth for one read + one write; notes/ce_run4):
+
+=========  ==============  ============  ===============  ==============  =============================
+vocab      single 32K w16  coop (best)   stream 8K w16    stream 16K w32  split p16K b8K w8
+=========  ==============  ============  ===============  ==============  =============================
+32,000     0.52            0.58          **0.62**         0.33            0.44
+50,304     -               0.55          **0.58**         0.55            0.56
+128,256    -               0.54          0.62             0.64            **0.65**
+262,144    -               0.53          0.64             **0.65**        0.58
+=========  ==============  ============  ===============  ==============  =============================
+
+So wide rows stream by default (the coop kernel, pieces of a row in registers waiting on each other,
+was slower everywhere and needed its programs co-resident: removed).  The stream kernel now also
+keeps its running max per lane (no barrier in the statistics pass), prefetches the next chunk and walks
+the gradient pass backwards (``STREAM_LANE_MAX`` / ``STREAM_PREFETCH`` / ``STREAM_REVERSE``, not yet
+measured: the sweep has the old form, ``stream_8k_w16_base``, beside them).
 
 * Rows whose padded width (next power of two of C) is at most ``MAX_SINGLE`` are held in registers by
   one program: one read of the logits, one write of the gradient.  ``_SINGLE[width]`` gives (BLOCK_M
   rows per program, num_warps); narrower rows pack several rows per program (about 4K elements per
   program).  (A 32K-wide tile takes the whole register file of an SM: one program per SM.)
-* Wider rows with a gradient (``WIDE_MODE``):
-  0 = coop (default): balanced pieces of at most ``COOP_BLOCK`` columns, one program each, held in
-  registers while the pieces of the row publish their statistics (``_ce_fwd_coop_kernel``: one read,
-  one write, at any width);
-  2 = split: pieces of ``PIECE`` columns streamed in chunks of ``SPLIT_BLOCK``, the second read of a
-  piece from L2 (``_ce_fwd_split_kernel``);
-  3 = coop, but each program reads its piece again after the wait (from L2) instead of holding it in
-  registers across the wait (fewer registers, more programs resident);
-  1 = stream: one program per row, chunks of ``STREAM_BLOCK``, two passes (second read from L2 while
-  the rows in flight fit there).  Without a gradient wide rows always stream (one pass).
+* Wider rows (``WIDE_MODE``): 1 = stream: one program per row, chunks of BLOCK_N columns from
+  ``STREAM[elem]`` (first entry whose widest C is not exceeded), two passes, the second read from L2;
+  2 = split: pieces of ``PIECE`` columns streamed in chunks of ``SPLIT_BLOCK``, several programs per
+  row, the second read of a piece from L2 (``_ce_fwd_split_kernel``).  Without a gradient, wide rows
+  always stream (one pass).
 * ``LINEAR_CHUNK_BYTES``: the fused linear cross-entropy computes the logits of this many bytes at a
   time (rows = bytes / (V * element size), a multiple of 128 rows, at least 128).
 """
 
 # padded width -> (BLOCK_M, num_warps); widths below 256 keep about 4096 elements per program
-_SINGLE = {256: (16, 4), 512: (8, 4), 1024: (4, 4), 2048: (2, 8), 4096: (1, 8), 8192: (1, 8), 16384: (1, 16), 32768: (1, 16)}
+_SINGLE = {256: (16, 4), 512: (8, 4), 1024: (4, 4), 2048: (2, 8), 4096: (1, 8), 8192: (1, 8), 16384: (1, 16),
+           32768: (1, 16), 65536: (1, 32)}
 MAX_SINGLE = 16384
-WIDE_MODE = 0
-COOP_BLOCK = {2: 8192, 4: 8192}  # element size -> widest piece per program (a power of two)
-COOP_WARPS = 8
-STREAM_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns
-STREAM_WARPS = 16
+WIDE_MODE = 1
+# element size -> ((widest C, BLOCK_N, num_warps), ...): the first entry with C <= widest C (None: any)
+# 8K/w16 won at 32K and 50K and was within 2% of the best stream config at 128K and 262K (16K/w32) in
+# run4; with the per-lane max and the prefetch a program holds ~16 values per thread 4 times over
+# (chunk ahead, chunk, m_v, s_v): fine at 512 threads (<= 128 registers), spills at 1024 (16K/w32: <= 64).
+STREAM = {
+    2: ((None, 8192, 16),),  # bf16/fp16
+    4: ((None, 4096, 16),),  # fp32: the same bytes per chunk
+}
+STREAM_PREFETCH = 1
+STREAM_REVERSE = 1
+STREAM_LANE_MAX = 1
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8
 LINEAR_CHUNK_BYTES = 256 * 2**20
+
+
+def stream_config(C: int, elem: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) of the streaming kernel for rows of C classes of ``elem`` bytes."""
+    for widest, block_n, warps in STREAM[elem]:
+        if widest is None or C <= widest:
+            return block_n, warps
+    raise AssertionError("the last STREAM entry takes any width")

@@ -31,7 +31,7 @@ import torch
 
 from . import cross_entropy_config as cfg
 from ._common import check_tensor, get_override, is_compiling, use_fallback
-from .cross_entropy import _REDUCTIONS, _ce_den_kernel, cross_entropy_forward, scale_grad_
+from .cross_entropy import _REDUCTIONS, check_target_flag, cross_entropy_forward, launch_den, scale_grad_
 
 _OP = "fused_linear_cross_entropy"
 
@@ -95,11 +95,11 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
         h = hidden.to(cdtype)
         w = weight.to(cdtype)
         b = bias.to(cdtype) if bias is not None else None
-        t = target.reshape(-1)
+        t = target.reshape(-1).contiguous()  # the kernels read T + row (a strided 1-D view is kept by reshape)
         den = None
-        if reduction == "mean" and N > 0:
-            den = torch.empty(1, dtype=torch.float32, device=dev)
-            _ce_den_kernel[(1,)](t, t, den, N, V, ignore_index, HAS_WEIGHT=False, BLOCK=1024)
+        if N > 0:  # D for 'mean' and the out-of-range count, once for all the chunks
+            den = launch_den(t, None, N, V, ignore_index)
+            check_target_flag(den, V)
         loss_rows = torch.empty(N, dtype=torch.float32, device=dev)
         gh = gw = gb = None
         if compute_grad:
