@@ -634,19 +634,30 @@ def test_callback_switches_hf_model_and_policy_faster_restores_attention(tmp_pat
         def train_dataloader(self):
             return DataLoader(TensorDataset(torch.randint(0, 48, (8, 8))), batch_size=4)
 
-    def attention_slower(ref, fused, args, kwargs=None, params=(), kind="", modules=(), **kw):
-        # What a GPU might measure: attention loses, norms win (no interpreter timing: a fast test).
-        s = 0.5 if kind == "attention" else 2.0
-        return ledger_mod.Measurement(kind, list(modules), "", "", 1.0, 1.0 / s, 1.0, 1.0 / s, s, s, "GB/s", 0.0, 0.0, True)
+    class StepTimer:  # what a GPU might measure: the attention arm loses, the norms win
+        meaningful = True
+        def start(self):
+            from fused_layers.swap import fused_kind
 
-    monkeypatch.setattr(ledger_mod, "measure_pair", attention_slower)
+            kinds = {k for m in lm.model.modules() if (k := fused_kind(m)) is not None}
+            return 10.0 + (5.0 if "attention" in kinds else 0.0) - (2.0 if "rms_norm" in kinds else 0.0)
+
+        def stop(self, token):
+            return token
+
+        def elapsed_ms(self, stopped):
+            return stopped
+
     lm = HFLM()
     lm.model.config.use_cache = False
-    cb = FusedLayersCallback(policy="faster", warmup_steps=2, record_steps=1, max_measure_seconds=60.0)
-    trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, callbacks=[cb], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    cb = FusedLayersCallback(policy="faster", warmup_steps=1, record_steps=1, measure=False, ab_rounds=2,
+                             ab_warmup_rounds=1, ab_max_steps=40, step_timer=StepTimer())
+    trainer = L.Trainer(max_steps=1 + 3 * 4 + 1, accelerator="cpu", devices=1, callbacks=[cb], logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        default_root_dir=tmp_path)
     trainer.fit(lm)
-    assert {r.kind for r in cb.measurements} == {"attention", "rms_norm"}
+    assert set(cb.ab.arms) == {"unfused", "all", "attention", "rms_norm"}
+    assert cb.kept_arm == "rms_norm"
     assert cb.report.counts() == {"rms_norm": 5}  # attention restored by the policy
     assert lm.model.config._attn_implementation == "sdpa"  # and the model switched back
     assert type(lm.model.model.norm).__name__ == "FusedLlamaRMSNorm"

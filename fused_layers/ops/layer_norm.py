@@ -124,8 +124,9 @@ def _norm_fwd_kernel(
     Y,  # pointer to the output, [M, N] contiguous (row stride N)
     W,  # pointer to the weight [N] (unused unless HAS_W)
     B,  # pointer to the bias [N] (unused unless HAS_B)
-    MEAN,  # pointer to the float32 statistics: row means at [0, M) (written unless IS_RMS)
-    RSTD,  # pointer to the same buffer: row 1/std at [M, 2M) (RMSNorm: at [0, M)) (written)
+    STATS,  # pointer to the float32 statistics: row means at [0, M) (unless IS_RMS), then row 1/std
+    #         at [M, 2M) (RMSNorm: at [0, M)); written when STORE_STATS.  One pointer, never two aliases
+    #         of one buffer: torch.compile clones each mutated argument separately.
     M,  # number of rows
     N,  # row width
     sx,  # row stride of X (elements)
@@ -140,8 +141,11 @@ def _norm_fwd_kernel(
 ):
     """Single-block forward: each program normalizes BLOCK_M full rows held in registers."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
-    if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
-        RSTD = RSTD + M
+    MEAN = STATS  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
+    if IS_RMS:
+        RSTD = STATS
+    else:
+        RSTD = STATS + M
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -182,7 +186,7 @@ def _norm_fwd_kernel(
 
 @triton.jit
 def _norm_fwd_loop_kernel(
-    X, Y, W, B, MEAN, RSTD,  # as in _norm_fwd_kernel
+    X, Y, W, B, STATS,  # as in _norm_fwd_kernel
     M, N, sx, eps,
     IS_RMS: tl.constexpr,
     HAS_W: tl.constexpr,
@@ -193,8 +197,11 @@ def _norm_fwd_loop_kernel(
 ):
     """Wide-row forward: one program per row; Welford pass over chunks, then a normalize pass."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
-    if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
-        RSTD = RSTD + M
+    MEAN = STATS  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
+    if IS_RMS:
+        RSTD = STATS
+    else:
+        RSTD = STATS + M
     row = tl.program_id(0).to(tl.int64)
     xb = X + row * sx
     yb = Y + row * N
@@ -261,9 +268,8 @@ def _norm_bwd_kernel(
     DY,  # pointer to the incoming gradient, [M, N], row stride sdy, unit column stride
     DX,  # pointer to the input gradient (written), [M, N] contiguous
     W,  # pointer to the weight [N] (unused unless HAS_W)
-    MEAN, RSTD,  # pointers to the float32 statistics buffer of the forward (layout as in _norm_fwd_kernel)
-    DWP,  # pointer to the float32 partials: [G, N] dW rows (written if HAS_W), then [G, N] dB rows
-    DBP,  # the same pointer (dB rows follow the dW rows when HAS_W; written if HAS_B)
+    STATS,  # pointer to the float32 statistics of the forward (layout as in _norm_fwd_kernel)
+    PARTS,  # pointer to the float32 partials: [G, N] dW rows (written if HAS_W), then [G, N] dB rows (if HAS_B)
     M, N, sx, sdy,
     ROWS_PER_PROG,  # rows owned by each program (contiguous group)
     IS_RMS: tl.constexpr,
@@ -274,10 +280,16 @@ def _norm_bwd_kernel(
     CAST_BEFORE_W: tl.constexpr = False,  # the forward rounded xhat to X's dtype before the weight: dW uses that
 ):
     """Single-block backward: dx per row in one pass; dW/dB partial sums over this program's rows."""
-    if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
-        RSTD = RSTD + M
-    if HAS_W:  # one float32 partials buffer: G rows of dW, then G rows of dB
-        DBP = DBP + tl.num_programs(0) * N
+    MEAN = STATS  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
+    if IS_RMS:
+        RSTD = STATS
+    else:
+        RSTD = STATS + M
+    DWP = PARTS  # one float32 partials buffer: G rows of dW, then G rows of dB
+    if HAS_W:
+        DBP = PARTS + tl.num_programs(0) * N
+    else:
+        DBP = PARTS
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -326,7 +338,7 @@ def _norm_bwd_kernel(
 
 @triton.jit
 def _norm_bwd_rowstats_kernel(
-    X, DY, W, MEAN, RSTD,  # as in _norm_bwd_kernel
+    X, DY, W, STATS,  # as in _norm_bwd_kernel
     C,  # pointer to float32 [M, 2]: (c1, c2) per row (written)
     M,  # number of rows (locates RSTD in the statistics buffer)
     N, sx, sdy,
@@ -335,8 +347,11 @@ def _norm_bwd_rowstats_kernel(
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
 ):
     """Wide-row backward pass 1: c1 = sum(g * xhat) / N and c2 = sum(g) / N for one row."""
-    if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
-        RSTD = RSTD + M
+    MEAN = STATS  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
+    if IS_RMS:
+        RSTD = STATS
+    else:
+        RSTD = STATS + M
     row = tl.program_id(0).to(tl.int64)
     xb = X + row * sx
     db = DY + row * sdy
@@ -364,7 +379,7 @@ def _norm_bwd_rowstats_kernel(
 
 @triton.jit
 def _norm_bwd_loop_kernel(
-    X, DY, DX, W, MEAN, RSTD, DWP, DBP,  # as in _norm_bwd_kernel
+    X, DY, DX, W, STATS, PARTS,  # as in _norm_bwd_kernel
     C,  # pointer to float32 [M, 2] from _norm_bwd_rowstats_kernel
     M, N, sx, sdy,
     ROWS_PER_PROG,
@@ -375,10 +390,16 @@ def _norm_bwd_loop_kernel(
     CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_bwd_kernel
 ):
     """Wide-row backward pass 2: column chunks outside, the program's rows inside; dx + dW/dB partials."""
-    if not IS_RMS:  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
-        RSTD = RSTD + M
-    if HAS_W:  # one float32 partials buffer: G rows of dW, then G rows of dB
-        DBP = DBP + tl.num_programs(0) * N
+    MEAN = STATS  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
+    if IS_RMS:
+        RSTD = STATS
+    else:
+        RSTD = STATS + M
+    DWP = PARTS  # one float32 partials buffer: G rows of dW, then G rows of dB
+    if HAS_W:
+        DBP = PARTS + tl.num_programs(0) * N
+    else:
+        DBP = PARTS
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row_start = pid.to(tl.int64) * ROWS_PER_PROG  # 64-bit: the row index below is used in offsets
@@ -424,7 +445,7 @@ def _norm_bwd_loop_kernel(
 
 @triton.jit
 def _norm_reduce_partials_kernel(
-    DWP, DBP,  # the float32 partials buffer twice: [G, N] dW rows (if HAS_W), then [G, N] dB rows (if HAS_B)
+    PARTS,  # pointer to the float32 partials: [G, N] dW rows (if HAS_W), then [G, N] dB rows (if HAS_B)
     DW, DB,  # pointers to dW [N], dB [N] in the parameters' dtypes (written)
     G, N,
     HAS_W: tl.constexpr,
@@ -433,8 +454,11 @@ def _norm_reduce_partials_kernel(
     BLOCK_N: tl.constexpr,  # columns per program
 ):
     """Sum the G partial rows column-wise in a fixed order (deterministic), cast, store."""
-    if HAS_W:  # one buffer: G rows of dW partials, then G rows of dB partials
-        DBP = DBP + G * N
+    DWP = PARTS  # one buffer: G rows of dW partials, then G rows of dB partials
+    if HAS_W:
+        DBP = PARTS + G * N
+    else:
+        DBP = PARTS
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -623,7 +647,7 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     if has_w or has_b:
         red_n = min(get_override(_CFG, "reduce_block_n", 256), n_pow2)
         red_g = min(get_override(_CFG, "reduce_block_g", 32), next_power_of_2(g))
-        plan.reduce_kernel = Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(2, 3), HAS_W=has_w, HAS_B=has_b,
+        plan.reduce_kernel = Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(1, 2), HAS_W=has_w, HAS_B=has_b,
                                     BLOCK_G=red_g, BLOCK_N=red_n, num_warps=4)
     if len(_BWD_PLANS) >= _MAX_PLANS:
         _BWD_PLANS.clear()
@@ -654,7 +678,7 @@ def norm_forward(
                      cast_before_w)
     y_dtype = x.dtype if out_dtype is None else out_dtype
     y = torch.empty_like(x, dtype=y_dtype) if x.is_contiguous() else torch.empty(x.shape, dtype=y_dtype, device=x.device)
-    stats = torch.empty((plan.nstats,), dtype=torch.float32, device=x.device) if store_stats else y
+    stats = torch.empty((plan.nstats,), dtype=torch.float32, device=x.device) if store_stats else x
     if plan.kernel is None:
         return y, (stats if store_stats else None)
     if plan.copy:
@@ -662,7 +686,7 @@ def norm_forward(
     # Missing parameters: any pointer does (HAS_W / HAS_B are constexpr False, never dereferenced).
     w = x if weight is None else weight.contiguous()
     b = x if bias is None else bias.contiguous()
-    plan.kernel(x, y, w, b, stats, stats, *plan.ints, eps)  # (no stats: any pointer, never written)
+    plan.kernel(x, y, w, b, stats, *plan.ints, eps)  # (no stats: x, never written)
     return y, (stats if store_stats else None)
 
 
@@ -700,16 +724,16 @@ def norm_backward(
     # Buffers of missing gradients are never dereferenced (constexpr HAS_W / HAS_B): pass stats.
     parts = torch.empty((plan.nparts,), dtype=torch.float32, device=x.device) if plan.nparts else stats
     if plan.stats_kernel is None:
-        plan.kernel(x, dy, dx, w, stats, stats, parts, parts, *plan.ints)
+        plan.kernel(x, dy, dx, w, stats, parts, *plan.ints)
     else:
         m, n, sx, sdy, _ = plan.ints
         cbuf = torch.empty((m, 2), dtype=torch.float32, device=x.device)
-        plan.stats_kernel(x, dy, w, stats, stats, cbuf, m, n, sx, sdy)
-        plan.kernel(x, dy, dx, w, stats, stats, parts, parts, cbuf, *plan.ints)
+        plan.stats_kernel(x, dy, w, stats, cbuf, m, n, sx, sdy)
+        plan.kernel(x, dy, dx, w, stats, parts, cbuf, *plan.ints)
     dw = torch.empty(weight.shape, dtype=weight.dtype, device=x.device) if has_w else None
     db = torch.empty(bias.shape, dtype=bias.dtype, device=x.device) if has_b else None
     if plan.reduce_kernel is not None:
-        plan.reduce_kernel(parts, parts, dx if dw is None else dw, dx if db is None else db, plan.g, plan.n)
+        plan.reduce_kernel(parts, dx if dw is None else dw, dx if db is None else db, plan.g, plan.n)
     return dx, dw, db
 
 
