@@ -617,7 +617,6 @@ def test_callback_switches_hf_model_and_policy_faster_restores_attention(tmp_pat
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
-    import fused_layers.ledger as ledger_mod
     from callbacks import FusedLayersCallback
 
     class HFLM(L.LightningModule):

@@ -594,9 +594,9 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
         meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, STORE_STATS=store_stats, CAST_BEFORE_W=cast_before_w,
                     num_warps=warps)
         if single:
-            plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), check=(0, 2, 3), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
+            plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), check=(0, 1, 2, 3), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
         else:
-            plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), check=(0, 2, 3), BLOCK_N=min(block, n_pow2), **meta)
+            plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), check=(0, 1, 2, 3), BLOCK_N=min(block, n_pow2), **meta)
     if len(_FWD_PLANS) >= _MAX_PLANS:
         _FWD_PLANS.clear()
     _FWD_PLANS[key] = plan
