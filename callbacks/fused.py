@@ -379,8 +379,12 @@ class FusedLayersCallback(Callback):
             rank_zero_info(f"FusedLayersCallback: {self.ab_status}; no step speedup measured.")
         if self.policy == "faster" and n:
             if ab.meaningful:
-                scores = {arm: (1.0 if arm == "unfused" else r.speedup) for arm, r in results.items()}
-                best = max(scores, key=lambda a: (scores[a], a == "unfused"))
+                # Only an arm faster than unfused in every round counts (its min-max range of paired
+                # speedups lies above 1): an arm within noise keeps the unfused classes, so a fused run is
+                # never slower than its twin by more than the A/B could see.
+                scores = {arm: r.speedup for arm, r in results.items()
+                          if arm != "unfused" and r.step_ms and not r.within_noise and r.speedup > 1.0}
+                best = max(scores, key=scores.get) if scores else "unfused"
                 best = trainer.strategy.broadcast(best, src=0)  # every rank keeps the same swaps
                 self.kept_arm = best
                 keep = ab.arms[best]
