@@ -13,10 +13,13 @@ vocab      single 32K w16  coop (best)   stream 8K w16    stream 16K w32  split 
 =========  ==============  ============  ===============  ==============  =============================
 
 So wide rows stream by default (the coop kernel, pieces of a row in registers waiting on each other,
-was slower everywhere and needed its programs co-resident: removed).  The stream kernel now also
-keeps its running max per lane (no barrier in the statistics pass), prefetches the next chunk and walks
-the gradient pass backwards (``STREAM_LANE_MAX`` / ``STREAM_PREFETCH`` / ``STREAM_REVERSE``, not yet
-measured: the sweep has the old form, ``stream_8k_w16_base``, beside them).
+was slower everywhere and needed its programs co-resident: removed).  Second sweep (benchmarks/results/
+cross_entropy_h200.md, 2026-12-01), stream 8K w16 variants, fraction of copy at 32,000 / 50,304 / 128,256 /
+262,144: the old form 0.59 / 0.56 / 0.56 / 0.58; + prefetch + reversed gradient pass ("rowmax")
+**0.63 / 0.61 / 0.65 / 0.66**; + per-lane running max 0.46 / 0.49 / 0.55 / 0.54 (the per-lane max holds
+more registers per thread and lost); two chunks ahead 0.44-0.54; 4K w8 0.60-0.62; 16K w32 0.47-0.59.
+So the default is prefetch + reverse with a per-row max (``STREAM_LANE_MAX = 0``).  Peers at the same
+sizes: Liger 0.27 / 0.26 / 0.44 / 0.49, torch.compile of ``F.cross_entropy(x.float())`` 0.35-0.40.
 
 * Rows whose padded width (next power of two of C) is at most ``MAX_SINGLE`` are held in registers by
   one program: one read of the logits, one write of the gradient.  ``_SINGLE[width]`` gives (BLOCK_M
@@ -46,7 +49,7 @@ STREAM = {
 }
 STREAM_PREFETCH = 1
 STREAM_REVERSE = 1
-STREAM_LANE_MAX = 1
+STREAM_LANE_MAX = 0  # measured: the per-row max won (see above)
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8
