@@ -197,6 +197,7 @@ class GPTLM(L.LightningModule):
     def training_step(self, batch, batch_idx):
         loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True)
+        self.last_train_loss = loss.detach()  # the run summary's loss when the last logged value is gone
         return loss
 
     def validation_step(self, batch, batch_idx):

@@ -97,6 +97,9 @@ def run_summary(trainer: L.Trainer, cfg: DictConfig, memory: MemoryLogger, fit_s
             metrics[k] = float(v)
         elif isinstance(v, (int, float)):
             metrics[k] = float(v)
+    last = getattr(trainer.lightning_module, "last_train_loss", None)
+    if "train/loss" not in metrics and last is not None:  # a final validation clears callback_metrics
+        metrics["train/loss"] = float(last)
     if torch.cuda.is_available() and trainer.strategy.root_device.type == "cuda":
         # train.py resets the peak statistics at the start of each job (one process runs a whole multirun)
         metrics.setdefault("peak_memory_gib", torch.cuda.max_memory_allocated(trainer.strategy.root_device) / 2**30)

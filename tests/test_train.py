@@ -293,6 +293,9 @@ def test_cli_console_is_quiet_and_ends_with_a_summary(tmp_path):
         assert noise not in out, (noise, out[-3000:])
     assert "fused_layers swap report: 5 swapped" in out
     assert "[fused] 3 steps" in out and "tokens/s" in out and "val/loss" in out  # validated at the end (interval 100)
+    assert "train/loss nan" not in out  # the end-of-fit validation clears callback_metrics; the summary keeps the loss
+    m = json.loads((tmp_path / "summary.json").read_text())["metrics"]
+    assert math.isfinite(m["train/loss"]) and math.isfinite(m["val/loss"])
     for line in ("summary:", f"metrics:    {tmp_path / 'csv' / 'metrics.csv'}", f"checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'}",
                  "W&B offline run:", "wandb leet", "wandb sync", "logger.wandb.offline=false"):
         assert line in out, (line, out[-3000:])
