@@ -806,17 +806,18 @@ _BWD_PLANS: dict[tuple, _BwdPlan] = {}
 _MAX_PLANS = 4096
 
 
+def _geometry(qs, ks, varlen: bool, nb: int, max_q: int, max_k: int):
+    """(B, Hq, Hkv, Sq, Sk, D, LSE shape) of the dense (B, H, S, D) or packed (total, H, D) layout."""
+    if varlen:
+        return nb - 1, qs[1], ks[1], max_q, max_k, qs[2], (qs[1], qs[0])
+    B, H, SQ, D = qs
+    return B, H, ks[1], SQ, ks[2], D, (qs[0], qs[1], qs[2])
+
+
 def _fwd_plan(key) -> _FwdPlan:
     (qs, qst, ks, kst, vst, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, dropout, _epoch) = key
     plan = _FwdPlan()
-    if varlen:
-        B, H, HKV, D = nb - 1, qs[1], ks[1], qs[2]
-        SQ, SK = max_q, max_k
-        lse_shape = (qs[1], qs[0])
-    else:
-        B, H, SQ, D = qs
-        HKV, SK = ks[1], ks[2]
-        lse_shape = (qs[0], qs[1], qs[2])
+    B, H, HKV, SQ, SK, D, lse_shape = _geometry(qs, ks, varlen, nb, max_q, max_k)
     plan.order = _memory_order(qst)
     plan.lse_shape = lse_shape
     plan.empty = math.prod(qs) == 0 or SQ == 0
@@ -879,14 +880,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: tor
 def _bwd_plan(key) -> _BwdPlan:
     (qs, qst, ks, kst, vst, dost, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, dropout, _epoch) = key
     plan = _BwdPlan()
-    if varlen:
-        B, H, HKV, D = nb - 1, qs[1], ks[1], qs[2]
-        SQ, SK = max_q, max_k
-        lse_shape = (qs[1], qs[0])
-    else:
-        B, H, SQ, D = qs
-        HKV, SK = ks[1], ks[2]
-        lse_shape = (qs[0], qs[1], qs[2])
+    B, H, HKV, SQ, SK, D, lse_shape = _geometry(qs, ks, varlen, nb, max_q, max_k)
     plan.orders = (_memory_order(qst), _memory_order(kst), _memory_order(vst))
     plan.empty = math.prod(qs) == 0 and math.prod(ks) == 0
     plan.zero = SQ == 0 or SK == 0

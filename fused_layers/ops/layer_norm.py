@@ -119,6 +119,28 @@ _CFG = "layer_norm"  # config_override key shared by both norms
 # Forward kernels
 # ==================================================================================================
 @triton.jit
+def _stats_ptrs(STATS, M, IS_RMS: tl.constexpr):
+    """(MEAN, RSTD) inside the one float32 statistics buffer: means at [0, M), 1/std at [M, 2M); RMSNorm
+    stores 1/std only, at [0, M).  One pointer per buffer, never two aliases: torch.compile clones each
+    mutated kernel argument separately."""
+    if IS_RMS:
+        RSTD = STATS
+    else:
+        RSTD = STATS + M
+    return STATS, RSTD
+
+
+@triton.jit
+def _parts_ptrs(PARTS, G, N, HAS_W: tl.constexpr):
+    """(DWP, DBP) inside the one float32 partials buffer: G rows of dW partials, then G rows of dB."""
+    if HAS_W:
+        DBP = PARTS + G * N
+    else:
+        DBP = PARTS
+    return PARTS, DBP
+
+
+@triton.jit
 def _norm_fwd_kernel(
     X,  # pointer to the input, [M, N] with row stride sx and unit column stride
     Y,  # pointer to the output, [M, N] contiguous (row stride N)
@@ -141,11 +163,7 @@ def _norm_fwd_kernel(
 ):
     """Single-block forward: each program normalizes BLOCK_M full rows held in registers."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
-    MEAN = STATS  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
-    if IS_RMS:
-        RSTD = STATS
-    else:
-        RSTD = STATS + M
+    MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -197,11 +215,7 @@ def _norm_fwd_loop_kernel(
 ):
     """Wide-row forward: one program per row; Welford pass over chunks, then a normalize pass."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
-    MEAN = STATS  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
-    if IS_RMS:
-        RSTD = STATS
-    else:
-        RSTD = STATS + M
+    MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
     row = tl.program_id(0).to(tl.int64)
     xb = X + row * sx
     yb = Y + row * N
@@ -280,16 +294,8 @@ def _norm_bwd_kernel(
     CAST_BEFORE_W: tl.constexpr = False,  # the forward rounded xhat to X's dtype before the weight: dW uses that
 ):
     """Single-block backward: dx per row in one pass; dW/dB partial sums over this program's rows."""
-    MEAN = STATS  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
-    if IS_RMS:
-        RSTD = STATS
-    else:
-        RSTD = STATS + M
-    DWP = PARTS  # one float32 partials buffer: G rows of dW, then G rows of dB
-    if HAS_W:
-        DBP = PARTS + tl.num_programs(0) * N
-    else:
-        DBP = PARTS
+    MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
+    DWP, DBP = _parts_ptrs(PARTS, tl.num_programs(0), N, HAS_W)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -347,11 +353,7 @@ def _norm_bwd_rowstats_kernel(
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
 ):
     """Wide-row backward pass 1: c1 = sum(g * xhat) / N and c2 = sum(g) / N for one row."""
-    MEAN = STATS  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
-    if IS_RMS:
-        RSTD = STATS
-    else:
-        RSTD = STATS + M
+    MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
     row = tl.program_id(0).to(tl.int64)
     xb = X + row * sx
     db = DY + row * sdy
@@ -390,16 +392,8 @@ def _norm_bwd_loop_kernel(
     CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_bwd_kernel
 ):
     """Wide-row backward pass 2: column chunks outside, the program's rows inside; dx + dW/dB partials."""
-    MEAN = STATS  # one float32 statistics buffer: means in [0, M), 1/std in [M, 2M) (RMSNorm: 1/std only)
-    if IS_RMS:
-        RSTD = STATS
-    else:
-        RSTD = STATS + M
-    DWP = PARTS  # one float32 partials buffer: G rows of dW, then G rows of dB
-    if HAS_W:
-        DBP = PARTS + tl.num_programs(0) * N
-    else:
-        DBP = PARTS
+    MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
+    DWP, DBP = _parts_ptrs(PARTS, tl.num_programs(0), N, HAS_W)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row_start = pid.to(tl.int64) * ROWS_PER_PROG  # 64-bit: the row index below is used in offsets
@@ -454,11 +448,7 @@ def _norm_reduce_partials_kernel(
     BLOCK_N: tl.constexpr,  # columns per program
 ):
     """Sum the G partial rows column-wise in a fixed order (deterministic), cast, store."""
-    DWP = PARTS  # one buffer: G rows of dW partials, then G rows of dB partials
-    if HAS_W:
-        DBP = PARTS + G * N
-    else:
-        DBP = PARTS
+    DWP, DBP = _parts_ptrs(PARTS, G, N, HAS_W)
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
