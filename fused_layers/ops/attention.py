@@ -750,14 +750,6 @@ def _alloc_ordered(shape, order, dtype, device) -> torch.Tensor:
     return phys.permute([order.index(i) for i in range(len(order))])
 
 
-def _dims(q, k, cu_q):
-    """(B, Hq, Hkv, Sq, Sk, D) for the dense (B, H, S, D) or packed (total, H, D) layout."""
-    if cu_q is None:
-        B, H, SQ, D = q.shape
-        return B, H, k.shape[1], SQ, k.shape[2], D
-    return cu_q.numel() - 1, q.shape[1], k.shape[1], 0, 0, q.shape[2]
-
-
 def _strides4(stride, varlen):
     """(batch, head, seq, dim) strides; packed (total, H, D) tensors get batch stride 0."""
     if varlen:
