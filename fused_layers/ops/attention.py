@@ -757,12 +757,6 @@ def _strides4(stride, varlen):
     return tuple(stride)
 
 
-def _lse_shape(q, cu_q):
-    if cu_q is None:
-        return (q.shape[0], q.shape[1], q.shape[2])
-    return (q.shape[1], q.shape[0])
-
-
 def _contiguous_stride(shape) -> tuple[int, ...]:
     out, acc = [], 1
     for n in reversed(shape):
