@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lm_demo.config import ConfigError, check_config, register_configs, resolve_ckpt_path
-from lm_demo.summary import MemoryLogger, quiet_console, run_summary, run_tag, wandb_offline
+from lm_demo.summary import MemoryLogger, quiet_console, run_summary, wandb_offline
 
 register_configs()
 log = logging.getLogger("train")

@@ -15,8 +15,9 @@ Variants, in one process per model, built from the same seed (identical weights)
 
 * ``unfused``  as the library builds it (attention: ``sdpa``)
 * ``fused``    ``swap_modules(model)``: every norm and attention swapped (policy ``always``)
-* ``faster``   what ``FusedLayersCallback(policy="faster")`` keeps: swap, record two steps with the
-               ``Ledger``, time each swapped module against its reference on those shapes, undo the slower
+* ``faster``   what ``FusedLayersCallback(policy="faster")`` keeps: swap, run the step-time A/B
+               (``fused_layers.ledger.StepAB``: unfused / all / each kind, interleaved training steps), keep
+               the arm that beat unfused in every round (else unfused)
 * ``liger``    (llama, qwen2; when liger-kernel is installed) ``apply_liger_kernel_to_<model>(model=...)``.
                Liger replaces module globals of transformers (rope) and so would change the unfused
                model too: its rounds run *after* the interleaved ones, against this process's unfused
@@ -172,24 +173,27 @@ class Variant:
         self.model.train()
         self.first_train_loss = float(self.step())
 
-    def apply_policy_faster(self, max_seconds: float):
-        """What the callback's policy=faster does: record, measure each swapped module, undo the slower."""
-        from fused_layers import restore_modules
-        from fused_layers.ledger import Ledger
+    def apply_policy_faster(self, rounds: int):
+        """What the callback's policy=faster does: a step-time A/B of the swaps on this model's own training
+        steps (arms unfused / all / each kind, interleaved), then keep the arm that beat unfused in every
+        round (``fused_layers.ledger.faster_arm``), else unfused."""
+        import torch
 
-        ledger = Ledger(self.model)
-        ledger.start_recording()
-        for _ in range(2):
+        from fused_layers.ledger import StepAB, faster_arm
+
+        swapped = {e.name: e.kind for e in self.report.swapped}
+        ab = StepAB(self.model, swapped, rounds=rounds, warmup_rounds=1,
+                    device="cuda" if torch.cuda.is_available() else "cpu")
+        while ab.begin_step():
             self.step()
-        ledger.stop_recording()
-        rows = ledger.measure(max_seconds)
-        slower = {n: s for n, s in ledger.module_speedups(rows).items() if s < 1.0}
-        if rows and not all(r.meaningful for r in rows):  # as the callback: interpreter timings undo nothing
-            slower = {}
-        if slower:
-            restore_modules(self.model, list(slower))
-        self.restored = slower
-        self.ledger_rows = [r.row() for r in rows]
+            ab.end_step()
+        results = ab.finish()
+        best = faster_arm(results) if ab.meaningful else "all"  # CPU timings undo nothing (as the callback)
+        ab.set_fused(ab.arms[best])
+        self.kept_arm = best
+        self.step_ab = {arm: {"speedup": r.speedup, "lo": r.speedup_lo, "hi": r.speedup_hi, "step_ms": r.step_ms}
+                        for arm, r in results.items()}
+        self.restored = {n: results.get(k, results["all"]).speedup for n, k in swapped.items() if k not in ab.arms[best]}
 
     def resident_bytes(self) -> int:
         params = sum(p.numel() * p.element_size() * 2 for p in self.model.parameters())  # + grads
@@ -227,7 +231,7 @@ def run_one(model_name: str, args) -> dict:
             v = Variant(model_name, name, args)
             v.first_losses()
             if name == "faster":
-                v.apply_policy_faster(args.measure_seconds)
+                v.apply_policy_faster(args.ab_rounds)
             for _ in range(args.warmup):
                 v.step()
             peak = _step_peak(v, args)
@@ -241,7 +245,8 @@ def run_one(model_name: str, args) -> dict:
                 r["skipped"] = len(v.report.skipped)
             if name == "faster":
                 r["restored"] = v.restored
-                r["ledger"] = getattr(v, "ledger_rows", [])
+                r["kept_arm"] = v.kept_arm
+                r["step_ab"] = v.step_ab
                 kept = dict(v.report.counts())
                 for n in v.restored:
                     kind = next((e.kind for e in v.report.swapped if e.name == n), None)
@@ -370,7 +375,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--measure-seconds", type=float, default=6.0, help="Ledger budget of the policy=faster variant")
+    ap.add_argument("--ab-rounds", type=int, default=3, help="measured rounds of the policy=faster variant's step-time A/B")
     ap.add_argument("--timeout", type=float, default=80.0, help="seconds per model (subprocess)")
     ap.add_argument("--no-liger", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU check of the script (TRITON_INTERPRET=1, tiny models)")
@@ -404,7 +409,7 @@ def main() -> None:
     for m in [x for x in args.models.split(",") if x]:
         tmp = out / f".{m}.json"
         cmd = [sys.executable, __file__, "--one", m, "--json", str(tmp), "--warmup", str(args.warmup),
-               "--steps", str(args.steps), "--rounds", str(args.rounds), "--measure-seconds", str(args.measure_seconds),
+               "--steps", str(args.steps), "--rounds", str(args.rounds), "--ab-rounds", str(args.ab_rounds),
                "--batch", str(args.batch), "--seq", str(args.seq)] + (["--no-liger"] if args.no_liger else []) \
             + (["--smoke"] if args.smoke else [])
         t0 = time.perf_counter()

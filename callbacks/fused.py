@@ -61,7 +61,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from fused_layers.ledger import TABLE_COLUMNS, Ledger, Measurement, StepAB, StepTimer
+from fused_layers.ledger import TABLE_COLUMNS, Ledger, Measurement, StepAB, faster_arm
 from fused_layers.swap import KINDS, SkipEntry, SwapReport, resolve_kinds, restore_modules, swap_modules
 
 log = logging.getLogger(__name__)
@@ -379,12 +379,7 @@ class FusedLayersCallback(Callback):
             rank_zero_info(f"FusedLayersCallback: {self.ab_status}; no step speedup measured.")
         if self.policy == "faster" and n:
             if ab.meaningful:
-                # Only an arm faster than unfused in every round counts (its min-max range of paired
-                # speedups lies above 1): an arm within noise keeps the unfused classes, so a fused run is
-                # never slower than its twin by more than the A/B could see.
-                scores = {arm: r.speedup for arm, r in results.items()
-                          if arm != "unfused" and r.step_ms and not r.within_noise and r.speedup > 1.0}
-                best = max(scores, key=scores.get) if scores else "unfused"
+                best = faster_arm(results)  # beats unfused in every round, else unfused
                 best = trainer.strategy.broadcast(best, src=0)  # every rank keeps the same swaps
                 self.kept_arm = best
                 keep = ab.arms[best]

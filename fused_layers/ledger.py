@@ -468,6 +468,15 @@ class ArmResult:
         return self.speedup_lo <= 1.0 <= self.speedup_hi
 
 
+def faster_arm(results: dict[str, ArmResult]) -> str:
+    """The arm ``policy=faster`` keeps: the fastest arm that beat unfused in every measured round (its
+    min-max range of paired speedups lies above 1); "unfused" when none did, so a kept swap is never one
+    whose gain was within the noise of the A/B."""
+    scores = {arm: r.speedup for arm, r in results.items()
+              if arm != "unfused" and r.step_ms and not r.within_noise and r.speedup > 1.0}
+    return max(scores, key=scores.get) if scores else "unfused"
+
+
 class StepAB:
     """Interleaved step-time A/B of the swaps of ``model`` (usable without Lightning).
 

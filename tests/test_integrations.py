@@ -9,7 +9,6 @@ CPU: Triton interpreter, tens of rows.  The same tests run on CUDA where marked 
 from __future__ import annotations
 
 import importlib
-import math
 import warnings
 
 import pytest
@@ -504,7 +503,7 @@ def test_hf_attention_unsupported_falls_back_once(spy):
     general[..., 0] = True
     for mask, kw in [(None, dict(sliding_window=3)), (None, dict(softcap=30.0)), (general, dict())]:
         spy.clear()
-        with warnings.catch_warnings(record=True) as rec:
+        with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
             with _active(mod):
                 if "softcap" in kw:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import HAS_CUDA, TOL
+from conftest import TOL
 from fused_layers import FusedLayerNorm, FusedRMSNorm, fused_layer_norm, fused_rms_norm
 from fused_layers.ops import layer_norm as ln_ops
 from fused_layers.ops.layer_norm import config_override, layer_norm_reference, rms_norm_reference

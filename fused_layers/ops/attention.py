@@ -83,7 +83,6 @@ from ._common import (
     check_same_device,
     check_tensor,
     config_override,  # noqa: F401  (re-exported for tests: config_override("attention", block_m=16, ...))
-    get_override,
     override_epoch,
     concrete,
     next_power_of_2,
