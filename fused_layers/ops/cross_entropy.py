@@ -132,6 +132,31 @@ def _ce_stats_update(x, m, s):
 
 
 @triton.jit
+def _ce_target_sums(x, tb, W, c, cm, lim, C, stc, smoothing, sum_w, sum_wx,
+                    SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The target side of one chunk x [BLOCK_M, BLOCK_N] (float32, -inf where masked; cm its mask):
+    sum_w += sum_c w_c q_c and sum_wx += sum_c w_c q_c x_c, with q the (smoothed) target distribution
+    (probabilities read from tb, or uniform for label smoothing of class-index targets) and w the class
+    weights (1 without ``weight``).  Masked lanes add 0 (never 0 * -inf)."""
+    if HAS_WEIGHT:
+        w = tl.load(W + c, mask=c < lim, other=0.0).to(tl.float32)[None, :]
+    else:
+        w = tl.full([1, BLOCK_N], 1.0, tl.float32)
+    if SOFT:
+        q = tl.load(tb[:, None] + c[None, :].to(tl.int64) * stc, mask=cm, other=0.0).to(tl.float32)
+        if SMOOTH:
+            q = q * (1.0 - smoothing) + smoothing / (C * 1.0)
+        wq = w * q
+        sum_w += tl.sum(tl.where(cm, wq, 0.0), axis=1)
+        sum_wx += tl.sum(tl.where(cm, wq * x, 0.0), axis=1)
+    else:
+        sum_wx += tl.sum(tl.where(cm, w * x, 0.0), axis=1)
+        if HAS_WEIGHT:
+            sum_w += tl.sum(tl.where(cm, w, 0.0), axis=1)
+    return sum_w, sum_wx
+
+
+@triton.jit
 def _ce_stats_chunk(xb, tb, W, off, row_ok, lim, C, sxc, stc, smoothing, m, s, sum_w, sum_wx,
                     SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
     """Pass 1 on the columns [off, min(off + BLOCK_N, lim)) of BLOCK_M rows (row bases xb / tb).
@@ -144,21 +169,8 @@ def _ce_stats_chunk(xb, tb, W, off, row_ok, lim, C, sxc, stc, smoothing, m, s, s
     x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
     m, s = _ce_stats_update(x, m, s)
     if SOFT or SMOOTH:
-        if HAS_WEIGHT:
-            w = tl.load(W + c, mask=c < lim, other=0.0).to(tl.float32)[None, :]
-        else:
-            w = tl.full([1, BLOCK_N], 1.0, tl.float32)
-        if SOFT:
-            q = tl.load(tb[:, None] + c[None, :].to(tl.int64) * stc, mask=cm, other=0.0).to(tl.float32)
-            if SMOOTH:
-                q = q * (1.0 - smoothing) + smoothing / (C * 1.0)
-            wq = w * q
-            sum_w += tl.sum(tl.where(cm, wq, 0.0), axis=1)
-            sum_wx += tl.sum(tl.where(cm, wq * x, 0.0), axis=1)  # masked: never 0 * -inf
-        else:
-            sum_wx += tl.sum(tl.where(cm, w * x, 0.0), axis=1)
-            if HAS_WEIGHT:
-                sum_w += tl.sum(tl.where(cm, w, 0.0), axis=1)
+        sum_w, sum_wx = _ce_target_sums(x, tb, W, c, cm, lim, C, stc, smoothing, sum_w, sum_wx,
+                                        SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
     return x, m, s, sum_w, sum_wx
 
 
@@ -192,21 +204,8 @@ def _ce_fold_chunk(x, tb, W, c, row_ok, lim, C, stc, smoothing, m, s_v, sum_w, s
         s_v = s_v * alpha[:, None] + tl.exp2((x - m_safe[:, None]) * 1.4426950408889634)
     if SOFT or SMOOTH:
         cm = row_ok[:, None] & (c < lim)[None, :]
-        if HAS_WEIGHT:
-            w = tl.load(W + c, mask=c < lim, other=0.0).to(tl.float32)[None, :]
-        else:
-            w = tl.full([1, BLOCK_N], 1.0, tl.float32)
-        if SOFT:
-            q = tl.load(tb[:, None] + c[None, :].to(tl.int64) * stc, mask=cm, other=0.0).to(tl.float32)
-            if SMOOTH:
-                q = q * (1.0 - smoothing) + smoothing / (C * 1.0)
-            wq = w * q
-            sum_w += tl.sum(tl.where(cm, wq, 0.0), axis=1)
-            sum_wx += tl.sum(tl.where(cm, wq * x, 0.0), axis=1)  # masked: never 0 * -inf
-        else:
-            sum_wx += tl.sum(tl.where(cm, w * x, 0.0), axis=1)
-            if HAS_WEIGHT:
-                sum_w += tl.sum(tl.where(cm, w, 0.0), axis=1)
+        sum_w, sum_wx = _ce_target_sums(x, tb, W, c, cm, lim, C, stc, smoothing, sum_w, sum_wx,
+                                        SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
     return m_new, s_v, sum_w, sum_wx
 
 
