@@ -80,7 +80,7 @@ def build(name: str, args):
         if name == "gpt2":
             cfg = T.GPT2Config(attn_implementation="sdpa")
             model = T.GPT2LMHeadModel(cfg)
-            bs, seq = args.batch or 8, args.seq or 1024
+            bs, seq = args.batch or (2 if args.smoke else 8), args.seq or (16 if args.smoke else 1024)
         else:
             common = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                           num_attention_heads=16, max_position_embeddings=4096, attn_implementation="sdpa")
@@ -89,7 +89,7 @@ def build(name: str, args):
             else:
                 cfg, cls = T.Qwen2Config(num_key_value_heads=2, **common), T.Qwen2ForCausalLM
             model = cls(cfg)
-            bs, seq = args.batch or 4, args.seq or 2048
+            bs, seq = args.batch or (2 if args.smoke else 4), args.seq or (16 if args.smoke else 2048)
         model.config.use_cache = False  # training: no KV cache (what HF's Trainer runs)
         ids = torch.randint(0, cfg.vocab_size, (bs, seq), generator=g).to(dev)
         batch = {"input_ids": ids, "labels": ids}
