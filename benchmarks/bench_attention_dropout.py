@@ -35,7 +35,6 @@ def main() -> None:
     args = ap.parse_args()
     from triton.testing import do_bench
 
-    from benchmarks.bench_models import gpu_tag
     from fused_layers import fused_attention
 
     rows = []
@@ -66,6 +65,12 @@ def main() -> None:
                     row[f"{impl}_{part}_dropout_cost"] = b / a - 1
         rows.append(row)
         print(row, flush=True)
+        write(rows, args)  # after every shape: a run cut short by its time limit still leaves its table
+
+
+def write(rows: list, args) -> None:
+    from benchmarks.bench_models import gpu_tag
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"dropout_{gpu_tag()}"
@@ -81,7 +86,6 @@ def main() -> None:
                      f"{c(r, 'fused_fwd_dropout_cost')} / {c(r, 'fused_fb_dropout_cost')} | "
                      f"{c(r, 'sdpa_fwd_dropout_cost')} / {c(r, 'sdpa_fb_dropout_cost')} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":

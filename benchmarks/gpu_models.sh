@@ -17,7 +17,7 @@ el "gpu tests"
 timeout 100 python3 -m pytest tests/test_integrations.py tests/test_attention_dropout.py tests/test_attention.py tests/test_layer_norm.py -m gpu -q $XDIST -p no:cacheprovider > $OUT/gpu_tests.log 2>&1
 tail -6 $OUT/gpu_tests.log
 el "dropout cost"
-timeout 35 python3 benchmarks/bench_attention_dropout.py --out $OUT > /dev/null 2>&1; cat $OUT/dropout_*.md 2> /dev/null
+timeout 60 python3 benchmarks/bench_attention_dropout.py --out $OUT > /dev/null 2>&1; cat $OUT/dropout_*.md 2> /dev/null
 el "models"
 timeout 225 python3 benchmarks/bench_models.py --out $OUT --timeout 58 > $OUT/models.log 2>&1
 grep -v "^\[" $OUT/models.log | tail -40

@@ -21,8 +21,8 @@ lane1() {
   export CUDA_VISIBLE_DEVICES=1 TORCHINDUCTOR_COMPILE_THREADS=8
   OUT=$W/i11 bash benchmarks/gpu_models.sh > $W/i11/lane.log 2>&1
   el "lane1 models done"
-  timeout 150 python3 benchmarks/bench_norm.py --out $W/norm --sweep --sweep-widths 1024,4096 --sweep-dtypes bf16,fp32 \
-    --sweep-budget 100 --budget 145 --widths 1024,4096,16384 > $W/norm/norm.log 2>&1
+  timeout 120 python3 benchmarks/bench_norm.py --out $W/norm --sweep --sweep-widths 1024,4096 --sweep-dtypes bf16,fp32 \
+    --sweep-budget 75 --budget 115 --widths 1024,4096,16384 > $W/norm/norm.log 2>&1
   el "lane1 norm done"
 }
 lane0 & lane1 & wait
