@@ -445,3 +445,22 @@ def test_speedup_table_gpu(tmp_path):
         assert r.speedup > 0 and r.achieved > 0
         assert r.max_err < (0.1 if r.kind in ("attention", "multihead_attention") else 0.05), r
     warnings.warn(f"speedups: { {r.kind + ' ' + r.shape: round(r.speedup, 3) for r in rows} }")
+
+
+def test_faster_arm_keeps_only_an_arm_faster_in_every_round():
+    """policy=faster's rule: the fastest arm whose paired speedup beat 1 in every round; an arm whose
+    range touches 1 (within noise), an arm slower everywhere and an unmeasured arm are never kept."""
+    A = ledger_mod.ArmResult
+
+    def arm(name, lo, med, hi, measured=True):
+        return A(name, [name], [10.0, 11.0] if measured else [], speedup=med, speedup_lo=lo, speedup_hi=hi)
+
+    unfused = A("unfused", [], [10.0, 11.0], speedup=1.0, speedup_lo=1.0, speedup_hi=1.0)
+    f = ledger_mod.faster_arm
+    assert f({"unfused": unfused, "all": arm("all", 0.646, 1.002, 1.011)}) == "unfused"  # the 0.989x run
+    assert f({"unfused": unfused, "all": arm("all", 0.90, 0.95, 0.99)}) == "unfused"
+    assert f({"unfused": unfused, "all": arm("all", 1.01, 1.13, 1.26), "layer_norm": arm("layer_norm", 1.02, 1.05, 1.08),
+              "cross_entropy": arm("cross_entropy", 1.11, 1.19, 1.21)}) == "cross_entropy"
+    assert f({"unfused": unfused, "all": arm("all", 1.2, 1.3, 1.4, measured=False),
+              "layer_norm": arm("layer_norm", 1.02, 1.05, 1.08)}) == "layer_norm"
+    assert f({"unfused": unfused}) == "unfused"
