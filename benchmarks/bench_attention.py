@@ -55,12 +55,13 @@ def _sweep_candidates():
     return out
 
 
-def _compile_sm90(fn, cx: dict, cfg, dtype: str = "bf16", fp32_ptrs=("LSE", "DELTA", "KB")) -> dict:
+def _compile_sm90(fn, cx: dict, cfg, dtype: str = "bf16", fp32_ptrs=("LSE", "DELTA", "KB"), head_dim: int = 0) -> dict:
     """AOT-compile Triton kernel ``fn`` for sm_90 (no GPU needed) with constexprs ``cx`` and launch config
     ``cfg`` = (BLOCK_M, BLOCK_N, num_warps, num_stages); returns registers, spill stack bytes, shared
     memory, global scratch, and instruction counts of the SASS (cuobjdump): HGMMA (wgmma), LDGSTS
     (cp.async), UTMALDG / UTMASTG (TMA copies), RED / ATOM (atomics), USETMAXREG (register reallocation
     between warp groups: what warp specialization emits)."""
+    import inspect
     import re
     import subprocess
     import tempfile
@@ -71,6 +72,9 @@ def _compile_sm90(fn, cx: dict, cfg, dtype: str = "bf16", fp32_ptrs=("LSE", "DEL
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     cx = dict(cx, BLOCK_M=cfg[0], BLOCK_N=cfg[1])
+    for p in fn.params:  # defaulted constexprs not given: their defaults
+        if p.is_constexpr and p.name not in cx and p.default is not inspect.Parameter.empty:
+            cx[p.name] = p.default
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in cx:
@@ -90,13 +94,8 @@ def _compile_sm90(fn, cx: dict, cfg, dtype: str = "bf16", fp32_ptrs=("LSE", "DEL
         else:
             sig[n] = "i32"
             # What Triton's runtime specialization gives for these values (divisible by 16).
-            if n.startswith("s") or n in ("SQ", "SK") or (n == "HEAD_DIM" and cx.get("EVEN_D")):
+            if n.startswith("s") or n in ("SQ", "SK") or (n == "HEAD_DIM" and head_dim % 16 == 0):
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    # Defaulted constexprs not given: their defaults.
-    for p in fn.params:
-        if p.is_constexpr and p.name not in sig:
-            sig[p.name] = "constexpr"
-            cx[p.name] = p.default
     row = {}
     try:
         k = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
@@ -140,7 +139,7 @@ def static_scan(out_dir: str) -> None:
                 cfg = A._TUNE[kind][64 if bd <= 64 else 128 if bd <= 128 else 256][0]
                 cx = dict(VARLEN=False, CAUSAL=causal, HAS_KB=False, BLOCK_D=bd, EVEN_D=D == bd, INPUT_PRECISION="tf32")
                 row = dict(kernel=kind, D=D, causal=causal, config=cfg)
-                row.update(_compile_sm90(fn, cx, cfg))
+                row.update(_compile_sm90(fn, cx, cfg, head_dim=D))
                 print(row, flush=True)
                 rows.append(row)
     with open(os.path.join(out_dir, "attention_static_scan.json"), "w") as f:
@@ -191,6 +190,27 @@ def resolve_overrides(ov: dict, D: int, causal: bool) -> dict:
         else:
             out[key] = val
     return out
+
+
+def scan_markdown(doc: dict) -> str:
+    """A table of an attention_static_scan_variants.json."""
+    lines = [f"# sm_90 static scan of the attention variants (Triton {doc['triton']}, {doc.get('dtype', 'bf16')})", "",
+             "AOT compile for sm_90 on a machine without a GPU; counts are SASS instructions (cuobjdump). regs / "
+             "stack = registers and spill stack bytes a thread; smem = shared memory bytes; warps = total warps "
+             "after warp specialization; UTMALDG / UTMASTG = TMA loads / stores; REDG = atomic reductions; "
+             "USETMAXREG = register reallocation between warp groups (warp specialization took effect).", "",
+             "| variant | kernel | D | causal | flags | config (BM, BN, warps, stages) | regs | stack | smem | warps | "
+             "HGMMA | LDGSTS | UTMALDG | UTMASTG | REDG | USETMAXREG | error |",
+             "|" + "---|" * 17]
+    for r in doc["rows"]:
+        flags = ",".join(k for k, v in (r.get("flags") or {}).items() if v) or ""
+        cells = [r["variant"], r["kernel"], str(r["D"]), str(int(r["causal"])), flags, str(tuple(r["config"]))]
+        cells += [str(r.get(k, "")) if r.get(k) is not None else "" for k in
+                  ("regs", "stack_bytes", "shared_bytes", "total_warps", "hgmma", "ldgsts", "utmaldg", "utmastg", "red",
+                   "setmaxreg")]
+        cells.append((r.get("error") or "")[:80].replace("|", "/").replace("\n", " "))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def static_scan_variants(out_dir: str) -> None:
@@ -248,9 +268,11 @@ def static_scan_variants(out_dir: str) -> None:
             t0 = time.time()
             row = dict(variant=name, kernel=kname, D=D, causal=causal, config=list(cfg), flags=flags,
                        constexprs={k: v for k, v in cx.items() if k in ("USE_TMA", "WARP_SPEC", "PERSISTENT")})
-            row.update(_compile_sm90(fn, cx, cfg, fp32_ptrs=fp32))
+            row.update(_compile_sm90(fn, cx, cfg, fp32_ptrs=fp32, head_dim=D))
             row["compile_s"] = round(time.time() - t0, 1)
             emit(row)
+    with open(os.path.join(out_dir, "attention_static_scan_variants.md"), "w") as f:
+        f.write(scan_markdown(dict(triton=triton.__version__, dtype="bf16", rows=rows)))
 
 
 def bench(fn, grad_to_none=None):
@@ -368,6 +390,8 @@ def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False
     from torch.nn.attention import SDPBackend
 
     from fused_layers import fused_attention
+    from fused_layers.ops import _library
+    from fused_layers.ops import attention as A
     from fused_layers.ops._common import config_override
 
     results = []
@@ -405,12 +429,25 @@ def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False
             refs[key] = (q, k, v, do, (o.detach(), qr.grad, kr.grad, vr.grad))
         return refs[key]
 
+    launched = []
+    kernel_call = _library.Kernel.__call__
+
+    def spy(self, *args):
+        kernel_call(self, *args)
+        launched.append(self.fn.__name__)
+
     def check(fn, q, k, v, do, ref, causal):
-        """Max abs error of out and max relative error of dq, dk, dv against SDPA flash (bf16)."""
+        """Max abs error of out and max relative error of dq, dk, dv against SDPA flash (bf16); records
+        which Triton kernels ran (a variant that failed its first launch falls back to the defaults)."""
         qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
-        out = fn(qa, ka, va, causal, False)
-        out.backward(do)
-        sync()
+        launched.clear()
+        _library.Kernel.__call__ = spy
+        try:
+            out = fn(qa, ka, va, causal, False)
+            out.backward(do)
+            sync()
+        finally:
+            _library.Kernel.__call__ = kernel_call
         errs = {"out": (out.float() - ref[0].float()).abs().max().item()}
         for name, g, r in zip(("dq", "dk", "dv"), (qa.grad, ka.grad, va.grad), ref[1:]):
             errs[name] = ((g.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-6)).item()
@@ -441,8 +478,13 @@ def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False
                     try:
                         ctx = config_override("attention", **resolve_overrides(ov, D, causal)) if ov is not None else _nullctx()
                         with ctx:
+                            nfail = len(A._VARIANT_FAILURES)
                             errs, ok = check(fn, q, k, v, do, ref, causal)  # compiles (outside the lock)
-                            r.update(errors=errs, check_ok=ok, compile_check_s=round(time.time() - t0, 1))
+                            r.update(errors=errs, check_ok=ok, compile_check_s=round(time.time() - t0, 1),
+                                     kernels=sorted(set(launched)))
+                            if len(A._VARIANT_FAILURES) > nfail:  # fell back to the default kernels
+                                r["variant_failures"] = A._VARIANT_FAILURES[nfail:]
+                                ok = False
                             if ok:
                                 with open(lock_path, "w") as lock:
                                     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -455,6 +497,8 @@ def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False
                                     r.update(fwd_ms=t_f, fwd_tflops=fl / t_f / 1e9)
                                 if t_b is not None:
                                     r.update(bwd_ms=t_b, bwd_tflops=2.5 * fl / t_b / 1e9)
+                            elif "variant_failures" in r:
+                                r["error"] = "variant failed to launch (default kernels ran): " + r["variant_failures"][0]
                             else:
                                 r["error"] = "output check against SDPA flash failed"
                     except Exception as e:  # noqa: BLE001  (compile failure on this Triton, out of resources)
@@ -564,15 +608,19 @@ def variants_sweep(out_dir: str, dims, seqlens, flex_seqlens, workers: int, dead
     print(meta, flush=True)
     ctx = mp.get_context("spawn")
     lock_path = os.path.join(out_dir, ".variants.lock")
-    nw = max(1, min(workers, len(groups)))
+    # Flex groups (slow torch.compile per shape) get a worker each; the other groups share the rest.
+    solo = [g for g in groups if g[0].startswith("flex")]
+    rest = [g for g in groups if not g[0].startswith("flex")]
+    nr = max(1, min(workers - len(solo), len(rest)))
+    assignment = [[g] for g in solo] + [rest[i::nr] for i in range(nr)]
     procs, paths = [], []
-    for w in range(nw):
+    for w, grp in enumerate(assignment):
         path = os.path.join(out_dir, f".variants_{w}.json")
         if os.path.exists(path):
             os.remove(path)
-        p = ctx.Process(target=_variants_worker, args=(groups[w::nw], cases, lock_path, path, set(flex_seqlens), dry))
+        p = ctx.Process(target=_variants_worker, args=(grp, cases, lock_path, path, set(flex_seqlens), dry))
         p.start()
-        procs.append((p, groups[w::nw]))
+        procs.append((p, grp))
         paths.append(path)
     for p, _ in procs:
         p.join(min(max(1.0, deadline - (time.time() - t0)), 1e6))

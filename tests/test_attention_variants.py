@@ -169,3 +169,28 @@ def test_variants_off_by_default():
     from fused_layers.ops.attention_config import _variant
 
     assert all(_variant(n) == 0 for n in A._VARIANTS)
+
+
+def test_variant_that_fails_to_launch_falls_back(monkeypatch):
+    """On a GPU a variant whose first launch fails (a compile error of the installed Triton) is disabled
+    for its plan with a warning and the default kernels run; under the interpreter failures propagate."""
+
+    class Boom:
+        fn = A._attn_fwd_kernel_v
+        meta = {"USE_TMA": True, "BLOCK_M": 16}
+
+        def __call__(self, *args):
+            raise RuntimeError("PassManager::run failed")
+
+    class Plan:
+        variant = Boom()
+        variant_ok = False
+
+    plan = Plan()
+    with pytest.raises(RuntimeError):
+        A._launch_variant(plan, "variant", ())
+    monkeypatch.setattr(A, "INTERPRET", False)
+    n = len(A._VARIANT_FAILURES)
+    with pytest.warns(UserWarning, match="opt-in variant failed"):
+        assert A._launch_variant(plan, "variant", ()) is False
+    assert plan.variant is None and len(A._VARIANT_FAILURES) == n + 1

@@ -65,6 +65,12 @@ Tile sizes, warps and pipeline stages come from a table per (kernel, head-dim bu
 never per sequence length, filled by an offline sweep on an H200 (``benchmarks/bench_attention.py
 --sweep``), so a first call compiles one config per kernel; ``FUSED_LAYERS_ATTENTION_AUTOTUNE=1`` uses
 Triton's autotuner over a few configs per bucket instead (keyed on head-dim bucket, causal, dtype).
+
+Opt-in Hopper variants (issue 13; all off by default, not yet timed): a forward with TMA tensor
+descriptors, warp specialization and / or a persistent heaviest-first grid (``_attn_fwd_kernel_v``), and a
+backward that accumulates dQ with fp32 atomics inside the dK/dV kernel (``_attn_bwd_dkdv_dq_kernel``);
+``config_override("attention", fwd_tma=1, fwd_ws=1, fwd_persistent=1, bwd_dq_atomic=1)`` (or
+FUSED_LAYERS_ATTENTION_VARIANTS) turns them on, see "Hopper variants" below and attention_config.py.
 """
 
 from __future__ import annotations
@@ -1196,12 +1202,12 @@ def _permuted_stride(shape, order) -> tuple[int, ...]:
 # --------------------------------------------------------------------------------------------------
 class _FwdPlan:
     __slots__ = ("empty", "order", "lse_shape", "kernel", "ints", "tuned", "grid_bh", "meta", "variant",
-                 "variant_ints", "tma")
+                 "variant_ints", "tma", "variant_ok")
 
 
 class _BwdPlan:
     __slots__ = ("empty", "zero", "orders", "pre", "pre_ints", "dkdv", "dkdv_ints", "dq", "dq_ints", "tuned",
-                 "meta", "grids", "dq_atomic", "dq32_shape", "dq_direct")
+                 "meta", "grids", "fused", "fused_ints", "fused_ok", "dq32_shape", "dq_direct")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1249,6 +1255,31 @@ def _ensure_allocator() -> None:
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
+_VARIANT_FAILURES: list[str] = []  # variants disabled after a failed first launch (read by the GPU sweep)
+
+
+def _launch_variant(plan, attr: str, args: tuple) -> bool:
+    """Launch the variant Kernel ``plan.<attr>``.  On its first launch for the plan a failure (a compile
+    error of the installed Triton: Hopper's warp specialization pass rejects some loops) disables it
+    for the plan, warns once and returns False, and the caller runs the default kernels; once it has
+    launched, errors propagate.  Under the interpreter nothing is caught (tests must see failures)."""
+    kernel = getattr(plan, attr)
+    ok_attr = attr + "_ok"
+    if INTERPRET or getattr(plan, ok_attr):
+        kernel(*args)
+        return True
+    try:
+        kernel(*args)
+    except Exception as e:  # noqa: BLE001
+        setattr(plan, attr, None)
+        msg = f"{kernel.fn.__name__} {dict((k, v) for k, v in kernel.meta.items() if k.isupper())}: {type(e).__name__}: {str(e)[:300]}"
+        _VARIANT_FAILURES.append(msg)
+        warn_once(f"{_OP}:variant:{msg[:200]}", f"{_OP}: an opt-in variant failed to launch, using the default kernels: {msg}")
+        return False
+    setattr(plan, ok_attr, True)
+    return True
+
+
 def _tma_call_ok(q, k, v) -> bool:
     """Per call: plain tensors (not traced) with 16-byte aligned data (the plan checked the strides)."""
     if type(q) not in (torch.Tensor, torch.nn.Parameter) or ((q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15):
@@ -1292,7 +1323,7 @@ def _fwd_plan(key) -> _FwdPlan:
     fixed = _config("fwd", bd, causal, dtype)
     plan.tuned = fixed is None
     plan.kernel = plan.variant = None
-    plan.tma = False
+    plan.tma = plan.variant_ok = False
     if fixed is not None and not plan.empty:
         plan.kernel = Kernel(_attn_fwd_kernel, (triton.cdiv(SQ, fixed["BLOCK_M"]), B * H), check=(0, 1, 2, 5, 6, 7),
                              **plan.meta, **fixed)
@@ -1301,7 +1332,8 @@ def _fwd_plan(key) -> _FwdPlan:
         tma_ok = HAS_TMA_DESCRIPTORS and all(_tma_strides_ok(_strides4(st, varlen), el) for st in (qst, kst, vst, ost))
         # Warp specialization needs descriptor loads (Hopper's pass fails on pointer loads: sm_90 static
         # scan, Triton 3.9), so fwd_ws implies fwd_tma and is refused where descriptors cannot serve.
-        ws = bool(_variant("fwd_ws")) and HAS_WARP_SPECIALIZE and tma_ok
+        # Dropout is refused too: Triton 3.6's pass fails on the warp-specialized loop with Philox in it.
+        ws = bool(_variant("fwd_ws")) and HAS_WARP_SPECIALIZE and tma_ok and not dropout
         tma = (bool(_variant("fwd_tma")) or ws) and tma_ok
         per_sm = 0 if varlen else _variant("fwd_persistent")
         if tma or ws or per_sm:
@@ -1342,8 +1374,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: tor
         return out, lse
     args = (q, k, v, out, lse, q if kb is None else kb, cu_q if varlen else q, cu_k if varlen else q,
             seed if dropout else q, scale * LOG2E, dropout_p, 1.0 / (1.0 - dropout_p) if dropout else 1.0, *plan.ints)
-    if plan.variant is not None and (not plan.tma or _tma_call_ok(q, k, v)):
-        plan.variant(*args, *plan.variant_ints)
+    if plan.variant is not None and (not plan.tma or _tma_call_ok(q, k, v)) and _launch_variant(
+            plan, "variant", (*args, *plan.variant_ints)):
+        pass
     elif plan.kernel is not None:
         plan.kernel(*args)
     else:  # FUSED_LAYERS_ATTENTION_AUTOTUNE=1: the autotuner picks BLOCK_M
@@ -1380,17 +1413,17 @@ def _bwd_plan(key) -> _BwdPlan:
     plan.grids = (SQ, SK, B * H, B * HKV)
     f_dkdv, f_dq = _config("dkdv", bd, causal, dtype), _config("dq", bd, causal, dtype)
     plan.tuned = f_dkdv is None or f_dq is None
-    plan.dkdv = plan.dq = None
-    plan.dq_atomic = bool(_variant("bwd_dq_atomic")) and not plan.tuned
-    if plan.dq_atomic:  # opt-in: dQ by fp32 atomics in the dK/dV kernel, into a zeroed buffer (contiguous)
+    plan.dkdv = plan.dq = plan.fused = None
+    plan.fused_ok = False
+    if _variant("bwd_dq_atomic") and not plan.tuned:
+        # Opt-in: dQ by fp32 atomics in the dK/dV kernel, into a zeroed contiguous buffer.
         plan.dq32_shape = tuple(qs)
         plan.dq_direct = dtype == torch.float32 and plan.orders[0] == tuple(range(len(qs)))  # dQ is the buffer
         dq32st = _strides4(_contiguous_stride(qs), varlen)[:3]
-        plan.dkdv_ints = (*common, *_strides4(dkst, varlen), *_strides4(dvst, varlen), *dq32st, *lse_st, *kb3,
-                          HKV, H // HKV, SQ, SK, D)
-        plan.dkdv = Kernel(_attn_bwd_dkdv_dq_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
-                           check=(0, 1, 2, 3, 7, 9, 10, 11), **plan.meta, **f_dkdv)
-        return plan
+        plan.fused_ints = (*common, *_strides4(dkst, varlen), *_strides4(dvst, varlen), *dq32st, *lse_st, *kb3,
+                           HKV, H // HKV, SQ, SK, D)
+        plan.fused = Kernel(_attn_bwd_dkdv_dq_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
+                            check=(0, 1, 2, 3, 7, 9, 10, 11), **plan.meta, **f_dkdv)
     if not plan.tuned:
         plan.dkdv = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
                            check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv)
@@ -1440,13 +1473,13 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     sd = seed if dropout else q
     dscale = 1.0 / (1.0 - dropout_p) if dropout else 1.0
     dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints)
-    if plan.dq_atomic:
+    if plan.fused is not None:
         dq32 = dq.zero_() if plan.dq_direct else torch.zeros(plan.dq32_shape, dtype=torch.float32, device=q.device)
-        plan.dkdv(q, k, v, do, dk, dv, dq32, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale,
-                  *plan.dkdv_ints)
-        if not plan.dq_direct:
-            dq.copy_(dq32)
-        return dq, dk, dv
+        if _launch_variant(plan, "fused", (q, k, v, do, dk, dv, dq32, lse, delta, kb_, cq, ck, sd, qk_scale, scale,
+                                           dropout_p, dscale, *plan.fused_ints)):
+            if not plan.dq_direct:
+                dq.copy_(dq32)
+            return dq, dk, dv
     dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)
     if not plan.tuned:
         plan.dkdv(*dkdv_args)
