@@ -19,11 +19,12 @@ from fused_layers.ops.attention import attention_reference, attention_varlen_ref
 
 F32_TOL = dict(atol=2e-5, rtol=2e-5)
 
+# Warp specialization takes effect on Hopper with 4 warps only (the interpreter ignores both).
 VARIANTS = {
     "tma": dict(fwd_tma=1),
-    "ws": dict(fwd_ws=1),
+    "ws": dict(fwd_ws=1, fwd_num_warps=4),
     "persistent": dict(fwd_persistent=1),
-    "tma_ws_persistent": dict(fwd_tma=1, fwd_ws=1, fwd_persistent=2),
+    "tma_ws_persistent": dict(fwd_tma=1, fwd_ws=1, fwd_persistent=2, fwd_num_warps=4),
     "dq_atomic": dict(bwd_dq_atomic=1),
 }
 
@@ -46,8 +47,9 @@ def launched(monkeypatch):
     assert A._VARIANT_FAILURES[n_failures:] == [], "a variant failed to launch and fell back"
 
 
-def _expected_kernels(ov, varlen=False):
-    fwd = A._attn_fwd_kernel_v if (ov.get("fwd_tma") or ov.get("fwd_ws") or (ov.get("fwd_persistent") and not varlen)) else A._attn_fwd_kernel
+def _expected_kernels(ov, varlen=False, dtype=torch.float32):
+    ws = ov.get("fwd_ws") and (dtype != torch.float32 or A.INTERPRET)  # a GPU refuses fp32 warp specialization
+    fwd = A._attn_fwd_kernel_v if (ov.get("fwd_tma") or ws or (ov.get("fwd_persistent") and not varlen)) else A._attn_fwd_kernel
     bwd = A._attn_bwd_dkdv_dq_kernel if ov.get("bwd_dq_atomic") else A._attn_bwd_dq_kernel
     return fwd, bwd
 
@@ -89,6 +91,28 @@ def test_variant_matches_reference(variant, B, Hq, Hkv, Sq, Sk, D, causal, devic
     assert fwd in launched and bwd in launched
     if ov.get("bwd_dq_atomic"):
         assert A._attn_bwd_dq_kernel not in launched and A._attn_bwd_dkdv_kernel not in launched
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_bf16(variant, device, launched):
+    """bf16 (on a GPU the variants' real tensor-core and warp-specialized paths; the interpreter runs
+    float32 copies): relative error of out and every gradient against float64."""
+    q = torch.randn(1, 4, 37, 80, device=device, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, 130, 80, device=device, dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn_like(q)
+    qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
+    with config_override("attention", **VARIANTS[variant]):
+        out = fused_attention(qa, ka, va, is_causal=True, enable_gqa=True)
+        got = (out, *torch.autograd.grad(out, (qa, ka, va), do))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_out = attention_reference(q64, k64, v64, None, True, None, True)
+    ref = (ref_out, *torch.autograd.grad(ref_out, (q64, k64, v64), do.double()))
+    for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert g.dtype == torch.bfloat16, name
+        rel = ((g.double() - r).norm() / r.norm()).item()
+        assert rel < 2e-2, f"{name}: relative error {rel:.2e}"
+    fwd, bwd = _expected_kernels(VARIANTS[variant], dtype=torch.bfloat16)
+    assert fwd in launched and bwd in launched
 
 
 @pytest.mark.parametrize("variant", ["tma_ws_persistent", "dq_atomic"])

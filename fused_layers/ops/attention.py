@@ -1332,8 +1332,11 @@ def _fwd_plan(key) -> _FwdPlan:
         tma_ok = HAS_TMA_DESCRIPTORS and all(_tma_strides_ok(_strides4(st, varlen), el) for st in (qst, kst, vst, ost))
         # Warp specialization needs descriptor loads (Hopper's pass fails on pointer loads: sm_90 static
         # scan, Triton 3.9), so fwd_ws implies fwd_tma and is refused where descriptors cannot serve.
-        # Dropout is refused too: Triton 3.6's pass fails on the warp-specialized loop with Philox in it.
-        ws = bool(_variant("fwd_ws")) and HAS_WARP_SPECIALIZE and tma_ok and not dropout
+        # Dropout and float32 are refused too: Triton 3.6's pass fails on the loop with Philox in it and
+        # on tf32 dots, and leaves ieee fp32 dots unspecialized (the interpreter, which runs 16-bit
+        # inputs as float32 copies, keeps float32 so that tests cover the warp-specialized code path).
+        ws = (bool(_variant("fwd_ws")) and HAS_WARP_SPECIALIZE and tma_ok and not dropout
+              and (dtype != torch.float32 or INTERPRET))
         tma = (bool(_variant("fwd_tma")) or ws) and tma_ok
         per_sm = 0 if varlen else _variant("fwd_persistent")
         if tma or ws or per_sm:
