@@ -176,6 +176,11 @@ VARIANTS = [
                                          "dkdv_num_warps": 8, "dkdv_num_stages": 2}),
     ("bwd_dq_atomic_64x64w8s2", "bwd", {"bwd_dq_atomic": 1, "dkdv_block_m": 64, "dkdv_block_n": 64,
                                         "dkdv_num_warps": 8, "dkdv_num_stages": 2}),
+    # Q / dO tiles of the dK/dV kernel through TMA descriptors (fewer registers than pointer loads).
+    ("bwd_tma", "bwd", {"bwd_tma": 1}),
+    ("bwd_tma_dq_atomic", "bwd", {"bwd_tma": 1, "bwd_dq_atomic": 1}),
+    ("bwd_tma_dq_atomic_32x128w8s2", "bwd", {"bwd_tma": 1, "bwd_dq_atomic": 1, "dkdv_block_m": 32, "dkdv_block_n": 128,
+                                             "dkdv_num_warps": 8, "dkdv_num_stages": 2}),
 ]
 
 
@@ -199,17 +204,18 @@ def scan_markdown(doc: dict) -> str:
     lines = [f"# sm_90 static scan of the attention variants (Triton {doc['triton']}, {doc.get('dtype', 'bf16')})", "",
              "AOT compile for sm_90 on a machine without a GPU; counts are SASS instructions (cuobjdump). regs / "
              "stack = registers and spill stack bytes a thread; smem = shared memory bytes; warps = total warps "
-             "after warp specialization; UTMALDG / UTMASTG = TMA loads / stores; REDG = atomic reductions; "
+             "after warp specialization; UTMALDG / UTMASTG = TMA loads / stores; REDG / ATOMG = atomics (the "
+             "dQ atomics compile to REDG, or to ATOMG next to TMA loads; descriptor set-up adds a few ATOMG); "
              "USETMAXREG = register reallocation between warp groups (warp specialization took effect).", "",
              "| variant | kernel | D | causal | flags | config (BM, BN, warps, stages) | regs | stack | smem | warps | "
-             "HGMMA | LDGSTS | UTMALDG | UTMASTG | REDG | USETMAXREG | error |",
-             "|" + "---|" * 17]
+             "HGMMA | LDGSTS | UTMALDG | UTMASTG | REDG | ATOMG | USETMAXREG | error |",
+             "|" + "---|" * 18]
     for r in doc["rows"]:
         flags = ",".join(k for k, v in (r.get("flags") or {}).items() if v) or ""
         cells = [r["variant"], r["kernel"], str(r["D"]), str(int(r["causal"])), flags, str(tuple(r["config"]))]
         cells += [str(r.get(k, "")) if r.get(k) is not None else "" for k in
                   ("regs", "stack_bytes", "shared_bytes", "total_warps", "hgmma", "ldgsts", "utmaldg", "utmastg", "red",
-                   "setmaxreg")]
+                   "atom", "setmaxreg")]
         cells.append((r.get("error") or "")[:80].replace("|", "/").replace("\n", " "))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -238,7 +244,7 @@ def static_scan_variants(out_dir: str) -> None:
     if extra:
         for flags in ({"HAS_KB": True}, {"HAS_DROPOUT": True}, {"VARLEN": True}):
             cases.append(("fwd_tma_ws_w4", "fwd", {"fwd_tma": 1, "fwd_ws": 1, "fwd_num_warps": 4}, 128, True, flags))
-            cases.append(("bwd_dq_atomic", "bwd", {"bwd_dq_atomic": 1}, 128, True, flags))
+            cases.append(("bwd_tma_dq_atomic", "bwd", {"bwd_tma": 1, "bwd_dq_atomic": 1}, 128, True, flags))
         cases.append(("fwd_tma_ws_w4", "fwd", {"fwd_tma": 1, "fwd_ws": 1, "fwd_num_warps": 4}, 80, True, {}))
         cases.append(("fwd_tma", "fwd", {"fwd_tma": 1}, 80, True, {}))
         cases.append(("fwd_tma", "fwd", {"fwd_tma": 1}, 128, True, {"VARLEN": True}))
@@ -261,15 +267,19 @@ def static_scan_variants(out_dir: str) -> None:
             else:
                 cd = tuple(_config("dkdv", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
                 cq = tuple(_config("dq", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
-                if _variant("bwd_dq_atomic"):
-                    kern = [("dkdv_dq", A._attn_bwd_dkdv_dq_kernel, base, cd)]
+                if _variant("bwd_dq_atomic") or _variant("bwd_tma"):
+                    atomic = bool(_variant("bwd_dq_atomic"))
+                    fx = dict(base, DQ_ATOMIC=atomic, USE_TMA=bool(_variant("bwd_tma")))
+                    kern = [("dkdv_dq" if atomic else "dkdv_v", A._attn_bwd_dkdv_dq_kernel, fx, cd)]
+                    if not atomic:
+                        kern.append(("dq", A._attn_bwd_dq_kernel, base, cq))
                 else:
                     kern = [("dkdv", A._attn_bwd_dkdv_kernel, base, cd), ("dq", A._attn_bwd_dq_kernel, base, cq)]
         for kname, fn, cx, cfg in kern:
-            fp32 = ("LSE", "DELTA", "KB", "DQ") if kname == "dkdv_dq" else ("LSE", "DELTA", "KB")
+            fp32 = ("LSE", "DELTA", "KB", "DQ") if kname in ("dkdv_dq", "dkdv_v") else ("LSE", "DELTA", "KB")
             t0 = time.time()
             row = dict(variant=name, kernel=kname, D=D, causal=causal, config=list(cfg), flags=flags,
-                       constexprs={k: v for k, v in cx.items() if k in ("USE_TMA", "WARP_SPEC", "PERSISTENT")})
+                       constexprs={k: v for k, v in cx.items() if k in ("USE_TMA", "WARP_SPEC", "PERSISTENT", "DQ_ATOMIC")})
             row.update(_compile_sm90(fn, cx, cfg, fp32_ptrs=fp32, head_dim=D))
             row["compile_s"] = round(time.time() - t0, 1)
             emit(row)

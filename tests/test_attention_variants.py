@@ -26,6 +26,8 @@ VARIANTS = {
     "persistent": dict(fwd_persistent=1),
     "tma_ws_persistent": dict(fwd_tma=1, fwd_ws=1, fwd_persistent=2, fwd_num_warps=4),
     "dq_atomic": dict(bwd_dq_atomic=1),
+    "bwd_tma": dict(bwd_tma=1),
+    "bwd_tma_dq_atomic": dict(bwd_tma=1, bwd_dq_atomic=1),
 }
 
 
@@ -50,7 +52,7 @@ def launched(monkeypatch):
 def _expected_kernels(ov, varlen=False, dtype=torch.float32):
     ws = ov.get("fwd_ws") and (dtype != torch.float32 or A.INTERPRET)  # a GPU refuses fp32 warp specialization
     fwd = A._attn_fwd_kernel_v if (ov.get("fwd_tma") or ws or (ov.get("fwd_persistent") and not varlen)) else A._attn_fwd_kernel
-    bwd = A._attn_bwd_dkdv_dq_kernel if ov.get("bwd_dq_atomic") else A._attn_bwd_dq_kernel
+    bwd = A._attn_bwd_dkdv_dq_kernel if ov.get("bwd_dq_atomic") or ov.get("bwd_tma") else A._attn_bwd_dq_kernel
     return fwd, bwd
 
 
@@ -115,7 +117,7 @@ def test_variant_bf16(variant, device, launched):
     assert fwd in launched and bwd in launched
 
 
-@pytest.mark.parametrize("variant", ["tma_ws_persistent", "dq_atomic"])
+@pytest.mark.parametrize("variant", ["tma_ws_persistent", "bwd_tma_dq_atomic"])
 def test_variant_key_padding_bias_and_empty_rows(variant, device, launched):
     """Key-padding mask fused as a bias (a batch with every key masked: 0 outputs, 0 gradients)."""
     B, H, Sq, Sk, D = 3, 2, 19, 25, 16
@@ -129,7 +131,7 @@ def test_variant_key_padding_bias_and_empty_rows(variant, device, launched):
     assert _expected_kernels(VARIANTS[variant])[0] in launched
 
 
-@pytest.mark.parametrize("variant", ["tma_ws_persistent", "dq_atomic"])
+@pytest.mark.parametrize("variant", ["tma_ws_persistent", "bwd_tma_dq_atomic"])
 def test_variant_dropout_matches_default_kernels(variant, device):
     """Same seed, same Philox mask: a variant gives the default kernels' outputs and gradients."""
     q, k, v = (torch.randn(1, 2, s, 32, device=device) for s in (29, 41, 41))
@@ -145,7 +147,7 @@ def test_variant_dropout_matches_default_kernels(variant, device):
         torch.testing.assert_close(b, a, **F32_TOL, msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("variant", ["tma_ws_persistent", "dq_atomic"])
+@pytest.mark.parametrize("variant", ["tma_ws_persistent", "dq_atomic", "bwd_tma"])
 def test_variant_varlen(variant, device, launched):
     """Packed sequences (one empty, one of length 1): TMA and atomics serve varlen; the persistent grid
     does not (the forward then runs the one-tile-per-program grid of the variant kernel)."""
@@ -178,10 +180,10 @@ def test_persistent_alone_refuses_varlen(device, launched):
     assert A._attn_fwd_kernel in launched and A._attn_fwd_kernel_v not in launched
 
 
-@pytest.mark.parametrize("variant", ["tma", "ws"])
+@pytest.mark.parametrize("variant", ["tma", "ws", "bwd_tma"])
 @pytest.mark.parametrize("layout", ["head_dim_major", "misaligned"])
 def test_tma_falls_back_where_descriptors_cannot_serve(variant, layout, device, launched):
-    """A head dim that is not innermost, or data not 16-byte aligned: the default forward runs (warp
+    """A head dim that is not innermost, or data not 16-byte aligned: the default kernels run (warp
     specialization needs the descriptors too)."""
     if layout == "head_dim_major":
         q, k, v = (torch.randn(1, 2, 16, s, device=device).transpose(-1, -2) for s in (19, 23, 23))
@@ -190,6 +192,7 @@ def test_tma_falls_back_where_descriptors_cannot_serve(variant, layout, device, 
         assert q.data_ptr() % 16
     _check(q, k, v, VARIANTS[variant], causal=True)
     assert A._attn_fwd_kernel in launched and A._attn_fwd_kernel_v not in launched
+    assert A._attn_bwd_dkdv_kernel in launched and A._attn_bwd_dkdv_dq_kernel not in launched
 
 
 def test_variants_off_by_default():

@@ -937,6 +937,7 @@ def _attn_bwd_dq_kernel(
 def _attn_bwd_dkdv_dq_inner(
     dk, dv, k, v, kb,
     q_ptrs, do_ptrs, dq_ptrs,  # dq_ptrs: fp32 accumulator tile [BLOCK_M, BLOCK_D] of row 0 (atomics)
+    q_desc, do_desc,  # descriptors of this (sequence, query head) rows of Q and dO (USE_TMA)
     lse_ptr, delta_ptr,
     sqs, sdos, sdqs,
     offs_m, cols, d_mask,
@@ -949,16 +950,23 @@ def _attn_bwd_dkdv_dq_inner(
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
-    """_attn_bwd_dkdv_inner, plus dQ += scale * dS K for each query tile by atomic adds."""
+    """_attn_bwd_dkdv_inner, plus (DQ_ATOMIC) dQ += scale * dS K for each query tile by atomic adds,
+    and (USE_TMA) Q / dO tiles through tensor descriptors."""
     for start_m in tl.range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         row_ok = rows < seqlen_q
         qd_mask = row_ok[:, None]
         if not EVEN_D:
             qd_mask = qd_mask & d_mask[None, :]
-        q = tl.load(q_ptrs + start_m * sqs, mask=qd_mask, other=0.0)
-        do = tl.load(do_ptrs + start_m * sdos, mask=qd_mask, other=0.0)
+        if USE_TMA:  # rows >= seqlen_q and dims >= D read 0
+            q = q_desc.load([start_m, 0])
+            do = do_desc.load([start_m, 0])
+        else:
+            q = tl.load(q_ptrs + start_m * sqs, mask=qd_mask, other=0.0)
+            do = tl.load(do_ptrs + start_m * sdos, mask=qd_mask, other=0.0)
         lse = tl.load(lse_ptr + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_ptr + rows, mask=row_ok, other=0.0)
         qkT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
@@ -976,8 +984,9 @@ def _attn_bwd_dkdv_dq_inner(
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
-        dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * sm_scale  # [BLOCK_M, BLOCK_D]
-        tl.atomic_add(dq_ptrs + start_m * sdqs, dq, mask=qd_mask, sem="relaxed")
+        if DQ_ATOMIC:
+            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * sm_scale  # [BLOCK_M, BLOCK_D]
+            tl.atomic_add(dq_ptrs + start_m * sdqs, dq, mask=qd_mask, sem="relaxed")
     return dk, dv
 
 
@@ -1009,8 +1018,11 @@ def _attn_bwd_dkdv_dq_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_DROPOUT: tl.constexpr = False,
+    DQ_ATOMIC: tl.constexpr = True,  # False: dK / dV only (the dQ kernel runs after), with USE_TMA
+    USE_TMA: tl.constexpr = False,  # Q / dO tiles through tensor descriptors (unit last stride, 16-byte rows)
 ):
-    """_attn_bwd_dkdv_kernel that also accumulates dQ (fp32 atomics): the whole backward after delta."""
+    """_attn_bwd_dkdv_kernel that also accumulates dQ (fp32 atomics): the whole backward after delta.
+    DQ is unused without DQ_ATOMIC."""
     qk_scale = tl.cast(qk_scale, tl.float32)
     sm_scale = tl.cast(sm_scale, tl.float32)
     pid_n = tl.program_id(0)
@@ -1064,20 +1076,28 @@ def _attn_bwd_dkdv_dq_kernel(
         q_ptrs = Q + b64 * sqb + h64 * sqh + q_start.to(tl.int64) * sqs + offs_m[:, None] * sqs + offs_d[None, :] * sqd
         do_ptrs = DO + b64 * sdob + h64 * sdoh + q_start.to(tl.int64) * sdos + offs_m[:, None] * sdos + offs_d[None, :] * sdod
         dq_ptrs = DQ + b64 * sdqb + h64 * sdqh + q_start.to(tl.int64) * sdqs + offs_m[:, None] * sdqs + offs_d[None, :]
+        if USE_TMA:
+            q_desc = tl.make_tensor_descriptor(Q + b64 * sqb + h64 * sqh + q_start.to(tl.int64) * sqs,
+                                               shape=[seqlen_q, HEAD_DIM], strides=[sqs, 1], block_shape=[BLOCK_M, BLOCK_D])
+            do_desc = tl.make_tensor_descriptor(DO + b64 * sdob + h64 * sdoh + q_start.to(tl.int64) * sdos,
+                                                shape=[seqlen_q, HEAD_DIM], strides=[sdos, 1], block_shape=[BLOCK_M, BLOCK_D])
+        else:
+            q_desc = q_ptrs
+            do_desc = do_ptrs
         lse_ptr = LSE + b64 * slb + h64 * slh + q_start
         delta_ptr = DELTA + b64 * slb + h64 * slh + q_start
         if CAUSAL:
             dk, dv = _attn_bwd_dkdv_dq_inner(
-                dk, dv, k, v, kb, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, sqs, sdos, sdqs, offs_m, cols, d_mask,
-                seqlen_q, lo, hi_mask, qk_scale, sm_scale, seed, bh, dropout_p, dropout_scale, start_n,
-                MASKED=True, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
+                dk, dv, k, v, kb, q_ptrs, do_ptrs, dq_ptrs, q_desc, do_desc, lse_ptr, delta_ptr, sqs, sdos, sdqs,
+                offs_m, cols, d_mask, seqlen_q, lo, hi_mask, qk_scale, sm_scale, seed, bh, dropout_p, dropout_scale,
+                start_n, MASKED=True, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, DQ_ATOMIC=DQ_ATOMIC, USE_TMA=USE_TMA,
             )
         dk, dv = _attn_bwd_dkdv_dq_inner(
-            dk, dv, k, v, kb, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, sqs, sdos, sdqs, offs_m, cols, d_mask,
-            seqlen_q, lo_full, seqlen_q, qk_scale, sm_scale, seed, bh, dropout_p, dropout_scale, start_n,
-            MASKED=False, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
+            dk, dv, k, v, kb, q_ptrs, do_ptrs, dq_ptrs, q_desc, do_desc, lse_ptr, delta_ptr, sqs, sdos, sdqs,
+            offs_m, cols, d_mask, seqlen_q, lo_full, seqlen_q, qk_scale, sm_scale, seed, bh, dropout_p, dropout_scale,
+            start_n, MASKED=False, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
+            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, DQ_ATOMIC=DQ_ATOMIC, USE_TMA=USE_TMA,
         )
     dk = dk * sm_scale
     dk_off = b64 * sdkb + hk64 * sdkh + k_start.to(tl.int64) * sdks
@@ -1207,7 +1227,7 @@ class _FwdPlan:
 
 class _BwdPlan:
     __slots__ = ("empty", "zero", "orders", "pre", "pre_ints", "dkdv", "dkdv_ints", "dq", "dq_ints", "tuned",
-                 "meta", "grids", "fused", "fused_ints", "fused_ok", "dq32_shape", "dq_direct")
+                 "meta", "grids", "fused", "fused_ints", "fused_ok", "dq32_shape", "dq_direct", "dq_atomic", "tma")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1417,16 +1437,23 @@ def _bwd_plan(key) -> _BwdPlan:
     f_dkdv, f_dq = _config("dkdv", bd, causal, dtype), _config("dq", bd, causal, dtype)
     plan.tuned = f_dkdv is None or f_dq is None
     plan.dkdv = plan.dq = plan.fused = None
-    plan.fused_ok = False
-    if _variant("bwd_dq_atomic") and not plan.tuned:
-        # Opt-in: dQ by fp32 atomics in the dK/dV kernel, into a zeroed contiguous buffer.
+    plan.fused_ok = plan.dq_atomic = plan.tma = False
+    el = torch.empty((), dtype=dtype).element_size()
+    tma = bool(_variant("bwd_tma")) and HAS_TMA_DESCRIPTORS and all(
+        _tma_strides_ok(_strides4(st, varlen), el) for st in (qst, dost))
+    if (_variant("bwd_dq_atomic") or tma) and not plan.tuned:
+        # Opt-in: dQ by fp32 atomics in the dK/dV kernel, into a zeroed contiguous buffer, and / or Q and
+        # dO tiles of the dK/dV kernel through TMA descriptors (then without atomics the dQ kernel runs after).
+        plan.dq_atomic = bool(_variant("bwd_dq_atomic"))
+        plan.tma = tma
         plan.dq32_shape = tuple(qs)
         plan.dq_direct = dtype == torch.float32 and plan.orders[0] == tuple(range(len(qs)))  # dQ is the buffer
         dq32st = _strides4(_contiguous_stride(qs), varlen)[:3]
         plan.fused_ints = (*common, *_strides4(dkst, varlen), *_strides4(dvst, varlen), *dq32st, *lse_st, *kb3,
                            HKV, H // HKV, SQ, SK, D)
         plan.fused = Kernel(_attn_bwd_dkdv_dq_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
-                            check=(0, 1, 2, 3, 7, 9, 10, 11), **plan.meta, **f_dkdv)
+                            check=(0, 1, 2, 3, 7, 9, 10, 11), **plan.meta, **f_dkdv, DQ_ATOMIC=plan.dq_atomic,
+                            USE_TMA=tma)
     if not plan.tuned:
         plan.dkdv = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
                            check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv)
@@ -1476,11 +1503,16 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     sd = seed if dropout else q
     dscale = 1.0 / (1.0 - dropout_p) if dropout else 1.0
     dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints)
-    if plan.fused is not None:
-        dq32 = dq.zero_() if plan.dq_direct else torch.zeros(plan.dq32_shape, dtype=torch.float32, device=q.device)
+    if plan.fused is not None and (not plan.tma or _tma_call_ok(q, do, do)):
+        if plan.dq_atomic:
+            dq32 = dq.zero_() if plan.dq_direct else torch.zeros(plan.dq32_shape, dtype=torch.float32, device=q.device)
+        else:
+            dq32 = lse  # unused (the dQ kernel runs below)
         if _launch_variant(plan, "fused", (q, k, v, do, dk, dv, dq32, lse, delta, kb_, cq, ck, sd, qk_scale, scale,
                                            dropout_p, dscale, *plan.fused_ints)):
-            if not plan.dq_direct:
+            if not plan.dq_atomic:
+                plan.dq(q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)
+            elif not plan.dq_direct:
                 dq.copy_(dq32)
             return dq, dk, dv
     dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)

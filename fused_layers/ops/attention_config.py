@@ -112,8 +112,10 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 #                   Hopper specializes it only with fwd_num_warps=4
 #   fwd_persistent  forward: persistent grid of fwd_persistent programs per SM, heaviest tiles first (dense only)
 #   bwd_dq_atomic   backward: dQ by fp32 atomics inside the dK/dV kernel (no separate dQ kernel)
+#   bwd_tma         backward: Q and dO tiles of the dK/dV kernel through TMA descriptors (alone or with
+#                   bwd_dq_atomic; without it the dQ kernel runs after as usual)
 # FUSED_LAYERS_ATTENTION_VARIANTS="fwd_tma=1,fwd_ws=1" sets them for a process.
-_VARIANTS: dict[str, int] = {"fwd_tma": 0, "fwd_ws": 0, "fwd_persistent": 0, "bwd_dq_atomic": 0}
+_VARIANTS: dict[str, int] = {"fwd_tma": 0, "fwd_ws": 0, "fwd_persistent": 0, "bwd_dq_atomic": 0, "bwd_tma": 0}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")
