@@ -31,7 +31,7 @@ echo "exit $?"; tail -25 $OUT/variants_tests.log
 echo "=== variant sweep (t=$(( $(date +%s) - T0 )) s)"
 LEFT=$(( ${TOTAL_LIMIT:-450} - ($(date +%s) - T0) ))
 DEADLINE=$(( LEFT - 25 ))
-timeout $(( LEFT )) python3 benchmarks/bench_attention.py --out $W --variants --workers ${WORKERS:-12} \
+timeout $(( LEFT )) python3 benchmarks/bench_attention.py --out $W --variants --workers ${WORKERS:-14} \
     --dims 64,128 --variant-seqlens 1024,4096,16384 --flex-seqlens ${FLEX_SEQLENS:-1024,4096,16384} \
     --deadline $DEADLINE > $OUT/variants_sweep.log 2>&1
 echo "exit $?"
