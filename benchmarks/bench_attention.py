@@ -55,66 +55,236 @@ def _sweep_candidates():
     return out
 
 
-def static_scan(out_dir: str) -> None:
-    """Compile the default configs for sm_90 on this (GPU-less) machine and report registers, spills and
-    whether the SASS uses wgmma (HGMMA) and cp.async (LDGSTS): a check that needs no GPU."""
+def _compile_sm90(fn, cx: dict, cfg, dtype: str = "bf16", fp32_ptrs=("LSE", "DELTA", "KB"), head_dim: int = 0) -> dict:
+    """AOT-compile Triton kernel ``fn`` for sm_90 (no GPU needed) with constexprs ``cx`` and launch config
+    ``cfg`` = (BLOCK_M, BLOCK_N, num_warps, num_stages); returns registers, spill stack bytes, shared
+    memory, global scratch, and instruction counts of the SASS (cuobjdump): HGMMA (wgmma), LDGSTS
+    (cp.async), UTMALDG / UTMASTG (TMA copies), RED / ATOM (atomics), USETMAXREG (register reallocation
+    between warp groups: what warp specialization emits)."""
+    import inspect
     import re
     import subprocess
+    import tempfile
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    cx = dict(cx, BLOCK_M=cfg[0], BLOCK_N=cfg[1])
+    for p in fn.params:  # defaulted constexprs not given: their defaults
+        if p.is_constexpr and p.name not in cx and p.default is not inspect.Parameter.empty:
+            cx[p.name] = p.default
+    sig, attrs = {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n in cx:
+            sig[n] = "constexpr"
+        elif n.startswith("s") and n.endswith("d") and len(n) <= 5:  # unit head-dim strides
+            sig[n], cx[n] = "constexpr", 1
+        elif n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV"):
+            sig[n], attrs[(i,)] = f"*{dtype}", [["tt.divisibility", 16]]
+        elif n in fp32_ptrs:
+            sig[n], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
+        elif n in ("CU_Q", "CU_K"):
+            sig[n] = "*i32"
+        elif n == "SEED":
+            sig[n] = "*i64"
+        elif n in ("qk_scale", "sm_scale", "dropout_p", "dropout_scale"):
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+            # What Triton's runtime specialization gives for these values (divisible by 16).
+            if n.startswith("s") or n in ("SQ", "SK") or (n == "HEAD_DIM" and head_dim % 16 == 0):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    row = {}
+    try:
+        k = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=cfg[2], num_stages=cfg[3]))
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(k.asm["cubin"])
+            path = f.name
+        res = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+        sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
+        os.remove(path)
+        m = re.search(r"REG:(\d+) STACK:(\d+)", res)
+        ops: dict[str, int] = {}
+        for line in sass.splitlines():
+            op = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)", line)
+            if op:
+                ops[op.group(1)] = ops.get(op.group(1), 0) + 1
+        row.update(regs=int(m.group(1)), stack_bytes=int(m.group(2)), shared_bytes=k.metadata.shared,
+                   global_scratch=getattr(k.metadata, "global_scratch_size", None),
+                   total_warps=getattr(k.metadata, "num_warps", None),
+                   hgmma=ops.get("HGMMA", 0), ldgsts=ops.get("LDGSTS", 0), utmaldg=ops.get("UTMALDG", 0),
+                   utmastg=ops.get("UTMASTG", 0), red=ops.get("REDG", 0) + ops.get("RED", 0),
+                   atom=ops.get("ATOMG", 0) + ops.get("ATOM", 0), setmaxreg=ops.get("USETMAXREG", 0))
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    return row
+
+
+def static_scan(out_dir: str) -> None:
+    """Compile the default configs for sm_90 on this (GPU-less) machine and report registers, spills and
+    whether the SASS uses wgmma (HGMMA) and cp.async (LDGSTS): a check that needs no GPU."""
+    import triton
+
     from fused_layers.ops import attention as A
 
     kernels = {"fwd": A._attn_fwd_kernel, "dkdv": A._attn_bwd_dkdv_kernel, "dq": A._attn_bwd_dq_kernel}
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     rows = []
     for kind, fn in kernels.items():
         for D in [int(d) for d in os.environ.get("SCAN_DIMS", "64,128,80,256").split(",")]:
             bd = max(16, triton.next_power_of_2(D))
             for causal in (False, True):
                 cfg = A._TUNE[kind][64 if bd <= 64 else 128 if bd <= 128 else 256][0]
-                cx = dict(VARLEN=False, CAUSAL=causal, HAS_KB=False, BLOCK_D=bd, EVEN_D=D == bd, INPUT_PRECISION="tf32",
-                          BLOCK_M=cfg[0], BLOCK_N=cfg[1])
-                sig, attrs = {}, {}
-                for i, n in enumerate(fn.arg_names):
-                    if n in cx:
-                        sig[n] = "constexpr"
-                    elif n.startswith("s") and n.endswith("d") and len(n) <= 5:  # unit head-dim strides
-                        sig[n], cx[n] = "constexpr", 1
-                    elif n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV"):
-                        sig[n], attrs[(i,)] = "*bf16", [["tt.divisibility", 16]]
-                    elif n in ("LSE", "DELTA", "KB"):
-                        sig[n], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
-                    elif n in ("CU_Q", "CU_K"):
-                        sig[n] = "*i32"
-                    elif n in ("qk_scale", "sm_scale"):
-                        sig[n] = "fp32"
-                    else:
-                        sig[n] = "i32"
-                        # What Triton's runtime specialization gives for these values (divisible by 16).
-                        if n.startswith("s") or n in ("SQ", "SK") or (n == "HEAD_DIM" and D % 16 == 0):
-                            attrs[(i,)] = [["tt.divisibility", 16]]
+                cx = dict(VARLEN=False, CAUSAL=causal, HAS_KB=False, BLOCK_D=bd, EVEN_D=D == bd, INPUT_PRECISION="tf32")
                 row = dict(kernel=kind, D=D, causal=causal, config=cfg)
-                try:
-                    k = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
-                                       options=dict(num_warps=cfg[2], num_stages=cfg[3]))
-                    path = os.path.join(out_dir, ".scan.cubin")
-                    with open(path, "wb") as f:
-                        f.write(k.asm["cubin"])
-                    res = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
-                    sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
-                    os.remove(path)
-                    m = re.search(r"REG:(\d+) STACK:(\d+)", res)
-                    row.update(regs=int(m.group(1)), stack_bytes=int(m.group(2)), shared_bytes=k.metadata.shared,
-                               hgmma=sass.count("HGMMA"), ldgsts=sass.count("LDGSTS"))
-                except Exception as e:  # noqa: BLE001
-                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                row.update(_compile_sm90(fn, cx, cfg, head_dim=D))
                 print(row, flush=True)
                 rows.append(row)
     with open(os.path.join(out_dir, "attention_static_scan.json"), "w") as f:
         json.dump(dict(triton=triton.__version__, target="sm_90", rows=rows), f, indent=1)
+
+
+# Opt-in Hopper variants (issue 13), as (name, kernel kind, overrides of attention_config): what
+# --static-scan-variants compiles and --variants times.  Overrides are config_override("attention", ...)
+# values; "+1 stage" rows deepen the software pipeline of the table's config by one stage.
+VARIANTS = [
+    ("default", "fwd", {}),
+    ("fwd_stages+1", "fwd", {"fwd_num_stages": "+1"}),
+    ("fwd_tma", "fwd", {"fwd_tma": 1}),
+    ("fwd_tma_stages+1", "fwd", {"fwd_tma": 1, "fwd_num_stages": "+1"}),
+    # Descriptor loads free registers (D128 causal: 148 vs 202 a thread): room for 128-key tiles.
+    ("fwd_tma_128x128s2", "fwd", {"fwd_tma": 1, "fwd_block_n": 128, "fwd_num_stages": 2}),
+    # Hopper warp specialization (Triton's "hopper warpspec" pass) applies with num_warps=4 only (one
+    # warp group a partition; with 8 the loop compiles unspecialized: no USETMAXREG in the scan), and
+    # only on descriptor loads (fwd_ws implies fwd_tma).
+    ("fwd_tma_ws_w4", "fwd", {"fwd_tma": 1, "fwd_ws": 1, "fwd_num_warps": 4}),
+    ("fwd_tma_ws_w8", "fwd", {"fwd_tma": 1, "fwd_ws": 1}),
+    ("fwd_tma_w4", "fwd", {"fwd_tma": 1, "fwd_num_warps": 4}),
+    ("fwd_persistent", "fwd", {"fwd_persistent": 1}),
+    ("fwd_persistent2", "fwd", {"fwd_persistent": 2}),
+    ("fwd_tma_persistent", "fwd", {"fwd_tma": 1, "fwd_persistent": 1}),
+    ("fwd_tma_persistent2", "fwd", {"fwd_tma": 1, "fwd_persistent": 2}),
+    ("fwd_tma_ws_w4_persistent", "fwd", {"fwd_tma": 1, "fwd_ws": 1, "fwd_num_warps": 4, "fwd_persistent": 1}),
+    ("default", "bwd", {}),
+    ("bwd_stages+1", "bwd", {"dkdv_num_stages": "+1", "dq_num_stages": "+1"}),
+    ("bwd_dq_atomic", "bwd", {"bwd_dq_atomic": 1}),
+    ("bwd_dq_atomic_stages+1", "bwd", {"bwd_dq_atomic": 1, "dkdv_num_stages": "+1"}),
+    # The fused kernel holds dK, dV and a dQ tile: smaller / 8-warp tiles spill less (sm_90 static scan).
+    ("bwd_dq_atomic_32x128w8s2", "bwd", {"bwd_dq_atomic": 1, "dkdv_block_m": 32, "dkdv_block_n": 128,
+                                         "dkdv_num_warps": 8, "dkdv_num_stages": 2}),
+    ("bwd_dq_atomic_64x64w8s2", "bwd", {"bwd_dq_atomic": 1, "dkdv_block_m": 64, "dkdv_block_n": 64,
+                                        "dkdv_num_warps": 8, "dkdv_num_stages": 2}),
+    # Q / dO tiles of the dK/dV kernel through TMA descriptors (fewer registers than pointer loads).
+    ("bwd_tma", "bwd", {"bwd_tma": 1}),
+    ("bwd_tma_dq_atomic", "bwd", {"bwd_tma": 1, "bwd_dq_atomic": 1}),
+    ("bwd_tma_dq_atomic_32x128w8s2", "bwd", {"bwd_tma": 1, "bwd_dq_atomic": 1, "dkdv_block_m": 32, "dkdv_block_n": 128,
+                                             "dkdv_num_warps": 8, "dkdv_num_stages": 2}),
+]
+
+
+def resolve_overrides(ov: dict, D: int, causal: bool) -> dict:
+    """``"+1"`` stage overrides made concrete against the table config of (D bucket, causal)."""
+    from fused_layers.ops.attention_config import _config
+
+    out = {}
+    bd = max(16, 1 << (D - 1).bit_length())
+    for key, val in ov.items():
+        if val == "+1":
+            kind = key.split("_")[0]
+            out[key] = _config(kind, bd, causal, torch.bfloat16)["num_stages"] + 1
+        else:
+            out[key] = val
+    return out
+
+
+def scan_markdown(doc: dict) -> str:
+    """A table of an attention_static_scan_variants.json."""
+    lines = [f"# sm_90 static scan of the attention variants (Triton {doc['triton']}, {doc.get('dtype', 'bf16')})", "",
+             "AOT compile for sm_90 on a machine without a GPU; counts are SASS instructions (cuobjdump). regs / "
+             "stack = registers and spill stack bytes a thread; smem = shared memory bytes; warps = total warps "
+             "after warp specialization; UTMALDG / UTMASTG = TMA loads / stores; REDG / ATOMG = atomics (the "
+             "dQ atomics compile to REDG, or to ATOMG next to TMA loads; descriptor set-up adds a few ATOMG); "
+             "USETMAXREG = register reallocation between warp groups (warp specialization took effect).", "",
+             "| variant | kernel | D | causal | flags | config (BM, BN, warps, stages) | regs | stack | smem | warps | "
+             "HGMMA | LDGSTS | UTMALDG | UTMASTG | REDG | ATOMG | USETMAXREG | error |",
+             "|" + "---|" * 18]
+    for r in doc["rows"]:
+        flags = ",".join(k for k, v in (r.get("flags") or {}).items() if v) or ""
+        cells = [r["variant"], r["kernel"], str(r["D"]), str(int(r["causal"])), flags, str(tuple(r["config"]))]
+        cells += [str(r.get(k, "")) if r.get(k) is not None else "" for k in
+                  ("regs", "stack_bytes", "shared_bytes", "total_warps", "hgmma", "ldgsts", "utmaldg", "utmastg", "red",
+                   "atom", "setmaxreg")]
+        cells.append((r.get("error") or "")[:80].replace("|", "/").replace("\n", " "))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def static_scan_variants(out_dir: str) -> None:
+    """AOT-compile every variant of VARIANTS for sm_90 (bf16, the table's configs) with this machine's
+    Triton; rows: registers, spills, shared memory, HGMMA / UTMALDG / RED / USETMAXREG counts."""
+    import triton
+
+    from fused_layers.ops import attention as A
+    from fused_layers.ops._common import config_override
+    from fused_layers.ops.attention_config import _config, _variant
+
+    dims = [int(d) for d in os.environ.get("SCAN_DIMS", "64,128").split(",")]
+    extra = os.environ.get("SCAN_EXTRA", "1") == "1"  # also bias / dropout / varlen / D=80 for the TMA+WS forward
+    rows = []
+
+    def emit(row):
+        print({k: v for k, v in row.items()}, flush=True)
+        rows.append(row)
+        with open(os.path.join(out_dir, "attention_static_scan_variants.json"), "w") as f:
+            json.dump(dict(triton=triton.__version__, target="sm_90", dtype="bf16", rows=rows), f, indent=1)
+
+    cases = [(name, kind, ov, D, causal, {}) for name, kind, ov in VARIANTS for D in dims for causal in (False, True)]
+    if extra:
+        for flags in ({"HAS_KB": True}, {"HAS_DROPOUT": True}, {"VARLEN": True}):
+            cases.append(("fwd_tma_ws_w4", "fwd", {"fwd_tma": 1, "fwd_ws": 1, "fwd_num_warps": 4}, 128, True, flags))
+            cases.append(("bwd_tma_dq_atomic", "bwd", {"bwd_tma": 1, "bwd_dq_atomic": 1}, 128, True, flags))
+        cases.append(("fwd_tma_ws_w4", "fwd", {"fwd_tma": 1, "fwd_ws": 1, "fwd_num_warps": 4}, 80, True, {}))
+        cases.append(("fwd_tma", "fwd", {"fwd_tma": 1}, 80, True, {}))
+        cases.append(("fwd_tma", "fwd", {"fwd_tma": 1}, 128, True, {"VARLEN": True}))
+        cases.append(("fwd_tma_persistent", "fwd", {"fwd_tma": 1, "fwd_persistent": 1}, 256, True, {}))
+        cases.append(("bwd_dq_atomic", "bwd", {"bwd_dq_atomic": 1}, 256, True, {}))
+    for name, kind, ov, D, causal, flags in cases:
+        bd = max(16, triton.next_power_of_2(D))
+        ov = resolve_overrides(ov, D, causal)
+        base = dict(VARLEN=False, CAUSAL=causal, HAS_KB=False, BLOCK_D=bd, EVEN_D=D == bd, INPUT_PRECISION="tf32",
+                    HAS_DROPOUT=False)
+        base.update(flags)
+        with config_override("attention", **ov):
+            if kind == "fwd":
+                cfg = tuple(_config("fwd", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+                per_sm = 0 if base["VARLEN"] else _variant("fwd_persistent")
+                v = dict(USE_TMA=bool(_variant("fwd_tma") or _variant("fwd_ws")), WARP_SPEC=bool(_variant("fwd_ws")),
+                         PERSISTENT=per_sm > 0)
+                kern = [("fwd", A._attn_fwd_kernel_v if any(v.values()) else A._attn_fwd_kernel,
+                         dict(base, **v) if any(v.values()) else base, cfg)]
+            else:
+                cd = tuple(_config("dkdv", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+                cq = tuple(_config("dq", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+                if _variant("bwd_dq_atomic") or _variant("bwd_tma"):
+                    atomic = bool(_variant("bwd_dq_atomic"))
+                    fx = dict(base, DQ_ATOMIC=atomic, USE_TMA=bool(_variant("bwd_tma")))
+                    kern = [("dkdv_dq" if atomic else "dkdv_v", A._attn_bwd_dkdv_dq_kernel, fx, cd)]
+                    if not atomic:
+                        kern.append(("dq", A._attn_bwd_dq_kernel, base, cq))
+                else:
+                    kern = [("dkdv", A._attn_bwd_dkdv_kernel, base, cd), ("dq", A._attn_bwd_dq_kernel, base, cq)]
+        for kname, fn, cx, cfg in kern:
+            fp32 = ("LSE", "DELTA", "KB", "DQ") if kname in ("dkdv_dq", "dkdv_v") else ("LSE", "DELTA", "KB")
+            t0 = time.time()
+            row = dict(variant=name, kernel=kname, D=D, causal=causal, config=list(cfg), flags=flags,
+                       constexprs={k: v for k, v in cx.items() if k in ("USE_TMA", "WARP_SPEC", "PERSISTENT", "DQ_ATOMIC")})
+            row.update(_compile_sm90(fn, cx, cfg, fp32_ptrs=fp32, head_dim=D))
+            row["compile_s"] = round(time.time() - t0, 1)
+            emit(row)
+    with open(os.path.join(out_dir, "attention_static_scan_variants.md"), "w") as f:
+        f.write(scan_markdown(dict(triton=triton.__version__, dtype="bf16", rows=rows)))
 
 
 def bench(fn, grad_to_none=None):
@@ -213,6 +383,289 @@ def sweep(out_dir: str, workers: int) -> dict:
     with open(os.path.join(out_dir, "attn_sweep.json"), "w") as f:
         json.dump({k: [(list(c), ms, e) for c, ms, e in v] for k, v in report.items()}, f, indent=1)
     return table
+
+
+# ----------------------------------------------------------------------------------------------
+# Variant sweep (issue 13): every opt-in variant beside the default, cuDNN, SDPA flash and Flex, one run
+# ----------------------------------------------------------------------------------------------
+def _variant_cases(dims, seqlens):
+    return [(D, S, causal) for D in dims for S in seqlens for causal in (False, True)]
+
+
+def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False):
+    """Run task groups: ("peers", None, None) or (variant name, kind, overrides).  Each case: compile and
+    check against SDPA outside the lock (workers compile in parallel), time under the lock (one worker
+    at a time on the GPU).  Results are written after every task, so a crash loses only the rest."""
+    import traceback
+
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
+
+    from fused_layers import fused_attention
+    from fused_layers.ops import _library
+    from fused_layers.ops import attention as A
+    from fused_layers.ops._common import config_override
+
+    results = []
+    dev = "cpu" if dry else "cuda"
+    tokens = 64 if dry else TOKENS  # --dry-run: the Triton interpreter on tiny shapes (plumbing check)
+    if dry:
+        global bench
+
+        def bench(fn, grad_to_none=None):  # noqa: F811
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e3
+
+    def sync():
+        if not dry:
+            torch.cuda.synchronize()
+
+    def save():
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+
+    refs = {}
+
+    def case_inputs(D, S, causal):
+        key = (D, S, causal)
+        if key not in refs:
+            refs.clear()
+            g = torch.Generator(device=dev).manual_seed(1000 * D + S)
+            B = tokens // S
+            q, k, v, do = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(4))
+            qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+            with torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                o = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+            o.backward(do)
+            refs[key] = (q, k, v, do, (o.detach(), qr.grad, kr.grad, vr.grad))
+        return refs[key]
+
+    launched = []
+    kernel_call = _library.Kernel.__call__
+
+    def spy(self, *args):
+        kernel_call(self, *args)
+        launched.append(self.fn.__name__)
+
+    def check(fn, q, k, v, do, ref, causal):
+        """Max abs error of out and max relative error of dq, dk, dv against SDPA flash (bf16); records
+        which Triton kernels ran (a variant that failed its first launch falls back to the defaults)."""
+        qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
+        launched.clear()
+        _library.Kernel.__call__ = spy
+        try:
+            out = fn(qa, ka, va, causal, False)
+            out.backward(do)
+            sync()
+        finally:
+            _library.Kernel.__call__ = kernel_call
+        errs = {}
+        for name, g, r in zip(("out", "dq", "dk", "dv"), (out, qa.grad, ka.grad, va.grad), ref):
+            d, r = g.float() - r.float(), r.float()
+            errs[name + "_max"] = d.abs().max().item()  # max abs error
+            errs[name + "_rel"] = (d.norm() / r.norm().clamp_min(1e-12)).item()  # relative Frobenius error
+        # bf16 against bf16: both sides round P and dS; the relative norm error of a correct kernel is
+        # ~1e-3..5e-3 (the default's row gives the baseline), a wrong one's is O(1).
+        ok = all(errs[n + "_rel"] <= 2e-2 for n in ("out", "dq", "dk", "dv")) and all(e == e for e in errs.values())
+        return errs, ok
+
+    def fused(q, k, v, causal, gqa):
+        return fused_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    for name, kind, ov in groups:
+        for D, S, causal in cases:
+            if name.startswith("flex") and S not in flex_seqlens:
+                continue
+            if name.startswith("flex_d") and int(name[6:]) != D:
+                continue
+            row = dict(variant=name, kind=kind, D=D, S=S, B=tokens // S, H=H, causal=causal)
+            t0 = time.time()
+            try:
+                q, k, v, do, ref = case_inputs(D, S, causal)
+                if name == "sdpa":
+                    fns = {"cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION), "flash": _sdpa(SDPBackend.FLASH_ATTENTION)}
+                elif name.startswith("flex"):
+                    fns = {"flex": _flex(causal, S)}
+                else:
+                    fns = {name: fused}
+                for pname, fn in fns.items():
+                    r = dict(row, variant=pname)
+                    try:
+                        ctx = config_override("attention", **resolve_overrides(ov, D, causal)) if ov is not None else _nullctx()
+                        with ctx:
+                            nfail = len(A._VARIANT_FAILURES)
+                            errs, ok = check(fn, q, k, v, do, ref, causal)  # compiles (outside the lock)
+                            r.update(errors=errs, check_ok=ok, compile_check_s=round(time.time() - t0, 1),
+                                     kernels=sorted(set(launched)))
+                            if len(A._VARIANT_FAILURES) > nfail:  # fell back to the default kernels
+                                r["variant_failures"] = A._VARIANT_FAILURES[nfail:]
+                                ok = False
+                            if ok:
+                                with open(lock_path, "w") as lock:
+                                    fcntl.flock(lock, fcntl.LOCK_EX)
+                                    try:
+                                        t_f, t_b = _measure_parts(fn, q, k, v, do, causal, kind)
+                                    finally:
+                                        fcntl.flock(lock, fcntl.LOCK_UN)
+                                fl = _flops_fwd(tokens // S, H, S, S, D, causal)
+                                if t_f is not None:
+                                    r.update(fwd_ms=t_f, fwd_tflops=fl / t_f / 1e9)
+                                if t_b is not None:
+                                    r.update(bwd_ms=t_b, bwd_tflops=2.5 * fl / t_b / 1e9)
+                            elif "variant_failures" in r:
+                                r["error"] = "variant failed to launch (default kernels ran): " + r["variant_failures"][0]
+                            else:
+                                r["error"] = "output check against SDPA flash failed"
+                    except Exception as e:  # noqa: BLE001  (compile failure on this Triton, out of resources)
+                        r["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                        r["traceback"] = traceback.format_exc()[-1500:]
+                    r["wall_s"] = round(time.time() - t0, 1)
+                    print({kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in r.items() if kk != "traceback"},
+                          flush=True)
+                    results.append(r)
+                    save()
+            except Exception as e:  # noqa: BLE001
+                results.append(dict(row, error=f"{type(e).__name__}: {str(e)[:400]}"))
+                save()
+    save()
+
+
+def _measure_parts(fn, q, k, v, do, causal, kind):
+    """(fwd ms or None, bwd ms or None): the forward for kinds fwd / both / peer, the backward
+    (``out.backward(do, retain_graph=True)``, as ``measure``) for kinds bwd / both / peer."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    t_f = t_b = None
+    if kind != "bwd":
+        with torch.no_grad():
+            t_f = bench(lambda: fn(q, k, v, causal, False))
+    if kind != "fwd":
+        out = fn(q, k, v, causal, False)
+        t_b = bench(lambda: out.backward(do, retain_graph=True), grad_to_none=[q, k, v])
+    return t_f, t_b
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def variants_markdown(rows, meta) -> str:
+    cases = []
+    for r in rows:
+        c = (r["D"], r["S"], r["causal"])
+        if c not in cases:
+            cases.append(c)
+    cases.sort()
+    names = []
+    for r in rows:
+        if r["variant"] not in names:
+            names.append(r["variant"])
+    peers = [n for n in ("cudnn", "flash", "flex") if n in names]
+    order: dict[str, int] = {}
+    for i, (name, _, _) in enumerate(VARIANTS):
+        order.setdefault(name, i)
+    ours = sorted((n for n in names if n not in peers), key=lambda n: (order.get(n, len(order)), n))
+    out = [f"# Attention variants (issue 13): {meta}", "",
+           "TFLOP/s forward / backward, bf16, H=16, B*S=16384 (fwd 4*B*H*S*S*D, halved when causal; bwd 2.5x fwd). "
+           "'x' = failed (see the JSON), '-' = not run / not timed: fwd variants time the forward only (their "
+           "backward is the default's), bwd variants the backward only.", ""]
+    by = {(r["variant"], r["D"], r["S"], r["causal"]): r for r in rows}
+    for metric in ("fwd_tflops", "bwd_tflops"):
+        out += [f"## {metric}", "", "| D | S | causal | " + " | ".join(peers + ours) + " | best ours / cudnn |",
+                "|" + "---|" * (len(peers) + len(ours) + 4)]
+        for D, S, causal in cases:
+            cells, best = [], None
+            for n in peers + ours:
+                r = by.get((n, D, S, causal))
+                if r is None or (metric not in r and "error" not in r):
+                    cells.append("-")  # not run, or not this variant's half (fwd variants: no bwd timing)
+                elif metric not in r:
+                    cells.append("x")
+                else:
+                    cells.append(f"{r[metric]:.0f}")
+                    if n in ours and (best is None or r[metric] > best[1]):
+                        best = (n, r[metric])
+            c = by.get(("cudnn", D, S, causal))
+            ratio = f"{best[1] / c[metric]:.2f} ({best[0]})" if best and c and metric in c else "-"
+            out.append(f"| {D} | {S} | {int(causal)} | " + " | ".join(cells) + f" | {ratio} |")
+        out.append("")
+    errs = [r for r in rows if "error" in r]
+    if errs:
+        out += ["## Failures", ""]
+        seen = set()
+        for r in errs:
+            key = (r["variant"], r["error"][:120])
+            if key not in seen:
+                seen.add(key)
+                out.append(f"- {r['variant']} (D{r['D']} S{r['S']} causal={int(r['causal'])}): {r['error'][:300]}")
+    return "\n".join(out) + "\n"
+
+
+def variants_sweep(out_dir: str, dims, seqlens, flex_seqlens, workers: int, deadline: float, dry: bool = False) -> None:
+    """--variants: every entry of VARIANTS (plus cuDNN / flash / Flex) on every case, in worker processes;
+    writes attention_variants.json and attention_variants.md under out_dir, also when stopped by the deadline."""
+    import multiprocessing as mp
+
+    import triton
+
+    from fused_layers.ops import attention as A
+
+    t0 = time.time()
+    cases = _variant_cases(dims, seqlens)
+    groups = [("sdpa", "peer", None)] + [(f"flex_d{D}", "peer", None) for D in dims if flex_seqlens]
+    # One "default" group (kind "both": its row times forward and backward); fwd variants time the forward
+    # only, bwd variants the backward only (the other half is the default's).
+    groups += [(name, "both" if name == "default" else kind, ov) for name, kind, ov in VARIANTS
+               if not (name == "default" and kind == "bwd")]
+    meta = dict(torch=torch.__version__, triton=triton.__version__, gpu="dry run (interpreter)" if dry else torch.cuda.get_device_name(),
+                sms=0 if dry else torch.cuda.get_device_properties(0).multi_processor_count,
+                has_tma_descriptors=A.HAS_TMA_DESCRIPTORS, has_warp_specialize=A.HAS_WARP_SPECIALIZE)
+    print(meta, flush=True)
+    ctx = mp.get_context("spawn")
+    lock_path = os.path.join(out_dir, ".variants.lock")
+    # Flex groups (slow torch.compile per shape) get a worker each; the other groups share the rest.
+    solo = [g for g in groups if g[0].startswith("flex")]
+    rest = [g for g in groups if not g[0].startswith("flex")]
+    nr = max(1, min(workers - len(solo), len(rest)))
+    assignment = [[g] for g in solo] + [rest[i::nr] for i in range(nr)]
+    procs, paths = [], []
+    for w, grp in enumerate(assignment):
+        path = os.path.join(out_dir, f".variants_{w}.json")
+        if os.path.exists(path):
+            os.remove(path)
+        p = ctx.Process(target=_variants_worker, args=(grp, cases, lock_path, path, set(flex_seqlens), dry))
+        p.start()
+        procs.append((p, grp))
+        paths.append(path)
+    for p, _ in procs:
+        p.join(min(max(1.0, deadline - (time.time() - t0)), 1e6))
+    rows, lost = [], []
+    for (p, grp), path in zip(procs, paths):
+        if p.is_alive():
+            p.kill()
+            lost.append(f"worker {[g[0] for g in grp]} killed at the deadline")
+        elif p.exitcode != 0:
+            lost.append(f"worker {[g[0] for g in grp]} died with exit code {p.exitcode} (a crash in a compile?)")
+        if os.path.exists(path):
+            try:
+                rows += json.load(open(path))
+            except json.JSONDecodeError:
+                lost.append(f"{path}: unreadable")
+            os.remove(path)
+    meta["lost"] = lost
+    meta["wall_s"] = round(time.time() - t0, 1)
+    with open(os.path.join(out_dir, "attention_variants.json"), "w") as f:
+        json.dump(dict(meta=meta, variants=[[n, k, ov] for n, k, ov in VARIANTS], rows=rows), f, indent=1)
+    md = variants_markdown(rows, {k: v for k, v in meta.items() if k != "lost"})
+    if lost:
+        md += "\n## Lost\n\n" + "\n".join(f"- {x}" for x in lost) + "\n"
+    with open(os.path.join(out_dir, "attention_variants.md"), "w") as f:
+        f.write(md)
+    print(md)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -415,6 +868,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--static-scan", action="store_true", help="no GPU needed: sm_90 registers/spills of the defaults")
+    ap.add_argument("--static-scan-variants", action="store_true",
+                    help="no GPU needed: sm_90 compile of every opt-in variant (attention_static_scan_variants.json)")
+    ap.add_argument("--variants", action="store_true",
+                    help="GPU: every opt-in variant (issue 13) beside the default, cuDNN, flash and Flex (attention_variants.*)")
+    ap.add_argument("--variant-seqlens", default="1024,4096,16384")
+    ap.add_argument("--dry-run", action="store_true", help="--variants on the CPU interpreter, tiny shapes (no GPU)")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--seqlens", default="4096,1024,16384,2048,8192")
     ap.add_argument("--dims", default="128,64")
@@ -427,6 +886,13 @@ def main():
         return
     if args.static_scan:
         static_scan(args.out)
+        return
+    if args.static_scan_variants:
+        static_scan_variants(args.out)
+        return
+    if args.variants:
+        variants_sweep(args.out, [int(d) for d in args.dims.split(",")], [int(x) for x in args.variant_seqlens.split(",")],
+                       [int(x) for x in args.flex_seqlens.split(",") if x], args.workers, args.deadline, args.dry_run)
         return
     from torch.nn.attention import SDPBackend
 

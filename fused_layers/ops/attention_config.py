@@ -101,3 +101,29 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
         "num_warps": ov("num_warps", base[2]),
         "num_stages": ov("num_stages", base[3]),
     }
+
+
+# Opt-in Hopper variants (issue 13): every one off by default, since none has been timed yet
+# (``bench_attention.py --variants`` measures them).  ``config_override("attention", fwd_tma=1)`` etc.
+# turns one on; a variant that cannot serve a call (see attention.py, "Hopper variants") falls back to
+# the default kernels.
+#   fwd_tma         forward: Q/K/V loads and the O store through device-side TMA tensor descriptors
+#   fwd_ws          forward: warp-specialized key loop (tl.range(..., warp_specialize=True)); implies fwd_tma;
+#                   Hopper specializes it only with fwd_num_warps=4
+#   fwd_persistent  forward: persistent grid of fwd_persistent programs per SM, heaviest tiles first (dense only)
+#   bwd_dq_atomic   backward: dQ by fp32 atomics inside the dK/dV kernel (no separate dQ kernel)
+#   bwd_tma         backward: Q and dO tiles of the dK/dV kernel through TMA descriptors (alone or with
+#                   bwd_dq_atomic; without it the dQ kernel runs after as usual)
+# FUSED_LAYERS_ATTENTION_VARIANTS="fwd_tma=1,fwd_ws=1" sets them for a process.
+_VARIANTS: dict[str, int] = {"fwd_tma": 0, "fwd_ws": 0, "fwd_persistent": 0, "bwd_dq_atomic": 0, "bwd_tma": 0}
+if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
+    for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
+        _n, _, _val = _kv.partition("=")
+        if _n.strip() not in _VARIANTS:
+            raise ValueError(f"FUSED_LAYERS_ATTENTION_VARIANTS: unknown variant {_n!r}; known: {sorted(_VARIANTS)}")
+        _VARIANTS[_n.strip()] = int(_val or 1)
+
+
+def _variant(name: str) -> int:
+    """The value of opt-in variant ``name`` (0 = off): config_override first, then _VARIANTS."""
+    return int(get_override("attention", name, _VARIANTS[name]))
