@@ -321,6 +321,37 @@ def bench_linear(rep, quick):
     return rows
 
 
+def bench_passes(vocabs, rep, copy_gbs):
+    """Where the streaming kernel's time goes (bf16, ROWS rows): the loss alone (no gradient: pass 1 only,
+    one read of the logits) against loss + gradient in the forward (pass 1, then pass 2 re-reads each
+    chunk and writes the gradient).  Pass 2's time, as a bandwidth for two views of its traffic: a read from
+    DRAM plus the write (2 units), or the write alone (1 unit: the re-read hit L2).  Whichever view is near
+    the copy ceiling says where the re-read came from."""
+    from fused_layers import fused_cross_entropy
+
+    rows = []
+    for v in vocabs:
+        x = torch.randn(ROWS, v, device=DEV, dtype=torch.bfloat16)
+        t = torch.randint(0, v, (ROWS,), device=DEV)
+        xg = x.detach().clone().requires_grad_(True)
+        unit = ROWS * v * 2  # bytes of one pass over the logits
+        with torch.no_grad():
+            p1 = do_bench(lambda: fused_cross_entropy(x, t), rep=rep)
+        both = do_bench(lambda: fused_cross_entropy(xg, t), grad_to_none=[xg], rep=rep)  # forward only
+        p2 = max(both - p1, 1e-9)
+        row = dict(part="passes", vocab=v, loss_only_ms=p1, loss_and_grad_ms=both, pass2_ms=p2,
+                   pass1_frac=unit / p1 / 1e6 / copy_gbs,
+                   pass2_frac_if_dram=2 * unit / p2 / 1e6 / copy_gbs,
+                   pass2_frac_if_l2=unit / p2 / 1e6 / copy_gbs,
+                   total_frac_counted=2 * unit / both / 1e6 / copy_gbs,
+                   total_frac_actual_3_units=3 * unit / both / 1e6 / copy_gbs)
+        print(row, flush=True)
+        rows.append(row)
+        x = t = xg = None
+        _empty_cache()
+    return rows
+
+
 def write(out_dir, meta, rows, show=False):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "cross_entropy_h200.json"), "w") as f:
@@ -347,6 +378,16 @@ def write(out_dir, meta, rows, show=False):
                   "| width | config | fwd frac of copy | bwd frac of copy | max err |", "|---|---|---|---|---|"]
         for r in smc:
             lines.append(f"| {r['width']} | {r['config']} | {r['fwd_frac']:.3f} | {r['bwd_frac']:.3f} | {r['max_err']:.1e} |")
+    ps = [r for r in rows if r["part"] == "passes"]
+    if ps:
+        lines += ["", "## Where the streaming kernel's time goes: pass 1 (statistics) vs pass 2 (re-read + gradient), bf16", "",
+                  "Fractions of the copy ceiling.  pass 2 \"if DRAM\": its time as a read + a write; \"if L2\": as the write alone.",
+                  "", "| vocab | loss only ms | loss + grad ms | pass 1 frac | pass 2 frac if DRAM | pass 2 frac if L2 | counted (1R+1W) | actual if 2R+1W |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in ps:
+            lines.append(f"| {r['vocab']} | {r['loss_only_ms']:.3f} | {r['loss_and_grad_ms']:.3f} | {r['pass1_frac']:.3f} | "
+                         f"{r['pass2_frac_if_dram']:.3f} | {r['pass2_frac_if_l2']:.3f} | {r['total_frac_counted']:.3f} | "
+                         f"{r['total_frac_actual_3_units']:.3f} |")
     lin = [r for r in rows if r["part"] == "linear"]
     if lin:
         lines += ["", "## LM head + loss, 16 x 1024 tokens, d 768, V 50,304: forward + backward", "",
@@ -367,6 +408,7 @@ def main():
     ap.add_argument("--skip-softmax", action="store_true", help="skip the opt-in coop wide softmax section")
     ap.add_argument("--sweep", action="store_true", help="sweep the wide-row configs first; add a tuned row")
     ap.add_argument("--cpu-check", action="store_true", help="tiny shapes on the CPU (interpreter): plumbing only")
+    ap.add_argument("--passes-only", action="store_true", help="only the pass-1 / pass-2 breakdown of the streaming kernel")
     args = ap.parse_args()
     if args.cpu_check:
         dry_run_setup()
@@ -387,6 +429,11 @@ def main():
         sys.exit(124)
 
     signal.signal(signal.SIGTERM, on_term)
+    if args.passes_only:
+        rows = bench_passes(vocabs, rep, copy_gbs)
+        meta.update(partial=False, command=" ".join(sys.argv), torch=torch.__version__, triton=triton.__version__)
+        write(args.out, meta, rows, show=True)
+        return
     if args.sweep:
         rows, tuned = sweep(vocabs, copy_gbs)
         print("sweep winners:", json.dumps(tuned), flush=True)
