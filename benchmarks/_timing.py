@@ -84,3 +84,41 @@ def bench(fn, grad_to_none=None, rep: int = 60, setup=None) -> float:
     call = (lambda s=setup(): lambda: fn(s))() if setup is not None else fn
     return do_bench(call, warmup=25, rep=rep, grad_to_none=grad_to_none, return_mode="median")
 
+
+
+def gpu_tag() -> str:
+    """Short name of the GPU for result file names ("h200", ...; "cpu" without CUDA)."""
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    for tag in ("h200", "h100", "a100", "l40s", "l4"):
+        if tag in name.lower():
+            return tag
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
+
+
+def interleaved_step_ms(steps: dict, rounds: int, per_round: int, wall_clock: bool = False) -> dict[str, list[float]]:
+    """Training-step A/B: ``rounds`` rounds, each running every variant's ``steps[name]()`` ``per_round``
+    times back to back, variants in turn (interleaved, so clock and thermal drift hit them alike).  Returns
+    ms per step, one value per round and variant.  CUDA events around each variant's steps (a sync before
+    each); ``wall_clock=True`` (CPU checks of a script) times with perf_counter instead."""
+    import time
+
+    out: dict[str, list[float]] = {n: [] for n in steps}
+    if wall_clock:
+        for _ in range(rounds):
+            for n, step in steps.items():
+                t0 = time.perf_counter()
+                for _ in range(per_round):
+                    step()
+                out[n].append((time.perf_counter() - t0) * 1e3 / per_round)
+        return out
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(rounds):
+        for n, step in steps.items():
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(per_round):
+                step()
+            end.record()
+            end.synchronize()
+            out[n].append(start.elapsed_time(end) / per_round)
+    return out

@@ -69,7 +69,7 @@ def main() -> None:
 
 
 def write(rows: list, args) -> None:
-    from benchmarks.bench_models import gpu_tag
+    from _timing import gpu_tag
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -42,17 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from _timing import gpu_tag, interleaved_step_ms  # noqa: E402
 
 VARIANTS = ["unfused", "unfused_sdpa", "compile", "compile_sdpa", "fused", "fused_softmax_ln", "fused_compile"]
 GPT2_SMALL = dict(vocab_size=50304, seq_len=1024, d_model=768, n_layer=12, n_head=12)
-
-
-def gpu_tag() -> str:
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    for tag in ("h200", "h100", "a100", "l40s", "l4"):
-        if tag in name.lower():
-            return tag
-    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
 
 
 class Variant:
@@ -134,17 +127,7 @@ def bench_direct(args: argparse.Namespace) -> dict:
             gc.collect()
             torch.cuda.empty_cache()
 
-    times: dict[str, list[float]] = {n: [] for n in variants}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for r in range(args.rounds):
-        for name, v in variants.items():
-            torch.cuda.synchronize()
-            start.record()
-            for _ in range(args.steps):
-                v.step(x, y)
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end) / args.steps)  # ms per step
+    times = interleaved_step_ms({n: (lambda v=v: v.step(x, y)) for n, v in variants.items()}, args.rounds, args.steps)
     ref_loss = results.get("unfused", results.get("unfused_sdpa", {})).get("first_loss")
     for name, ts in times.items():
         ms = statistics.median(ts)

@@ -51,16 +51,6 @@ MODELS = ["gpt2", "llama", "qwen2", "vit"]
 LIGER = {"llama": "apply_liger_kernel_to_llama", "qwen2": "apply_liger_kernel_to_qwen2"}
 
 
-def gpu_tag() -> str:
-    import torch
-
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    for tag in ("h200", "h100", "a100", "l40s", "l4"):
-        if tag in name.lower():
-            return tag
-    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
-
-
 # --------------------------------------------------------------------------------------------------
 # Models
 # --------------------------------------------------------------------------------------------------
@@ -220,6 +210,7 @@ def _step_peak(v: Variant, args) -> int:
 
 def run_one(model_name: str, args) -> dict:
     import torch
+    from _timing import interleaved_step_ms
 
     torch.backends.cuda.matmul.allow_tf32 = True
     variants: dict[str, Variant] = {}
@@ -263,29 +254,10 @@ def run_one(model_name: str, args) -> dict:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    times = {n: [] for n in variants}
+    def time_rounds(vs):  # smoke (no CUDA): wall clock, meaningless (interpreter); checks the code path only
+        return interleaved_step_ms({n: v.step for n, v in vs.items()}, args.rounds, args.steps, wall_clock=args.smoke)
 
-    def time_rounds(vs, store):
-        if args.smoke:  # no CUDA: wall clock, meaningless (interpreter); checks the code path only
-            for _ in range(args.rounds):
-                for n, v in vs.items():
-                    t0 = time.perf_counter()
-                    for _ in range(args.steps):
-                        v.step()
-                    store[n].append((time.perf_counter() - t0) * 1e3 / args.steps)
-            return
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(args.rounds):
-            for n, v in vs.items():
-                torch.cuda.synchronize()
-                start.record()
-                for _ in range(args.steps):
-                    v.step()
-                end.record()
-                end.synchronize()
-                store[n].append(start.elapsed_time(end) / args.steps)
-
-    time_rounds(variants, times)
+    times = time_rounds(variants)
     # Liger last (its patches change transformers' module globals for every model of that family)
     if model_name in LIGER and not args.no_liger:
         try:
@@ -300,8 +272,7 @@ def run_one(model_name: str, args) -> dict:
             res["variants"]["liger"] = {"eval_loss": lv.eval_loss, "first_train_loss": lv.first_train_loss,
                                         "peak_gib": peak / 2**30, "setup_s": time.perf_counter() - t0,
                                         "sequential": True}
-            times["liger"] = []
-            time_rounds({"liger": lv}, times)
+            times.update(time_rounds({"liger": lv}))
         except ImportError:
             res["liger"] = "liger-kernel not installed"
         except Exception as e:  # noqa: BLE001
@@ -405,6 +376,8 @@ def main() -> None:
     all_res = {"gpu": torch.cuda.get_device_name() if not args.smoke else "cpu (smoke)", "torch": torch.__version__, "triton": triton.__version__,
                "transformers": version("transformers"), "timm": version("timm"), "args": vars(args),
                "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]), "models": {}}
+    from _timing import gpu_tag
+
     stem = out / f"models_{gpu_tag()}"
     for m in [x for x in args.models.split(",") if x]:
         tmp = out / f".{m}.json"
