@@ -262,6 +262,17 @@ def _softmax_bwd_wide_kernel(
 
 
 @triton.jit
+def _coop_publish_and_wait(COUNT, row, SPLITS):
+    """The coop kernels' row barrier: count this piece's published partials (release, after a barrier so
+    they are written first), then wait (acquire) until all SPLITS pieces of the row have counted."""
+    tl.debug_barrier()
+    tl.atomic_add(COUNT + row, 1, sem="release")
+    cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+    while cnt < SPLITS:  # wait for the sibling pieces of the row
+        cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+
+
+@triton.jit
 def _softmax_fwd_coop_kernel(
     X, Y,  # input / output (see _softmax_fwd_kernel)
     STATS,  # float32 [M * SPLITS, 2]: per-piece (max, sum of exp(x - max))
@@ -298,11 +309,7 @@ def _softmax_fwd_coop_kernel(
         tl.store(STATS + g * 2, m_p)
         tl.store(STATS + g * 2 + 1, tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0))
         if PHASE == 2:
-            tl.debug_barrier()  # the statistics are written before the count says so
-            tl.atomic_add(COUNT + row, 1, sem="release")
-            cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
-            while cnt < SPLITS:  # wait for the sibling pieces of the row
-                cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+            _coop_publish_and_wait(COUNT, row, SPLITS)
     if PHASE != 0:
         if PHASE == 1:
             x = tl.load(xb + c64 * sxn, mask=cm, other=-float("inf")).to(tl.float32)
@@ -349,11 +356,7 @@ def _softmax_bwd_coop_kernel(
         dy = tl.load(db + c64 * sdn, mask=cm, other=0.0).to(tl.float32)
         tl.store(DOT + g, tl.sum(y * dy, axis=0))
         if PHASE == 2:
-            tl.debug_barrier()
-            tl.atomic_add(COUNT + row, 1, sem="release")
-            cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
-            while cnt < SPLITS:
-                cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
+            _coop_publish_and_wait(COUNT, row, SPLITS)
     if PHASE != 0:
         if PHASE == 1:
             y = tl.load(yb + c64 * syn, mask=cm, other=0.0).to(tl.float32)
