@@ -1348,7 +1348,7 @@ def _fwd_plan(key) -> _FwdPlan:
         plan.kernel = Kernel(_attn_fwd_kernel, (triton.cdiv(SQ, fixed["BLOCK_M"]), B * H), check=(0, 1, 2, 5, 6, 7),
                              **plan.meta, **fixed)
         # Opt-in variants (off by default): the variant kernel where one is asked for and can serve.
-        el = torch.empty((), dtype=dtype).element_size()
+        el = dtype.itemsize
         tma_ok = HAS_TMA_DESCRIPTORS and all(_tma_strides_ok(_strides4(st, varlen), el) for st in (qst, kst, vst, ost))
         # Warp specialization needs descriptor loads (Hopper's pass fails on pointer loads: sm_90 static
         # scan, Triton 3.9), so fwd_ws implies fwd_tma and is refused where descriptors cannot serve.
@@ -1438,7 +1438,7 @@ def _bwd_plan(key) -> _BwdPlan:
     plan.tuned = f_dkdv is None or f_dq is None
     plan.dkdv = plan.dq = plan.fused = None
     plan.fused_ok = plan.dq_atomic = plan.tma = False
-    el = torch.empty((), dtype=dtype).element_size()
+    el = dtype.itemsize
     tma = bool(_variant("bwd_tma")) and HAS_TMA_DESCRIPTORS and all(
         _tma_strides_ok(_strides4(st, varlen), el) for st in (qst, dost))
     if (_variant("bwd_dq_atomic") or tma) and not plan.tuned:
