@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import glob
 import json
 import os
 import platform
@@ -392,10 +393,13 @@ def _variant_cases(dims, seqlens):
     return [(D, S, causal) for D in dims for S in seqlens for causal in (False, True)]
 
 
-def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False):
-    """Run task groups: ("peers", None, None) or (variant name, kind, overrides).  Each case: compile and
-    check against SDPA outside the lock (workers compile in parallel), time under the lock (one worker
-    at a time on the GPU).  Results are written after every task, so a crash loses only the rest."""
+def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False, n_workers=1, barrier_s=300.0):
+    """Run task groups: ("peers", None, None) or (variant name, kind, overrides).  Phase 1: every case is
+    compiled and checked against SDPA (workers in parallel).  Phase 2, after every worker has finished
+    phase 1 (a file barrier): the timings, one worker at a time under the lock, so no other process's
+    compile checks run on the GPU while one is timed (the first sweep timed while other workers checked:
+    the same kernel read 265 and 391 TFLOP/s).  Results are written after every task, so a crash loses
+    only the rest."""
     import traceback
 
     import torch.nn.functional as F
@@ -406,7 +410,7 @@ def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False
     from fused_layers.ops import attention as A
     from fused_layers.ops._common import config_override
 
-    results = []
+    results, pending = [], []
     dev = "cpu" if dry else "cuda"
     tokens = 64 if dry else TOKENS  # --dry-run: the Triton interpreter on tiny shapes (plumbing check)
     if dry:
@@ -427,13 +431,16 @@ def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False
 
     refs = {}
 
-    def case_inputs(D, S, causal):
+    def case_inputs(D, S, causal, with_ref=True):
         key = (D, S, causal)
         if key not in refs:
             refs.clear()
             g = torch.Generator(device=dev).manual_seed(1000 * D + S)
             B = tokens // S
             q, k, v, do = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(4))
+            if not with_ref:
+                refs[key] = (q, k, v, do, None)
+                return refs[key]
             qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
             with torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 o = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
@@ -502,17 +509,7 @@ def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False
                                 r["variant_failures"] = A._VARIANT_FAILURES[nfail:]
                                 ok = False
                             if ok:
-                                with open(lock_path, "w") as lock:
-                                    fcntl.flock(lock, fcntl.LOCK_EX)
-                                    try:
-                                        t_f, t_b = _measure_parts(fn, q, k, v, do, causal, kind)
-                                    finally:
-                                        fcntl.flock(lock, fcntl.LOCK_UN)
-                                fl = _flops_fwd(tokens // S, H, S, S, D, causal)
-                                if t_f is not None:
-                                    r.update(fwd_ms=t_f, fwd_tflops=fl / t_f / 1e9)
-                                if t_b is not None:
-                                    r.update(bwd_ms=t_b, bwd_tflops=2.5 * fl / t_b / 1e9)
+                                pending.append((r, fn, ov, kind, D, S, causal))  # timed in phase 2
                             elif "variant_failures" in r:
                                 r["error"] = "variant failed to launch (default kernels ran): " + r["variant_failures"][0]
                             else:
@@ -529,6 +526,31 @@ def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False
                 results.append(dict(row, error=f"{type(e).__name__}: {str(e)[:400]}"))
                 save()
     save()
+
+    # phase 2: wait for every worker's checks, then time one worker at a time
+    open(f"{lock_path}.done{os.getpid()}", "w").close()
+    t_wait = time.time()
+    while len(glob.glob(f"{lock_path}.done*")) < n_workers and time.time() - t_wait < barrier_s:
+        time.sleep(0.2)
+    for r, fn, ov, kind, D, S, causal in sorted(pending, key=lambda p: (p[4], p[5], p[6])):
+        try:
+            q, k, v, do, _ = case_inputs(D, S, causal, with_ref=False)
+            ctx = config_override("attention", **resolve_overrides(ov, D, causal)) if ov is not None else _nullctx()
+            with ctx, open(lock_path, "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    t_f, t_b = _measure_parts(fn, q, k, v, do, causal, kind)
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+            fl = _flops_fwd(tokens // S, H, S, S, D, causal)
+            if t_f is not None:
+                r.update(fwd_ms=t_f, fwd_tflops=fl / t_f / 1e9)
+            if t_b is not None:
+                r.update(bwd_ms=t_b, bwd_tflops=2.5 * fl / t_b / 1e9)
+        except Exception as e:  # noqa: BLE001
+            r["error"] = f"timing: {type(e).__name__}: {str(e)[:400]}"
+        print({kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in r.items() if kk != "traceback"}, flush=True)
+        save()
 
 
 def _measure_parts(fn, q, k, v, do, causal, kind):
@@ -627,6 +649,8 @@ def variants_sweep(out_dir: str, dims, seqlens, flex_seqlens, workers: int, dead
     print(meta, flush=True)
     ctx = mp.get_context("spawn")
     lock_path = os.path.join(out_dir, ".variants.lock")
+    for f in glob.glob(f"{lock_path}.done*"):
+        os.remove(f)
     # Flex groups (slow torch.compile per shape) get a worker each; the other groups share the rest.
     solo = [g for g in groups if g[0].startswith("flex")]
     rest = [g for g in groups if not g[0].startswith("flex")]
@@ -637,7 +661,8 @@ def variants_sweep(out_dir: str, dims, seqlens, flex_seqlens, workers: int, dead
         path = os.path.join(out_dir, f".variants_{w}.json")
         if os.path.exists(path):
             os.remove(path)
-        p = ctx.Process(target=_variants_worker, args=(grp, cases, lock_path, path, set(flex_seqlens), dry))
+        p = ctx.Process(target=_variants_worker, args=(grp, cases, lock_path, path, set(flex_seqlens), dry, len(assignment),
+                                                       max(30.0, deadline - 60)))
         p.start()
         procs.append((p, grp))
         paths.append(path)
@@ -697,6 +722,13 @@ def _flex(causal, S):
     if _flex_compiled is None:
         # The benchmark times backward with retain_graph=True, which donated buffers forbid.
         torch._functorch.config.donated_buffer = False
+        # One graph per (shape, causal) case: more than Dynamo's default of 8 recompiles (the first sweep
+        # hit it and fell back to the unfused flex_attention, 5-18 TFLOP/s).
+        import torch._dynamo.config as dc
+
+        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+            if hasattr(dc, name):
+                setattr(dc, name, max(getattr(dc, name), 256))
         _flex_compiled = torch.compile(flex_attention, dynamic=False)
     bm = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, S, S, device="cuda") if causal else None
 

@@ -24,9 +24,9 @@ EOF
 
 echo "=== variant tests on the GPU"
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-timeout ${TESTS_LIMIT:-100} python3 -m pytest tests/test_attention_variants.py -q $XDIST -p no:cacheprovider \
+timeout ${TESTS_LIMIT:-200} python3 -m pytest tests/test_attention_variants.py -q -rf --tb=short $XDIST -p no:cacheprovider \
     > $OUT/variants_tests.log 2>&1
-echo "exit $?"; tail -25 $OUT/variants_tests.log
+echo "exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/variants_tests.log | tail -25
 
 echo "=== variant sweep (t=$(( $(date +%s) - T0 )) s)"
 LEFT=$(( ${TOTAL_LIMIT:-450} - ($(date +%s) - T0) ))

@@ -61,7 +61,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from fused_layers.ledger import TABLE_COLUMNS, Ledger, Measurement, StepAB, faster_arm
+from fused_layers.ledger import TABLE_COLUMNS, Ledger, Measurement, StepAB, compiled_graphs, faster_arm
 from fused_layers.swap import KINDS, SkipEntry, SwapReport, resolve_kinds, restore_modules, swap_modules
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class FusedLayersCallback(Callback):
                 self.ab_status = "not run: nothing swapped (the kernels cannot run on this device)"
                 self._log_report(trainer)
             return
-        self._graphs_at_setup = _compiled_graphs()
+        self._graphs_at_setup = compiled_graphs()
         self._swap(pl_module)
         if is_overridden("configure_model", pl_module) and "configure_model" not in pl_module.__dict__:
             self._wrap_configure_model(trainer, pl_module)
@@ -336,7 +336,7 @@ class FusedLayersCallback(Callback):
             if self.policy == "faster":
                 self._apply_module_policy(trainer, pl_module)
             return
-        compiled = _compiled_graphs() > self._graphs_at_setup
+        compiled = compiled_graphs() > self._graphs_at_setup or bool(self.ledger is not None and self.ledger.recompiled)
         if compiled and self.ab_compiled == "skip":
             self.ab_status = "not A/B-measured: the model runs under torch.compile and ab_compiled=skip"
             rank_zero_info(f"FusedLayersCallback: {self.ab_status}; no swap undone.")
@@ -495,16 +495,6 @@ class FusedLayersCallback(Callback):
                     lg.log_table(key="fused/speedups", columns=list(TABLE_COLUMNS), data=[r.row() for r in rows])
             except Exception as e:
                 log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)
-
-
-def _compiled_graphs() -> int:
-    """Graphs Dynamo has compiled in this process (grows when the model runs under torch.compile)."""
-    try:
-        from torch._dynamo.utils import counters
-
-        return int(counters["stats"]["unique_graphs"])
-    except Exception:  # pragma: no cover
-        return 0
 
 
 def _raise_recompile_limit(n_arms: int) -> None:
