@@ -3,6 +3,8 @@
 # honest comparisons, GPT-2 small (124M), bf16, synthetic data, 16K tokens per step.
 #   sweeps: seq 1024 (batch 16) and seq 4096 (batch 4); eager: fused=false,true x attn reference,sdpa;
 #           compiled (model.compile=true): fused=false,true with SDPA (the strongest unfused baseline);
+#   (the eager sweeps pass model.compile=false: conf/model/gpt2_small.yaml compiles by default; the
+#   2026-12-01 run 2 without it compiled every job)
 #   each job: 90 steps (A/B within the first ~30), no validation, no checkpoint, csv logger (W&B offline on
 #   the first sweep, to exercise it), plus benchmarks/train_ab_check.py's WallClock callback: an independent
 #   wall-clock tokens/s over steps 45-90 that the comparison's numbers must match within 3%.
@@ -29,9 +31,9 @@ sweep() {  # name, timeout, overrides...
   [ -f $W/$name/comparison.md ] || timeout 30 python3 -m lm_demo.compare $W/$name >> $W/$name.log 2>&1  # sweep cut short
   grep -E "swap report|FusedLayersCallback|step-time A/B|^ +(unfused|all|layer_norm|attention) |steps in|Error|Traceback" $W/$name.log | tail -40 >> $LOG
 }
-sweep s1024_eager 140 model.seq_len=1024 data.batch_size=16 fused=false,true model.attn_impl=reference,sdpa logger=wandb
+sweep s1024_eager 140 model.seq_len=1024 data.batch_size=16 fused=false,true model.attn_impl=reference,sdpa model.compile=false logger=wandb
 sweep s1024_compile 180 model.seq_len=1024 data.batch_size=16 fused=false,true model.attn_impl=sdpa model.compile=true callbacks.fused.measure=false logger=csv
-sweep s4096_eager 120 model.seq_len=4096 data.batch_size=4 fused=false,true model.attn_impl=reference,sdpa logger=csv
+sweep s4096_eager 120 model.seq_len=4096 data.batch_size=4 fused=false,true model.attn_impl=reference,sdpa model.compile=false logger=csv
 left=$(( 450 - ($(date +%s) - T0) ))
 if [ $left -gt 60 ]; then
   sweep s4096_compile $left model.seq_len=4096 data.batch_size=4 fused=false,true model.attn_impl=sdpa model.compile=true callbacks.fused.measure=false logger=csv
