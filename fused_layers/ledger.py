@@ -310,6 +310,8 @@ class Ledger:
         out = {}
         for name, m in self.model.named_modules():
             kind = fused_kind(m)
+            if getattr(type(m), "_fused_ledger_skip", False):  # e.g. a whole HF model (its loss swapped)
+                continue
             if kind is not None and (self.names is None or name in self.names):
                 out[name] = (m, kind)
         return out

@@ -378,7 +378,7 @@ def test_hf_model_swap_attention_and_norms(family, device, spy):
     m = copy.deepcopy(ref)
     rep = swap_modules(m)
     counts = rep.counts()
-    assert counts == {"attention": 2, "rms_norm": 5}, str(rep)
+    assert counts == {"attention": 2, "rms_norm": 5, "cross_entropy": 1}, str(rep)  # + the model's loss
     assert m.config._attn_implementation == "fused_layers"
     assert all(e.via.startswith("known: ") for e in rep.swapped)
     ids = torch.randint(0, 48, (2, 12), device=dev)
@@ -390,7 +390,7 @@ def test_hf_model_swap_attention_and_norms(family, device, spy):
         assert len(spy) == 2 and spy[0].get("enable_gqa") and spy[0]["is_causal"]
         assert (spy[0]["attn_mask"] is None) == (mask is None)
     back = restore_modules(m)
-    assert len(back.swapped) == 7 and m.config._attn_implementation == "sdpa"
+    assert len(back.swapped) == 8 and m.config._attn_implementation == "sdpa"
 
 
 @needs_hf
@@ -536,7 +536,7 @@ def test_gpt2_swap_eval_matches():
     ref = transformers.GPT2LMHeadModel(cfg).eval()
     m = copy.deepcopy(ref)
     rep = swap_modules(m)
-    assert rep.counts() == {"attention": 2, "layer_norm": 5}
+    assert rep.counts() == {"attention": 2, "layer_norm": 5, "cross_entropy": 1}  # GPT2LMHeadModel's loss too
     ids = torch.randint(0, 48, (2, 10))
     _compare_steps(_step(ref, ids), _step(m, ids))
 
@@ -650,12 +650,70 @@ def test_callback_switches_hf_model_and_policy_faster_restores_attention(tmp_pat
     lm.model.config.use_cache = False
     cb = FusedLayersCallback(policy="faster", warmup_steps=1, record_steps=1, measure=False, ab_rounds=2,
                              ab_warmup_rounds=1, ab_max_steps=40, step_timer=StepTimer())
-    trainer = L.Trainer(max_steps=1 + 3 * 4 + 1, accelerator="cpu", devices=1, callbacks=[cb], logger=False,
+    trainer = L.Trainer(max_steps=1 + 3 * 5 + 1, accelerator="cpu", devices=1, callbacks=[cb], logger=False,
                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                         default_root_dir=tmp_path)
     trainer.fit(lm)
-    assert set(cb.ab.arms) == {"unfused", "all", "attention", "rms_norm"}
+    assert set(cb.ab.arms) == {"unfused", "all", "attention", "rms_norm", "cross_entropy"}
     assert cb.kept_arm == "rms_norm"
     assert cb.report.counts() == {"rms_norm": 5}  # attention restored by the policy
     assert lm.model.config._attn_implementation == "sdpa"  # and the model switched back
     assert type(lm.model.model.norm).__name__ == "FusedLlamaRMSNorm"
+
+
+# ==================================================================================================
+# HF causal-LM loss
+# ==================================================================================================
+@needs_hf
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_hf_causal_lm_loss_matches_transformers(family, device):
+    """The *ForCausalLM loss on the fused cross-entropy: same loss (float32) and every gradient as
+    transformers' ForCausalLMLoss (which upcasts the logits), with ignored labels, num_items_in_batch and
+    shift_labels; restore gives the class back and state_dicts load strictly both ways."""
+    import copy
+
+    from fused_layers.integrations import _hf
+    from fused_layers.ledger import Ledger
+
+    dev = _dev(device)
+    ref = _tiny_llama(family, vocab_size=61).to(dev)  # prime vocabulary: ragged rows
+    m = copy.deepcopy(ref)
+    rep = swap_modules(m, kinds=["cross_entropy"])
+    assert [(e.name, e.kind, e.via) for e in rep.swapped] == [("", "cross_entropy", "known: hf_causal_lm_loss")]
+    assert isinstance(m, type(ref)) and m.loss_function is _hf.fused_causal_lm_loss
+    assert "" not in Ledger(m).fused_modules()  # the ledger never replays a whole model
+    ids = torch.randint(0, 61, (3, 11), device=dev)
+    labels = ids.clone()
+    labels[0, :4] = -100
+    labels[2, 7:] = -100
+    shifted = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+    for kw in ({}, {"num_items_in_batch": torch.tensor(17, device=dev)}, {"shift_labels": shifted}):
+        steps = []
+        for model in (ref, m):
+            model.zero_grad(set_to_none=True)
+            out = model(input_ids=ids, labels=labels, **kw)  # with shift_labels, labels only switch the loss on
+            out.loss.backward()
+            assert out.loss.dtype == torch.float32
+            steps.append((out.loss.detach(), out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        _compare_steps(*steps, tol=1e-5)
+    with torch.autocast(dev.type if hasattr(dev, "type") else str(dev), dtype=torch.bfloat16):
+        la = ref(input_ids=ids, labels=labels).loss
+        lb = m(input_ids=ids, labels=labels).loss
+    assert la.dtype == lb.dtype == torch.float32
+    torch.testing.assert_close(lb, la, atol=2e-3, rtol=2e-3)
+    back = restore_modules(m)
+    assert back.counts() == {"cross_entropy": 1} and type(m) is type(ref)
+    assert m.loss_function is not _hf.fused_causal_lm_loss
+    swap_modules(m, kinds=["cross_entropy"])
+    ref.load_state_dict(m.state_dict(), strict=True)
+    m.load_state_dict(ref.state_dict(), strict=True)
+
+
+@needs_hf
+def test_hf_causal_lm_with_its_own_loss_is_left_alone():
+    m = _tiny_llama()
+    m.loss_function = lambda logits, labels, **kw: logits.float().mean()
+    rep = swap_modules(m, kinds=["cross_entropy"])
+    assert not rep.swapped
+    assert any("loss_function of its own" in s.reason for s in rep.skipped if s.name == ""), str(rep)

@@ -46,7 +46,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..ops._common import warn_once
+from ..ops._common import use_fallback, warn_once
 from ..ops.norm_variants import fused_rms_norm_variant, variant_supported
 from . import REGISTRY, LookAlike
 
@@ -222,6 +222,88 @@ REGISTRY.append(
     LookAlike("hf_attention", "transformers", "attention", "transformers.models.llama.modeling_llama.LlamaAttention",
               _build_attention, predicate=_is_hf_attention, check=_attention_check,
               note="attention through transformers' AttentionInterface ('fused_layers')"),
+)
+
+# --------------------------------------------------------------------------------------------------
+# The causal-LM loss
+# --------------------------------------------------------------------------------------------------
+def _is_hf_causal_lm(cls: type) -> bool:
+    """A transformers causal LM (``*ForCausalLM``, ``GPT2LMHeadModel``, ...) whose forward takes its loss from
+    ``PreTrainedModel.loss_function`` (which model instances resolve to ForCausalLMLoss: ``check``)."""
+    if not (cls.__module__.startswith("transformers.models.") and cls.__name__.endswith(("ForCausalLM", "LMHeadModel"))):
+        return False
+    if not any(b.__name__ == "PreTrainedModel" and b.__module__ == "transformers.modeling_utils" for b in cls.__mro__):
+        return False
+    fwd = getattr(cls, "forward", None)
+    try:
+        fwd = inspect.unwrap(fwd) if fwd is not None else None  # transformers decorates forwards
+    except ValueError:
+        return False
+    code = getattr(fwd, "__code__", None)
+    return code is not None and "loss_function" in code.co_names
+
+
+def _causal_lm_loss_check(m: nn.Module) -> Optional[str]:
+    if "_loss_function" in m.__dict__:
+        return "a loss_function of its own is set (left alone)"
+    try:
+        from transformers.loss.loss_utils import LOSS_MAPPING
+
+        hf = LOSS_MAPPING["ForCausalLM"]
+        current = m.loss_function
+    except Exception as e:  # noqa: BLE001  (another transformers layout)
+        return f"transformers' causal-LM loss not found ({type(e).__name__}: {e})"
+    if current is not hf:
+        return f"its loss_function is {getattr(current, '__name__', current)!r}, not transformers' ForCausalLMLoss"
+    return None
+
+
+def fused_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
+                         num_items_in_batch: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                         shift_labels: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
+    """transformers' ``ForCausalLMLoss`` (shift, flatten, cross-entropy; ``sum / num_items_in_batch`` when
+    given, else the mean over non-ignored tokens) on the fused cross-entropy kernel.  transformers
+    computes ``logits.float()`` first (an fp32 copy of the logits and of their gradient, 8 bytes per logit);
+    here the logits are read in their own dtype with float32 math, the gradient is written in the forward,
+    and the loss is float32 as transformers' is."""
+    from ..ops.cross_entropy import cross_entropy_op, validate
+
+    if shift_labels is None:
+        labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:]
+    x = logits.reshape(-1, vocab_size)
+    t = shift_labels.reshape(-1).to(x.device)
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    validate(x, t, None, ignore_index, reduction, 0.0)
+    if x.dtype == torch.float64 or use_fallback("cross_entropy", x):
+        loss = nn.functional.cross_entropy(x.float(), t, ignore_index=ignore_index, reduction=reduction)
+    else:
+        need_grad = x.requires_grad and torch.is_grad_enabled()
+        loss = cross_entropy_op(x, t, None, ignore_index, reduction, 0.0, need_grad, torch.float32, needs_grad=need_grad)
+    if reduction == "sum":
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss
+
+
+def _build_causal_lm(cls: type) -> dict:
+    def _get(self):
+        return self.__dict__.get("_loss_function", fused_causal_lm_loss)
+
+    def _set(self, value):
+        self.__dict__["_loss_function"] = value
+
+    return {"loss_function": property(_get, _set, doc="transformers' causal-LM loss on the fused cross-entropy kernel"),
+            # the speedup ledger replays module calls with random inputs: not a whole model (token ids,
+            # caches); the step-time A/B measures this swap on real steps
+            "_fused_ledger_skip": True}
+
+
+REGISTRY.append(
+    LookAlike("hf_causal_lm_loss", "transformers", "cross_entropy", "transformers.models.llama.modeling_llama.LlamaForCausalLM",
+              _build_causal_lm, predicate=_is_hf_causal_lm, check=_causal_lm_loss_check,
+              note="the loss of *ForCausalLM models (transformers' ForCausalLMLoss on the fused cross-entropy)"),
 )
 
 _registered = [False]
