@@ -147,41 +147,21 @@ def static_scan(out_dir: str) -> None:
         json.dump(dict(triton=triton.__version__, target="sm_90", rows=rows), f, indent=1)
 
 
-# Opt-in Hopper variants (issue 13), as (name, kernel kind, overrides of attention_config): what
+# Variants of the attention kernels (issue 13), as (name, kernel kind, overrides of attention_config): what
 # --static-scan-variants compiles and --variants times.  Overrides are config_override("attention", ...)
-# values; "+1 stage" rows deepen the software pipeline of the table's config by one stage.
+# values; "+1 stage" rows deepen the software pipeline of the table's config by one stage.  The H200 sweep
+# of 2026-12-01 (benchmarks/results/issue13/attention_variants.md) removed the TMA / warp-specialized /
+# persistent forwards and the dQ-by-atomics backwards (slower everywhere); bwd_tma won where Sk >= 4096
+# and (not causal or D <= 64) and is on by default there (attention_config._bwd_tma_auto), so "default"
+# bwd runs it in those cases: "bwd_tma" forces it on, "bwd_default_no_tma" off, to compare both everywhere.
 VARIANTS = [
     ("default", "fwd", {}),
     ("fwd_stages+1", "fwd", {"fwd_num_stages": "+1"}),
-    ("fwd_tma", "fwd", {"fwd_tma": 1}),
-    ("fwd_tma_stages+1", "fwd", {"fwd_tma": 1, "fwd_num_stages": "+1"}),
-    # Descriptor loads free registers (D128 causal: 148 vs 202 a thread): room for 128-key tiles.
-    ("fwd_tma_128x128s2", "fwd", {"fwd_tma": 1, "fwd_block_n": 128, "fwd_num_stages": 2}),
-    # Hopper warp specialization (Triton's "hopper warpspec" pass) applies with num_warps=4 only (one
-    # warp group a partition; with 8 the loop compiles unspecialized: no USETMAXREG in the scan), and
-    # only on descriptor loads (fwd_ws implies fwd_tma).
-    ("fwd_tma_ws_w4", "fwd", {"fwd_tma": 1, "fwd_ws": 1, "fwd_num_warps": 4}),
-    ("fwd_tma_ws_w8", "fwd", {"fwd_tma": 1, "fwd_ws": 1}),
-    ("fwd_tma_w4", "fwd", {"fwd_tma": 1, "fwd_num_warps": 4}),
-    ("fwd_persistent", "fwd", {"fwd_persistent": 1}),
-    ("fwd_persistent2", "fwd", {"fwd_persistent": 2}),
-    ("fwd_tma_persistent", "fwd", {"fwd_tma": 1, "fwd_persistent": 1}),
-    ("fwd_tma_persistent2", "fwd", {"fwd_tma": 1, "fwd_persistent": 2}),
-    ("fwd_tma_ws_w4_persistent", "fwd", {"fwd_tma": 1, "fwd_ws": 1, "fwd_num_warps": 4, "fwd_persistent": 1}),
     ("default", "bwd", {}),
     ("bwd_stages+1", "bwd", {"dkdv_num_stages": "+1", "dq_num_stages": "+1"}),
-    ("bwd_dq_atomic", "bwd", {"bwd_dq_atomic": 1}),
-    ("bwd_dq_atomic_stages+1", "bwd", {"bwd_dq_atomic": 1, "dkdv_num_stages": "+1"}),
-    # The fused kernel holds dK, dV and a dQ tile: smaller / 8-warp tiles spill less (sm_90 static scan).
-    ("bwd_dq_atomic_32x128w8s2", "bwd", {"bwd_dq_atomic": 1, "dkdv_block_m": 32, "dkdv_block_n": 128,
-                                         "dkdv_num_warps": 8, "dkdv_num_stages": 2}),
-    ("bwd_dq_atomic_64x64w8s2", "bwd", {"bwd_dq_atomic": 1, "dkdv_block_m": 64, "dkdv_block_n": 64,
-                                        "dkdv_num_warps": 8, "dkdv_num_stages": 2}),
-    # Q / dO tiles of the dK/dV kernel through TMA descriptors (fewer registers than pointer loads).
+    # Q / dO tiles of the dK/dV kernel through TMA descriptors (then the usual dQ kernel).
     ("bwd_tma", "bwd", {"bwd_tma": 1}),
-    ("bwd_tma_dq_atomic", "bwd", {"bwd_tma": 1, "bwd_dq_atomic": 1}),
-    ("bwd_tma_dq_atomic_32x128w8s2", "bwd", {"bwd_tma": 1, "bwd_dq_atomic": 1, "dkdv_block_m": 32, "dkdv_block_n": 128,
-                                             "dkdv_num_warps": 8, "dkdv_num_stages": 2}),
+    ("bwd_default_no_tma", "bwd", {"bwd_tma": 0}),
 ]
 
 
@@ -204,10 +184,9 @@ def scan_markdown(doc: dict) -> str:
     """A table of an attention_static_scan_variants.json."""
     lines = [f"# sm_90 static scan of the attention variants (Triton {doc['triton']}, {doc.get('dtype', 'bf16')})", "",
              "AOT compile for sm_90 on a machine without a GPU; counts are SASS instructions (cuobjdump). regs / "
-             "stack = registers and spill stack bytes a thread; smem = shared memory bytes; warps = total warps "
-             "after warp specialization; UTMALDG / UTMASTG = TMA loads / stores; REDG / ATOMG = atomics (the "
-             "dQ atomics compile to REDG, or to ATOMG next to TMA loads; descriptor set-up adds a few ATOMG); "
-             "USETMAXREG = register reallocation between warp groups (warp specialization took effect).", "",
+             "stack = registers and spill stack bytes a thread; smem = shared memory bytes; warps = total warps; "
+             "UTMALDG / UTMASTG = TMA loads / stores; REDG / ATOMG = atomics (descriptor set-up adds a few "
+             "ATOMG); USETMAXREG = register reallocation between warp groups.", "",
              "| variant | kernel | D | causal | flags | config (BM, BN, warps, stages) | regs | stack | smem | warps | "
              "HGMMA | LDGSTS | UTMALDG | UTMASTG | REDG | ATOMG | USETMAXREG | error |",
              "|" + "---|" * 18]
@@ -224,15 +203,17 @@ def scan_markdown(doc: dict) -> str:
 
 def static_scan_variants(out_dir: str) -> None:
     """AOT-compile every variant of VARIANTS for sm_90 (bf16, the table's configs) with this machine's
-    Triton; rows: registers, spills, shared memory, HGMMA / UTMALDG / RED / USETMAXREG counts."""
+    Triton; rows: registers, spills, shared memory, HGMMA / UTMALDG / RED / USETMAXREG counts.  bwd_tma at
+    auto (the default) is resolved with its rule for a max seqlen_k of SCAN_SEQLEN_K (default 4096)."""
     import triton
 
     from fused_layers.ops import attention as A
     from fused_layers.ops._common import config_override
-    from fused_layers.ops.attention_config import _config, _variant
+    from fused_layers.ops.attention_config import _bwd_tma_auto, _config, _variant
 
     dims = [int(d) for d in os.environ.get("SCAN_DIMS", "64,128").split(",")]
-    extra = os.environ.get("SCAN_EXTRA", "1") == "1"  # also bias / dropout / varlen / D=80 for the TMA+WS forward
+    extra = os.environ.get("SCAN_EXTRA", "1") == "1"  # also bias / dropout / varlen / D=80 / D=256 for bwd_tma
+    seqlen_k = int(os.environ.get("SCAN_SEQLEN_K", "4096"))
     rows = []
 
     def emit(row):
@@ -244,13 +225,9 @@ def static_scan_variants(out_dir: str) -> None:
     cases = [(name, kind, ov, D, causal, {}) for name, kind, ov in VARIANTS for D in dims for causal in (False, True)]
     if extra:
         for flags in ({"HAS_KB": True}, {"HAS_DROPOUT": True}, {"VARLEN": True}):
-            cases.append(("fwd_tma_ws_w4", "fwd", {"fwd_tma": 1, "fwd_ws": 1, "fwd_num_warps": 4}, 128, True, flags))
-            cases.append(("bwd_tma_dq_atomic", "bwd", {"bwd_tma": 1, "bwd_dq_atomic": 1}, 128, True, flags))
-        cases.append(("fwd_tma_ws_w4", "fwd", {"fwd_tma": 1, "fwd_ws": 1, "fwd_num_warps": 4}, 80, True, {}))
-        cases.append(("fwd_tma", "fwd", {"fwd_tma": 1}, 80, True, {}))
-        cases.append(("fwd_tma", "fwd", {"fwd_tma": 1}, 128, True, {"VARLEN": True}))
-        cases.append(("fwd_tma_persistent", "fwd", {"fwd_tma": 1, "fwd_persistent": 1}, 256, True, {}))
-        cases.append(("bwd_dq_atomic", "bwd", {"bwd_dq_atomic": 1}, 256, True, {}))
+            cases.append(("bwd_tma", "bwd", {"bwd_tma": 1}, 128, True, flags))
+        cases.append(("bwd_tma", "bwd", {"bwd_tma": 1}, 80, True, {}))
+        cases.append(("bwd_tma", "bwd", {"bwd_tma": 1}, 256, True, {}))
     for name, kind, ov, D, causal, flags in cases:
         bd = max(16, triton.next_power_of_2(D))
         ov = resolve_overrides(ov, D, causal)
@@ -260,28 +237,19 @@ def static_scan_variants(out_dir: str) -> None:
         with config_override("attention", **ov):
             if kind == "fwd":
                 cfg = tuple(_config("fwd", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
-                per_sm = 0 if base["VARLEN"] else _variant("fwd_persistent")
-                v = dict(USE_TMA=bool(_variant("fwd_tma") or _variant("fwd_ws")), WARP_SPEC=bool(_variant("fwd_ws")),
-                         PERSISTENT=per_sm > 0)
-                kern = [("fwd", A._attn_fwd_kernel_v if any(v.values()) else A._attn_fwd_kernel,
-                         dict(base, **v) if any(v.values()) else base, cfg)]
+                kern = [("fwd", A._attn_fwd_kernel, base, cfg)]
             else:
                 cd = tuple(_config("dkdv", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
                 cq = tuple(_config("dq", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
-                if _variant("bwd_dq_atomic") or _variant("bwd_tma"):
-                    atomic = bool(_variant("bwd_dq_atomic"))
-                    fx = dict(base, DQ_ATOMIC=atomic, USE_TMA=bool(_variant("bwd_tma")))
-                    kern = [("dkdv_dq" if atomic else "dkdv_v", A._attn_bwd_dkdv_dq_kernel, fx, cd)]
-                    if not atomic:
-                        kern.append(("dq", A._attn_bwd_dq_kernel, base, cq))
-                else:
-                    kern = [("dkdv", A._attn_bwd_dkdv_kernel, base, cd), ("dq", A._attn_bwd_dq_kernel, base, cq)]
+                knob = _variant("bwd_tma")
+                tma = bool(knob) if knob >= 0 else _bwd_tma_auto(torch.bfloat16, seqlen_k, causal, bd,
+                                                                  A.HAS_TMA_DESCRIPTORS, interpret=False)
+                kern = [("dkdv_tma", A._attn_bwd_dkdv_tma_kernel, base, cd) if tma else ("dkdv", A._attn_bwd_dkdv_kernel, base, cd),
+                        ("dq", A._attn_bwd_dq_kernel, base, cq)]
         for kname, fn, cx, cfg in kern:
-            fp32 = ("LSE", "DELTA", "KB", "DQ") if kname in ("dkdv_dq", "dkdv_v") else ("LSE", "DELTA", "KB")
             t0 = time.time()
-            row = dict(variant=name, kernel=kname, D=D, causal=causal, config=list(cfg), flags=flags,
-                       constexprs={k: v for k, v in cx.items() if k in ("USE_TMA", "WARP_SPEC", "PERSISTENT", "DQ_ATOMIC")})
-            row.update(_compile_sm90(fn, cx, cfg, fp32_ptrs=fp32, head_dim=D))
+            row = dict(variant=name, kernel=kname, D=D, causal=causal, config=list(cfg), flags=flags)
+            row.update(_compile_sm90(fn, cx, cfg, head_dim=D))
             row["compile_s"] = round(time.time() - t0, 1)
             emit(row)
     with open(os.path.join(out_dir, "attention_static_scan_variants.md"), "w") as f:
@@ -315,6 +283,10 @@ def _sweep_worker(tasks, lock_path, out_path):
         q, k, v, do = get(D)
         m, n, w, s = cfg
         ov = {f"{kind}_block_m": m, f"{kind}_block_n": n, f"{kind}_num_warps": w, f"{kind}_num_stages": s}
+        if kind != "fwd":
+            # The pointer-load dK/dV kernel the table was tuned for (S=4096 would otherwise pick bwd_tma's
+            # kernel where its auto rule is on; both read the same "dkdv" entries).
+            ov["bwd_tma"] = 0
         if kind == "fwd":
             def f():
                 with config_override("attention", **ov):
@@ -387,7 +359,7 @@ def sweep(out_dir: str, workers: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# Variant sweep (issue 13): every opt-in variant beside the default, cuDNN, SDPA flash and Flex, one run
+# Variant sweep (issue 13): every entry of VARIANTS beside cuDNN, SDPA flash and Flex, one run
 # ----------------------------------------------------------------------------------------------
 def _variant_cases(dims, seqlens):
     return [(D, S, causal) for D in dims for S in seqlens for causal in (False, True)]
@@ -645,7 +617,7 @@ def variants_sweep(out_dir: str, dims, seqlens, flex_seqlens, workers: int, dead
                if not (name == "default" and kind == "bwd")]
     meta = dict(torch=torch.__version__, triton=triton.__version__, gpu="dry run (interpreter)" if dry else torch.cuda.get_device_name(),
                 sms=0 if dry else torch.cuda.get_device_properties(0).multi_processor_count,
-                has_tma_descriptors=A.HAS_TMA_DESCRIPTORS, has_warp_specialize=A.HAS_WARP_SPECIALIZE)
+                has_tma_descriptors=A.HAS_TMA_DESCRIPTORS)
     print(meta, flush=True)
     ctx = mp.get_context("spawn")
     lock_path = os.path.join(out_dir, ".variants.lock")
@@ -901,9 +873,9 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--static-scan", action="store_true", help="no GPU needed: sm_90 registers/spills of the defaults")
     ap.add_argument("--static-scan-variants", action="store_true",
-                    help="no GPU needed: sm_90 compile of every opt-in variant (attention_static_scan_variants.json)")
+                    help="no GPU needed: sm_90 compile of every entry of VARIANTS (attention_static_scan_variants.json)")
     ap.add_argument("--variants", action="store_true",
-                    help="GPU: every opt-in variant (issue 13) beside the default, cuDNN, flash and Flex (attention_variants.*)")
+                    help="GPU: every entry of VARIANTS (issue 13: default, stages+1, bwd_tma on / off) beside cuDNN, flash and Flex (attention_variants.*)")
     ap.add_argument("--variant-seqlens", default="1024,4096,16384")
     ap.add_argument("--dry-run", action="store_true", help="--variants on the CPU interpreter, tiny shapes (no GPU)")
     ap.add_argument("--workers", type=int, default=12)

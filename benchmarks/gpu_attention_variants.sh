@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Issue 13, one device call (< 8 minutes wall): the opt-in Hopper attention variants on the GPU.
-#   1. GPU run of tests/test_attention_variants.py (every variant against float64 on ragged shapes, GQA,
-#      varlen, key-padding bias, dropout, float32; fallbacks) -- the interpreter cannot run TMA hardware
-#      or warp-specialized schedules.
-#   2. bench_attention.py --variants: every variant of VARIANTS beside the default, cuDNN SDPA, SDPA flash
-#      and FlexAttention, D 64/128, S 1K/4K/16K, causal and not, each checked against SDPA flash before
-#      it is timed; a variant that fails to compile (Triton 3.6) is recorded and the sweep goes on.
+# Issue 13, one device call (< 8 minutes wall): the attention variants on the GPU.  After the H200 sweep of
+# 2026-12-01 (benchmarks/results/issue13/attention_variants.md) only bwd_tma is left (the TMA / warp-
+# specialized / persistent forwards and the dQ-by-atomics backwards were slower and were removed); it is on
+# by default where it won (Sk >= 4096 and (not causal or D <= 64), bf16 / fp16).
+#   1. GPU run of tests/test_attention_variants.py (bwd_tma forced on against float64 on ragged shapes, GQA,
+#      varlen, key-padding bias, dropout, float32; fallbacks; the auto rule) -- the interpreter cannot run
+#      TMA hardware.
+#   2. bench_attention.py --variants: every entry of VARIANTS (default, stages+1, bwd_tma forced on and
+#      forced off) beside cuDNN SDPA, SDPA flash and FlexAttention, D 64/128, S 1K/4K/16K, causal and
+#      not, each checked against SDPA flash before it is timed; a variant that fails to compile is
+#      recorded and the sweep goes on.
 # Results: $OUT/attention_variants.{json,md}, $OUT/variants_sweep.log, $OUT/variants_tests.log.
 #   run: bash benchmarks/gpu_attention_variants.sh     (device tool, kind nvidia-h200, timeout 600)
 set -u
@@ -19,7 +23,7 @@ python3 - <<'EOF'
 import triton, triton.language as tl
 from fused_layers.ops import attention as A
 print("set_allocator:", hasattr(triton, "set_allocator"), "make_tensor_descriptor:", hasattr(tl, "make_tensor_descriptor"),
-      "HAS_TMA_DESCRIPTORS:", A.HAS_TMA_DESCRIPTORS, "HAS_WARP_SPECIALIZE:", A.HAS_WARP_SPECIALIZE)
+      "HAS_TMA_DESCRIPTORS:", A.HAS_TMA_DESCRIPTORS)
 EOF
 
 echo "=== variant tests on the GPU"

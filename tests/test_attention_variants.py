@@ -1,12 +1,13 @@
-"""Opt-in Hopper variants of the attention kernels (issue 13): TMA descriptors, warp specialization,
-persistent forward, dQ by atomics in the dK/dV pass.
+"""The bwd_tma variant of the attention backward (issue 13): the dK/dV kernel with its Q and dO tiles
+loaded through TMA tensor descriptors (``_attn_bwd_dkdv_tma_kernel``), then the usual dQ kernel.
 
-Every variant against the float64 reference (outputs and all gradients) on ragged shapes, and that the
-variant kernel is the one launched (or, where it cannot serve a call, that the default one is).  Under
-the interpreter ``tl.make_tensor_descriptor`` loads / stores are emulated (out-of-bounds zero fill and
-clipping included) and ``warp_specialize`` is ignored (the single masked key loop it uses still runs);
-what only a GPU shows (TMA hardware, warp-specialized schedules, speed) is for ``bench_attention.py
---variants``.
+Forced on (``bwd_tma=1``) against the float64 reference (outputs and all gradients) on ragged shapes, GQA,
+varlen, a key-padding bias, dropout, float32 and bf16, checking that the variant kernel is the one launched
+(or, where descriptors cannot serve a call, that the default one is); the first-launch fallback; the auto
+rule that turns it on by default (H200 measurements, attention_config._bwd_tma_auto).  Under the
+interpreter ``tl.make_tensor_descriptor`` loads are emulated (out-of-bounds zero fill included); what only
+a GPU shows (TMA hardware, speed) is for ``bench_attention.py --variants``.  The other variants of issue 13
+(TMA / warp-specialized / persistent forwards, dQ by atomics) were measured slower and removed.
 """
 
 import pytest
@@ -15,20 +16,11 @@ import torch
 from fused_layers import fused_attention, fused_attention_varlen
 from fused_layers.ops import _library
 from fused_layers.ops import attention as A
+from fused_layers.ops import attention_config as AC
 from fused_layers.ops.attention import attention_reference, attention_varlen_reference, config_override
 
 F32_TOL = dict(atol=2e-5, rtol=2e-5)
-
-# Warp specialization takes effect on Hopper with 4 warps only (the interpreter ignores both).
-VARIANTS = {
-    "tma": dict(fwd_tma=1),
-    "ws": dict(fwd_ws=1, fwd_num_warps=4),
-    "persistent": dict(fwd_persistent=1),
-    "tma_ws_persistent": dict(fwd_tma=1, fwd_ws=1, fwd_persistent=2, fwd_num_warps=4),
-    "dq_atomic": dict(bwd_dq_atomic=1),
-    "bwd_tma": dict(bwd_tma=1),
-    "bwd_tma_dq_atomic": dict(bwd_tma=1, bwd_dq_atomic=1),
-}
+TMA = dict(bwd_tma=1)
 
 
 @pytest.fixture
@@ -49,11 +41,9 @@ def launched(monkeypatch):
     assert A._VARIANT_FAILURES[n_failures:] == [], "a variant failed to launch and fell back"
 
 
-def _expected_kernels(ov, varlen=False, dtype=torch.float32):
-    ws = ov.get("fwd_ws") and (dtype != torch.float32 or A.INTERPRET)  # a GPU refuses fp32 warp specialization
-    fwd = A._attn_fwd_kernel_v if (ov.get("fwd_tma") or ws or (ov.get("fwd_persistent") and not varlen)) else A._attn_fwd_kernel
-    bwd = A._attn_bwd_dkdv_dq_kernel if ov.get("bwd_dq_atomic") or ov.get("bwd_tma") else A._attn_bwd_dq_kernel
-    return fwd, bwd
+def _assert_tma_ran(launched):
+    assert A._attn_bwd_dkdv_tma_kernel in launched and A._attn_bwd_dq_kernel in launched
+    assert A._attn_bwd_dkdv_kernel not in launched
 
 
 def _check(q, k, v, ov, mask=None, causal=False, gqa=False):
@@ -73,7 +63,7 @@ def _check(q, k, v, ov, mask=None, causal=False, gqa=False):
 
 
 # (B, Hq, Hkv, Sq, Sk, D, causal): one query row, GQA with Sq < Sk and D = 80 (padded to 128), MQA with
-# Sq > Sk (the last rows see every key), a one-tile head dim.
+# Sq > Sk (the last rows see every key), a one-tile head dim.  float32 (ieee dots).
 SHAPES = [
     (1, 2, 2, 1, 37, 16, True),
     (1, 4, 2, 37, 130, 80, True),
@@ -81,29 +71,23 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal", SHAPES)
-def test_variant_matches_reference(variant, B, Hq, Hkv, Sq, Sk, D, causal, device, launched):
-    ov = VARIANTS[variant]
+def test_bwd_tma_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, device, launched):
     q = torch.randn(B, Hq, Sq, D, device=device)
     k = torch.randn(B, Hkv, Sk, D, device=device)
     v = torch.randn(B, Hkv, Sk, D, device=device)
-    _check(q, k, v, ov, causal=causal, gqa=Hq != Hkv)
-    fwd, bwd = _expected_kernels(ov)
-    assert fwd in launched and bwd in launched
-    if ov.get("bwd_dq_atomic"):
-        assert A._attn_bwd_dq_kernel not in launched and A._attn_bwd_dkdv_kernel not in launched
+    _check(q, k, v, TMA, causal=causal, gqa=Hq != Hkv)
+    _assert_tma_ran(launched)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_variant_bf16(variant, device, launched):
-    """bf16 (on a GPU the variants' real tensor-core and warp-specialized paths; the interpreter runs
-    float32 copies): relative error of out and every gradient against float64."""
+def test_bwd_tma_bf16(device, launched):
+    """bf16 (on a GPU the real TMA + tensor-core path; the interpreter runs float32 copies): relative
+    error of out and every gradient against float64."""
     q = torch.randn(1, 4, 37, 80, device=device, dtype=torch.bfloat16)
     k, v = (torch.randn(1, 2, 130, 80, device=device, dtype=torch.bfloat16) for _ in range(2))
     do = torch.randn_like(q)
     qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
-    with config_override("attention", **VARIANTS[variant]):
+    with config_override("attention", **TMA):
         out = fused_attention(qa, ka, va, is_causal=True, enable_gqa=True)
         got = (out, *torch.autograd.grad(out, (qa, ka, va), do))
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -113,12 +97,10 @@ def test_variant_bf16(variant, device, launched):
         assert g.dtype == torch.bfloat16, name
         rel = ((g.double() - r).norm() / r.norm()).item()
         assert rel < 2e-2, f"{name}: relative error {rel:.2e}"
-    fwd, bwd = _expected_kernels(VARIANTS[variant], dtype=torch.bfloat16)
-    assert fwd in launched and bwd in launched
+    _assert_tma_ran(launched)
 
 
-@pytest.mark.parametrize("variant", ["tma_ws_persistent", "bwd_tma_dq_atomic"])
-def test_variant_key_padding_bias_and_empty_rows(variant, device, launched):
+def test_bwd_tma_key_padding_bias_and_empty_rows(device, launched):
     """Key-padding mask fused as a bias (a batch with every key masked: 0 outputs, 0 gradients)."""
     B, H, Sq, Sk, D = 3, 2, 19, 25, 16
     q, k, v = (torch.randn(B, H, s, D, device=device) for s in (Sq, Sk, Sk))
@@ -126,18 +108,17 @@ def test_variant_key_padding_bias_and_empty_rows(variant, device, launched):
     keep[0, ..., 7:] = False
     keep[1] = False
     keep[2, ..., ::3] = False
-    out, dq, dk, dv = _check(q, k, v, VARIANTS[variant], mask=keep, causal=True)
+    out, dq, dk, dv = _check(q, k, v, TMA, mask=keep, causal=True)
     assert torch.all(out[1] == 0) and torch.all(dq[1] == 0) and torch.all(dk[1] == 0)
-    assert _expected_kernels(VARIANTS[variant])[0] in launched
+    _assert_tma_ran(launched)
 
 
-@pytest.mark.parametrize("variant", ["tma_ws_persistent", "bwd_tma_dq_atomic"])
-def test_variant_dropout_matches_default_kernels(variant, device):
-    """Same seed, same Philox mask: a variant gives the default kernels' outputs and gradients."""
+def test_bwd_tma_dropout_matches_default_kernels(device, launched):
+    """Same seed, same Philox mask: bwd_tma gives the default kernels' gradients."""
     q, k, v = (torch.randn(1, 2, s, 32, device=device) for s in (29, 41, 41))
     do = torch.randn_like(q)
     res = []
-    for ov in ({}, VARIANTS[variant]):
+    for ov in (dict(bwd_tma=0), TMA):
         qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
         torch.manual_seed(7)
         with config_override("attention", **ov):
@@ -145,12 +126,11 @@ def test_variant_dropout_matches_default_kernels(variant, device):
             res.append((out, *torch.autograd.grad(out, (qa, ka, va), do)))
     for name, a, b in zip(("out", "dq", "dk", "dv"), *res):
         torch.testing.assert_close(b, a, **F32_TOL, msg=lambda m: f"{name}: {m}")
+    assert A._attn_bwd_dkdv_kernel in launched and A._attn_bwd_dkdv_tma_kernel in launched
 
 
-@pytest.mark.parametrize("variant", ["tma_ws_persistent", "dq_atomic", "bwd_tma"])
-def test_variant_varlen(variant, device, launched):
-    """Packed sequences (one empty, one of length 1): TMA and atomics serve varlen; the persistent grid
-    does not (the forward then runs the one-tile-per-program grid of the variant kernel)."""
+def test_bwd_tma_varlen(device, launched):
+    """Packed sequences (one empty, one of length 1), GQA, causal."""
     lens_q, lens_k = [5, 17, 1, 0, 23], [9, 17, 4, 0, 30]
     cu_q = torch.tensor([0] + lens_q, device=device).cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + lens_k, device=device).cumsum(0).to(torch.int32)
@@ -158,7 +138,7 @@ def test_variant_varlen(variant, device, launched):
     k, v = (torch.randn(int(cu_k[-1]), 2, 32, device=device) for _ in range(2))
     do = torch.randn_like(q)
     qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
-    with config_override("attention", **VARIANTS[variant]):
+    with config_override("attention", **TMA):
         out = fused_attention_varlen(qa, ka, va, cu_q, cu_k, max(lens_q), max(lens_k), True)
         got = (out, *torch.autograd.grad(out, (qa, ka, va), do))
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -166,62 +146,102 @@ def test_variant_varlen(variant, device, launched):
     ref = (ref_out, *torch.autograd.grad(ref_out, (q64, k64, v64), do.double()))
     for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref):
         torch.testing.assert_close(g.double(), r, **F32_TOL, msg=lambda m: f"{name}: {m}")
-    fwd, bwd = _expected_kernels(VARIANTS[variant], varlen=True)
-    assert fwd in launched and bwd in launched
+    _assert_tma_ran(launched)
 
 
-def test_persistent_alone_refuses_varlen(device, launched):
-    cu = torch.tensor([0, 3, 20], device=device, dtype=torch.int32)
-    q, k, v = (torch.randn(20, 2, 16, device=device) for _ in range(3))
-    with config_override("attention", fwd_persistent=1):
-        out = fused_attention_varlen(q, k, v, cu, cu, 17, 17, True)
-    torch.testing.assert_close(out.double(), attention_varlen_reference(q.double(), k.double(), v.double(), cu, cu, True),
-                               **F32_TOL)
-    assert A._attn_fwd_kernel in launched and A._attn_fwd_kernel_v not in launched
-
-
-@pytest.mark.parametrize("variant", ["tma", "ws", "bwd_tma"])
 @pytest.mark.parametrize("layout", ["head_dim_major", "misaligned"])
-def test_tma_falls_back_where_descriptors_cannot_serve(variant, layout, device, launched):
-    """A head dim that is not innermost, or data not 16-byte aligned: the default kernels run (warp
-    specialization needs the descriptors too)."""
+def test_bwd_tma_falls_back_where_descriptors_cannot_serve(layout, device, launched):
+    """A head dim that is not innermost, or data not 16-byte aligned: the default kernels run."""
     if layout == "head_dim_major":
         q, k, v = (torch.randn(1, 2, 16, s, device=device).transpose(-1, -2) for s in (19, 23, 23))
     else:
         q, k, v = (torch.randn(1 * 2 * s * 16 + 1, device=device)[1:].view(1, 2, s, 16) for s in (19, 23, 23))
         assert q.data_ptr() % 16
-    _check(q, k, v, VARIANTS[variant], causal=True)
-    assert A._attn_fwd_kernel in launched and A._attn_fwd_kernel_v not in launched
-    assert A._attn_bwd_dkdv_kernel in launched and A._attn_bwd_dkdv_dq_kernel not in launched
+    _check(q, k, v, TMA, causal=True)
+    assert A._attn_bwd_dkdv_kernel in launched and A._attn_bwd_dkdv_tma_kernel not in launched
 
 
-def test_variants_off_by_default():
-    assert not any(A._VARIANTS.values())
-    from fused_layers.ops.attention_config import _variant
-
-    assert all(_variant(n) == 0 for n in A._VARIANTS)
-
-
-def test_variant_that_fails_to_launch_falls_back(monkeypatch):
+def test_variant_that_fails_to_launch_falls_back(device, monkeypatch):
     """On a GPU a variant whose first launch fails (a compile error of the installed Triton) is disabled
-    for its plan with a warning and the default kernels run; under the interpreter failures propagate."""
+    for its plan with a warning and the default kernels run, with correct gradients; under the
+    interpreter failures propagate.  The failure is injected (no config fails on every Triton build)."""
+    fns = []
+    orig = _library.Kernel.__call__
+    token = f"injected failure {id(fns)}"  # a fresh warning (warn_once) for every run of this test
 
-    class Boom:
-        fn = A._attn_fwd_kernel_v
-        meta = {"USE_TMA": True, "BLOCK_M": 16}
+    def call(self, *args):
+        if self.fn is A._attn_bwd_dkdv_tma_kernel:
+            raise RuntimeError(f"PassManager::run failed ({token})")
+        out = orig(self, *args)
+        fns.append(self.fn)
+        return out
 
-        def __call__(self, *args):
-            raise RuntimeError("PassManager::run failed")
-
-    class Plan:
-        variant = Boom()
-        variant_ok = False
-
-    plan = Plan()
-    with pytest.raises(RuntimeError):
-        A._launch_variant(plan, "variant", ())
-    monkeypatch.setattr(A, "INTERPRET", False)
+    monkeypatch.setattr(_library.Kernel, "__call__", call)
+    monkeypatch.setattr(A, "_ensure_allocator", lambda: None)
+    q, k, v = (torch.randn(1, 2, s, 16, device=device) for s in (19, 23, 23))
+    if A.INTERPRET:
+        with config_override("attention", **TMA), pytest.raises(RuntimeError, match="PassManager"):
+            out = fused_attention(*(t.detach().requires_grad_() for t in (q, k, v)), is_causal=True)
+            out.backward(torch.randn_like(out))  # (not out.sum(): its stride-0 gradient refuses descriptors)
+        monkeypatch.setattr(A, "INTERPRET", False)
     n = len(A._VARIANT_FAILURES)
-    with pytest.warns(UserWarning, match="opt-in variant failed"):
-        assert A._launch_variant(plan, "variant", ()) is False
-    assert plan.variant is None and len(A._VARIANT_FAILURES) == n + 1
+    with pytest.warns(UserWarning, match="variant kernel failed to launch.*injected failure"):
+        _check(q, k, v, TMA, causal=True)
+    assert len(A._VARIANT_FAILURES) == n + 1 and "_attn_bwd_dkdv_tma_kernel" in A._VARIANT_FAILURES[-1]
+    assert A._attn_bwd_dkdv_kernel in fns and A._attn_bwd_dq_kernel in fns
+
+
+# ----------------------------------------------------------------------------------------------
+# The auto rule (bwd_tma = -1, the default)
+# ----------------------------------------------------------------------------------------------
+# (dtype, max seqlen_k, causal, BLOCK_D, on?): on iff bf16/fp16, Sk >= 4096, (not causal or D bucket <= 64).
+AUTO_CASES = [
+    (torch.bfloat16, 4096, False, 64, True),
+    (torch.bfloat16, 4096, True, 64, True),
+    (torch.float16, 16384, True, 32, True),
+    (torch.bfloat16, 16384, False, 128, True),
+    (torch.bfloat16, 16384, True, 128, False),  # D128 causal: lost on the H200
+    (torch.bfloat16, 4095, False, 64, False),  # short keys: lost at S1024
+    (torch.bfloat16, 1024, False, 128, False),
+    (torch.float32, 16384, False, 64, False),  # not measured
+    (torch.bfloat16, 8192, False, 256, True),
+    (torch.bfloat16, 8192, True, 256, False),
+]
+
+
+@pytest.mark.parametrize("dtype,sk,causal,bd,on", AUTO_CASES)
+def test_bwd_tma_auto_rule(dtype, sk, causal, bd, on):
+    assert AC._bwd_tma_auto(dtype, sk, causal, bd, has_tma=True, interpret=False) is on
+    # never without descriptors, never under the interpreter
+    assert AC._bwd_tma_auto(dtype, sk, causal, bd, has_tma=False, interpret=False) is False
+    assert AC._bwd_tma_auto(dtype, sk, causal, bd, has_tma=True, interpret=True) is False
+
+
+def test_bwd_tma_knob():
+    """-1 (auto) is the default and off under the interpreter; 1 forces it on (where descriptors exist),
+    0 off even where the rule says on."""
+    assert AC._VARIANTS == {"bwd_tma": -1}
+    assert AC._variant("bwd_tma") == -1
+    assert AC._use_bwd_tma(torch.bfloat16, 16384, False, 64, True) is (not AC.INTERPRET)
+    with config_override("attention", bwd_tma=1):
+        assert AC._use_bwd_tma(torch.float32, 16, True, 128, True) is True
+        assert AC._use_bwd_tma(torch.bfloat16, 16384, False, 64, False) is False
+    with config_override("attention", bwd_tma=0):
+        assert AC._use_bwd_tma(torch.bfloat16, 16384, False, 64, True) is False
+
+
+def test_bwd_tma_auto_reaches_the_plan(device, monkeypatch, launched):
+    """With the knob at auto the backward plan follows the rule (here forced to say yes)."""
+    seen = []
+
+    def rule(dtype, sk, causal, bd, has_tma, interpret=None):
+        seen.append((dtype, sk, causal, bd))
+        return has_tma
+
+    monkeypatch.setattr(AC, "_bwd_tma_auto", rule)
+    q, k, v = (torch.randn(1, 2, s, 16, device=device) for s in (19, 23, 23))
+    with config_override("attention"):  # a new override epoch: a fresh plan
+        _check(q, k, v, {}, causal=True)
+    assert (torch.float32, 23, True, 16) in seen
+    if A.HAS_TMA_DESCRIPTORS:
+        _assert_tma_ran(launched)

@@ -66,11 +66,16 @@ never per sequence length, filled by an offline sweep on an H200 (``benchmarks/b
 --sweep``), so a first call compiles one config per kernel; ``FUSED_LAYERS_ATTENTION_AUTOTUNE=1`` uses
 Triton's autotuner over a few configs per bucket instead (keyed on head-dim bucket, causal, dtype).
 
-Opt-in Hopper variants (issue 13; all off by default, not yet timed): a forward with TMA tensor
-descriptors, warp specialization and / or a persistent heaviest-first grid (``_attn_fwd_kernel_v``), and a
-backward that accumulates dQ with fp32 atomics inside the dK/dV kernel (``_attn_bwd_dkdv_dq_kernel``);
-``config_override("attention", fwd_tma=1, fwd_ws=1, fwd_persistent=1, bwd_dq_atomic=1)`` (or
-FUSED_LAYERS_ATTENTION_VARIANTS) turns them on, see "Hopper variants" below and attention_config.py.
+Hopper variants (issue 13).  One is kept: ``bwd_tma``, the dK/dV kernel with its Q and dO tiles loaded
+through TMA tensor descriptors (``_attn_bwd_dkdv_tma_kernel``; the dQ kernel runs after it as usual).
+On the H200 it beat the default backward by 2-4 % where Sk >= 4096 and (not causal or D <= 64) and lost
+elsewhere, so it runs by default exactly there, for bf16 / fp16 on a Triton with device-side descriptors
+(``attention_config._bwd_tma_auto``; never under the interpreter);
+``config_override("attention", bwd_tma=1)`` (or 0) forces it on (off).  The others were timed on the
+H200 and removed (benchmarks/results/issue13/attention_variants.md): a forward through TMA descriptors,
+with warp specialization and / or a persistent heaviest-first grid, was slower than the default forward
+in every case (warp-specialized 4-warp forms also gave wrong output at D=64, S=1024), and a backward
+that accumulated dQ by fp32 atomics inside the dK/dV kernel was slower than the default everywhere.
 """
 
 from __future__ import annotations
@@ -96,7 +101,7 @@ from ._common import (
     warn_once,
 )
 from ._library import FusedOp, Kernel
-from .attention_config import _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _variant  # noqa: F401
+from .attention_config import _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _use_bwd_tma  # noqa: F401
 
 _OP = "fused_attention"
 LOG2E = 1.4426950408889634
@@ -332,264 +337,6 @@ def _attn_fwd_kernel(
     if not EVEN_D:
         o_mask = o_mask & d_mask[None, :]
     tl.store(o_base + offs_m[:, None] * sos + offs_d[None, :] * sod, out.to(O.dtype.element_ty), mask=o_mask)
-
-
-# ==================================================================================================
-# Hopper variants (issue 13): opt-in, unmeasured.  Chosen per call through attention_config._variant
-# (``config_override("attention", fwd_tma=1, fwd_ws=1, fwd_persistent=1, bwd_dq_atomic=1)``); every
-# default above is untouched (these are sibling kernels, not flags of the measured ones).
-#
-# * USE_TMA: Q, K, V loads and the O store go through device-side tensor descriptors
-#   (``tl.make_tensor_descriptor``, TMA on sm_90), one 2-D descriptor per (sequence, head) whose base is
-#   that head's first row: any batch / head / sequence strides, GQA and varlen work unchanged; rows past
-#   the sequence and head dims past D are zero-filled by the copy engine on load and clipped on store, so
-#   no load needs a mask.  Needs a last-dim stride of 1, 16-byte aligned bases and other strides (the
-#   launcher checks and falls back), and ``triton.set_allocator`` (the launcher sets a torch allocator
-#   when none is set).
-# * WARP_SPEC: ``tl.range(..., warp_specialize=True)`` on the key loop (producer / consumer warp groups;
-#   on Hopper Triton's "hopper warpspec" pass, which upstream enabled for attention with device-side TMA).
-#   Static scan for sm_90 with Triton 3.9 (benchmarks/results/attention_static_scan_variants.json): it
-#   specializes only with num_warps=4 (4 -> 12 warps, USETMAXREG); with 8 warps it compiles unspecialized;
-#   it fails on pointer loads (so WARP_SPEC implies USE_TMA) and on a second key loop after the
-#   specialized one (so a WARP_SPEC program runs one key loop, masked on every tile).
-# * PERSISTENT: a grid of (programs per SM) x (#SMs) programs that walk the (query block, head) tiles in
-#   heaviest-first order (last query blocks of every head first: with a causal mask they see the most
-#   keys), round-robin.  Dense layout only (varlen falls back to the one-tile-per-program grid).
-# ==================================================================================================
-@triton.jit
-def _attn_fwd_inner_v(
-    acc, l_i, m_i, q,
-    k_ptrs, v_ptrs,  # pointer path (USE_TMA=False)
-    k_desc, v_desc,  # descriptors of this (sequence, K/V head), rows [0, seqlen_k) (USE_TMA=True)
-    kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
-    seqlen_k, lo, hi, qk_scale, seed, bh, dropout_p,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HAS_KB: tl.constexpr,
-    EVEN_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    USE_TMA: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
-):
-    """_attn_fwd_inner with descriptor loads and an optionally warp-specialized loop."""
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
-        cols = start_n + offs_n
-        if USE_TMA:
-            k = k_desc.load([start_n, 0])  # rows >= seqlen_k and dims >= D read 0
-        elif MASKED:
-            kv_mask = cols[:, None] < seqlen_k
-            if not EVEN_D:
-                kv_mask = kv_mask & d_mask[None, :]
-            k = tl.load(k_ptrs + start_n * sks, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs + start_n * sks)
-        else:
-            k = tl.load(k_ptrs + start_n * sks, mask=d_mask[None, :], other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
-        if HAS_KB:
-            kb = tl.load(kb_ptrs + cols * skbn, mask=cols < seqlen_k, other=-float("inf")).to(tl.float32)
-            qk = qk + kb[None, :] * 1.4426950408889634
-        if MASKED:
-            keep = cols[None, :] < seqlen_k
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None])
-            qk = tl.where(keep, qk, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if HAS_DROPOUT:
-            p = tl.where(_dropout_keep(seed, bh, offs_m, start_n, dropout_p, BLOCK_M, BLOCK_N), p, 0.0)
-        if USE_TMA:
-            v = v_desc.load([start_n, 0])
-        elif MASKED:
-            v = tl.load(v_ptrs + start_n * svs, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            v = tl.load(v_ptrs + start_n * svs)
-        else:
-            v = tl.load(v_ptrs + start_n * svs, mask=d_mask[None, :], other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
-        m_i = m_new
-    return acc, l_i, m_i
-
-
-@triton.jit
-def _attn_fwd_tile_v(
-    pid_m, pid_bh,  # query block and (batch, query head) of this tile
-    q_start, seqlen_q, k_start, seqlen_k,  # this sequence's offsets and lengths
-    Q, K, V, O, LSE, KB, seed,
-    qk_scale, dropout_p, dropout_scale,
-    sqb, sqh, sqs, sqd,
-    skb, skh, sks, skd,
-    svb, svh, svs, svd,
-    sob, soh, sos, sod,
-    slb, slh,
-    skbb, skbh, skbn,
-    H, GROUP, HEAD_DIM,
-    CAUSAL: tl.constexpr,
-    HAS_KB: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr,
-    USE_TMA: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
-):
-    """One (query block, head) tile of the forward: the body of _attn_fwd_kernel (start_m < seqlen_q)."""
-    b = pid_bh // H
-    h = pid_bh % H
-    hk = h // GROUP
-    start_m = pid_m * BLOCK_M
-    b64 = b.to(tl.int64)
-    q_base = Q + b64 * sqb + h.to(tl.int64) * sqh + q_start.to(tl.int64) * sqs
-    k_base = K + b64 * skb + hk.to(tl.int64) * skh + k_start.to(tl.int64) * sks
-    v_base = V + b64 * svb + hk.to(tl.int64) * svh + k_start.to(tl.int64) * svs
-    o_base = O + b64 * sob + h.to(tl.int64) * soh + q_start.to(tl.int64) * sos
-    kb_ptrs = KB + b64 * skbb + h.to(tl.int64) * skbh
-
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    k_ptrs = k_base + offs_n[:, None] * sks + offs_d[None, :] * skd
-    v_ptrs = v_base + offs_n[:, None] * svs + offs_d[None, :] * svd
-    if USE_TMA:
-        q_desc = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, HEAD_DIM], strides=[sqs, 1], block_shape=[BLOCK_M, BLOCK_D])
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, HEAD_DIM], strides=[sks, 1], block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, HEAD_DIM], strides=[svs, 1], block_shape=[BLOCK_N, BLOCK_D])
-        q = q_desc.load([start_m, 0])
-    else:
-        k_desc = k_ptrs
-        v_desc = v_ptrs
-        q_mask = offs_m[:, None] < seqlen_q
-        if not EVEN_D:
-            q_mask = q_mask & d_mask[None, :]
-        q = tl.load(q_base + offs_m[:, None] * sqs + offs_d[None, :] * sqd, mask=q_mask, other=0.0)
-
-    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if CAUSAL:
-        n_end = tl.minimum(seqlen_k, start_m + BLOCK_M)
-        n_full = (tl.minimum(start_m, seqlen_k) // BLOCK_N) * BLOCK_N
-    else:
-        n_end = seqlen_k
-        n_full = (seqlen_k // BLOCK_N) * BLOCK_N
-    if WARP_SPEC:
-        # One key loop, masked throughout: Hopper's warp specialization pass (Triton 3.9) fails on a
-        # second key loop after the specialized one (MLIR dominance assertion): no unmasked / masked split.
-        n_full = 0
-    else:
-        acc, l_i, m_i = _attn_fwd_inner_v(
-            acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
-            seqlen_k, 0, n_full, qk_scale, seed, pid_bh, dropout_p,
-            MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N,
-            INPUT_PRECISION=INPUT_PRECISION, HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, USE_TMA=USE_TMA, WARP_SPEC=False,
-        )
-    acc, l_i, m_i = _attn_fwd_inner_v(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
-        seqlen_k, n_full, n_end, qk_scale, seed, pid_bh, dropout_p,
-        MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, USE_TMA=USE_TMA, WARP_SPEC=WARP_SPEC,
-    )
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    if HAS_DROPOUT:
-        out = acc * (dropout_scale / l_safe)[:, None]
-    else:
-        out = acc / l_safe[:, None]
-    lse = tl.where(empty, float("inf"), m_i + tl.math.log2(l_safe))
-    row_ok = offs_m < seqlen_q
-    tl.store(LSE + b64 * slb + h.to(tl.int64) * slh + q_start + offs_m, lse, mask=row_ok)
-    if USE_TMA:
-        o_desc = tl.make_tensor_descriptor(o_base, shape=[seqlen_q, HEAD_DIM], strides=[sos, 1], block_shape=[BLOCK_M, BLOCK_D])
-        o_desc.store([start_m, 0], out.to(O.dtype.element_ty))  # rows >= seqlen_q, dims >= D: clipped
-    else:
-        o_mask = row_ok[:, None]
-        if not EVEN_D:
-            o_mask = o_mask & d_mask[None, :]
-        tl.store(o_base + offs_m[:, None] * sos + offs_d[None, :] * sod, out.to(O.dtype.element_ty), mask=o_mask)
-
-
-@triton.jit
-def _attn_fwd_kernel_v(
-    Q, K, V, O, LSE, KB, CU_Q, CU_K, SEED,
-    qk_scale,
-    dropout_p, dropout_scale,
-    sqb, sqh, sqs, sqd,
-    skb, skh, sks, skd,
-    svb, svh, svs, svd,
-    sob, soh, sos, sod,
-    slb, slh,
-    skbb, skbh, skbn,
-    H, GROUP, SQ, SK, HEAD_DIM,
-    NUM_M,  # query blocks per head (PERSISTENT: cdiv(SQ, BLOCK_M))
-    BH,  # batch * query heads (PERSISTENT)
-    VARLEN: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HAS_KB: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr = False,
-    USE_TMA: tl.constexpr = False,
-    WARP_SPEC: tl.constexpr = False,
-    PERSISTENT: tl.constexpr = False,  # dense only (the launcher never sets it with VARLEN)
-):
-    """_attn_fwd_kernel (same arguments, plus NUM_M, BH) with the opt-in Hopper variants."""
-    qk_scale = tl.cast(qk_scale, tl.float32)
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
-    if PERSISTENT:
-        # Tile t = (query block NUM_M - 1 - t // BH, head t % BH): every head's heaviest block first.
-        zero = tl.program_id(0) * 0  # a tensor 0 (a literal would be a constexpr)
-        for t in tl.range(tl.program_id(0), NUM_M * BH, tl.num_programs(0)):
-            _attn_fwd_tile_v(
-                NUM_M - 1 - t // BH, t % BH, zero, SQ + zero, zero, SK + zero, Q, K, V, O, LSE, KB, seed, qk_scale, dropout_p, dropout_scale,
-                sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd, sob, soh, sos, sod, slb, slh, skbb, skbh, skbn,
-                H, GROUP, HEAD_DIM,
-                CAUSAL=CAUSAL, HAS_KB=HAS_KB, BLOCK_D=BLOCK_D, EVEN_D=EVEN_D, INPUT_PRECISION=INPUT_PRECISION,
-                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_DROPOUT=HAS_DROPOUT, USE_TMA=USE_TMA, WARP_SPEC=WARP_SPEC,
-            )
-    else:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-        pid_bh = tl.program_id(1)
-        # No early return here: Hopper's warp specialization pass rejects the branch it makes (an
-        # assertion in TaskIdPropagation, Triton 3.9); dense grids have no empty program anyway, and a
-        # short packed sequence skips its tile inside an if.
-        if VARLEN:
-            b = pid_bh // H
-            q_start = tl.load(CU_Q + b)
-            seqlen_q = tl.load(CU_Q + b + 1) - q_start
-            k_start = tl.load(CU_K + b)
-            seqlen_k = tl.load(CU_K + b + 1) - k_start
-            if pid_m * BLOCK_M < seqlen_q:
-                _attn_fwd_tile_v(
-                    pid_m, pid_bh, q_start, seqlen_q, k_start, seqlen_k, Q, K, V, O, LSE, KB, seed, qk_scale, dropout_p,
-                    dropout_scale, sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd, sob, soh, sos, sod, slb,
-                    slh, skbb, skbh, skbn, H, GROUP, HEAD_DIM,
-                    CAUSAL=CAUSAL, HAS_KB=HAS_KB, BLOCK_D=BLOCK_D, EVEN_D=EVEN_D, INPUT_PRECISION=INPUT_PRECISION,
-                    BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_DROPOUT=HAS_DROPOUT, USE_TMA=USE_TMA, WARP_SPEC=WARP_SPEC,
-                )
-        else:
-            zero = pid_bh * 0  # tensor zeros and lengths (literals would be constexprs)
-            _attn_fwd_tile_v(
-                pid_m, pid_bh, zero, SQ + zero, zero, SK + zero, Q, K, V, O, LSE, KB, seed, qk_scale, dropout_p,
-                dropout_scale, sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd, sob, soh, sos, sod, slb, slh,
-                skbb, skbh, skbn, H, GROUP, HEAD_DIM,
-                CAUSAL=CAUSAL, HAS_KB=HAS_KB, BLOCK_D=BLOCK_D, EVEN_D=EVEN_D, INPUT_PRECISION=INPUT_PRECISION,
-                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_DROPOUT=HAS_DROPOUT, USE_TMA=USE_TMA, WARP_SPEC=WARP_SPEC,
-            )
 
 
 # ==================================================================================================
@@ -928,45 +675,38 @@ def _attn_bwd_dq_kernel(
 
 
 # --------------------------------------------------------------------------------------------------
-# Backward variant (issue 13, opt-in, unmeasured): dQ accumulated with fp32 atomics in the dK/dV pass
-# (``config_override("attention", bwd_dq_atomic=1)``): one kernel instead of dK/dV + dQ (the scores and
-# probabilities are recomputed once, not twice), at the price of a zeroed fp32 dQ buffer, red.add traffic
-# (each query tile is added to by every key block that sees it) and a final cast into dQ.
+# Backward variant bwd_tma (issue 13): _attn_bwd_dkdv_kernel with the Q and dO tiles of its inner loop
+# loaded through device-side tensor descriptors (``tl.make_tensor_descriptor``, TMA on sm_90), one 2-D
+# descriptor per (sequence, query head) based at that head's first row: any batch / head / sequence
+# strides, GQA and varlen work unchanged; rows past the sequence and head dims past D are zero-filled by
+# the copy engine, so those loads need no mask.  Same arguments as _attn_bwd_dkdv_kernel (sqd and sdod
+# must be 1); the dQ kernel runs after it as usual.  Needs a unit last-dim stride and 16-byte aligned
+# bases and other strides (the launcher checks and falls back), and ``triton.set_allocator`` (the
+# launcher sets a torch allocator when none is set).  On the H200 it beats the default dK/dV kernel by
+# 2-4 % of the backward where Sk >= 4096 and (not causal or D <= 64), and loses elsewhere: it runs
+# there by default (attention_config._bwd_tma_auto, benchmarks/results/issue13/attention_variants.md).
 # --------------------------------------------------------------------------------------------------
 @triton.jit
-def _attn_bwd_dkdv_dq_inner(
+def _attn_bwd_dkdv_tma_inner(
     dk, dv, k, v, kb,
-    q_ptrs, do_ptrs, dq_ptrs,  # dq_ptrs: fp32 accumulator tile [BLOCK_M, BLOCK_D] of row 0 (atomics)
-    q_desc, do_desc,  # descriptors of this (sequence, query head) rows of Q and dO (USE_TMA)
+    q_desc, do_desc,  # descriptors of this (sequence, query head)'s rows of Q and dO
     lse_ptr, delta_ptr,
-    sqs, sdos, sdqs,
-    offs_m, cols, d_mask,
-    seqlen_q, lo, hi, qk_scale, sm_scale,
+    offs_m, cols,
+    seqlen_q, lo, hi, qk_scale,
     seed, bh, dropout_p, dropout_scale, key_start,
     MASKED: tl.constexpr,
     HAS_KB: tl.constexpr,
-    EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    DQ_ATOMIC: tl.constexpr,
-    USE_TMA: tl.constexpr,
 ):
-    """_attn_bwd_dkdv_inner, plus (DQ_ATOMIC) dQ += scale * dS K for each query tile by atomic adds,
-    and (USE_TMA) Q / dO tiles through tensor descriptors."""
+    """_attn_bwd_dkdv_inner with Q / dO tiles through tensor descriptors."""
     for start_m in tl.range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         row_ok = rows < seqlen_q
-        qd_mask = row_ok[:, None]
-        if not EVEN_D:
-            qd_mask = qd_mask & d_mask[None, :]
-        if USE_TMA:  # rows >= seqlen_q and dims >= D read 0
-            q = q_desc.load([start_m, 0])
-            do = do_desc.load([start_m, 0])
-        else:
-            q = tl.load(q_ptrs + start_m * sqs, mask=qd_mask, other=0.0)
-            do = tl.load(do_ptrs + start_m * sdos, mask=qd_mask, other=0.0)
+        q = q_desc.load([start_m, 0])  # rows >= seqlen_q and dims >= D read 0
+        do = do_desc.load([start_m, 0])
         lse = tl.load(lse_ptr + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_ptr + rows, mask=row_ok, other=0.0)
         qkT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
@@ -984,28 +724,23 @@ def _attn_bwd_dkdv_dq_inner(
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
-        if DQ_ATOMIC:
-            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * sm_scale  # [BLOCK_M, BLOCK_D]
-            tl.atomic_add(dq_ptrs + start_m * sdqs, dq, mask=qd_mask, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _attn_bwd_dkdv_dq_kernel(
+def _attn_bwd_dkdv_tma_kernel(
     Q, K, V, DO,
     DK, DV,
-    DQ,  # fp32 dQ accumulator (zeroed), (b, h, i, d) at DQ + b*sdqb + h*sdqh + (q_start + i)*sdqs + d
     LSE, DELTA,
     KB, CU_Q, CU_K, SEED,
     qk_scale, sm_scale,
     dropout_p, dropout_scale,
-    sqb, sqh, sqs, sqd,
+    sqb, sqh, sqs, sqd,  # sqd == 1 (descriptors)
     skb, skh, sks, skd,
     svb, svh, svs, svd,
-    sdob, sdoh, sdos, sdod,
+    sdob, sdoh, sdos, sdod,  # sdod == 1 (descriptors)
     sdkb, sdkh, sdks, sdkd,
     sdvb, sdvh, sdvs, sdvd,
-    sdqb, sdqh, sdqs,
     slb, slh,
     skbb, skbh, skbn,
     HKV, GROUP, SQ, SK, HEAD_DIM,
@@ -1018,11 +753,8 @@ def _attn_bwd_dkdv_dq_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_DROPOUT: tl.constexpr = False,
-    DQ_ATOMIC: tl.constexpr = True,  # False: dK / dV only (the dQ kernel runs after), with USE_TMA
-    USE_TMA: tl.constexpr = False,  # Q / dO tiles through tensor descriptors (unit last stride, 16-byte rows)
 ):
-    """_attn_bwd_dkdv_kernel that also accumulates dQ (fp32 atomics): the whole backward after delta.
-    DQ is unused without DQ_ATOMIC."""
+    """_attn_bwd_dkdv_kernel (same arguments) with Q / dO tiles through tensor descriptors."""
     qk_scale = tl.cast(qk_scale, tl.float32)
     sm_scale = tl.cast(sm_scale, tl.float32)
     pid_n = tl.program_id(0)
@@ -1073,31 +805,24 @@ def _attn_bwd_dkdv_dq_kernel(
         if HAS_KB:
             kb = tl.load(KB + b64 * skbb + h64 * skbh + cols * skbn, mask=cols < seqlen_k, other=-float("inf"))
             kb = kb.to(tl.float32) * 1.4426950408889634
-        q_ptrs = Q + b64 * sqb + h64 * sqh + q_start.to(tl.int64) * sqs + offs_m[:, None] * sqs + offs_d[None, :] * sqd
-        do_ptrs = DO + b64 * sdob + h64 * sdoh + q_start.to(tl.int64) * sdos + offs_m[:, None] * sdos + offs_d[None, :] * sdod
-        dq_ptrs = DQ + b64 * sdqb + h64 * sdqh + q_start.to(tl.int64) * sdqs + offs_m[:, None] * sdqs + offs_d[None, :]
-        if USE_TMA:
-            q_desc = tl.make_tensor_descriptor(Q + b64 * sqb + h64 * sqh + q_start.to(tl.int64) * sqs,
-                                               shape=[seqlen_q, HEAD_DIM], strides=[sqs, 1], block_shape=[BLOCK_M, BLOCK_D])
-            do_desc = tl.make_tensor_descriptor(DO + b64 * sdob + h64 * sdoh + q_start.to(tl.int64) * sdos,
-                                                shape=[seqlen_q, HEAD_DIM], strides=[sdos, 1], block_shape=[BLOCK_M, BLOCK_D])
-        else:
-            q_desc = q_ptrs
-            do_desc = do_ptrs
+        q_desc = tl.make_tensor_descriptor(Q + b64 * sqb + h64 * sqh + q_start.to(tl.int64) * sqs,
+                                           shape=[seqlen_q, HEAD_DIM], strides=[sqs, 1], block_shape=[BLOCK_M, BLOCK_D])
+        do_desc = tl.make_tensor_descriptor(DO + b64 * sdob + h64 * sdoh + q_start.to(tl.int64) * sdos,
+                                            shape=[seqlen_q, HEAD_DIM], strides=[sdos, 1], block_shape=[BLOCK_M, BLOCK_D])
         lse_ptr = LSE + b64 * slb + h64 * slh + q_start
         delta_ptr = DELTA + b64 * slb + h64 * slh + q_start
         if CAUSAL:
-            dk, dv = _attn_bwd_dkdv_dq_inner(
-                dk, dv, k, v, kb, q_ptrs, do_ptrs, dq_ptrs, q_desc, do_desc, lse_ptr, delta_ptr, sqs, sdos, sdqs,
-                offs_m, cols, d_mask, seqlen_q, lo, hi_mask, qk_scale, sm_scale, seed, bh, dropout_p, dropout_scale,
-                start_n, MASKED=True, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, DQ_ATOMIC=DQ_ATOMIC, USE_TMA=USE_TMA,
+            dk, dv = _attn_bwd_dkdv_tma_inner(
+                dk, dv, k, v, kb, q_desc, do_desc, lse_ptr, delta_ptr, offs_m, cols,
+                seqlen_q, lo, hi_mask, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
+                MASKED=True, HAS_KB=HAS_KB, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
             )
-        dk, dv = _attn_bwd_dkdv_dq_inner(
-            dk, dv, k, v, kb, q_ptrs, do_ptrs, dq_ptrs, q_desc, do_desc, lse_ptr, delta_ptr, sqs, sdos, sdqs,
-            offs_m, cols, d_mask, seqlen_q, lo_full, seqlen_q, qk_scale, sm_scale, seed, bh, dropout_p, dropout_scale,
-            start_n, MASKED=False, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, DQ_ATOMIC=DQ_ATOMIC, USE_TMA=USE_TMA,
+        dk, dv = _attn_bwd_dkdv_tma_inner(
+            dk, dv, k, v, kb, q_desc, do_desc, lse_ptr, delta_ptr, offs_m, cols,
+            seqlen_q, lo_full, seqlen_q, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
+            MASKED=False, HAS_KB=HAS_KB, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
+            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
         )
     dk = dk * sm_scale
     dk_off = b64 * sdkb + hk64 * sdkh + k_start.to(tl.int64) * sdks
@@ -1221,45 +946,28 @@ def _permuted_stride(shape, order) -> tuple[int, ...]:
 # varlen bounds, causal, tf32 setting, override epoch), computed once with the bound kernels.
 # --------------------------------------------------------------------------------------------------
 class _FwdPlan:
-    __slots__ = ("empty", "order", "lse_shape", "kernel", "ints", "tuned", "grid_bh", "meta", "variant",
-                 "variant_ints", "tma", "variant_ok")
+    __slots__ = ("empty", "order", "lse_shape", "kernel", "ints", "tuned", "grid_bh", "meta")
 
 
 class _BwdPlan:
     __slots__ = ("empty", "zero", "orders", "pre", "pre_ints", "dkdv", "dkdv_ints", "dq", "dq_ints", "tuned",
-                 "meta", "grids", "fused", "fused_ints", "fused_ok", "dq32_shape", "dq_direct", "dq_atomic", "tma")
+                 "meta", "grids", "dkdv_tma", "dkdv_tma_ok")
 
 
 # --------------------------------------------------------------------------------------------------
-# Opt-in Hopper variants (issue 13; attention_config._VARIANTS): what the installed Triton offers, and
-# which calls a variant can serve.  A call it cannot serve runs the default kernels.
+# The bwd_tma variant (issue 13; attention_config._use_bwd_tma): what the installed Triton offers, and
+# which calls it can serve.  A call it cannot serve runs the default kernels.
 # --------------------------------------------------------------------------------------------------
 def _triton_has_tma() -> bool:
     return hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
 
 
-def _triton_has_ws() -> bool:
-    import inspect
-
-    try:
-        return "warp_specialize" in inspect.signature(tl.range.__init__).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return False
-
-
 HAS_TMA_DESCRIPTORS = _triton_has_tma()
-HAS_WARP_SPECIALIZE = _triton_has_ws()
 
 
 def _tma_strides_ok(stride, elem_size: int) -> bool:
     """A device-side descriptor over rows of this tensor: unit last-dim stride, 16-byte other strides."""
     return stride[-1] == 1 and all((s * elem_size) % 16 == 0 for s in stride[:-1])
-
-
-def _num_sms() -> int:
-    if INTERPRET or not torch.cuda.is_available():
-        return 2  # the interpreter: a small persistent grid, so that each program walks several tiles
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 def _ensure_allocator() -> None:
@@ -1280,8 +988,8 @@ _VARIANT_FAILURES: list[str] = []  # variants disabled after a failed first laun
 
 def _launch_variant(plan, attr: str, args: tuple) -> bool:
     """Launch the variant Kernel ``plan.<attr>``.  On its first launch for the plan a failure (a compile
-    error of the installed Triton: Hopper's warp specialization pass rejects some loops) disables it
-    for the plan, warns once and returns False, and the caller runs the default kernels; once it has
+    error of the installed Triton, e.g. one without working device-side descriptors) disables it for
+    the plan, warns once and returns False, and the caller runs the default kernels; once it has
     launched, errors propagate.  Under the interpreter nothing is caught (tests must see failures)."""
     kernel = getattr(plan, attr)
     ok_attr = attr + "_ok"
@@ -1294,15 +1002,15 @@ def _launch_variant(plan, attr: str, args: tuple) -> bool:
         setattr(plan, attr, None)
         msg = f"{kernel.fn.__name__} {dict((k, v) for k, v in kernel.meta.items() if k.isupper())}: {type(e).__name__}: {str(e)[:300]}"
         _VARIANT_FAILURES.append(msg)
-        warn_once(f"{_OP}:variant:{msg[:200]}", f"{_OP}: an opt-in variant failed to launch, using the default kernels: {msg}")
+        warn_once(f"{_OP}:variant:{msg[:200]}", f"{_OP}: a variant kernel failed to launch, using the default kernels: {msg}")
         return False
     setattr(plan, ok_attr, True)
     return True
 
 
-def _tma_call_ok(q, k, v) -> bool:
+def _tma_call_ok(q, do) -> bool:
     """Per call: plain tensors (not traced) with 16-byte aligned data (the plan checked the strides)."""
-    if type(q) not in (torch.Tensor, torch.nn.Parameter) or ((q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15):
+    if type(q) not in (torch.Tensor, torch.nn.Parameter) or ((q.data_ptr() | do.data_ptr()) & 15):
         return False
     if not INTERPRET:
         _ensure_allocator()
@@ -1342,30 +1050,10 @@ def _fwd_plan(key) -> _FwdPlan:
     plan.grid_bh = B * H
     fixed = _config("fwd", bd, causal, dtype)
     plan.tuned = fixed is None
-    plan.kernel = plan.variant = None
-    plan.tma = plan.variant_ok = False
+    plan.kernel = None
     if fixed is not None and not plan.empty:
         plan.kernel = Kernel(_attn_fwd_kernel, (triton.cdiv(SQ, fixed["BLOCK_M"]), B * H), check=(0, 1, 2, 5, 6, 7),
                              **plan.meta, **fixed)
-        # Opt-in variants (off by default): the variant kernel where one is asked for and can serve.
-        el = dtype.itemsize
-        tma_ok = HAS_TMA_DESCRIPTORS and all(_tma_strides_ok(_strides4(st, varlen), el) for st in (qst, kst, vst, ost))
-        # Warp specialization needs descriptor loads (Hopper's pass fails on pointer loads: sm_90 static
-        # scan, Triton 3.9), so fwd_ws implies fwd_tma and is refused where descriptors cannot serve.
-        # Dropout and float32 are refused too: Triton 3.6's pass fails on the loop with Philox in it and
-        # on tf32 dots, and leaves ieee fp32 dots unspecialized (the interpreter, which runs 16-bit
-        # inputs as float32 copies, keeps float32 so that tests cover the warp-specialized code path).
-        ws = (bool(_variant("fwd_ws")) and HAS_WARP_SPECIALIZE and tma_ok and not dropout
-              and (dtype != torch.float32 or INTERPRET))
-        tma = (bool(_variant("fwd_tma")) or ws) and tma_ok
-        per_sm = 0 if varlen else _variant("fwd_persistent")
-        if tma or ws or per_sm:
-            num_m = triton.cdiv(SQ, fixed["BLOCK_M"])
-            grid = (min(num_m * B * H, per_sm * _num_sms()), 1) if per_sm else (num_m, B * H)
-            plan.variant = Kernel(_attn_fwd_kernel_v, grid, check=(0, 1, 2, 5, 6, 7), **plan.meta, **fixed,
-                                  USE_TMA=tma, WARP_SPEC=ws, PERSISTENT=per_sm > 0)
-            plan.variant_ints = (num_m, B * H)
-            plan.tma = tma
     return plan
 
 
@@ -1397,10 +1085,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: tor
         return out, lse
     args = (q, k, v, out, lse, q if kb is None else kb, cu_q if varlen else q, cu_k if varlen else q,
             seed if dropout else q, scale * LOG2E, dropout_p, 1.0 / (1.0 - dropout_p) if dropout else 1.0, *plan.ints)
-    if plan.variant is not None and (not plan.tma or _tma_call_ok(q, k, v)) and _launch_variant(
-            plan, "variant", (*args, *plan.variant_ints)):
-        pass
-    elif plan.kernel is not None:
+    if plan.kernel is not None:
         plan.kernel(*args)
     else:  # FUSED_LAYERS_ATTENTION_AUTOTUNE=1: the autotuner picks BLOCK_M
         sq = plan.ints[-3]
@@ -1436,29 +1121,19 @@ def _bwd_plan(key) -> _BwdPlan:
     plan.grids = (SQ, SK, B * H, B * HKV)
     f_dkdv, f_dq = _config("dkdv", bd, causal, dtype), _config("dq", bd, causal, dtype)
     plan.tuned = f_dkdv is None or f_dq is None
-    plan.dkdv = plan.dq = plan.fused = None
-    plan.fused_ok = plan.dq_atomic = plan.tma = False
-    el = dtype.itemsize
-    tma = bool(_variant("bwd_tma")) and HAS_TMA_DESCRIPTORS and all(
-        _tma_strides_ok(_strides4(st, varlen), el) for st in (qst, dost))
-    if (_variant("bwd_dq_atomic") or tma) and not plan.tuned:
-        # Opt-in: dQ by fp32 atomics in the dK/dV kernel, into a zeroed contiguous buffer, and / or Q and
-        # dO tiles of the dK/dV kernel through TMA descriptors (then without atomics the dQ kernel runs after).
-        plan.dq_atomic = bool(_variant("bwd_dq_atomic"))
-        plan.tma = tma
-        plan.dq32_shape = tuple(qs)
-        plan.dq_direct = dtype == torch.float32 and plan.orders[0] == tuple(range(len(qs)))  # dQ is the buffer
-        dq32st = _strides4(_contiguous_stride(qs), varlen)[:3]
-        plan.fused_ints = (*common, *_strides4(dkst, varlen), *_strides4(dvst, varlen), *dq32st, *lse_st, *kb3,
-                           HKV, H // HKV, SQ, SK, D)
-        plan.fused = Kernel(_attn_bwd_dkdv_dq_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
-                            check=(0, 1, 2, 3, 7, 9, 10, 11), **plan.meta, **f_dkdv, DQ_ATOMIC=plan.dq_atomic,
-                            USE_TMA=tma)
+    plan.dkdv = plan.dq = plan.dkdv_tma = None
+    plan.dkdv_tma_ok = False
     if not plan.tuned:
         plan.dkdv = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
                            check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv)
         plan.dq = Kernel(_attn_bwd_dq_kernel, (triton.cdiv(SQ, f_dq["BLOCK_M"]), B * H), check=(0, 1, 2, 3, 5, 7, 8, 9),
                          **plan.meta, **f_dq)
+        # bwd_tma (attention_config._use_bwd_tma: on by default where it measured faster): the dK/dV kernel
+        # with Q / dO tiles through TMA descriptors, where descriptors can serve q and dO (same arguments).
+        if (_use_bwd_tma(dtype, SK, causal, bd, HAS_TMA_DESCRIPTORS)
+                and all(_tma_strides_ok(_strides4(st, varlen), dtype.itemsize) for st in (qst, dost))):
+            plan.dkdv_tma = Kernel(_attn_bwd_dkdv_tma_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
+                                   check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv)
     return plan
 
 
@@ -1503,20 +1178,10 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     sd = seed if dropout else q
     dscale = 1.0 / (1.0 - dropout_p) if dropout else 1.0
     dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints)
-    if plan.fused is not None and (not plan.tma or _tma_call_ok(q, do, do)):
-        if plan.dq_atomic:
-            dq32 = dq.zero_() if plan.dq_direct else torch.zeros(plan.dq32_shape, dtype=torch.float32, device=q.device)
-        else:
-            dq32 = lse  # unused (the dQ kernel runs below)
-        if _launch_variant(plan, "fused", (q, k, v, do, dk, dv, dq32, lse, delta, kb_, cq, ck, sd, qk_scale, scale,
-                                           dropout_p, dscale, *plan.fused_ints)):
-            if not plan.dq_atomic:
-                plan.dq(q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)
-            elif not plan.dq_direct:
-                dq.copy_(dq32)
-            return dq, dk, dv
     dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)
-    if not plan.tuned:
+    if plan.dkdv_tma is not None and _tma_call_ok(q, do) and _launch_variant(plan, "dkdv_tma", dkdv_args):
+        plan.dq(*dq_args)  # bwd_tma: dK / dV done, the dQ kernel as usual
+    elif not plan.tuned:
         plan.dkdv(*dkdv_args)
         plan.dq(*dq_args)
     else:  # FUSED_LAYERS_ATTENTION_AUTOTUNE=1

@@ -103,19 +103,16 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
     }
 
 
-# Opt-in Hopper variants (issue 13): every one off by default, since none has been timed yet
-# (``bench_attention.py --variants`` measures them).  ``config_override("attention", fwd_tma=1)`` etc.
-# turns one on; a variant that cannot serve a call (see attention.py, "Hopper variants") falls back to
-# the default kernels.
-#   fwd_tma         forward: Q/K/V loads and the O store through device-side TMA tensor descriptors
-#   fwd_ws          forward: warp-specialized key loop (tl.range(..., warp_specialize=True)); implies fwd_tma;
-#                   Hopper specializes it only with fwd_num_warps=4
-#   fwd_persistent  forward: persistent grid of fwd_persistent programs per SM, heaviest tiles first (dense only)
-#   bwd_dq_atomic   backward: dQ by fp32 atomics inside the dK/dV kernel (no separate dQ kernel)
-#   bwd_tma         backward: Q and dO tiles of the dK/dV kernel through TMA descriptors (alone or with
-#                   bwd_dq_atomic; without it the dQ kernel runs after as usual)
-# FUSED_LAYERS_ATTENTION_VARIANTS="fwd_tma=1,fwd_ws=1" sets them for a process.
-_VARIANTS: dict[str, int] = {"fwd_tma": 0, "fwd_ws": 0, "fwd_persistent": 0, "bwd_dq_atomic": 0, "bwd_tma": 0}
+# Hopper variants (issue 13), measured on the H200 (benchmarks/results/issue13/attention_variants.md, clean
+# timing, bf16, H=16, B*S=16384).  One is kept:
+#   bwd_tma   backward: the Q and dO tiles of the dK/dV kernel through TMA tensor descriptors (the dQ
+#             kernel runs after as usual).  -1 = auto (the default: _bwd_tma_auto below), 1 = on, 0 = off.
+# Removed after the measurements: fwd_tma / fwd_ws / fwd_persistent (a forward through TMA descriptors,
+# warp-specialized, persistent: slower than the default forward in every case, e.g. D64 S4096 408 TFLOP/s
+# default, 382 TMA, 312 persistent; the warp-specialized 4-warp forms gave wrong output at D64 S1024) and
+# bwd_dq_atomic (dQ by fp32 atomics in the dK/dV kernel: slower everywhere, e.g. D64 S4096 272 vs 365).
+# ``config_override("attention", bwd_tma=1)`` or FUSED_LAYERS_ATTENTION_VARIANTS="bwd_tma=0" set it.
+_VARIANTS: dict[str, int] = {"bwd_tma": -1}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")
@@ -125,5 +122,33 @@ if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
 
 
 def _variant(name: str) -> int:
-    """The value of opt-in variant ``name`` (0 = off): config_override first, then _VARIANTS."""
+    """The value of variant ``name`` (0 = off, 1 = on, -1 = auto): config_override first, then _VARIANTS."""
     return int(get_override("attention", name, _VARIANTS[name]))
+
+
+# Where bwd_tma beat the default backward on the H200 (TFLOP/s of the backward, bwd_tma vs default):
+#   D64  S4096  non-causal 372 vs 365, causal 321 vs 309;  D64  S16384 non-causal 380 vs 373, causal 355 vs 342;
+#   D128 S4096  non-causal 401 vs 384;                      D128 S16384 non-causal 420 vs 404
+# (an earlier, contended sweep agreed).  It lost at S1024 (D64 non-causal 319 vs 326) and at D128 causal
+# (S4096 309 vs 351, S16384 354 vs 402).  Only bf16 and D 64 / 128 were timed: fp16 (same 2-byte tiles) and
+# the other head-dim buckets (D <= 32 with 64, D 80..256 non-causal with 128) follow them unmeasured.
+BWD_TMA_MIN_SEQLEN_K = 4096
+
+
+def _bwd_tma_auto(dtype: torch.dtype, max_seqlen_k: int, causal: bool, block_d: int, has_tma: bool,
+                  interpret: bool | None = None) -> bool:
+    """bwd_tma's auto rule: on iff the installed Triton has device-side descriptors, not under the
+    interpreter, bf16 / fp16, max seqlen_k >= 4096 and (not causal or head-dim bucket <= 64)."""
+    if interpret is None:
+        interpret = INTERPRET
+    return (has_tma and not interpret and dtype in (torch.bfloat16, torch.float16)
+            and max_seqlen_k >= BWD_TMA_MIN_SEQLEN_K and (not causal or block_d <= 64))
+
+
+def _use_bwd_tma(dtype: torch.dtype, max_seqlen_k: int, causal: bool, block_d: int, has_tma: bool) -> bool:
+    """Whether a backward plan asks for the bwd_tma dK/dV kernel: the knob (1 on, 0 off), else the auto
+    rule.  Forced on it still needs descriptors (``has_tma``); the plan also checks the strides."""
+    v = _variant("bwd_tma")
+    if v >= 0:
+        return bool(v) and has_tma
+    return _bwd_tma_auto(dtype, max_seqlen_k, causal, block_d, has_tma)
