@@ -1130,7 +1130,7 @@ def _bwd_plan(key) -> _BwdPlan:
                          **plan.meta, **f_dq)
         # bwd_tma (attention_config._use_bwd_tma: on by default where it measured faster): the dK/dV kernel
         # with Q / dO tiles through TMA descriptors, where descriptors can serve q and dO (same arguments).
-        if (_use_bwd_tma(dtype, SK, causal, bd, HAS_TMA_DESCRIPTORS)
+        if (_use_bwd_tma(dtype, SK, causal, bd, HAS_TMA_DESCRIPTORS, varlen=varlen)
                 and all(_tma_strides_ok(_strides4(st, varlen), dtype.itemsize) for st in (qst, dost))):
             plan.dkdv_tma = Kernel(_attn_bwd_dkdv_tma_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
                                    check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv)

@@ -130,25 +130,26 @@ def _variant(name: str) -> int:
 #   D64  S4096  non-causal 372 vs 365, causal 321 vs 309;  D64  S16384 non-causal 380 vs 373, causal 355 vs 342;
 #   D128 S4096  non-causal 401 vs 384;                      D128 S16384 non-causal 420 vs 404
 # (an earlier, contended sweep agreed).  It lost at S1024 (D64 non-causal 319 vs 326) and at D128 causal
-# (S4096 309 vs 351, S16384 354 vs 402).  Only bf16 and D 64 / 128 were timed: fp16 (same 2-byte tiles) and
-# the other head-dim buckets (D <= 32 with 64, D 80..256 non-causal with 128) follow them unmeasured.
+# (S4096 309 vs 351, S16384 354 vs 402).  Only dense bf16 at D 64 / 128 was timed, so auto stays inside what
+# was measured: fp16, float32, varlen and the other head-dim buckets run the default kernels (force with 1).
 BWD_TMA_MIN_SEQLEN_K = 4096
 
 
 def _bwd_tma_auto(dtype: torch.dtype, max_seqlen_k: int, causal: bool, block_d: int, has_tma: bool,
-                  interpret: bool | None = None) -> bool:
+                  interpret: bool | None = None, varlen: bool = False) -> bool:
     """bwd_tma's auto rule: on iff the installed Triton has device-side descriptors, not under the
-    interpreter, bf16 / fp16, max seqlen_k >= 4096 and (not causal or head-dim bucket <= 64)."""
+    interpreter, dense (not varlen) bf16, seqlen_k >= 4096, and head-dim bucket 64, or 128 when not causal."""
     if interpret is None:
         interpret = INTERPRET
-    return (has_tma and not interpret and dtype in (torch.bfloat16, torch.float16)
-            and max_seqlen_k >= BWD_TMA_MIN_SEQLEN_K and (not causal or block_d <= 64))
+    return (has_tma and not interpret and not varlen and dtype == torch.bfloat16
+            and max_seqlen_k >= BWD_TMA_MIN_SEQLEN_K and (block_d == 64 or (block_d == 128 and not causal)))
 
 
-def _use_bwd_tma(dtype: torch.dtype, max_seqlen_k: int, causal: bool, block_d: int, has_tma: bool) -> bool:
+def _use_bwd_tma(dtype: torch.dtype, max_seqlen_k: int, causal: bool, block_d: int, has_tma: bool,
+                 varlen: bool = False) -> bool:
     """Whether a backward plan asks for the bwd_tma dK/dV kernel: the knob (1 on, 0 off), else the auto
     rule.  Forced on it still needs descriptors (``has_tma``); the plan also checks the strides."""
     v = _variant("bwd_tma")
     if v >= 0:
         return bool(v) and has_tma
-    return _bwd_tma_auto(dtype, max_seqlen_k, causal, block_d, has_tma)
+    return _bwd_tma_auto(dtype, max_seqlen_k, causal, block_d, has_tma, varlen=varlen)
