@@ -354,14 +354,16 @@ def _step(m, ids, mask=None):
     m.zero_grad(set_to_none=True)
     out = m(input_ids=ids, attention_mask=mask, labels=ids)
     out.loss.backward()
-    return out.loss.detach(), out.logits.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    logits = None if out.logits is None else out.logits.detach()  # None: the fused LM head + loss in training
+    return out.loss.detach(), logits, {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
 
 def _compare_steps(a, b, tol=2e-4):
     la, oa, ga = a
     lb, ob, gb = b
     torch.testing.assert_close(lb, la, atol=tol, rtol=tol)
-    torch.testing.assert_close(ob, oa, atol=tol, rtol=tol)
+    if oa is not None and ob is not None:  # else: loss and every gradient still compared
+        torch.testing.assert_close(ob, oa, atol=tol, rtol=tol)
     assert ga.keys() == gb.keys()
     for n in ga:
         torch.testing.assert_close(gb[n], ga[n], atol=tol, rtol=tol, msg=n)
@@ -668,9 +670,11 @@ def test_callback_switches_hf_model_and_policy_faster_restores_attention(tmp_pat
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_hf_causal_lm_loss_matches_transformers(family, device):
-    """The *ForCausalLM loss on the fused cross-entropy: same loss (float32) and every gradient as
-    transformers' ForCausalLMLoss (which upcasts the logits), with ignored labels, num_items_in_batch and
-    shift_labels; restore gives the class back and state_dicts load strictly both ways."""
+    """The causal-LM loss swap against transformers' ForCausalLMLoss (which upcasts the logits): in
+    training with labels the LM head + loss run as one fused linear cross-entropy (``outputs.logits`` is
+    None); in eval, or with HF_SKIP_LOGITS off, the fused cross-entropy on the logits.  Same float32 loss
+    and every gradient, with ignored labels, num_items_in_batch and shift_labels; restore gives the class
+    back and state_dicts load strictly both ways."""
     import copy
 
     from fused_layers.integrations import _hf
@@ -682,21 +686,35 @@ def test_hf_causal_lm_loss_matches_transformers(family, device):
     rep = swap_modules(m, kinds=["cross_entropy"])
     assert [(e.name, e.kind, e.via) for e in rep.swapped] == [("", "cross_entropy", "known: hf_causal_lm_loss")]
     assert isinstance(m, type(ref)) and m.loss_function is _hf.fused_causal_lm_loss
+    assert type(m)._fused_linear_refused is None
     assert "" not in Ledger(m).fused_modules()  # the ledger never replays a whole model
     ids = torch.randint(0, 61, (3, 11), device=dev)
     labels = ids.clone()
     labels[0, :4] = -100
     labels[2, 7:] = -100
     shifted = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
-    for kw in ({}, {"num_items_in_batch": torch.tensor(17, device=dev)}, {"shift_labels": shifted}):
-        steps = []
-        for model in (ref, m):
-            model.zero_grad(set_to_none=True)
-            out = model(input_ids=ids, labels=labels, **kw)  # with shift_labels, labels only switch the loss on
-            out.loss.backward()
-            assert out.loss.dtype == torch.float32
-            steps.append((out.loss.detach(), out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-        _compare_steps(*steps, tol=1e-5)
+    for mode, skip in (("train", True), ("eval", True), ("train", False)):
+        ref.train(mode == "train")
+        m.train(mode == "train")
+        linear = mode == "train" and skip
+        _hf.HF_SKIP_LOGITS, old = skip, _hf.HF_SKIP_LOGITS
+        try:
+            for kw in ({}, {"num_items_in_batch": torch.tensor(17, device=dev)}, {"shift_labels": shifted}):
+                steps = []
+                for model in (ref, m):
+                    model.zero_grad(set_to_none=True)
+                    out = model(input_ids=ids, labels=labels, **kw)  # with shift_labels, labels only switch the loss on
+                    out.loss.backward()
+                    assert out.loss.dtype == torch.float32
+                    logits = out.logits.detach() if out.logits is not None else None
+                    steps.append((out.loss.detach(), logits, {n: p.grad.clone() for n, p in model.named_parameters()}))
+                assert (steps[1][1] is None) == linear, (mode, skip)
+                if linear:
+                    steps = [(a, None, c) for a, _, c in steps]
+                    assert type(m.lm_head) is torch.nn.Linear  # put back after the forward
+                _compare_steps(*steps, tol=1e-5)
+        finally:
+            _hf.HF_SKIP_LOGITS = old
     with torch.autocast(dev.type if hasattr(dev, "type") else str(dev), dtype=torch.bfloat16):
         la = ref(input_ids=ids, labels=labels).loss
         lb = m(input_ids=ids, labels=labels).loss
@@ -708,6 +726,46 @@ def test_hf_causal_lm_loss_matches_transformers(family, device):
     swap_modules(m, kinds=["cross_entropy"])
     ref.load_state_dict(m.state_dict(), strict=True)
     m.load_state_dict(ref.state_dict(), strict=True)
+
+
+@needs_hf
+def test_hf_lm_head_fusion_only_where_the_forward_allows():
+    """The fused linear path needs a forward whose logits go straight from lm_head to the loss and the
+    output (read from its syntax tree); post-processed logits (soft-capping, scaling) keep the loss-only swap."""
+    from fused_layers.integrations._hf import _lm_head_feeds_only_the_loss as why
+
+    for name in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "GPT2LMHeadModel", "OPTForCausalLM"):
+        assert why(getattr(transformers, name)) is None, name
+    for name in ("Gemma2ForCausalLM", "CohereForCausalLM"):
+        assert why(getattr(transformers, name)) is not None, name
+
+    class Scaled(transformers.LlamaForCausalLM):  # a model that rescales its logits
+        def forward(self, input_ids=None, labels=None, **kwargs):
+            h = self.model(input_ids=input_ids).last_hidden_state
+            logits = self.lm_head(h)
+            logits = logits * 0.5
+            return self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
+
+    assert "assigns logits 2 times" in why(Scaled)
+
+
+@needs_hf
+def test_gpt2_tied_head_linear_loss_matches():
+    """GPT-2 (LM head tied to the token embedding): the fused linear path's gradient reaches the shared weight."""
+    import copy
+
+    cfg = transformers.GPT2Config(vocab_size=53, n_embd=32, n_layer=1, n_head=4, n_positions=16, attn_implementation="sdpa",
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    ref = transformers.GPT2LMHeadModel(cfg).train()
+    m = copy.deepcopy(ref)
+    swap_modules(m, kinds=["cross_entropy"])
+    ids = torch.randint(0, 53, (2, 9))
+    outs = []
+    for model in (ref, m):
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        outs.append((out.loss.detach(), None, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    _compare_steps(*outs, tol=1e-5)
 
 
 @needs_hf

@@ -39,6 +39,7 @@ all keys there instead (a row no loss reads).
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import weakref
 from typing import Any, Optional
@@ -287,23 +288,151 @@ def fused_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size:
     return loss
 
 
+def _lm_head_feeds_only_the_loss(cls: type) -> Optional[str]:
+    """Why ``cls.forward`` may not run the LM head + loss as one fused linear cross-entropy (None: it may).
+
+    Checked on the forward's syntax tree, so any transformers version or model copy qualifies by what it
+    does: ``logits`` is assigned once, from ``self.lm_head(...)`` (optionally ``.contiguous()``), and is
+    otherwise only passed on: as ``logits=logits`` (to ``self.loss_function`` and the output), as the first
+    arguments of ``self.loss_function``, or returned in a tuple.  A forward that
+    rescales or soft-caps the logits (Gemma 2's ``final_logit_softcapping``, Cohere's ``logit_scale``)
+    assigns ``logits`` again or uses it in arithmetic and is refused."""
+    import ast
+    import textwrap
+
+    fwd = cls.__dict__.get("forward") or getattr(cls, "forward", None)
+    try:
+        fwd = inspect.unwrap(fwd)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fwd)))
+    except (OSError, TypeError, ValueError, SyntaxError) as e:
+        return f"its forward's source is not readable ({type(e).__name__})"
+    stores, bad = [], []
+    parents = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "logits":
+            if isinstance(node.ctx, ast.Store):
+                stores.append(node)
+                continue
+            parent = parents.get(node)
+            if isinstance(parent, ast.keyword) and parent.arg == "logits":
+                continue
+            if isinstance(parent, ast.Tuple):
+                continue
+            if (isinstance(parent, ast.Call) and node in parent.args and isinstance(parent.func, ast.Attribute)
+                    and parent.func.attr == "loss_function"):  # self.loss_function(logits, labels, ...)
+                continue
+            bad.append(getattr(node, "lineno", "?"))
+    if len(stores) != 1:
+        return f"its forward assigns logits {len(stores)} times (post-processed logits)"
+    assign = parents.get(stores[0])
+    call = getattr(assign, "value", None)
+    while (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "contiguous"
+           and not call.args):  # self.lm_head(h).contiguous() (OPT)
+        call = call.func.value
+    if not (isinstance(assign, ast.Assign) and isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "lm_head" and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"):
+        return "its logits do not come straight from self.lm_head(...)"
+    if bad:
+        return "its forward uses the logits for more than the loss and the output"
+    return None
+
+
+#: The HF fused linear cross-entropy: in training with labels, the LM head + loss run chunked over tokens
+#: and ``outputs.logits`` is None (as Liger-Kernel's HF patches do).  Set to False (or
+#: FUSED_LAYERS_HF_SKIP_LOGITS=0) to keep the logits: the loss alone is fused then.
+HF_SKIP_LOGITS = os.environ.get("FUSED_LAYERS_HF_SKIP_LOGITS", "1") not in ("0", "false", "False")
+
+
+class _CaptureHidden(nn.Module):
+    """Stands in for ``lm_head`` during a fused forward: the "logits" the model passes on are its hidden states."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states
+
+
+def _linear_loss(head: nn.Linear):
+    def loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
+             num_items_in_batch: Optional[torch.Tensor] = None, ignore_index: int = -100,
+             shift_labels: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
+        from ..ops.linear_cross_entropy import fused_linear_cross_entropy
+
+        hidden = logits  # what _CaptureHidden returned: (B, S, H)
+        if shift_labels is None:
+            labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
+            shift_labels = labels[..., 1:]
+        h = hidden.reshape(-1, hidden.shape[-1])
+        t = shift_labels.reshape(-1).to(h.device)
+        reduction = "sum" if num_items_in_batch is not None else "mean"
+        out = fused_linear_cross_entropy(h, head.weight, t, head.bias, ignore_index=ignore_index, reduction=reduction).float()
+        if reduction == "sum":
+            if torch.is_tensor(num_items_in_batch):
+                num_items_in_batch = num_items_in_batch.to(out.device)
+            out = out / num_items_in_batch
+        return out
+
+    return loss
+
+
 def _build_causal_lm(cls: type) -> dict:
+    source_forward = cls.forward
+    try:
+        sig = inspect.signature(source_forward)
+    except (TypeError, ValueError):  # pragma: no cover
+        sig = None
+    linear_why = _lm_head_feeds_only_the_loss(cls)
+
     def _get(self):
-        return self.__dict__.get("_loss_function", fused_causal_lm_loss)
+        return self.__dict__.get("_fused_lce_loss") or self.__dict__.get("_loss_function", fused_causal_lm_loss)
 
     def _set(self, value):
         self.__dict__["_loss_function"] = value
 
+    def _linear_ok(self, args: tuple, kwargs: dict) -> bool:
+        if linear_why is not None or not HF_SKIP_LOGITS or not self.training or not torch.is_grad_enabled():
+            return False
+        if "_loss_function" in self.__dict__ or torch.compiler.is_compiling():
+            return False
+        head = self.__dict__["_modules"].get("lm_head")
+        if type(head) is not nn.Linear or sig is None:
+            return False
+        try:
+            bound = sig.bind(self, *args, **kwargs).arguments
+        except TypeError:
+            return False
+        keep = bound.get("logits_to_keep", 0)
+        extra = bound.get("kwargs", {})
+        return bound.get("labels") is not None and isinstance(keep, int) and keep == 0 and not extra.get("return_dict") is False
+
+    def forward(self, *args: Any, **kwargs: Any):
+        if not _linear_ok(self, args, kwargs):
+            return source_forward(self, *args, **kwargs)
+        mods = self.__dict__["_modules"]
+        head = mods["lm_head"]
+        mods["lm_head"] = _CaptureHidden()
+        self.__dict__["_fused_lce_loss"] = _linear_loss(head)
+        try:
+            out = source_forward(self, *args, **kwargs)
+        finally:
+            mods["lm_head"] = head
+            self.__dict__.pop("_fused_lce_loss", None)
+        # the "logits" are hidden states: drop them (the point is never to hold (tokens, vocab) logits)
+        return type(out)(**{k: v for k, v in out.items() if k != "logits"})
+
     return {"loss_function": property(_get, _set, doc="transformers' causal-LM loss on the fused cross-entropy kernel"),
+            "forward": forward,
             # the speedup ledger replays module calls with random inputs: not a whole model (token ids,
             # caches); the step-time A/B measures this swap on real steps
-            "_fused_ledger_skip": True}
+            "_fused_ledger_skip": True,
+            "_fused_linear_refused": linear_why}
 
 
 REGISTRY.append(
     LookAlike("hf_causal_lm_loss", "transformers", "cross_entropy", "transformers.models.llama.modeling_llama.LlamaForCausalLM",
               _build_causal_lm, predicate=_is_hf_causal_lm, check=_causal_lm_loss_check,
-              note="the loss of *ForCausalLM models (transformers' ForCausalLMLoss on the fused cross-entropy)"),
+              note="the LM head + loss of causal LMs (fused linear cross-entropy in training, else the fused loss)"),
 )
 
 _registered = [False]
