@@ -395,6 +395,9 @@ def _build_causal_lm(cls: type) -> dict:
             return False
         if "_loss_function" in self.__dict__ or torch.compiler.is_compiling():
             return False
+        cfg = getattr(self, "config", None)
+        if not getattr(cfg, "return_dict", True):  # tuple outputs: keep transformers' path
+            return False
         head = self.__dict__["_modules"].get("lm_head")
         if type(head) is not nn.Linear or sig is None:
             return False
@@ -419,6 +422,9 @@ def _build_causal_lm(cls: type) -> dict:
             mods["lm_head"] = head
             self.__dict__.pop("_fused_lce_loss", None)
         # the "logits" are hidden states: drop them (the point is never to hold (tokens, vocab) logits)
+        if not hasattr(out, "items"):
+            raise RuntimeError(f"{type(self).__name__}: the fused LM head + loss expected a ModelOutput, got "
+                               f"{type(out).__name__}; set FUSED_LAYERS_HF_SKIP_LOGITS=0 to keep transformers' path")
         return type(out)(**{k: v for k, v in out.items() if k != "logits"})
 
     return {"loss_function": property(_get, _set, doc="transformers' causal-LM loss on the fused cross-entropy kernel"),
