@@ -20,6 +20,17 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+# Candidates against the default (16 random bits per element, the table's tile configs), all timed with
+# dropout on and off.  "nospill": dK/dV (and D128 dQ) tiles that compile without register spills when
+# dropout is on (sm_90, Triton 3.9, static scan of 2026-12-01: the table's dK/dV configs spill 280 B (D64
+# causal) to 688 B (D128 causal) a thread with dropout, these 0-32 B).  "8bit": one Philox call per 16
+# keys (p in steps of 1/256, as FlashAttention-2).
+NOSPILL = {64: dict(dkdv_block_m=32, dkdv_block_n=128, dkdv_num_warps=8, dkdv_num_stages=3),
+           128: dict(dkdv_block_m=16, dkdv_block_n=128, dkdv_num_warps=8, dkdv_num_stages=3,
+                     dq_block_m=128, dq_block_n=32, dq_num_warps=8, dq_num_stages=2)}
+CANDIDATES = {"8bit": lambda D: dict(dropout_bits=8), "nospill": lambda D: NOSPILL[D],
+              "8bit+nospill": lambda D: dict(NOSPILL[D], dropout_bits=8)}
+
 SHAPES = [  # (name, B, Hq, Hkv, S, D, causal)
     ("gpt2 12x64 S1024", 8, 12, 12, 1024, 64, True),
     ("llama 16/4x64 S2048", 4, 16, 4, 2048, 64, True),
@@ -58,7 +69,23 @@ def main() -> None:
                     row[f"{impl}_fb_p{p}"] = do_bench(fb, warmup=5, rep=40)
                 except Exception as e:  # noqa: BLE001 - e.g. SDPA without a dropout-capable kernel for GQA
                     row[f"{impl}_p{p}_error"] = f"{type(e).__name__}: {e}"[:200]
-        for impl in ("fused", "sdpa"):
+        from fused_layers.ops._common import config_override
+
+        for cand, ov in CANDIDATES.items():  # the same timings under each candidate's overrides
+            with config_override("attention", **ov(D)):
+                for p in (0.0, args.p):
+                    def fwd():
+                        return fused_attention(q, k, v, None, p, causal, enable_gqa=gqa)
+
+                    def fb():
+                        torch.autograd.grad(fwd(), (q, k, v), g)
+
+                    try:
+                        row[f"{cand}_fwd_p{p}"] = do_bench(fwd, warmup=5, rep=40)
+                        row[f"{cand}_fb_p{p}"] = do_bench(fb, warmup=5, rep=40)
+                    except Exception as e:  # noqa: BLE001
+                        row[f"{cand}_p{p}_error"] = f"{type(e).__name__}: {e}"[:200]
+        for impl in ("fused", "sdpa", *CANDIDATES):
             for part in ("fwd", "fb"):
                 a, b = row.get(f"{impl}_{part}_p0.0"), row.get(f"{impl}_{part}_p{args.p}")
                 if a and b:
@@ -85,6 +112,15 @@ def write(rows: list, args) -> None:
                      f"{f(r, 'fused_fb_p0.0')} / {f(r, f'fused_fb_p{args.p}')} | "
                      f"{c(r, 'fused_fwd_dropout_cost')} / {c(r, 'fused_fb_dropout_cost')} | "
                      f"{c(r, 'sdpa_fwd_dropout_cost')} / {c(r, 'sdpa_fb_dropout_cost')} |")
+    lines += ["", "Candidates (fwd+bwd ms with p, and its cost against the default kernels at p = 0; see CANDIDATES):", "",
+              "| shape | default | " + " | ".join(CANDIDATES) + " |", "|---|---|" + "---|" * len(CANDIDATES)]
+    for r in rows:
+        base = r.get("fused_fb_p0.0")
+        cells = []
+        for cand in ("fused", *CANDIDATES):
+            t = r.get(f"{cand}_fb_p{args.p}")
+            cells.append("-" if t is None or not base else f"{t:.3f} ({t / base - 1:+.0%})")
+        lines.append(f"| {r['shape']} | " + " | ".join(cells) + " |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

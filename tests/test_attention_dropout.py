@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fused_layers import fused_attention
+from fused_layers.ops._common import config_override
 from fused_layers.ops.attention import attention_dropout_mask, draw_dropout_seed
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -52,7 +53,15 @@ CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal, key padding)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}H{}/{}S{}x{}D{}{}{}".format(*c[:6], "c" if c[6] else "", "m" if c[7] else ""))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("device", DEVICES)
-def test_dropout_matches_reference_with_same_mask(case, dtype, device):
+@pytest.mark.parametrize("bits", [16, 8])  # random bits per element (attention config "dropout_bits")
+def test_dropout_matches_reference_with_same_mask(case, dtype, device, bits):
+    if bits == 8 and dtype == torch.bfloat16 and case[6]:
+        pytest.skip("8-bit masks: the float32 cases and the non-causal bf16 ones are enough")
+    with config_override("attention", dropout_bits=bits):
+        _dropout_matches_reference(case, dtype, device)
+
+
+def _dropout_matches_reference(case, dtype, device):
     dev = _dev(device)
     B, Hq, Hkv, Sq, Sk, D, causal, padded = case
     p = 0.25
@@ -79,13 +88,27 @@ def test_dropout_matches_reference_with_same_mask(case, dtype, device):
         torch.testing.assert_close(a.double(), b, atol=tol * scale * 2, rtol=tol * 2, msg=f"d{name}")
 
 
-def test_mask_statistics():
+@pytest.mark.parametrize("bits", [16, 8])
+def test_mask_statistics(bits):
+    with config_override("attention", dropout_bits=bits):
+        _mask_statistics(bits)
+    seed = torch.tensor([99], dtype=torch.int64)
+    with config_override("attention", dropout_bits=8):
+        k8 = attention_dropout_mask(seed, 1, 2, 48, 48, 0.3)
+    k16 = attention_dropout_mask(seed, 1, 2, 48, 48, 0.3)
+    assert 0.25 < (k8 != k16).float().mean().item() < 0.6  # two streams, not one a prefix of the other
+    with config_override("attention", dropout_bits=12), pytest.raises(ValueError, match="dropout_bits"):
+        attention_dropout_mask(seed, 1, 1, 8, 8, 0.5)
+
+
+def _mask_statistics(bits):
     p = 0.2
     seed = torch.tensor([123456789], dtype=torch.int64)
     keep = attention_dropout_mask(seed, 2, 4, 64, 64, p)
     n = keep.numel()
     frac = keep.float().mean().item()
-    assert abs(frac - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+    p_eff = round(p * 2**bits) / 2**bits  # p acts in steps of 2^-bits
+    assert abs(frac - (1 - p_eff)) < 5 * math.sqrt(p * (1 - p) / n)
     # no structure along rows, columns or heads: each slice keeps about 1 - p
     for d in (2, 3):
         fr = keep.float().mean(dim=d)

@@ -222,7 +222,7 @@ def test_bwd_tma_auto_rule(dtype, sk, causal, bd, on):
 def test_bwd_tma_knob():
     """-1 (auto) is the default and off under the interpreter; 1 forces it on (where descriptors exist),
     0 off even where the rule says on."""
-    assert AC._VARIANTS == {"bwd_tma": -1}
+    assert AC._VARIANTS["bwd_tma"] == -1
     assert AC._variant("bwd_tma") == -1
     assert AC._use_bwd_tma(torch.bfloat16, 16384, False, 64, True) is (not AC.INTERPRET)
     with config_override("attention", bwd_tma=1):

@@ -101,7 +101,9 @@ from ._common import (
     warn_once,
 )
 from ._library import FusedOp, Kernel
-from .attention_config import _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _use_bwd_tma  # noqa: F401
+from .attention_config import (  # noqa: F401
+    _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _dropout_bits, _use_bwd_tma,
+)
 
 _OP = "fused_attention"
 LOG2E = 1.4426950408889634
@@ -116,27 +118,44 @@ def _dropout_keep(
     seed,  # int64 scalar, drawn from torch's RNG per call (loaded from a 1-element tensor)
     bh,  # query (batch, head) index b * H + h
     rows,  # [BLOCK_M] query indices
-    key_start,  # first key of the tile (a multiple of 8)
+    key_start,  # first key of the tile (a multiple of 16)
     dropout_p,  # probability of dropping an element
     BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # keys in the tile (a multiple of 8)
+    BLOCK_N: tl.constexpr,  # keys in the tile (a multiple of 16)
+    BITS: tl.constexpr = 16,  # random bits per element: 16 (default) or 8 (attention_config "dropout_bits")
 ):
     """[BLOCK_M, BLOCK_N] True where P[b, h, row, key] is kept.
 
-    One Philox-4x32-10 call per 8 keys of a row: counters (key // 8, row, b * H + h, 0) give 4 x 32 bits,
-    cut into 8 16-bit uniforms, one per key (a fixed order of the 8); a key is kept when its 16 bits are
-    >= round(p * 2^16) (so p acts in steps of 2^-16).  8 elements per call keeps Philox's integer work
-    small next to the tile's matrix products; every kernel calls this with the same (row, key) -> bits map.
+    BITS = 16: one Philox-4x32-10 call per 8 keys of a row: counters (key // 8, row, b * H + h, 0) give
+    4 x 32 bits, cut into 8 16-bit uniforms, one per key (a fixed order of the 8); a key is kept when its
+    16 bits are >= round(p * 2^16) (so p acts in steps of 2^-16).
+    BITS = 8 (opt-in): one call per 16 keys, counters (key // 16, row, b * H + h, 1), 16 8-bit uniforms,
+    kept when >= round(p * 256): p acts in steps of 1/256 (as FlashAttention-2's dropout, which SDPA's
+    flash backend runs) for half the Philox work per element.
+    Every kernel calls this with the same (row, key) -> bits map.
     """
-    G: tl.constexpr = BLOCK_N // 8
-    grp = key_start // 8 + tl.arange(0, G)
-    zero = rows[:, None] * 0 + grp[None, :] * 0  # int32 [BLOCK_M, G]
-    r0, r1, r2, r3 = tl.philox(seed, (grp[None, :] + zero).to(tl.uint32), (rows[:, None] + zero).to(tl.uint32),
-                               (zero + bh).to(tl.uint32), zero.to(tl.uint32))
-    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK_M, G, 4])
-    halves = tl.reshape(tl.join(w & 0xFFFF, w >> 16), [BLOCK_M, BLOCK_N])
-    thr = tl.cast(dropout_p * 65536.0 + 0.5, tl.uint32)
-    return halves >= thr
+    if BITS == 8:
+        G: tl.constexpr = BLOCK_N // 16
+        grp = key_start // 16 + tl.arange(0, G)
+        zero = rows[:, None] * 0 + grp[None, :] * 0  # int32 [BLOCK_M, G]
+        r0, r1, r2, r3 = tl.philox(seed, (grp[None, :] + zero).to(tl.uint32), (rows[:, None] + zero).to(tl.uint32),
+                                   (zero + bh).to(tl.uint32), (zero + 1).to(tl.uint32))
+        w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK_M, G, 4])
+        lo = tl.join(w & 0xFF, (w >> 8) & 0xFF)  # [BLOCK_M, G, 4, 2]
+        hi = tl.join((w >> 16) & 0xFF, w >> 24)
+        bytes_ = tl.reshape(tl.join(lo, hi), [BLOCK_M, BLOCK_N])
+        thr8 = tl.cast(dropout_p * 256.0 + 0.5, tl.uint32)
+        return bytes_ >= thr8
+    else:
+        G2: tl.constexpr = BLOCK_N // 8
+        grp2 = key_start // 8 + tl.arange(0, G2)
+        zero2 = rows[:, None] * 0 + grp2[None, :] * 0  # int32 [BLOCK_M, G]
+        s0, s1, s2, s3 = tl.philox(seed, (grp2[None, :] + zero2).to(tl.uint32), (rows[:, None] + zero2).to(tl.uint32),
+                                   (zero2 + bh).to(tl.uint32), zero2.to(tl.uint32))
+        w2 = tl.reshape(tl.join(tl.join(s0, s1), tl.join(s2, s3)), [BLOCK_M, G2, 4])
+        halves = tl.reshape(tl.join(w2 & 0xFFFF, w2 >> 16), [BLOCK_M, BLOCK_N])
+        thr = tl.cast(dropout_p * 65536.0 + 0.5, tl.uint32)
+        return halves >= thr
 
 
 @triton.jit
@@ -147,6 +166,7 @@ def _dropout_mask_kernel(
     dropout_p,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BITS: tl.constexpr,  # as the attention kernels' HAS_DROPOUT
 ):
     """Materialize the keep mask the attention kernels use (tests / debugging only)."""
     pid_m = tl.program_id(0)
@@ -156,7 +176,7 @@ def _dropout_mask_kernel(
     base = OUT + pid_bh.to(tl.int64) * SQ * SK
     for start_n in range(0, SK, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        keep = _dropout_keep(seed, pid_bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N)
+        keep = _dropout_keep(seed, pid_bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N, BITS)
         mask = (rows[:, None] < SQ) & (cols[None, :] < SK)
         tl.store(base + rows[:, None].to(tl.int64) * SK + cols[None, :], keep.to(tl.int8), mask=mask)
 
@@ -215,7 +235,7 @@ def _attn_fwd_inner(
         l_i = l_i * alpha + tl.sum(p, 1)  # the softmax normalizer sums the probabilities before dropout
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:  # dropped probabilities add nothing to P V (the 1 / (1 - p) is in the epilogue)
-            p = tl.where(_dropout_keep(seed, bh, offs_m, start_n, dropout_p, BLOCK_M, BLOCK_N), p, 0.0)
+            p = tl.where(_dropout_keep(seed, bh, offs_m, start_n, dropout_p, BLOCK_M, BLOCK_N, HAS_DROPOUT), p, 0.0)
         if MASKED:
             v = tl.load(v_ptrs + start_n * svs, mask=kv_mask, other=0.0)
         elif EVEN_D:
@@ -417,7 +437,7 @@ def _attn_bwd_dkdv_inner(
             pT = tl.where(rows[None, :] >= cols[:, None], pT, 0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # dP^T = V dO^T
         if HAS_DROPOUT:  # with Z = keep / (1 - p): dV += (P Z)^T dO, dP = (dO V^T) Z
-            keepT = tl.trans(_dropout_keep(seed, bh, rows, key_start, dropout_p, BLOCK_M, BLOCK_N))
+            keepT = tl.trans(_dropout_keep(seed, bh, rows, key_start, dropout_p, BLOCK_M, BLOCK_N, HAS_DROPOUT))
             dv = tl.dot(tl.where(keepT, pT * dropout_scale, 0.0).to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
             dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
         else:
@@ -577,7 +597,7 @@ def _attn_bwd_dq_inner(
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # dP = dO V^T
         if HAS_DROPOUT:  # dP = (dO V^T) Z, Z = keep / (1 - p)
-            keep_d = _dropout_keep(seed, bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N)
+            keep_d = _dropout_keep(seed, bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N, HAS_DROPOUT)
             dp = tl.where(keep_d, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)  # dQ += dS K
@@ -717,7 +737,7 @@ def _attn_bwd_dkdv_tma_inner(
             pT = tl.where(rows[None, :] >= cols[:, None], pT, 0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
         if HAS_DROPOUT:
-            keepT = tl.trans(_dropout_keep(seed, bh, rows, key_start, dropout_p, BLOCK_M, BLOCK_N))
+            keepT = tl.trans(_dropout_keep(seed, bh, rows, key_start, dropout_p, BLOCK_M, BLOCK_N, HAS_DROPOUT))
             dv = tl.dot(tl.where(keepT, pT * dropout_scale, 0.0).to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
             dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
         else:
@@ -1046,7 +1066,7 @@ def _fwd_plan(key) -> _FwdPlan:
         *lse_st, *(kbst or (0, 0, 0)), H, H // HKV, SQ, SK, D,
     )
     plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
-                     INPUT_PRECISION=prec, HAS_DROPOUT=dropout)
+                     INPUT_PRECISION=prec, HAS_DROPOUT=_dropout_bits() if dropout else 0)
     plan.grid_bh = B * H
     fixed = _config("fwd", bd, causal, dtype)
     plan.tuned = fixed is None
@@ -1117,7 +1137,7 @@ def _bwd_plan(key) -> _BwdPlan:
                       HKV, H // HKV, SQ, SK, D)
     plan.dq_ints = (*common, *_strides4(dqst, varlen), *lse_st, *kb3, H, H // HKV, SQ, SK, D)
     plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
-                     INPUT_PRECISION=prec, HAS_DROPOUT=dropout)
+                     INPUT_PRECISION=prec, HAS_DROPOUT=_dropout_bits() if dropout else 0)
     plan.grids = (SQ, SK, B * H, B * HKV)
     f_dkdv, f_dq = _config("dkdv", bd, causal, dtype), _config("dq", bd, causal, dtype)
     plan.tuned = f_dkdv is None or f_dq is None
@@ -1232,7 +1252,8 @@ def attention_dropout_mask(seed: torch.Tensor, B: int, H: int, Sq: int, Sk: int,
     out = torch.empty((B, H, Sq, Sk), dtype=torch.int8, device=seed.device)
     if out.numel():
         bm, bn = (16, 16) if INTERPRET else (64, 64)
-        _dropout_mask_kernel[(triton.cdiv(Sq, bm), B * H)](seed, out, Sq, Sk, float(dropout_p), BLOCK_M=bm, BLOCK_N=bn)
+        _dropout_mask_kernel[(triton.cdiv(Sq, bm), B * H)](seed, out, Sq, Sk, float(dropout_p), BLOCK_M=bm, BLOCK_N=bn,
+                                                            BITS=_dropout_bits())
     return out.bool()
 
 

@@ -112,7 +112,11 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # default, 382 TMA, 312 persistent; the warp-specialized 4-warp forms gave wrong output at D64 S1024) and
 # bwd_dq_atomic (dQ by fp32 atomics in the dK/dV kernel: slower everywhere, e.g. D64 S4096 272 vs 365).
 # ``config_override("attention", bwd_tma=1)`` or FUSED_LAYERS_ATTENTION_VARIANTS="bwd_tma=0" set it.
-_VARIANTS: dict[str, int] = {"bwd_tma": -1}
+# dropout_bits: random bits per attention element for dropout, 16 (default: p in steps of 2^-16) or 8
+# (opt-in: one Philox call per 16 keys instead of 8, p in steps of 1/256 as FlashAttention-2's dropout).
+# Measured on the H200 with 16 bits (benchmarks/results/issue11/dropout_h200.md): p = 0.1 costs +32% to +99%
+# of fused fwd+bwd, against +25% to +55% for SDPA's flash dropout; 8 bits is not measured yet.
+_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 16}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")
@@ -124,6 +128,14 @@ if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
 def _variant(name: str) -> int:
     """The value of variant ``name`` (0 = off, 1 = on, -1 = auto): config_override first, then _VARIANTS."""
     return int(get_override("attention", name, _VARIANTS[name]))
+
+
+def _dropout_bits() -> int:
+    """Random bits per element of the attention dropout mask: 16 or 8 (``dropout_bits``)."""
+    bits = _variant("dropout_bits")
+    if bits not in (8, 16):
+        raise ValueError(f"fused_attention: config 'dropout_bits' must be 8 or 16, got {bits}")
+    return bits
 
 
 # Where bwd_tma beat the default backward on the H200 (TFLOP/s of the backward, bwd_tma vs default):
