@@ -766,6 +766,11 @@ def test_gpt2_tied_head_linear_loss_matches():
         out.loss.backward()
         outs.append((out.loss.detach(), None, {n: p.grad.clone() for n, p in model.named_parameters()}))
     _compare_steps(*outs, tol=1e-5)
+    seen = []
+    handle = m.lm_head.register_forward_pre_hook(lambda mod, args: seen.append(1))  # as FSDP's unshard hook
+    out = m(input_ids=ids, labels=ids)
+    handle.remove()
+    assert seen and out.logits is not None  # a hooked head is called: transformers' path, the loss alone fused
 
 
 @needs_hf

@@ -401,6 +401,8 @@ def _build_causal_lm(cls: type) -> dict:
         head = self.__dict__["_modules"].get("lm_head")
         if type(head) is not nn.Linear or sig is None:
             return False
+        if head._forward_pre_hooks or head._forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+            return False  # hooks on the head (FSDP unsharding, adapters, probes) must see it called
         try:
             bound = sig.bind(self, *args, **kwargs).arguments
         except TypeError:
