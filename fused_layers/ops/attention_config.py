@@ -113,7 +113,9 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # bwd_dq_atomic (dQ by fp32 atomics in the dK/dV kernel: slower everywhere, e.g. D64 S4096 272 vs 365).
 # ``config_override("attention", bwd_tma=1)`` or FUSED_LAYERS_ATTENTION_VARIANTS="bwd_tma=0" set it.
 # dropout_bits: random bits per attention element for dropout, 16 (default: p in steps of 2^-16) or 8
-# (opt-in: one Philox call per 16 keys instead of 8, p in steps of 1/256 as FlashAttention-2's dropout).
+# (opt-in: one Philox call per 16 keys instead of 8, p in steps of 1/256 as FlashAttention-2's dropout;
+# p is rounded to the nearest step, so p < 1/512 drops nothing while the kept values are still scaled
+# by 1 / (1 - p)).
 # Measured on the H200 with 16 bits (benchmarks/results/issue11/dropout_h200.md): p = 0.1 costs +32% to +99%
 # of fused fwd+bwd, against +25% to +55% for SDPA's flash dropout; 8 bits is not measured yet.
 _VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 16}
