@@ -379,6 +379,23 @@ def test_gpu_mha_bf16():
     assert math.isfinite(out.float().sum().item())
 
 
+def test_prefer_sdpa_rule():
+    """Where swapped modules call SDPA under auto (device checks apart): dense bf16/fp16, head dim 64 / 128,
+    MHA or GQA / MQA (SDPA's enable_gqa); masks, float32, other head dims and 3-D inputs run the kernels."""
+    from fused_layers.ops import attention as A
+
+    bf, f32 = torch.bfloat16, torch.float32
+    assert A._sdpa_faster(bf, (2, 12, 1024, 64), 12, False)
+    assert A._sdpa_faster(torch.float16, (2, 16, 2048, 128), 16, False)
+    assert A._sdpa_faster(bf, (4, 16, 2048, 64), 4, False) == A._SDPA_HAS_GQA  # GQA: measured faster in SDPA
+    assert A._sdpa_faster(bf, (4, 16, 2048, 64), 1, False) == A._SDPA_HAS_GQA  # MQA
+    assert not A._sdpa_faster(bf, (4, 16, 2048, 64), 5, False)  # not a divisor
+    assert not A._sdpa_faster(bf, (2, 12, 1024, 64), 12, True)  # key-padding mask: fused as a bias
+    assert not A._sdpa_faster(f32, (2, 12, 1024, 64), 12, False)
+    assert not A._sdpa_faster(bf, (2, 12, 1024, 80), 12, False)
+    assert not A._sdpa_faster(bf, (12, 1024, 64), 12, False)
+
+
 def test_module_backend_choice(monkeypatch, device):
     """Swapped modules call SDPA where cuDNN is the faster kernel (auto) or when forced, the Triton
     kernels otherwise; both give the reference's answer."""

@@ -101,7 +101,8 @@ class FusedAttention(Attention):
             )
             return super().forward(q, k, v, attn_mask, is_causal, scale, enable_gqa)
         if prefer_sdpa(q, k, attn_mask):  # cuDNN is faster here (see fused_layers/ops/attention.py)
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale,
+                                                  **({"enable_gqa": True} if enable_gqa else {}))
         return fused_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 

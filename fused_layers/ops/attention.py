@@ -1308,11 +1308,15 @@ def key_bias_from_mask(attn_mask: torch.Tensor, B: int, H: int, Sq: int, Sk: int
 # bf16/fp16 inputs, and cuDNN is faster than these kernels in every dense case measured (H200,
 # benchmarks/results/attention_h200.md: our forward 0.67-0.90x and backward 0.49-0.91x of cuDNN's, ahead of
 # FlashAttention-2 and Flex).  A swapped module must never make the step slower, so for the dense cases
-# cuDNN handles (no mask, as many K/V heads as query heads, head dim 64 or 128, bf16/fp16, compute
-# capability 9.x, cuDNN SDPA enabled) the modules call SDPA; everything else (key-padding masks fused as a
-# bias, GQA/MQA, other head dims, float32, varlen) runs the Triton kernels, which beat SDPA's other
-# backends there.  FUSED_LAYERS_ATTENTION_BACKEND=triton (or sdpa) forces one side; the functional
-# ``fused_attention`` always runs the Triton kernels.
+# (no mask, head dim 64 or 128, bf16/fp16, compute capability 9.x, cuDNN SDPA enabled) the modules call
+# SDPA.  That includes GQA / MQA (SDPA's ``enable_gqa``, torch >= 2.5) and dropout, measured 2026-12-01:
+# Llama-shape GQA 16/4 x 64, S 2,048, causal, fwd+bwd: SDPA 0.411 ms against ours 0.512 (p = 0), 0.639
+# against 1.019 (p = 0.1) (benchmarks/results/issue11/dropout_h200.json); GQA 32/8 x 128, S 4,096: cuDNN
+# 544 / 449 TFLOP/s against 437 / 333; and the step-time A/B of the HF Llama / Qwen2 models undid the
+# fused attention (0.97x / 0.94x of unfused).  Everything else (key-padding masks fused as a bias, other
+# head dims, float32, varlen) runs the Triton kernels, which beat SDPA's other backends there.
+# FUSED_LAYERS_ATTENTION_BACKEND=triton (or sdpa) forces one side; the functional ``fused_attention``
+# always runs the Triton kernels.
 # --------------------------------------------------------------------------------------------------
 ATTENTION_BACKEND = os.environ.get("FUSED_LAYERS_ATTENTION_BACKEND", "auto")
 if ATTENTION_BACKEND not in ("auto", "triton", "sdpa"):
@@ -1328,19 +1332,26 @@ def _cudnn_sdpa_available(device_index: int) -> bool:
     return hit
 
 
+_SDPA_HAS_GQA = "enable_gqa" in (torch.nn.functional.scaled_dot_product_attention.__doc__ or "")
+
+
+def _sdpa_faster(dtype: torch.dtype, shape: tuple, hkv: int, has_mask: bool) -> bool:
+    """The measured rule of ``prefer_sdpa`` on shapes alone (device checks apart): dense 4-D bf16/fp16 with
+    head dim 64 / 128 and as many K/V heads as query heads, or a divisor of them (GQA / MQA) where SDPA
+    takes ``enable_gqa``."""
+    if has_mask or dtype not in (torch.bfloat16, torch.float16) or len(shape) != 4 or shape[-1] not in (64, 128):
+        return False
+    hq = shape[-3]
+    return hkv == hq or (_SDPA_HAS_GQA and hkv > 0 and hq % hkv == 0)
+
+
 def prefer_sdpa(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
-    """True when a swapped attention module should call SDPA (cuDNN) rather than the Triton kernels."""
+    """True when a swapped attention module should call SDPA (cuDNN) rather than the Triton kernels.
+    Callers pass ``enable_gqa=True`` to SDPA when K/V have fewer heads."""
     if ATTENTION_BACKEND != "auto":
         return ATTENTION_BACKEND == "sdpa"
-    return (
-        attn_mask is None
-        and q.is_cuda
-        and q.dtype in (torch.bfloat16, torch.float16)
-        and q.dim() == 4
-        and q.shape[-1] in (64, 128)
-        and k.shape[-3] == q.shape[-3]
-        and _cudnn_sdpa_available(q.get_device())
-    )
+    return (q.is_cuda and _sdpa_faster(q.dtype, tuple(q.shape), k.shape[-3] if k.dim() == 4 else -1, attn_mask is not None)
+            and _cudnn_sdpa_available(q.get_device()))
 
 
 def fused_attention(
