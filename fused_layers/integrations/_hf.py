@@ -337,6 +337,9 @@ def _lm_head_feeds_only_the_loss(cls: type) -> Optional[str]:
         return "its logits do not come straight from self.lm_head(...)"
     if bad:
         return "its forward uses the logits for more than the loss and the output"
+    heads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "lm_head"]
+    if len(heads) != 1:  # the head is stood in for during the call: nothing else may touch it
+        return f"its forward refers to self.lm_head {len(heads)} times"
     return None
 
 
