@@ -244,7 +244,8 @@ def static_scan_variants(out_dir: str) -> None:
                 knob = _variant("bwd_tma")
                 tma = bool(knob) if knob >= 0 else _bwd_tma_auto(torch.bfloat16, seqlen_k, causal, bd,
                                                                   A.HAS_TMA_DESCRIPTORS, interpret=False)
-                kern = [("dkdv_tma", A._attn_bwd_dkdv_tma_kernel, base, cd) if tma else ("dkdv", A._attn_bwd_dkdv_kernel, base, cd),
+                kern = [("dkdv_tma", A._attn_bwd_dkdv_kernel, dict(base, USE_TMA=True), cd) if tma
+                        else ("dkdv", A._attn_bwd_dkdv_kernel, base, cd),
                         ("dq", A._attn_bwd_dq_kernel, base, cq)]
         for kname, fn, cx, cfg in kern:
             t0 = time.time()
@@ -425,7 +426,7 @@ def _variants_worker(groups, cases, lock_path, out_path, flex_seqlens, dry=False
 
     def spy(self, *args):
         kernel_call(self, *args)
-        launched.append(self.fn.__name__)
+        launched.append(self.fn.__name__ + ("(USE_TMA)" if self.meta.get("USE_TMA") else ""))
 
     def check(fn, q, k, v, do, ref, causal):
         """Max abs error of out and max relative error of dq, dk, dv against SDPA flash (bf16); records

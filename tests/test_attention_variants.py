@@ -1,5 +1,5 @@
 """The bwd_tma variant of the attention backward (issue 13): the dK/dV kernel with its Q and dO tiles
-loaded through TMA tensor descriptors (``_attn_bwd_dkdv_tma_kernel``), then the usual dQ kernel.
+loaded through TMA tensor descriptors (``_attn_bwd_dkdv_kernel`` with ``USE_TMA``), then the usual dQ kernel.
 
 Forced on (``bwd_tma=1``) against the float64 reference (outputs and all gradients) on ragged shapes, GQA,
 varlen, a key-padding bias, dropout, float32 and bf16, checking that the variant kernel is the one launched
@@ -21,6 +21,7 @@ from fused_layers.ops.attention import attention_reference, attention_varlen_ref
 
 F32_TOL = dict(atol=2e-5, rtol=2e-5)
 TMA = dict(bwd_tma=1)
+TMA_LAUNCH = "_attn_bwd_dkdv_kernel(USE_TMA=True)"  # how `launched` records the bwd_tma launch
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def launched(monkeypatch):
 
     def spy(self, *args):
         out = orig(self, *args)
-        fns.append(self.fn)
+        fns.append(TMA_LAUNCH if self.meta.get("USE_TMA") else self.fn)
         return out
 
     monkeypatch.setattr(_library.Kernel, "__call__", spy)
@@ -42,7 +43,7 @@ def launched(monkeypatch):
 
 
 def _assert_tma_ran(launched):
-    assert A._attn_bwd_dkdv_tma_kernel in launched and A._attn_bwd_dq_kernel in launched
+    assert TMA_LAUNCH in launched and A._attn_bwd_dq_kernel in launched
     assert A._attn_bwd_dkdv_kernel not in launched
 
 
@@ -126,7 +127,7 @@ def test_bwd_tma_dropout_matches_default_kernels(device, launched):
             res.append((out, *torch.autograd.grad(out, (qa, ka, va), do)))
     for name, a, b in zip(("out", "dq", "dk", "dv"), *res):
         torch.testing.assert_close(b, a, **F32_TOL, msg=lambda m: f"{name}: {m}")
-    assert A._attn_bwd_dkdv_kernel in launched and A._attn_bwd_dkdv_tma_kernel in launched
+    assert A._attn_bwd_dkdv_kernel in launched and TMA_LAUNCH in launched
 
 
 def test_bwd_tma_varlen(device, launched):
@@ -158,7 +159,7 @@ def test_bwd_tma_falls_back_where_descriptors_cannot_serve(layout, device, launc
         q, k, v = (torch.randn(1 * 2 * s * 16 + 1, device=device)[1:].view(1, 2, s, 16) for s in (19, 23, 23))
         assert q.data_ptr() % 16
     _check(q, k, v, TMA, causal=True)
-    assert A._attn_bwd_dkdv_kernel in launched and A._attn_bwd_dkdv_tma_kernel not in launched
+    assert A._attn_bwd_dkdv_kernel in launched and TMA_LAUNCH not in launched
 
 
 def test_variant_that_fails_to_launch_falls_back(device, monkeypatch):
@@ -170,7 +171,7 @@ def test_variant_that_fails_to_launch_falls_back(device, monkeypatch):
     token = f"injected failure {id(fns)}"  # a fresh warning (warn_once) for every run of this test
 
     def call(self, *args):
-        if self.fn is A._attn_bwd_dkdv_tma_kernel:
+        if self.fn is A._attn_bwd_dkdv_kernel and self.meta.get("USE_TMA"):
             raise RuntimeError(f"PassManager::run failed ({token})")
         out = orig(self, *args)
         fns.append(self.fn)
@@ -187,7 +188,7 @@ def test_variant_that_fails_to_launch_falls_back(device, monkeypatch):
     n = len(A._VARIANT_FAILURES)
     with pytest.warns(UserWarning, match="variant kernel failed to launch.*injected failure"):
         _check(q, k, v, TMA, causal=True)
-    assert len(A._VARIANT_FAILURES) == n + 1 and "_attn_bwd_dkdv_tma_kernel" in A._VARIANT_FAILURES[-1]
+    assert len(A._VARIANT_FAILURES) == n + 1 and "'USE_TMA': True" in A._VARIANT_FAILURES[-1]
     assert A._attn_bwd_dkdv_kernel in fns and A._attn_bwd_dq_kernel in fns
 
 

@@ -67,9 +67,9 @@ never per sequence length, filled by an offline sweep on an H200 (``benchmarks/b
 Triton's autotuner over a few configs per bucket instead (keyed on head-dim bucket, causal, dtype).
 
 Hopper variants (issue 13).  One is kept: ``bwd_tma``, the dK/dV kernel with its Q and dO tiles loaded
-through TMA tensor descriptors (``_attn_bwd_dkdv_tma_kernel``; the dQ kernel runs after it as usual).
-On the H200 it beat the default backward by 2-4 % where Sk >= 4096 and (not causal or D <= 64) and lost
-elsewhere, so it runs by default exactly there, for bf16 / fp16 on a Triton with device-side descriptors
+through TMA tensor descriptors (``_attn_bwd_dkdv_kernel`` with ``USE_TMA``; the dQ kernel runs after it as usual).
+On the H200 it beat the default backward by 2-4 % where Sk >= 4096 at D64, and D128 non-causal, and lost
+elsewhere, so it runs by default exactly there, for dense bf16 on a Triton with device-side descriptors
 (``attention_config._bwd_tma_auto``; never under the interpreter);
 ``config_override("attention", bwd_tma=1)`` (or 0) forces it on (off).  The others were timed on the
 H200 and removed (benchmarks/results/issue13/attention_variants.md): a forward through TMA descriptors,
@@ -402,7 +402,8 @@ def _attn_bwd_dkdv_inner(
     dk, dv,  # fp32 accumulators [BLOCK_N, BLOCK_D]
     k, v,  # this program's key / value tiles [BLOCK_N, BLOCK_D]
     kb,  # per-key bias (base 2) [BLOCK_N] (only when HAS_KB)
-    q_ptrs, do_ptrs,  # pointers to the first query / dO tile [BLOCK_M, BLOCK_D] of the sequence
+    q_src, do_src,  # pointers to the first query / dO tile [BLOCK_M, BLOCK_D] of the sequence, or
+                    # (USE_TMA) tensor descriptors of the sequence's rows of this query head
     lse_ptr, delta_ptr,  # pointers to row 0 of the sequence's L and delta
     sqs, sdos,
     offs_m, cols, d_mask,  # row offsets in a tile [BLOCK_M], this program's keys [BLOCK_N], head-dim mask
@@ -416,15 +417,20 @@ def _attn_bwd_dkdv_inner(
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     for start_m in tl.range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         row_ok = rows < seqlen_q
-        qd_mask = row_ok[:, None]
-        if not EVEN_D:
-            qd_mask = qd_mask & d_mask[None, :]
-        q = tl.load(q_ptrs + start_m * sqs, mask=qd_mask, other=0.0)
-        do = tl.load(do_ptrs + start_m * sdos, mask=qd_mask, other=0.0)
+        if USE_TMA:
+            q = q_src.load([start_m, 0])  # rows >= seqlen_q and dims >= D read 0
+            do = do_src.load([start_m, 0])
+        else:
+            qd_mask = row_ok[:, None]
+            if not EVEN_D:
+                qd_mask = qd_mask & d_mask[None, :]
+            q = tl.load(q_src + start_m * sqs, mask=qd_mask, other=0.0)
+            do = tl.load(do_src + start_m * sdos, mask=qd_mask, other=0.0)
         # Rows past the end load L = +inf: P^T = exp2(s2 - inf) = 0, no further mask needed.
         lse = tl.load(lse_ptr + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_ptr + rows, mask=row_ok, other=0.0)
@@ -475,6 +481,7 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr,  # query rows per inner step
     BLOCK_N: tl.constexpr,  # keys per program
     HAS_DROPOUT: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False,  # Q / dO tiles through tensor descriptors (bwd_tma; sqd == sdod == 1)
 ):
     """One program: BLOCK_N keys of one K/V head; dK, dV summed over every query head of the group."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # float arguments may arrive as fp64 (Inductor's launch)
@@ -529,22 +536,30 @@ def _attn_bwd_dkdv_kernel(
         if HAS_KB:
             kb = tl.load(KB + b64 * skbb + h64 * skbh + cols * skbn, mask=cols < seqlen_k, other=-float("inf"))
             kb = kb.to(tl.float32) * 1.4426950408889634
-        q_ptrs = Q + b64 * sqb + h64 * sqh + q_start.to(tl.int64) * sqs + offs_m[:, None] * sqs + offs_d[None, :] * sqd
-        do_ptrs = DO + b64 * sdob + h64 * sdoh + q_start.to(tl.int64) * sdos + offs_m[:, None] * sdos + offs_d[None, :] * sdod
+        q_base = Q + b64 * sqb + h64 * sqh + q_start.to(tl.int64) * sqs
+        do_base = DO + b64 * sdob + h64 * sdoh + q_start.to(tl.int64) * sdos
+        if USE_TMA:
+            q_src = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, HEAD_DIM], strides=[sqs, 1],
+                                              block_shape=[BLOCK_M, BLOCK_D])
+            do_src = tl.make_tensor_descriptor(do_base, shape=[seqlen_q, HEAD_DIM], strides=[sdos, 1],
+                                               block_shape=[BLOCK_M, BLOCK_D])
+        else:
+            q_src = q_base + offs_m[:, None] * sqs + offs_d[None, :] * sqd
+            do_src = do_base + offs_m[:, None] * sdos + offs_d[None, :] * sdod
         lse_ptr = LSE + b64 * slb + h64 * slh + q_start
         delta_ptr = DELTA + b64 * slb + h64 * slh + q_start
         if CAUSAL:
             dk, dv = _attn_bwd_dkdv_inner(
-                dk, dv, k, v, kb, q_ptrs, do_ptrs, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
+                dk, dv, k, v, kb, q_src, do_src, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
                 seqlen_q, lo, hi_mask, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
                 MASKED=True, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA,
             )
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, kb, q_ptrs, do_ptrs, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
+            dk, dv, k, v, kb, q_src, do_src, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
             seqlen_q, lo_full, seqlen_q, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
             MASKED=False, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
+            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA,
         )
     dk = dk * sm_scale
     dk_off = b64 * sdkb + hk64 * sdkh + k_start.to(tl.int64) * sdks
@@ -695,162 +710,16 @@ def _attn_bwd_dq_kernel(
 
 
 # --------------------------------------------------------------------------------------------------
-# Backward variant bwd_tma (issue 13): _attn_bwd_dkdv_kernel with the Q and dO tiles of its inner loop
-# loaded through device-side tensor descriptors (``tl.make_tensor_descriptor``, TMA on sm_90), one 2-D
-# descriptor per (sequence, query head) based at that head's first row: any batch / head / sequence
-# strides, GQA and varlen work unchanged; rows past the sequence and head dims past D are zero-filled by
-# the copy engine, so those loads need no mask.  Same arguments as _attn_bwd_dkdv_kernel (sqd and sdod
-# must be 1); the dQ kernel runs after it as usual.  Needs a unit last-dim stride and 16-byte aligned
-# bases and other strides (the launcher checks and falls back), and ``triton.set_allocator`` (the
-# launcher sets a torch allocator when none is set).  On the H200 it beats the default dK/dV kernel by
-# 2-4 % of the backward where Sk >= 4096 and (not causal or D <= 64), and loses elsewhere: it runs
+# Backward variant bwd_tma (issue 13): _attn_bwd_dkdv_kernel with USE_TMA, its Q and dO tiles loaded
+# through device-side tensor descriptors (``tl.make_tensor_descriptor``, TMA on sm_90), one 2-D descriptor
+# per (sequence, query head) based at that head's first row: any batch / head / sequence strides, GQA and
+# varlen work unchanged; rows past the sequence and head dims past D are zero-filled by the copy engine,
+# so those loads need no mask.  sqd and sdod must be 1; the dQ kernel runs after it as usual.  Needs
+# 16-byte aligned bases and other strides (the launcher checks and falls back), and
+# ``triton.set_allocator`` (the launcher sets a torch allocator when none is set).  On the H200 it beat the
+# default by 2-4 % of the backward where Sk >= 4096 at D64, and D128 non-causal, and lost elsewhere: it runs
 # there by default (attention_config._bwd_tma_auto, benchmarks/results/issue13/attention_variants.md).
 # --------------------------------------------------------------------------------------------------
-@triton.jit
-def _attn_bwd_dkdv_tma_inner(
-    dk, dv, k, v, kb,
-    q_desc, do_desc,  # descriptors of this (sequence, query head)'s rows of Q and dO
-    lse_ptr, delta_ptr,
-    offs_m, cols,
-    seqlen_q, lo, hi, qk_scale,
-    seed, bh, dropout_p, dropout_scale, key_start,
-    MASKED: tl.constexpr,
-    HAS_KB: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """_attn_bwd_dkdv_inner with Q / dO tiles through tensor descriptors."""
-    for start_m in tl.range(lo, hi, BLOCK_M):
-        rows = start_m + offs_m
-        row_ok = rows < seqlen_q
-        q = q_desc.load([start_m, 0])  # rows >= seqlen_q and dims >= D read 0
-        do = do_desc.load([start_m, 0])
-        lse = tl.load(lse_ptr + rows, mask=row_ok, other=float("inf"))
-        delta = tl.load(delta_ptr + rows, mask=row_ok, other=0.0)
-        qkT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
-        if HAS_KB:
-            qkT = qkT + kb[:, None]
-        pT = tl.math.exp2(qkT - lse[None, :])
-        if MASKED:
-            pT = tl.where(rows[None, :] >= cols[:, None], pT, 0.0)
-        dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
-        if HAS_DROPOUT:
-            keepT = tl.trans(_dropout_keep(seed, bh, rows, key_start, dropout_p, BLOCK_M, BLOCK_N, HAS_DROPOUT))
-            dv = tl.dot(tl.where(keepT, pT * dropout_scale, 0.0).to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-            dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
-        else:
-            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-        dsT = pT * (dpT - delta[None, :])
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
-    return dk, dv
-
-
-@triton.jit
-def _attn_bwd_dkdv_tma_kernel(
-    Q, K, V, DO,
-    DK, DV,
-    LSE, DELTA,
-    KB, CU_Q, CU_K, SEED,
-    qk_scale, sm_scale,
-    dropout_p, dropout_scale,
-    sqb, sqh, sqs, sqd,  # sqd == 1 (descriptors)
-    skb, skh, sks, skd,
-    svb, svh, svs, svd,
-    sdob, sdoh, sdos, sdod,  # sdod == 1 (descriptors)
-    sdkb, sdkh, sdks, sdkd,
-    sdvb, sdvh, sdvs, sdvd,
-    slb, slh,
-    skbb, skbh, skbn,
-    HKV, GROUP, SQ, SK, HEAD_DIM,
-    VARLEN: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HAS_KB: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr = False,
-):
-    """_attn_bwd_dkdv_kernel (same arguments) with Q / dO tiles through tensor descriptors."""
-    qk_scale = tl.cast(qk_scale, tl.float32)
-    sm_scale = tl.cast(sm_scale, tl.float32)
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // HKV
-    hk = pid_bh % HKV
-    if VARLEN:
-        q_start = tl.load(CU_Q + b)
-        seqlen_q = tl.load(CU_Q + b + 1) - q_start
-        k_start = tl.load(CU_K + b)
-        seqlen_k = tl.load(CU_K + b + 1) - k_start
-    else:
-        q_start = 0
-        seqlen_q = SQ
-        k_start = 0
-        seqlen_k = SK
-    start_n = pid_n * BLOCK_N
-    if start_n >= seqlen_k:
-        return
-    b64 = b.to(tl.int64)
-    hk64 = hk.to(tl.int64)
-    offs_m = tl.arange(0, BLOCK_M)
-    cols = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    kv_mask = (cols[:, None] < seqlen_k) & d_mask[None, :]
-    k_off = b64 * skb + hk64 * skh + k_start.to(tl.int64) * sks
-    v_off = b64 * svb + hk64 * svh + k_start.to(tl.int64) * svs
-    k = tl.load(K + k_off + cols[:, None] * sks + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
-    v = tl.load(V + v_off + cols[:, None] * svs + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    if CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
-        hi_mask = tl.minimum(tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M, tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M)
-        lo_full = tl.maximum(lo, hi_mask)
-    else:
-        lo = 0
-        hi_mask = 0
-        lo_full = 0
-    kb = tl.zeros([BLOCK_N], tl.float32)
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
-    for g in range(GROUP):
-        h64 = (hk * GROUP + g).to(tl.int64)
-        bh = b * (HKV * GROUP) + hk * GROUP + g
-        if HAS_KB:
-            kb = tl.load(KB + b64 * skbb + h64 * skbh + cols * skbn, mask=cols < seqlen_k, other=-float("inf"))
-            kb = kb.to(tl.float32) * 1.4426950408889634
-        q_desc = tl.make_tensor_descriptor(Q + b64 * sqb + h64 * sqh + q_start.to(tl.int64) * sqs,
-                                           shape=[seqlen_q, HEAD_DIM], strides=[sqs, 1], block_shape=[BLOCK_M, BLOCK_D])
-        do_desc = tl.make_tensor_descriptor(DO + b64 * sdob + h64 * sdoh + q_start.to(tl.int64) * sdos,
-                                            shape=[seqlen_q, HEAD_DIM], strides=[sdos, 1], block_shape=[BLOCK_M, BLOCK_D])
-        lse_ptr = LSE + b64 * slb + h64 * slh + q_start
-        delta_ptr = DELTA + b64 * slb + h64 * slh + q_start
-        if CAUSAL:
-            dk, dv = _attn_bwd_dkdv_tma_inner(
-                dk, dv, k, v, kb, q_desc, do_desc, lse_ptr, delta_ptr, offs_m, cols,
-                seqlen_q, lo, hi_mask, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
-                MASKED=True, HAS_KB=HAS_KB, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
-            )
-        dk, dv = _attn_bwd_dkdv_tma_inner(
-            dk, dv, k, v, kb, q_desc, do_desc, lse_ptr, delta_ptr, offs_m, cols,
-            seqlen_q, lo_full, seqlen_q, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
-            MASKED=False, HAS_KB=HAS_KB, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N,
-        )
-    dk = dk * sm_scale
-    dk_off = b64 * sdkb + hk64 * sdkh + k_start.to(tl.int64) * sdks
-    dv_off = b64 * sdvb + hk64 * sdvh + k_start.to(tl.int64) * sdvs
-    tl.store(DK + dk_off + cols[:, None] * sdks + offs_d[None, :] * sdkd, dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + dv_off + cols[:, None] * sdvs + offs_d[None, :] * sdvd, dv.to(DV.dtype.element_ty), mask=kv_mask)
-
-
 # ==================================================================================================
 # PyTorch reference (float64 inputs, devices Triton cannot run on, masks the kernels cannot fuse)
 # ==================================================================================================
@@ -1152,8 +1021,8 @@ def _bwd_plan(key) -> _BwdPlan:
         # with Q / dO tiles through TMA descriptors, where descriptors can serve q and dO (same arguments).
         if (_use_bwd_tma(dtype, SK, causal, bd, HAS_TMA_DESCRIPTORS, varlen=varlen)
                 and all(_tma_strides_ok(_strides4(st, varlen), dtype.itemsize) for st in (qst, dost))):
-            plan.dkdv_tma = Kernel(_attn_bwd_dkdv_tma_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
-                                   check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv)
+            plan.dkdv_tma = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
+                                   check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv, USE_TMA=True)
     return plan
 
 
