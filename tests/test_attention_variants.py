@@ -18,8 +18,7 @@ from fused_layers.ops import _library
 from fused_layers.ops import attention as A
 from fused_layers.ops import attention_config as AC
 from fused_layers.ops.attention import attention_reference, attention_varlen_reference, config_override
-
-F32_TOL = dict(atol=2e-5, rtol=2e-5)
+from test_attention import F32_TOL, _assert_matches_reference
 TMA = dict(bwd_tma=1)
 TMA_LAUNCH = "_attn_bwd_dkdv_kernel(USE_TMA=True)"  # how `launched` records the bwd_tma launch
 
@@ -48,19 +47,9 @@ def _assert_tma_ran(launched):
 
 
 def _check(q, k, v, ov, mask=None, causal=False, gqa=False):
-    do = torch.randn(q.shape[:-1] + (v.shape[-1],), device=q.device, dtype=q.dtype)
-    qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
+    """Outputs and every gradient under the attention config ``ov`` against the float64 reference."""
     with config_override("attention", **ov):
-        out = fused_attention(qa, ka, va, mask, is_causal=causal, enable_gqa=gqa)
-        got = (out, *torch.autograd.grad(out, (qa, ka, va), do))
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    m64 = mask.double() if mask is not None and mask.dtype != torch.bool else mask
-    ref_out = attention_reference(q64, k64, v64, m64, causal, None, gqa)
-    ref = (ref_out, *torch.autograd.grad(ref_out, (q64, k64, v64), do.double()))
-    for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref):
-        assert g.shape == r.shape and g.dtype == q.dtype, name
-        torch.testing.assert_close(g.double(), r, **F32_TOL, msg=lambda m: f"{name}: {m}")
-    return got
+        return _assert_matches_reference(q, k, v, mask=mask, causal=causal, gqa=gqa)
 
 
 # (B, Hq, Hkv, Sq, Sk, D, causal): one query row, GQA with Sq < Sk and D = 80 (padded to 128), MQA with
