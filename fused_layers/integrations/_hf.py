@@ -259,33 +259,41 @@ def _causal_lm_loss_check(m: nn.Module) -> Optional[str]:
     return None
 
 
-def fused_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
-                         num_items_in_batch: Optional[torch.Tensor] = None, ignore_index: int = -100,
-                         shift_labels: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
-    """transformers' ``ForCausalLMLoss`` (shift, flatten, cross-entropy; ``sum / num_items_in_batch`` when
-    given, else the mean over non-ignored tokens) on the fused cross-entropy kernel.  transformers
-    computes ``logits.float()`` first (an fp32 copy of the logits and of their gradient, 8 bytes per logit);
-    here the logits are read in their own dtype with float32 math, the gradient is written in the forward,
-    and the loss is float32 as transformers' is."""
-    from ..ops.cross_entropy import cross_entropy_op, validate
-
+def _causal_lm_loss(x: torch.Tensor, width: int, labels: torch.Tensor, num_items_in_batch, ignore_index: int,
+                    shift_labels: Optional[torch.Tensor], rows_loss) -> torch.Tensor:
+    """transformers' ``ForCausalLMLoss`` around ``rows_loss(x2d, target, reduction)``: shift the labels, flatten
+    to rows of ``width``, ``sum / num_items_in_batch`` when given, else the mean over non-ignored tokens."""
     if shift_labels is None:
         labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
         shift_labels = labels[..., 1:]
-    x = logits.reshape(-1, vocab_size)
-    t = shift_labels.reshape(-1).to(x.device)
+    x2 = x.reshape(-1, width)
+    t = shift_labels.reshape(-1).to(x2.device)
     reduction = "sum" if num_items_in_batch is not None else "mean"
-    validate(x, t, None, ignore_index, reduction, 0.0)
-    if x.dtype == torch.float64 or use_fallback("cross_entropy", x):
-        loss = nn.functional.cross_entropy(x.float(), t, ignore_index=ignore_index, reduction=reduction)
-    else:
-        need_grad = x.requires_grad and torch.is_grad_enabled()
-        loss = cross_entropy_op(x, t, None, ignore_index, reduction, 0.0, need_grad, torch.float32, needs_grad=need_grad)
+    loss = rows_loss(x2, t, reduction)
     if reduction == "sum":
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
         loss = loss / num_items_in_batch
     return loss
+
+
+def fused_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
+                         num_items_in_batch: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                         shift_labels: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
+    """transformers' ``ForCausalLMLoss`` on the fused cross-entropy kernel.  transformers computes
+    ``logits.float()`` first (an fp32 copy of the logits and of their gradient, 8 bytes per logit); here
+    the logits are read in their own dtype with float32 math, the gradient is written in the forward, and
+    the loss is float32 as transformers' is."""
+    from ..ops.cross_entropy import cross_entropy_op, validate
+
+    def rows_loss(x: torch.Tensor, t: torch.Tensor, reduction: str) -> torch.Tensor:
+        validate(x, t, None, ignore_index, reduction, 0.0)
+        if x.dtype == torch.float64 or use_fallback("cross_entropy", x):
+            return nn.functional.cross_entropy(x.float(), t, ignore_index=ignore_index, reduction=reduction)
+        need_grad = x.requires_grad and torch.is_grad_enabled()
+        return cross_entropy_op(x, t, None, ignore_index, reduction, 0.0, need_grad, torch.float32, needs_grad=need_grad)
+
+    return _causal_lm_loss(logits, vocab_size, labels, num_items_in_batch, ignore_index, shift_labels, rows_loss)
 
 
 def _lm_head_feeds_only_the_loss(cls: type) -> Optional[str]:
@@ -357,24 +365,18 @@ class _CaptureHidden(nn.Module):
 
 
 def _linear_loss(head: nn.Linear):
+    """The loss_function of a fused forward: its "logits" are the hidden states (_CaptureHidden), and the
+    head + loss run as the fused linear cross-entropy."""
     def loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
              num_items_in_batch: Optional[torch.Tensor] = None, ignore_index: int = -100,
              shift_labels: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
         from ..ops.linear_cross_entropy import fused_linear_cross_entropy
 
-        hidden = logits  # what _CaptureHidden returned: (B, S, H)
-        if shift_labels is None:
-            labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
-            shift_labels = labels[..., 1:]
-        h = hidden.reshape(-1, hidden.shape[-1])
-        t = shift_labels.reshape(-1).to(h.device)
-        reduction = "sum" if num_items_in_batch is not None else "mean"
-        out = fused_linear_cross_entropy(h, head.weight, t, head.bias, ignore_index=ignore_index, reduction=reduction).float()
-        if reduction == "sum":
-            if torch.is_tensor(num_items_in_batch):
-                num_items_in_batch = num_items_in_batch.to(out.device)
-            out = out / num_items_in_batch
-        return out
+        def rows_loss(h: torch.Tensor, t: torch.Tensor, reduction: str) -> torch.Tensor:
+            return fused_linear_cross_entropy(h, head.weight, t, head.bias, ignore_index=ignore_index,
+                                              reduction=reduction).float()
+
+        return _causal_lm_loss(logits, logits.shape[-1], labels, num_items_in_batch, ignore_index, shift_labels, rows_loss)
 
     return loss
 
