@@ -1,4 +1,5 @@
-"""What a run leaves for ``lm_demo/compare.py``: `MemoryLogger` and `run_summary` (``summary.json``).
+"""What a run leaves for ``lm_demo/compare.py``: `MemoryLogger` and `run_summary` (``summary.json``), and
+train.py's end-of-job helpers (W&B run labels and finish, the console report).
 
 `MemoryLogger` is a Lightning logger that keeps every scalar logged during the run in memory.
 
@@ -12,10 +13,12 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
@@ -135,3 +138,71 @@ def overrides() -> list[str]:
 
 def wandb_offline(lg: Logger) -> bool:
     return bool(getattr(lg, "_offline", False)) or os.environ.get("WANDB_MODE", "") in ("offline", "dryrun")
+
+
+def fused_callback(callbacks: list) -> Any:
+    from callbacks import FusedLayersCallback
+
+    return next((cb for cb in callbacks if isinstance(cb, FusedLayersCallback)), None)
+
+
+def finish_wandb(loggers: list, exit_code: int = 0) -> Path | None:
+    """End this job's W&B run (one per job, also inside a multirun's single process); its dir."""
+    for lg in loggers:
+        if isinstance(lg, WandbLogger):
+            import wandb
+
+            if wandb.run is not None:
+                run_dir = Path(wandb.run.dir).parent
+                wandb.finish(exit_code=exit_code)
+                return run_dir
+    return None
+
+
+def relabel_wandb(loggers: list, summary: dict[str, Any]) -> None:
+    """What actually ran, in W&B: the tag ("fused (0 swapped)" where the swap did nothing), swapped counts
+    per kind in config and summary, and the step-time A/B's status."""
+    fused = summary.get("fused_layers") or {}
+    for lg in loggers:
+        if not isinstance(lg, WandbLogger):
+            continue
+        run = lg.experiment
+        try:
+            run.tags = [summary["tag"]]
+            extra = {"fused/swapped_total": fused.get("swapped_total", 0), "fused/ab_status": fused.get("ab_status", "-")}
+            extra.update({f"fused/swapped/{k}": n for k, n in (fused.get("swapped") or {}).items()})
+            run.summary.update(extra)
+            run.config.update({"fused_effective": summary["fused_effective"], "run_tag_effective": summary["tag"],
+                               "fused_swapped": fused.get("swapped", {})}, allow_val_change=True)
+        except Exception as e:  # labels must not fail a finished run
+            logging.getLogger("train").warning(f"W&B relabel failed: {type(e).__name__}: {e}")
+
+
+def validated_at_end(memory: MemoryLogger, trainer: L.Trainer) -> bool:
+    h = memory.history.get("val/loss")
+    return bool(h) and h[-1][0] >= trainer.global_step - 1
+
+
+def console_report(summary: dict[str, Any], trainer: L.Trainer, fit_seconds: float, out_dir: Path, loggers: list,
+                   last_ckpt: Path | None, wandb_dir: Path | None) -> str:
+    """The lines train.py prints at the end of a job: steps, tokens/s, losses, and where everything went."""
+    m = summary["metrics"]
+    tps = m.get("train/device/items_per_sec")
+    lines = [f"[{summary['tag']}] {trainer.global_step} steps in {fit_seconds:.0f} s"
+             + (f", {tps:,.0f} tokens/s" if tps else "")
+             + f", train/loss {m.get('train/loss', float('nan')):.4f}"
+             + (f", val/loss {m['val/loss']:.4f}" if "val/loss" in m else ", no validation"),
+             f"  summary:    {out_dir / 'summary.json'}"]
+    for lg in loggers:
+        if isinstance(lg, CSVLogger):
+            lines.append(f"  metrics:    {Path(lg.log_dir) / 'metrics.csv'}")
+    if last_ckpt:
+        lines.append(f"  checkpoint: {last_ckpt}  (resume: python train.py ckpt_path={last_ckpt})")
+    if wandb_dir is not None:
+        lg = next(lg for lg in loggers if isinstance(lg, WandbLogger))
+        if wandb_offline(lg):
+            lines.append(f"  W&B offline run: {wandb_dir}  (view: wandb leet {wandb_dir}; upload: wandb sync {wandb_dir}; "
+                         "log online: logger.wandb.offline=false)")
+        else:
+            lines.append(f"  W&B run: {wandb_dir}")
+    return "\n".join(lines)
