@@ -1013,8 +1013,9 @@ def _bwd_plan(key) -> _BwdPlan:
     plan.dkdv = plan.dq = plan.dkdv_tma = None
     plan.dkdv_tma_ok = False
     if not plan.tuned:
+        # USE_TMA is passed even where False: torch.compile's wrap_triton wants every constexpr named
         plan.dkdv = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
-                           check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv)
+                           check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv, USE_TMA=False)
         plan.dq = Kernel(_attn_bwd_dq_kernel, (triton.cdiv(SQ, f_dq["BLOCK_M"]), B * H), check=(0, 1, 2, 3, 5, 7, 8, 9),
                          **plan.meta, **f_dq)
         # bwd_tma (attention_config._use_bwd_tma: on by default where it measured faster): the dK/dV kernel
@@ -1075,7 +1076,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         plan.dq(*dq_args)
     else:  # FUSED_LAYERS_ATTENTION_AUTOTUNE=1
         SQ, SK, BH, BHKV = plan.grids
-        _dkdv_tuned[lambda META: (triton.cdiv(SK, META["BLOCK_N"]), BHKV)](*dkdv_args, **plan.meta)
+        _dkdv_tuned[lambda META: (triton.cdiv(SK, META["BLOCK_N"]), BHKV)](*dkdv_args, **plan.meta, USE_TMA=False)
         _dq_tuned[lambda META: (triton.cdiv(SQ, META["BLOCK_M"]), BH)](*dq_args, **plan.meta)
     return dq, dk, dv
 
