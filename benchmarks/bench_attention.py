@@ -162,6 +162,11 @@ VARIANTS = [
     # Q / dO tiles of the dK/dV kernel through TMA descriptors (then the usual dQ kernel).
     ("bwd_tma", "bwd", {"bwd_tma": 1}),
     ("bwd_default_no_tma", "bwd", {"bwd_tma": 0}),
+    # The softmax scale folded into exp2's FMA and the row max (attention_config variant fwd_fold_scale).
+    ("fwd_fold_scale", "fwd", {"fwd_fold_scale": 1}),
+    # Wider key tiles in the forward (the table has BLOCK_N = 64 everywhere), with and without the fold.
+    ("fwd_n128", "fwd", {"fwd_block_n": 128}),
+    ("fwd_fold+n128", "fwd", {"fwd_fold_scale": 1, "fwd_block_n": 128}),
 ]
 
 
@@ -600,7 +605,8 @@ def variants_markdown(rows, meta) -> str:
     return "\n".join(out) + "\n"
 
 
-def variants_sweep(out_dir: str, dims, seqlens, flex_seqlens, workers: int, deadline: float, dry: bool = False) -> None:
+def variants_sweep(out_dir: str, dims, seqlens, flex_seqlens, workers: int, deadline: float, dry: bool = False,
+                   only: tuple = ()) -> None:
     """--variants: every entry of VARIANTS (plus cuDNN / flash / Flex) on every case, in worker processes;
     writes attention_variants.json and attention_variants.md under out_dir, also when stopped by the deadline."""
     import multiprocessing as mp
@@ -615,7 +621,7 @@ def variants_sweep(out_dir: str, dims, seqlens, flex_seqlens, workers: int, dead
     # One "default" group (kind "both": its row times forward and backward); fwd variants time the forward
     # only, bwd variants the backward only (the other half is the default's).
     groups += [(name, "both" if name == "default" else kind, ov) for name, kind, ov in VARIANTS
-               if not (name == "default" and kind == "bwd")]
+               if not (name == "default" and kind == "bwd") and (not only or name == "default" or name in only)]
     meta = dict(torch=torch.__version__, triton=triton.__version__, gpu="dry run (interpreter)" if dry else torch.cuda.get_device_name(),
                 sms=0 if dry else torch.cuda.get_device_properties(0).multi_processor_count,
                 has_tma_descriptors=A.HAS_TMA_DESCRIPTORS)
@@ -878,6 +884,7 @@ def main():
     ap.add_argument("--variants", action="store_true",
                     help="GPU: every entry of VARIANTS (issue 13: default, stages+1, bwd_tma on / off) beside cuDNN, flash and Flex (attention_variants.*)")
     ap.add_argument("--variant-seqlens", default="1024,4096,16384")
+    ap.add_argument("--only", default="", help="--variants: time only these VARIANTS names (and the default), comma-separated")
     ap.add_argument("--dry-run", action="store_true", help="--variants on the CPU interpreter, tiny shapes (no GPU)")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--seqlens", default="4096,1024,16384,2048,8192")
@@ -897,7 +904,8 @@ def main():
         return
     if args.variants:
         variants_sweep(args.out, [int(d) for d in args.dims.split(",")], [int(x) for x in args.variant_seqlens.split(",")],
-                       [int(x) for x in args.flex_seqlens.split(",") if x], args.workers, args.deadline, args.dry_run)
+                       [int(x) for x in args.flex_seqlens.split(",") if x], args.workers, args.deadline, args.dry_run,
+                       tuple(x for x in args.only.split(",") if x))
         return
     from torch.nn.attention import SDPBackend
 

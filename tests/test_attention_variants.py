@@ -237,3 +237,35 @@ def test_bwd_tma_auto_reaches_the_plan(device, monkeypatch, launched):
     assert (torch.float32, 23, True, 16) in seen
     if A.HAS_TMA_DESCRIPTORS:
         _assert_tma_ran(launched)
+
+
+# ----------------------------------------------------------------------------------------------
+# fwd_fold_scale: the softmax scale inside exp2's FMA and on the row max (forward only)
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal", SHAPES)
+def test_fwd_fold_scale_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, device, launched):
+    q = torch.randn(B, Hq, Sq, D, device=device) * 3  # large scores: the max and the exponent both matter
+    k = torch.randn(B, Hkv, Sk, D, device=device)
+    v = torch.randn(B, Hkv, Sk, D, device=device)
+    _check(q, k, v, dict(fwd_fold_scale=1), causal=causal, gqa=Hq != Hkv)
+    assert any(getattr(fn, "__name__", "") == "_attn_fwd_kernel" for fn in launched)
+
+
+def test_fwd_fold_scale_meta_and_key_bias(device, launched, monkeypatch):
+    """On when asked and no key-padding bias is given; a bias keeps the unfolded path (and stays right)."""
+    seen = []
+    orig = _library.Kernel.__call__
+
+    def spy(self, *args):
+        if self.fn is A._attn_fwd_kernel:
+            seen.append(self.meta["FOLD_SCALE"])
+        return orig(self, *args)
+
+    monkeypatch.setattr(_library.Kernel, "__call__", spy)
+    q, k, v = (torch.randn(2, 2, 19, 16, device=device) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 19, dtype=torch.bool, device=device)
+    mask[1, ..., 11:] = False
+    _check(q, k, v, dict(fwd_fold_scale=1))
+    _check(q, k, v, dict(fwd_fold_scale=1), mask=mask)
+    _check(q, k, v, dict(fwd_fold_scale=0))
+    assert seen == [True, False, False]

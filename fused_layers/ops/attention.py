@@ -102,7 +102,7 @@ from ._common import (
 )
 from ._library import FusedOp, Kernel
 from .attention_config import (  # noqa: F401
-    _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _dropout_bits, _use_bwd_tma,
+    _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _dropout_bits, _use_bwd_tma, _variant,
 )
 
 _OP = "fused_attention"
@@ -203,6 +203,7 @@ def _attn_fwd_inner(
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    FOLD_SCALE: tl.constexpr = False,  # scale inside the exponent's FMA (no key bias only; fwd_fold_scale)
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -216,8 +217,12 @@ def _attn_fwd_inner(
             k = tl.load(k_ptrs + start_n * sks)
         else:
             k = tl.load(k_ptrs + start_n * sks, mask=d_mask[None, :], other=0.0)
-        # Scores in base 2: s2 = (q . k) * scale * log2(e) [+ bias * log2(e)].
-        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        # Scores in base 2: s2 = (q . k) * scale * log2(e) [+ bias * log2(e)].  With FOLD_SCALE the raw
+        # q . k stays in qk and the scale is applied to its row max and inside exp2's argument, one FMA
+        # per score instead of a multiply and a subtract (scale > 0, so max(qk) * scale = max(qk * scale)).
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        if not FOLD_SCALE:
+            qk = qk * qk_scale
         if HAS_KB:
             # -inf (a dropped key, or a key past the end) is the identity of the max that follows.
             kb = tl.load(kb_ptrs + cols * skbn, mask=cols < seqlen_k, other=-float("inf")).to(tl.float32)
@@ -228,9 +233,15 @@ def _attn_fwd_inner(
                 keep = keep & (cols[None, :] <= offs_m[:, None])
             qk = tl.where(keep, qk, -float("inf"))
         # Online softmax update.
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        if FOLD_SCALE:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row that has seen no key yet
-        p = tl.math.exp2(qk - m_safe[:, None])
+        if FOLD_SCALE:
+            p = tl.math.exp2(qk * qk_scale - m_safe[:, None])
+        else:
+            p = tl.math.exp2(qk - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)  # the softmax normalizer sums the probabilities before dropout
         acc = acc * alpha[:, None]
@@ -278,6 +289,7 @@ def _attn_fwd_kernel(
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per streamed tile
     HAS_DROPOUT: tl.constexpr = False,
+    FOLD_SCALE: tl.constexpr = False,  # see _attn_fwd_inner (variant fwd_fold_scale; never with HAS_KB)
 ):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
     # Heaviest blocks first: with a causal mask, later query blocks see more keys.
@@ -335,13 +347,13 @@ def _attn_fwd_kernel(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
         seqlen_k, 0, n_full, qk_scale, seed, pid_bh, dropout_p,
         MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, FOLD_SCALE=FOLD_SCALE,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
         seqlen_k, n_full, n_end, qk_scale, seed, pid_bh, dropout_p,
         MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, FOLD_SCALE=FOLD_SCALE,
     )
     # Epilogue: normalize; a row with no allowed key (l = 0) outputs 0 and saves L = +inf.
     empty = l_i == 0.0
@@ -585,6 +597,7 @@ def _attn_bwd_dq_inner(
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    FOLD_SCALE: tl.constexpr = False,  # scale inside the exponent's FMA (no key bias only; fwd_fold_scale)
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -935,7 +948,8 @@ def _fwd_plan(key) -> _FwdPlan:
         *lse_st, *(kbst or (0, 0, 0)), H, H // HKV, SQ, SK, D,
     )
     plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
-                     INPUT_PRECISION=prec, HAS_DROPOUT=_dropout_bits() if dropout else 0)
+                     INPUT_PRECISION=prec, HAS_DROPOUT=_dropout_bits() if dropout else 0,
+                     FOLD_SCALE=kbst is None and _variant("fwd_fold_scale") == 1)
     plan.grid_bh = B * H
     fixed = _config("fwd", bd, causal, dtype)
     plan.tuned = fixed is None

@@ -118,7 +118,9 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # by 1 / (1 - p)).
 # Measured on the H200 with 16 bits (benchmarks/results/issue11/dropout_h200.md): p = 0.1 costs +32% to +99%
 # of fused fwd+bwd, against +25% to +55% for SDPA's flash dropout; 8 bits is not measured yet.
-_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 16}
+# fwd_fold_scale: the forward applies the softmax scale inside exp2's argument (one FMA per score) and to
+# the row max, instead of multiplying every score first (no key bias only).  Being measured (session 3).
+_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 16, "fwd_fold_scale": 0}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")
