@@ -16,7 +16,7 @@ from torch import nn
 
 from fused_layers import fused_attention
 from fused_layers.ops._common import config_override
-from fused_layers.ops.attention import attention_dropout_mask, draw_dropout_seed
+from fused_layers.ops.attention import _dropout_bits, attention_dropout_mask, draw_dropout_seed
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -64,7 +64,9 @@ def test_dropout_matches_reference_with_same_mask(case, dtype, device, bits):
 def _dropout_matches_reference(case, dtype, device):
     dev = _dev(device)
     B, Hq, Hkv, Sq, Sk, D, causal, padded = case
-    p = 0.25
+    p = 0.1  # not a multiple of 2^-bits: the kept values are scaled by 1 / (1 - p rounded to the mask's steps)
+    bits = _dropout_bits()
+    p_eff = round(p * 2**bits) / 2**bits
     q = torch.randn(B, Hq, Sq, D, device=dev, dtype=dtype, requires_grad=True)
     k = torch.randn(B, Hkv, Sk, D, device=dev, dtype=dtype, requires_grad=True)
     v = torch.randn(B, Hkv, Sk, D, device=dev, dtype=dtype, requires_grad=True)
@@ -77,7 +79,7 @@ def _dropout_matches_reference(case, dtype, device):
     torch.manual_seed(1234)
     keep = attention_dropout_mask(draw_dropout_seed(dev), B, Hq, Sq, Sk, p)
     qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = _reference(qr, kr, vr, keep, p, causal, mask)
+    ref = _reference(qr, kr, vr, keep, p_eff, causal, mask)
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), g)
     refs = torch.autograd.grad(ref, (qr, kr, vr), g.double())
@@ -95,7 +97,8 @@ def test_mask_statistics(bits):
     seed = torch.tensor([99], dtype=torch.int64)
     with config_override("attention", dropout_bits=8):
         k8 = attention_dropout_mask(seed, 1, 2, 48, 48, 0.3)
-    k16 = attention_dropout_mask(seed, 1, 2, 48, 48, 0.3)
+    with config_override("attention", dropout_bits=16):
+        k16 = attention_dropout_mask(seed, 1, 2, 48, 48, 0.3)
     assert 0.25 < (k8 != k16).float().mean().item() < 0.6  # two streams, not one a prefix of the other
     with config_override("attention", dropout_bits=12), pytest.raises(ValueError, match="dropout_bits"):
         attention_dropout_mask(seed, 1, 1, 8, 8, 0.5)
@@ -182,3 +185,15 @@ def test_dropout_under_torch_compile_draws_a_new_mask_each_call():
     assert torch.equal(fn(q, k, v), a)
     a.float().sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_dropout_p_that_rounds_to_one_drops_everything_without_nan():
+    """p = 0.999 rounds to 256/256 at 8 bits: every probability is dropped; the output and gradients are
+    0 (F.dropout with p = 1), not NaN from a 1 / (1 - 1) scale."""
+    q, k, v = (torch.randn(1, 2, 20, 16, requires_grad=True, device="cuda" if torch.cuda.is_available() else "cpu") for _ in range(3))
+    with config_override("attention", dropout_bits=8):
+        out = fused_attention(q, k, v, dropout_p=0.999)
+        out.sum().backward()
+    assert torch.equal(out, torch.zeros_like(out))
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all() and t.grad.abs().max() == 0

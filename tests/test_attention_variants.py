@@ -252,7 +252,7 @@ def test_fwd_fold_scale_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, device,
 
 
 def test_fwd_fold_scale_meta_and_key_bias(device, launched, monkeypatch):
-    """On when asked and no key-padding bias is given; a bias keeps the unfolded path (and stays right)."""
+    """On when asked (the default) and no key-padding bias is given; a bias keeps the unfolded path (and stays right)."""
     seen = []
     orig = _library.Kernel.__call__
 

@@ -53,10 +53,11 @@ O = (P * Z) V: the forward drops elements of P~ before the P~ V product only (th
 undropped P~, as softmax-then-dropout does) and multiplies O by 1 / (1 - p) in the epilogue; the saved L
 is unchanged.  Backward: dV = (P * Z)^T dO, dP = (dO V^T) * Z, dS = P * (dP - delta) with the same
 delta = rowsum(dO * O) (= rowsum(P * dP)).  M is never stored: every kernel regenerates it from
-Philox-4x32 (``_dropout_keep``), with the counters (key j // 8, query i, b * H + h) and
+Philox-4x32 (``_dropout_keep``), with the counters (key j // 16, query i, b * H + h, 1) and
 a 64-bit seed drawn from torch's RNG per call, so the backward sees the forward's mask and
-``torch.manual_seed`` reproduces it.  One Philox call serves 8 keys of a row (16 bits each, so p acts in
-steps of 2^-16), which keeps its integer work small next to the tile's matrix products.
+``torch.manual_seed`` reproduces it.  One Philox call serves 16 keys of a row (8 bits each, so p acts in
+steps of 1/256, as FlashAttention-2's dropout; ``dropout_bits=16``: 8 keys, steps of 2^-16), and the kept
+values are scaled by 1 / (1 - p') with p' the rounded p (``_dropout_scale``): E[O] is the undropped O.
 
 Not implemented: masks that vary along the query dim (SDPA fallback), a value head dim different from
 the query's.
@@ -122,14 +123,15 @@ def _dropout_keep(
     dropout_p,  # probability of dropping an element
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,  # keys in the tile (a multiple of 16)
-    BITS: tl.constexpr = 16,  # random bits per element: 16 (default) or 8 (attention_config "dropout_bits")
+    BITS: tl.constexpr = 16,  # random bits per element: 8 (the library's default) or 16 (attention_config "dropout_bits")
 ):
     """[BLOCK_M, BLOCK_N] True where P[b, h, row, key] is kept.
 
     BITS = 16: one Philox-4x32-10 call per 8 keys of a row: counters (key // 8, row, b * H + h, 0) give
     4 x 32 bits, cut into 8 16-bit uniforms, one per key (a fixed order of the 8); a key is kept when its
     16 bits are >= round(p * 2^16) (so p acts in steps of 2^-16).
-    BITS = 8 (opt-in): one call per 16 keys, counters (key // 16, row, b * H + h, 1), 16 8-bit uniforms,
+    BITS = 8 (the default, attention_config.dropout_bits): one call per 16 keys, counters
+    (key // 16, row, b * H + h, 1), 16 8-bit uniforms,
     kept when >= round(p * 256): p acts in steps of 1/256 (as FlashAttention-2's dropout, which SDPA's
     flash backend runs) for half the Philox work per element.
     Every kernel calls this with the same (row, key) -> bits map.
@@ -987,13 +989,22 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: tor
     if plan.empty:
         return out, lse
     args = (q, k, v, out, lse, q if kb is None else kb, cu_q if varlen else q, cu_k if varlen else q,
-            seed if dropout else q, scale * LOG2E, dropout_p, 1.0 / (1.0 - dropout_p) if dropout else 1.0, *plan.ints)
+            seed if dropout else q, scale * LOG2E, dropout_p, _dropout_scale(dropout_p) if dropout else 1.0, *plan.ints)
     if plan.kernel is not None:
         plan.kernel(*args)
     else:  # FUSED_LAYERS_ATTENTION_AUTOTUNE=1: the autotuner picks BLOCK_M
         sq = plan.ints[-3]
         _fwd_tuned[lambda META: (triton.cdiv(sq, META["BLOCK_M"]), plan.grid_bh)](*args, **plan.meta)
     return out, lse
+
+
+def _dropout_scale(dropout_p: float) -> float:
+    """The kept values' scale, 1 / (1 - p'), with p' = p rounded to the mask's steps of 2^-bits exactly as the
+    kernels round it (their threshold), so E[output] equals the undropped output for any p; 0 where p'
+    rounds to 1 (everything dropped: the output is 0, as F.dropout with p = 1)."""
+    steps = 1 << _dropout_bits()
+    p_eff = math.floor(dropout_p * steps + 0.5) / steps
+    return 1.0 / (1.0 - p_eff) if p_eff < 1.0 else 0.0
 
 
 def _bwd_plan(key) -> _BwdPlan:
@@ -1080,7 +1091,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     plan.pre(out, do, delta, cq, *plan.pre_ints)
     qk_scale = scale * LOG2E
     sd = seed if dropout else q
-    dscale = 1.0 / (1.0 - dropout_p) if dropout else 1.0
+    dscale = _dropout_scale(dropout_p) if dropout else 1.0
     dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints)
     dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)
     if plan.dkdv_tma is not None and _tma_call_ok(q, do) and _launch_variant(plan, "dkdv_tma", dkdv_args):

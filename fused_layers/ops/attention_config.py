@@ -112,15 +112,19 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # default, 382 TMA, 312 persistent; the warp-specialized 4-warp forms gave wrong output at D64 S1024) and
 # bwd_dq_atomic (dQ by fp32 atomics in the dK/dV kernel: slower everywhere, e.g. D64 S4096 272 vs 365).
 # ``config_override("attention", bwd_tma=1)`` or FUSED_LAYERS_ATTENTION_VARIANTS="bwd_tma=0" set it.
-# dropout_bits: random bits per attention element for dropout, 16 (default: p in steps of 2^-16) or 8
-# (opt-in: one Philox call per 16 keys instead of 8, p in steps of 1/256 as FlashAttention-2's dropout;
-# p is rounded to the nearest step, so p < 1/512 drops nothing while the kept values are still scaled
-# by 1 / (1 - p)).
-# Measured on the H200 with 16 bits (benchmarks/results/issue11/dropout_h200.md): p = 0.1 costs +32% to +99%
-# of fused fwd+bwd, against +25% to +55% for SDPA's flash dropout; 8 bits is not measured yet.
+# dropout_bits: random bits per attention element for dropout, 8 (the default: one Philox call per 16 keys,
+# p in steps of 1/256 as FlashAttention-2's dropout, which SDPA's flash backend runs) or 16 (p in steps of
+# 2^-16, twice the Philox work).  p is rounded to the nearest step and the kept values are scaled by
+# 1 / (1 - rounded p) (attention._dropout_scale), so the output's expectation is exact; p < 1/512 drops
+# nothing at 8 bits.  Measured on the H200 (benchmarks/results/issue11/run3/dropout_h200.md), fwd+bwd at
+# p = 0.1, 16 bits -> 8 bits: GPT-2 shape 0.416 -> 0.393 ms, Llama shape 1.018 -> 0.977, ViT shape 0.619
+# -> 0.437, S4096 D128 causal 4.677 -> 4.510.  The no-spill dK/dV configs of the static scan were slower.
 # fwd_fold_scale: the forward applies the softmax scale inside exp2's argument (one FMA per score) and to
-# the row max, instead of multiplying every score first (no key bias only).  Being measured (session 3).
-_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 16, "fwd_fold_scale": 0}
+# the row max, instead of multiplying every score first (no key bias only).  On by default: faster in all
+# 12 cases of the H200 sweep, +1% to +10% (D128 S16384 443 -> 489 TFLOP/s; D64 S4096 405 -> 419)
+# (benchmarks/results/issue13/run4_fold/attention_variants.md); BLOCK_N 128 with it gained <= 1% at
+# S16384 only and lost at S1024, so the table keeps 64.
+_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "fwd_fold_scale": 1}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")
