@@ -1,0 +1,74 @@
+"""The shared launch path (fused_layers/ops/_library.py): every launch through ``Kernel`` names each of its
+kernel's constexpr parameters, defaulted ones included.  Two things depend on it:
+
+* torch.compile: Inductor's ``wrap_triton`` rejects a launch that leaves a parameter to its default
+  (``USE_TMA`` of the attention dK/dV kernel did, and compiled attention backward failed on the GPU);
+* the eager fast path: ``Kernel._bind`` binds a direct launch only when the arguments after the runtime
+  ones are all in the plan's meta; otherwise every call pays Triton's own dispatch (tens of microseconds).
+
+One forward + backward of every op and mode (dropout, key bias, causal) on ragged shapes, under the
+interpreter; the spy records each launch's positional arguments and its meta."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from fused_layers import functional as FF
+from fused_layers.ops import _library
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    rec = {}
+    orig = _library.Kernel.__call__
+
+    def spy(self, *args):
+        rec[(self.fn.__name__, tuple(sorted(self.meta.items())))] = (self, len(args))
+        return orig(self, *args)
+
+    monkeypatch.setattr(_library.Kernel, "__call__", spy)
+    return rec
+
+
+def _run_every_op(device):
+    x = torch.randn(5, 37, device=device, requires_grad=True)
+    w = torch.randn(37, device=device, requires_grad=True)
+    b = torch.randn(37, device=device, requires_grad=True)
+    FF.fused_layer_norm(x, (37,), w, b, 1e-5).square().sum().backward()
+    FF.fused_rms_norm(x, (37,), w, 1e-5).square().sum().backward()
+    FF.fused_softmax(x, -1).square().sum().backward()
+    t = torch.randint(0, 37, (5,), device=device)
+    FF.fused_cross_entropy(x, t).backward()
+    FF.fused_cross_entropy(x, t, label_smoothing=0.1, reduction="sum").backward()
+    q, k, v = (torch.randn(1, 2, 9, 16, device=device, requires_grad=True) for _ in range(3))
+    mask = torch.ones(1, 1, 1, 9, dtype=torch.bool, device=device)
+    mask[..., 6:] = False
+    FF.fused_attention(q, k, v, is_causal=True).square().sum().backward()
+    FF.fused_attention(q, k, v, attn_mask=mask).square().sum().backward()
+    FF.fused_attention(q, k, v, dropout_p=0.1).square().sum().backward()
+
+
+def _constexprs(fn) -> list[str]:
+    """Names of the parameters annotated ``tl.constexpr`` (JITFunction on a GPU, InterpretedFunction here)."""
+    if hasattr(fn, "params"):
+        return [p.name for p in fn.params if p.is_constexpr]
+    sig = inspect.signature(fn.fn)
+    return [n for n, p in sig.parameters.items() if "constexpr" in str(p.annotation)]
+
+
+def test_every_launch_names_all_its_constexprs(launches, device):
+    _run_every_op(device)
+    names = {n for n, _ in launches}
+    for want in ("_norm_fwd_kernel", "_norm_bwd_kernel", "_softmax_fwd_kernel", "_softmax_bwd_kernel",
+                 "_attn_fwd_kernel", "_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel"):
+        assert want in names, f"{want} was not launched through Kernel"
+    for (name, _), (kern, n_args) in launches.items():
+        params = list(kern.fn.arg_names)
+        constexprs = _constexprs(kern.fn)
+        left_out = [p for p in constexprs if p not in kern.meta]
+        assert not left_out, f"{name}: constexpr(s) {left_out} left to their defaults (wrap_triton rejects that)"
+        tail = params[n_args:]
+        assert all(p in kern.meta for p in tail), f"{name}: runtime argument(s) after position {n_args} unbound"
+        assert not any(p in kern.meta for p in params[:n_args]), f"{name}: a meta entry shadows a runtime argument"
