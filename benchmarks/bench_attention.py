@@ -167,6 +167,8 @@ VARIANTS = [
     # Wider key tiles in the forward (the table has BLOCK_N = 64 everywhere), with and without the fold.
     ("fwd_n128", "fwd", {"fwd_block_n": 128}),
     ("fwd_fold+n128", "fwd", {"fwd_fold_scale": 1, "fwd_block_n": 128}),
+    # Rescale the accumulator only when a row max grew by > 2^8 (attention_config fwd_lazy_rescale).
+    ("fwd_lazy_rescale", "fwd", {"fwd_lazy_rescale": 1}),
 ]
 
 
@@ -227,7 +229,9 @@ def static_scan_variants(out_dir: str) -> None:
         with open(os.path.join(out_dir, "attention_static_scan_variants.json"), "w") as f:
             json.dump(dict(triton=triton.__version__, target="sm_90", dtype="bf16", rows=rows), f, indent=1)
 
-    cases = [(name, kind, ov, D, causal, {}) for name, kind, ov in VARIANTS for D in dims for causal in (False, True)]
+    only = [x for x in os.environ.get("SCAN_ONLY", "").split(",") if x]  # VARIANTS names (default: all)
+    cases = [(name, kind, ov, D, causal, {}) for name, kind, ov in VARIANTS for D in dims for causal in (False, True)
+             if not only or name in only]
     if extra:
         for flags in ({"HAS_KB": True}, {"HAS_DROPOUT": True}, {"VARLEN": True}):
             cases.append(("bwd_tma", "bwd", {"bwd_tma": 1}, 128, True, flags))
@@ -242,7 +246,9 @@ def static_scan_variants(out_dir: str) -> None:
         with config_override("attention", **ov):
             if kind == "fwd":
                 cfg = tuple(_config("fwd", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
-                kern = [("fwd", A._attn_fwd_kernel, base, cfg)]
+                fwd_cx = dict(base, FOLD_SCALE=not base["HAS_KB"] and _variant("fwd_fold_scale") == 1,
+                              LAZY_RESCALE=_variant("fwd_lazy_rescale") == 1)
+                kern = [("fwd", A._attn_fwd_kernel, fwd_cx, cfg)]
             else:
                 cd = tuple(_config("dkdv", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
                 cq = tuple(_config("dq", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))

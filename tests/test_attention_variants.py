@@ -269,3 +269,45 @@ def test_fwd_fold_scale_meta_and_key_bias(device, launched, monkeypatch):
     _check(q, k, v, dict(fwd_fold_scale=1), mask=mask)
     _check(q, k, v, dict(fwd_fold_scale=0))
     assert seen == [True, False, False]
+
+
+# ----------------------------------------------------------------------------------------------
+# fwd_lazy_rescale: rescale the accumulator only when a row max grew by more than 2^8
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal", SHAPES)
+@pytest.mark.parametrize("growth", ["flat", "rising", "falling"])
+def test_fwd_lazy_rescale_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, growth, device):
+    """Scores whose row max stays put (no rescale after the first tile), climbs along the keys (a rescale
+    on most tiles: keys scaled up to 6x), or falls (the first tile holds the max)."""
+    q = torch.randn(B, Hq, Sq, D, device=device) * 2
+    k = torch.randn(B, Hkv, Sk, D, device=device)
+    if growth != "flat":
+        ramp = torch.linspace(0.5, 6.0, Sk, device=device)
+        k = k * (ramp if growth == "rising" else ramp.flip(0))[:, None]
+    v = torch.randn(B, Hkv, Sk, D, device=device)
+    _check(q, k, v, dict(fwd_lazy_rescale=1), causal=causal, gqa=Hq != Hkv)
+
+
+def test_fwd_lazy_rescale_with_key_bias_and_empty_rows(device):
+    """Key-padding bias (unfolded scale) and rows that see no key for several tiles."""
+    q, k, v = (torch.randn(2, 2, 40, 16, device=device) * 2 for _ in range(3))
+    mask = torch.ones(2, 1, 1, 40, dtype=torch.bool, device=device)
+    mask[0, ..., :35] = False  # batch 0: only the last 5 keys, beyond the first tiles
+    _check(q, k, v, dict(fwd_lazy_rescale=1), mask=mask)
+    _check(q, k, v, dict(fwd_lazy_rescale=1, fwd_fold_scale=0), causal=True)
+
+
+def test_fwd_lazy_rescale_steep_scores_do_not_overflow(device):
+    """Row maxima that climb by hundreds (base 2) along the keys: a rescale skipped where it is needed
+    overflows exp2 (inf / NaN output).  Forward only: with scores this large the float32 gradients are
+    ill-conditioned in any kernel."""
+    q = torch.randn(1, 2, 130, 64, device=device) * 20
+    k = torch.randn(1, 1, 37, 64, device=device) * torch.linspace(0.5, 6.0, 37, device=device)[:, None]
+    v = torch.randn(1, 1, 37, 64, device=device)
+    scores = (q @ k.transpose(-1, -2)).amax(-1) / 8 * 1.4427
+    first_tile = (q @ k[..., :16, :].transpose(-1, -2)).amax(-1) / 8 * 1.4427
+    assert (scores - first_tile).max() > 128  # past fp32 exp2 range after the 16-key tile of the interpreter
+    with config_override("attention", fwd_lazy_rescale=1):
+        out = fused_attention(q, k, v, enable_gqa=True)
+    ref = attention_reference(q.double(), k.double(), v.double(), enable_gqa=True)
+    torch.testing.assert_close(out.double(), ref, **F32_TOL)

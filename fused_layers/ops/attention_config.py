@@ -124,7 +124,11 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # 12 cases of the H200 sweep, +1% to +10% (D128 S16384 443 -> 489 TFLOP/s; D64 S4096 405 -> 419)
 # (benchmarks/results/issue13/run4_fold/attention_variants.md); BLOCK_N 128 with it gained <= 1% at
 # S16384 only and lost at S1024, so the table keeps 64.
-_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "fwd_fold_scale": 1}
+# fwd_lazy_rescale (off until measured): the forward rescales its accumulator and normalizer only when
+# some row's running max grew by more than 8 in base 2 (FlashAttention-4's conditional rescaling), instead
+# of every key tile: it saves BLOCK_M x BLOCK_D multiplies and an exp2 per row per tile, for a block-wide
+# max per tile.
+_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "fwd_fold_scale": 1, "fwd_lazy_rescale": 0}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")
