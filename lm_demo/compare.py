@@ -5,8 +5,10 @@ in ``conf/train.yaml``); by hand: ``python -m lm_demo.compare multirun/DATE/TIME
 ``comparison.md``, ``comparison.json`` and ``comparison.png`` into the sweep dir and prints the table.
 
 Runs are grouped by the command-line overrides that differ between them, other than ``seed``.  Each
-group's tokens/s is a median with its spread (min-max): over seeds when the group has several runs, else
-over the throughput windows ThroughputMonitor logged in the second half of the run.  A ratio whose
+group's tokens/s comes with its spread (min-max).  Over seeds, when the group has several runs, it is the
+median.  For one run it is the throughput over the run's second half, the harmonic mean of the windows
+ThroughputMonitor logged there, with the slowest and fastest window as the spread.  The harmonic mean is
+tokens over time, so a stall counts as much as it cost, where a median would hide it.  A ratio whose
 spreads overlap is printed as "within noise".  Columns: what was actually swapped (a ``fused=true`` run
 that swapped nothing is labelled ``fused (0 swapped)`` and gets no ratio), ``vs base`` (the first
 ``fused=false`` group), ``vs best unfused`` (the fastest group that ran unfused: where the sweep has them,
@@ -46,6 +48,15 @@ def _spread(values: list[float]) -> tuple[float | None, float | None, float | No
     if not vals:
         return None, None, None
     return median(vals), min(vals), max(vals)
+
+
+def _over_windows(values: list[float]) -> tuple[float | None, float | None, float | None]:
+    """(tokens over time, slowest, fastest) of one run's throughput windows: the harmonic mean, which
+    weighs every window by its duration (each covers the same number of batches)."""
+    vals = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not vals:
+        return None, None, None
+    return len(vals) / sum(1.0 / v for v in vals), min(vals), max(vals)
 
 
 def _window_samples(s: dict[str, Any], key: str = "train/device/items_per_sec") -> list[float]:
@@ -123,7 +134,7 @@ def compare(sweep_dir: str | Path, plot: bool = True, echo: bool = True) -> dict
             vals = [r[k] for r in rr if isinstance(r.get(k), (int, float))]
             agg[k] = median(vals) if vals else None
         samples = [r["tokens_per_sec"] for r in rr] if len(rr) > 1 else rr[0]["_windows"]
-        med, lo, hi = _spread(samples)
+        med, lo, hi = _spread(samples) if len(rr) > 1 else _over_windows(samples)
         if med is not None:
             agg["tokens_per_sec"], agg["tokens_lo"], agg["tokens_hi"] = med, lo, hi
             agg["tokens_spread_over"] = f"{len(rr)} seeds" if len(rr) > 1 else f"{len(samples)} windows"
@@ -186,7 +197,7 @@ def _ratio(r: dict[str, Any], key: str) -> str:
 def format_table(rows: list[dict[str, Any]], kinds: list[str], base_label: str, best_label: str | None = None,
                  notes: list[str] | None = None) -> str:
     short = [k.rsplit("/", 1)[-1] for k in kinds]
-    head = ["run", "ran as", "n", "tokens/s median [min-max]", "vs base", "vs best unfused", "step ms", "peak GiB", "MFU",
+    head = ["run", "ran as", "n", "tokens/s [min-max]", "vs base", "vs best unfused", "step ms", "peak GiB", "MFU",
             "train loss", "val loss"] + [f"step A/B {k}" for k in short]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -205,7 +216,9 @@ def format_table(rows: list[dict[str, Any]], kinds: list[str], base_label: str, 
         lines.append("| " + " | ".join(cells) + " |")
     spread = sorted({r.get("tokens_spread_over", "") for r in rows} - {""})
     lines.append("")
-    lines.append(f"tokens/s: median, [min-max] over {' / '.join(spread) or '-'}; a ratio whose ranges overlap is within noise. "
+    lines.append(f"tokens/s [min-max] over {' / '.join(spread) or '-'}: over seeds the median; over windows (one run) the "
+                 "run's second half as tokens / time (a stall counts), with the slowest and fastest window; "
+                 "a ratio whose ranges overlap is within noise. "
                  "step A/B: the fused callback's interleaved step-time A/B inside the run (unfused step / step with that "
                  "kind fused; median [min-max] over rounds).")
     for n in notes or []:
@@ -231,7 +244,7 @@ def _plot(rows: list[dict[str, Any]], kinds: list[str], path: Path) -> str | Non
         err = None
         if key == "tokens_per_sec" and all(r.get("tokens_lo") is not None for r in rows):
             err = [[v - r["tokens_lo"] for v, r in zip(vals, rows)], [r["tokens_hi"] - v for v, r in zip(vals, rows)]]
-            title = "tokens/s (median, min-max)"
+            title = "tokens/s (median over seeds or tokens / time over windows; min-max)"
         ax.bar(range(len(rows)), vals, color=colors, yerr=err, capsize=3)
         if key == "tokens_per_sec":  # the ratio a user compares: against the fastest unfused run of the sweep
             for i, r in enumerate(rows):

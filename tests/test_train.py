@@ -352,6 +352,23 @@ def test_comparison_medians_spreads_noise_and_best_unfused(tmp_path):
     assert "no compiled unfused SDPA baseline" in md and "no unfused SDPA baseline" not in md
 
 
+def test_comparison_single_run_counts_a_stall(tmp_path):
+    """One run: tokens/s is tokens / time over the second half's windows (their harmonic mean), so a window
+    at half speed lowers it as much as it cost; a median of the windows would hide it."""
+    d = tmp_path / "0"
+    d.mkdir()
+    windows = [400_000.0] * 4 + [200_000.0]  # steps 50..90; one window stalled
+    hist = [[9, 100_000.0], [19, 390_000.0], [29, 395_000.0], [39, 398_000.0]] + [[49 + 10 * i, v] for i, v in enumerate(windows)]
+    (d / "summary.json").write_text(json.dumps({"fused": False, "overrides": ["fused=false"], "metrics": {"train/loss": 2.0},
+                                                "history": {"train/device/items_per_sec": hist}}))
+    res = compare(tmp_path, plot=False, echo=False)
+    (row,) = res["rows"]
+    assert row["tokens_per_sec"] == pytest.approx(5 / (4 / 400_000 + 1 / 200_000))  # 333,333, not the median 400,000
+    assert (row["tokens_lo"], row["tokens_hi"]) == (200_000.0, 400_000.0)
+    assert row["tokens_spread_over"] == "5 windows"
+    assert "a stall counts" in (tmp_path / "comparison.md").read_text()
+
+
 def test_ckpt_path_last_is_the_newest(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="ckpt_path: 'last': no checkpoints/last.ckpt"):
