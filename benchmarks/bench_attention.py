@@ -56,7 +56,7 @@ def _sweep_candidates():
     return out
 
 
-def _compile_sm90(fn, cx: dict, cfg, dtype: str = "bf16", fp32_ptrs=("LSE", "DELTA", "KB"), head_dim: int = 0) -> dict:
+def _compile_sm90(fn, cx: dict, cfg, dtype: str = "bf16", fp32_ptrs=("LSE", "DELTA", "KB", "DQA"), head_dim: int = 0) -> dict:
     """AOT-compile Triton kernel ``fn`` for sm_90 (no GPU needed) with constexprs ``cx`` and launch config
     ``cfg`` = (BLOCK_M, BLOCK_N, num_warps, num_stages); returns registers, spill stack bytes, shared
     memory, global scratch, and instruction counts of the SASS (cuobjdump): HGMMA (wgmma), LDGSTS
@@ -118,7 +118,9 @@ def _compile_sm90(fn, cx: dict, cfg, dtype: str = "bf16", fp32_ptrs=("LSE", "DEL
                    total_warps=getattr(k.metadata, "num_warps", None),
                    hgmma=ops.get("HGMMA", 0), ldgsts=ops.get("LDGSTS", 0), utmaldg=ops.get("UTMALDG", 0),
                    utmastg=ops.get("UTMASTG", 0), red=ops.get("REDG", 0) + ops.get("RED", 0),
-                   atom=ops.get("ATOMG", 0) + ops.get("ATOM", 0), setmaxreg=ops.get("USETMAXREG", 0))
+                   atom=ops.get("ATOMG", 0) + ops.get("ATOM", 0), setmaxreg=ops.get("USETMAXREG", 0),
+                   utmaredg=ops.get("UTMAREDG", 0),
+                   tma_ops={o: n for o, n in ops.items() if o.startswith("UTMA") or o.startswith("UBLKRED")})
     except Exception as e:  # noqa: BLE001
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return row
@@ -169,6 +171,8 @@ VARIANTS = [
     ("fwd_fold+n128", "fwd", {"fwd_fold_scale": 1, "fwd_block_n": 128}),
     # Rescale the accumulator only when a row max grew by > 2^8 (attention_config fwd_lazy_rescale).
     ("fwd_lazy_rescale", "fwd", {"fwd_lazy_rescale": 1}),
+    # dQ accumulated by TMA reduce-add inside the dK/dV kernel; no dQ kernel (attention_config bwd_dq_reduce).
+    ("bwd_dq_reduce", "bwd", {"bwd_dq_reduce": 1}),
 ]
 
 
@@ -255,9 +259,12 @@ def static_scan_variants(out_dir: str) -> None:
                 knob = _variant("bwd_tma")
                 tma = bool(knob) if knob >= 0 else _bwd_tma_auto(torch.bfloat16, seqlen_k, causal, bd,
                                                                   A.HAS_TMA_DESCRIPTORS, interpret=False)
-                kern = [("dkdv_tma", A._attn_bwd_dkdv_kernel, dict(base, USE_TMA=True), cd) if tma
-                        else ("dkdv", A._attn_bwd_dkdv_kernel, base, cd),
+                kern = [("dkdv_tma", A._attn_bwd_dkdv_kernel, dict(base, USE_TMA=True, DQ_REDUCE=0), cd) if tma
+                        else ("dkdv", A._attn_bwd_dkdv_kernel, dict(base, USE_TMA=False, DQ_REDUCE=0), cd),
                         ("dq", A._attn_bwd_dq_kernel, base, cq)]
+                if _variant("bwd_dq_reduce") == 1:  # dK, dV and dQ (TMA reduce-add) in one kernel, no dQ kernel
+                    kern = [("dkdv_dqr" + ("_tma" if tma else ""), A._attn_bwd_dkdv_kernel,
+                             dict(base, USE_TMA=tma, DQ_REDUCE=2), cd)]
         for kname, fn, cx, cfg in kern:
             t0 = time.time()
             row = dict(variant=name, kernel=kname, D=D, causal=causal, config=list(cfg), flags=flags)

@@ -311,3 +311,85 @@ def test_fwd_lazy_rescale_steep_scores_do_not_overflow(device):
         out = fused_attention(q, k, v, enable_gqa=True)
     ref = attention_reference(q.double(), k.double(), v.double(), enable_gqa=True)
     torch.testing.assert_close(out.double(), ref, **F32_TOL)
+
+
+# ----------------------------------------------------------------------------------------------
+# bwd_dq_reduce: dQ accumulated in the dK/dV kernel (TMA reduce-add on a GPU, fp32 atomics here); no dQ kernel
+# ----------------------------------------------------------------------------------------------
+DQR = dict(bwd_dq_reduce=1)
+
+
+@pytest.fixture
+def dqr_launched(monkeypatch):
+    """The DQ_REDUCE value of every dK/dV launch, and every kernel launched."""
+    rec = []
+    orig = _library.Kernel.__call__
+
+    def spy(self, *args):
+        rec.append((self.fn, self.meta.get("DQ_REDUCE")))
+        return orig(self, *args)
+
+    monkeypatch.setattr(_library.Kernel, "__call__", spy)
+    return rec
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal", SHAPES)
+def test_bwd_dq_reduce_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, device, dqr_launched):
+    q = torch.randn(B, Hq, Sq, D, device=device)
+    k = torch.randn(B, Hkv, Sk, D, device=device)
+    v = torch.randn(B, Hkv, Sk, D, device=device)
+    _check(q, k, v, DQR, causal=causal, gqa=Hq != Hkv)
+    fns = [fn for fn, _ in dqr_launched]
+    assert A._attn_bwd_dq_kernel not in fns, "the dQ kernel ran: dQ should come from the dK/dV kernel"
+    assert [r for fn, r in dqr_launched if fn is A._attn_bwd_dkdv_kernel] == [1 if A.INTERPRET else 2]
+
+
+def test_bwd_dq_reduce_layouts_bias_and_bf16(device, dqr_launched):
+    """q in (B, S, H, D) memory order (dQ is written back in that layout), a key-padding bias with an
+    empty row, and bf16 (float32 accumulation of dQ across key blocks)."""
+    q = torch.randn(2, 37, 4, 32, device=device).transpose(1, 2)  # strided: the layout dQ must keep
+    k, v = (torch.randn(2, 4, 45, 32, device=device) for _ in range(2))
+    mask = torch.ones(2, 1, 1, 45, dtype=torch.bool, device=device)
+    mask[1, ..., 20:] = False
+    _check(q, k, v, DQR, mask=mask, causal=True)
+    with config_override("attention", **DQR):
+        qa = q.detach().requires_grad_()
+        out = fused_attention(qa, k, v, is_causal=True)
+        (dq,) = torch.autograd.grad(out, qa, torch.randn_like(out))
+    assert dq.stride() == q.stride()
+    if device == "cuda":
+        qb, kb_, vb = (t.to(torch.bfloat16) for t in (q, k, v))
+        _check(qb, kb_, vb, DQR, causal=True)
+    assert all(r for fn, r in dqr_launched if fn is A._attn_bwd_dkdv_kernel)
+
+
+def test_bwd_dq_reduce_dropout_matches_default_kernels(device):
+    """Same seed, same Philox mask: dQ from the dK/dV kernel equals the dQ kernel's."""
+    q, k, v = (torch.randn(1, 2, s, 32, device=device) for s in (29, 41, 41))
+    do = torch.randn_like(q)
+    res = []
+    for ov in (dict(bwd_dq_reduce=0), DQR):
+        qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
+        torch.manual_seed(7)
+        with config_override("attention", **ov):
+            out = fused_attention(qa, ka, va, dropout_p=0.3, is_causal=True)
+            res.append((out, *torch.autograd.grad(out, (qa, ka, va), do)))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *res):
+        torch.testing.assert_close(b, a, **F32_TOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_bwd_dq_reduce_not_where_it_cannot_serve(device, dqr_launched):
+    """Head dims that are not a multiple of 16 and packed (varlen) batches keep the dQ kernel."""
+    q, k, v = (torch.randn(1, 2, 19, 24, device=device) for _ in range(3))
+    _check(q, k, v, DQR, causal=True)
+    assert A._attn_bwd_dq_kernel in [fn for fn, _ in dqr_launched]
+    dqr_launched.clear()
+    cu = torch.tensor([0, 7, 19], device=device, dtype=torch.int32)
+    qv, kv, vv = (torch.randn(19, 2, 32, device=device, requires_grad=True) for _ in range(3))
+    with config_override("attention", **DQR):
+        out = fused_attention_varlen(qv, kv, vv, cu, cu, 12, 12, is_causal=True)
+        grads = torch.autograd.grad(out, (qv, kv, vv), torch.randn_like(out))
+    ref = attention_varlen_reference(qv.double(), kv.double(), vv.double(), cu, cu, is_causal=True)
+    torch.testing.assert_close(out.double(), ref, **F32_TOL)
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert A._attn_bwd_dq_kernel in [fn for fn, _ in dqr_launched]

@@ -440,6 +440,8 @@ def _attn_bwd_dkdv_inner(
     seqlen_q, lo, hi, qk_scale,
     seed, bh, dropout_p, dropout_scale,  # dropout (HAS_DROPOUT only): the forward's mask is regenerated
     key_start,  # first key of this program's block (dropout only)
+    dq_dst,  # (DQ_REDUCE) the fp32 dQ accumulator of these rows: a tensor descriptor (2) or pointers (1)
+    sdqa, sm_scale,  # (DQ_REDUCE) its row stride (pointer form) and the softmax scale
     MASKED: tl.constexpr,  # causal mask on the diagonal tiles
     HAS_KB: tl.constexpr,
     EVEN_D: tl.constexpr,
@@ -448,6 +450,7 @@ def _attn_bwd_dkdv_inner(
     HAS_DROPOUT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
+    DQ_REDUCE: tl.constexpr,  # 0: dQ by the dQ kernel; 1: fp32 atomics; 2: TMA reduce-add (bwd_dq_reduce)
 ):
     for start_m in tl.range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
@@ -480,6 +483,16 @@ def _attn_bwd_dkdv_inner(
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)  # dV += P^T dO
         dsT = pT * (dpT - delta[None, :])  # dS^T (scale applied at the end)
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)  # dK += dS^T Q
+        if DQ_REDUCE > 0:
+            # dQ += scale * dS K for this query tile, summed over the key blocks (programs) in fp32 in
+            # memory: 2 of the backward's 10 matmul units, instead of the dQ kernel's 6 (it recomputes
+            # Q K^T and dO V^T).  TMA's reduce-add drops rows >= seqlen_q and dims >= D by itself.
+            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * sm_scale
+            if DQ_REDUCE == 2:
+                dq_dst.atomic_add([start_m, 0], dq)
+            else:
+                dq_mask = row_ok[:, None] & d_mask[None, :]
+                tl.atomic_add(dq_dst + start_m * sdqa, dq, mask=dq_mask, sem="relaxed")
     return dk, dv
 
 
@@ -502,6 +515,7 @@ def _attn_bwd_dkdv_kernel(
     HKV,  # K/V heads
     GROUP,  # query heads per K/V head
     SQ, SK, HEAD_DIM,
+    DQA,  # (DQ_REDUCE) zeroed fp32 dQ accumulator, contiguous [B, HKV * GROUP, SQ, HEAD_DIM] (dense only)
     VARLEN: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_KB: tl.constexpr,
@@ -512,6 +526,7 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,  # keys per program
     HAS_DROPOUT: tl.constexpr = False,
     USE_TMA: tl.constexpr = False,  # Q / dO tiles through tensor descriptors (bwd_tma; sqd == sdod == 1)
+    DQ_REDUCE: tl.constexpr = 0,  # dQ here too (bwd_dq_reduce): 1 fp32 atomics (interpreter), 2 TMA reduce-add
 ):
     """One program: BLOCK_N keys of one K/V head; dK, dV summed over every query head of the group."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # float arguments may arrive as fp64 (Inductor's launch)
@@ -578,18 +593,27 @@ def _attn_bwd_dkdv_kernel(
             do_src = do_base + offs_m[:, None] * sdos + offs_d[None, :] * sdod
         lse_ptr = LSE + b64 * slb + h64 * slh + q_start
         delta_ptr = DELTA + b64 * slb + h64 * slh + q_start
+        # (DQ_REDUCE, dense) this query head's rows of the fp32 dQ accumulator
+        dqa_base = DQA + ((b64 * (HKV * GROUP) + h64) * SQ) * HEAD_DIM
+        if DQ_REDUCE == 2:
+            dq_dst = tl.make_tensor_descriptor(dqa_base, shape=[seqlen_q, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                               block_shape=[BLOCK_M, BLOCK_D])
+        else:
+            dq_dst = dqa_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
         if CAUSAL:
             dk, dv = _attn_bwd_dkdv_inner(
                 dk, dv, k, v, kb, q_src, do_src, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
                 seqlen_q, lo, hi_mask, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
+                dq_dst, HEAD_DIM, sm_scale,
                 MASKED=True, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA, DQ_REDUCE=DQ_REDUCE,
             )
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, kb, q_src, do_src, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
             seqlen_q, lo_full, seqlen_q, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
+            dq_dst, HEAD_DIM, sm_scale,
             MASKED=False, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA,
+            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA, DQ_REDUCE=DQ_REDUCE,
         )
     dk = dk * sm_scale
     dk_off = b64 * sdkb + hk64 * sdkh + k_start.to(tl.int64) * sdks
@@ -872,7 +896,7 @@ class _FwdPlan:
 
 class _BwdPlan:
     __slots__ = ("empty", "zero", "orders", "pre", "pre_ints", "dkdv", "dkdv_ints", "dq", "dq_ints", "tuned",
-                 "meta", "grids", "dkdv_tma", "dkdv_tma_ok")
+                 "meta", "grids", "dkdv_tma", "dkdv_tma_ok", "dkdv_dqr", "dkdv_dqr_ok", "dqa_shape")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1053,12 +1077,13 @@ def _bwd_plan(key) -> _BwdPlan:
     plan.grids = (SQ, SK, B * H, B * HKV)
     f_dkdv, f_dq = _config("dkdv", bd, causal, dtype), _config("dq", bd, causal, dtype)
     plan.tuned = f_dkdv is None or f_dq is None
-    plan.dkdv = plan.dq = plan.dkdv_tma = None
-    plan.dkdv_tma_ok = False
+    plan.dkdv = plan.dq = plan.dkdv_tma = plan.dkdv_dqr = None
+    plan.dkdv_tma_ok = plan.dkdv_dqr_ok = False
+    plan.dqa_shape = (B, H, SQ, D)
     if not plan.tuned:
-        # USE_TMA is passed even where False: torch.compile's wrap_triton wants every constexpr named
+        # USE_TMA / DQ_REDUCE are passed even where off: torch.compile's wrap_triton wants every constexpr named
         plan.dkdv = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
-                           check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv, USE_TMA=False)
+                           check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv, USE_TMA=False, DQ_REDUCE=0)
         plan.dq = Kernel(_attn_bwd_dq_kernel, (triton.cdiv(SQ, f_dq["BLOCK_M"]), B * H), check=(0, 1, 2, 3, 5, 7, 8, 9),
                          **plan.meta, **f_dq)
         # bwd_tma (attention_config._use_bwd_tma: on by default where it measured faster): the dK/dV kernel
@@ -1066,7 +1091,15 @@ def _bwd_plan(key) -> _BwdPlan:
         if (_use_bwd_tma(dtype, SK, causal, bd, HAS_TMA_DESCRIPTORS, varlen=varlen)
                 and all(_tma_strides_ok(_strides4(st, varlen), dtype.itemsize) for st in (qst, dost))):
             plan.dkdv_tma = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
-                                   check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv, USE_TMA=True)
+                                   check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv, USE_TMA=True, DQ_REDUCE=0)
+        # bwd_dq_reduce (attention_config: off until measured): dQ accumulated in the dK/dV kernel, no dQ
+        # kernel.  Dense only, D a multiple of 16 (the accumulator's rows as a descriptor); TMA reduce-add on
+        # a GPU with device-side descriptors, fp32 atomics under the interpreter (which has no TMA reduce).
+        if _variant("bwd_dq_reduce") == 1 and not varlen and D % 16 == 0 and (INTERPRET or HAS_TMA_DESCRIPTORS):
+            use_tma = plan.dkdv_tma is not None
+            plan.dkdv_dqr = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
+                                   check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv, USE_TMA=use_tma,
+                                   DQ_REDUCE=1 if INTERPRET else 2)
     return plan
 
 
@@ -1110,8 +1143,14 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     qk_scale = scale * LOG2E
     sd = seed if dropout else q
     dscale = _dropout_scale(dropout_p) if dropout else 1.0
-    dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints)
+    dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints, q)
     dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)
+    if plan.dkdv_dqr is not None and _tma_call_ok(q, do):
+        # bwd_dq_reduce: dK, dV and the fp32 dQ in one kernel, then dQ cast into q's layout
+        dqa = torch.zeros(plan.dqa_shape, dtype=torch.float32, device=q.device)
+        if _launch_variant(plan, "dkdv_dqr", dkdv_args[:-1] + (dqa,)):
+            dq.copy_(dqa.view(dq.shape))
+            return dq, dk, dv
     if plan.dkdv_tma is not None and _tma_call_ok(q, do) and _launch_variant(plan, "dkdv_tma", dkdv_args):
         plan.dq(*dq_args)  # bwd_tma: dK / dV done, the dQ kernel as usual
     elif not plan.tuned:
@@ -1119,7 +1158,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         plan.dq(*dq_args)
     else:  # FUSED_LAYERS_ATTENTION_AUTOTUNE=1
         SQ, SK, BH, BHKV = plan.grids
-        _dkdv_tuned[lambda META: (triton.cdiv(SK, META["BLOCK_N"]), BHKV)](*dkdv_args, **plan.meta, USE_TMA=False)
+        _dkdv_tuned[lambda META: (triton.cdiv(SK, META["BLOCK_N"]), BHKV)](*dkdv_args, **plan.meta, USE_TMA=False,
+                                                                          DQ_REDUCE=0)
         _dq_tuned[lambda META: (triton.cdiv(SQ, META["BLOCK_M"]), BH)](*dq_args, **plan.meta)
     return dq, dk, dv
 

@@ -128,7 +128,12 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # some row's running max grew by more than 8 in base 2 (FlashAttention-4's conditional rescaling), instead
 # of every key tile: it saves BLOCK_M x BLOCK_D multiplies and an exp2 per row per tile, for a block-wide
 # max per tile.
-_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "fwd_fold_scale": 1, "fwd_lazy_rescale": 0}
+# bwd_dq_reduce (off until measured): the dK/dV kernel also accumulates dQ = scale * dS K in an fp32 buffer
+# by TMA reduce-add (FlashAttention-3's dQ accumulation) and the dQ kernel does not run: 10 matmul units
+# (B*H*S^2*D) of backward work instead of 14 (ncu, issue 13: the dQ kernel recomputes Q K^T and dO V^T).
+# Dense layouts with D a multiple of 16; costs a zeroed fp32 [B, H, S, D] buffer and a cast.
+_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "fwd_fold_scale": 1, "fwd_lazy_rescale": 0,
+                             "bwd_dq_reduce": 0}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")
