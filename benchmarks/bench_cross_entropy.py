@@ -190,6 +190,11 @@ SWEEP = {
     "stream_4k_w8_pf2": dict(_PF2, block_n=4096, num_warps=8),
     "stream_2k_w4_pf2": dict(_PF2, block_n=2048, num_warps=4),
     "stream_16k_w32": dict(_PF, block_n=16384, num_warps=32),  # run4's best at 262K (now more registers)
+    # chunk loops software-pipelined by Triton (cp.async into shared memory; prefetch off): more bytes in flight
+    "stream_8k_w16_st3": dict(_PF, block_n=8192, num_warps=16, lane_max=0, prefetch=0, stages=3),
+    "stream_4k_w8_st3": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=3),
+    "stream_4k_w8_st4": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=4),
+    "stream_2k_w4_st4": dict(_PF, block_n=2048, num_warps=4, lane_max=0, prefetch=0, stages=4),
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
 }

@@ -195,6 +195,10 @@ def sweep(widths, args):
                         for wp in (4096, 8192, 16384):
                             if wp >= wb:
                                 cands.append(dict(max_single_block=1, wide_warps=ww, wide_block=wb, wide_piece=wp))
+                # chunk loops software-pipelined by Triton (softmax_config.WIDE_STAGES): 2K-4K chunks, 3-4 stages
+                for wb, wp, ww in ((2048, 16384, 4), (4096, 16384, 8), (2048, 32768, 4), (4096, 32768, 8)):
+                    for st in (3, 4):
+                        cands.append(dict(max_single_block=1, wide_warps=ww, wide_block=wb, wide_piece=wp, stages=st))
             for c in cands:
                 try:
                     with config_override("softmax", **c):

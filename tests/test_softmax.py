@@ -46,6 +46,8 @@ def test_streaming_multi_block(n, dtype, device):
         _check(x, -1)
     with config_override("softmax", max_single_block=8, wide_block=8, wide_piece=8):  # several pieces per row
         _check(x, -1)
+    with config_override("softmax", max_single_block=8, wide_block=8, wide_piece=32, stages=3):  # pipelined chunk loops
+        _check(x, -1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -405,8 +405,14 @@ def _ce_fwd_kernel(
     PREFETCH: tl.constexpr,  # streaming: chunks loaded ahead (0, 1 or 2: chunk k + PREFETCH in flight at chunk k)
     REVERSE: tl.constexpr,  # streaming: the gradient pass walks the chunks last to first
     LANE_MAX: tl.constexpr,  # streaming: running max per lane (no block reduction in pass 1)
+    STAGES: tl.constexpr = 1,  # streaming: software-pipeline both chunk loops this deep (tl.range num_stages)
 ):
-    """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient."""
+    """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient.
+
+    STAGES > 1 (with PREFETCH = 0): Triton pipelines the chunk loads of ``tl.range(num_stages=STAGES)``
+    through shared memory (cp.async), so STAGES - 1 chunks are in flight while one is reduced, at no
+    register cost; a plain ``range`` loop is not pipelined for loads that do not feed a dot (sm_90 SASS:
+    LDGSTS only with tl.range num_stages >= 2)."""
     smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
     inv_den = tl.cast(inv_den, tl.float32)
     pid = tl.program_id(0)
@@ -438,7 +444,7 @@ def _ce_fwd_kernel(
             x_next = _ce_load_chunk(xb, cols, row_ok, C, sxc)
         if PREFETCH >= 2:
             x_next2 = _ce_load_chunk(xb, cols + BLOCK_N, row_ok, C, sxc)
-        for off in range(0, C, BLOCK_N):
+        for off in tl.range(0, C, BLOCK_N, num_stages=STAGES):
             c = off + cols
             if PREFETCH == 1:  # chunk k + 1 is in flight while chunk k is reduced
                 x_raw = x_next
@@ -491,7 +497,7 @@ def _ce_fwd_kernel(
                 x_next = _ce_load_chunk(xb, first + cols, row_ok, C, sxc)
             if PREFETCH >= 2:
                 x_next2 = _ce_load_chunk(xb, first + step + cols, row_ok, C, sxc)
-            for i in range(0, n_chunks):
+            for i in tl.range(0, n_chunks, num_stages=STAGES):
                 off = first + i * step
                 c = off + cols
                 # (the chunks loaded ahead are never the one written below: in-place gradients are safe)
@@ -820,6 +826,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                 PREFETCH=int(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH)),
                 REVERSE=bool(get_override("cross_entropy", "reverse", cfg.STREAM_REVERSE)),
                 LANE_MAX=bool(get_override("cross_entropy", "lane_max", cfg.STREAM_LANE_MAX)),
+                STAGES=int(get_override("cross_entropy", "stages", cfg.STREAM_STAGES)) if not single else 1,
                 num_warps=get_override("cross_entropy", "num_warps", warps))
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()

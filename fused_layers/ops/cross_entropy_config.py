@@ -50,6 +50,11 @@ STREAM = {
 STREAM_PREFETCH = 1
 STREAM_REVERSE = 1
 STREAM_LANE_MAX = 0  # measured: the per-row max won (see above)
+# Software pipelining of the chunk loops (tl.range num_stages; 1 = off).  Not yet timed: a plain range loop
+# keeps at most PREFETCH chunks in flight, in registers; with STAGES = 3 Triton keeps two more in shared
+# memory by cp.async (sm_90 SASS of a probe kernel: LDGSTS appears only with tl.range num_stages >= 2).
+# Pass 1 is the slow part at 32K-128K (0.58-0.83 of copy, too few bytes in flight per SM): the candidate.
+STREAM_STAGES = 1
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8

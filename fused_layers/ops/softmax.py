@@ -60,7 +60,7 @@ from ._common import (
     use_fallback,
 )
 from ._library import FusedOp, Kernel
-from .softmax_config import MAX_SINGLE_BLOCK, _coop_config, _single_block_config, _wide_config  # noqa: F401
+from .softmax_config import MAX_SINGLE_BLOCK, WIDE_STAGES, _coop_config, _single_block_config, _wide_config  # noqa: F401
 
 _OP = "fused_softmax"
 
@@ -114,6 +114,7 @@ def _softmax_fwd_wide_kernel(
     PIECE,  # columns per piece (a multiple of BLOCK_N)
     SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
+    STAGES: tl.constexpr = 1,  # software pipelining of the chunk loops (tl.range num_stages; softmax_config)
 ):
     """Wide rows in one launch: program g computes the statistics of piece g, then writes piece g - SPLITS.
 
@@ -131,7 +132,7 @@ def _softmax_fwd_wide_kernel(
         base = X + (row // INNER) * sxo + (row % INNER) * sxi
         m_p = -float("inf")  # running max of the piece
         s_p = 0.0  # running sum of exp(x - m_p)
-        for off in range(start, end, BLOCK_N):
+        for off in tl.range(start, end, BLOCK_N, num_stages=STAGES):
             c = off + cols
             x = tl.load(base + c.to(tl.int64) * sxn, mask=c < end, other=-float("inf")).to(tl.float32)
             m_new = tl.maximum(m_p, tl.max(x, axis=0))
@@ -165,7 +166,7 @@ def _softmax_fwd_wide_kernel(
         end = tl.minimum(start + PIECE, N)
         xb = X + (row // INNER) * sxo + (row % INNER) * sxi
         yb = Y + (row // INNER) * syo + (row % INNER) * syi
-        for off in range(start, end, BLOCK_N):
+        for off in tl.range(start, end, BLOCK_N, num_stages=STAGES):
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
@@ -217,6 +218,7 @@ def _softmax_bwd_wide_kernel(
     SPLITS, PIECE,
     SPLITS_P2: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr = 1,  # as in _softmax_fwd_wide_kernel
 ):
     """Wide-row backward in one launch, ordered like _softmax_fwd_wide_kernel: program g computes the
     partial dot of piece g, then writes dx = y * (dy - dot) for piece g - SPLITS."""
@@ -229,7 +231,7 @@ def _softmax_bwd_wide_kernel(
         yb = Y + (row // INNER) * syo + (row % INNER) * syi
         db = DY + (row // INNER) * sdo + (row % INNER) * sdi
         acc = tl.zeros([BLOCK_N], tl.float32)
-        for off in range(start, end, BLOCK_N):
+        for off in tl.range(start, end, BLOCK_N, num_stages=STAGES):
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
@@ -252,7 +254,7 @@ def _softmax_bwd_wide_kernel(
         yb = Y + (row // INNER) * syo + (row % INNER) * syi
         db = DY + (row // INNER) * sdo + (row % INNER) * sdi
         gb = DX + (row // INNER) * sgo + (row % INNER) * sgi
-        for off in range(start, end, BLOCK_N):
+        for off in tl.range(start, end, BLOCK_N, num_stages=STAGES):
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
@@ -482,7 +484,8 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.splits = splits
         fn = _softmax_fwd_wide_kernel if fwd else _softmax_bwd_wide_kernel
         # grid + SPLITS: the last row's phase 2
-        plan.kernel = Kernel(fn, (m * splits + splits,), check=(0,) if fwd else (0, 1), SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
+        plan.kernel = Kernel(fn, (m * splits + splits,), check=(0,) if fwd else (0, 1), SPLITS_P2=next_power_of_2(splits), BLOCK_N=block,
+                             STAGES=int(get_override("softmax", "stages", WIDE_STAGES)), num_warps=warps)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = plan

@@ -29,6 +29,11 @@ MAX_SINGLE_BLOCK = 32768  # wider rows take the wide (piece-wise, one launch) ke
 # winners of the H200 sweep (benchmarks/results/softmax_h200.json, "sweep"; fraction of copy at 65,536 /
 # 262,144: fwd bf16 0.73 / 0.70, fp32 0.78 / 0.76; bwd bf16 0.75 / 0.73, fp32 0.75 / 0.77).
 _WIDE = {("fwd", 2): (8192, 16384, 8), ("fwd", 4): (8192, 8192, 8), ("bwd", 2): (4096, 8192, 16), ("bwd", 4): (4096, 4096, 16)}
+# Software pipelining of the wide kernels' chunk loops (tl.range num_stages; 1 = off, the measured
+# default).  Not yet timed: with STAGES > 1 Triton loads the next chunks of a piece by cp.async into shared
+# memory while one is reduced (the same change as cross_entropy_config.STREAM_STAGES).  Pieces are 1-2
+# chunks at the defaults, so it pairs with smaller chunks: config_override("softmax", stages=3, ...).
+WIDE_STAGES = 1
 
 
 def _single_block_config(n_pow2: int, elem: int, direction: str) -> tuple[int, int]:
