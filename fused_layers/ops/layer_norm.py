@@ -292,8 +292,13 @@ def _norm_bwd_kernel(
     BLOCK_M: tl.constexpr,  # rows per tile
     BLOCK_N: tl.constexpr,  # next power of two >= N
     CAST_BEFORE_W: tl.constexpr = False,  # the forward rounded xhat to X's dtype before the weight: dW uses that
+    STAGES: tl.constexpr = 1,  # software pipelining of the row loop (tl.range num_stages; layer_norm_config bwd_stages)
 ):
-    """Single-block backward: dx per row in one pass; dW/dB partial sums over this program's rows."""
+    """Single-block backward: dx per row in one pass; dW/dB partial sums over this program's rows.
+
+    STAGES > 1: Triton loads the next row tiles of x and dy into shared memory by cp.async while one tile
+    is reduced.  (A plain ``range`` loop with the launch option num_stages is not pipelined for loads that
+    do not feed a dot: the earlier ``bwd_stages`` sweep, which set only that option, timed identical code.)"""
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
     DWP, DBP = _parts_ptrs(PARTS, tl.num_programs(0), N, HAS_W)
     pid = tl.program_id(0)
@@ -305,7 +310,7 @@ def _norm_bwd_kernel(
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for r0 in range(row_start, row_end, BLOCK_M):
+    for r0 in tl.range(row_start, row_end, BLOCK_M, num_stages=STAGES):
         rows = r0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end
         mask = row_ok[:, None] & col_ok[None, :]
@@ -627,7 +632,8 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
         meta["num_stages"] = stages
     plan.stats_kernel = None
     if single:
-        plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
+        plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), BLOCK_M=block, BLOCK_N=n_pow2,
+                             STAGES=max(1, stages), **meta)
     else:
         chunk = min(block, n_pow2)
         plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), check=(0, 1, 3, 4), BLOCK_N=chunk, **meta)
