@@ -138,12 +138,57 @@ def cases():
     return table
 
 
+def breakdown(calls: int, rounds: int) -> dict[str, float]:
+    """Where LayerNorm fwd+bwd's host time goes (us per call, median of ``rounds``), ours against PyTorch's
+    pieces: the launchers alone, the autograd / Python path with every Triton launch stubbed out, the
+    allocations and launches it makes, and PyTorch's native forward and backward called without autograd."""
+    from fused_layers.ops import _library
+    from fused_layers.ops.layer_norm import norm_backward, norm_forward
+
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(8, 768, device=dev, dtype=dt)
+    w, b = torch.randn(768, device=dev, dtype=dt), torch.randn(768, device=dev, dtype=dt)
+    g = torch.randn_like(x)
+    xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+    y, stats = norm_forward(x, w, b, 1, 1e-5, False)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, (768,), w, b, 1e-5)
+    cases = {
+        "ours: fwd launcher (norm_forward: 2 allocations, 1 launch)": lambda: norm_forward(x, w, b, 1, 1e-5, False),
+        "ours: bwd launcher (norm_backward: 4 allocations, 2 launches)": lambda: norm_backward(g, x, w, b, stats, 1, False),
+        "ours: fwd+bwd, every Triton launch stubbed (autograd + Python + allocations)":
+            lambda: fused_layer_norm(xg, (768,), wg, bg).backward(g),
+        "ours: fwd+bwd (as in the table)": lambda: fused_layer_norm(xg, (768,), wg, bg).backward(g),
+        "pytorch: aten.native_layer_norm (no autograd)": lambda: torch.ops.aten.native_layer_norm(x, (768,), w, b, 1e-5),
+        "pytorch: aten.native_layer_norm_backward (no autograd)":
+            lambda: torch.ops.aten.native_layer_norm_backward(g, x, (768,), mean, rstd, w, b, [True, True, True]),
+        "pytorch: fwd+bwd (as in the table)": lambda: F.layer_norm(xg, (768,), wg, bg).backward(g),
+        "torch.empty (8, 768) bf16": lambda: torch.empty((8, 768), device=dev, dtype=dt),
+        "autograd: y = x * 1.0; y.backward(g) (one C++ node)": lambda: (xg * 1.0).backward(g),
+    }
+    stub = "ours: fwd+bwd, every Triton launch stubbed (autograd + Python + allocations)"
+    real_call = _library.Kernel.__call__
+    samples: dict[str, list[float]] = {k: [] for k in cases}
+    for fn in cases.values():
+        for _ in range(20):
+            fn()
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            if name == stub:
+                _library.Kernel.__call__ = lambda self, *a: None
+            try:
+                samples[name].append(host_us(fn, calls))
+            finally:
+                _library.Kernel.__call__ = real_call
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--profile", action="store_true", help="cProfile each fused fwd+bwd (top functions by own time)")
+    ap.add_argument("--breakdown", action="store_true", help="also: where LayerNorm fwd+bwd's host time goes")
     args = ap.parse_args()
     table = cases()
     if args.profile:
@@ -181,8 +226,9 @@ def main() -> None:
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 calls=args.calls, rounds=args.rounds, command="python " + " ".join(sys.argv))
     os.makedirs(args.out, exist_ok=True)
+    pieces = breakdown(args.calls, args.rounds) if args.breakdown else None
     with open(os.path.join(args.out, "host_h200.json" if "H200" in name else f"host_{name}.json"), "w") as f:
-        json.dump(dict(meta=meta, median_us=res, min_max_us=spread), f, indent=1)
+        json.dump(dict(meta=meta, median_us=res, min_max_us=spread, breakdown_us=pieces), f, indent=1)
     lines = [f"# Host cost per call (us), {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}", "",
              f"`{meta['command']}`: {args.calls} back-to-back calls then one sync, median of {args.rounds} rounds.", "",
              "| op | part | PyTorch | fused | fused / PyTorch | Liger |", "|---|---|---|---|---|---|"]
@@ -194,6 +240,10 @@ def main() -> None:
             lines.append(f"| {op} | {p} | {r['pytorch']:.1f} | {r['fused']:.1f} | {r['fused'] / r['pytorch']:.2f} | {lig} |")
     lines += ["", "| reference | us |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in res["reference"]["launch"].items()]
+    if pieces:
+        lines += ["", "Where LayerNorm fwd+bwd's host time goes ((8, 768) bf16, us per call, median of rounds):", "",
+                  "| piece | us |", "|---|---|"]
+        lines += [f"| {k} | {v:.1f} |" for k, v in pieces.items()]
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(args.out, "host_h200.md" if "H200" in name else f"host_{name}.md"), "w") as f:

@@ -20,5 +20,5 @@ timeout 200 python3 benchmarks/bench_attention.py --out /tmp/v --variants --work
   --deadline 185 > $OUT/sweep.log 2>&1
 el "sweep exit $?"; cp /tmp/v/attention_variants.* $OUT/ 2> /dev/null
 grep -A16 "## fwd_tflops" $OUT/sweep.log; grep -A16 "## bwd_tflops" $OUT/sweep.log; grep -A5 "## Failures" $OUT/sweep.log
-timeout 150 python3 benchmarks/bench_host.py --out $OUT --rounds 5 --profile > $OUT/host_profile.log 2>&1
+timeout 150 python3 benchmarks/bench_host.py --out $OUT --rounds 5 --profile --breakdown > $OUT/host_profile.log 2>&1
 el "host exit $?"; tail -22 $OUT/host_profile.log
