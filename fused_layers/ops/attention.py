@@ -77,6 +77,18 @@ H200 and removed (benchmarks/results/issue13/attention_variants.md): a forward t
 with warp specialization and / or a persistent heaviest-first grid, was slower than the default forward
 in every case (warp-specialized 4-warp forms also gave wrong output at D=64, S=1024), and a backward
 that accumulated dQ by fp32 atomics inside the dK/dV kernel was slower than the default everywhere.
+
+Forward: ``fwd_fold_scale`` (on by default, it won every case of the H200 sweep) keeps the raw q . k in
+the tile and applies the scale to its row max and inside exp2's argument, one FMA per score:
+p = exp2(qk * c - m) with m = max(m_old, max(qk) * c), c = scale * log2(e) > 0.
+
+Prepared, off until timed on a GPU (attention_config):
+* ``fwd_lazy_rescale``: the online softmax keeps its reference max m (and skips acc *= alpha, l *= alpha)
+  unless some row's max grew by more than 8 (base 2) in this tile.  The tile's probabilities are then at
+  most 2^8, and O = acc / l, L = m + log2(l) hold for any reference m <= the true max.
+* ``bwd_dq_reduce``: the dK/dV kernel also forms dQ_tile = scale * dS K for each query tile and adds it to
+  an fp32 buffer by TMA reduce-add, summing over the key blocks (programs).  The dQ kernel, which recomputes
+  Q K^T and dO V^T, does not run: 10 instead of 14 units of B * H * S^2 * D matmul work (ncu, issue 13).
 """
 
 from __future__ import annotations
