@@ -34,6 +34,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _sm90
 
 TOKENS = 16384
 H = 16
@@ -63,63 +64,27 @@ def _compile_sm90(fn, cx: dict, cfg, dtype: str = "bf16", fp32_ptrs=("LSE", "DEL
     (cp.async), UTMALDG / UTMASTG (TMA copies), RED / ATOM (atomics), USETMAXREG (register reallocation
     between warp groups: what warp specialization emits)."""
     import inspect
-    import re
-    import subprocess
-    import tempfile
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from _sm90 import compile_sm90, signature
 
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     cx = dict(cx, BLOCK_M=cfg[0], BLOCK_N=cfg[1])
     for p in fn.params:  # defaulted constexprs not given: their defaults
         if p.is_constexpr and p.name not in cx and p.default is not inspect.Parameter.empty:
             cx[p.name] = p.default
-    sig, attrs = {}, {}
-    for i, n in enumerate(fn.arg_names):
-        if n in cx:
-            sig[n] = "constexpr"
-        elif n.startswith("s") and n.endswith("d") and len(n) <= 5:  # unit head-dim strides
-            sig[n], cx[n] = "constexpr", 1
-        elif n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV"):
-            sig[n], attrs[(i,)] = f"*{dtype}", [["tt.divisibility", 16]]
-        elif n in fp32_ptrs:
-            sig[n], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
-        elif n in ("CU_Q", "CU_K"):
-            sig[n] = "*i32"
-        elif n == "SEED":
-            sig[n] = "*i64"
-        elif n in ("qk_scale", "sm_scale", "dropout_p", "dropout_scale"):
-            sig[n] = "fp32"
-        else:
-            sig[n] = "i32"
-            # What Triton's runtime specialization gives for these values (divisible by 16).
-            if n.startswith("s") or n in ("SQ", "SK") or (n == "HEAD_DIM" and head_dim % 16 == 0):
-                attrs[(i,)] = [["tt.divisibility", 16]]
+    types = {n: f"*{dtype}" for n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")}
+    types.update({n: "*fp32" for n in fp32_ptrs}, CU_Q="*i32", CU_K="*i32", SEED="*i64")
+    types.update({n: "fp32" for n in ("qk_scale", "sm_scale", "dropout_p", "dropout_scale")})
+    names = fn.arg_names
+    ones = [n for n in names if n.startswith("s") and n.endswith("d") and len(n) <= 5]  # unit head-dim strides
+    # What Triton's runtime specialization gives for these values (divisible by 16).
+    divisible = [n for n in names if n.startswith("s") or n in ("SQ", "SK") or (n == "HEAD_DIM" and head_dim % 16 == 0)]
     row = {}
     try:
-        k = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
-                           options=dict(num_warps=cfg[2], num_stages=cfg[3]))
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(k.asm["cubin"])
-            path = f.name
-        res = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
-        sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
-        os.remove(path)
-        m = re.search(r"REG:(\d+) STACK:(\d+)", res)
-        ops: dict[str, int] = {}
-        for line in sass.splitlines():
-            op = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)", line)
-            if op:
-                ops[op.group(1)] = ops.get(op.group(1), 0) + 1
-        row.update(regs=int(m.group(1)), stack_bytes=int(m.group(2)), shared_bytes=k.metadata.shared,
-                   global_scratch=getattr(k.metadata, "global_scratch_size", None),
-                   total_warps=getattr(k.metadata, "num_warps", None),
-                   hgmma=ops.get("HGMMA", 0), ldgsts=ops.get("LDGSTS", 0), utmaldg=ops.get("UTMALDG", 0),
-                   utmastg=ops.get("UTMASTG", 0), red=ops.get("REDG", 0) + ops.get("RED", 0),
-                   atom=ops.get("ATOMG", 0) + ops.get("ATOM", 0), setmaxreg=ops.get("USETMAXREG", 0),
-                   utmaredg=ops.get("UTMAREDG", 0),
+        r = compile_sm90(fn, *signature(fn, cx, types, ones, divisible), num_warps=cfg[2], num_stages=cfg[3])
+        ops = r.pop("ops")
+        row.update(r, hgmma=ops["HGMMA"], ldgsts=ops["LDGSTS"], utmaldg=ops["UTMALDG"], utmastg=ops["UTMASTG"],
+                   red=ops["REDG"] + ops["RED"], atom=ops["ATOMG"] + ops["ATOM"], setmaxreg=ops["USETMAXREG"],
+                   utmaredg=ops["UTMAREDG"],
                    tma_ops={o: n for o, n in ops.items() if o.startswith("UTMA") or o.startswith("UBLKRED")})
     except Exception as e:  # noqa: BLE001
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"

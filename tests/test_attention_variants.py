@@ -46,6 +46,36 @@ def _assert_tma_ran(launched):
     assert A._attn_bwd_dkdv_kernel not in launched
 
 
+def _assert_same_dropout_results(device, base: dict, variant: dict):
+    """One causal dropout call (same seed: same Philox mask) under the attention configs ``base`` and
+    ``variant``: the output and every gradient agree."""
+    q, k, v = (torch.randn(1, 2, s, 32, device=device) for s in (29, 41, 41))
+    do = torch.randn_like(q)
+    res = []
+    for ov in (base, variant):
+        qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
+        torch.manual_seed(7)
+        with config_override("attention", **ov):
+            out = fused_attention(qa, ka, va, dropout_p=0.3, is_causal=True)
+            res.append((out, *torch.autograd.grad(out, (qa, ka, va), do)))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *res):
+        torch.testing.assert_close(b, a, **F32_TOL, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """(kernel function, launch meta) of every launch through Kernel during the test."""
+    calls = []
+    orig = _library.Kernel.__call__
+
+    def spy(self, *args):
+        calls.append((self.fn, self.meta))
+        return orig(self, *args)
+
+    monkeypatch.setattr(_library.Kernel, "__call__", spy)
+    return calls
+
+
 def _check(q, k, v, ov, mask=None, causal=False, gqa=False):
     """Outputs and every gradient under the attention config ``ov`` against the float64 reference."""
     with config_override("attention", **ov):
@@ -105,17 +135,7 @@ def test_bwd_tma_key_padding_bias_and_empty_rows(device, launched):
 
 def test_bwd_tma_dropout_matches_default_kernels(device, launched):
     """Same seed, same Philox mask: bwd_tma gives the default kernels' gradients."""
-    q, k, v = (torch.randn(1, 2, s, 32, device=device) for s in (29, 41, 41))
-    do = torch.randn_like(q)
-    res = []
-    for ov in (dict(bwd_tma=0), TMA):
-        qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
-        torch.manual_seed(7)
-        with config_override("attention", **ov):
-            out = fused_attention(qa, ka, va, dropout_p=0.3, is_causal=True)
-            res.append((out, *torch.autograd.grad(out, (qa, ka, va), do)))
-    for name, a, b in zip(("out", "dq", "dk", "dv"), *res):
-        torch.testing.assert_close(b, a, **F32_TOL, msg=lambda m: f"{name}: {m}")
+    _assert_same_dropout_results(device, dict(bwd_tma=0), TMA)
     assert A._attn_bwd_dkdv_kernel in launched and TMA_LAUNCH in launched
 
 
@@ -251,24 +271,15 @@ def test_fwd_fold_scale_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, device,
     assert any(getattr(fn, "__name__", "") == "_attn_fwd_kernel" for fn in launched)
 
 
-def test_fwd_fold_scale_meta_and_key_bias(device, launched, monkeypatch):
+def test_fwd_fold_scale_meta_and_key_bias(device, kernel_calls):
     """On when asked (the default) and no key-padding bias is given; a bias keeps the unfolded path (and stays right)."""
-    seen = []
-    orig = _library.Kernel.__call__
-
-    def spy(self, *args):
-        if self.fn is A._attn_fwd_kernel:
-            seen.append(self.meta["FOLD_SCALE"])
-        return orig(self, *args)
-
-    monkeypatch.setattr(_library.Kernel, "__call__", spy)
     q, k, v = (torch.randn(2, 2, 19, 16, device=device) for _ in range(3))
     mask = torch.ones(2, 1, 1, 19, dtype=torch.bool, device=device)
     mask[1, ..., 11:] = False
     _check(q, k, v, dict(fwd_fold_scale=1))
     _check(q, k, v, dict(fwd_fold_scale=1), mask=mask)
     _check(q, k, v, dict(fwd_fold_scale=0))
-    assert seen == [True, False, False]
+    assert [meta["FOLD_SCALE"] for fn, meta in kernel_calls if fn is A._attn_fwd_kernel] == [True, False, False]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,32 +330,18 @@ def test_fwd_lazy_rescale_steep_scores_do_not_overflow(device):
 DQR = dict(bwd_dq_reduce=1)
 
 
-@pytest.fixture
-def dqr_launched(monkeypatch):
-    """The DQ_REDUCE value of every dK/dV launch, and every kernel launched."""
-    rec = []
-    orig = _library.Kernel.__call__
-
-    def spy(self, *args):
-        rec.append((self.fn, self.meta.get("DQ_REDUCE")))
-        return orig(self, *args)
-
-    monkeypatch.setattr(_library.Kernel, "__call__", spy)
-    return rec
-
-
 @pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal", SHAPES)
-def test_bwd_dq_reduce_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, device, dqr_launched):
+def test_bwd_dq_reduce_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, device, kernel_calls):
     q = torch.randn(B, Hq, Sq, D, device=device)
     k = torch.randn(B, Hkv, Sk, D, device=device)
     v = torch.randn(B, Hkv, Sk, D, device=device)
     _check(q, k, v, DQR, causal=causal, gqa=Hq != Hkv)
-    fns = [fn for fn, _ in dqr_launched]
+    fns = [fn for fn, _ in kernel_calls]
     assert A._attn_bwd_dq_kernel not in fns, "the dQ kernel ran: dQ should come from the dK/dV kernel"
-    assert [r for fn, r in dqr_launched if fn is A._attn_bwd_dkdv_kernel] == [1 if A.INTERPRET else 2]
+    assert [m["DQ_REDUCE"] for fn, m in kernel_calls if fn is A._attn_bwd_dkdv_kernel] == [1 if A.INTERPRET else 2]
 
 
-def test_bwd_dq_reduce_layouts_bias_and_bf16(device, dqr_launched):
+def test_bwd_dq_reduce_layouts_bias_and_bf16(device, kernel_calls):
     """q in (B, S, H, D) memory order (dQ is written back in that layout), a key-padding bias with an
     empty row, and bf16 (float32 accumulation of dQ across key blocks)."""
     q = torch.randn(2, 37, 4, 32, device=device).transpose(1, 2)  # strided: the layout dQ must keep
@@ -360,30 +357,20 @@ def test_bwd_dq_reduce_layouts_bias_and_bf16(device, dqr_launched):
     if device == "cuda":
         qb, kb_, vb = (t.to(torch.bfloat16) for t in (q, k, v))
         _check(qb, kb_, vb, DQR, causal=True)
-    assert all(r for fn, r in dqr_launched if fn is A._attn_bwd_dkdv_kernel)
+    assert all(m["DQ_REDUCE"] for fn, m in kernel_calls if fn is A._attn_bwd_dkdv_kernel)
 
 
 def test_bwd_dq_reduce_dropout_matches_default_kernels(device):
     """Same seed, same Philox mask: dQ from the dK/dV kernel equals the dQ kernel's."""
-    q, k, v = (torch.randn(1, 2, s, 32, device=device) for s in (29, 41, 41))
-    do = torch.randn_like(q)
-    res = []
-    for ov in (dict(bwd_dq_reduce=0), DQR):
-        qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
-        torch.manual_seed(7)
-        with config_override("attention", **ov):
-            out = fused_attention(qa, ka, va, dropout_p=0.3, is_causal=True)
-            res.append((out, *torch.autograd.grad(out, (qa, ka, va), do)))
-    for name, a, b in zip(("out", "dq", "dk", "dv"), *res):
-        torch.testing.assert_close(b, a, **F32_TOL, msg=lambda m: f"{name}: {m}")
+    _assert_same_dropout_results(device, dict(bwd_dq_reduce=0), DQR)
 
 
-def test_bwd_dq_reduce_not_where_it_cannot_serve(device, dqr_launched):
+def test_bwd_dq_reduce_not_where_it_cannot_serve(device, kernel_calls):
     """Head dims that are not a multiple of 16 and packed (varlen) batches keep the dQ kernel."""
     q, k, v = (torch.randn(1, 2, 19, 24, device=device) for _ in range(3))
     _check(q, k, v, DQR, causal=True)
-    assert A._attn_bwd_dq_kernel in [fn for fn, _ in dqr_launched]
-    dqr_launched.clear()
+    assert A._attn_bwd_dq_kernel in [fn for fn, _ in kernel_calls]
+    kernel_calls.clear()
     cu = torch.tensor([0, 7, 19], device=device, dtype=torch.int32)
     qv, kv, vv = (torch.randn(19, 2, 32, device=device, requires_grad=True) for _ in range(3))
     with config_override("attention", **DQR):
@@ -392,4 +379,4 @@ def test_bwd_dq_reduce_not_where_it_cannot_serve(device, dqr_launched):
     ref = attention_varlen_reference(qv.double(), kv.double(), vv.double(), cu, cu, is_causal=True)
     torch.testing.assert_close(out.double(), ref, **F32_TOL)
     assert all(torch.isfinite(g).all() for g in grads)
-    assert A._attn_bwd_dq_kernel in [fn for fn, _ in dqr_launched]
+    assert A._attn_bwd_dq_kernel in [fn for fn, _ in kernel_calls]
