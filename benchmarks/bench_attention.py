@@ -134,8 +134,6 @@ VARIANTS = [
     # Wider key tiles in the forward (the table has BLOCK_N = 64 everywhere), with and without the fold.
     ("fwd_n128", "fwd", {"fwd_block_n": 128}),
     ("fwd_fold+n128", "fwd", {"fwd_fold_scale": 1, "fwd_block_n": 128}),
-    # Rescale the accumulator only when a row max grew by > 2^8 (attention_config fwd_lazy_rescale).
-    ("fwd_lazy_rescale", "fwd", {"fwd_lazy_rescale": 1}),
     # dQ accumulated by TMA reduce-add inside the dK/dV kernel; no dQ kernel (attention_config bwd_dq_reduce).
     ("bwd_dq_reduce", "bwd", {"bwd_dq_reduce": 1}),
 ]
@@ -215,8 +213,7 @@ def static_scan_variants(out_dir: str) -> None:
         with config_override("attention", **ov):
             if kind == "fwd":
                 cfg = tuple(_config("fwd", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
-                fwd_cx = dict(base, FOLD_SCALE=not base["HAS_KB"] and _variant("fwd_fold_scale") == 1,
-                              LAZY_RESCALE=_variant("fwd_lazy_rescale") == 1)
+                fwd_cx = dict(base, FOLD_SCALE=not base["HAS_KB"] and _variant("fwd_fold_scale") == 1)
                 kern = [("fwd", A._attn_fwd_kernel, fwd_cx, cfg)]
             else:
                 cd = tuple(_config("dkdv", bd, causal, torch.bfloat16)[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))

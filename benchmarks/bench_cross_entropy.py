@@ -183,8 +183,8 @@ _PF2 = dict(_PF, prefetch=2)  # two chunks loaded ahead
 SWEEP = {
     # one program per row, two passes, the second read from L2
     "stream_8k_w16_base": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=0, lane_max=0),  # run4's
-    "stream_8k_w16_rowmax": dict(_PF, block_n=8192, num_warps=16, lane_max=0),  # max per row (a reduction per chunk)
-    "stream_8k_w16": dict(_PF, block_n=8192, num_warps=16),  # the default (any width)
+    "stream_8k_w16_rowmax": dict(_PF, block_n=8192, num_warps=16, lane_max=0),  # max per row (the default until session 4)
+    "stream_8k_w16": dict(_PF, block_n=8192, num_warps=16),  # per-lane max
     "stream_8k_w16_pf2": dict(_PF2, block_n=8192, num_warps=16),
     "stream_4k_w8": dict(_PF, block_n=4096, num_warps=8),  # same values per thread, more programs per SM
     "stream_4k_w8_pf2": dict(_PF2, block_n=4096, num_warps=8),
@@ -193,11 +193,13 @@ SWEEP = {
     # chunk loops software-pipelined by Triton (cp.async into shared memory; prefetch off): more bytes in flight
     "stream_8k_w16_st3": dict(_PF, block_n=8192, num_warps=16, lane_max=0, prefetch=0, stages=3),
     "stream_4k_w8_st3": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=3),
-    "stream_4k_w8_st4": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=4),
+    "stream_4k_w8_st4": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=4),  # bf16 default
     "stream_2k_w4_st4": dict(_PF, block_n=2048, num_warps=4, lane_max=0, prefetch=0, stages=4),
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
 }
+for _c in SWEEP.values():  # a config without stages is a plain range loop (the bf16 default pipelines 4 deep)
+    _c.setdefault("stages", 1)
 SINGLE_SWEEP = {  # one program per row, the whole row in registers: (config, widest vocab)
     "single_32k_w32": (dict(max_single=32768, num_warps=32), 32768),
     "single_64k_w32": (dict(max_single=65536, num_warps=32), 65536),

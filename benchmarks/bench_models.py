@@ -331,7 +331,7 @@ def to_markdown(all_res: dict) -> str:
     for m, res in all_res["models"].items():
         f = res.get("variants", {}).get("faster", {})
         if f.get("restored"):
-            lines.append(f"- {m}, policy=faster undid: " + ", ".join(f"{n} ({s:.2f}x)" for n, s in sorted(f["restored"].items())))
+            lines.append(f"- {m}, policy=faster undid: " + ", ".join(f"{n or '(model: loss_function)'} ({s:.2f}x)" for n, s in sorted(f["restored"].items())))
     return "\n".join(lines) + "\n"
 
 

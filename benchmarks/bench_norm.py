@@ -156,13 +156,14 @@ def bwd_candidates(n: int, elem: int):
             bm = max(1, tile // n)
             c.append(dict(bwd_block_m=bm, bwd_warps=_warps_for(n, bm), bwd_progs_per_sm=per_sm, bwd_max_single=65536))
         # deeper / no software pipelining of the row loop, more programs of fewer warps
-        for bm, wp, per_sm, st in ((4, 4, 2, 1), (4, 4, 2, 2), (4, 4, 2, 4), (8, 8, 1, 2), (8, 8, 1, 4), (2, 4, 4, 2), (4, 4, 4, 3)):
+        for bm, wp, per_sm, st in ((4, 4, 2, 1), (4, 4, 2, 2), (4, 4, 2, 4), (8, 8, 1, 2), (8, 8, 1, 4), (2, 4, 4, 2), (4, 4, 4, 3),
+                                   (8, 8, 2, 4), (16, 8, 1, 4), (8, 8, 1, 3)):
             c.append(dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_stages=st, bwd_max_single=65536))
     elif n <= 8192:
         for bm, wp, per_sm in ((1, 8, 2), (1, 8, 4), (1, 16, 1), (1, 16, 2), (2, 16, 2)):
             if n * bm <= 16384:
                 c.append(dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_max_single=65536))
-        for bm, wp, per_sm, st in ((1, 8, 2, 1), (1, 8, 2, 2), (1, 8, 2, 4), (1, 4, 4, 2)):
+        for bm, wp, per_sm, st in ((1, 8, 2, 1), (1, 8, 2, 2), (1, 8, 2, 4), (1, 4, 4, 2), (1, 8, 1, 4), (1, 16, 1, 3), (1, 4, 4, 4)):
             c.append(dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_stages=st, bwd_max_single=65536))
         c.append(dict(bwd_max_single=1024, bwd_chunk=2048, bwd_warps=8, bwd_progs_per_sm=2))
     else:

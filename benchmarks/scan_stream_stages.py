@@ -7,7 +7,7 @@ AOT-compiles ``_ce_fwd_kernel`` (stream mode, bf16 logits, class-index targets, 
 kernels for sm_90 with this machine's Triton, with the runtime's specializations of 2-D rows (INNER = 1, unit
 column strides), and counts SASS LDGSTS (cp.async: loads pipelined through shared memory) against plain LDG.
 A plain ``range`` chunk loop (the default: STAGES = 1, the cross-entropy with PREFETCH = 1) has no LDGSTS;
-``tl.range(num_stages=3|4)`` (STAGES; cross_entropy_config.STREAM_STAGES, softmax_config.WIDE_STAGES) does.
+``tl.range(num_stages=3|4)`` (STAGES; cross_entropy_config.STREAM, softmax_config.WIDE_STAGES) does.
 """
 import json
 import os

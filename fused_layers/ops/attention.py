@@ -83,9 +83,6 @@ the tile and applies the scale to its row max and inside exp2's argument, one FM
 p = exp2(qk * c - m) with m = max(m_old, max(qk) * c), c = scale * log2(e) > 0.
 
 Prepared, off until timed on a GPU (attention_config):
-* ``fwd_lazy_rescale``: the online softmax keeps its reference max m (and skips acc *= alpha, l *= alpha)
-  unless some row's max grew by more than 8 (base 2) in this tile.  The tile's probabilities are then at
-  most 2^8, and O = acc / l, L = m + log2(l) hold for any reference m <= the true max.
 * ``bwd_dq_reduce``: the dK/dV kernel also forms dQ_tile = scale * dS K for each query tile and adds it to
   an fp32 buffer by TMA reduce-add, summing over the key blocks (programs).  The dQ kernel, which recomputes
   Q K^T and dO V^T, does not run: 10 instead of 14 units of B * H * S^2 * D matmul work (ncu, issue 13).
@@ -218,7 +215,6 @@ def _attn_fwd_inner(
     HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     FOLD_SCALE: tl.constexpr = False,  # scale inside the exponent's FMA (no key bias only; fwd_fold_scale)
-    LAZY_RESCALE: tl.constexpr = False,  # rescale acc / l only when a row max grew by > 2^8 (fwd_lazy_rescale)
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -252,24 +248,11 @@ def _attn_fwd_inner(
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         else:
             m_new = tl.maximum(m_i, tl.max(qk, 1))
-        if LAZY_RESCALE:
-            # Keep the reference max m_i (and skip rescaling acc and l) unless some row's max grew by
-            # more than 8 (base 2): the probabilities of this tile are then at most 2^8, exact enough in
-            # fp32 and bf16, and out = acc / l and L = m_i + log2(l) hold for any reference <= the max.
-            # A row that has seen no key (m_i = -inf) and now does forces the rescale.
-            if tl.max((m_new > m_i + 8.0).to(tl.int32), 0) > 0:
-                m_up = tl.where(m_new == -float("inf"), 0.0, m_new)
-                alpha = tl.math.exp2(m_i - m_up)
-                l_i = l_i * alpha
-                acc = acc * alpha[:, None]
-                m_i = m_new
-            m_ref = tl.where(m_i == -float("inf"), 0.0, m_i)
-        else:
-            m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row that has seen no key yet
-            alpha = tl.math.exp2(m_i - m_ref)
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
+        m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row that has seen no key yet
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha
+        acc = acc * alpha[:, None]
+        m_i = m_new
         if FOLD_SCALE:
             p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
         else:
@@ -319,7 +302,6 @@ def _attn_fwd_kernel(
     BLOCK_N: tl.constexpr,  # keys per streamed tile
     HAS_DROPOUT: tl.constexpr = False,
     FOLD_SCALE: tl.constexpr = False,  # see _attn_fwd_inner (variant fwd_fold_scale; never with HAS_KB)
-    LAZY_RESCALE: tl.constexpr = False,  # see _attn_fwd_inner (variant fwd_lazy_rescale)
 ):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
     # Heaviest blocks first: with a causal mask, later query blocks see more keys.
@@ -377,13 +359,13 @@ def _attn_fwd_kernel(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
         seqlen_k, 0, n_full, qk_scale, seed, pid_bh, dropout_p,
         MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, FOLD_SCALE=FOLD_SCALE, LAZY_RESCALE=LAZY_RESCALE,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, FOLD_SCALE=FOLD_SCALE,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
         seqlen_k, n_full, n_end, qk_scale, seed, pid_bh, dropout_p,
         MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, FOLD_SCALE=FOLD_SCALE, LAZY_RESCALE=LAZY_RESCALE,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, FOLD_SCALE=FOLD_SCALE,
     )
     # Epilogue: normalize; a row with no allowed key (l = 0) outputs 0 and saves L = +inf.
     empty = l_i == 0.0
@@ -652,7 +634,6 @@ def _attn_bwd_dq_inner(
     HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     FOLD_SCALE: tl.constexpr = False,  # scale inside the exponent's FMA (no key bias only; fwd_fold_scale)
-    LAZY_RESCALE: tl.constexpr = False,  # rescale acc / l only when a row max grew by > 2^8 (fwd_lazy_rescale)
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -1004,8 +985,7 @@ def _fwd_plan(key) -> _FwdPlan:
     )
     plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
                      INPUT_PRECISION=prec, HAS_DROPOUT=_dropout_bits() if dropout else 0,
-                     FOLD_SCALE=kbst is None and _variant("fwd_fold_scale") == 1,
-                     LAZY_RESCALE=_variant("fwd_lazy_rescale") == 1)
+                     FOLD_SCALE=kbst is None and _variant("fwd_fold_scale") == 1)
     plan.grid_bh = B * H
     fixed = _config("fwd", bd, causal, dtype)
     plan.tuned = fixed is None

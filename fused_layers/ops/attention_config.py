@@ -124,16 +124,19 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # 12 cases of the H200 sweep, +1% to +10% (D128 S16384 443 -> 489 TFLOP/s; D64 S4096 405 -> 419)
 # (benchmarks/results/issue13/run4_fold/attention_variants.md); BLOCK_N 128 with it gained <= 1% at
 # S16384 only and lost at S1024, so the table keeps 64.
-# fwd_lazy_rescale (off until measured): the forward rescales its accumulator and normalizer only when
-# some row's running max grew by more than 8 in base 2 (FlashAttention-4's conditional rescaling), instead
-# of every key tile: it saves BLOCK_M x BLOCK_D multiplies and an exp2 per row per tile, for a block-wide
-# max per tile.
-# bwd_dq_reduce (off until measured): the dK/dV kernel also accumulates dQ = scale * dS K in an fp32 buffer
-# by TMA reduce-add (FlashAttention-3's dQ accumulation) and the dQ kernel does not run: 10 matmul units
-# (B*H*S^2*D) of backward work instead of 14 (ncu, issue 13: the dQ kernel recomputes Q K^T and dO V^T).
-# Dense layouts with D a multiple of 16; costs a zeroed fp32 [B, H, S, D] buffer and a cast.
-_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "fwd_fold_scale": 1, "fwd_lazy_rescale": 0,
-                             "bwd_dq_reduce": 0}
+# Tried and removed: conditional rescaling in the forward (FlashAttention-4's: rescale acc and l only
+# when a row max grew by > 2^8, a block-wide max per tile instead): slower in all 12 cases of the H200
+# sweep, 0.63-0.94 of the default (D64 S4096 causal 367 -> 232 TFLOP/s; likely the block-wide branch and
+# the max compare cost more than the multiplies they skip in a 2-warpgroup kernel)
+# (benchmarks/results/issue13/run6_variants/).
+# bwd_dq_reduce (off: measured slower): the dK/dV kernel also accumulates dQ = scale * dS K in an fp32
+# buffer by TMA reduce-add (FlashAttention-3's dQ accumulation) and the dQ kernel does not run: 10 matmul
+# units (B*H*S^2*D) of backward work instead of 14 (ncu, issue 13).  Dense layouts with D a multiple of
+# 16; costs a zeroed fp32 [B, H, S, D] buffer and a cast.  H200 sweep (run6_variants): 0.76-1.05 of the
+# default backward: ahead only at causal S16384 (D64 358 -> 375, D128 410 -> 411 TFLOP/s) and S4096 D128
+# causal (346 -> 347); likely the reduce-adds of every key-block program to the same dQ rows serialize where
+# the dQ kernel's recompute runs at full matmul rate.  Kept as an opt-in for long causal sequences.
+_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "fwd_fold_scale": 1, "bwd_dq_reduce": 0}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")

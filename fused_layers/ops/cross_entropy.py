@@ -795,9 +795,9 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
             block_m, warps = cfg._SINGLE.get(max(c_pow2, 256), (1, 16))
             if c_pow2 < 256:
                 block_m = 4096 // c_pow2
-            block_n, single = c_pow2, True
+            block_n, single, stages = c_pow2, True, 1
         else:
-            block_n, warps = cfg.stream_config(C, elem)
+            block_n, warps, stages = cfg.stream_config(C, elem)
             block_m, single = 1, False
             block_n = get_override("cross_entropy", "block_n", block_n)
         block_m = min(get_override("cross_entropy", "block_m", block_m), next_power_of_2(M))
@@ -823,10 +823,10 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
             plan.kernel = Kernel(
                 _ce_fwd_kernel, (triton.cdiv(M, block_m),), check=None, BLOCK_M=block_m, BLOCK_N=block_n,
                 SINGLE=single, **flags, HAS_GRAD=has_grad,
-                PREFETCH=int(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH)),
+                PREFETCH=int(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH if stages == 1 else 0)),
                 REVERSE=bool(get_override("cross_entropy", "reverse", cfg.STREAM_REVERSE)),
                 LANE_MAX=bool(get_override("cross_entropy", "lane_max", cfg.STREAM_LANE_MAX)),
-                STAGES=int(get_override("cross_entropy", "stages", cfg.STREAM_STAGES)) if not single else 1,
+                STAGES=int(get_override("cross_entropy", "stages", stages)) if not single else 1,
                 num_warps=get_override("cross_entropy", "num_warps", warps))
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()

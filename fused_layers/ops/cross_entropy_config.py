@@ -39,31 +39,35 @@ _SINGLE = {256: (16, 4), 512: (8, 4), 1024: (4, 4), 2048: (2, 8), 4096: (1, 8), 
            32768: (1, 16), 65536: (1, 32)}
 MAX_SINGLE = 16384
 WIDE_MODE = 1
-# element size -> ((widest C, BLOCK_N, num_warps), ...): the first entry with C <= widest C (None: any)
-# 8K/w16 won at 32K and 50K and was within 2% of the best stream config at 128K and 262K (16K/w32) in
-# run4; with the per-lane max and the prefetch a program holds ~16 values per thread 4 times over
-# (chunk ahead, chunk, m_v, s_v): fine at 512 threads (<= 128 registers), spills at 1024 (16K/w32: <= 64).
+# element size -> ((widest C, BLOCK_N, num_warps, STAGES), ...): the first entry with C <= widest C (None: any).
+# STAGES > 1 software-pipelines the chunk loops (tl.range num_stages: cp.async into shared memory; the
+# register prefetch is then off); a plain range loop (STAGES = 1) keeps at most STREAM_PREFETCH chunks in
+# flight, in registers (sm_90 SASS: LDGSTS appears only with num_stages >= 2, benchmarks/scan_stream_stages.py).
+# Third sweep (H200, 2026-12-01 session 4, benchmarks/results/issue10/run6_stages/), fraction of copy at
+# 32,000 / 50,304 / 128,256 / 262,144:
+#   8K/w16 prefetch 1 (the previous default)   0.58 / 0.61 / 0.65 / 0.66
+#   4K/w8, 4 stages (the bf16 default now)     **0.63 / 0.65 / 0.65 / 0.65**
+#   4K/w8, 3 stages                            0.46 / 0.64 / 0.65 / 0.65
+#   8K/w16, 3 stages                           0.57 / 0.55 / 0.64 / 0.66
+#   2K/w4, 4 stages                            0.61 / 0.63 / 0.64 / 0.65
+# Pass 1 at 32K-50K was short of bytes in flight; the pipelined loop fixes that.  fp32 rows keep the
+# register prefetch (not yet swept with stages).
 STREAM = {
-    2: ((None, 8192, 16),),  # bf16/fp16
-    4: ((None, 4096, 16),),  # fp32: the same bytes per chunk
+    2: ((None, 4096, 8, 4),),  # bf16/fp16
+    4: ((None, 4096, 16, 1),),  # fp32: 8K/w16 prefetch 1's bytes per chunk
 }
-STREAM_PREFETCH = 1
+STREAM_PREFETCH = 1  # chunks loaded ahead in registers when STAGES == 1
 STREAM_REVERSE = 1
 STREAM_LANE_MAX = 0  # measured: the per-row max won (see above)
-# Software pipelining of the chunk loops (tl.range num_stages; 1 = off).  Not yet timed: a plain range loop
-# keeps at most PREFETCH chunks in flight, in registers; with STAGES = 3 Triton keeps two more in shared
-# memory by cp.async (sm_90 SASS of a probe kernel: LDGSTS appears only with tl.range num_stages >= 2).
-# Pass 1 is the slow part at 32K-128K (0.58-0.83 of copy, too few bytes in flight per SM): the candidate.
-STREAM_STAGES = 1
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8
 LINEAR_CHUNK_BYTES = 256 * 2**20
 
 
-def stream_config(C: int, elem: int) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) of the streaming kernel for rows of C classes of ``elem`` bytes."""
-    for widest, block_n, warps in STREAM[elem]:
+def stream_config(C: int, elem: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, STAGES) of the streaming kernel for rows of C classes of ``elem`` bytes."""
+    for widest, block_n, warps, stages in STREAM[elem]:
         if widest is None or C <= widest:
-            return block_n, warps
+            return block_n, warps, stages
     raise AssertionError("the last STREAM entry takes any width")

@@ -60,15 +60,19 @@ def _warps_for(n_pow2: int, block_m: int) -> int:
 # Per-width winners of the final H200 sweep (CUDA-graph timing, benchmarks/results/norm_sweep_h200.json),
 # for the swept buckets; they take precedence over the rules below, and config_override over both.
 _TUNED: dict[tuple[int, int, str], dict[str, int]] = {
-    (2, 1024, "bwd"): {'bwd_block_m': 4, 'bwd_warps': 4, 'bwd_progs_per_sm': 2, 'bwd_max_single': 65536},  # 0.68 of copy
+    # bwd_stages: the row loop software-pipelined (tl.range num_stages, cp.async); session 4 sweep,
+    # benchmarks/results/issue9/run6_norm_stages/ (0.68 -> 0.84 at 1024, 0.68 -> 0.75 at 4096)
+    (2, 1024, "bwd"): {'bwd_block_m': 8, 'bwd_warps': 8, 'bwd_progs_per_sm': 1, 'bwd_stages': 4, 'bwd_max_single': 65536},  # 0.84 of copy
     (2, 1024, "fwd"): {'fwd_block_m': 4, 'fwd_warps': 4},  # 0.95 of copy
     (2, 16384, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 8, 'bwd_progs_per_sm': 2},  # 0.46 of copy
     (2, 32768, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 16, 'bwd_progs_per_sm': 1},  # 0.43 of copy
-    (2, 4096, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 8, 'bwd_progs_per_sm': 2, 'bwd_max_single': 65536},  # 0.70 of copy
+    (2, 2048, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 8, 'bwd_progs_per_sm': 2, 'bwd_stages': 4, 'bwd_max_single': 65536},  # 0.79 of copy (0.58 before)
+    (2, 8192, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 16, 'bwd_progs_per_sm': 1, 'bwd_stages': 3, 'bwd_max_single': 65536},  # 0.83 of copy (0.62 before)
+    (4, 1024, "bwd"): {'bwd_block_m': 4, 'bwd_warps': 4, 'bwd_progs_per_sm': 2, 'bwd_stages': 2, 'bwd_max_single': 65536},  # 0.89 of copy (0.86 before)
+    (2, 4096, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 8, 'bwd_progs_per_sm': 2, 'bwd_stages': 4, 'bwd_max_single': 65536},  # 0.75 of copy
     (2, 4096, "fwd"): {'fwd_block_m': 1, 'fwd_warps': 4, 'fwd_max_single': 65536},  # 0.93 of copy
     (2, 65536, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 16, 'bwd_progs_per_sm': 1},  # 0.39 of copy
     (2, 65536, "fwd"): {'fwd_max_single': 1024, 'fwd_chunk': 8192, 'fwd_warps': 8},  # 0.52 of copy
-    (4, 1024, "bwd"): {'bwd_block_m': 8, 'bwd_warps': 8, 'bwd_progs_per_sm': 1, 'bwd_max_single': 65536},  # 0.88 of copy
     (4, 1024, "fwd"): {'fwd_block_m': 4, 'fwd_warps': 8},  # 0.96 of copy
     (4, 16384, "fwd"): {'fwd_block_m': 2, 'fwd_warps': 16, 'fwd_max_single': 65536},  # 0.88 of copy
     (4, 4096, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 16, 'bwd_progs_per_sm': 2, 'bwd_max_single': 65536},  # 0.90 of copy

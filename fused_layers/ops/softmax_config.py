@@ -30,9 +30,11 @@ MAX_SINGLE_BLOCK = 32768  # wider rows take the wide (piece-wise, one launch) ke
 # 262,144: fwd bf16 0.73 / 0.70, fp32 0.78 / 0.76; bwd bf16 0.75 / 0.73, fp32 0.75 / 0.77).
 _WIDE = {("fwd", 2): (8192, 16384, 8), ("fwd", 4): (8192, 8192, 8), ("bwd", 2): (4096, 8192, 16), ("bwd", 4): (4096, 4096, 16)}
 # Software pipelining of the wide kernels' chunk loops (tl.range num_stages; 1 = off, the measured
-# default).  Not yet timed: with STAGES > 1 Triton loads the next chunks of a piece by cp.async into shared
-# memory while one is reduced (the same change as cross_entropy_config.STREAM_STAGES).  Pieces are 1-2
+# default).  With STAGES > 1 Triton loads the next chunks of a piece by cp.async into shared memory while
+# one is reduced (the change that won for the cross-entropy, cross_entropy_config.STREAM).  Pieces are 1-2
 # chunks at the defaults, so it pairs with smaller chunks: config_override("softmax", stages=3, ...).
+# H200 sweep, 2026-12-01 (benchmarks/results/issue10/run6_stages/softmax_sweep.log): the 3-4 stage
+# candidates (2K-4K chunks) did not beat the unpipelined defaults at 65,536 or 262,144.
 WIDE_STAGES = 1
 
 
