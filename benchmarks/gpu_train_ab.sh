@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue-12 acceptance on one H200, one device call, < 8 min: the step-time A/B inside train.py runs and the
 # honest comparisons, GPT-2 small (124M), bf16, synthetic data, 16K tokens per step.
-#   sweeps: seq 1024 (batch 16) and seq 4096 (batch 4); eager: fused=false,true x attn reference,sdpa;
-#           compiled (model.compile=true): fused=false,true with SDPA (the strongest unfused baseline);
+#   sweeps: seq 1024 (batch 16) and seq 4096 (batch 4); eager: fused=$FO x attn reference,sdpa;
+#           compiled (model.compile=true): fused=$FO with SDPA (the strongest unfused baseline);
 #   (the eager sweeps pass model.compile=false: conf/model/gpt2_small.yaml compiles by default; the
 #   2026-12-01 run 2 without it compiled every job)
 #   each job: 90 steps (A/B within the first ~30), no validation, no checkpoint, csv logger (W&B offline on
@@ -34,15 +34,19 @@ sweep() {  # name, timeout, overrides...
 # SWEEPS picks a subset (a single-GPU host with 16 cores needs more than 500 s for all four: split them
 # over two calls, e.g. SWEEPS=s1024_eager,s1024_compile then SWEEPS=s4096_eager,s4096_compile).
 SWEEPS=${SWEEPS:-s1024_eager,s1024_compile,s4096_eager,s4096_compile}
+# FUSED_ORDER=true,false runs the fused job first: compiled fused runs whose A/B kept unfused came out
+# 0.98-0.99x of their twin, always as the second job of the process; flipping the order tells a position
+# effect (GPU clocks / temperature, allocator state) from a cost of the A/B itself.
+FO=${FUSED_ORDER:-false,true}
 want() { [[ ",$SWEEPS," == *",$1,"* ]]; }
-want s1024_eager && sweep s1024_eager 140 model.seq_len=1024 data.batch_size=16 fused=false,true model.attn_impl=reference,sdpa model.compile=false logger=wandb
-want s1024_compile && sweep s1024_compile 180 model.seq_len=1024 data.batch_size=16 fused=false,true model.attn_impl=sdpa model.compile=true logger=csv
-want s4096_eager && sweep s4096_eager 120 model.seq_len=4096 data.batch_size=4 fused=false,true model.attn_impl=reference,sdpa model.compile=false logger=csv
+want s1024_eager && sweep s1024_eager 140 model.seq_len=1024 data.batch_size=16 fused=$FO model.attn_impl=reference,sdpa model.compile=false logger=wandb
+want s1024_compile && sweep s1024_compile 180 model.seq_len=1024 data.batch_size=16 fused=$FO model.attn_impl=sdpa model.compile=true logger=csv
+want s4096_eager && sweep s4096_eager 120 model.seq_len=4096 data.batch_size=4 fused=$FO model.attn_impl=reference,sdpa model.compile=false logger=csv
 left=$(( 450 - ($(date +%s) - T0) ))
 if ! want s4096_compile; then
   :
 elif [ $left -gt 60 ]; then
-  sweep s4096_compile $left model.seq_len=4096 data.batch_size=4 fused=false,true model.attn_impl=sdpa model.compile=true logger=csv
+  sweep s4096_compile $left model.seq_len=4096 data.batch_size=4 fused=$FO model.attn_impl=sdpa model.compile=true logger=csv
 else
   el "s4096_compile skipped: $left s left"
 fi
