@@ -128,15 +128,23 @@ def byte_counts(x) -> dict:
 # --------------------------------------------------------------------------------------------------
 # Config sweep (ours only)
 # --------------------------------------------------------------------------------------------------
+def _unique(cands):
+    """Candidates in order, each config once."""
+    return [dict(t) for t in dict.fromkeys(tuple(sorted(c.items())) for c in cands)]
+
+
 def fwd_candidates(n: int, elem: int):
     from fused_layers.ops.layer_norm_config import _warps_for
 
     c = []
+    n = 1 << (n - 1).bit_length()  # the kernels' tile width (BLOCK_M must be a power of two too)
     if n <= 1024:
         for tile in (2048, 4096, 8192):
             bm = max(1, tile // n)
             c.append(dict(fwd_block_m=bm, fwd_warps=_warps_for(n, bm)))
         c.append(dict(fwd_block_m=max(1, 4096 // n), fwd_warps=2 * _warps_for(n, max(1, 4096 // n))))
+        # one warp per row (a row's sums stay inside a warp: shuffles, no shared-memory round trip)
+        c += [dict(fwd_block_m=bm, fwd_warps=bm) for bm in (2, 4, 8, 16) if bm * n >= 1024]
     elif n <= 16384:
         for bm, wp in ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16)):
             if n * bm <= 32768 and not (wp == 4 and n >= 16384):
@@ -144,13 +152,14 @@ def fwd_candidates(n: int, elem: int):
     else:
         c += [dict(fwd_max_single=65536, fwd_block_m=1, fwd_warps=wp) for wp in (16, 32)]
         c += [dict(fwd_max_single=1024, fwd_chunk=ch, fwd_warps=wp) for ch, wp in ((2048, 4), (4096, 8), (8192, 8), (8192, 16))]
-    return c
+    return _unique(c)
 
 
 def bwd_candidates(n: int, elem: int):
     from fused_layers.ops.layer_norm_config import _warps_for
 
     c = []
+    n = 1 << (n - 1).bit_length()  # the kernels' tile width (BLOCK_M must be a power of two too)
     if n <= 1024:
         for tile, per_sm in ((2048, 2), (4096, 2), (4096, 4), (8192, 1), (8192, 2)):
             bm = max(1, tile // n)
@@ -173,7 +182,7 @@ def bwd_candidates(n: int, elem: int):
             dict(bwd_max_single=1024, bwd_chunk=ch, bwd_warps=wp, bwd_progs_per_sm=ps)
             for ch, wp, ps in ((1024, 4, 2), (2048, 8, 1), (2048, 8, 2), (4096, 8, 2), (4096, 16, 1))
         ]
-    return c
+    return _unique(c)
 
 
 def sweep(args, out_dir):

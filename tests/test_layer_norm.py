@@ -464,3 +464,21 @@ def test_gpu_autocast_and_mixed_match_torch(rms):
     assert a.dtype == torch.bfloat16
     ref64 = (rms_norm_reference if rms else layer_norm_reference)(x.double(), (256,), ours.weight.double())
     torch.testing.assert_close(a.double(), ref64, atol=2e-2, rtol=2e-2)
+
+
+def test_tuning_table_exact_width_before_its_bucket(monkeypatch):
+    """An entry for an exact width (768: GPT-2, ViT) is used for that width only; other widths of its
+    bucket (1024) keep the bucket's entry."""
+    from fused_layers.ops import layer_norm_config as cfg
+
+    table = dict(cfg._TUNED)
+    table[(2, 1024, "fwd")] = {"fwd_block_m": 4, "fwd_warps": 4}
+    table[(2, 768, "fwd")] = {"fwd_block_m": 8, "fwd_warps": 8}
+    table[(2, 768, "bwd")] = {"bwd_block_m": 2, "bwd_warps": 2, "bwd_progs_per_sm": 3, "bwd_stages": 3}
+    monkeypatch.setattr(cfg, "_TUNED", table)
+    assert cfg._fwd_config(1024, 2, 768) == (True, 8, 8)
+    assert cfg._fwd_config(1024, 2, 1000) == (True, 4, 4)
+    assert cfg._fwd_config(1024, 2) == (True, 4, 4)
+    assert cfg._bwd_config(1024, 2, 768) == (True, 2, 2, 3)
+    assert cfg._bwd_stages(1024, 2, 768) == 3
+    assert cfg._bwd_stages(1024, 2, 1000) == cfg._bwd_stages(1024, 2)

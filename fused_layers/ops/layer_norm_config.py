@@ -58,7 +58,9 @@ def _warps_for(n_pow2: int, block_m: int) -> int:
 
 
 # Per-width winners of the final H200 sweep (CUDA-graph timing, benchmarks/results/norm_sweep_h200.json),
-# for the swept buckets; they take precedence over the rules below, and config_override over both.
+# for the swept buckets (keys: element size, width bucket or an exact width such as 768, part); an exact
+# width's entry comes before its bucket's; both take precedence over the rules below, and config_override
+# over all.
 _TUNED: dict[tuple[int, int, str], dict[str, int]] = {
     # bwd_stages: the row loop software-pipelined (tl.range num_stages, cp.async); session 4 sweep,
     # benchmarks/results/issue9/run6_norm_stages/ (0.68 -> 0.84 at 1024, 0.68 -> 0.75 at 4096)
@@ -82,14 +84,17 @@ _TUNED: dict[tuple[int, int, str], dict[str, int]] = {
 }
 
 
-def _tuned(n_pow2: int, elem: int, part: str):
-    t = _TUNED.get((elem, n_pow2, part), {})
+def _tuned(n_pow2: int, elem: int, part: str, n: int | None = None):
+    """Lookup in _TUNED: an entry for the exact width n (e.g. 768) first, then its bucket n_pow2."""
+    t = _TUNED.get((elem, n, part)) if n is not None else None
+    if t is None:
+        t = _TUNED.get((elem, n_pow2, part), {})
     return lambda name, default: get_override(_CFG, name, t.get(name, default))
 
 
-def _fwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int]:
-    """(single_block, BLOCK_M or chunk, num_warps) for the forward."""
-    ov = _tuned(n_pow2, elem, "fwd")
+def _fwd_config(n_pow2: int, elem: int, n: int | None = None) -> tuple[bool, int, int]:
+    """(single_block, BLOCK_M or chunk, num_warps) for the forward of rows n wide (bucket n_pow2)."""
+    ov = _tuned(n_pow2, elem, "fwd", n)
     if n_pow2 <= ov("fwd_max_single", FWD_MAX_SINGLE[elem]):
         block_m = ov("fwd_block_m", max(1, FWD_TILE[elem] // n_pow2))
         warps = ov("fwd_warps", _warps_for(n_pow2, block_m))
@@ -97,14 +102,14 @@ def _fwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int]:
     return False, ov("fwd_chunk", FWD_CHUNK), ov("fwd_warps", FWD_CHUNK_WARPS)
 
 
-def _bwd_stages(n_pow2: int, elem: int) -> int:
+def _bwd_stages(n_pow2: int, elem: int, n: int | None = None) -> int:
     """Software-pipelining depth (Triton's num_stages) of the backward's row loop: 0 = Triton's default."""
-    return _tuned(n_pow2, elem, "bwd")("bwd_stages", 0)
+    return _tuned(n_pow2, elem, "bwd", n)("bwd_stages", 0)
 
 
-def _bwd_config(n_pow2: int, elem: int) -> tuple[bool, int, int, int]:
+def _bwd_config(n_pow2: int, elem: int, n: int | None = None) -> tuple[bool, int, int, int]:
     """(single_block, BLOCK_M or chunk, num_warps, programs per SM) for the backward."""
-    ov = _tuned(n_pow2, elem, "bwd")
+    ov = _tuned(n_pow2, elem, "bwd", n)
     if n_pow2 <= ov("bwd_max_single", BWD_MAX_SINGLE[elem]):
         block_m = ov("bwd_block_m", max(1, BWD_TILE[elem] // n_pow2))
         warps = ov("bwd_warps", 16 if n_pow2 >= 4096 else _warps_for(n_pow2, block_m))
