@@ -5,11 +5,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ce_out}; mkdir -p "$OUT"
-# Liger-Kernel (optional peer) from the carried wheel, when present.
-if ls .whl/liger_kernel*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/liger_kernel*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source benchmarks/_gpu_env.sh  # Liger-Kernel (optional peer) from the carried wheel, when present
 XDIST=""; python3 -c "import xdist" 2>/dev/null && XDIST="-n 8"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 echo "=== GPU tests: cross-entropy (vocabulary widths, every wide-row kernel, torch.compile triton_op, linear CE), opt-in coop wide softmax"

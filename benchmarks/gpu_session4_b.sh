@@ -10,12 +10,7 @@
 # Adopt winners in layer_norm_config (bwd_stages), cross_entropy_config.STREAM_STAGES, softmax_config.WIDE_STAGES.
 #   run: OUT=$OUT bash benchmarks/gpu_session4_b.sh
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
-if ls .whl/liger_kernel*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/liger_kernel*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+source benchmarks/_gpu_env.sh
 timeout 60 python3 -m pytest tests/test_cross_entropy.py -m gpu -k "st3" -q -rf --tb=short -p no:cacheprovider > $OUT/tests.log 2>&1
 el "tests exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/tests.log | tail -5
 timeout 170 python3 benchmarks/bench_norm.py --out $OUT/norm --ops ln,rms --dtypes bf16 --sweep --sweep-widths 1024,4096 \

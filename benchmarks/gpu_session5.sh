@@ -7,12 +7,7 @@
 #   3. the cross-entropy table (bf16 default now 4K/w8, 4 stages) beside Liger / torch / compile.
 #   run: OUT=$OUT bash benchmarks/gpu_session5.sh
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
-if ls .whl/liger_kernel*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/liger_kernel*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+source benchmarks/_gpu_env.sh
 timeout 150 python3 -m pytest tests/test_layer_norm.py tests/test_cross_entropy.py -m gpu -q -rf --tb=short -p no:cacheprovider > $OUT/tests.log 2>&1
 el "tests exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/tests.log | tail -8
 timeout 200 python3 benchmarks/bench_norm.py --out $OUT/norm --ops ln,rms --dtypes bf16 --sweep --sweep-widths 1024,2048,4096,8192 \

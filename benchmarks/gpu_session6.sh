@@ -9,12 +9,7 @@
 #   (is the 0.98-0.99x of compiled fused runs that kept unfused a second-job effect?).
 #   run: OUT=$OUT bash benchmarks/gpu_session6.sh
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
-if ls .whl/liger_kernel*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/liger_kernel*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+source benchmarks/_gpu_env.sh
 timeout 150 python3 benchmarks/diag_inductor_bandwidth.py --out $OUT --seq-len 1024 --batch-size 16 --gpu-ms 31.2 > $OUT/inductor_s1024.log 2>&1
 el "inductor s1024 exit $?"; head -12 $OUT/inductor_bandwidth_s1024.md 2> /dev/null || tail -20 $OUT/inductor_s1024.log
 timeout 150 python3 benchmarks/diag_inductor_bandwidth.py --out $OUT --seq-len 4096 --batch-size 4 --gpu-ms 38.9 > $OUT/inductor_s4096.log 2>&1

@@ -1,0 +1,8 @@
+# Sourced by the benchmarks/gpu_*.sh device scripts: unbuffered Python, the project on PYTHONPATH,
+# Liger-Kernel (an optional peer) from the carried wheels when present, and el(): elapsed seconds + a message.
+export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+if ls .whl/liger_kernel*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/liger_kernel*.whl \
+    && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
