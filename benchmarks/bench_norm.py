@@ -145,6 +145,9 @@ def fwd_candidates(n: int, elem: int):
         c.append(dict(fwd_block_m=max(1, 4096 // n), fwd_warps=2 * _warps_for(n, max(1, 4096 // n))))
         # one warp per row (a row's sums stay inside a warp: shuffles, no shared-memory round trip)
         c += [dict(fwd_block_m=bm, fwd_warps=bm) for bm in (2, 4, 8, 16) if bm * n >= 1024]
+        # LayerNorm: the correction and the variance in one two-value reduction (layer_norm_config.FWD_FUSED_STATS)
+        c += [dict(fwd_block_m=bm, fwd_warps=wp, fwd_fused_stats=1) for bm, wp in ((4, 4), (8, 8), (4, 8))
+              if bm * n <= 8192]
     elif n <= 16384:
         for bm, wp in ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16)):
             if n * bm <= 32768 and not (wp == 4 and n >= 16384):

@@ -112,6 +112,26 @@ def test_large_mean_welford_numerics(device):
     assert 0.9 < y.std().item() < 1.1  # normalized: unit variance, not noise from cancellation
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [1, 7, 257])
+def test_fused_stats_forward(dtype, n, device):
+    """fwd_fused_stats: the mean's correction and the variance from one two-value reduction; outputs and
+    every gradient against float64 (the backward reads the statistics it stored), on ragged widths."""
+    with config_override("layer_norm", fwd_fused_stats=1, **NARROW_TILES):
+        _check(False, (5, n), 1, dtype, device)
+
+
+def test_fused_stats_large_mean(device):
+    """Rows near 1000 with a spread of 0.01: the variance as sum(xc^2)/N - c^2 must not cancel."""
+    x = 1000.0 + 0.01 * torch.randn(3, 100, device=device)
+    ref = layer_norm_reference(x.double(), (100,))
+    err_torch = (F.layer_norm(x, (100,)).double() - ref).abs().max().item()
+    with config_override("layer_norm", fwd_fused_stats=1):
+        y = fused_layer_norm(x, 100)
+    assert (y.double() - ref).abs().max().item() <= 2 * err_torch + 1e-4
+    assert 0.9 < y.std().item() < 1.1
+
+
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 def test_2d_normalized_shape(rms, device):
     _check(rms, (2, 3, 4, 5), 2, torch.float32, device)

@@ -14,7 +14,10 @@ mu and rstd are saved in float32 (mu only for LayerNorm).
 *Single block* (the row fits in registers): a program loads a tile of BLOCK_M rows x BLOCK_N columns
 once, computes mu (plus the corrected two-pass term sum(x - mu) / N, which removes the rounding error
 of the first sum when |mu| >> std), then var from the centred values held in registers (no
-E[x^2] - E[x]^2 cancellation), and writes y: the fewest bytes (read x, write y).
+E[x^2] - E[x]^2 cancellation), and writes y: the fewest bytes (read x, write y).  With FUSED_STATS
+(layer_norm_config.FWD_FUSED_STATS, off until timed) the correction c = sum(xc) / N and sum(xc^2) come
+from one reduction of two values, xc = x - mu: sum((xc - c)^2) = sum(xc^2) - N c^2 exactly, and c is at
+the rounding level of the first sum, so nothing cancels.  That is one dependent reduction fewer per row.
 
 *Wide rows* (``N`` above the single-block limit, no width cap): one program per row streams the row in
 chunks of BLOCK_N twice.  Pass 1 keeps per-lane Welford statistics (count, mean, M2) of x - x_0 (shifted
@@ -103,6 +106,7 @@ from ._library import FusedOp, Kernel
 from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the table through this module)
     _TUNED,
     BWD_MAX_SINGLE,
+    FWD_FUSED_STATS,
     FWD_MAX_SINGLE,
     _bwd_config,
     _bwd_stages,
@@ -141,6 +145,12 @@ def _parts_ptrs(PARTS, G, N, HAS_W: tl.constexpr):
 
 
 @triton.jit
+def _add_pair(a0, a1, b0, b1):
+    """Combine function of a reduction of two values at once (tl.reduce over a tuple)."""
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
 def _norm_fwd_kernel(
     X,  # pointer to the input, [M, N] with row stride sx and unit column stride
     Y,  # pointer to the output, [M, N] contiguous (row stride N)
@@ -160,6 +170,7 @@ def _norm_fwd_kernel(
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next power of two >= N: the whole row in one tile
     CAST_BEFORE_W: tl.constexpr = False,  # round xhat to X's dtype before the weight (HF Llama-family order)
+    FUSED_STATS: tl.constexpr = False,  # LayerNorm: the correction and the variance in one two-value reduction
 ):
     """Single-block forward: each program normalizes BLOCK_M full rows held in registers."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
@@ -181,12 +192,21 @@ def _norm_fwd_kernel(
         xc = tl.where(mask, x - mean[:, None], 0.0)
         # Corrected two-pass: the rounding error of the first sum (large when |mean| >> std) is what
         # the centred values still sum to; remove it (registers only, no extra memory traffic).
-        corr = tl.sum(xc, axis=1) / N
+        if FUSED_STATS:
+            # sum((xc - c)^2) = sum(xc^2) - N c^2 with c = sum(xc) / N, exactly; c is at the rounding
+            # level of the first sum, so the subtraction loses nothing.  One reduction of two values
+            # instead of two dependent ones: one cross-warp exchange less per row.
+            s1, s2 = tl.reduce((xc, xc * xc), 1, _add_pair)
+            corr = s1 / N
+            var = tl.maximum(s2 / N - corr * corr, 0.0)
+        else:
+            corr = tl.sum(xc, axis=1) / N
         xc = tl.where(mask, xc - corr[:, None], 0.0)
         mean = mean + corr
         if STORE_STATS:  # the backward needs them; an inference forward does not
             tl.store(MEAN + rows, mean, mask=row_ok)
-    var = tl.sum(xc * xc, axis=1) / N
+    if IS_RMS or not FUSED_STATS:
+        var = tl.sum(xc * xc, axis=1) / N
     rstd = 1.0 / tl.sqrt(var + eps)
     if STORE_STATS:  # the backward needs them; an inference forward does not
         tl.store(RSTD + rows, rstd, mask=row_ok)
@@ -589,7 +609,8 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
         meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, STORE_STATS=store_stats, CAST_BEFORE_W=cast_before_w,
                     num_warps=warps)
         if single:
-            plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), check=(0, 1, 2, 3), BLOCK_M=block, BLOCK_N=n_pow2, **meta)
+            plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), check=(0, 1, 2, 3), BLOCK_M=block, BLOCK_N=n_pow2,
+                                 FUSED_STATS=bool(get_override(_CFG, "fwd_fused_stats", FWD_FUSED_STATS)), **meta)
         else:
             plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), check=(0, 1, 2, 3), BLOCK_N=min(block, n_pow2), **meta)
     if len(_FWD_PLANS) >= _MAX_PLANS:

@@ -21,6 +21,10 @@ FWD_MAX_SINGLE = {2: 32768, 4: 16384}  # by element size (bytes): fp16/bf16, fp3
 FWD_TILE = {2: 4096, 4: 4096}
 FWD_CHUNK = 8192
 FWD_CHUNK_WARPS = 16
+# LayerNorm single-block forward: the mean's correction and the variance in one two-value reduction
+# (FUSED_STATS) instead of two dependent ones.  Off until timed on a GPU: LayerNorm's forward at 768 ran
+# 0.80 of copy where RMSNorm (one reduction) ran 0.98 (benchmarks/results/issue9/run6_norm_stages/defaults/).
+FWD_FUSED_STATS = 0
 # Backward: single block up to BWD_MAX_SINGLE (the row, dy and two float32 accumulators in registers;
 # at 16K that spills and ran 4-8x slower); BWD_PROGS_PER_SM programs per SM, each over a contiguous
 # group of rows (4 for rows <= 1024 wide: fp32 0.85 of copy against 0.57 with 2); 16 warps from 4096
