@@ -223,14 +223,19 @@ def main() -> None:
     spread = {op: {p: {k: (min(v), max(v)) for k, v in part.items()} for p, part in parts.items()}
               for op, parts in samples.items()}
     name = torch.cuda.get_device_name().replace(" ", "_")
+    from fused_layers.ops import _cpp
+
+    cpp = _cpp.ENABLED and _cpp.extension() is not None
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                calls=args.calls, rounds=args.rounds, command="python " + " ".join(sys.argv))
+                calls=args.calls, rounds=args.rounds, cpp_fast_path=cpp,
+                command=("FUSED_LAYERS_CPP=1 " if cpp else "") + "python " + " ".join(sys.argv))
     os.makedirs(args.out, exist_ok=True)
     pieces = breakdown(args.calls, args.rounds) if args.breakdown else None
     with open(os.path.join(args.out, "host_h200.json" if "H200" in name else f"host_{name}.json"), "w") as f:
         json.dump(dict(meta=meta, median_us=res, min_max_us=spread, breakdown_us=pieces), f, indent=1)
     lines = [f"# Host cost per call (us), {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}", "",
-             f"`{meta['command']}`: {args.calls} back-to-back calls then one sync, median of {args.rounds} rounds.", "",
+             f"`{meta['command']}`: {args.calls} back-to-back calls then one sync, median of {args.rounds} rounds."
+             + (" The norms run the C++ fast path (fused_layers/ops/_cpp.py)." if cpp else ""), "",
              "| op | part | PyTorch | fused | fused / PyTorch | Liger |", "|---|---|---|---|---|---|"]
     for op, parts in res.items():
         if op == "reference":

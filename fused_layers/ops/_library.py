@@ -87,7 +87,7 @@ class Kernel:
     for what is cached and what the caller guarantees.
     """
 
-    __slots__ = ("fn", "grid", "meta", "check", "_bins", "_tail")
+    __slots__ = ("fn", "grid", "meta", "check", "_bins", "_tail", "_compiled")
 
     def __init__(self, fn: Any, grid: Sequence[int], check: Sequence[int] | None = None, **meta: Any) -> None:
         self.fn = fn
@@ -97,6 +97,7 @@ class Kernel:
         self.check = None if check is None else tuple(check)
         self._bins: dict[tuple, Callable] = {}
         self._tail: tuple | None = None  # constexpr values appended after the runtime args
+        self._compiled: dict[tuple, Any] = {}  # key -> Triton's compiled kernel (for the C++ fast path, ops/_cpp.py)
 
     # -- Triton's own path (first call, interpreter, tracing) ---------------------------------------
     def _slow(self, args: tuple) -> Any:
@@ -159,25 +160,46 @@ class Kernel:
         fire = self._fire(compiled)
         if fire is not None:
             self._bins[key] = fire
+            self._compiled[key] = compiled
+
+    def aligned_key(self, device: int, dtypes: Sequence[torch.dtype]) -> tuple | None:
+        """The bind key of a call on CUDA device ``device`` whose arguments have ``dtypes`` (by position) and
+        16-byte aligned data."""
+        if self.check is None:
+            return None
+        return (device, *[(dtypes[i], 0) for i in self.check])
+
+    def compiled(self, key: tuple | None) -> Any:
+        """Triton's compiled kernel bound for ``key``, or None (not launched with such arguments yet)."""
+        return None if key is None else self._compiled.get(key)
 
     def __call__(self, *args: Any) -> None:
         if FAST_LAUNCH and type(args[0]) in _PLAIN:
+            dev = args[0].get_device()
+            if dev != _get_device() and dev >= 0:
+                # Triton launches on the current device; the tensors' device decides, as for aten's ops
+                # (a model on cuda:1 without torch.cuda.set_device(1)).  Binaries are per device: so is the key.
+                with torch.cuda.device(dev):
+                    return self(*args)
             check = self.check
             if check is None:
                 key = None
             else:
-                key = tuple([(args[i].dtype, args[i].data_ptr() & 15) for i in check])
+                key = (dev, *[(args[i].dtype, args[i].data_ptr() & 15) for i in check])
                 fire = self._bins.get(key)
                 if fire is not None and _hooks_idle():
-                    fire(_get_stream(_get_device()), args)
+                    fire(_get_stream(dev), args)
                     return
             compiled = self.fn[self.grid](*args, **self.meta)  # Triton's path: compiles on a new key
             if compiled is not None and hasattr(compiled, "packed_metadata"):
                 if key is None:
                     self.check = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-                    key = tuple([(args[i].dtype, args[i].data_ptr() & 15) for i in self.check])
+                    key = (dev, *[(args[i].dtype, args[i].data_ptr() & 15) for i in self.check])
                 self._bind(args, key, compiled)
             return
+        if type(args[0]) in _PLAIN and _get_device is not None and 0 <= args[0].get_device() != _get_device():
+            with torch.cuda.device(args[0].get_device()):  # as above, for Triton's own launch path
+                return self._slow(args)
         self._slow(args)
 
 

@@ -102,7 +102,8 @@ from ._common import (
     override_epoch,
     use_fallback,
 )
-from ._library import FusedOp, Kernel
+from . import _cpp
+from ._library import FusedOp, Kernel, _functorch_active
 from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the table through this module)
     _TUNED,
     BWD_MAX_SINGLE,
@@ -575,7 +576,7 @@ _MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of gr
 
 
 class _FwdPlan:
-    __slots__ = ("m", "nstats", "copy", "kernel", "ints")
+    __slots__ = ("m", "nstats", "copy", "kernel", "ints", "cpp")
 
 
 class _BwdPlan:
@@ -598,6 +599,7 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
         return plan
     m, n, sx = _row_layout(shape, stride, k)
     plan = _FwdPlan()
+    plan.cpp = {}  # (device, weight dtype, bias dtype) -> C++ fast-path plan id, or False (ops/_cpp.py)
     plan.m, plan.copy = m, sx is None
     plan.nstats = (m if is_rms else 2 * m) if store_stats else 0
     plan.kernel = plan.ints = None
@@ -936,10 +938,64 @@ def _validate(op: str, x, normalized_shape, weight, bias) -> tuple[tuple[int, ..
     return shape, k
 
 
+def _cpp_register(plan, x, weight, bias, k, is_rms):
+    """Register the plan's three kernels (forward, backward, dW/dB reduce) with the C++ fast path: the
+    norm plan id, None while a kernel has not been compiled for these dtypes yet, False if unsupported."""
+    has_w, has_b = weight is not None, bias is not None
+    dev = x.get_device()
+    bplan = _bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev)
+    if bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
+        return False
+    xd, f32 = x.dtype, torch.float32
+    wd = weight.dtype if has_w else xd
+    bd = bias.dtype if has_b else xd
+    handles = [
+        _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (xd, xd, wd, bd, f32)), dev, plan.ints, n_ptrs=5, n_floats=1),
+        _cpp.register(bplan.kernel, bplan.kernel.aligned_key(dev, (xd, xd, xd, wd, f32, f32)), dev, bplan.ints, n_ptrs=6),
+    ]
+    if bplan.reduce_kernel is not None:
+        handles.append(_cpp.register(bplan.reduce_kernel, bplan.reduce_kernel.aligned_key(dev, (f32, wd, bd)), dev,
+                                     (bplan.g, bplan.n), n_ptrs=3))
+    if any(h == _cpp.UNSUPPORTED for h in handles):
+        return False
+    if any(h is None for h in handles):
+        return None
+    red = handles[2] if len(handles) > 2 else -1
+    return _cpp.extension().register_norm(handles[0], handles[1], red, plan.nstats, bplan.nparts)
+
+
+def _cpp_norm(x, weight, bias, k, eps, is_rms):
+    """An eager call that needs gradients, through the C++ fast path (ops/_cpp.py); None: the Python path.
+
+    Contiguous, 16-byte aligned CUDA tensors with single-block rows only (the kernels were bound for those)."""
+    if not x.is_cuda or not x.is_contiguous() or x.data_ptr() & 15:
+        return None
+    for p in (weight, bias):
+        if p is not None and (not p.is_contiguous() or p.data_ptr() & 15):
+            return None
+    plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, True, False)
+    if plan.kernel is None or plan.copy:
+        return None
+    wkey = (x.get_device(), None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+    nid = plan.cpp.get(wkey)
+    if nid is None:
+        nid = _cpp_register(plan, x, weight, bias, k, is_rms)
+        if nid is None:  # not compiled yet: this call runs the Python path, which compiles
+            return None
+        plan.cpp[wkey] = nid
+    if nid is False:
+        return None
+    return _cpp.extension().norm_apply(x, weight, bias, eps, nid)
+
+
 def _dispatch(x, weight, bias, k, eps, is_rms):
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad)
     )
+    if needs_grad and _cpp.ENABLED and not is_compiling() and not _functorch_active():
+        y = _cpp_norm(x, weight, bias, k, eps, is_rms)
+        if y is not None:
+            return y
     if needs_grad or is_compiling():
         return norm_op(x, weight, bias, k, eps, is_rms, needs_grad=needs_grad)
     return norm_forward(x, weight, bias, k, eps, is_rms, False)[0]  # inference: no statistics

@@ -1,0 +1,241 @@
+// C++ fast path of the eager ops: an autograd node in C++ that launches the kernels Triton compiled.
+//
+// Why (issue 9, benchmarks/results/issue9/run6_host/): on the H200 host, LayerNorm fwd+bwd through a
+// Python torch.autograd.Function costs 222 us a call with every launch stubbed out, more than PyTorch's
+// whole fwd+bwd (171 us).  The autograd engine runs a CUDA node's backward on its device thread, and a
+// Python node makes that thread take the GIL and run Python.  Here the node, the allocations and the
+// launches are C++; Python only looks up the launch plan in the forward.
+//
+// Kernels: the Python side compiles every kernel through Triton as before (the first call of a plan runs
+// the Python path), then registers each compiled kernel: its CUfunction (already loaded by Triton, with
+// its shared-memory attribute set), grid, threads, dynamic shared memory, and the kinds of its runtime
+// parameters (pointer / i32 / i64 / fp32, or '-' for an int Triton specialized into a constant).  A launch
+// fills the parameters in the kernel's order, then null pointers for Triton's scratch parameters.
+//
+// The CUDA driver is opened at run time (dlopen libcuda.so.1, as Triton's own launcher does); cuda.h comes
+// from Triton's package.  Built on first use by torch.utils.cpp_extension (fused_layers/ops/_cpp.py).
+#include <torch/extension.h>
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#if __has_include(<c10/cuda/CUDAStream.h>) && __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
+#include <c10/cuda/CUDAStream.h>
+#define FL_HAVE_C10_CUDA 1
+#endif
+
+namespace {
+
+typedef CUresult (*PFN_Launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               CUstream, void**, void**);
+typedef CUresult (*PFN_ParamInfo)(CUfunction, size_t, size_t*, size_t*);
+typedef CUresult (*PFN_CtxGetCurrent)(CUcontext*);
+typedef CUresult (*PFN_CtxSetCurrent)(CUcontext);
+typedef CUresult (*PFN_DeviceGet)(CUdevice*, int);
+typedef CUresult (*PFN_PrimaryCtxRetain)(CUcontext*, CUdevice);
+
+struct Driver {
+  PFN_Launch launch = nullptr;
+  PFN_ParamInfo param_info = nullptr;  // CUDA >= 12.4
+  PFN_CtxGetCurrent ctx_get = nullptr;
+  PFN_CtxSetCurrent ctx_set = nullptr;
+  PFN_DeviceGet device_get = nullptr;
+  PFN_PrimaryCtxRetain primary_retain = nullptr;
+};
+
+Driver& driver() {
+  static Driver d;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    TORCH_CHECK(h != nullptr, "fused_layers C++ fast path: cannot open libcuda.so.1");
+    d.launch = (PFN_Launch)dlsym(h, "cuLaunchKernel");
+    d.param_info = (PFN_ParamInfo)dlsym(h, "cuFuncGetParamInfo");
+    d.ctx_get = (PFN_CtxGetCurrent)dlsym(h, "cuCtxGetCurrent");
+    d.ctx_set = (PFN_CtxSetCurrent)dlsym(h, "cuCtxSetCurrent");
+    d.device_get = (PFN_DeviceGet)dlsym(h, "cuDeviceGet");
+    d.primary_retain = (PFN_PrimaryCtxRetain)dlsym(h, "cuDevicePrimaryCtxRetain");
+    TORCH_CHECK(d.launch && d.ctx_get && d.ctx_set && d.device_get && d.primary_retain,
+                "fused_layers C++ fast path: libcuda lacks an entry point it needs");
+  });
+  return d;
+}
+
+void check(CUresult r, const char* what) {
+  TORCH_CHECK(r == CUDA_SUCCESS, "fused_layers C++ fast path: ", what, " failed (CUresult ", (int)r, ")");
+}
+
+// One kernel at one launch plan.
+struct Launch {
+  CUfunction fn;
+  int device;
+  unsigned grid[3];
+  unsigned threads;
+  unsigned shared;
+  std::string kinds;          // per runtime parameter: 'p' pointer, 'i' i32, 'l' i64, 'f' fp32, '-' constant
+  std::vector<int64_t> ints;  // the plan's fixed integer arguments, in order (constants included)
+  int extra;                  // Triton's trailing scratch pointers (passed as null)
+};
+
+std::vector<Launch> g_launches;
+std::mutex g_mutex;  // registration only (launches read entries that are never moved: reserve below)
+
+// Launch `L` with the call's pointers and floats, in the kernel's parameter order.
+void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initializer_list<double> floats) {
+  Driver& d = driver();
+  uint64_t store[40];
+  void* params[40];
+  size_t np = 0;
+  auto p = ptrs.begin();
+  auto f = floats.begin();
+  size_t ii = 0;
+  for (char k : L.kinds) {
+    switch (k) {
+      case 'p':
+        TORCH_CHECK(p != ptrs.end(), "fused_layers C++ fast path: too few pointers for the kernel");
+        store[np] = (uint64_t)(uintptr_t)(*p++);
+        break;
+      case 'l':
+        store[np] = (uint64_t)L.ints.at(ii++);
+        break;
+      case 'i': {
+        int32_t v = (int32_t)L.ints.at(ii++);
+        std::memcpy(&store[np], &v, sizeof v);
+        break;
+      }
+      case 'f': {
+        TORCH_CHECK(f != floats.end(), "fused_layers C++ fast path: too few floats for the kernel");
+        float v = (float)(*f++);
+        std::memcpy(&store[np], &v, sizeof v);
+        break;
+      }
+      case '-':  // an int Triton compiled in as a constant: no parameter
+        ++ii;
+        continue;
+      default:
+        TORCH_CHECK(false, "fused_layers C++ fast path: unknown parameter kind ", k);
+    }
+    params[np] = &store[np];
+    ++np;
+  }
+  for (int e = 0; e < L.extra; ++e) {
+    store[np] = 0;
+    params[np] = &store[np];
+    ++np;
+  }
+  CUcontext ctx = nullptr;
+  check(d.ctx_get(&ctx), "cuCtxGetCurrent");
+  if (ctx == nullptr) {  // a thread that has not touched CUDA yet: the device's primary context, as Triton does
+    CUdevice dev;
+    check(d.device_get(&dev, L.device), "cuDeviceGet");
+    check(d.primary_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    check(d.ctx_set(ctx), "cuCtxSetCurrent");
+  }
+#ifdef FL_HAVE_C10_CUDA
+  CUstream stream = (CUstream)c10::cuda::getCurrentCUDAStream((c10::DeviceIndex)L.device).stream();
+#else
+  CUstream stream = nullptr;  // a CPU-only build of torch: compiles, never launches (no CUDA tensors)
+#endif
+  check(d.launch(L.fn, L.grid[0], L.grid[1], L.grid[2], L.threads, 1, 1, L.shared, stream, params, nullptr),
+        "cuLaunchKernel");
+}
+
+}  // namespace
+
+// How many parameters a loaded function takes; -1 if this driver cannot say (cuFuncGetParamInfo: CUDA >= 12.4).
+int64_t param_count(int64_t function) {
+  Driver& d = driver();
+  if (!d.param_info) return -1;
+  CUfunction fn = (CUfunction)(uintptr_t)function;
+  size_t off, size;
+  int64_t n = 0;
+  while (n < 64 && d.param_info(fn, (size_t)n, &off, &size) == CUDA_SUCCESS) ++n;
+  return n;
+}
+
+// Register a compiled kernel at one plan; returns its handle.
+int64_t register_launch(int64_t function, int64_t device, std::vector<int64_t> grid, int64_t threads, int64_t shared,
+                        const std::string& kinds, std::vector<int64_t> ints, int64_t extra) {
+  TORCH_CHECK(grid.size() == 3, "grid must have 3 entries");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_launches.capacity() == 0) g_launches.reserve(1 << 16);
+  TORCH_CHECK(g_launches.size() < g_launches.capacity(), "fused_layers C++ fast path: too many launch plans");
+  g_launches.push_back(Launch{(CUfunction)(uintptr_t)function, (int)device,
+                              {(unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2]}, (unsigned)threads,
+                              (unsigned)shared, kinds, std::move(ints), (int)extra});
+  return (int64_t)g_launches.size() - 1;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// LayerNorm / RMSNorm (single-block kernels of fused_layers/ops/layer_norm.py)
+// ----------------------------------------------------------------------------------------------------
+struct NormPlan {
+  int64_t fwd, bwd, red;  // launch handles; red = -1: no weight or bias
+  int64_t nstats, nparts;
+};
+std::vector<NormPlan> g_norms;
+
+int64_t register_norm(int64_t fwd, int64_t bwd, int64_t red, int64_t nstats, int64_t nparts) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_norms.capacity() == 0) g_norms.reserve(1 << 14);
+  TORCH_CHECK(g_norms.size() < g_norms.capacity(), "fused_layers C++ fast path: too many norm plans");
+  g_norms.push_back(NormPlan{fwd, bwd, red, nstats, nparts});
+  return (int64_t)g_norms.size() - 1;
+}
+
+struct NormFunction : public torch::autograd::Function<NormFunction> {
+  // x contiguous and 16-byte aligned, weight / bias contiguous and aligned (checked by the caller).
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                            double eps, int64_t plan) {
+    const NormPlan& P = g_norms.at((size_t)plan);
+    at::Tensor y = at::empty_like(x);
+    at::Tensor stats = at::empty({P.nstats}, x.options().dtype(at::kFloat));
+    at::Tensor w = weight.has_value() ? *weight : at::Tensor();
+    at::Tensor b = bias.has_value() ? *bias : at::Tensor();
+    // Missing parameters: any pointer (HAS_W / HAS_B are constexpr False, never dereferenced).
+    launch(g_launches[(size_t)P.fwd], {x.data_ptr(), y.data_ptr(), (w.defined() ? w : x).data_ptr(),
+                                       (b.defined() ? b : x).data_ptr(), stats.data_ptr()}, {eps});
+    ctx->save_for_backward({x, w, b, stats});
+    ctx->saved_data["plan"] = plan;
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &b = saved[2], &stats = saved[3];
+    const NormPlan& P = g_norms.at((size_t)ctx->saved_data["plan"].toInt());
+    at::Tensor dy = grads[0];
+    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (dy.scalar_type() != x.scalar_type()) dy = dy.to(x.scalar_type());
+    // The backward kernel was compiled for a contiguous, 16-byte aligned dy of x's dtype.
+    if (!dy.is_contiguous() || ((uintptr_t)dy.data_ptr() & 15)) dy = dy.clone(at::MemoryFormat::Contiguous);
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor parts = P.nparts ? at::empty({P.nparts}, x.options().dtype(at::kFloat)) : stats;
+    launch(g_launches[(size_t)P.bwd], {x.data_ptr(), dy.data_ptr(), dx.data_ptr(), (w.defined() ? w : x).data_ptr(),
+                                       stats.data_ptr(), parts.data_ptr()}, {});
+    at::Tensor dw = w.defined() ? at::empty(w.sizes(), w.options()) : at::Tensor();
+    at::Tensor db = b.defined() ? at::empty(b.sizes(), b.options()) : at::Tensor();
+    if (P.red >= 0)
+      launch(g_launches[(size_t)P.red], {parts.data_ptr(), (dw.defined() ? dw : dx).data_ptr(),
+                                         (db.defined() ? db : dx).data_ptr()}, {});
+    return {dx, dw, db, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor norm_apply(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                      double eps, int64_t plan) {
+  return NormFunction::apply(x, weight, bias, eps, plan);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("param_count", &param_count);
+  m.def("register_launch", &register_launch);
+  m.def("register_norm", &register_norm);
+  m.def("norm_apply", &norm_apply);
+}

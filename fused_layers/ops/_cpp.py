@@ -1,0 +1,119 @@
+"""The C++ fast path of the eager ops (``fused_layers/csrc/fastpath.cpp``): opt-in, ``FUSED_LAYERS_CPP=1``.
+
+Issue 9: a Python ``torch.autograd.Function`` costs more host time per call than PyTorch's whole op. On the
+H200 host, LayerNorm fwd+bwd with every launch stubbed out cost 222 us against aten's 171 us for everything.
+The extension puts the autograd node, the allocations and the launches in C++. The kernels stay the ones
+Triton compiled: the first call of a plan runs the Python path (Triton compiles and ``Kernel`` binds), then
+each compiled kernel is registered with the extension (its loaded ``CUfunction``, grid, shared memory and
+parameter kinds), and later calls with that plan go through C++.
+
+Built on first use with the host's C++ compiler (``torch.utils.cpp_extension.load``, cached in torch's
+extensions directory; ``cuda.h`` from Triton's package, libcuda opened at run time). A build or registration
+failure warns once and leaves every op on the Python path. Not yet timed on a GPU: the default stays off
+until ``benchmarks/probe_cpp_autograd.py`` and ``bench_host.py`` say it pays.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ENABLED = os.environ.get("FUSED_LAYERS_CPP", "0") == "1"
+_ext: Any = None
+_failed = False
+
+# Triton signature types -> the extension's parameter kinds
+_KINDS = {"i32": "i", "u32": "i", "i64": "l", "u64": "l", "fp32": "f"}
+
+
+def build() -> Any:
+    """Compile (or load the cached build of) the extension; raises if it cannot be built."""
+    import triton
+    from torch.utils.cpp_extension import load
+
+    src = Path(__file__).resolve().parents[1] / "csrc" / "fastpath.cpp"
+    inc = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "include")  # cuda.h
+    ldflags = ["-ldl"]
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    if torch.version.cuda and os.path.exists(os.path.join(lib, "libc10_cuda.so")):  # getCurrentCUDAStream
+        ldflags += [f"-L{lib}", "-lc10_cuda"]
+    return load("fused_layers_fastpath", sources=[str(src)], extra_include_paths=[inc], extra_ldflags=ldflags)
+
+
+def extension() -> Any:
+    """The built extension, or None (disabled, or the build failed: warned once)."""
+    global _ext, _failed
+    if _ext is not None or _failed or not ENABLED:
+        return _ext
+    try:
+        _ext = build()
+    except Exception as e:  # noqa: BLE001  (no compiler, no headers: the Python path still works)
+        _failed = True
+        warnings.warn(f"fused_layers: FUSED_LAYERS_CPP=1 but the C++ fast path did not build ({type(e).__name__}: "
+                      f"{str(e)[:300]}); the ops run on the Python path.", stacklevel=3)
+    return _ext
+
+
+def _kinds(compiled: Any, fn: Any, ints: tuple, n_ptrs: int, n_floats: int) -> str | None:
+    """The kernel's runtime parameters as the extension's kinds, or None if this launch cannot be described:
+    pointers first (``n_ptrs``), then ``ints``, then ``n_floats`` floats, in ``fn``'s argument order; an int
+    Triton specialized into a constant (its signature says ``constexpr``) becomes '-'."""
+    sig = getattr(getattr(compiled, "src", None), "signature", None)
+    names = list(getattr(fn, "arg_names", ()))
+    if not isinstance(sig, dict) or len(names) < n_ptrs + len(ints) + n_floats:
+        return None
+    out = []
+    for i, name in enumerate(names[: n_ptrs + len(ints) + n_floats]):
+        ty = sig.get(name)
+        if i < n_ptrs:
+            if not isinstance(ty, str) or not ty.startswith("*"):
+                return None
+            out.append("p")
+        elif i < n_ptrs + len(ints):
+            if ty == "constexpr":
+                out.append("-")
+            elif ty in _KINDS and _KINDS[ty] in "il":
+                out.append(_KINDS[ty])
+            else:
+                return None
+        else:
+            if ty != "fp32":
+                return None
+            out.append("f")
+    return "".join(out)
+
+
+UNSUPPORTED = -1
+
+
+def register(kernel: Any, key: tuple, device: int, ints: tuple, n_ptrs: int, n_floats: int = 0) -> int | None:
+    """Register ``kernel``'s compiled binary for the tensors of ``key`` (``Kernel``'s dtype / alignment key)
+    with the extension: its handle; None if it was not compiled for that key yet (the Python path runs once
+    more); ``UNSUPPORTED`` if this launch cannot be made from C++."""
+    ext = extension()
+    if ext is None:
+        return UNSUPPORTED
+    compiled = kernel.compiled(key)
+    if compiled is None:
+        return None
+    md = compiled.metadata
+    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False)
+            or getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)):
+        return UNSUPPORTED
+    cluster = getattr(md, "cluster_dims", (1, 1, 1))
+    if cluster and tuple(cluster) not in ((1, 1, 1), (0, 0, 0)):
+        return UNSUPPORTED
+    kinds = _kinds(compiled, kernel.fn, ints, n_ptrs, n_floats)
+    if kinds is None:
+        return UNSUPPORTED
+    runtime = len(kinds) - kinds.count("-")
+    function = int(compiled.function)
+    extra = ext.param_count(function) - runtime  # Triton's trailing scratch pointers (0-2 by version)
+    if not 0 <= extra <= 2:  # includes -1: a driver that cannot count parameters
+        return UNSUPPORTED
+    return ext.register_launch(function, device, list(kernel.grid), 32 * md.num_warps, md.shared, kinds,
+                               [int(v) for v in ints], extra)

@@ -1,0 +1,160 @@
+"""The C++ fast path of the eager norms (fused_layers/ops/_cpp.py, fused_layers/csrc/fastpath.cpp).
+
+On the CPU: the signature -> parameter-kind mapping, and that the extension compiles with this machine's
+compiler and torch headers.  On a GPU: forward and every gradient through the C++ autograd node against
+float64, the node actually used, and the fallbacks (misaligned or strided gradients, wide rows).
+"""
+
+import shutil
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fused_layers import fused_layer_norm, fused_rms_norm
+from fused_layers.ops import _cpp
+from fused_layers.ops import layer_norm as ln_ops
+
+
+def _compiled(signature):
+    return types.SimpleNamespace(src=types.SimpleNamespace(signature=signature))
+
+
+def _fn(*names):
+    return types.SimpleNamespace(arg_names=list(names))
+
+
+def test_kinds_follow_the_compiled_signature():
+    """Pointers, i32 / i64 ints, fp32 floats in the kernel's order; an int Triton specialized into a constant
+    (signature 'constexpr', e.g. a value of 1) is '-' (consumed, not passed); trailing constexprs ignored."""
+    sig = {"X": "*bf16", "Y": "*bf16", "M": "constexpr", "N": "i32", "sx": "i64", "eps": "fp32", "BLOCK": "constexpr"}
+    fn = _fn("X", "Y", "M", "N", "sx", "eps", "BLOCK")
+    assert _cpp._kinds(_compiled(sig), fn, (1, 768, 768), n_ptrs=2, n_floats=1) == "pp-ilf"
+
+
+@pytest.mark.parametrize("bad", [
+    {"X": "i32"},  # a pointer slot that is not a pointer
+    {"N": "fp32"},  # an int slot that is a float
+    {"eps": "fp64"},  # a float the launcher does not pack
+    {"N": "i1"},  # a bool: not packed
+])
+def test_kinds_refuse_what_the_launcher_cannot_pack(bad):
+    sig = {"X": "*fp32", "N": "i32", "eps": "fp32", **bad}
+    assert _cpp._kinds(_compiled(sig), _fn("X", "N", "eps"), (7,), n_ptrs=1, n_floats=1) is None
+
+
+def test_kinds_need_a_signature():
+    assert _cpp._kinds(types.SimpleNamespace(), _fn("X"), (), n_ptrs=1, n_floats=0) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+def test_extension_builds():
+    """fastpath.cpp compiles against this torch and Triton's cuda.h (a CPU build of torch compiles the launch
+    path without CUDA streams: it never launches)."""
+    ext = _cpp.build()
+    for name in ("param_count", "register_launch", "register_norm", "norm_apply"):
+        assert callable(getattr(ext, name))
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU: the node itself
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def cpp_on(monkeypatch):
+    monkeypatch.setattr(_cpp, "ENABLED", True)
+    ext = _cpp.extension()
+    if ext is None:
+        pytest.skip("the C++ fast path did not build here")
+    return ext
+
+
+def _used_cpp(x, weight, bias, k, is_rms):
+    plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, True, False)
+    key = (x.get_device(), None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+    nid = plan.cpp.get(key)
+    return type(nid) is int
+
+
+def _ref(fn, x, w, b, dy):
+    leaves = [t for t in (x, w, b) if t is not None]
+    y = fn(x, w, b)
+    return (y, *torch.autograd.grad(y, leaves, dy))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("dtype,pdtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                          (torch.bfloat16, torch.float32)], ids=["bf16", "fp32", "bf16_fp32params"])
+@pytest.mark.parametrize("n", [768, 1031, 4096])
+@pytest.mark.parametrize("affine", ["wb", "w", "none"])
+def test_gpu_cpp_node_matches_float64(rms, dtype, pdtype, n, affine, cpp_on):
+    if rms and affine == "wb":
+        pytest.skip("RMSNorm has no bias")
+    dev = "cuda"
+    x = (torch.randn(37, n, device=dev) * 2 + 0.5).to(dtype).requires_grad_()
+    w = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine != "none" else None
+    b = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine == "wb" else None
+    ours = (lambda x, w, b: fused_rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: fused_layer_norm(x, (n,), w, b, 1e-5))
+    ref = (lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5))
+    for it in range(3):  # the first call runs the Python path (Triton compiles), later ones the C++ node
+        dy = torch.randn(37, n, device=dev, dtype=dtype)
+        got = _ref(ours, x, w, b, dy)
+        d64 = [None if t is None else t.detach().double().requires_grad_() for t in (x, w, b)]
+        want = _ref(ref, *d64, dy.double())
+        for g, r in zip(got, want):
+            tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 or pdtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+            if g is not got[0]:  # parameter gradients sum 37 rows
+                tol = {k: v * 4 for k, v in tol.items()}
+            torch.testing.assert_close(g.double(), r, **tol)
+        assert got[0].dtype == dtype and all(g.dtype == t.dtype for g, t in zip(got[1:], [t for t in (x, w, b) if t is not None]))
+    assert _used_cpp(x, w, b, 1, rms), "the C++ node never ran"
+    assert type(got[0].grad_fn).__name__ != "NormFunctionBackward", got[0].grad_fn  # the Python node's name
+
+
+@pytest.mark.gpu
+def test_gpu_cpp_node_strided_and_misaligned_grads(cpp_on):
+    """A non-contiguous dy, and a dy whose data is not 16-byte aligned, are copied before the backward kernel."""
+    n = 1024
+    x = torch.randn(16, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for _ in range(2):
+        fused_layer_norm(x, (n,), w, None).sum().backward()
+    x.grad = w.grad = None
+    y = fused_layer_norm(x, (n,), w, None)
+    assert _used_cpp(x, w, None, 1, False)
+    base = torch.randn(n, 16, device="cuda", dtype=torch.bfloat16)
+    for dy in (base.t(), torch.randn(16 * n + 1, device="cuda", dtype=torch.bfloat16)[1:].view(16, n)):
+        gx, gw = torch.autograd.grad(y, (x, w), dy, retain_graph=True)
+        y64 = F.layer_norm(x.double(), (n,), w.double())
+        rx, rw = torch.autograd.grad(y64, (x, w), dy.double())
+        torch.testing.assert_close(gx.double(), rx.double(), atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(gw.double(), rw.double(), atol=0.1, rtol=3e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_wide_rows_stay_on_the_python_path(cpp_on):
+    n = 65536  # chunked (wide-row) kernels: not on the C++ path
+    x = torch.randn(4, n, device="cuda", requires_grad=True)
+    for _ in range(2):
+        fused_layer_norm(x, (n,)).sum().backward()
+    plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, 1, False, False, False, True, False)
+    assert plan.cpp.get((0, None, None)) is False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gpu_tensors_on_a_device_that_is_not_current():
+    """A model on cuda:1 without torch.cuda.set_device(1): the kernels launch on the tensors' device."""
+    assert torch.cuda.current_device() == 0
+    x = torch.randn(8, 1000, device="cuda:1", requires_grad=True)
+    w = torch.randn(1000, device="cuda:1", requires_grad=True)
+    for _ in range(2):
+        y = fused_layer_norm(x, (1000,), w)
+        gx, gw = torch.autograd.grad(y, (x, w), torch.ones_like(y))
+    y64 = F.layer_norm(x.double(), (1000,), w.double())
+    rx, rw = torch.autograd.grad(y64, (x, w), torch.ones_like(y64))
+    torch.testing.assert_close(y.double(), y64, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(gx.double(), rx, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(gw.double(), rw, atol=1e-3, rtol=1e-4)
