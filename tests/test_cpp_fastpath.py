@@ -70,8 +70,8 @@ def cpp_on(monkeypatch):
     return ext
 
 
-def _used_cpp(x, weight, bias, k, is_rms):
-    plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, True, False)
+def _used_cpp(x, weight, bias, k, is_rms, grad=True):
+    plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, grad, False)
     key = (x.get_device(), None if weight is None else weight.dtype, None if bias is None else bias.dtype)
     nid = plan.cpp.get(key)
     return type(nid) is int
@@ -111,6 +111,21 @@ def test_gpu_cpp_node_matches_float64(rms, dtype, pdtype, n, affine, cpp_on):
         assert got[0].dtype == dtype and all(g.dtype == t.dtype for g, t in zip(got[1:], [t for t in (x, w, b) if t is not None]))
     assert _used_cpp(x, w, b, 1, rms), "the C++ node never ran"
     assert type(got[0].grad_fn).__name__ != "NormFunctionBackward", got[0].grad_fn  # the Python node's name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_gpu_cpp_inference_forward(rms, cpp_on):
+    """Without autograd: the C++ forward of the no-statistics plan."""
+    n = 1000
+    x = torch.randn(33, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    b = None if rms else torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        y = fused_rms_norm(x, (n,), w, 1e-6) if rms else fused_layer_norm(x, (n,), w, b)
+    ref = F.rms_norm(x.double(), (n,), w.double(), 1e-6) if rms else F.layer_norm(x.double(), (n,), w.double(), b.double())
+    torch.testing.assert_close(y.double(), ref, atol=3e-2, rtol=3e-2)
+    assert y.grad_fn is None and _used_cpp(x, w, b, 1, rms, grad=False)
 
 
 @pytest.mark.gpu

@@ -228,6 +228,18 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
   }
 };
 
+// A forward no backward will follow (no statistics: the plan's kernel was compiled with STORE_STATS=False
+// and takes x as its unused statistics pointer, as the Python launcher passes it).
+at::Tensor norm_infer(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                      double eps, int64_t plan) {
+  const NormPlan& P = g_norms.at((size_t)plan);
+  at::Tensor y = at::empty_like(x);
+  const at::Tensor& w = weight.has_value() ? *weight : x;
+  const at::Tensor& b = bias.has_value() ? *bias : x;
+  launch(g_launches[(size_t)P.fwd], {x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr(), x.data_ptr()}, {eps});
+  return y;
+}
+
 at::Tensor norm_apply(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                       double eps, int64_t plan) {
   return NormFunction::apply(x, weight, bias, eps, plan);
@@ -238,4 +250,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_launch", &register_launch);
   m.def("register_norm", &register_norm);
   m.def("norm_apply", &norm_apply);
+  m.def("norm_infer", &norm_infer);
 }

@@ -938,19 +938,26 @@ def _validate(op: str, x, normalized_shape, weight, bias) -> tuple[tuple[int, ..
     return shape, k
 
 
-def _cpp_register(plan, x, weight, bias, k, is_rms):
-    """Register the plan's three kernels (forward, backward, dW/dB reduce) with the C++ fast path: the
-    norm plan id, None while a kernel has not been compiled for these dtypes yet, False if unsupported."""
+def _cpp_register(plan, x, weight, bias, k, is_rms, grad):
+    """Register the plan's kernels with the C++ fast path (the forward; with ``grad`` also the backward and
+    the dW/dB reduce): the norm plan id, None while a kernel has not been compiled for these dtypes yet,
+    False if unsupported."""
     has_w, has_b = weight is not None, bias is not None
     dev = x.get_device()
-    bplan = _bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev)
-    if bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
-        return False
     xd, f32 = x.dtype, torch.float32
     wd = weight.dtype if has_w else xd
     bd = bias.dtype if has_b else xd
+    # The forward's statistics pointer is a float32 buffer, or x itself when no statistics are stored.
+    fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (xd, xd, wd, bd, f32 if grad else xd)), dev, plan.ints,
+                        n_ptrs=5, n_floats=1)
+    if not grad:
+        return False if fwd == _cpp.UNSUPPORTED else (None if fwd is None else
+                                                      _cpp.extension().register_norm(fwd, -1, -1, 0, 0))
+    bplan = _bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev)
+    if bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
+        return False
     handles = [
-        _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (xd, xd, wd, bd, f32)), dev, plan.ints, n_ptrs=5, n_floats=1),
+        fwd,
         _cpp.register(bplan.kernel, bplan.kernel.aligned_key(dev, (xd, xd, xd, wd, f32, f32)), dev, bplan.ints, n_ptrs=6),
     ]
     if bplan.reduce_kernel is not None:
@@ -964,8 +971,9 @@ def _cpp_register(plan, x, weight, bias, k, is_rms):
     return _cpp.extension().register_norm(handles[0], handles[1], red, plan.nstats, bplan.nparts)
 
 
-def _cpp_norm(x, weight, bias, k, eps, is_rms):
-    """An eager call that needs gradients, through the C++ fast path (ops/_cpp.py); None: the Python path.
+def _cpp_norm(x, weight, bias, k, eps, is_rms, grad):
+    """An eager call through the C++ fast path (ops/_cpp.py): with ``grad`` a C++ autograd node, else a
+    forward without statistics; None: the Python path runs.
 
     Contiguous, 16-byte aligned CUDA tensors with single-block rows only (the kernels were bound for those)."""
     if not x.is_cuda or not x.is_contiguous() or x.data_ptr() & 15:
@@ -973,27 +981,28 @@ def _cpp_norm(x, weight, bias, k, eps, is_rms):
     for p in (weight, bias):
         if p is not None and (not p.is_contiguous() or p.data_ptr() & 15):
             return None
-    plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, True, False)
+    plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, grad, False)
     if plan.kernel is None or plan.copy:
         return None
     wkey = (x.get_device(), None if weight is None else weight.dtype, None if bias is None else bias.dtype)
     nid = plan.cpp.get(wkey)
     if nid is None:
-        nid = _cpp_register(plan, x, weight, bias, k, is_rms)
+        nid = _cpp_register(plan, x, weight, bias, k, is_rms, grad)
         if nid is None:  # not compiled yet: this call runs the Python path, which compiles
             return None
         plan.cpp[wkey] = nid
     if nid is False:
         return None
-    return _cpp.extension().norm_apply(x, weight, bias, eps, nid)
+    ext = _cpp.extension()
+    return ext.norm_apply(x, weight, bias, eps, nid) if grad else ext.norm_infer(x, weight, bias, eps, nid)
 
 
 def _dispatch(x, weight, bias, k, eps, is_rms):
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad)
     )
-    if needs_grad and _cpp.ENABLED and not is_compiling() and not _functorch_active():
-        y = _cpp_norm(x, weight, bias, k, eps, is_rms)
+    if _cpp.ENABLED and not is_compiling() and not _functorch_active():
+        y = _cpp_norm(x, weight, bias, k, eps, is_rms, needs_grad)
         if y is not None:
             return y
     if needs_grad or is_compiling():
