@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fused_layers import fused_layer_norm, fused_rms_norm
+from fused_layers import fused_layer_norm, fused_rms_norm, fused_softmax
 from fused_layers.ops import _cpp
 from fused_layers.ops import layer_norm as ln_ops
+from fused_layers.ops import softmax as sm_ops
 
 
 def _compiled(signature):
@@ -54,7 +55,8 @@ def test_extension_builds():
     """fastpath.cpp compiles against this torch and Triton's cuda.h (a CPU build of torch compiles the launch
     path without CUDA streams: it never launches)."""
     ext = _cpp.build()
-    for name in ("param_count", "register_launch", "register_norm", "norm_apply"):
+    for name in ("param_count", "register_launch", "register_norm", "norm_apply", "norm_infer", "softmax_apply",
+                 "softmax_infer"):
         assert callable(getattr(ext, name))
 
 
@@ -146,6 +148,30 @@ def test_gpu_cpp_node_strided_and_misaligned_grads(cpp_on):
         rx, rw = torch.autograd.grad(y64, (x, w), dy.double())
         torch.testing.assert_close(gx.double(), rx.double(), atol=3e-2, rtol=3e-2)
         torch.testing.assert_close(gw.double(), rw.double(), atol=0.1, rtol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape,dim", [((37, 1031), -1), ((4, 8, 128, 128), -1), ((6, 50, 7), 1)])
+def test_gpu_cpp_softmax_matches_float64(dtype, shape, dim, cpp_on):
+    """Softmax through the C++ node (rows along the last dim, and along dim 1 with an inner stride), its
+    gradient against float64, and the no-grad forward."""
+    x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    for _ in range(3):
+        dy = torch.randn(shape, device="cuda", dtype=dtype)
+        y = fused_softmax(x, dim)
+        (gx,) = torch.autograd.grad(y, x, dy)
+        x64 = x.detach().double().requires_grad_()
+        y64 = torch.softmax(x64, dim)
+        (g64,) = torch.autograd.grad(y64, x64, dy.double())
+        torch.testing.assert_close(y.double(), y64, **tol)
+        torch.testing.assert_close(gx.double(), g64, **tol)
+        with torch.no_grad():
+            torch.testing.assert_close(fused_softmax(x, dim).double(), y64, **tol)
+    plan = sm_ops._plan(x.shape, (x.stride(),), x.dtype, dim % x.dim())
+    assert type(plan.cpp.get((0, True))) is list and type(plan.cpp.get((0, False))) is list
+    assert type(y.grad_fn).__name__ != "SoftmaxFunctionBackward", y.grad_fn
 
 
 @pytest.mark.gpu

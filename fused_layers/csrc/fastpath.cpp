@@ -245,10 +245,46 @@ at::Tensor norm_apply(const at::Tensor& x, const std::optional<at::Tensor>& weig
   return NormFunction::apply(x, weight, bias, eps, plan);
 }
 
+// ----------------------------------------------------------------------------------------------------
+// Softmax (single-block kernels of fused_layers/ops/softmax.py)
+// ----------------------------------------------------------------------------------------------------
+struct SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
+  // x contiguous and 16-byte aligned (checked by the caller); fwd / bwd: launch handles.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t fwd, int64_t bwd) {
+    at::Tensor y = at::empty_like(x);
+    launch(g_launches[(size_t)fwd], {x.data_ptr(), y.data_ptr()}, {});
+    ctx->save_for_backward({y});
+    ctx->saved_data["bwd"] = bwd;
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    at::Tensor y = ctx->get_saved_variables()[0];
+    at::Tensor dy = grads[0];
+    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    if (dy.scalar_type() != y.scalar_type()) dy = dy.to(y.scalar_type());
+    if (!dy.is_contiguous() || ((uintptr_t)dy.data_ptr() & 15)) dy = dy.clone(at::MemoryFormat::Contiguous);
+    at::Tensor dx = at::empty_like(y);
+    launch(g_launches[(size_t)ctx->saved_data["bwd"].toInt()], {y.data_ptr(), dy.data_ptr(), dx.data_ptr()}, {});
+    return {dx, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor softmax_apply(const at::Tensor& x, int64_t fwd, int64_t bwd) { return SoftmaxFunction::apply(x, fwd, bwd); }
+
+at::Tensor softmax_infer(const at::Tensor& x, int64_t fwd) {
+  at::Tensor y = at::empty_like(x);
+  launch(g_launches[(size_t)fwd], {x.data_ptr(), y.data_ptr()}, {});
+  return y;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("param_count", &param_count);
   m.def("register_launch", &register_launch);
   m.def("register_norm", &register_norm);
   m.def("norm_apply", &norm_apply);
   m.def("norm_infer", &norm_infer);
+  m.def("softmax_apply", &softmax_apply);
+  m.def("softmax_infer", &softmax_infer);
 }

@@ -54,12 +54,14 @@ from ._common import (
     concrete,
     config_override,  # noqa: F401  (re-exported for tests: config_override("softmax", ...))
     get_override,
+    is_compiling,
     override_epoch,
     next_power_of_2,
     normalize_dim,
     use_fallback,
 )
-from ._library import FusedOp, Kernel
+from . import _cpp
+from ._library import FusedOp, Kernel, _functorch_active
 from .softmax_config import MAX_SINGLE_BLOCK, WIDE_STAGES, _coop_config, _single_block_config, _wide_config  # noqa: F401
 
 _OP = "fused_softmax"
@@ -423,7 +425,7 @@ def _contiguous_strides(shape: torch.Size, dim: int) -> tuple[int, ...]:
 class _Plan:
     """Everything a launch needs that depends only on shapes, strides, dtype and dim (cached)."""
 
-    __slots__ = ("copy", "wide", "kernel", "kernel2", "m", "splits", "ints")
+    __slots__ = ("copy", "wide", "kernel", "kernel2", "m", "splits", "ints", "cpp")
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -443,6 +445,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     if plan is not None:
         return plan
     plan = _Plan()
+    plan.cpp = {}  # (device, with backward) -> C++ fast-path handles, or False (ops/_cpp.py)
     plan.kernel2 = None
     elem = dtype.itemsize
     views, plan.copy = [], []
@@ -570,4 +573,38 @@ def fused_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     x, d = _validate(input, dim)
     if x.dtype == torch.float64 or (not x.is_cuda and use_fallback("fused_softmax", x)):
         return torch.softmax(x, d)
-    return softmax_op(x, d, needs_grad=x.requires_grad and torch.is_grad_enabled())
+    needs_grad = x.requires_grad and torch.is_grad_enabled()
+    if _cpp.ENABLED and not is_compiling() and not _functorch_active():
+        y = _cpp_softmax(x, d, needs_grad)
+        if y is not None:
+            return y
+    return softmax_op(x, d, needs_grad=needs_grad)
+
+
+def _cpp_softmax(x: torch.Tensor, dim: int, grad: bool) -> torch.Tensor | None:
+    """An eager call through the C++ fast path (ops/_cpp.py): with ``grad`` a C++ autograd node; None: the
+    Python path runs (not compiled yet, wide rows, a layout or alignment the bound kernels do not take)."""
+    if not x.is_cuda or not x.is_contiguous() or x.data_ptr() & 15 or x.numel() == 0:
+        return None
+    plan = _plan(x.shape, (x.stride(),), x.dtype, dim)
+    if plan.wide or plan.copy[0]:
+        return None
+    dev = x.get_device()
+    handles = plan.cpp.get((dev, grad))
+    if handles is None:
+        fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (x.dtype, x.dtype)), dev, plan.ints, n_ptrs=2)
+        handles = [fwd]
+        if grad and fwd not in (None, _cpp.UNSUPPORTED):
+            bplan = _plan(x.shape, (x.stride(), x.stride()), x.dtype, dim)  # y and a contiguous dy
+            bwd = (_cpp.UNSUPPORTED if bplan.wide or any(bplan.copy) else
+                   _cpp.register(bplan.kernel, bplan.kernel.aligned_key(dev, (x.dtype,) * 3), dev, bplan.ints, n_ptrs=3))
+            handles.append(bwd)
+        if _cpp.UNSUPPORTED in handles:
+            handles = False
+        elif None in handles:  # not compiled yet: this call runs the Python path, which compiles
+            return None
+        plan.cpp[(dev, grad)] = handles
+    if handles is False:
+        return None
+    ext = _cpp.extension()
+    return ext.softmax_apply(x, handles[0], handles[1]) if grad else ext.softmax_infer(x, handles[0])
