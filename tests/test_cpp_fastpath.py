@@ -58,6 +58,20 @@ def test_extension_builds():
     for name in ("param_count", "register_launch", "register_norm", "norm_apply", "norm_infer", "softmax_apply",
                  "softmax_infer"):
         assert callable(getattr(ext, name))
+    # The parameter slots a launch passes: pointers, an int Triton made a constant (skipped), i32 and i64
+    # ints, an fp32 float, then Triton's two scratch pointers (null); i32 / fp32 in the low 4 bytes.
+    import struct
+
+    slots = ext.pack_for_test("pp-ilf", [1, -3, 2**40], 2, [0x7F0000001000, 0x7F0000002000], [1e-5])
+    assert slots[:2] == [0x7F0000001000, 0x7F0000002000]
+    assert slots[2] == struct.unpack("<I", struct.pack("<i", -3))[0]
+    assert slots[3] == 2**40
+    assert slots[4] == struct.unpack("<I", struct.pack("<f", 1e-5))[0]
+    assert slots[5:] == [0, 0] and len(slots) == 7
+    with pytest.raises(RuntimeError, match="too few pointers"):
+        ext.pack_for_test("pp", [], 0, [16], [])
+    with pytest.raises(RuntimeError, match="left over"):
+        ext.pack_for_test("p", [], 0, [16, 32], [])
 
 
 # --------------------------------------------------------------------------------------------------

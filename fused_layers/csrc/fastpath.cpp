@@ -84,19 +84,17 @@ struct Launch {
 std::vector<Launch> g_launches;
 std::mutex g_mutex;  // registration only (launches read entries that are never moved: reserve below)
 
-// Launch `L` with the call's pointers and floats, in the kernel's parameter order.
-void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initializer_list<double> floats) {
-  Driver& d = driver();
-  uint64_t store[40];
-  void* params[40];
+// Pack the parameters of `L` for a call with these pointers and floats, in the kernel's parameter order:
+// one 8-byte slot per parameter (i32 / fp32 in its low 4 bytes), `params` pointing at the slots, Triton's
+// trailing scratch pointers null.  Returns the parameter count.
+template <typename PtrIt, typename FltIt>
+size_t pack(const Launch& L, PtrIt p, PtrIt p_end, FltIt f, FltIt f_end, uint64_t* store, void** params) {
   size_t np = 0;
-  auto p = ptrs.begin();
-  auto f = floats.begin();
   size_t ii = 0;
   for (char k : L.kinds) {
     switch (k) {
       case 'p':
-        TORCH_CHECK(p != ptrs.end(), "fused_layers C++ fast path: too few pointers for the kernel");
+        TORCH_CHECK(p != p_end, "fused_layers C++ fast path: too few pointers for the kernel");
         store[np] = (uint64_t)(uintptr_t)(*p++);
         break;
       case 'l':
@@ -104,12 +102,14 @@ void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initi
         break;
       case 'i': {
         int32_t v = (int32_t)L.ints.at(ii++);
+        store[np] = 0;
         std::memcpy(&store[np], &v, sizeof v);
         break;
       }
       case 'f': {
-        TORCH_CHECK(f != floats.end(), "fused_layers C++ fast path: too few floats for the kernel");
+        TORCH_CHECK(f != f_end, "fused_layers C++ fast path: too few floats for the kernel");
         float v = (float)(*f++);
+        store[np] = 0;
         std::memcpy(&store[np], &v, sizeof v);
         break;
       }
@@ -122,11 +122,22 @@ void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initi
     params[np] = &store[np];
     ++np;
   }
+  TORCH_CHECK(p == p_end && f == f_end && ii == L.ints.size(), "fused_layers C++ fast path: arguments left over");
   for (int e = 0; e < L.extra; ++e) {
     store[np] = 0;
     params[np] = &store[np];
     ++np;
   }
+  return np;
+}
+
+// Launch `L` with the call's pointers and floats.
+void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initializer_list<double> floats) {
+  Driver& d = driver();
+  TORCH_CHECK(L.kinds.size() + L.extra <= 40, "fused_layers C++ fast path: too many kernel parameters");
+  uint64_t store[40];
+  void* params[40];
+  pack(L, ptrs.begin(), ptrs.end(), floats.begin(), floats.end(), store, params);
   CUcontext ctx = nullptr;
   check(d.ctx_get(&ctx), "cuCtxGetCurrent");
   if (ctx == nullptr) {  // a thread that has not touched CUDA yet: the device's primary context, as Triton does
@@ -155,6 +166,24 @@ int64_t param_count(int64_t function) {
   int64_t n = 0;
   while (n < 64 && d.param_info(fn, (size_t)n, &off, &size) == CUDA_SUCCESS) ++n;
   return n;
+}
+
+// The slots `launch` would pass for these arguments (tests: the packing, without a GPU).
+std::vector<int64_t> pack_for_test(const std::string& kinds, std::vector<int64_t> ints, int64_t extra,
+                                   std::vector<int64_t> ptrs, std::vector<double> floats) {
+  Launch L{nullptr, 0, {1, 1, 1}, 32, 0, kinds, std::move(ints), (int)extra};
+  TORCH_CHECK(kinds.size() + extra <= 40, "too many parameters");
+  uint64_t store[40];
+  void* params[40];
+  std::vector<const void*> p;
+  for (int64_t v : ptrs) p.push_back((const void*)(uintptr_t)v);
+  size_t np = pack(L, p.begin(), p.end(), floats.begin(), floats.end(), store, params);
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < np; ++i) {
+    TORCH_CHECK(params[i] == &store[i], "parameter pointers out of order");
+    out.push_back((int64_t)store[i]);
+  }
+  return out;
 }
 
 // Register a compiled kernel at one plan; returns its handle.
@@ -281,6 +310,7 @@ at::Tensor softmax_infer(const at::Tensor& x, int64_t fwd) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("param_count", &param_count);
+  m.def("pack_for_test", &pack_for_test);
   m.def("register_launch", &register_launch);
   m.def("register_norm", &register_norm);
   m.def("norm_apply", &norm_apply);
