@@ -115,5 +115,16 @@ def register(kernel: Any, key: tuple, device: int, ints: tuple, n_ptrs: int, n_f
     extra = ext.param_count(function) - runtime  # Triton's trailing scratch pointers (0-2 by version)
     if not 0 <= extra <= 2:  # includes -1: a driver that cannot count parameters
         return UNSUPPORTED
-    return ext.register_launch(function, device, list(kernel.grid), 32 * md.num_warps, md.shared, kinds,
-                               [int(v) for v in ints], extra)
+    try:
+        return ext.register_launch(function, device, list(kernel.grid), 32 * md.num_warps, md.shared, kinds,
+                                   [int(v) for v in ints], extra)
+    except RuntimeError:  # the registry is full (a run with very many distinct shapes): the Python path
+        return UNSUPPORTED
+
+
+def register_plan(fn_name: str, *handles: int) -> int | bool:
+    """``ext.<fn_name>(*handles)`` (a norm plan over registered launches); False if the registry is full."""
+    try:
+        return getattr(extension(), fn_name)(*handles)
+    except RuntimeError:
+        return False

@@ -952,7 +952,7 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad):
                         n_ptrs=5, n_floats=1)
     if not grad:
         return False if fwd == _cpp.UNSUPPORTED else (None if fwd is None else
-                                                      _cpp.extension().register_norm(fwd, -1, -1, 0, 0))
+                                                      _cpp.register_plan("register_norm", fwd, -1, -1, 0, 0))
     bplan = _bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev)
     if bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
         return False
@@ -968,7 +968,7 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad):
     if any(h is None for h in handles):
         return None
     red = handles[2] if len(handles) > 2 else -1
-    return _cpp.extension().register_norm(handles[0], handles[1], red, plan.nstats, bplan.nparts)
+    return _cpp.register_plan("register_norm", handles[0], handles[1], red, plan.nstats, bplan.nparts)
 
 
 def _cpp_norm(x, weight, bias, k, eps, is_rms, grad):
