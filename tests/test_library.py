@@ -72,3 +72,75 @@ def test_every_launch_names_all_its_constexprs(launches, device):
         tail = params[n_args:]
         assert all(p in kern.meta for p in tail), f"{name}: runtime argument(s) after position {n_args} unbound"
         assert not any(p in kern.meta for p in params[:n_args]), f"{name}: a meta entry shadows a runtime argument"
+
+
+# --------------------------------------------------------------------------------------------------
+# The fast launch path's device handling, with Triton and CUDA simulated (FAST_LAUNCH is off on the CPU)
+# --------------------------------------------------------------------------------------------------
+class _FakeCompiled:
+    packed_metadata = None
+    function = 0
+
+    def __init__(self, log, device):
+        self.log, self.device = log, device
+
+        def run(g0, g1, g2, stream, function, *rest):  # Triton's launcher: no ``launch`` attribute (generic path)
+            log.append(("bound", _STATE["current"], stream))
+
+        self.run = run
+
+
+_STATE = {"current": 0}
+
+
+class _FakeJIT:
+    arg_names = ["X", "N", "BLOCK"]
+
+    def __init__(self, log):
+        self.log = log
+        self.__name__ = "fake"
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.log.append(("triton", _STATE["current"]))  # Triton launches on the *current* device
+            return _FakeCompiled(self.log, _STATE["current"])
+
+        return launch
+
+
+def test_fast_launch_goes_to_the_tensors_device(monkeypatch):
+    """A tensor on device 1 while device 0 is current: the launch switches to device 1 (Triton launches on
+    the current device), and binaries bound on one device are never fired for another."""
+    import contextlib
+
+    monkeypatch.setattr(_library, "FAST_LAUNCH", True)
+    monkeypatch.setattr(_library, "_get_device", lambda: _STATE["current"])
+    monkeypatch.setattr(_library, "_get_stream", lambda d: 100 + d)
+    monkeypatch.setattr(_library, "_hooks_idle", lambda: True)
+    _STATE["current"] = 0
+
+    @contextlib.contextmanager
+    def fake_device(d):
+        prev, _STATE["current"] = _STATE["current"], d
+        try:
+            yield
+        finally:
+            _STATE["current"] = prev
+
+    monkeypatch.setattr(torch.cuda, "device", fake_device)
+    where = {}
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: where.get(id(self), -1))
+    log = []
+    kern = _library.Kernel(_FakeJIT(log), (1,), check=(0,), BLOCK=16)
+    x1, x0 = torch.zeros(4), torch.zeros(4)
+    where[id(x1)], where[id(x0)] = 1, 0
+
+    kern(x1, 4)  # first call on device 1: Triton compiles and launches there, then binds
+    assert log == [("triton", 1)] and _STATE["current"] == 0
+    kern(x1, 4)  # bound: fired on device 1's stream, with device 1 current
+    assert log[-1] == ("bound", 1, 101)
+    kern(x0, 4)  # device 0: not device 1's binary
+    assert log[-1] == ("triton", 0)
+    kern(x0, 4)
+    assert log[-1] == ("bound", 0, 100)
+    assert sorted(k[0] for k in kern._bins) == [0, 1]
