@@ -213,3 +213,79 @@ def test_gpu_tensors_on_a_device_that_is_not_current():
     torch.testing.assert_close(y.double(), y64, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(gx.double(), rx, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(gw.double(), rw, atol=1e-3, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU: what the Python side registers matches the kernels' real parameter lists
+# --------------------------------------------------------------------------------------------------
+# The pointer order the C++ node passes to each kernel (fastpath.cpp), by the kernels' parameter names.
+_CPP_POINTERS = {
+    "_norm_fwd_kernel": ["X", "Y", "W", "B", "STATS"],
+    "_norm_bwd_kernel": ["X", "DY", "DX", "W", "STATS", "PARTS"],
+    "_norm_reduce_partials_kernel": ["PARTS", "DW", "DB"],
+    "_softmax_fwd_kernel": ["X", "Y"],
+    "_softmax_bwd_kernel": ["Y", "DY", "DX"],
+}
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    calls = []
+
+    def fake_register(kernel, key, device, ints, n_ptrs, n_floats=0):
+        calls.append((kernel, key, ints, n_ptrs, n_floats))
+        return len(calls) - 1
+
+    monkeypatch.setattr(_cpp, "register", fake_register)
+    monkeypatch.setattr(_cpp, "register_plan", lambda name, *h: ("plan", name, h))
+    return calls
+
+
+def _name(kernel):
+    fn = kernel.fn
+    return getattr(fn, "fn", fn).__name__  # InterpretedFunction / JITFunction -> the Python function
+
+
+def _check_against_kernel(kernel, key, ints, n_ptrs, n_floats):
+    import inspect
+
+    params = inspect.signature(getattr(kernel.fn, "fn", kernel.fn)).parameters
+    runtime = [n for n, p in params.items() if "constexpr" not in str(p.annotation)]
+    assert runtime[:n_ptrs] == _CPP_POINTERS[_name(kernel)]
+    assert len(runtime) == n_ptrs + len(ints) + n_floats, (_name(kernel), runtime, ints)
+    assert key[0] == -1 and len(key) == 1 + len(kernel.check)  # device, then one entry per checked tensor
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("affine", ["wb", "w", "none"])
+@pytest.mark.parametrize("grad", [True, False])
+def test_norm_registration_matches_the_kernels(rms, affine, grad, recorded):
+    if rms and affine == "wb":
+        pytest.skip("RMSNorm has no bias")
+    x = torch.randn(6, 100, dtype=torch.bfloat16)
+    w = torch.randn(100, dtype=torch.float32) if affine != "none" else None
+    b = torch.randn(100, dtype=torch.float32) if affine == "wb" else None
+    plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, 1, w is not None, b is not None, rms, grad, False)
+    out = ln_ops._cpp_register(plan, x, w, b, 1, rms, grad)
+    names = [_name(c[0]) for c in recorded]
+    expect = ["_norm_fwd_kernel"] + (["_norm_bwd_kernel"] + (["_norm_reduce_partials_kernel"] if affine != "none" else [])
+                                     if grad else [])
+    assert names == expect
+    for c in recorded:
+        _check_against_kernel(*c)
+    # the parameters' dtypes are in the keys: fp32 weight / bias next to bf16 x
+    if affine != "none":
+        assert (torch.float32, 0) in recorded[0][1]
+    assert out[0] == "plan" and out[2][:2] == ((0, -1, -1, 0, 0) if not grad else (0, 1))[:2]
+
+
+@pytest.mark.parametrize("shape,dim", [((5, 37), 1), ((3, 9, 4), 1)])
+@pytest.mark.parametrize("grad", [True, False])
+def test_softmax_registration_matches_the_kernels(shape, dim, grad, recorded):
+    x = torch.randn(shape)
+    plan = sm_ops._plan(x.shape, (x.stride(),), x.dtype, dim)
+    handles = sm_ops._cpp_softmax_register(plan, x, dim, grad)
+    assert [_name(c[0]) for c in recorded] == ["_softmax_fwd_kernel"] + (["_softmax_bwd_kernel"] if grad else [])
+    assert handles == list(range(len(recorded)))
+    for c in recorded:
+        _check_against_kernel(*c)

@@ -581,6 +581,22 @@ def fused_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return softmax_op(x, d, needs_grad=needs_grad)
 
 
+def _cpp_softmax_register(plan: "_Plan", x: torch.Tensor, dim: int, grad: bool) -> list | bool | None:
+    """Register the forward kernel (and with ``grad`` the backward's) with the C++ fast path: the launch
+    handles, None while one is not compiled for these dtypes yet, False if unsupported."""
+    dev = x.get_device()
+    fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (x.dtype, x.dtype)), dev, plan.ints, n_ptrs=2)
+    handles = [fwd]
+    if grad and fwd not in (None, _cpp.UNSUPPORTED):
+        bplan = _plan(x.shape, (x.stride(), x.stride()), x.dtype, dim)  # y and a contiguous dy
+        bwd = (_cpp.UNSUPPORTED if bplan.wide or any(bplan.copy) else
+               _cpp.register(bplan.kernel, bplan.kernel.aligned_key(dev, (x.dtype,) * 3), dev, bplan.ints, n_ptrs=3))
+        handles.append(bwd)
+    if _cpp.UNSUPPORTED in handles:
+        return False
+    return None if None in handles else handles
+
+
 def _cpp_softmax(x: torch.Tensor, dim: int, grad: bool) -> torch.Tensor | None:
     """An eager call through the C++ fast path (ops/_cpp.py): with ``grad`` a C++ autograd node; None: the
     Python path runs (not compiled yet, wide rows, a layout or alignment the bound kernels do not take)."""
@@ -592,16 +608,8 @@ def _cpp_softmax(x: torch.Tensor, dim: int, grad: bool) -> torch.Tensor | None:
     dev = x.get_device()
     handles = plan.cpp.get((dev, grad))
     if handles is None:
-        fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (x.dtype, x.dtype)), dev, plan.ints, n_ptrs=2)
-        handles = [fwd]
-        if grad and fwd not in (None, _cpp.UNSUPPORTED):
-            bplan = _plan(x.shape, (x.stride(), x.stride()), x.dtype, dim)  # y and a contiguous dy
-            bwd = (_cpp.UNSUPPORTED if bplan.wide or any(bplan.copy) else
-                   _cpp.register(bplan.kernel, bplan.kernel.aligned_key(dev, (x.dtype,) * 3), dev, bplan.ints, n_ptrs=3))
-            handles.append(bwd)
-        if _cpp.UNSUPPORTED in handles:
-            handles = False
-        elif None in handles:  # not compiled yet: this call runs the Python path, which compiles
+        handles = _cpp_softmax_register(plan, x, dim, grad)
+        if handles is None:  # not compiled yet: this call runs the Python path, which compiles
             return None
         plan.cpp[(dev, grad)] = handles
     if handles is False:
