@@ -4,9 +4,7 @@
 #      most that faster kernels for the same bytes could save (diag_inductor_bandwidth.py, seq 1,024 / 4,096);
 #   2. LayerNorm / RMSNorm at 768 (GPT-2, ViT): forward 0.80 / backward 0.70 of copy in session 4, while
 #      RMSNorm reached 0.98 / 0.90; sweep both parts at 768 (one-warp-per-row forward candidates) and adopt
-#      a winner as an exact-width entry (2, 768, part) in layer_norm_config._TUNED;
-#   3. issue 9's host wall: a C++ autograd node launching a Triton cubin by cuLaunchKernel against aten's
-#      x * 1.0 and against Python autograd.Function nodes (probe_cpp_autograd.py; builds with the host g++).
+#      a winner as an exact-width entry (2, 768, part) in layer_norm_config._TUNED.
 # Call 2 (carry .whl): FUSED_ORDER=true,false SWEEPS=s1024_compile,s4096_compile bash benchmarks/gpu_train_ab.sh
 #   (is the 0.98-0.99x of compiled fused runs that kept unfused a second-job effect?).
 #   run: OUT=$OUT bash benchmarks/gpu_session6.sh
@@ -24,5 +22,3 @@ for l in sys.stdin:
     r = json.loads(l)
     if 'part' in r: print(r['part'], r.get('cfg'), round(r.get('frac', 0), 3), r.get('error', '')[:60])
     else: print(r['op'], r['provider'], 'fwd', round(r['fwd_frac'], 3), 'bwd', round(r['bwd_frac'], 3))"
-timeout 140 python3 benchmarks/probe_cpp_autograd.py --out $OUT > $OUT/probe_cpp.log 2>&1
-el "probe exit $?"; tail -12 $OUT/probe_cpp.log

@@ -10,7 +10,7 @@ parameter kinds), and later calls with that plan go through C++.
 Built on first use with the host's C++ compiler (``torch.utils.cpp_extension.load``, cached in torch's
 extensions directory; ``cuda.h`` from Triton's package, libcuda opened at run time). A build or registration
 failure warns once and leaves every op on the Python path. Not yet timed on a GPU: the default stays off
-until ``benchmarks/probe_cpp_autograd.py`` and ``bench_host.py`` say it pays.
+until ``bench_host.py`` with ``FUSED_LAYERS_CPP=1`` (``benchmarks/gpu_session6_b.sh``) says it pays.
 """
 
 from __future__ import annotations
