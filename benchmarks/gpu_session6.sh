@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Next device session, call 1 (nvidia-h200, < 10 min: run with timeout_s 600; .whl carried for the Liger peer):
+# Next device session, call 3, after gpu_session6_a.sh and gpu_session6_b.sh (nvidia-h200, < 8 min; .whl carried):
 #   1. issue 12's bound: Inductor's own kernels in the compiled GPT-2 step, fraction of copy each, and the
 #      most that faster kernels for the same bytes could save (diag_inductor_bandwidth.py, seq 1,024 / 4,096);
 #   2. LayerNorm / RMSNorm at 768 (GPT-2, ViT): forward 0.80 / backward 0.70 of copy in session 4, while
 #      RMSNorm reached 0.98 / 0.90; sweep both parts at 768 (one-warp-per-row forward candidates) and adopt
 #      a winner as an exact-width entry (2, 768, part) in layer_norm_config._TUNED.
-# Call 2 (carry .whl): FUSED_ORDER=true,false SWEEPS=s1024_compile,s4096_compile bash benchmarks/gpu_train_ab.sh
+# Call 4 (carry .whl): FUSED_ORDER=true,false SWEEPS=s1024_compile,s4096_compile bash benchmarks/gpu_train_ab.sh
 #   (is the 0.98-0.99x of compiled fused runs that kept unfused a second-job effect?).
 #   run: OUT=$OUT bash benchmarks/gpu_session6.sh
 set -u

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next device session, call 2 (nvidia-h200, < 9 min; no wheels): the C++ fast path of the eager norms and softmax
+# Next device session, call 2, after gpu_session6_a.sh (nvidia-h200, < 9 min; no wheels): the C++ fast path of the eager norms and softmax
 # (FUSED_LAYERS_CPP=1, fused_layers/ops/_cpp.py + csrc/fastpath.cpp), prepared on the CPU, never run on a GPU:
 #   1. the LayerNorm and softmax GPU tests with the flag on (test_cpp_fastpath.py ran in gpu_session6_a.sh);
 #   2. bench_host.py with the flag on: LayerNorm / RMSNorm / softmax host cost against aten (target <= 1.1x);
