@@ -73,7 +73,7 @@ def liger_providers():
     return out
 
 
-def cases():
+def cases(cpp: bool = False):
     dev, dt = "cuda", torch.bfloat16
     x = torch.randn(8, 768, device=dev, dtype=dt)
     w = torch.randn(768, device=dev, dtype=dt)
@@ -113,6 +113,24 @@ def cases():
                         "fused": fba(lambda: fused_attention(qg, kg, vg, is_causal=True))},
         },
     }
+    if cpp:  # the same fused calls through the C++ fast path (fused_layers/ops/_cpp.py), side by side
+        from fused_layers.ops import _cpp
+
+        _cpp.ENABLED = False  # the "fused" column stays the Python path (FUSED_LAYERS_CPP=1 or not)
+
+        def with_cpp(fn):
+            def run():
+                _cpp.ENABLED = True
+                try:
+                    return fn()
+                finally:
+                    _cpp.ENABLED = False
+
+            return run
+
+        for op in ("layer_norm", "rms_norm", "softmax"):
+            for part in table[op].values():
+                part["fused_cpp"] = with_cpp(part["fused"])
     if "layer_norm" in liger:
         f = liger["layer_norm"]
         table["layer_norm"]["fwd"]["liger"] = lambda f=f: f(x, w, b)
@@ -189,8 +207,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--profile", action="store_true", help="cProfile each fused fwd+bwd (top functions by own time)")
     ap.add_argument("--breakdown", action="store_true", help="also: where LayerNorm fwd+bwd's host time goes")
+    ap.add_argument("--cpp", action="store_true", help="also: the norms and softmax through the C++ fast path (FUSED_LAYERS_CPP)")
     args = ap.parse_args()
-    table = cases()
+    table = cases(cpp=args.cpp)
     if args.profile:
         import cProfile
         import pstats
@@ -223,26 +242,24 @@ def main() -> None:
     spread = {op: {p: {k: (min(v), max(v)) for k, v in part.items()} for p, part in parts.items()}
               for op, parts in samples.items()}
     name = torch.cuda.get_device_name().replace(" ", "_")
-    from fused_layers.ops import _cpp
-
-    cpp = _cpp.ENABLED and _cpp.extension() is not None
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                calls=args.calls, rounds=args.rounds, cpp_fast_path=cpp,
-                command=("FUSED_LAYERS_CPP=1 " if cpp else "") + "python " + " ".join(sys.argv))
+                calls=args.calls, rounds=args.rounds, command="python " + " ".join(sys.argv))
     os.makedirs(args.out, exist_ok=True)
     pieces = breakdown(args.calls, args.rounds) if args.breakdown else None
     with open(os.path.join(args.out, "host_h200.json" if "H200" in name else f"host_{name}.json"), "w") as f:
         json.dump(dict(meta=meta, median_us=res, min_max_us=spread, breakdown_us=pieces), f, indent=1)
     lines = [f"# Host cost per call (us), {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}", "",
              f"`{meta['command']}`: {args.calls} back-to-back calls then one sync, median of {args.rounds} rounds."
-             + (" The norms run the C++ fast path (fused_layers/ops/_cpp.py)." if cpp else ""), "",
-             "| op | part | PyTorch | fused | fused / PyTorch | Liger |", "|---|---|---|---|---|---|"]
+             + (" `fused C++`: the same calls through the C++ fast path (fused_layers/ops/_cpp.py)." if args.cpp else ""),
+             "", "| op | part | PyTorch | fused | fused / PyTorch | fused C++ (/ PyTorch) | Liger |",
+             "|---|---|---|---|---|---|---|"]
     for op, parts in res.items():
         if op == "reference":
             continue
         for p, r in parts.items():
             lig = f"{r['liger']:.1f}" if "liger" in r else "-"
-            lines.append(f"| {op} | {p} | {r['pytorch']:.1f} | {r['fused']:.1f} | {r['fused'] / r['pytorch']:.2f} | {lig} |")
+            cxx = f"{r['fused_cpp']:.1f} ({r['fused_cpp'] / r['pytorch']:.2f})" if "fused_cpp" in r else "-"
+            lines.append(f"| {op} | {p} | {r['pytorch']:.1f} | {r['fused']:.1f} | {r['fused'] / r['pytorch']:.2f} | {cxx} | {lig} |")
     lines += ["", "| reference | us |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in res["reference"]["launch"].items()]
     if pieces:
