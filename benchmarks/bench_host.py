@@ -128,7 +128,7 @@ def cases(cpp: bool = False):
 
             return run
 
-        for op in ("layer_norm", "rms_norm", "softmax"):
+        for op in ("layer_norm", "rms_norm", "softmax", "attention"):
             for part in table[op].values():
                 part["fused_cpp"] = with_cpp(part["fused"])
     if "layer_norm" in liger:
@@ -207,7 +207,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--profile", action="store_true", help="cProfile each fused fwd+bwd (top functions by own time)")
     ap.add_argument("--breakdown", action="store_true", help="also: where LayerNorm fwd+bwd's host time goes")
-    ap.add_argument("--cpp", action="store_true", help="also: the norms and softmax through the C++ fast path (FUSED_LAYERS_CPP)")
+    ap.add_argument("--cpp", action="store_true", help="also: the norms, softmax and attention through the C++ fast path (FUSED_LAYERS_CPP)")
     args = ap.parse_args()
     table = cases(cpp=args.cpp)
     if args.profile:

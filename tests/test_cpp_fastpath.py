@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fused_layers import fused_layer_norm, fused_rms_norm, fused_softmax
+from fused_layers import fused_attention, fused_layer_norm, fused_rms_norm, fused_softmax
 from fused_layers.ops import _cpp
 from fused_layers.ops import layer_norm as ln_ops
+from fused_layers.ops import attention as at_ops
 from fused_layers.ops import softmax as sm_ops
 
 
@@ -31,7 +32,13 @@ def test_kinds_follow_the_compiled_signature():
     (signature 'constexpr', e.g. a value of 1) is '-' (consumed, not passed); trailing constexprs ignored."""
     sig = {"X": "*bf16", "Y": "*bf16", "M": "constexpr", "N": "i32", "sx": "i64", "eps": "fp32", "BLOCK": "constexpr"}
     fn = _fn("X", "Y", "M", "N", "sx", "eps", "BLOCK")
-    assert _cpp._kinds(_compiled(sig), fn, (1, 768, 768), n_ptrs=2, n_floats=1) == "pp-ilf"
+    assert _cpp._kinds(_compiled(sig), fn, _cpp.roles(2, 3, 1)) == "pp-ilf"
+
+
+def test_roles_of_attention_launches():
+    """Attention kernels take their floats before their ints, and the dK/dV kernel one pointer after them."""
+    assert _cpp.roles(2, 3, 1) == "ppiiif"
+    assert _cpp.roles(2, 2, 1, floats_first=True, tail_ptrs=1) == "ppfiip"
 
 
 @pytest.mark.parametrize("bad", [
@@ -42,11 +49,11 @@ def test_kinds_follow_the_compiled_signature():
 ])
 def test_kinds_refuse_what_the_launcher_cannot_pack(bad):
     sig = {"X": "*fp32", "N": "i32", "eps": "fp32", **bad}
-    assert _cpp._kinds(_compiled(sig), _fn("X", "N", "eps"), (7,), n_ptrs=1, n_floats=1) is None
+    assert _cpp._kinds(_compiled(sig), _fn("X", "N", "eps"), "pif") is None
 
 
 def test_kinds_need_a_signature():
-    assert _cpp._kinds(types.SimpleNamespace(), _fn("X"), (), n_ptrs=1, n_floats=0) is None
+    assert _cpp._kinds(types.SimpleNamespace(), _fn("X"), "p") is None
 
 
 @pytest.mark.slow
@@ -56,7 +63,7 @@ def test_extension_builds():
     path without CUDA streams: it never launches)."""
     ext = _cpp.build()
     for name in ("param_count", "register_launch", "register_norm", "norm_apply", "norm_infer", "softmax_apply",
-                 "softmax_infer"):
+                 "softmax_infer", "register_attention", "attention_apply", "attention_infer"):
         assert callable(getattr(ext, name))
     # The parameter slots a launch passes: pointers, an int Triton made a constant (skipped), i32 and i64
     # ints, an fp32 float, then Triton's two scratch pointers (null); i32 / fp32 in the low 4 bytes.
@@ -225,6 +232,10 @@ _CPP_POINTERS = {
     "_norm_reduce_partials_kernel": ["PARTS", "DW", "DB"],
     "_softmax_fwd_kernel": ["X", "Y"],
     "_softmax_bwd_kernel": ["Y", "DY", "DX"],
+    "_attn_fwd_kernel": ["Q", "K", "V", "O", "LSE", "KB", "CU_Q", "CU_K", "SEED"],
+    "_attn_bwd_preprocess": ["O", "DO", "DELTA", "CU_Q"],
+    "_attn_bwd_dkdv_kernel": ["Q", "K", "V", "DO", "DK", "DV", "LSE", "DELTA", "KB", "CU_Q", "CU_K", "SEED", "DQA"],
+    "_attn_bwd_dq_kernel": ["Q", "K", "V", "DO", "DQ", "LSE", "DELTA", "KB", "CU_Q", "CU_K", "SEED"],
 }
 
 
@@ -232,8 +243,8 @@ _CPP_POINTERS = {
 def recorded(monkeypatch):
     calls = []
 
-    def fake_register(kernel, key, device, ints, n_ptrs, n_floats=0):
-        calls.append((kernel, key, ints, n_ptrs, n_floats))
+    def fake_register(kernel, key, device, ints, role):
+        calls.append((kernel, key, ints, role))
         return len(calls) - 1
 
     monkeypatch.setattr(_cpp, "register", fake_register)
@@ -246,13 +257,16 @@ def _name(kernel):
     return getattr(fn, "fn", fn).__name__  # InterpretedFunction / JITFunction -> the Python function
 
 
-def _check_against_kernel(kernel, key, ints, n_ptrs, n_floats):
+def _check_against_kernel(kernel, key, ints, role):
+    """The role string covers the kernel's runtime parameters exactly; its pointers are the ones the C++ node
+    passes, in order; the ints are the plan's."""
     import inspect
 
     params = inspect.signature(getattr(kernel.fn, "fn", kernel.fn)).parameters
     runtime = [n for n, p in params.items() if "constexpr" not in str(p.annotation)]
-    assert runtime[:n_ptrs] == _CPP_POINTERS[_name(kernel)]
-    assert len(runtime) == n_ptrs + len(ints) + n_floats, (_name(kernel), runtime, ints)
+    assert len(runtime) == len(role), (_name(kernel), runtime, role)
+    assert [n for n, r in zip(runtime, role) if r == "p"] == _CPP_POINTERS[_name(kernel)]
+    assert role.count("i") == len(ints)
     assert key[0] == -1 and len(key) == 1 + len(kernel.check)  # device, then one entry per checked tensor
 
 
@@ -289,3 +303,60 @@ def test_softmax_registration_matches_the_kernels(shape, dim, grad, recorded):
     assert handles == list(range(len(recorded)))
     for c in recorded:
         _check_against_kernel(*c)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("grad", [True, False])
+def test_attention_registration_matches_the_kernels(causal, grad, recorded):
+    """Dense attention (GQA, q in (B, S, H, D) memory order): the forward, and with grad the backward's three
+    kernels, registered with the pointer order, floats-before-ints roles and ints the C++ node uses."""
+    q = torch.randn(1, 7, 4, 16).transpose(1, 2)  # (B, H, S, D) view of (B, S, H, D) memory
+    k, v = (torch.randn(1, 2, 9, 16) for _ in range(2))
+    plan = at_ops._fwd_plan(at_ops._fwd_key(q, k, v, 7, 9, causal))
+    out = at_ops._cpp_attention_register(plan, q, k, v, 7, 9, causal, 0.25, grad)
+    names = [_name(c[0]) for c in recorded]
+    assert names == ["_attn_fwd_kernel"] + (["_attn_bwd_preprocess", "_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel"]
+                                           if grad else [])
+    for c in recorded:
+        _check_against_kernel(*c)
+    assert out[0] == "plan" and out[1] == "register_attention"
+    ost = list(at_ops._permuted_stride(q.shape, plan.order))
+    assert out[2][4] == ost and out[2][4] == list(q.stride())  # out laid out like q
+    if grad:
+        assert out[2][:4] == (0, 1, 2, 3)
+        assert out[2][6] == list(q.stride())  # dq laid out like q
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU: attention through the C++ node
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("S,D,hkv", [(197, 64, 12), (128, 128, 4)])
+def test_gpu_cpp_attention_matches_float64(causal, layout, S, D, hkv, cpp_on):
+    """Dense attention (ViT-like S 197, GQA 12/4) through the C++ node against float64: output and every
+    gradient; also the no-grad forward and a dO in another layout than the output."""
+    H = 12
+    def make(h):
+        t = torch.randn(2, S, h, D, device="cuda", dtype=torch.bfloat16)
+        return (t.transpose(1, 2) if layout == "bshd" else t.transpose(1, 2).contiguous()).requires_grad_()
+    q, k, v = make(H), make(hkv), make(hkv)
+    for it in range(3):
+        y = fused_attention(q, k, v, is_causal=causal, enable_gqa=hkv != H)
+        do = torch.randn_like(y).transpose(-1, -2).contiguous().transpose(-1, -2)  # dO strided unlike y
+        got = (y, *torch.autograd.grad(y, (q, k, v), do))
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        y64 = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, enable_gqa=hkv != H)
+        want = (y64, *torch.autograd.grad(y64, (q64, k64, v64), do.double()))
+        for g, r in zip(got, want):
+            rel = ((g.double() - r).norm() / r.norm()).item()
+            assert rel < 2e-2, rel
+        with torch.no_grad():
+            yi = fused_attention(q, k, v, is_causal=causal, enable_gqa=hkv != H)
+        assert (yi.double() - y64).abs().max().item() < 5e-2
+    plan = at_ops._FWD_PLANS.get(at_ops._fwd_key(q, k, v, S, S, causal))
+    ids = plan.cpp
+    assert type(ids.get((0, False))) is int
+    if type(ids.get((0, True))) is int:  # False where the plan's backward is the TMA one (measured faster)
+        assert type(got[0].grad_fn).__name__ != "AttentionFunctionBackward", got[0].grad_fn

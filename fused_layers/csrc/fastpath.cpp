@@ -308,6 +308,90 @@ at::Tensor softmax_infer(const at::Tensor& x, int64_t fwd) {
   return y;
 }
 
+// ----------------------------------------------------------------------------------------------------
+// Attention (dense: no mask or bias, no dropout, fixed lengths; the non-TMA backward of
+// fused_layers/ops/attention.py).  Kernel arguments as attention_forward / attention_backward pass them:
+// the unused key-bias, cu_seqlens and seed pointers get q (never dereferenced: constexpr flags).
+// ----------------------------------------------------------------------------------------------------
+struct AttnPlan {
+  int64_t fwd, pre, dkdv, dq;  // launch handles; pre = -1: forward only
+  std::vector<int64_t> out_strides, lse_shape, dq_strides, dk_strides, dv_strides;
+};
+std::vector<AttnPlan> g_attn;
+
+int64_t register_attention(int64_t fwd, int64_t pre, int64_t dkdv, int64_t dq, std::vector<int64_t> out_strides,
+                           std::vector<int64_t> lse_shape, std::vector<int64_t> dq_strides,
+                           std::vector<int64_t> dk_strides, std::vector<int64_t> dv_strides) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_attn.capacity() == 0) g_attn.reserve(1 << 14);
+  TORCH_CHECK(g_attn.size() < g_attn.capacity(), "fused_layers C++ fast path: too many attention plans");
+  g_attn.push_back(AttnPlan{fwd, pre, dkdv, dq, std::move(out_strides), std::move(lse_shape), std::move(dq_strides),
+                            std::move(dk_strides), std::move(dv_strides)});
+  return (int64_t)g_attn.size() - 1;
+}
+
+// out (laid out like q) and the fp32 base-2 LSE.
+static std::pair<at::Tensor, at::Tensor> attn_forward(const AttnPlan& P, const at::Tensor& q, const at::Tensor& k,
+                                                      const at::Tensor& v, double qk_scale) {
+  at::Tensor out = at::empty_strided(q.sizes(), P.out_strides, q.options());
+  at::Tensor lse = at::empty(P.lse_shape, q.options().dtype(at::kFloat));
+  const void* qp = q.data_ptr();
+  launch(g_launches[(size_t)P.fwd], {qp, k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), qp, qp, qp, qp},
+         {qk_scale, 0.0, 1.0});
+  return {out, lse};
+}
+
+struct AttnFunction : public torch::autograd::Function<AttnFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, double qk_scale, double scale, int64_t plan) {
+    const AttnPlan& P = g_attn.at((size_t)plan);
+    auto [out, lse] = attn_forward(P, q, k, v, qk_scale);
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["plan"] = plan;
+    ctx->saved_data["qk_scale"] = qk_scale;
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const AttnPlan& P = g_attn.at((size_t)ctx->saved_data["plan"].toInt());
+    double qk_scale = ctx->saved_data["qk_scale"].toDouble(), scale = ctx->saved_data["scale"].toDouble();
+    at::Tensor dout = grads[0];
+    if (!dout.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    // The backward kernels were compiled for a dO laid out like out, of q's dtype, 16-byte aligned.
+    if (dout.scalar_type() != q.scalar_type() || dout.strides() != out.strides() || ((uintptr_t)dout.data_ptr() & 15)) {
+      at::Tensor d = at::empty_strided(out.sizes(), out.strides(), out.options());
+      d.copy_(dout);
+      dout = d;
+    }
+    at::Tensor delta = at::empty(P.lse_shape, q.options().dtype(at::kFloat));
+    at::Tensor dq = at::empty_strided(q.sizes(), P.dq_strides, q.options());
+    at::Tensor dk = at::empty_strided(k.sizes(), P.dk_strides, k.options());
+    at::Tensor dv = at::empty_strided(v.sizes(), P.dv_strides, v.options());
+    const void* qp = q.data_ptr();
+    launch(g_launches[(size_t)P.pre], {out.data_ptr(), dout.data_ptr(), delta.data_ptr(), qp}, {});
+    launch(g_launches[(size_t)P.dkdv], {qp, k.data_ptr(), v.data_ptr(), dout.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                        lse.data_ptr(), delta.data_ptr(), qp, qp, qp, qp, qp},
+           {qk_scale, scale, 0.0, 1.0});
+    launch(g_launches[(size_t)P.dq], {qp, k.data_ptr(), v.data_ptr(), dout.data_ptr(), dq.data_ptr(), lse.data_ptr(),
+                                      delta.data_ptr(), qp, qp, qp, qp},
+           {qk_scale, scale, 0.0, 1.0});
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor attention_apply(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double qk_scale, double scale,
+                           int64_t plan) {
+  return AttnFunction::apply(q, k, v, qk_scale, scale, plan);
+}
+
+at::Tensor attention_infer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double qk_scale, int64_t plan) {
+  return attn_forward(g_attn.at((size_t)plan), q, k, v, qk_scale).first;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("param_count", &param_count);
   m.def("pack_for_test", &pack_for_test);
@@ -317,4 +401,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("norm_infer", &norm_infer);
   m.def("softmax_apply", &softmax_apply);
   m.def("softmax_infer", &softmax_infer);
+  m.def("register_attention", &register_attention);
+  m.def("attention_apply", &attention_apply);
+  m.def("attention_infer", &attention_infer);
 }

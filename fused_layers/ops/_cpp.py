@@ -58,22 +58,29 @@ def extension() -> Any:
     return _ext
 
 
-def _kinds(compiled: Any, fn: Any, ints: tuple, n_ptrs: int, n_floats: int) -> str | None:
-    """The kernel's runtime parameters as the extension's kinds, or None if this launch cannot be described:
-    pointers first (``n_ptrs``), then ``ints``, then ``n_floats`` floats, in ``fn``'s argument order; an int
-    Triton specialized into a constant (its signature says ``constexpr``) becomes '-'."""
+def roles(n_ptrs: int, n_ints: int, n_floats: int = 0, floats_first: bool = False, tail_ptrs: int = 0) -> str:
+    """The runtime arguments of a launch, in the kernel's order: 'p' pointer, 'i' int, 'f' float.  Most
+    kernels take pointers, ints, floats; attention's take pointers, floats, ints (and one more pointer)."""
+    mid = "f" * n_floats + "i" * n_ints if floats_first else "i" * n_ints + "f" * n_floats
+    return "p" * n_ptrs + mid + "p" * tail_ptrs
+
+
+def _kinds(compiled: Any, fn: Any, roles: str) -> str | None:
+    """The kernel's runtime parameters as the extension's kinds, or None if this launch cannot be described.
+    ``roles`` gives each runtime argument's role in ``fn``'s argument order; an int that Triton specialized
+    into a constant (its signature says ``constexpr``) becomes '-'."""
     sig = getattr(getattr(compiled, "src", None), "signature", None)
     names = list(getattr(fn, "arg_names", ()))
-    if not isinstance(sig, dict) or len(names) < n_ptrs + len(ints) + n_floats:
+    if not isinstance(sig, dict) or len(names) < len(roles):
         return None
     out = []
-    for i, name in enumerate(names[: n_ptrs + len(ints) + n_floats]):
+    for name, role in zip(names, roles):
         ty = sig.get(name)
-        if i < n_ptrs:
+        if role == "p":
             if not isinstance(ty, str) or not ty.startswith("*"):
                 return None
             out.append("p")
-        elif i < n_ptrs + len(ints):
+        elif role == "i":
             if ty == "constexpr":
                 out.append("-")
             elif ty in _KINDS and _KINDS[ty] in "il":
@@ -90,10 +97,11 @@ def _kinds(compiled: Any, fn: Any, ints: tuple, n_ptrs: int, n_floats: int) -> s
 UNSUPPORTED = -1
 
 
-def register(kernel: Any, key: tuple, device: int, ints: tuple, n_ptrs: int, n_floats: int = 0) -> int | None:
-    """Register ``kernel``'s compiled binary for the tensors of ``key`` (``Kernel``'s dtype / alignment key)
-    with the extension: its handle; None if it was not compiled for that key yet (the Python path runs once
-    more); ``UNSUPPORTED`` if this launch cannot be made from C++."""
+def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str) -> int | None:
+    """Register ``kernel``'s compiled binary for the tensors of ``key`` (``Kernel``'s device / dtype /
+    alignment key) with the extension, for launches whose runtime arguments have ``role`` (see ``roles``) and
+    whose ints are ``ints``: its handle; None if it was not compiled for that key yet (the Python path runs
+    once more); ``UNSUPPORTED`` if this launch cannot be made from C++."""
     ext = extension()
     if ext is None:
         return UNSUPPORTED
@@ -107,7 +115,9 @@ def register(kernel: Any, key: tuple, device: int, ints: tuple, n_ptrs: int, n_f
     cluster = getattr(md, "cluster_dims", (1, 1, 1))
     if cluster and tuple(cluster) not in ((1, 1, 1), (0, 0, 0)):
         return UNSUPPORTED
-    kinds = _kinds(compiled, kernel.fn, ints, n_ptrs, n_floats)
+    if role.count("i") != len(ints):
+        return UNSUPPORTED
+    kinds = _kinds(compiled, kernel.fn, role)
     if kinds is None:
         return UNSUPPORTED
     runtime = len(kinds) - kinds.count("-")

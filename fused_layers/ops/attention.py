@@ -104,13 +104,15 @@ from ._common import (
     check_same_device,
     check_tensor,
     config_override,  # noqa: F401  (re-exported for tests: config_override("attention", block_m=16, ...))
+    is_compiling,
     override_epoch,
     concrete,
     next_power_of_2,
     use_fallback,
     warn_once,
 )
-from ._library import FusedOp, Kernel
+from . import _cpp
+from ._library import FusedOp, Kernel, _functorch_active
 from .attention_config import (  # noqa: F401
     _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _dropout_bits, _use_bwd_tma, _variant,
 )
@@ -884,7 +886,7 @@ def _permuted_stride(shape, order) -> tuple[int, ...]:
 # varlen bounds, causal, tf32 setting, override epoch), computed once with the bound kernels.
 # --------------------------------------------------------------------------------------------------
 class _FwdPlan:
-    __slots__ = ("empty", "order", "lse_shape", "kernel", "ints", "tuned", "grid_bh", "meta")
+    __slots__ = ("empty", "order", "lse_shape", "kernel", "ints", "tuned", "grid_bh", "meta", "cpp")
 
 
 class _BwdPlan:
@@ -971,6 +973,7 @@ def _geometry(qs, ks, varlen: bool, nb: int, max_q: int, max_k: int):
 def _fwd_plan(key) -> _FwdPlan:
     (qs, qst, ks, kst, vst, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, dropout, _epoch) = key
     plan = _FwdPlan()
+    plan.cpp = {}  # (device, with backward) -> C++ fast-path plan id, or False (ops/_cpp.py)
     B, H, HKV, SQ, SK, D, lse_shape = _geometry(qs, ks, varlen, nb, max_q, max_k)
     plan.order = _memory_order(qst)
     plan.lse_shape = lse_shape
@@ -1180,7 +1183,81 @@ def _run(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p=0.0, se
         out = _run(q.float(), k.float(), v.float(), kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed)
         return out.to(q.dtype)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if (_cpp.ENABLED and kb is None and cu_q is None and dropout_p == 0.0 and not is_compiling()
+            and not _functorch_active()):
+        out = _cpp_attention(q, k, v, max_q, max_k, causal, scale, needs_grad)
+        if out is not None:
+            return out
     return attention_op(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, needs_grad=needs_grad)
+
+
+def _fwd_key(q, k, v, max_q, max_k, causal):
+    """attention_forward's plan key of a dense call (no key bias, fixed lengths, no dropout)."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, None, False, 0, max_q, max_k, causal,
+            _input_precision(q.dtype), False, override_epoch())
+
+
+def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad):
+    """Register a dense plan's kernels with the C++ fast path (the forward; with ``grad`` the backward's
+    preprocess, dK/dV and dQ kernels for a dO laid out like the output): the plan id, None while the forward
+    is not compiled for these dtypes yet, False if unsupported (the TMA or dQ-reduce backward, autotuning)."""
+    dev, qd, f32 = q.get_device(), q.dtype, torch.float32
+    fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (qd,) * 4 + (f32,) + (qd,) * 4), dev, plan.ints,
+                        _cpp.roles(9, len(plan.ints), 3, floats_first=True))
+    if fwd is None or fwd == _cpp.UNSUPPORTED:
+        return None if fwd is None else False
+    ost = _permuted_stride(q.shape, plan.order)
+    if not grad:
+        return _cpp.register_plan("register_attention", fwd, -1, -1, -1, list(ost), list(plan.lse_shape), [], [], [])
+    bkey = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), tuple(ost), qd, None, False, 0, max_q, max_k, causal,
+            _input_precision(qd), False, override_epoch())
+    bplan = _BWD_PLANS.get(bkey)
+    if bplan is None or bplan.dq is None or bplan.dq.compiled(bplan.dq.aligned_key(dev, (qd,) * 5 + (f32, f32) + (qd,) * 4)) is None:
+        # Compile the backward for a dO laid out like the output (the layout the C++ node gives it): one
+        # launch on zeros, results discarded.
+        zo = torch.empty_strided(q.shape, ost, dtype=qd, device=q.device).zero_()
+        attention_backward(zo, q.detach(), k.detach(), v.detach(), zo, torch.zeros(plan.lse_shape, dtype=f32, device=q.device),
+                           None, None, None, max_q, max_k, causal, scale)
+        bplan = _BWD_PLANS.get(bkey)
+    if (bplan is None or bplan.tuned or bplan.empty or bplan.zero or bplan.dkdv is None or bplan.dkdv_tma is not None
+            or bplan.dkdv_dqr is not None):
+        return False
+    handles = [
+        _cpp.register(bplan.pre, bplan.pre.aligned_key(dev, (qd, qd, f32, qd)), dev, bplan.pre_ints,
+                      _cpp.roles(4, len(bplan.pre_ints))),
+        _cpp.register(bplan.dkdv, bplan.dkdv.aligned_key(dev, (qd,) * 6 + (f32, f32) + (qd,) * 4), dev, bplan.dkdv_ints,
+                      _cpp.roles(12, len(bplan.dkdv_ints), 4, floats_first=True, tail_ptrs=1)),
+        _cpp.register(bplan.dq, bplan.dq.aligned_key(dev, (qd,) * 5 + (f32, f32) + (qd,) * 4), dev, bplan.dq_ints,
+                      _cpp.roles(11, len(bplan.dq_ints), 4, floats_first=True)),
+    ]
+    if any(h is None or h == _cpp.UNSUPPORTED for h in handles):
+        return False
+    oq, ok_, ov = bplan.orders
+    return _cpp.register_plan("register_attention", fwd, *handles, list(ost), list(plan.lse_shape),
+                              list(_permuted_stride(q.shape, oq)), list(_permuted_stride(k.shape, ok_)),
+                              list(_permuted_stride(v.shape, ov)))
+
+
+def _cpp_attention(q, k, v, max_q, max_k, causal, scale, grad):
+    """A dense eager call through the C++ fast path (ops/_cpp.py): with ``grad`` a C++ autograd node, else a
+    forward; None: the Python path runs (first call of a plan, TMA backward, unaligned or non-CUDA inputs)."""
+    if not q.is_cuda or q.dtype != k.dtype or q.dtype != v.dtype or any(t.data_ptr() & 15 for t in (q, k, v)):
+        return None
+    plan = _FWD_PLANS.get(_fwd_key(q, k, v, max_q, max_k, causal))
+    if plan is None or plan.kernel is None or plan.empty:
+        return None
+    ck = (q.get_device(), grad)
+    nid = plan.cpp.get(ck)
+    if nid is None:
+        nid = _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad)
+        if nid is None:
+            return None
+        plan.cpp[ck] = nid
+    if nid is False:
+        return None
+    ext = _cpp.extension()
+    qk_scale = scale * LOG2E
+    return ext.attention_apply(q, k, v, qk_scale, scale, nid) if grad else ext.attention_infer(q, k, v, qk_scale, nid)
 
 
 def draw_dropout_seed(device: torch.device | str) -> torch.Tensor:

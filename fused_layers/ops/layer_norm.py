@@ -949,7 +949,7 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad):
     bd = bias.dtype if has_b else xd
     # The forward's statistics pointer is a float32 buffer, or x itself when no statistics are stored.
     fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (xd, xd, wd, bd, f32 if grad else xd)), dev, plan.ints,
-                        n_ptrs=5, n_floats=1)
+                        _cpp.roles(5, len(plan.ints), 1))
     if not grad:
         return False if fwd == _cpp.UNSUPPORTED else (None if fwd is None else
                                                       _cpp.register_plan("register_norm", fwd, -1, -1, 0, 0))
@@ -958,11 +958,12 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad):
         return False
     handles = [
         fwd,
-        _cpp.register(bplan.kernel, bplan.kernel.aligned_key(dev, (xd, xd, xd, wd, f32, f32)), dev, bplan.ints, n_ptrs=6),
+        _cpp.register(bplan.kernel, bplan.kernel.aligned_key(dev, (xd, xd, xd, wd, f32, f32)), dev, bplan.ints,
+                      _cpp.roles(6, len(bplan.ints))),
     ]
     if bplan.reduce_kernel is not None:
         handles.append(_cpp.register(bplan.reduce_kernel, bplan.reduce_kernel.aligned_key(dev, (f32, wd, bd)), dev,
-                                     (bplan.g, bplan.n), n_ptrs=3))
+                                     (bplan.g, bplan.n), _cpp.roles(3, 2)))
     if any(h == _cpp.UNSUPPORTED for h in handles):
         return False
     if any(h is None for h in handles):

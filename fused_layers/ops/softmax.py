@@ -585,12 +585,14 @@ def _cpp_softmax_register(plan: "_Plan", x: torch.Tensor, dim: int, grad: bool) 
     """Register the forward kernel (and with ``grad`` the backward's) with the C++ fast path: the launch
     handles, None while one is not compiled for these dtypes yet, False if unsupported."""
     dev = x.get_device()
-    fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (x.dtype, x.dtype)), dev, plan.ints, n_ptrs=2)
+    fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (x.dtype, x.dtype)), dev, plan.ints,
+                        _cpp.roles(2, len(plan.ints)))
     handles = [fwd]
     if grad and fwd not in (None, _cpp.UNSUPPORTED):
         bplan = _plan(x.shape, (x.stride(), x.stride()), x.dtype, dim)  # y and a contiguous dy
         bwd = (_cpp.UNSUPPORTED if bplan.wide or any(bplan.copy) else
-               _cpp.register(bplan.kernel, bplan.kernel.aligned_key(dev, (x.dtype,) * 3), dev, bplan.ints, n_ptrs=3))
+               _cpp.register(bplan.kernel, bplan.kernel.aligned_key(dev, (x.dtype,) * 3), dev, bplan.ints,
+                             _cpp.roles(3, len(bplan.ints))))
         handles.append(bwd)
     if _cpp.UNSUPPORTED in handles:
         return False
