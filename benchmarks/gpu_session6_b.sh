@@ -5,7 +5,7 @@
 #   2. bench_host.py --cpp: LayerNorm / RMSNorm / softmax / attention host cost, Python and C++ paths beside aten
 #      and SDPA (target <= 1.1x);
 #   3. ViT-B/16 and GPT-2 (bench_models.py) with the flag on: host-bound steps where the LayerNorm swap lost.
-# If it holds: default FUSED_LAYERS_CPP on where the extension builds; then the TMA attention backward (global scratch).
+# If it holds: default FUSED_LAYERS_CPP on where the extension builds.
 #   run: OUT=$OUT bash benchmarks/gpu_session6_b.sh
 set -u
 source benchmarks/_gpu_env.sh

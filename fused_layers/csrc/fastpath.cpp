@@ -78,7 +78,8 @@ struct Launch {
   unsigned shared;
   std::string kinds;          // per runtime parameter: 'p' pointer, 'i' i32, 'l' i64, 'f' fp32, '-' constant
   std::vector<int64_t> ints;  // the plan's fixed integer arguments, in order (constants included)
-  int extra;                  // Triton's trailing scratch pointers (passed as null)
+  int extra;                  // Triton's trailing scratch pointers (null unless scratch_bytes)
+  int64_t scratch_bytes;      // global scratch of the whole grid (device-side TMA descriptors); 0: none
 };
 
 std::vector<Launch> g_launches;
@@ -88,7 +89,8 @@ std::mutex g_mutex;  // registration only (launches read entries that are never 
 // one 8-byte slot per parameter (i32 / fp32 in its low 4 bytes), `params` pointing at the slots, Triton's
 // trailing scratch pointers null.  Returns the parameter count.
 template <typename PtrIt, typename FltIt>
-size_t pack(const Launch& L, PtrIt p, PtrIt p_end, FltIt f, FltIt f_end, uint64_t* store, void** params) {
+size_t pack(const Launch& L, PtrIt p, PtrIt p_end, FltIt f, FltIt f_end, uint64_t* store, void** params,
+            const void* scratch = nullptr) {
   size_t np = 0;
   size_t ii = 0;
   for (char k : L.kinds) {
@@ -123,8 +125,8 @@ size_t pack(const Launch& L, PtrIt p, PtrIt p_end, FltIt f, FltIt f_end, uint64_
     ++np;
   }
   TORCH_CHECK(p == p_end && f == f_end && ii == L.ints.size(), "fused_layers C++ fast path: arguments left over");
-  for (int e = 0; e < L.extra; ++e) {
-    store[np] = 0;
+  for (int e = 0; e < L.extra; ++e) {  // global scratch first, then profile scratch (always null here)
+    store[np] = e == 0 ? (uint64_t)(uintptr_t)scratch : 0;
     params[np] = &store[np];
     ++np;
   }
@@ -137,7 +139,11 @@ void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initi
   TORCH_CHECK(L.kinds.size() + L.extra <= 40, "fused_layers C++ fast path: too many kernel parameters");
   uint64_t store[40];
   void* params[40];
-  pack(L, ptrs.begin(), ptrs.end(), floats.begin(), floats.end(), store, params);
+  at::Tensor scratch;  // freed after the launch: the caching allocator reuses it only in stream order
+  if (L.scratch_bytes > 0)
+    scratch = at::empty({L.scratch_bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, (c10::DeviceIndex)L.device));
+  pack(L, ptrs.begin(), ptrs.end(), floats.begin(), floats.end(), store, params,
+       scratch.defined() ? scratch.data_ptr() : nullptr);
   CUcontext ctx = nullptr;
   check(d.ctx_get(&ctx), "cuCtxGetCurrent");
   if (ctx == nullptr) {  // a thread that has not touched CUDA yet: the device's primary context, as Triton does
@@ -171,7 +177,7 @@ int64_t param_count(int64_t function) {
 // The slots `launch` would pass for these arguments (tests: the packing, without a GPU).
 std::vector<int64_t> pack_for_test(const std::string& kinds, std::vector<int64_t> ints, int64_t extra,
                                    std::vector<int64_t> ptrs, std::vector<double> floats) {
-  Launch L{nullptr, 0, {1, 1, 1}, 32, 0, kinds, std::move(ints), (int)extra};
+  Launch L{nullptr, 0, {1, 1, 1}, 32, 0, kinds, std::move(ints), (int)extra, 0};
   TORCH_CHECK(kinds.size() + extra <= 40, "too many parameters");
   uint64_t store[40];
   void* params[40];
@@ -188,14 +194,15 @@ std::vector<int64_t> pack_for_test(const std::string& kinds, std::vector<int64_t
 
 // Register a compiled kernel at one plan; returns its handle.
 int64_t register_launch(int64_t function, int64_t device, std::vector<int64_t> grid, int64_t threads, int64_t shared,
-                        const std::string& kinds, std::vector<int64_t> ints, int64_t extra) {
+                        const std::string& kinds, std::vector<int64_t> ints, int64_t extra, int64_t scratch_bytes) {
+  TORCH_CHECK(scratch_bytes == 0 || extra >= 1, "a kernel with global scratch takes a scratch pointer");
   TORCH_CHECK(grid.size() == 3, "grid must have 3 entries");
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_launches.capacity() == 0) g_launches.reserve(1 << 16);
   TORCH_CHECK(g_launches.size() < g_launches.capacity(), "fused_layers C++ fast path: too many launch plans");
   g_launches.push_back(Launch{(CUfunction)(uintptr_t)function, (int)device,
                               {(unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2]}, (unsigned)threads,
-                              (unsigned)shared, kinds, std::move(ints), (int)extra});
+                              (unsigned)shared, kinds, std::move(ints), (int)extra, scratch_bytes});
   return (int64_t)g_launches.size() - 1;
 }
 

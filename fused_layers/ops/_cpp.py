@@ -110,8 +110,11 @@ def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str) -> in
         return None
     md = compiled.metadata
     if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False)
-            or getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)):
+            or getattr(md, "profile_scratch_size", 0)):
         return UNSUPPORTED
+    # Global scratch (device-side TMA descriptors): the launch allocates it for the whole grid, as Triton does.
+    scratch = int(getattr(md, "global_scratch_size", 0) or 0)
+    scratch_bytes = scratch * kernel.grid[0] * kernel.grid[1] * kernel.grid[2] if scratch else 0
     cluster = getattr(md, "cluster_dims", (1, 1, 1))
     if cluster and tuple(cluster) not in ((1, 1, 1), (0, 0, 0)):
         return UNSUPPORTED
@@ -123,11 +126,11 @@ def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str) -> in
     runtime = len(kinds) - kinds.count("-")
     function = int(compiled.function)
     extra = ext.param_count(function) - runtime  # Triton's trailing scratch pointers (0-2 by version)
-    if not 0 <= extra <= 2:  # includes -1: a driver that cannot count parameters
+    if not 0 <= extra <= 2 or (scratch_bytes and extra < 1):  # -1: a driver that cannot count parameters
         return UNSUPPORTED
     try:
         return ext.register_launch(function, device, list(kernel.grid), 32 * md.num_warps, md.shared, kinds,
-                                   [int(v) for v in ints], extra)
+                                   [int(v) for v in ints], extra, scratch_bytes)
     except RuntimeError:  # the registry is full (a run with very many distinct shapes): the Python path
         return UNSUPPORTED
 

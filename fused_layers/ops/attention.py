@@ -1200,7 +1200,7 @@ def _fwd_key(q, k, v, max_q, max_k, causal):
 def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad):
     """Register a dense plan's kernels with the C++ fast path (the forward; with ``grad`` the backward's
     preprocess, dK/dV and dQ kernels for a dO laid out like the output): the plan id, None while the forward
-    is not compiled for these dtypes yet, False if unsupported (the TMA or dQ-reduce backward, autotuning)."""
+    is not compiled for these dtypes yet, False if unsupported (the dQ-reduce backward, autotuning)."""
     dev, qd, f32 = q.get_device(), q.dtype, torch.float32
     fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (qd,) * 4 + (f32,) + (qd,) * 4), dev, plan.ints,
                         _cpp.roles(9, len(plan.ints), 3, floats_first=True))
@@ -1219,13 +1219,15 @@ def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad):
         attention_backward(zo, q.detach(), k.detach(), v.detach(), zo, torch.zeros(plan.lse_shape, dtype=f32, device=q.device),
                            None, None, None, max_q, max_k, causal, scale)
         bplan = _BWD_PLANS.get(bkey)
-    if (bplan is None or bplan.tuned or bplan.empty or bplan.zero or bplan.dkdv is None or bplan.dkdv_tma is not None
-            or bplan.dkdv_dqr is not None):
+    if bplan is None or bplan.tuned or bplan.empty or bplan.zero or bplan.dkdv is None or bplan.dkdv_dqr is not None:
         return False
+    # The dK/dV kernel the Python path runs for this plan: the TMA one where it is on (and launched), else the
+    # plain one; same parameters (the TMA one also takes Triton's global scratch, allocated per launch).
+    dkdv = bplan.dkdv_tma if bplan.dkdv_tma is not None else bplan.dkdv
     handles = [
         _cpp.register(bplan.pre, bplan.pre.aligned_key(dev, (qd, qd, f32, qd)), dev, bplan.pre_ints,
                       _cpp.roles(4, len(bplan.pre_ints))),
-        _cpp.register(bplan.dkdv, bplan.dkdv.aligned_key(dev, (qd,) * 6 + (f32, f32) + (qd,) * 4), dev, bplan.dkdv_ints,
+        _cpp.register(dkdv, dkdv.aligned_key(dev, (qd,) * 6 + (f32, f32) + (qd,) * 4), dev, bplan.dkdv_ints,
                       _cpp.roles(12, len(bplan.dkdv_ints), 4, floats_first=True, tail_ptrs=1)),
         _cpp.register(bplan.dq, bplan.dq.aligned_key(dev, (qd,) * 5 + (f32, f32) + (qd,) * 4), dev, bplan.dq_ints,
                       _cpp.roles(11, len(bplan.dq_ints), 4, floats_first=True)),
