@@ -24,6 +24,7 @@
 #include <vector>
 
 #if __has_include(<c10/cuda/CUDAStream.h>) && __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #define FL_HAVE_C10_CUDA 1
 #endif
@@ -144,6 +145,11 @@ void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initi
     scratch = at::empty({L.scratch_bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, (c10::DeviceIndex)L.device));
   pack(L, ptrs.begin(), ptrs.end(), floats.begin(), floats.end(), store, params,
        scratch.defined() ? scratch.data_ptr() : nullptr);
+#ifdef FL_HAVE_C10_CUDA
+  // The function belongs to its device's context: make that device current (a model on cuda:1 called
+  // while cuda:0 is current), as aten's kernels do for their tensors.
+  c10::cuda::CUDAGuard guard((c10::DeviceIndex)L.device);
+#endif
   CUcontext ctx = nullptr;
   check(d.ctx_get(&ctx), "cuCtxGetCurrent");
   if (ctx == nullptr) {  // a thread that has not touched CUDA yet: the device's primary context, as Triton does
