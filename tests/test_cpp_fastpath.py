@@ -358,3 +358,41 @@ def test_gpu_cpp_attention_matches_float64(causal, layout, S, D, hkv, cpp_on):
     plan = at_ops._FWD_PLANS.get(at_ops._fwd_key(q, k, v, S, S, causal))
     assert type(plan.cpp.get((0, False))) is int and type(plan.cpp.get((0, True))) is int
     assert type(got[0].grad_fn).__name__ != "AttentionFunctionBackward", got[0].grad_fn
+
+
+def test_attention_registration_with_dropout(recorded):
+    """With dropout the plan (HAS_DROPOUT kernels) registers the same kernels and roles; its backward is
+    compiled by a warm-up launch with the call's seed."""
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+    plan = at_ops._fwd_plan(at_ops._fwd_key(q, k, v, 9, 9, True, True))
+    seed = at_ops.draw_dropout_seed("cpu")
+    out = at_ops._cpp_attention_register(plan, q, k, v, 9, 9, True, 0.25, True, 0.1, seed)
+    assert [_name(c[0]) for c in recorded] == ["_attn_fwd_kernel", "_attn_bwd_preprocess", "_attn_bwd_dkdv_kernel",
+                                               "_attn_bwd_dq_kernel"]
+    for c in recorded:
+        _check_against_kernel(*c)
+    assert out[1] == "register_attention"
+
+
+@pytest.mark.gpu
+def test_gpu_cpp_attention_dropout_same_mask_as_python_path(cpp_on):
+    """Dropout through the C++ node: the same seed gives the Python path's output and gradients (the node
+    passes the seed tensor, p and the kept values' scale; the backward regenerates the same mask)."""
+    q, k, v = (torch.randn(2, 12, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(2, 12, 256, 64, device="cuda", dtype=torch.bfloat16)
+
+    def run(cpp):
+        _cpp.ENABLED = cpp
+        try:
+            torch.manual_seed(1234)
+            y = fused_attention(q, k, v, dropout_p=0.1, is_causal=True)
+            return (y, *torch.autograd.grad(y, (q, k, v), do))
+        finally:
+            _cpp.ENABLED = True
+
+    ref = run(False)
+    for _ in range(2):  # the first C++-enabled call registers (Python path), the second runs the node
+        got = run(True)
+    assert type(got[0].grad_fn).__name__ != "AttentionFunctionBackward", got[0].grad_fn
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, atol=0, rtol=0)

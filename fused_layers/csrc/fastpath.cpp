@@ -322,9 +322,9 @@ at::Tensor softmax_infer(const at::Tensor& x, int64_t fwd) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Attention (dense: no mask or bias, no dropout, fixed lengths; the non-TMA backward of
-// fused_layers/ops/attention.py).  Kernel arguments as attention_forward / attention_backward pass them:
-// the unused key-bias, cu_seqlens and seed pointers get q (never dereferenced: constexpr flags).
+// Attention (dense: no mask or bias, fixed lengths; dropout or not) of fused_layers/ops/attention.py.  Kernel
+// arguments as attention_forward / attention_backward pass them: the unused key-bias and cu_seqlens pointers
+// (and the seed's without dropout) get q, never dereferenced (constexpr flags).
 // ----------------------------------------------------------------------------------------------------
 struct AttnPlan {
   int64_t fwd, pre, dkdv, dq;  // launch handles; pre = -1: forward only
@@ -343,37 +343,47 @@ int64_t register_attention(int64_t fwd, int64_t pre, int64_t dkdv, int64_t dq, s
   return (int64_t)g_attn.size() - 1;
 }
 
-// out (laid out like q) and the fp32 base-2 LSE.
+// out (laid out like q) and the fp32 base-2 LSE.  Dropout: the int64 [1] Philox seed, p and the kept values'
+// scale (1 / (1 - p rounded to the mask's steps), computed by the caller); no seed: no dropout.
 static std::pair<at::Tensor, at::Tensor> attn_forward(const AttnPlan& P, const at::Tensor& q, const at::Tensor& k,
-                                                      const at::Tensor& v, double qk_scale) {
+                                                      const at::Tensor& v, double qk_scale, const at::Tensor& seed,
+                                                      double dropout_p, double dropout_scale) {
   at::Tensor out = at::empty_strided(q.sizes(), P.out_strides, q.options());
   at::Tensor lse = at::empty(P.lse_shape, q.options().dtype(at::kFloat));
   const void* qp = q.data_ptr();
-  launch(g_launches[(size_t)P.fwd], {qp, k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), qp, qp, qp, qp},
-         {qk_scale, 0.0, 1.0});
+  const void* sp = seed.defined() ? seed.data_ptr() : qp;
+  launch(g_launches[(size_t)P.fwd], {qp, k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), qp, qp, qp, sp},
+         {qk_scale, dropout_p, dropout_scale});
   return {out, lse};
 }
 
 struct AttnFunction : public torch::autograd::Function<AttnFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, double qk_scale, double scale, int64_t plan) {
+                            const at::Tensor& v, double qk_scale, double scale, const std::optional<at::Tensor>& seed,
+                            double dropout_p, double dropout_scale, int64_t plan) {
     const AttnPlan& P = g_attn.at((size_t)plan);
-    auto [out, lse] = attn_forward(P, q, k, v, qk_scale);
-    ctx->save_for_backward({q, k, v, out, lse});
+    at::Tensor sd = seed.has_value() ? *seed : at::Tensor();
+    auto [out, lse] = attn_forward(P, q, k, v, qk_scale, sd, dropout_p, dropout_scale);
+    ctx->save_for_backward({q, k, v, out, lse, sd});
     ctx->saved_data["plan"] = plan;
     ctx->saved_data["qk_scale"] = qk_scale;
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["dropout_p"] = dropout_p;
+    ctx->saved_data["dropout_scale"] = dropout_scale;
     return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4], &seed = saved[5];
     const AttnPlan& P = g_attn.at((size_t)ctx->saved_data["plan"].toInt());
     double qk_scale = ctx->saved_data["qk_scale"].toDouble(), scale = ctx->saved_data["scale"].toDouble();
+    double dropout_p = ctx->saved_data["dropout_p"].toDouble();
+    double dropout_scale = ctx->saved_data["dropout_scale"].toDouble();
     at::Tensor dout = grads[0];
-    if (!dout.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const torch::autograd::variable_list none(9);  // one undefined gradient per input
+    if (!dout.defined()) return none;
     // The backward kernels were compiled for a dO laid out like out, of q's dtype, 16-byte aligned.
     if (dout.scalar_type() != q.scalar_type() || dout.strides() != out.strides() || ((uintptr_t)dout.data_ptr() & 15)) {
       at::Tensor d = at::empty_strided(out.sizes(), out.strides(), out.options());
@@ -385,24 +395,31 @@ struct AttnFunction : public torch::autograd::Function<AttnFunction> {
     at::Tensor dk = at::empty_strided(k.sizes(), P.dk_strides, k.options());
     at::Tensor dv = at::empty_strided(v.sizes(), P.dv_strides, v.options());
     const void* qp = q.data_ptr();
+    const void* sp = seed.defined() ? seed.data_ptr() : qp;  // the forward's seed regenerates its mask
     launch(g_launches[(size_t)P.pre], {out.data_ptr(), dout.data_ptr(), delta.data_ptr(), qp}, {});
     launch(g_launches[(size_t)P.dkdv], {qp, k.data_ptr(), v.data_ptr(), dout.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                                        lse.data_ptr(), delta.data_ptr(), qp, qp, qp, qp, qp},
-           {qk_scale, scale, 0.0, 1.0});
+                                        lse.data_ptr(), delta.data_ptr(), qp, qp, qp, sp, qp},
+           {qk_scale, scale, dropout_p, dropout_scale});
     launch(g_launches[(size_t)P.dq], {qp, k.data_ptr(), v.data_ptr(), dout.data_ptr(), dq.data_ptr(), lse.data_ptr(),
-                                      delta.data_ptr(), qp, qp, qp, qp},
-           {qk_scale, scale, 0.0, 1.0});
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+                                      delta.data_ptr(), qp, qp, qp, sp},
+           {qk_scale, scale, dropout_p, dropout_scale});
+    torch::autograd::variable_list grads_in(9);
+    grads_in[0] = dq;
+    grads_in[1] = dk;
+    grads_in[2] = dv;
+    return grads_in;
   }
 };
 
 at::Tensor attention_apply(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double qk_scale, double scale,
-                           int64_t plan) {
-  return AttnFunction::apply(q, k, v, qk_scale, scale, plan);
+                           const std::optional<at::Tensor>& seed, double dropout_p, double dropout_scale, int64_t plan) {
+  return AttnFunction::apply(q, k, v, qk_scale, scale, seed, dropout_p, dropout_scale, plan);
 }
 
-at::Tensor attention_infer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double qk_scale, int64_t plan) {
-  return attn_forward(g_attn.at((size_t)plan), q, k, v, qk_scale).first;
+at::Tensor attention_infer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double qk_scale,
+                           const std::optional<at::Tensor>& seed, double dropout_p, double dropout_scale, int64_t plan) {
+  return attn_forward(g_attn.at((size_t)plan), q, k, v, qk_scale, seed.has_value() ? *seed : at::Tensor(), dropout_p,
+                      dropout_scale).first;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

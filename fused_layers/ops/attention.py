@@ -1183,21 +1183,20 @@ def _run(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p=0.0, se
         out = _run(q.float(), k.float(), v.float(), kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed)
         return out.to(q.dtype)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if (_cpp.ENABLED and kb is None and cu_q is None and dropout_p == 0.0 and not is_compiling()
-            and not _functorch_active()):
-        out = _cpp_attention(q, k, v, max_q, max_k, causal, scale, needs_grad)
+    if _cpp.ENABLED and kb is None and cu_q is None and not is_compiling() and not _functorch_active():
+        out = _cpp_attention(q, k, v, max_q, max_k, causal, scale, needs_grad, dropout_p, seed)
         if out is not None:
             return out
     return attention_op(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, needs_grad=needs_grad)
 
 
-def _fwd_key(q, k, v, max_q, max_k, causal):
-    """attention_forward's plan key of a dense call (no key bias, fixed lengths, no dropout)."""
+def _fwd_key(q, k, v, max_q, max_k, causal, dropout=False):
+    """attention_forward's plan key of a dense call (no key bias, fixed lengths)."""
     return (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, None, False, 0, max_q, max_k, causal,
-            _input_precision(q.dtype), False, override_epoch())
+            _input_precision(q.dtype), dropout, override_epoch())
 
 
-def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad):
+def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dropout_p=0.0, seed=None):
     """Register a dense plan's kernels with the C++ fast path (the forward; with ``grad`` the backward's
     preprocess, dK/dV and dQ kernels for a dO laid out like the output): the plan id, None while the forward
     is not compiled for these dtypes yet, False if unsupported (the dQ-reduce backward, autotuning)."""
@@ -1210,14 +1209,14 @@ def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad):
     if not grad:
         return _cpp.register_plan("register_attention", fwd, -1, -1, -1, list(ost), list(plan.lse_shape), [], [], [])
     bkey = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), tuple(ost), qd, None, False, 0, max_q, max_k, causal,
-            _input_precision(qd), False, override_epoch())
+            _input_precision(qd), dropout_p > 0.0, override_epoch())
     bplan = _BWD_PLANS.get(bkey)
     if bplan is None or bplan.dq is None or bplan.dq.compiled(bplan.dq.aligned_key(dev, (qd,) * 5 + (f32, f32) + (qd,) * 4)) is None:
         # Compile the backward for a dO laid out like the output (the layout the C++ node gives it): one
         # launch on zeros, results discarded.
         zo = torch.empty_strided(q.shape, ost, dtype=qd, device=q.device).zero_()
         attention_backward(zo, q.detach(), k.detach(), v.detach(), zo, torch.zeros(plan.lse_shape, dtype=f32, device=q.device),
-                           None, None, None, max_q, max_k, causal, scale)
+                           None, None, None, max_q, max_k, causal, scale, dropout_p, seed)
         bplan = _BWD_PLANS.get(bkey)
     if bplan is None or bplan.tuned or bplan.empty or bplan.zero or bplan.dkdv is None or bplan.dkdv_dqr is not None:
         return False
@@ -1240,18 +1239,19 @@ def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad):
                               list(_permuted_stride(v.shape, ov)))
 
 
-def _cpp_attention(q, k, v, max_q, max_k, causal, scale, grad):
+def _cpp_attention(q, k, v, max_q, max_k, causal, scale, grad, dropout_p=0.0, seed=None):
     """A dense eager call through the C++ fast path (ops/_cpp.py): with ``grad`` a C++ autograd node, else a
-    forward; None: the Python path runs (first call of a plan, TMA backward, unaligned or non-CUDA inputs)."""
+    forward; None: the Python path runs (first call of a plan, unaligned or non-CUDA inputs)."""
     if not q.is_cuda or q.dtype != k.dtype or q.dtype != v.dtype or any(t.data_ptr() & 15 for t in (q, k, v)):
         return None
-    plan = _FWD_PLANS.get(_fwd_key(q, k, v, max_q, max_k, causal))
+    dropout = dropout_p > 0.0
+    plan = _FWD_PLANS.get(_fwd_key(q, k, v, max_q, max_k, causal, dropout))
     if plan is None or plan.kernel is None or plan.empty:
         return None
     ck = (q.get_device(), grad)
     nid = plan.cpp.get(ck)
     if nid is None:
-        nid = _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad)
+        nid = _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dropout_p, seed)
         if nid is None:
             return None
         plan.cpp[ck] = nid
@@ -1259,7 +1259,10 @@ def _cpp_attention(q, k, v, max_q, max_k, causal, scale, grad):
         return None
     ext = _cpp.extension()
     qk_scale = scale * LOG2E
-    return ext.attention_apply(q, k, v, qk_scale, scale, nid) if grad else ext.attention_infer(q, k, v, qk_scale, nid)
+    dscale = _dropout_scale(dropout_p) if dropout else 1.0
+    if grad:
+        return ext.attention_apply(q, k, v, qk_scale, scale, seed if dropout else None, dropout_p, dscale, nid)
+    return ext.attention_infer(q, k, v, qk_scale, seed if dropout else None, dropout_p, dscale, nid)
 
 
 def draw_dropout_seed(device: torch.device | str) -> torch.Tensor:
