@@ -396,3 +396,40 @@ def test_gpu_cpp_attention_dropout_same_mask_as_python_path(cpp_on):
     assert type(got[0].grad_fn).__name__ != "AttentionFunctionBackward", got[0].grad_fn
     for g, r in zip(got, ref):
         torch.testing.assert_close(g, r, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("cast_before_w", [True, False])
+def test_rms_variant_registration(cast_before_w, recorded):
+    """The HF Llama-family RMSNorm (bf16 x, fp32 weight, y in float32 = promote_types): the forward key holds y's
+    dtype, the backward plan the cast order, and the plan the output's ScalarType code."""
+    x = torch.randn(6, 100, dtype=torch.bfloat16)
+    w = torch.randn(100, dtype=torch.float32)
+    plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, 1, True, False, True, True, cast_before_w)
+    out = ln_ops._cpp_register(plan, x, w, None, 1, True, True, cast_before_w, torch.float32)
+    assert [_name(c[0]) for c in recorded] == ["_norm_fwd_kernel", "_norm_bwd_kernel", "_norm_reduce_partials_kernel"]
+    for c in recorded:
+        _check_against_kernel(*c)
+    assert recorded[0][1][1:3] == ((torch.bfloat16, 0), (torch.float32, 0))  # x, then y in float32
+    assert out[2][-1] == 6  # c10::ScalarType::Float
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cast_before_w,keep", [(True, False), (False, True), (False, False)])
+def test_gpu_cpp_rms_variant_matches_reference(cast_before_w, keep, cpp_on):
+    """The RMSNorm variants (HF Llama order, Gemma's keep-input-dtype) through the C++ node."""
+    from fused_layers.ops.norm_variants import fused_rms_norm_variant, rms_norm_variant_reference
+
+    x = torch.randn(40, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(2048, device="cuda", dtype=torch.float32, requires_grad=True)
+    for _ in range(3):
+        dy = torch.randn(40, 2048, device="cuda")
+        y = fused_rms_norm_variant(x, w, 1e-6, cast_before_weight=cast_before_w, keep_input_dtype=keep)
+        gx, gw = torch.autograd.grad(y, (x, w), dy.to(y.dtype))
+        x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+        y64 = rms_norm_variant_reference(x64, w64, 1e-6, False, True)
+        rx, rw = torch.autograd.grad(y64, (x64, w64), dy.double())
+        assert y.dtype == (torch.bfloat16 if keep else torch.float32)
+        torch.testing.assert_close(y.double(), y64, atol=5e-2, rtol=2e-2)
+        torch.testing.assert_close(gx.double(), rx, atol=5e-2, rtol=2e-2)
+        torch.testing.assert_close(gw.double(), rw, atol=0.5, rtol=2e-2)
+    assert type(y.grad_fn).__name__ != "RmsNormVariantFunctionBackward", y.grad_fn

@@ -216,16 +216,21 @@ int64_t register_launch(int64_t function, int64_t device, std::vector<int64_t> g
 // LayerNorm / RMSNorm (single-block kernels of fused_layers/ops/layer_norm.py)
 // ----------------------------------------------------------------------------------------------------
 struct NormPlan {
-  int64_t fwd, bwd, red;  // launch handles; red = -1: no weight or bias
+  int64_t fwd, bwd, red;  // launch handles; bwd = -1: forward only; red = -1: no weight or bias
   int64_t nstats, nparts;
+  int64_t y_dtype;  // the output's at::ScalarType; -1: x's (RMSNorm variants: promote_types(x, weight))
 };
+
+at::TensorOptions y_options(const NormPlan& P, const at::Tensor& x) {
+  return P.y_dtype < 0 ? x.options() : x.options().dtype((at::ScalarType)P.y_dtype);
+}
 std::vector<NormPlan> g_norms;
 
-int64_t register_norm(int64_t fwd, int64_t bwd, int64_t red, int64_t nstats, int64_t nparts) {
+int64_t register_norm(int64_t fwd, int64_t bwd, int64_t red, int64_t nstats, int64_t nparts, int64_t y_dtype) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_norms.capacity() == 0) g_norms.reserve(1 << 14);
   TORCH_CHECK(g_norms.size() < g_norms.capacity(), "fused_layers C++ fast path: too many norm plans");
-  g_norms.push_back(NormPlan{fwd, bwd, red, nstats, nparts});
+  g_norms.push_back(NormPlan{fwd, bwd, red, nstats, nparts, y_dtype});
   return (int64_t)g_norms.size() - 1;
 }
 
@@ -235,7 +240,7 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
                             const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                             double eps, int64_t plan) {
     const NormPlan& P = g_norms.at((size_t)plan);
-    at::Tensor y = at::empty_like(x);
+    at::Tensor y = at::empty_like(x, y_options(P, x));
     at::Tensor stats = at::empty({P.nstats}, x.options().dtype(at::kFloat));
     at::Tensor w = weight.has_value() ? *weight : at::Tensor();
     at::Tensor b = bias.has_value() ? *bias : at::Tensor();
@@ -275,7 +280,7 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
 at::Tensor norm_infer(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                       double eps, int64_t plan) {
   const NormPlan& P = g_norms.at((size_t)plan);
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = at::empty_like(x, y_options(P, x));
   const at::Tensor& w = weight.has_value() ? *weight : x;
   const at::Tensor& b = bias.has_value() ? *bias : x;
   launch(g_launches[(size_t)P.fwd], {x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr(), x.data_ptr()}, {eps});

@@ -938,22 +938,29 @@ def _validate(op: str, x, normalized_shape, weight, bias) -> tuple[tuple[int, ..
     return shape, k
 
 
-def _cpp_register(plan, x, weight, bias, k, is_rms, grad):
+_SCALAR_TYPE = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}  # c10::ScalarType codes
+
+
+def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, out_dtype=None):
     """Register the plan's kernels with the C++ fast path (the forward; with ``grad`` also the backward and
     the dW/dB reduce): the norm plan id, None while a kernel has not been compiled for these dtypes yet,
-    False if unsupported."""
+    False if unsupported.  ``cast_before_w`` / ``out_dtype``: the RMSNorm variants of ops/norm_variants.py."""
     has_w, has_b = weight is not None, bias is not None
     dev = x.get_device()
     xd, f32 = x.dtype, torch.float32
+    yd = xd if out_dtype is None else out_dtype
     wd = weight.dtype if has_w else xd
     bd = bias.dtype if has_b else xd
+    ycode = -1 if yd == xd else _SCALAR_TYPE.get(yd)
+    if ycode is None:
+        return False
     # The forward's statistics pointer is a float32 buffer, or x itself when no statistics are stored.
-    fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (xd, xd, wd, bd, f32 if grad else xd)), dev, plan.ints,
+    fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (xd, yd, wd, bd, f32 if grad else xd)), dev, plan.ints,
                         _cpp.roles(5, len(plan.ints), 1))
     if not grad:
         return False if fwd == _cpp.UNSUPPORTED else (None if fwd is None else
-                                                      _cpp.register_plan("register_norm", fwd, -1, -1, 0, 0))
-    bplan = _bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev)
+                                                      _cpp.register_plan("register_norm", fwd, -1, -1, 0, 0, ycode))
+    bplan = _bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev, cast_before_w)
     if bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
         return False
     handles = [
@@ -969,12 +976,13 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad):
     if any(h is None for h in handles):
         return None
     red = handles[2] if len(handles) > 2 else -1
-    return _cpp.register_plan("register_norm", handles[0], handles[1], red, plan.nstats, bplan.nparts)
+    return _cpp.register_plan("register_norm", handles[0], handles[1], red, plan.nstats, bplan.nparts, ycode)
 
 
-def _cpp_norm(x, weight, bias, k, eps, is_rms, grad):
+def _cpp_norm(x, weight, bias, k, eps, is_rms, grad, cast_before_w=False, out_dtype=None):
     """An eager call through the C++ fast path (ops/_cpp.py): with ``grad`` a C++ autograd node, else a
-    forward without statistics; None: the Python path runs.
+    forward without statistics; None: the Python path runs.  ``cast_before_w`` / ``out_dtype`` as in
+    ``norm_forward`` (the RMSNorm variants).
 
     Contiguous, 16-byte aligned CUDA tensors with single-block rows only (the kernels were bound for those)."""
     if not x.is_cuda or not x.is_contiguous() or x.data_ptr() & 15:
@@ -982,13 +990,13 @@ def _cpp_norm(x, weight, bias, k, eps, is_rms, grad):
     for p in (weight, bias):
         if p is not None and (not p.is_contiguous() or p.data_ptr() & 15):
             return None
-    plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, grad, False)
+    plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, grad, cast_before_w)
     if plan.kernel is None or plan.copy:
         return None
-    wkey = (x.get_device(), None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+    wkey = (x.get_device(), None if weight is None else weight.dtype, None if bias is None else bias.dtype, out_dtype)
     nid = plan.cpp.get(wkey)
     if nid is None:
-        nid = _cpp_register(plan, x, weight, bias, k, is_rms, grad)
+        nid = _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w, out_dtype)
         if nid is None:  # not compiled yet: this call runs the Python path, which compiles
             return None
         plan.cpp[wkey] = nid
