@@ -95,8 +95,8 @@ def cpp_on(monkeypatch):
 
 def _used_cpp(x, weight, bias, k, is_rms, grad=True):
     plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, grad, False)
-    key = (x.get_device(), None if weight is None else weight.dtype, None if bias is None else bias.dtype)
-    nid = plan.cpp.get(key)
+    key = (x.get_device(), None if weight is None else weight.dtype, None if bias is None else bias.dtype, None)
+    nid = plan.cpp.get(key)  # (device, weight dtype, bias dtype, output dtype: None = x's)
     return type(nid) is int
 
 
@@ -202,7 +202,7 @@ def test_gpu_wide_rows_stay_on_the_python_path(cpp_on):
     for _ in range(2):
         fused_layer_norm(x, (n,)).sum().backward()
     plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, 1, False, False, False, True, False)
-    assert plan.cpp.get((0, None, None)) is False
+    assert plan.cpp.get((0, None, None, None)) is False
 
 
 @pytest.mark.gpu
