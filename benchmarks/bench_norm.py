@@ -185,6 +185,11 @@ def bwd_candidates(n: int, elem: int):
             dict(bwd_max_single=1024, bwd_chunk=ch, bwd_warps=wp, bwd_progs_per_sm=ps)
             for ch, wp, ps in ((1024, 4, 2), (2048, 8, 1), (2048, 8, 2), (4096, 8, 2), (4096, 16, 1))
         ]
+        # the wide kernels' loops software-pipelined (bwd_stages: the row loop of pass 2, the chunk loop of pass 1)
+        c += [
+            dict(bwd_max_single=1024, bwd_chunk=ch, bwd_warps=wp, bwd_progs_per_sm=ps, bwd_stages=st)
+            for ch, wp, ps, st in ((4096, 16, 1, 3), (2048, 8, 2, 3), (4096, 8, 2, 4), (2048, 8, 1, 4))
+        ]
     return _unique(c)
 
 

@@ -112,6 +112,14 @@ def test_large_mean_welford_numerics(device):
     assert 0.9 < y.std().item() < 1.1  # normalized: unit variance, not noise from cancellation
 
 
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("n", [17, 53])
+def test_wide_rows_pipelined_backward(rms, n, device):
+    """bwd_stages on the wide-row backward: both loops through tl.range(num_stages); same results."""
+    with config_override("layer_norm", **WIDE, bwd_stages=3, bwd_programs=2):
+        _check(rms, (7, n), 1, torch.float32, device)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [1, 7, 257])
 def test_fused_stats_forward(dtype, n, device):

@@ -377,6 +377,7 @@ def _norm_bwd_rowstats_kernel(
     IS_RMS: tl.constexpr,
     HAS_W: tl.constexpr,
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
+    STAGES: tl.constexpr = 1,  # software pipelining of the chunk loop (tl.range num_stages; bwd_stages)
 ):
     """Wide-row backward pass 1: c1 = sum(g * xhat) / N and c2 = sum(g) / N for one row."""
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
@@ -391,7 +392,7 @@ def _norm_bwd_rowstats_kernel(
     cols = tl.arange(0, BLOCK_N)
     a1 = tl.zeros([BLOCK_N], tl.float32)
     a2 = tl.zeros([BLOCK_N], tl.float32)
-    for off in range(0, N, BLOCK_N):
+    for off in tl.range(0, N, BLOCK_N, num_stages=STAGES):
         c = off + cols
         cm = c < N
         x = tl.load(xb + c, mask=cm, other=0.0).to(tl.float32)
@@ -416,6 +417,7 @@ def _norm_bwd_loop_kernel(
     HAS_B: tl.constexpr,
     BLOCK_N: tl.constexpr,  # column chunk
     CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_bwd_kernel
+    STAGES: tl.constexpr = 1,  # software pipelining of the row loop (tl.range num_stages; bwd_stages)
 ):
     """Wide-row backward pass 2: column chunks outside, the program's rows inside; dx + dW/dB partials."""
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
@@ -431,7 +433,7 @@ def _norm_bwd_loop_kernel(
             w = tl.load(W + c, mask=cm, other=0.0).to(tl.float32)
         dw_acc = tl.zeros([BLOCK_N], tl.float32)
         db_acc = tl.zeros([BLOCK_N], tl.float32)
-        for r64 in range(row_start, row_end):
+        for r64 in tl.range(row_start, row_end, num_stages=STAGES):
             rstd = tl.load(RSTD + r64)
             c1 = tl.load(C + r64 * 2)
             x = tl.load(X + r64 * sx + c, mask=cm, other=0.0).to(tl.float32)
@@ -659,9 +661,9 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
                              STAGES=max(1, stages), **meta)
     else:
         chunk = min(block, n_pow2)
-        plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), check=(0, 1, 3, 4), BLOCK_N=chunk, **meta)
+        plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), check=(0, 1, 3, 4), BLOCK_N=chunk, STAGES=max(1, stages), **meta)
         plan.stats_kernel = Kernel(_norm_bwd_rowstats_kernel, (m,), check=(0, 1, 2, 3), IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk,
-                                   num_warps=warps)
+                                   STAGES=max(1, stages), num_warps=warps)
     plan.reduce_kernel = None
     if has_w or has_b:
         red_n = min(get_override(_CFG, "reduce_block_n", 256), n_pow2)
