@@ -155,6 +155,9 @@ def fwd_candidates(n: int, elem: int):
     else:
         c += [dict(fwd_max_single=65536, fwd_block_m=1, fwd_warps=wp) for wp in (16, 32)]
         c += [dict(fwd_max_single=1024, fwd_chunk=ch, fwd_warps=wp) for ch, wp in ((2048, 4), (4096, 8), (8192, 8), (8192, 16))]
+        # the wide forward's chunk loops software-pipelined (fwd_stages)
+        c += [dict(fwd_max_single=1024, fwd_chunk=ch, fwd_warps=wp, fwd_stages=st)
+              for ch, wp, st in ((4096, 8, 3), (2048, 4, 4), (8192, 8, 3))]
     return _unique(c)
 
 

@@ -114,9 +114,9 @@ def test_large_mean_welford_numerics(device):
 
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("n", [17, 53])
-def test_wide_rows_pipelined_backward(rms, n, device):
-    """bwd_stages on the wide-row backward: both loops through tl.range(num_stages); same results."""
-    with config_override("layer_norm", **WIDE, bwd_stages=3, bwd_programs=2):
+def test_wide_rows_pipelined(rms, n, device):
+    """bwd_stages / fwd_stages on the wide-row kernels: their loops through tl.range(num_stages); same results."""
+    with config_override("layer_norm", **WIDE, bwd_stages=3, fwd_stages=3, bwd_programs=2):
         _check(rms, (7, n), 1, torch.float32, device)
 
 

@@ -112,6 +112,7 @@ from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the t
     _bwd_config,
     _bwd_stages,
     _fwd_config,
+    _fwd_stages,
     _sm_count,
 )
 
@@ -233,6 +234,7 @@ def _norm_fwd_loop_kernel(
     STORE_STATS: tl.constexpr,  # write mean / rstd (False: a forward without autograd)
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
     CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_fwd_kernel
+    STAGES: tl.constexpr = 1,  # software pipelining of both chunk loops (tl.range num_stages; fwd_stages)
 ):
     """Wide-row forward: one program per row; Welford pass over chunks, then a normalize pass."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
@@ -244,7 +246,7 @@ def _norm_fwd_loop_kernel(
     # ---- pass 1: statistics ----
     if IS_RMS:
         acc = tl.zeros([BLOCK_N], tl.float32)  # per-lane sum of x^2
-        for off in range(0, N, BLOCK_N):
+        for off in tl.range(0, N, BLOCK_N, num_stages=STAGES):
             c = off + cols
             x = tl.load(xb + c, mask=c < N, other=0.0).to(tl.float32)
             acc += x * x
@@ -259,7 +261,7 @@ def _norm_fwd_loop_kernel(
         m2_l = tl.zeros([BLOCK_N], tl.float32)  # per-lane sum of squared deviations
         cnt_l = tl.zeros([BLOCK_N], tl.float32)  # per-lane count
         t = 0
-        for off in range(0, N, BLOCK_N):
+        for off in tl.range(0, N, BLOCK_N, num_stages=STAGES):
             c = off + cols
             live = c < N
             x = tl.load(xb + c, mask=live, other=0.0).to(tl.float32) - shift
@@ -280,7 +282,7 @@ def _norm_fwd_loop_kernel(
     if STORE_STATS:  # the backward needs them; an inference forward does not
         tl.store(RSTD + row, rstd)
     # ---- pass 2: normalize and write ----
-    for off in range(0, N, BLOCK_N):
+    for off in tl.range(0, N, BLOCK_N, num_stages=STAGES):
         c = off + cols
         cm = c < N
         x = tl.load(xb + c, mask=cm, other=0.0).to(tl.float32)
@@ -616,7 +618,8 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
             plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), check=(0, 1, 2, 3), BLOCK_M=block, BLOCK_N=n_pow2,
                                  FUSED_STATS=bool(get_override(_CFG, "fwd_fused_stats", FWD_FUSED_STATS)), **meta)
         else:
-            plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), check=(0, 1, 2, 3), BLOCK_N=min(block, n_pow2), **meta)
+            plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), check=(0, 1, 2, 3), BLOCK_N=min(block, n_pow2),
+                                 STAGES=max(1, _fwd_stages(n_pow2, dtype.itemsize, n)), **meta)
     if len(_FWD_PLANS) >= _MAX_PLANS:
         _FWD_PLANS.clear()
     _FWD_PLANS[key] = plan

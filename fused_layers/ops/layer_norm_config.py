@@ -106,6 +106,11 @@ def _fwd_config(n_pow2: int, elem: int, n: int | None = None) -> tuple[bool, int
     return False, ov("fwd_chunk", FWD_CHUNK), ov("fwd_warps", FWD_CHUNK_WARPS)
 
 
+def _fwd_stages(n_pow2: int, elem: int, n: int | None = None) -> int:
+    """Software-pipelining depth of the wide-row forward's chunk loops (tl.range num_stages): 0/1 = none."""
+    return _tuned(n_pow2, elem, "fwd", n)("fwd_stages", 0)
+
+
 def _bwd_stages(n_pow2: int, elem: int, n: int | None = None) -> int:
     """Software-pipelining depth (Triton's num_stages) of the backward's row loop: 0 = Triton's default."""
     return _tuned(n_pow2, elem, "bwd", n)("bwd_stages", 0)
