@@ -109,12 +109,18 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal", SHAPES)
-def test_bwd_tma_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, device, launched):
-    q = torch.randn(B, Hq, Sq, D, device=device)
+def _check_shape(shape, ov, device, q_scale=1.0):
+    """``_check`` on fresh float32 q (times ``q_scale``), k, v of one SHAPES entry under the attention config ``ov``."""
+    B, Hq, Hkv, Sq, Sk, D, causal = shape
+    q = torch.randn(B, Hq, Sq, D, device=device) * q_scale
     k = torch.randn(B, Hkv, Sk, D, device=device)
     v = torch.randn(B, Hkv, Sk, D, device=device)
-    _check(q, k, v, TMA, causal=causal, gqa=Hq != Hkv)
+    _check(q, k, v, ov, causal=causal, gqa=Hq != Hkv)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_bwd_tma_matches_reference(shape, device, launched):
+    _check_shape(shape, TMA, device)
     _assert_tma_ran(launched)
 
 
@@ -268,12 +274,9 @@ def test_bwd_tma_auto_reaches_the_plan(device, monkeypatch, launched):
 # ----------------------------------------------------------------------------------------------
 # fwd_fold_scale: the softmax scale inside exp2's FMA and on the row max (forward only)
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal", SHAPES)
-def test_fwd_fold_scale_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, device, launched):
-    q = torch.randn(B, Hq, Sq, D, device=device) * 3  # large scores: the max and the exponent both matter
-    k = torch.randn(B, Hkv, Sk, D, device=device)
-    v = torch.randn(B, Hkv, Sk, D, device=device)
-    _check(q, k, v, dict(fwd_fold_scale=1), causal=causal, gqa=Hq != Hkv)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fwd_fold_scale_matches_reference(shape, device, launched):
+    _check_shape(shape, dict(fwd_fold_scale=1), device, q_scale=3)  # large scores: the max and the exponent both matter
     assert any(getattr(fn, "__name__", "") == "_attn_fwd_kernel" for fn in launched)
 
 
@@ -294,12 +297,9 @@ def test_fwd_fold_scale_meta_and_key_bias(device, kernel_calls):
 DQR = dict(bwd_dq_reduce=1)
 
 
-@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal", SHAPES)
-def test_bwd_dq_reduce_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, device, kernel_calls):
-    q = torch.randn(B, Hq, Sq, D, device=device)
-    k = torch.randn(B, Hkv, Sk, D, device=device)
-    v = torch.randn(B, Hkv, Sk, D, device=device)
-    _check(q, k, v, DQR, causal=causal, gqa=Hq != Hkv)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_bwd_dq_reduce_matches_reference(shape, device, kernel_calls):
+    _check_shape(shape, DQR, device)
     fns = [fn for fn, _ in kernel_calls]
     assert A._attn_bwd_dq_kernel not in fns, "the dQ kernel ran: dQ should come from the dK/dV kernel"
     assert [m["DQ_REDUCE"] for fn, m in kernel_calls if fn is A._attn_bwd_dkdv_kernel] == [1 if A.INTERPRET else 2]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -95,6 +95,34 @@ def _kinds(compiled: Any, fn: Any, roles: str) -> str | None:
 
 
 UNSUPPORTED = -1
+
+
+def plan_id(cache: dict, key: Any, register: Callable[..., Any], *args: Any) -> Any:
+    """The C++ plan cached under ``key`` in a launch plan's ``cpp`` dict, made by ``register(*args)`` on first
+    use; None means the Python path runs this call: ``register`` returned None (a kernel not compiled yet:
+    tried again next call) or False (unsupported: cached, never tried again)."""
+    nid = cache.get(key)
+    if nid is None:
+        nid = register(*args)
+        if nid is None:
+            return None
+        cache[key] = nid
+    return None if nid is False else nid
+
+
+def _is_compiled(kernel: Any, key: tuple) -> bool:
+    return kernel.compiled(key) is not None
+
+
+def register_all(device: int, *specs: tuple) -> list | bool | None:
+    """Register several kernels of one plan, each spec ``(kernel, dtypes by argument position, ints, role)``:
+    their handles; None if one of them is not compiled for these dtypes yet (nothing is registered: the Python
+    path runs, compiles, and the next call tries again); False if one cannot be launched from C++."""
+    keys = [kernel.aligned_key(device, dtypes) for kernel, dtypes, _, _ in specs]
+    if not all(_is_compiled(spec[0], key) for spec, key in zip(specs, keys)):
+        return None
+    handles = [register(kernel, key, device, ints, role) for (kernel, _, ints, role), key in zip(specs, keys)]
+    return False if any(h is None or h == UNSUPPORTED for h in handles) else handles
 
 
 def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str) -> int | None:

@@ -1201,10 +1201,11 @@ def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dr
     preprocess, dK/dV and dQ kernels for a dO laid out like the output): the plan id, None while the forward
     is not compiled for these dtypes yet, False if unsupported (the dQ-reduce backward, autotuning)."""
     dev, qd, f32 = q.get_device(), q.dtype, torch.float32
-    fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (qd,) * 4 + (f32,) + (qd,) * 4), dev, plan.ints,
-                        _cpp.roles(9, len(plan.ints), 3, floats_first=True))
-    if fwd is None or fwd == _cpp.UNSUPPORTED:
-        return None if fwd is None else False
+    fwd = _cpp.register_all(dev, (plan.kernel, (qd,) * 4 + (f32,) + (qd,) * 4, plan.ints,
+                                  _cpp.roles(9, len(plan.ints), 3, floats_first=True)))
+    if not fwd:
+        return fwd
+    fwd = fwd[0]
     ost = _permuted_stride(q.shape, plan.order)
     if not grad:
         return _cpp.register_plan("register_attention", fwd, -1, -1, -1, list(ost), list(plan.lse_shape), [], [], [])
@@ -1223,15 +1224,14 @@ def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dr
     # The dK/dV kernel the Python path runs for this plan: the TMA one where it is on (and launched), else the
     # plain one; same parameters (the TMA one also takes Triton's global scratch, allocated per launch).
     dkdv = bplan.dkdv_tma if bplan.dkdv_tma is not None else bplan.dkdv
-    handles = [
-        _cpp.register(bplan.pre, bplan.pre.aligned_key(dev, (qd, qd, f32, qd)), dev, bplan.pre_ints,
-                      _cpp.roles(4, len(bplan.pre_ints))),
-        _cpp.register(dkdv, dkdv.aligned_key(dev, (qd,) * 6 + (f32, f32) + (qd,) * 4), dev, bplan.dkdv_ints,
-                      _cpp.roles(12, len(bplan.dkdv_ints), 4, floats_first=True, tail_ptrs=1)),
-        _cpp.register(bplan.dq, bplan.dq.aligned_key(dev, (qd,) * 5 + (f32, f32) + (qd,) * 4), dev, bplan.dq_ints,
-                      _cpp.roles(11, len(bplan.dq_ints), 4, floats_first=True)),
-    ]
-    if any(h is None or h == _cpp.UNSUPPORTED for h in handles):
+    handles = _cpp.register_all(
+        dev,
+        (bplan.pre, (qd, qd, f32, qd), bplan.pre_ints, _cpp.roles(4, len(bplan.pre_ints))),
+        (dkdv, (qd,) * 6 + (f32, f32) + (qd,) * 4, bplan.dkdv_ints,
+         _cpp.roles(12, len(bplan.dkdv_ints), 4, floats_first=True, tail_ptrs=1)),
+        (bplan.dq, (qd,) * 5 + (f32, f32) + (qd,) * 4, bplan.dq_ints, _cpp.roles(11, len(bplan.dq_ints), 4, floats_first=True)),
+    )
+    if not handles:  # (compiled by the warm-up above: None would be a kernel it did not launch)
         return False
     oq, ok_, ov = bplan.orders
     return _cpp.register_plan("register_attention", fwd, *handles, list(ost), list(plan.lse_shape),
@@ -1248,14 +1248,9 @@ def _cpp_attention(q, k, v, max_q, max_k, causal, scale, grad, dropout_p=0.0, se
     plan = _FWD_PLANS.get(_fwd_key(q, k, v, max_q, max_k, causal, dropout))
     if plan is None or plan.kernel is None or plan.empty:
         return None
-    ck = (q.get_device(), grad)
-    nid = plan.cpp.get(ck)
+    nid = _cpp.plan_id(plan.cpp, (q.get_device(), grad), _cpp_attention_register, plan, q, k, v, max_q, max_k, causal,
+                       scale, grad, dropout_p, seed)
     if nid is None:
-        nid = _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dropout_p, seed)
-        if nid is None:
-            return None
-        plan.cpp[ck] = nid
-    if nid is False:
         return None
     ext = _cpp.extension()
     qk_scale = scale * LOG2E

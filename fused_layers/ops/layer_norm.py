@@ -960,26 +960,19 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
     if ycode is None:
         return False
     # The forward's statistics pointer is a float32 buffer, or x itself when no statistics are stored.
-    fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (xd, yd, wd, bd, f32 if grad else xd)), dev, plan.ints,
-                        _cpp.roles(5, len(plan.ints), 1))
+    specs = [(plan.kernel, (xd, yd, wd, bd, f32 if grad else xd), plan.ints, _cpp.roles(5, len(plan.ints), 1))]
+    if grad:
+        bplan = _bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev, cast_before_w)
+        if bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
+            return False
+        specs.append((bplan.kernel, (xd, xd, xd, wd, f32, f32), bplan.ints, _cpp.roles(6, len(bplan.ints))))
+        if bplan.reduce_kernel is not None:
+            specs.append((bplan.reduce_kernel, (f32, wd, bd), (bplan.g, bplan.n), _cpp.roles(3, 2)))
+    handles = _cpp.register_all(dev, *specs)
+    if not handles:
+        return handles
     if not grad:
-        return False if fwd == _cpp.UNSUPPORTED else (None if fwd is None else
-                                                      _cpp.register_plan("register_norm", fwd, -1, -1, 0, 0, ycode))
-    bplan = _bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev, cast_before_w)
-    if bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
-        return False
-    handles = [
-        fwd,
-        _cpp.register(bplan.kernel, bplan.kernel.aligned_key(dev, (xd, xd, xd, wd, f32, f32)), dev, bplan.ints,
-                      _cpp.roles(6, len(bplan.ints))),
-    ]
-    if bplan.reduce_kernel is not None:
-        handles.append(_cpp.register(bplan.reduce_kernel, bplan.reduce_kernel.aligned_key(dev, (f32, wd, bd)), dev,
-                                     (bplan.g, bplan.n), _cpp.roles(3, 2)))
-    if any(h == _cpp.UNSUPPORTED for h in handles):
-        return False
-    if any(h is None for h in handles):
-        return None
+        return _cpp.register_plan("register_norm", handles[0], -1, -1, 0, 0, ycode)
     red = handles[2] if len(handles) > 2 else -1
     return _cpp.register_plan("register_norm", handles[0], handles[1], red, plan.nstats, bplan.nparts, ycode)
 
@@ -999,13 +992,8 @@ def _cpp_norm(x, weight, bias, k, eps, is_rms, grad, cast_before_w=False, out_dt
     if plan.kernel is None or plan.copy:
         return None
     wkey = (x.get_device(), None if weight is None else weight.dtype, None if bias is None else bias.dtype, out_dtype)
-    nid = plan.cpp.get(wkey)
+    nid = _cpp.plan_id(plan.cpp, wkey, _cpp_register, plan, x, weight, bias, k, is_rms, grad, cast_before_w, out_dtype)
     if nid is None:
-        nid = _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w, out_dtype)
-        if nid is None:  # not compiled yet: this call runs the Python path, which compiles
-            return None
-        plan.cpp[wkey] = nid
-    if nid is False:
         return None
     ext = _cpp.extension()
     return ext.norm_apply(x, weight, bias, eps, nid) if grad else ext.norm_infer(x, weight, bias, eps, nid)

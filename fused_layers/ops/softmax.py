@@ -584,19 +584,13 @@ def fused_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
 def _cpp_softmax_register(plan: "_Plan", x: torch.Tensor, dim: int, grad: bool) -> list | bool | None:
     """Register the forward kernel (and with ``grad`` the backward's) with the C++ fast path: the launch
     handles, None while one is not compiled for these dtypes yet, False if unsupported."""
-    dev = x.get_device()
-    fwd = _cpp.register(plan.kernel, plan.kernel.aligned_key(dev, (x.dtype, x.dtype)), dev, plan.ints,
-                        _cpp.roles(2, len(plan.ints)))
-    handles = [fwd]
-    if grad and fwd not in (None, _cpp.UNSUPPORTED):
+    specs = [(plan.kernel, (x.dtype, x.dtype), plan.ints, _cpp.roles(2, len(plan.ints)))]
+    if grad:
         bplan = _plan(x.shape, (x.stride(), x.stride()), x.dtype, dim)  # y and a contiguous dy
-        bwd = (_cpp.UNSUPPORTED if bplan.wide or any(bplan.copy) else
-               _cpp.register(bplan.kernel, bplan.kernel.aligned_key(dev, (x.dtype,) * 3), dev, bplan.ints,
-                             _cpp.roles(3, len(bplan.ints))))
-        handles.append(bwd)
-    if _cpp.UNSUPPORTED in handles:
-        return False
-    return None if None in handles else handles
+        if bplan.wide or any(bplan.copy):
+            return False
+        specs.append((bplan.kernel, (x.dtype,) * 3, bplan.ints, _cpp.roles(3, len(bplan.ints))))
+    return _cpp.register_all(x.get_device(), *specs)
 
 
 def _cpp_softmax(x: torch.Tensor, dim: int, grad: bool) -> torch.Tensor | None:
@@ -607,14 +601,8 @@ def _cpp_softmax(x: torch.Tensor, dim: int, grad: bool) -> torch.Tensor | None:
     plan = _plan(x.shape, (x.stride(),), x.dtype, dim)
     if plan.wide or plan.copy[0]:
         return None
-    dev = x.get_device()
-    handles = plan.cpp.get((dev, grad))
+    handles = _cpp.plan_id(plan.cpp, (x.get_device(), grad), _cpp_softmax_register, plan, x, dim, grad)
     if handles is None:
-        handles = _cpp_softmax_register(plan, x, dim, grad)
-        if handles is None:  # not compiled yet: this call runs the Python path, which compiles
-            return None
-        plan.cpp[(dev, grad)] = handles
-    if handles is False:
         return None
     ext = _cpp.extension()
     return ext.softmax_apply(x, handles[0], handles[1]) if grad else ext.softmax_infer(x, handles[0])
