@@ -30,6 +30,7 @@
 #endif
 
 namespace {
+constexpr size_t kMaxParams = 128;  // runtime parameters of one kernel (attention's backward takes ~50)
 
 typedef CUresult (*PFN_Launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                CUstream, void**, void**);
@@ -137,9 +138,8 @@ size_t pack(const Launch& L, PtrIt p, PtrIt p_end, FltIt f, FltIt f_end, uint64_
 // Launch `L` with the call's pointers and floats.
 void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initializer_list<double> floats) {
   Driver& d = driver();
-  TORCH_CHECK(L.kinds.size() + L.extra <= 40, "fused_layers C++ fast path: too many kernel parameters");
-  uint64_t store[40];
-  void* params[40];
+  uint64_t store[kMaxParams];  // (register_launch refused plans with more parameters)
+  void* params[kMaxParams];
   at::Tensor scratch;  // freed after the launch: the caching allocator reuses it only in stream order
   if (L.scratch_bytes > 0)
     scratch = at::empty({L.scratch_bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, (c10::DeviceIndex)L.device));
@@ -176,7 +176,7 @@ int64_t param_count(int64_t function) {
   CUfunction fn = (CUfunction)(uintptr_t)function;
   size_t off, size;
   int64_t n = 0;
-  while (n < 64 && d.param_info(fn, (size_t)n, &off, &size) == CUDA_SUCCESS) ++n;
+  while (n < 2 * (int64_t)kMaxParams && d.param_info(fn, (size_t)n, &off, &size) == CUDA_SUCCESS) ++n;
   return n;
 }
 
@@ -184,9 +184,9 @@ int64_t param_count(int64_t function) {
 std::vector<int64_t> pack_for_test(const std::string& kinds, std::vector<int64_t> ints, int64_t extra,
                                    std::vector<int64_t> ptrs, std::vector<double> floats) {
   Launch L{nullptr, 0, {1, 1, 1}, 32, 0, kinds, std::move(ints), (int)extra, 0};
-  TORCH_CHECK(kinds.size() + extra <= 40, "too many parameters");
-  uint64_t store[40];
-  void* params[40];
+  TORCH_CHECK(kinds.size() + extra <= kMaxParams, "too many parameters");
+  uint64_t store[kMaxParams];
+  void* params[kMaxParams];
   std::vector<const void*> p;
   for (int64_t v : ptrs) p.push_back((const void*)(uintptr_t)v);
   size_t np = pack(L, p.begin(), p.end(), floats.begin(), floats.end(), store, params);
@@ -203,6 +203,8 @@ int64_t register_launch(int64_t function, int64_t device, std::vector<int64_t> g
                         const std::string& kinds, std::vector<int64_t> ints, int64_t extra, int64_t scratch_bytes) {
   TORCH_CHECK(scratch_bytes == 0 || extra >= 1, "a kernel with global scratch takes a scratch pointer");
   TORCH_CHECK(grid.size() == 3, "grid must have 3 entries");
+  // Checked here, where Python falls back to its own path, never at launch time inside a training step.
+  TORCH_CHECK(kinds.size() + (size_t)extra <= kMaxParams, "fused_layers C++ fast path: too many kernel parameters");
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_launches.capacity() == 0) g_launches.reserve(1 << 16);
   TORCH_CHECK(g_launches.size() < g_launches.capacity(), "fused_layers C++ fast path: too many launch plans");
