@@ -24,7 +24,6 @@ import torch.nn.functional as F  # noqa: E402
 from fused_layers import fused_layer_norm, fused_softmax  # noqa: E402
 from fused_layers.ops import _cpp  # noqa: E402
 from fused_layers.ops import layer_norm as ln_ops  # noqa: E402
-from fused_layers.ops import softmax as sm_ops  # noqa: E402
 
 
 def timed(fn, n):
@@ -68,8 +67,11 @@ def main():
     x1 = xg.detach().clone().requires_grad_()
     cases = {
         "aten LN fwd+bwd": lambda: F.layer_norm(xg, (768,), wg, bg).backward(g),
-        "fused LN fwd+bwd (cpp via Python wrapper)": lambda: fused_layer_norm(xg, (768,), wg, bg).backward(g),
+        "fused LN fwd+bwd (functional API, C++ on)": lambda: fused_layer_norm(xg, (768,), wg, bg).backward(g),
         "ext.norm_apply fwd+bwd (no wrapper)": lambda: ext.norm_apply(xg, wg, bg, 1e-5, nid).backward(g),
+        "ext.norm_fast fwd+bwd (key lookup in C++)": lambda: ext.norm_fast(xg, (768,), wg, bg, 1e-5, False).backward(g),
+        "ext.norm_fast infer": lambda: ext.norm_fast(x, (768,), w, b, 1e-5, False),
+        "ext.softmax_fast fwd+bwd": lambda: ext.softmax_fast(xg, -1).backward(g),
         "ext.norm_apply fwd+bwd, x only requires grad": lambda: ext.norm_apply(x1, w, b, 1e-5, nid).backward(g),
         "aten LN fwd+bwd, x only requires grad": lambda: F.layer_norm(x1, (768,), w, b).backward(g),
         "ext.norm_apply fwd (graph built, no bwd)": lambda: ext.norm_apply(xg, wg, bg, 1e-5, nid),

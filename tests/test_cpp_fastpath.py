@@ -137,7 +137,7 @@ def test_gpu_cpp_node_matches_float64(rms, dtype, pdtype, n, affine, cpp_on):
             torch.testing.assert_close(g.double(), r, **tol)
         assert got[0].dtype == dtype and all(g.dtype == t.dtype for g, t in zip(got[1:], [t for t in (x, w, b) if t is not None]))
     assert _used_cpp(x, w, b, 1, rms), "the C++ node never ran"
-    assert type(got[0].grad_fn).__name__ != "NormFunctionBackward", got[0].grad_fn  # the Python node's name
+    assert got[0].grad_fn.name() == "FusedNormBackward", got[0].grad_fn  # the C++ node (norm_fast's, by now)
 
 
 @pytest.mark.gpu
@@ -196,7 +196,84 @@ def test_gpu_cpp_softmax_matches_float64(dtype, shape, dim, cpp_on):
             torch.testing.assert_close(fused_softmax(x, dim).double(), y64, **tol)
     plan = sm_ops._plan(x.shape, (x.stride(),), x.dtype, dim % x.dim())
     assert type(plan.cpp.get((0, True))) is list and type(plan.cpp.get((0, False))) is list
-    assert type(y.grad_fn).__name__ != "SoftmaxFunctionBackward", y.grad_fn
+    assert y.grad_fn.name() == "FusedSoftmaxBackward", y.grad_fn
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_gpu_fast_call_takes_registered_shapes_only(rms, cpp_on):
+    """norm_fast / softmax_fast (one C++ call from the functional API) answer for a shape the Python path
+    registered, and return None, so that the Python path runs, for anything else: another width, a
+    non-contiguous or misaligned x, a normalized_shape or weight that does not match, autocast."""
+    n, dt = 1024, torch.bfloat16
+    x = torch.randn(24, n, device="cuda", dtype=dt, requires_grad=True)
+    w = torch.randn(n, device="cuda", dtype=dt, requires_grad=True)
+    b = None if rms else torch.randn(n, device="cuda", dtype=dt, requires_grad=True)
+    eps = None if rms else 1e-5  # RMSNorm's eps=None: torch's default for the dtype
+    fused = (lambda x, w: fused_rms_norm(x, (n,), w, eps)) if rms else (lambda x, w: fused_layer_norm(x, (n,), w, b, eps))
+    ref = (lambda x, w: F.rms_norm(x, (n,), w, eps)) if rms else (lambda x, w: F.layer_norm(x, (n,), w, b, eps))
+    for _ in range(2):
+        fused(x, w).backward(torch.randn_like(x))
+        with torch.no_grad():
+            fused(x, w)
+    fast = cpp_on.norm_fast
+    y = fast(x, [n], w, b, eps, rms)
+    assert y is not None and y.grad_fn.name() == "FusedNormBackward"
+    with torch.no_grad():
+        yi = fast(x, [n], w, b, eps, rms)
+    assert yi is not None and yi.grad_fn is None
+    dy = torch.randn_like(x)
+    leaves = [t for t in (x, w, b) if t is not None]
+    got = torch.autograd.grad(y, leaves, dy, retain_graph=True)
+    again = torch.autograd.grad(y, leaves, dy)  # retain_graph: the node's saved tensors are still there
+    d64 = [t.detach().double().requires_grad_() for t in leaves]
+    y64 = ref(d64[0], d64[1]) if rms else F.layer_norm(d64[0], (n,), d64[1], d64[2], eps)
+    want = torch.autograd.grad(y64, d64, dy.double())
+    torch.testing.assert_close(y.double(), y64, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(yi, y)
+    for g, g2, r in zip(got, again, want):
+        torch.testing.assert_close(g.double(), r, atol=0.15, rtol=3e-2)
+        torch.testing.assert_close(g, g2)
+    with pytest.raises(RuntimeError):  # the graph was freed by the second backward
+        torch.autograd.grad(y, leaves, dy)
+    # anything not registered, or not plain: None (the Python path)
+    assert fast(torch.randn(24, n + 1, device="cuda", dtype=dt), [n + 1], None, None, eps, rms) is None
+    assert fast(torch.randn(n, 24, device="cuda", dtype=dt).t(), [n], w, b, eps, rms) is None
+    assert fast(torch.randn(24 * n + 1, device="cuda", dtype=dt)[1:].view(24, n), [n], w, b, eps, rms) is None
+    assert fast(x, [24, n], w, b, eps, rms) is None
+    assert fast(x, [n], w[:-1], b, eps, rms) is None
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert fast(x, [n], w, b, eps, rms) is None
+    # through the functional API with torch's own tensors: fast, and equal to the Python path's answer
+    y2 = fused(x, w)
+    assert y2.grad_fn.name() == "FusedNormBackward"
+    _cpp_off = _cpp.ENABLED
+    try:
+        _cpp.ENABLED = False
+        y3 = fused(x, w)
+    finally:
+        _cpp.ENABLED = _cpp_off
+    torch.testing.assert_close(y2, y3)
+
+
+@pytest.mark.gpu
+def test_gpu_softmax_fast_call(cpp_on):
+    x = torch.randn(40, 333, device="cuda", dtype=torch.float32, requires_grad=True)
+    for _ in range(2):
+        fused_softmax(x, -1).backward(torch.randn_like(x))
+    y = cpp_on.softmax_fast(x, 1)
+    assert y is not None and y.grad_fn.name() == "FusedSoftmaxBackward"
+    dy = torch.randn_like(x)
+    (g,) = torch.autograd.grad(y, x, dy)
+    x64 = x.detach().double().requires_grad_()
+    (g64,) = torch.autograd.grad(torch.softmax(x64, -1), x64, dy.double())
+    torch.testing.assert_close(g.double(), g64, atol=1e-5, rtol=1e-5)
+    assert cpp_on.softmax_fast(x, 0) is None  # not the last dim
+    assert cpp_on.softmax_fast(torch.randn(40, 334, device="cuda"), -1) is None  # not registered
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert cpp_on.softmax_fast(x, -1) is None
+    with pytest.raises(TypeError):  # the functional API turns this into its own error message
+        cpp_on.softmax_fast([1.0], -1)
 
 
 @pytest.mark.gpu
@@ -363,7 +440,7 @@ def test_gpu_cpp_attention_matches_float64(causal, layout, S, D, hkv, cpp_on):
         assert (yi.double() - y64).abs().max().item() < 5e-2
     plan = at_ops._FWD_PLANS.get(at_ops._fwd_key(q, k, v, S, S, causal))
     assert type(plan.cpp.get((0, False))) is int and type(plan.cpp.get((0, True))) is int
-    assert type(got[0].grad_fn).__name__ != "AttentionFunctionBackward", got[0].grad_fn
+    assert got[0].grad_fn.name() == "FusedAttentionBackward", got[0].grad_fn
 
 
 @interpreter_only
@@ -400,7 +477,7 @@ def test_gpu_cpp_attention_dropout_same_mask_as_python_path(cpp_on):
     ref = run(False)
     for _ in range(2):  # the first C++-enabled call registers (Python path), the second runs the node
         got = run(True)
-    assert type(got[0].grad_fn).__name__ != "AttentionFunctionBackward", got[0].grad_fn
+    assert got[0].grad_fn.name() == "FusedAttentionBackward", got[0].grad_fn
     for g, r in zip(got, ref):
         torch.testing.assert_close(g, r, atol=0, rtol=0)
 

@@ -18,9 +18,18 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <ATen/autocast_mode.h>
+
+#include <array>
 #include <cstring>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #if __has_include(<c10/cuda/CUDAStream.h>) && __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
@@ -29,7 +38,71 @@
 #define FL_HAVE_C10_CUDA 1
 #endif
 
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+
 namespace {
+// Nodes are held by std::shared_ptr (torch <= 2.1x) or c10::intrusive_ptr (newer torch): whatever an Edge holds.
+using NodePtr = decltype(std::declval<torch::autograd::Edge>().function);
+
+template <class T>
+struct NodeRef {  // the node as T (to fill its saved state) and as the Edge's pointer type
+  NodePtr ptr;
+  T* operator->() const { return static_cast<T*>(ptr.get()); }
+  operator const NodePtr&() const { return ptr; }
+};
+template <class T>
+NodeRef<T> make_node() {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<Node>>) {
+    // deleteNode (found through T's base class) frees long chains of nodes without deep recursion
+    return NodeRef<T>{std::shared_ptr<T>(new T(), [](T* n) { deleteNode(n); })};
+  } else {
+    return NodeRef<T>{c10::make_intrusive<T>()};
+  }
+}
+
+// The node itself as the pointer SavedVariable::unpack takes (to give a saved output its grad_fn back).
+template <class T>
+NodePtr self_ptr(T* n) {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<Node>>) {
+    return n->shared_from_this();
+  } else {
+    return c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(static_cast<Node*>(n));
+  }
+}
+
+// Whether a call may take the C++ fast path at all: no autocast on CUDA (the Python path applies autocast's
+// dtype policy), and no forward-mode AD tangents (the Python path's custom op handles those).
+bool plain_call(const at::Tensor& x) {
+  return !at::autocast::is_autocast_enabled(at::kCUDA) && !x._fw_grad(/*level=*/0).defined();
+}
+
+// The fast paths' plan tables: (rows, width, dtypes, device, flags) of a contiguous, aligned call -> the plan
+// the Python path registered for it.  Read on every call, written once per new shape.
+using FastKey = std::array<int64_t, 7>;
+struct FastKeyHash {
+  size_t operator()(const FastKey& k) const {
+    size_t h = 0;
+    for (int64_t e : k) h = h * 1000003u ^ std::hash<int64_t>()(e);
+    return h;
+  }
+};
+std::shared_mutex g_fast_mutex;
+std::unordered_map<FastKey, int64_t, FastKeyHash> g_norm_fast, g_softmax_fast;
+double g_rms_eps[3] = {0, 0, 0};  // torch's default RMSNorm eps for float16, bfloat16, float32 inputs
+
+int64_t fast_find(const std::unordered_map<FastKey, int64_t, FastKeyHash>& table, const FastKey& key) {
+  std::shared_lock<std::shared_mutex> lock(g_fast_mutex);
+  auto it = table.find(key);
+  return it == table.end() ? -1 : it->second;
+}
+
+bool aligned_contiguous(const at::Tensor& t) {
+  // (no storage: a functorch wrapper or a batched tensor; the Python path handles those)
+  return t.has_storage() && t.is_contiguous() && ((uintptr_t)t.data_ptr() & 15) == 0;
+}
+
 constexpr size_t kMaxParams = 128;  // runtime parameters of one kernel (attention's backward takes ~50)
 
 typedef CUresult (*PFN_Launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -236,31 +309,26 @@ int64_t register_norm(int64_t fwd, int64_t bwd, int64_t red, int64_t nstats, int
   return (int64_t)g_norms.size() - 1;
 }
 
-struct NormFunction : public torch::autograd::Function<NormFunction> {
-  // x contiguous and 16-byte aligned, weight / bias contiguous and aligned (checked by the caller).
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                            double eps, int64_t plan) {
-    const NormPlan& P = g_norms.at((size_t)plan);
-    at::Tensor y = at::empty_like(x, y_options(P, x));
-    at::Tensor stats = at::empty({P.nstats}, x.options().dtype(at::kFloat));
-    at::Tensor w = weight.has_value() ? *weight : at::Tensor();
-    at::Tensor b = bias.has_value() ? *bias : at::Tensor();
-    // Missing parameters: any pointer (HAS_W / HAS_B are constexpr False, never dereferenced).
-    launch(g_launches[(size_t)P.fwd], {x.data_ptr(), y.data_ptr(), (w.defined() ? w : x).data_ptr(),
-                                       (b.defined() ? b : x).data_ptr(), stats.data_ptr()}, {eps});
-    ctx->save_for_backward({x, w, b, stats});
-    ctx->saved_data["plan"] = plan;
-    return y;
+// The norm's autograd node.  A hand-written torch::autograd::Node, as PyTorch's generated nodes are
+// (NativeLayerNormBackward0): torch::autograd::Function (CppNode) cost 17 us more per forward and 58 us
+// more per backward than aten's node on the H200 host (benchmarks/results/issue9/run7_cpp_diag/).
+struct NormBackward : public Node {
+  SavedVariable x_, w_, b_, stats_;
+  int64_t plan_ = 0;
+  std::string name() const override { return "FusedNormBackward"; }
+  void release_variables() override {
+    x_.reset_data();
+    w_.reset_data();
+    b_.reset_data();
+    stats_.reset_data();
   }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w = saved[1], &b = saved[2], &stats = saved[3];
-    const NormPlan& P = g_norms.at((size_t)ctx->saved_data["plan"].toInt());
+  variable_list apply(variable_list&& grads) override {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    variable_list out(3);  // dx, dweight, dbias (one per next edge)
     at::Tensor dy = grads[0];
-    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!dy.defined()) return out;
+    const NormPlan& P = g_norms[(size_t)plan_];
+    at::Tensor x = x_.unpack(), w = w_.unpack(), b = b_.unpack(), stats = stats_.unpack();
     if (dy.scalar_type() != x.scalar_type()) dy = dy.to(x.scalar_type());
     // The backward kernel was compiled for a contiguous, 16-byte aligned dy of x's dtype.
     if (!dy.is_contiguous() || ((uintptr_t)dy.data_ptr() & 15)) dy = dy.clone(at::MemoryFormat::Contiguous);
@@ -273,59 +341,180 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
     if (P.red >= 0)
       launch(g_launches[(size_t)P.red], {parts.data_ptr(), (dw.defined() ? dw : dx).data_ptr(),
                                          (db.defined() ? db : dx).data_ptr()}, {});
-    return {dx, dw, db, at::Tensor(), at::Tensor()};
+    out[0] = dx;
+    out[1] = dw;
+    out[2] = db;
+    return out;
   }
 };
 
+// The forward with its node: x contiguous and 16-byte aligned, weight / bias contiguous and aligned
+// (checked by the caller), and some input requires grad.
+at::Tensor norm_forward_node(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps, int64_t plan) {
+  const NormPlan& P = g_norms[(size_t)plan];
+  at::Tensor y, stats;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    y = at::empty_like(x, y_options(P, x));
+    stats = at::empty({P.nstats}, x.options().dtype(at::kFloat));
+    // Missing parameters: any pointer (HAS_W / HAS_B are constexpr False, never dereferenced).
+    launch(g_launches[(size_t)P.fwd], {x.data_ptr(), y.data_ptr(), (w.defined() ? w : x).data_ptr(),
+                                       (b.defined() ? b : x).data_ptr(), stats.data_ptr()}, {eps});
+  }
+  auto node = make_node<NormBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, w, b));
+  node->x_ = SavedVariable(x, false);
+  node->w_ = SavedVariable(w, false);
+  node->b_ = SavedVariable(b, false);
+  node->stats_ = SavedVariable(stats, false);
+  node->plan_ = plan;
+  torch::autograd::set_history(y, node);
+  return y;
+}
+
 // A forward no backward will follow (no statistics: the plan's kernel was compiled with STORE_STATS=False
 // and takes x as its unused statistics pointer, as the Python launcher passes it).
-at::Tensor norm_infer(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                      double eps, int64_t plan) {
+// (weight / bias: undefined when absent)
+at::Tensor norm_infer_impl(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps, int64_t plan) {
   const NormPlan& P = g_norms.at((size_t)plan);
   at::Tensor y = at::empty_like(x, y_options(P, x));
-  const at::Tensor& w = weight.has_value() ? *weight : x;
-  const at::Tensor& b = bias.has_value() ? *bias : x;
-  launch(g_launches[(size_t)P.fwd], {x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr(), x.data_ptr()}, {eps});
+  launch(g_launches[(size_t)P.fwd], {x.data_ptr(), y.data_ptr(), (w.defined() ? w : x).data_ptr(),
+                                     (b.defined() ? b : x).data_ptr(), x.data_ptr()}, {eps});
   return y;
+}
+
+at::Tensor norm_infer(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                      double eps, int64_t plan) {
+  return norm_infer_impl(x, weight.has_value() ? *weight : at::Tensor(), bias.has_value() ? *bias : at::Tensor(), eps, plan);
 }
 
 at::Tensor norm_apply(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                       double eps, int64_t plan) {
-  return NormFunction::apply(x, weight, bias, eps, plan);
+  return norm_forward_node(x, weight.has_value() ? *weight : at::Tensor(), bias.has_value() ? *bias : at::Tensor(), eps,
+                           plan);
+}
+
+void bind_norm(std::vector<int64_t> key, int64_t plan) {
+  TORCH_CHECK(key.size() == 7, "a norm key has 7 entries");
+  std::unique_lock<std::shared_mutex> lock(g_fast_mutex);
+  g_norm_fast[FastKey{key[0], key[1], key[2], key[3], key[4], key[5], key[6]}] = plan;
+}
+
+void set_rms_default_eps(double f16, double bf16, double f32) {
+  g_rms_eps[0] = f16;
+  g_rms_eps[1] = bf16;
+  g_rms_eps[2] = f32;
+}
+
+// F.layer_norm / F.rms_norm in one C++ call for a shape the Python path has registered: None otherwise (the
+// Python path then runs, validates and raises its errors, and registers new shapes).  The key's dtypes are
+// c10::ScalarType codes (-1: no weight / bias); flags: 1 RMSNorm, 2 with its autograd node.
+std::optional<at::Tensor> norm_fast(const at::Tensor& x, std::vector<int64_t> normalized_shape,
+                                    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                                    std::optional<double> eps, bool is_rms) {
+  const int64_t k = (int64_t)normalized_shape.size(), dim = x.dim();
+  if (!x.is_cuda() || k == 0 || k > dim || x.numel() == 0 || !aligned_contiguous(x) || !plain_call(x)) return {};
+  int64_t n = 1;
+  for (int64_t i = 0; i < k; ++i) {
+    if (x.size(dim - k + i) != normalized_shape[i]) return {};
+    n *= normalized_shape[i];
+  }
+  at::Tensor w = weight.has_value() ? *weight : at::Tensor();
+  at::Tensor b = bias.has_value() ? *bias : at::Tensor();
+  bool grad = x.requires_grad();
+  for (const at::Tensor* p : {&w, &b}) {
+    if (!p->defined()) continue;
+    if (p->device() != x.device() || p->sizes() != at::IntArrayRef(normalized_shape) || !aligned_contiguous(*p)) return {};
+    grad = grad || p->requires_grad();
+  }
+  grad = grad && at::GradMode::is_enabled();
+  const int64_t xd = (int64_t)x.scalar_type();
+  const FastKey key{x.numel() / n, n, xd, w.defined() ? (int64_t)w.scalar_type() : -1,
+                    b.defined() ? (int64_t)b.scalar_type() : -1, (int64_t)x.get_device(), (is_rms ? 1 : 0) | (grad ? 2 : 0)};
+  const int64_t plan = fast_find(g_norm_fast, key);
+  if (plan < 0) return {};
+  double e;
+  if (eps.has_value()) {
+    e = *eps;
+  } else {  // rms_norm's eps=None
+    const int slot = x.scalar_type() == at::kHalf ? 0 : x.scalar_type() == at::kBFloat16 ? 1 : 2;
+    e = g_rms_eps[slot];
+  }
+  if (grad) return norm_forward_node(x, w, b, e, plan);
+  return norm_infer_impl(x, w, b, e, plan);
 }
 
 // ----------------------------------------------------------------------------------------------------
 // Softmax (single-block kernels of fused_layers/ops/softmax.py)
 // ----------------------------------------------------------------------------------------------------
-struct SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
-  // x contiguous and 16-byte aligned (checked by the caller); fwd / bwd: launch handles.
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t fwd, int64_t bwd) {
-    at::Tensor y = at::empty_like(x);
-    launch(g_launches[(size_t)fwd], {x.data_ptr(), y.data_ptr()}, {});
-    ctx->save_for_backward({y});
-    ctx->saved_data["bwd"] = bwd;
-    return y;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    at::Tensor y = ctx->get_saved_variables()[0];
+struct SoftmaxBackward : public Node {
+  SavedVariable y_;  // the node's own output
+  int64_t bwd_ = 0;
+  std::string name() const override { return "FusedSoftmaxBackward"; }
+  void release_variables() override { y_.reset_data(); }
+  variable_list apply(variable_list&& grads) override {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    variable_list out(1);
     at::Tensor dy = grads[0];
-    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!dy.defined()) return out;
+    at::Tensor y = y_.unpack(self_ptr(this));
     if (dy.scalar_type() != y.scalar_type()) dy = dy.to(y.scalar_type());
-    if (!dy.is_contiguous() || ((uintptr_t)dy.data_ptr() & 15)) dy = dy.clone(at::MemoryFormat::Contiguous);
+    if (!aligned_contiguous(dy)) dy = dy.clone(at::MemoryFormat::Contiguous);
     at::Tensor dx = at::empty_like(y);
-    launch(g_launches[(size_t)ctx->saved_data["bwd"].toInt()], {y.data_ptr(), dy.data_ptr(), dx.data_ptr()}, {});
-    return {dx, at::Tensor(), at::Tensor()};
+    launch(g_launches[(size_t)bwd_], {y.data_ptr(), dy.data_ptr(), dx.data_ptr()}, {});
+    out[0] = dx;
+    return out;
   }
 };
 
-at::Tensor softmax_apply(const at::Tensor& x, int64_t fwd, int64_t bwd) { return SoftmaxFunction::apply(x, fwd, bwd); }
+// x contiguous and 16-byte aligned (checked by the caller); fwd / bwd: launch handles.
+at::Tensor softmax_apply(const at::Tensor& x, int64_t fwd, int64_t bwd) {
+  at::Tensor y;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    y = at::empty_like(x);
+    launch(g_launches[(size_t)fwd], {x.data_ptr(), y.data_ptr()}, {});
+  }
+  auto node = make_node<SoftmaxBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  node->bwd_ = bwd;
+  torch::autograd::set_history(y, node);
+  node->y_ = SavedVariable(y, true);
+  return y;
+}
 
 at::Tensor softmax_infer(const at::Tensor& x, int64_t fwd) {
   at::Tensor y = at::empty_like(x);
   launch(g_launches[(size_t)fwd], {x.data_ptr(), y.data_ptr()}, {});
   return y;
+}
+
+// Registered softmax plans: (forward, backward) launch handles; backward -1: forward only.
+std::vector<std::pair<int64_t, int64_t>> g_softmax;
+
+void bind_softmax(std::vector<int64_t> key, int64_t fwd, int64_t bwd) {
+  TORCH_CHECK(key.size() == 7, "a softmax key has 7 entries");
+  std::unique_lock<std::shared_mutex> lock(g_fast_mutex);
+  if (g_softmax.capacity() == 0) g_softmax.reserve(1 << 14);
+  TORCH_CHECK(g_softmax.size() < g_softmax.capacity(), "fused_layers C++ fast path: too many softmax plans");
+  g_softmax.emplace_back(fwd, bwd);
+  g_softmax_fast[FastKey{key[0], key[1], key[2], key[3], key[4], key[5], key[6]}] = (int64_t)g_softmax.size() - 1;
+}
+
+// torch.softmax(x, dim) over the last dim in one C++ call for a registered shape; None otherwise.
+// Key: (rows, width, dtype, -1, -1, device, 2 with the autograd node).
+std::optional<at::Tensor> softmax_fast(const at::Tensor& x, int64_t dim) {
+  const int64_t nd = x.dim();
+  if (!x.is_cuda() || nd == 0 || (dim != -1 && dim != nd - 1) || x.numel() == 0 || !aligned_contiguous(x) ||
+      !plain_call(x))
+    return {};
+  const bool grad = x.requires_grad() && at::GradMode::is_enabled();
+  const int64_t n = x.size(nd - 1);
+  const int64_t id = fast_find(g_softmax_fast, FastKey{x.numel() / n, n, (int64_t)x.scalar_type(), -1, -1,
+                                                       (int64_t)x.get_device(), grad ? 2 : 0});
+  if (id < 0) return {};
+  const auto& h = g_softmax[(size_t)id];
+  return grad ? softmax_apply(x, h.first, h.second) : softmax_infer(x, h.first);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -364,33 +553,27 @@ static std::pair<at::Tensor, at::Tensor> attn_forward(const AttnPlan& P, const a
   return {out, lse};
 }
 
-struct AttnFunction : public torch::autograd::Function<AttnFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, double qk_scale, double scale, const std::optional<at::Tensor>& seed,
-                            double dropout_p, double dropout_scale, int64_t plan) {
-    const AttnPlan& P = g_attn.at((size_t)plan);
-    at::Tensor sd = seed.has_value() ? *seed : at::Tensor();
-    auto [out, lse] = attn_forward(P, q, k, v, qk_scale, sd, dropout_p, dropout_scale);
-    ctx->save_for_backward({q, k, v, out, lse, sd});
-    ctx->saved_data["plan"] = plan;
-    ctx->saved_data["qk_scale"] = qk_scale;
-    ctx->saved_data["scale"] = scale;
-    ctx->saved_data["dropout_p"] = dropout_p;
-    ctx->saved_data["dropout_scale"] = dropout_scale;
-    return out;
+struct AttnBackward : public Node {
+  SavedVariable q_, k_, v_, out_, lse_, seed_;  // out_: the node's own output
+  int64_t plan_ = 0;
+  double qk_scale_ = 0, scale_ = 0, dropout_p_ = 0, dropout_scale_ = 1;
+  std::string name() const override { return "FusedAttentionBackward"; }
+  void release_variables() override {
+    q_.reset_data();
+    k_.reset_data();
+    v_.reset_data();
+    out_.reset_data();
+    lse_.reset_data();
+    seed_.reset_data();
   }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4], &seed = saved[5];
-    const AttnPlan& P = g_attn.at((size_t)ctx->saved_data["plan"].toInt());
-    double qk_scale = ctx->saved_data["qk_scale"].toDouble(), scale = ctx->saved_data["scale"].toDouble();
-    double dropout_p = ctx->saved_data["dropout_p"].toDouble();
-    double dropout_scale = ctx->saved_data["dropout_scale"].toDouble();
+  variable_list apply(variable_list&& grads) override {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    variable_list grads_in(3);  // dq, dk, dv
     at::Tensor dout = grads[0];
-    const torch::autograd::variable_list none(9);  // one undefined gradient per input
-    if (!dout.defined()) return none;
+    if (!dout.defined()) return grads_in;
+    const AttnPlan& P = g_attn[(size_t)plan_];
+    at::Tensor q = q_.unpack(), k = k_.unpack(), v = v_.unpack(), out = out_.unpack(self_ptr(this));
+    at::Tensor lse = lse_.unpack(), seed = seed_.unpack();
     // The backward kernels were compiled for a dO laid out like out, of q's dtype, 16-byte aligned.
     if (dout.scalar_type() != q.scalar_type() || dout.strides() != out.strides() || ((uintptr_t)dout.data_ptr() & 15)) {
       at::Tensor d = at::empty_strided(out.sizes(), out.strides(), out.options());
@@ -406,11 +589,10 @@ struct AttnFunction : public torch::autograd::Function<AttnFunction> {
     launch(g_launches[(size_t)P.pre], {out.data_ptr(), dout.data_ptr(), delta.data_ptr(), qp}, {});
     launch(g_launches[(size_t)P.dkdv], {qp, k.data_ptr(), v.data_ptr(), dout.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                                         lse.data_ptr(), delta.data_ptr(), qp, qp, qp, sp, qp},
-           {qk_scale, scale, dropout_p, dropout_scale});
+           {qk_scale_, scale_, dropout_p_, dropout_scale_});
     launch(g_launches[(size_t)P.dq], {qp, k.data_ptr(), v.data_ptr(), dout.data_ptr(), dq.data_ptr(), lse.data_ptr(),
                                       delta.data_ptr(), qp, qp, qp, sp},
-           {qk_scale, scale, dropout_p, dropout_scale});
-    torch::autograd::variable_list grads_in(9);
+           {qk_scale_, scale_, dropout_p_, dropout_scale_});
     grads_in[0] = dq;
     grads_in[1] = dk;
     grads_in[2] = dv;
@@ -420,7 +602,28 @@ struct AttnFunction : public torch::autograd::Function<AttnFunction> {
 
 at::Tensor attention_apply(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double qk_scale, double scale,
                            const std::optional<at::Tensor>& seed, double dropout_p, double dropout_scale, int64_t plan) {
-  return AttnFunction::apply(q, k, v, qk_scale, scale, seed, dropout_p, dropout_scale, plan);
+  const AttnPlan& P = g_attn.at((size_t)plan);
+  at::Tensor sd = seed.has_value() ? *seed : at::Tensor();
+  at::Tensor out, lse;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    std::tie(out, lse) = attn_forward(P, q, k, v, qk_scale, sd, dropout_p, dropout_scale);
+  }
+  auto node = make_node<AttnBackward>();
+  node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
+  node->q_ = SavedVariable(q, false);
+  node->k_ = SavedVariable(k, false);
+  node->v_ = SavedVariable(v, false);
+  node->lse_ = SavedVariable(lse, false);
+  node->seed_ = SavedVariable(sd, false);
+  node->plan_ = plan;
+  node->qk_scale_ = qk_scale;
+  node->scale_ = scale;
+  node->dropout_p_ = dropout_p;
+  node->dropout_scale_ = dropout_scale;
+  torch::autograd::set_history(out, node);
+  node->out_ = SavedVariable(out, true);
+  return out;
 }
 
 at::Tensor attention_infer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double qk_scale,
@@ -436,6 +639,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_norm", &register_norm);
   m.def("norm_apply", &norm_apply);
   m.def("norm_infer", &norm_infer);
+  m.def("bind_norm", &bind_norm);
+  m.def("set_rms_default_eps", &set_rms_default_eps);
+  m.def("norm_fast", &norm_fast);
+  m.def("bind_softmax", &bind_softmax);
+  m.def("softmax_fast", &softmax_fast);
   m.def("softmax_apply", &softmax_apply);
   m.def("softmax_infer", &softmax_infer);
   m.def("register_attention", &register_attention);

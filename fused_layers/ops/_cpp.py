@@ -23,6 +23,8 @@ from typing import Any, Callable
 import torch
 
 ENABLED = os.environ.get("FUSED_LAYERS_CPP", "0") == "1"
+# The fast paths' compile check, called on every eager call: torch's own function, no wrapper around it.
+is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 _ext: Any = None
 _failed = False
 

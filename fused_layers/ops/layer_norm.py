@@ -103,6 +103,7 @@ from ._common import (
     use_fallback,
 )
 from . import _cpp
+from ._cpp import is_compiling as _is_compiling  # torch.compiler.is_compiling itself: the fast paths' check
 from ._library import FusedOp, Kernel, _functorch_active
 from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the table through this module)
     _TUNED,
@@ -972,9 +973,18 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
     if not handles:
         return handles
     if not grad:
-        return _cpp.register_plan("register_norm", handles[0], -1, -1, 0, 0, ycode)
-    red = handles[2] if len(handles) > 2 else -1
-    return _cpp.register_plan("register_norm", handles[0], handles[1], red, plan.nstats, bplan.nparts, ycode)
+        nid = _cpp.register_plan("register_norm", handles[0], -1, -1, 0, 0, ycode)
+    else:
+        red = handles[2] if len(handles) > 2 else -1
+        nid = _cpp.register_plan("register_norm", handles[0], handles[1], red, plan.nstats, bplan.nparts, ycode)
+    if type(nid) is int and not cast_before_w and out_dtype is None:
+        # The plain F.layer_norm / F.rms_norm call of this shape now runs in one C++ call (norm_fast).
+        ext = _cpp.extension()
+        ext.set_rms_default_eps(*(_RMS_DEFAULT_EPS[d] for d in (torch.float16, torch.bfloat16, torch.float32)))
+        n = math.prod(x.shape[x.dim() - k:])
+        ext.bind_norm([x.numel() // n, n, _SCALAR_TYPE[xd], _SCALAR_TYPE[wd] if has_w else -1,
+                       _SCALAR_TYPE[bd] if has_b else -1, dev, int(is_rms) | (2 if grad else 0)], nid)
+    return nid
 
 
 def _cpp_norm(x, weight, bias, k, eps, is_rms, grad, cast_before_w=False, out_dtype=None):
@@ -1036,6 +1046,14 @@ def fused_layer_norm(
     dtype (contiguous), weight / bias in the input's dtype or float32, autocast handled like
     ``layer_norm``.  float64 inputs, and devices where Triton cannot run, use PyTorch.
     """
+    if _cpp.ENABLED and _cpp._ext is not None and not _is_compiling():  # a registered shape: one C++ call
+        try:
+            y = _cpp._ext.norm_fast(input, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
+                                    weight, bias, eps, False)
+        except TypeError:  # arguments of the wrong types: the Python path raises its own error for them
+            y = None
+        if y is not None:
+            return y
     shape, k = _validate(_LN, input, normalized_shape, weight, bias)
     if NORM_UNDER_COMPILE == "inductor" and is_compiling():
         return F.layer_norm(input, shape, weight, bias, eps)
@@ -1060,6 +1078,14 @@ def fused_rms_norm(
     half-precision inputs, and this follows whatever the installed PyTorch does), output in the input's
     dtype, autocast handled like ``rms_norm``.
     """
+    if _cpp.ENABLED and _cpp._ext is not None and not _is_compiling():  # a registered shape: one C++ call
+        try:
+            y = _cpp._ext.norm_fast(input, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
+                                    weight, None, eps, True)
+        except TypeError:  # arguments of the wrong types: the Python path raises its own error for them
+            y = None
+        if y is not None:
+            return y
     shape, k = _validate(_RMS, input, normalized_shape, weight, None)
     if NORM_UNDER_COMPILE == "inductor" and is_compiling():
         return F.rms_norm(input, shape, weight, eps)

@@ -570,6 +570,13 @@ def fused_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     accumulation, output in the input's dtype, contiguous). float64 inputs, and devices where Triton
     cannot run, use the PyTorch reference.
     """
+    if _cpp.ENABLED and _cpp._ext is not None and type(dim) is int and not _cpp.is_compiling():
+        try:
+            y = _cpp._ext.softmax_fast(input, dim)  # a registered shape: one C++ call
+        except TypeError:  # not a tensor: the Python path raises its own error
+            y = None
+        if y is not None:
+            return y
     x, d = _validate(input, dim)
     if x.dtype == torch.float64 or (not x.is_cuda and use_fallback("fused_softmax", x)):
         return torch.softmax(x, d)
@@ -581,6 +588,9 @@ def fused_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return softmax_op(x, d, needs_grad=needs_grad)
 
 
+_SCALAR_TYPE = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}  # c10::ScalarType codes
+
+
 def _cpp_softmax_register(plan: "_Plan", x: torch.Tensor, dim: int, grad: bool) -> list | bool | None:
     """Register the forward kernel (and with ``grad`` the backward's) with the C++ fast path: the launch
     handles, None while one is not compiled for these dtypes yet, False if unsupported."""
@@ -590,7 +600,13 @@ def _cpp_softmax_register(plan: "_Plan", x: torch.Tensor, dim: int, grad: bool) 
         if bplan.wide or any(bplan.copy):
             return False
         specs.append((bplan.kernel, (x.dtype,) * 3, bplan.ints, _cpp.roles(3, len(bplan.ints))))
-    return _cpp.register_all(x.get_device(), *specs)
+    handles = _cpp.register_all(x.get_device(), *specs)
+    ext = _cpp.extension()
+    if handles and dim == x.dim() - 1 and ext is not None:  # the last dim: softmax_fast takes this shape from now on
+        n = x.shape[-1]
+        ext.bind_softmax([x.numel() // n, n, _SCALAR_TYPE[x.dtype], -1, -1, x.get_device(), 2 if grad else 0],
+                         handles[0], handles[1] if grad else -1)
+    return handles
 
 
 def _cpp_softmax(x: torch.Tensor, dim: int, grad: bool) -> torch.Tensor | None:
