@@ -62,13 +62,18 @@ NodeRef<T> make_node() {
   }
 }
 
+template <class T>
+struct AsNode {  // Node, as a type that depends on T: the branch of the other torch is never instantiated
+  using type = Node;
+};
+
 // The node itself as the pointer SavedVariable::unpack takes (to give a saved output its grad_fn back).
 template <class T>
 NodePtr self_ptr(T* n) {
   if constexpr (std::is_same_v<NodePtr, std::shared_ptr<Node>>) {
     return n->shared_from_this();
   } else {
-    return c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(static_cast<Node*>(n));
+    return c10::intrusive_ptr<typename AsNode<T>::type>::unsafe_reclaim_from_nonowning(n);
   }
 }
 
