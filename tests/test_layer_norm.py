@@ -510,3 +510,8 @@ def test_tuning_table_exact_width_before_its_bucket(monkeypatch):
     assert cfg._bwd_config(1024, 2, 768) == (True, 2, 2, 3)
     assert cfg._bwd_stages(1024, 2, 768) == 3
     assert cfg._bwd_stages(1024, 2, 1000) == cfg._bwd_stages(1024, 2)
+    # a LayerNorm-only entry: LayerNorm takes it, RMSNorm keeps the shared one
+    table[(2, 768, "fwd_ln")] = {"fwd_block_m": 2, "fwd_warps": 2}
+    assert cfg._fwd_config(1024, 2, 768, is_rms=False) == (True, 2, 2)
+    assert cfg._fwd_config(1024, 2, 768, is_rms=True) == (True, 8, 8)
+    assert cfg._fwd_config(1024, 2, 1000, is_rms=False) == (True, 4, 4)

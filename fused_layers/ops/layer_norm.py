@@ -610,7 +610,7 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
     plan.kernel = plan.ints = None
     if m * n > 0:  # empty tensors launch nothing
         n_pow2 = next_power_of_2(n)
-        single, block, warps = _fwd_config(n_pow2, dtype.itemsize, n)
+        single, block, warps = _fwd_config(n_pow2, dtype.itemsize, n, is_rms)
         plan.ints = (m, n, n if sx is None else sx)
         # CAST_BEFORE_W always passed: Kernel binds its fast launch only when every constexpr is in meta.
         meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, STORE_STATS=store_stats, CAST_BEFORE_W=cast_before_w,
@@ -620,7 +620,7 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
                                  FUSED_STATS=bool(get_override(_CFG, "fwd_fused_stats", FWD_FUSED_STATS)), **meta)
         else:
             plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), check=(0, 1, 2, 3), BLOCK_N=min(block, n_pow2),
-                                 STAGES=max(1, _fwd_stages(n_pow2, dtype.itemsize, n)), **meta)
+                                 STAGES=max(1, _fwd_stages(n_pow2, dtype.itemsize, n, is_rms)), **meta)
     if len(_FWD_PLANS) >= _MAX_PLANS:
         _FWD_PLANS.clear()
     _FWD_PLANS[key] = plan
@@ -644,7 +644,7 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     sx = n if sx is None else sx
     sdy = n if sdy is None else sdy
     n_pow2 = next_power_of_2(n)
-    single, block, warps, per_sm = _bwd_config(n_pow2, dtype.itemsize, n)
+    single, block, warps, per_sm = _bwd_config(n_pow2, dtype.itemsize, n, is_rms)
     rows_unit = block if single else 1
     g = max(1, min(per_sm * _sm_count(device_index), triton.cdiv(m, rows_unit)))
     g = get_override(_CFG, "bwd_programs", g)
@@ -656,7 +656,7 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     plan.nparts = (int(has_w) + int(has_b)) * g * n
     plan.ints = (m, n, sx, sdy, rows_per_prog)
     meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, CAST_BEFORE_W=cast_before_w, num_warps=warps)
-    stages = _bwd_stages(n_pow2, dtype.itemsize, n)
+    stages = _bwd_stages(n_pow2, dtype.itemsize, n, is_rms)
     if stages:
         meta["num_stages"] = stages
     plan.stats_kernel = None

@@ -78,7 +78,11 @@ _TUNED: dict[tuple[int, int, str], dict[str, int]] = {
     (2, 4096, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 8, 'bwd_progs_per_sm': 2, 'bwd_stages': 4, 'bwd_max_single': 65536},  # 0.75 of copy
     (2, 4096, "fwd"): {'fwd_block_m': 1, 'fwd_warps': 4, 'fwd_max_single': 65536},  # 0.93 of copy
     (2, 65536, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 16, 'bwd_progs_per_sm': 1},  # 0.39 of copy
-    (2, 65536, "fwd"): {'fwd_max_single': 1024, 'fwd_chunk': 8192, 'fwd_warps': 8},  # 0.52 of copy
+    (2, 65536, "fwd"): {'fwd_max_single': 1024, 'fwd_chunk': 4096, 'fwd_warps': 8, 'fwd_stages': 3},  # 0.59 of copy (0.53 before; session 5, issue9/run7_norm768/norm_wide.log)
+    # 768 (GPT-2, ViT), LayerNorm only (RMSNorm at 768 ran 0.98 / 0.90 with the bucket's entries and lost
+    # backward with these): session 5 sweep, benchmarks/results/issue9/run7_norm768/
+    (2, 768, "fwd_ln"): {'fwd_block_m': 2, 'fwd_warps': 2},  # 0.87 of copy (0.80 before)
+    (2, 768, "bwd_ln"): {'bwd_block_m': 4, 'bwd_warps': 4, 'bwd_progs_per_sm': 2, 'bwd_stages': 4, 'bwd_max_single': 65536},  # 0.77 (0.71 before)
     (4, 1024, "fwd"): {'fwd_block_m': 4, 'fwd_warps': 8},  # 0.96 of copy
     (4, 16384, "fwd"): {'fwd_block_m': 2, 'fwd_warps': 16, 'fwd_max_single': 65536},  # 0.88 of copy
     (4, 4096, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 16, 'bwd_progs_per_sm': 2, 'bwd_max_single': 65536},  # 0.90 of copy
@@ -88,17 +92,21 @@ _TUNED: dict[tuple[int, int, str], dict[str, int]] = {
 }
 
 
-def _tuned(n_pow2: int, elem: int, part: str, n: int | None = None):
-    """Lookup in _TUNED: an entry for the exact width n (e.g. 768) first, then its bucket n_pow2."""
-    t = _TUNED.get((elem, n, part)) if n is not None else None
-    if t is None:
-        t = _TUNED.get((elem, n_pow2, part), {})
-    return lambda name, default: get_override(_CFG, name, t.get(name, default))
+def _tuned(n_pow2: int, elem: int, part: str, n: int | None = None, is_rms: bool | None = None):
+    """Lookup in _TUNED: an entry for the exact width n (e.g. 768) first, then its bucket n_pow2; at each, a
+    LayerNorm-only entry (part "fwd_ln" / "bwd_ln") before the shared one when ``is_rms`` is False."""
+    parts = (part + "_ln", part) if is_rms is False else (part,)
+    for width in ((n, n_pow2) if n is not None else (n_pow2,)):
+        for p in parts:
+            t = _TUNED.get((elem, width, p))
+            if t is not None:
+                return lambda name, default: get_override(_CFG, name, t.get(name, default))
+    return lambda name, default: get_override(_CFG, name, default)
 
 
-def _fwd_config(n_pow2: int, elem: int, n: int | None = None) -> tuple[bool, int, int]:
+def _fwd_config(n_pow2: int, elem: int, n: int | None = None, is_rms: bool | None = None) -> tuple[bool, int, int]:
     """(single_block, BLOCK_M or chunk, num_warps) for the forward of rows n wide (bucket n_pow2)."""
-    ov = _tuned(n_pow2, elem, "fwd", n)
+    ov = _tuned(n_pow2, elem, "fwd", n, is_rms)
     if n_pow2 <= ov("fwd_max_single", FWD_MAX_SINGLE[elem]):
         block_m = ov("fwd_block_m", max(1, FWD_TILE[elem] // n_pow2))
         warps = ov("fwd_warps", _warps_for(n_pow2, block_m))
@@ -106,19 +114,19 @@ def _fwd_config(n_pow2: int, elem: int, n: int | None = None) -> tuple[bool, int
     return False, ov("fwd_chunk", FWD_CHUNK), ov("fwd_warps", FWD_CHUNK_WARPS)
 
 
-def _fwd_stages(n_pow2: int, elem: int, n: int | None = None) -> int:
+def _fwd_stages(n_pow2: int, elem: int, n: int | None = None, is_rms: bool | None = None) -> int:
     """Software-pipelining depth of the wide-row forward's chunk loops (tl.range num_stages): 0/1 = none."""
-    return _tuned(n_pow2, elem, "fwd", n)("fwd_stages", 0)
+    return _tuned(n_pow2, elem, "fwd", n, is_rms)("fwd_stages", 0)
 
 
-def _bwd_stages(n_pow2: int, elem: int, n: int | None = None) -> int:
+def _bwd_stages(n_pow2: int, elem: int, n: int | None = None, is_rms: bool | None = None) -> int:
     """Software-pipelining depth (Triton's num_stages) of the backward's row loop: 0 = Triton's default."""
-    return _tuned(n_pow2, elem, "bwd", n)("bwd_stages", 0)
+    return _tuned(n_pow2, elem, "bwd", n, is_rms)("bwd_stages", 0)
 
 
-def _bwd_config(n_pow2: int, elem: int, n: int | None = None) -> tuple[bool, int, int, int]:
+def _bwd_config(n_pow2: int, elem: int, n: int | None = None, is_rms: bool | None = None) -> tuple[bool, int, int, int]:
     """(single_block, BLOCK_M or chunk, num_warps, programs per SM) for the backward."""
-    ov = _tuned(n_pow2, elem, "bwd", n)
+    ov = _tuned(n_pow2, elem, "bwd", n, is_rms)
     if n_pow2 <= ov("bwd_max_single", BWD_MAX_SINGLE[elem]):
         block_m = ov("bwd_block_m", max(1, BWD_TILE[elem] // n_pow2))
         warps = ov("bwd_warps", 16 if n_pow2 >= 4096 else _warps_for(n_pow2, block_m))
