@@ -244,6 +244,10 @@ def test_gpu_fast_call_takes_registered_shapes_only(rms, cpp_on):
     assert fast(x, [n], w[:-1], b, eps, rms) is None
     with torch.autocast("cuda", dtype=torch.bfloat16):
         assert fast(x, [n], w, b, eps, rms) is None
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():  # a forward-mode tangent: the Python path (its custom op) carries it
+        assert fast(fwAD.make_dual(x.detach(), torch.randn_like(x)), [n], w, b, eps, rms) is None
     # through the functional API with torch's own tensors: fast, and equal to the Python path's answer
     y2 = fused(x, w)
     assert y2.grad_fn.name() == "FusedNormBackward"

@@ -79,9 +79,14 @@ NodePtr self_ptr(T* n) {
 
 // Whether a call may take the C++ fast path at all: no autocast on CUDA (the Python path applies autocast's
 // dtype policy), and no forward-mode AD tangents (the Python path's custom op handles those).
-bool plain_call(const at::Tensor& x) {
-  return !at::autocast::is_autocast_enabled(at::kCUDA) && !x._fw_grad(/*level=*/0).defined();
+// A forward-mode AD tangent on t (read from its autograd metadata: x._fw_grad() is a dispatched op).
+bool has_tangent(const at::Tensor& t) {
+  if (!t.defined()) return false;
+  const torch::autograd::AutogradMeta* meta = torch::autograd::impl::get_autograd_meta(t);
+  return meta != nullptr && meta->fw_grad_ && !meta->fw_grad_->empty();
 }
+
+bool plain_call(const at::Tensor& x) { return !at::autocast::is_autocast_enabled(at::kCUDA) && !has_tangent(x); }
 
 // The fast paths' plan tables: (rows, width, dtypes, device, flags) of a contiguous, aligned call -> the plan
 // the Python path registered for it.  Read on every call, written once per new shape.
@@ -429,7 +434,9 @@ std::optional<at::Tensor> norm_fast(const at::Tensor& x, std::vector<int64_t> no
   bool grad = x.requires_grad();
   for (const at::Tensor* p : {&w, &b}) {
     if (!p->defined()) continue;
-    if (p->device() != x.device() || p->sizes() != at::IntArrayRef(normalized_shape) || !aligned_contiguous(*p)) return {};
+    if (p->device() != x.device() || p->sizes() != at::IntArrayRef(normalized_shape) || !aligned_contiguous(*p) ||
+        has_tangent(*p))
+      return {};
     grad = grad || p->requires_grad();
   }
   grad = grad && at::GradMode::is_enabled();
