@@ -486,6 +486,48 @@ def test_gpu_cpp_attention_dropout_same_mask_as_python_path(cpp_on):
         torch.testing.assert_close(g, r, atol=0, rtol=0)
 
 
+@pytest.mark.gpu
+def test_gpu_attention_fast_call(cpp_on):
+    """attention_fast (SDPA's dense call in one C++ call) answers for a layout the Python path bound, with
+    and without autograd, GQA with enable_gqa only; anything else returns None (the Python path runs)."""
+    B, H, HKV, S, D = 2, 8, 2, 200, 64
+    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(B, HKV, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    for _ in range(2):
+        fused_attention(q, k, v, is_causal=True, enable_gqa=True).backward(torch.randn_like(q))
+        with torch.no_grad():
+            fused_attention(q, k, v, is_causal=True, enable_gqa=True)
+    fast = cpp_on.attention_fast
+    y = fast(q, k, v, 0.0, True, None, True)
+    assert y is not None and y.grad_fn.name() == "FusedAttentionBackward"
+    with torch.no_grad():
+        yi = fast(q, k, v, 0.0, True, None, True)
+    assert yi is not None and yi.grad_fn is None
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(y.double(), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(yi, y)
+    do = torch.randn_like(q)
+    got = torch.autograd.grad(y, (q, k, v), do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, enable_gqa=True), (q64, k64, v64), do.double())
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g.double(), r, atol=5e-2, rtol=5e-2)
+    assert fast(q, k, v, 0.0, True, None, False) is None  # GQA without enable_gqa: the Python path raises
+    assert fast(q, k, v, 0.0, False, None, True) is None  # not causal: not bound
+    assert fast(q, k, v, 0.0, True, 0.5, True) is not None  # scale is a runtime argument
+    with pytest.raises(ValueError):
+        fused_attention(q, k, v, is_causal=True)  # (through the functional API: its own error)
+    # a config override rebuilds the plans: the bindings are dropped, then the Python path binds again
+    from fused_layers.ops._common import config_override
+
+    with config_override("attention", nonexistent_knob=1):
+        assert fast(q, k, v, 0.0, True, None, True) is None
+    assert fast(q, k, v, 0.0, True, None, True) is None
+    fused_attention(q, k, v, is_causal=True, enable_gqa=True)  # re-registers (plans are cached per epoch)
+    fused_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert fast(q, k, v, 0.0, True, None, True) is not None
+
+
 @pytest.mark.parametrize("cast_before_w", [True, False])
 def test_rms_variant_registration(cast_before_w, recorded):
     """The HF Llama-family RMSNorm (bf16 x, fp32 weight, y in float32 = promote_types): the forward key holds y's

@@ -24,6 +24,7 @@
 #include <ATen/autocast_mode.h>
 
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -644,6 +645,79 @@ at::Tensor attention_infer(const at::Tensor& q, const at::Tensor& k, const at::T
                       dropout_scale).first;
 }
 
+// attention_fast: F.scaled_dot_product_attention's dense call (4-D q / k / v, no mask) in one C++ call for a
+// layout the Python path has registered.  Key: q's, k's and v's sizes and strides, dtype, device, causal,
+// the bits of dropout_p, with-autograd; value: the attention plan and the dropout scale of that p.
+struct VecHash {
+  size_t operator()(const std::vector<int64_t>& k) const {
+    size_t h = 0;
+    for (int64_t e : k) h = h * 1000003u ^ std::hash<int64_t>()(e);
+    return h;
+  }
+};
+std::unordered_map<std::vector<int64_t>, std::pair<int64_t, double>, VecHash> g_attn_fast;
+constexpr double kLog2e = 1.4426950408889634;  // attention.py's LOG2E: the kernels' exponent base 2
+
+std::vector<int64_t> attention_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                                   double dropout_p, bool grad) {
+  std::vector<int64_t> key;
+  key.reserve(28);
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    for (int64_t i = 0; i < 4; ++i) key.push_back(t->size(i));
+    for (int64_t i = 0; i < 4; ++i) key.push_back(t->stride(i));
+  }
+  int64_t bits;
+  std::memcpy(&bits, &dropout_p, sizeof bits);
+  key.push_back((int64_t)q.scalar_type());
+  key.push_back((int64_t)q.get_device());
+  key.push_back(bits);
+  key.push_back((causal ? 1 : 0) | (grad ? 2 : 0));
+  return key;
+}
+
+void bind_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double dropout_p,
+                    bool grad, int64_t plan, double dropout_scale) {
+  auto key = attention_key(q, k, v, causal, dropout_p, grad);
+  std::unique_lock<std::shared_mutex> lock(g_fast_mutex);
+  g_attn_fast[std::move(key)] = {plan, dropout_scale};
+}
+
+std::optional<at::Tensor> attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         double dropout_p, bool is_causal, std::optional<double> scale,
+                                         bool enable_gqa) {
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || !q.is_cuda() || !q.has_storage() || !k.has_storage() ||
+      !v.has_storage() || q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type() ||
+      k.device() != q.device() || v.device() != q.device() || !plain_call(q) || has_tangent(k) || has_tangent(v))
+    return {};
+  if (k.size(1) != q.size(1) && !enable_gqa) return {};  // the Python path raises its error
+  for (const at::Tensor* t : {&q, &k, &v})
+    if ((uintptr_t)t->data_ptr() & 15) return {};
+  const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  auto key = attention_key(q, k, v, is_causal, dropout_p, grad);
+  std::pair<int64_t, double> found{-1, 0.0};
+  {
+    std::shared_lock<std::shared_mutex> lock(g_fast_mutex);
+    auto it = g_attn_fast.find(key);
+    if (it == g_attn_fast.end()) return {};
+    found = it->second;
+  }
+  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt((double)q.size(3));
+  std::optional<at::Tensor> seed;
+  if (dropout_p > 0.0)  // as draw_dropout_seed: one int64 from torch's generator of q's device
+    seed = at::randint(0, (int64_t)1 << 62, {1}, q.options().dtype(at::kLong));
+  if (grad) return attention_apply(q, k, v, sc * kLog2e, sc, seed, dropout_p, found.second, found.first);
+  return attention_infer(q, k, v, sc * kLog2e, seed, dropout_p, found.second, found.first);
+}
+
+// Forget every fast-path binding (a config override changed the plans): calls go through Python again and
+// bind the new plans.
+void clear_fast() {
+  std::unique_lock<std::shared_mutex> lock(g_fast_mutex);
+  g_norm_fast.clear();
+  g_softmax_fast.clear();
+  g_attn_fast.clear();
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("param_count", &param_count);
   m.def("pack_for_test", &pack_for_test);
@@ -661,4 +735,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_attention", &register_attention);
   m.def("attention_apply", &attention_apply);
   m.def("attention_infer", &attention_infer);
+  m.def("bind_attention", &bind_attention);
+  m.def("attention_fast", &attention_fast);
+  m.def("clear_fast", &clear_fast);
 }

@@ -158,9 +158,19 @@ def config_override(op: str, **values: int) -> Iterator[None]:
     """Temporarily override config values of ``op`` (e.g. ``config_override("softmax", max_single_block=64)``)."""
     old = dict(_OVERRIDES.get(op, {}))
     _OVERRIDES.setdefault(op, {}).update(values)
-    _EPOCH[0] += 1
+    _bump_epoch()
     try:
         yield
     finally:
         _OVERRIDES[op] = old
-        _EPOCH[0] += 1
+        _bump_epoch()
+
+
+def _bump_epoch() -> None:
+    """New launch plans from now on: the Python caches key on the epoch; the C++ fast paths' tables, which
+    map a call's shape straight to a plan, are emptied (ops/_cpp.py)."""
+    _EPOCH[0] += 1
+    from . import _cpp
+
+    if _cpp._ext is not None:
+        _cpp._ext.clear_fast()

@@ -1239,6 +1239,16 @@ def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dr
                               list(_permuted_stride(v.shape, ov)))
 
 
+def _cpp_attention_register_and_bind(plan, q, k, v, max_q, max_k, causal, scale, grad, dropout_p=0.0, seed=None):
+    """``_cpp_attention_register``, then (16-bit q: float32's plan depends on the global TF32 flag) the layout
+    is bound for ``attention_fast``, F.scaled_dot_product_attention's call in one C++ call."""
+    nid = _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dropout_p, seed)
+    ext = _cpp.extension()
+    if type(nid) is int and ext is not None and q.dtype != torch.float32:
+        ext.bind_attention(q, k, v, causal, dropout_p, grad, nid, _dropout_scale(dropout_p) if dropout_p > 0.0 else 1.0)
+    return nid
+
+
 def _cpp_attention(q, k, v, max_q, max_k, causal, scale, grad, dropout_p=0.0, seed=None):
     """A dense eager call through the C++ fast path (ops/_cpp.py): with ``grad`` a C++ autograd node, else a
     forward; None: the Python path runs (first call of a plan, unaligned or non-CUDA inputs)."""
@@ -1248,8 +1258,8 @@ def _cpp_attention(q, k, v, max_q, max_k, causal, scale, grad, dropout_p=0.0, se
     plan = _FWD_PLANS.get(_fwd_key(q, k, v, max_q, max_k, causal, dropout))
     if plan is None or plan.kernel is None or plan.empty:
         return None
-    nid = _cpp.plan_id(plan.cpp, (q.get_device(), grad), _cpp_attention_register, plan, q, k, v, max_q, max_k, causal,
-                       scale, grad, dropout_p, seed)
+    nid = _cpp.plan_id(plan.cpp, (q.get_device(), grad), _cpp_attention_register_and_bind, plan, q, k, v, max_q, max_k,
+                       causal, scale, grad, dropout_p, seed)
     if nid is None:
         return None
     ext = _cpp.extension()
@@ -1407,6 +1417,13 @@ def fused_attention(
     seed drawn from torch's RNG on q's device (``torch.manual_seed`` reproduces it); the backward
     regenerates it, nothing is stored.  ``attention_dropout_mask`` materializes it for tests.
     """
+    if _cpp.ENABLED and _cpp._ext is not None and attn_mask is None and not _cpp.is_compiling():
+        try:  # a registered dense layout: one C++ call
+            out = _cpp._ext.attention_fast(query, key, value, dropout_p, is_causal, scale, enable_gqa)
+        except TypeError:  # arguments of the wrong types: the checks below raise their own errors
+            out = None
+        if out is not None:
+            return out
     _check_qkv(query, key, value)
     q, k, v = query, key, value
     if not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
