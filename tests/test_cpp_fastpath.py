@@ -562,4 +562,9 @@ def test_gpu_cpp_rms_variant_matches_reference(cast_before_w, keep, cpp_on):
         torch.testing.assert_close(y.double(), y64, atol=5e-2, rtol=2e-2)
         torch.testing.assert_close(gx.double(), rx, atol=5e-2, rtol=2e-2)
         torch.testing.assert_close(gw.double(), rw, atol=0.5, rtol=2e-2)
-    assert type(y.grad_fn).__name__ != "RmsNormVariantFunctionBackward", y.grad_fn
+    assert y.grad_fn.name() == "FusedNormBackward", y.grad_fn
+    # by now the registered shape runs in one C++ call (rms_variant_fast), with this variant's output dtype
+    y2 = cpp_on.rms_variant_fast(x, w, 1e-6, cast_before_w, keep)
+    assert y2 is not None and y2.dtype == y.dtype
+    torch.testing.assert_close(y2, y, atol=0, rtol=0)  # the same kernels on the same inputs
+    assert cpp_on.rms_variant_fast(x, w.half(), 1e-6, cast_before_w, keep) is None  # a weight dtype never registered

@@ -419,31 +419,21 @@ void set_rms_default_eps(double f16, double bf16, double f32) {
 
 // F.layer_norm / F.rms_norm in one C++ call for a shape the Python path has registered: None otherwise (the
 // Python path then runs, validates and raises its errors, and registers new shapes).  The key's dtypes are
-// c10::ScalarType codes (-1: no weight / bias); flags: 1 RMSNorm, 2 with its autograd node.
-std::optional<at::Tensor> norm_fast(const at::Tensor& x, std::vector<int64_t> normalized_shape,
-                                    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                                    std::optional<double> eps, bool is_rms) {
-  const int64_t k = (int64_t)normalized_shape.size(), dim = x.dim();
-  if (!x.is_cuda() || k == 0 || k > dim || x.numel() == 0 || !aligned_contiguous(x) || !plain_call(x)) return {};
-  int64_t n = 1;
-  for (int64_t i = 0; i < k; ++i) {
-    if (x.size(dim - k + i) != normalized_shape[i]) return {};
-    n *= normalized_shape[i];
-  }
-  at::Tensor w = weight.has_value() ? *weight : at::Tensor();
-  at::Tensor b = bias.has_value() ? *bias : at::Tensor();
+// c10::ScalarType codes (-1: no weight / bias); flags: 1 RMSNorm, 2 with its autograd node, 4 / 8 the RMSNorm
+// variants (norm_fast_impl).
+// The lookup and the call: x already checked against a trailing shape of n elements (`shape`); flags as in the
+// key (beyond 1 RMSNorm and 2 autograd: 4 the HF rounding before the weight, 8 a float32 output).
+std::optional<at::Tensor> norm_fast_impl(const at::Tensor& x, int64_t n, at::IntArrayRef shape, const at::Tensor& w,
+                                         const at::Tensor& b, std::optional<double> eps, int64_t flags) {
   bool grad = x.requires_grad();
   for (const at::Tensor* p : {&w, &b}) {
     if (!p->defined()) continue;
-    if (p->device() != x.device() || p->sizes() != at::IntArrayRef(normalized_shape) || !aligned_contiguous(*p) ||
-        has_tangent(*p))
-      return {};
+    if (p->device() != x.device() || p->sizes() != shape || !aligned_contiguous(*p) || has_tangent(*p)) return {};
     grad = grad || p->requires_grad();
   }
   grad = grad && at::GradMode::is_enabled();
-  const int64_t xd = (int64_t)x.scalar_type();
-  const FastKey key{x.numel() / n, n, xd, w.defined() ? (int64_t)w.scalar_type() : -1,
-                    b.defined() ? (int64_t)b.scalar_type() : -1, (int64_t)x.get_device(), (is_rms ? 1 : 0) | (grad ? 2 : 0)};
+  const FastKey key{x.numel() / n, n, (int64_t)x.scalar_type(), w.defined() ? (int64_t)w.scalar_type() : -1,
+                    b.defined() ? (int64_t)b.scalar_type() : -1, (int64_t)x.get_device(), flags | (grad ? 2 : 0)};
   const int64_t plan = fast_find(g_norm_fast, key);
   if (plan < 0) return {};
   double e;
@@ -455,6 +445,33 @@ std::optional<at::Tensor> norm_fast(const at::Tensor& x, std::vector<int64_t> no
   }
   if (grad) return norm_forward_node(x, w, b, e, plan);
   return norm_infer_impl(x, w, b, e, plan);
+}
+
+std::optional<at::Tensor> norm_fast(const at::Tensor& x, std::vector<int64_t> normalized_shape,
+                                    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                                    std::optional<double> eps, bool is_rms) {
+  const int64_t k = (int64_t)normalized_shape.size(), dim = x.dim();
+  if (!x.is_cuda() || k == 0 || k > dim || x.numel() == 0 || !aligned_contiguous(x) || !plain_call(x)) return {};
+  int64_t n = 1;
+  for (int64_t i = 0; i < k; ++i) {
+    if (x.size(dim - k + i) != normalized_shape[i]) return {};
+    n *= normalized_shape[i];
+  }
+  return norm_fast_impl(x, n, normalized_shape, weight.has_value() ? *weight : at::Tensor(),
+                        bias.has_value() ? *bias : at::Tensor(), eps, is_rms ? 1 : 0);
+}
+
+// fused_rms_norm_variant's call (the HF Llama / Gemma RMSNorms of ops/norm_variants.py): the output is
+// promote_types(x, weight), or x's dtype with keep_input_dtype.
+std::optional<at::Tensor> rms_variant_fast(const at::Tensor& x, const at::Tensor& weight, double eps, bool cast_before_w,
+                                           bool keep_input_dtype) {
+  if (!x.is_cuda() || x.dim() == 0 || x.numel() == 0 || !weight.defined() || weight.dim() != 1 ||
+      !aligned_contiguous(x) || !plain_call(x))
+    return {};
+  const int64_t n = x.size(x.dim() - 1);
+  const bool f32_out = !keep_input_dtype && weight.scalar_type() == at::kFloat && x.scalar_type() != at::kFloat;
+  return norm_fast_impl(x, n, at::IntArrayRef(&n, 1), weight, at::Tensor(), eps,
+                        1 | (cast_before_w ? 4 : 0) | (f32_out ? 8 : 0));
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -728,6 +745,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bind_norm", &bind_norm);
   m.def("set_rms_default_eps", &set_rms_default_eps);
   m.def("norm_fast", &norm_fast);
+  m.def("rms_variant_fast", &rms_variant_fast);
   m.def("bind_softmax", &bind_softmax);
   m.def("softmax_fast", &softmax_fast);
   m.def("softmax_apply", &softmax_apply);

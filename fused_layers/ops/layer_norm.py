@@ -977,13 +977,15 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
     else:
         red = handles[2] if len(handles) > 2 else -1
         nid = _cpp.register_plan("register_norm", handles[0], handles[1], red, plan.nstats, bplan.nparts, ycode)
-    if type(nid) is int and not cast_before_w and out_dtype is None:
-        # The plain F.layer_norm / F.rms_norm call of this shape now runs in one C++ call (norm_fast).
+    if type(nid) is int and (out_dtype is None or out_dtype == torch.float32):
+        # The F.layer_norm / F.rms_norm call of this shape (or fused_rms_norm_variant's: flags 4 / 8) now runs
+        # in one C++ call (norm_fast, rms_variant_fast).
         ext = _cpp.extension()
         ext.set_rms_default_eps(*(_RMS_DEFAULT_EPS[d] for d in (torch.float16, torch.bfloat16, torch.float32)))
         n = math.prod(x.shape[x.dim() - k:])
         ext.bind_norm([x.numel() // n, n, _SCALAR_TYPE[xd], _SCALAR_TYPE[wd] if has_w else -1,
-                       _SCALAR_TYPE[bd] if has_b else -1, dev, int(is_rms) | (2 if grad else 0)], nid)
+                       _SCALAR_TYPE[bd] if has_b else -1, dev,
+                       int(is_rms) | (2 if grad else 0) | (4 if cast_before_w else 0) | (8 if out_dtype is not None else 0)], nid)
     return nid
 
 
