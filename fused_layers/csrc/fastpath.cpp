@@ -3,8 +3,9 @@
 // Why (issue 9, benchmarks/results/issue9/run6_host/): on the H200 host, LayerNorm fwd+bwd through a
 // Python torch.autograd.Function costs 222 us a call with every launch stubbed out, more than PyTorch's
 // whole fwd+bwd (171 us).  The autograd engine runs a CUDA node's backward on its device thread, and a
-// Python node makes that thread take the GIL and run Python.  Here the node, the allocations and the
-// launches are C++; Python only looks up the launch plan in the forward.
+// Python node makes that thread take the GIL and run Python.  Here the node (hand-written, as PyTorch's
+// generated ones: torch::autograd::Function cost more than it saved), the allocations and the launches
+// are C++, and so is the lookup of a registered shape's plan (norm_fast, softmax_fast, attention_fast).
 //
 // Kernels: the Python side compiles every kernel through Triton as before (the first call of a plan runs
 // the Python path), then registers each compiled kernel: its CUfunction (already loaded by Triton, with

@@ -9,8 +9,15 @@ parameter kinds), and later calls with that plan go through C++.
 
 Built on first use with the host's C++ compiler (``torch.utils.cpp_extension.load``, cached in torch's
 extensions directory; ``cuda.h`` from Triton's package, libcuda opened at run time). A build or registration
-failure warns once and leaves every op on the Python path. Not yet timed on a GPU: the default stays off
-until ``bench_host.py`` with ``FUSED_LAYERS_CPP=1`` (``benchmarks/gpu_session6_b.sh``) says it pays.
+failure warns once and leaves every op on the Python path.
+
+Once a shape is registered, the functional API makes one call into the extension (``norm_fast``,
+``rms_variant_fast``, ``softmax_fast``, ``attention_fast``), which checks the arguments, finds the plan by
+shape / dtypes / device and runs it, or returns None for anything else (the Python path then runs).
+
+Measured on the H200 (session 5, benchmarks/results/issue9/run7_cpp_node/): 1.19-1.54x of PyTorch's host
+cost per call against 1.36-1.98x for the Python path.  Off by default until the next GPU run of this form
+(``benchmarks/gpu_session8_a.sh``: every GPU test with the flag on).
 """
 
 from __future__ import annotations
