@@ -15,6 +15,9 @@ Once a shape is registered, the functional API makes one call into the extension
 ``rms_variant_fast``, ``softmax_fast``, ``attention_fast``), which checks the arguments, finds the plan by
 shape / dtypes / device and runs it, or returns None for anything else (the Python path then runs).
 
+Not covered: compiled autograd (``torch._dynamo.compiled_autograd``) cannot trace the C++ nodes; leave the
+flag off under it.
+
 Measured on the H200 (session 5, benchmarks/results/issue9/run7_cpp_node/): 1.19-1.54x of PyTorch's host
 cost per call against 1.36-1.98x for the Python path.  Off by default until the next GPU run of this form
 (``benchmarks/gpu_session8_a.sh``: every GPU test with the flag on).
