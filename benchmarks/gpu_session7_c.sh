@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 5, call 3 (nvidia-h200, < 8 min): where the C++ fast path's host time goes (diag_cpp_host.py), then the
-# 768-wide and wide-row norm sweeps of gpu_session6.sh.
+# 768-wide and wide-row norm sweeps (what session 4 prepared as gpu_session6.sh, run here).
 #   run: OUT=$OUT bash benchmarks/gpu_session7_c.sh
 set -u
 source benchmarks/_gpu_env.sh

@@ -324,6 +324,24 @@ _CPP_POINTERS = {
 }
 
 
+def test_fast_calls_leave_bad_arguments_to_the_python_path(cpp_on):
+    """With the extension loaded, arguments the one-call fast paths cannot even convert (pybind's TypeError)
+    still get the functional API's own error, naming the argument."""
+    from fused_layers.ops.norm_variants import fused_rms_norm_variant
+
+    cases = [
+        (lambda: fused_layer_norm("x", (3,)), "fused_layer_norm: argument 'input'"),
+        (lambda: fused_rms_norm("x", (3,)), "fused_rms_norm: argument 'input'"),
+        (lambda: fused_softmax("x", -1), "fused_softmax: argument 'input'"),
+        (lambda: fused_attention("q", "k", "v"), "fused_attention: argument 'query'"),
+        (lambda: fused_rms_norm_variant("x", torch.ones(3), 1e-6), "argument 'input'"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TypeError, match=message):
+            call()
+    assert _cpp.fast_call("norm_fast", "x", (3,), None, None, 1e-5, False) is None
+
+
 @pytest.fixture
 def recorded(monkeypatch):
     calls = []

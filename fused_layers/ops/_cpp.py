@@ -70,6 +70,19 @@ def extension() -> Any:
     return _ext
 
 
+def fast_call(fn_name: str, *args: Any) -> Any:
+    """The one-call fast path of a functional op: ``ext.<fn_name>(*args)``, the output tensor of a call whose
+    shape the Python path registered; None when the extension is not loaded, while Dynamo traces, for any
+    call the extension declines, and for arguments of the wrong types (the Python path then raises its own
+    error).  Callers check ``ENABLED`` first, so the default path pays one attribute read."""
+    if _ext is None or is_compiling():
+        return None
+    try:
+        return getattr(_ext, fn_name)(*args)
+    except TypeError:
+        return None
+
+
 def roles(n_ptrs: int, n_ints: int, n_floats: int = 0, floats_first: bool = False, tail_ptrs: int = 0) -> str:
     """The runtime arguments of a launch, in the kernel's order: 'p' pointer, 'i' int, 'f' float.  Most
     kernels take pointers, ints, floats; attention's take pointers, floats, ints (and one more pointer)."""

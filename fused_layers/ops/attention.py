@@ -1417,11 +1417,8 @@ def fused_attention(
     seed drawn from torch's RNG on q's device (``torch.manual_seed`` reproduces it); the backward
     regenerates it, nothing is stored.  ``attention_dropout_mask`` materializes it for tests.
     """
-    if _cpp.ENABLED and _cpp._ext is not None and attn_mask is None and not _cpp.is_compiling():
-        try:  # a registered dense layout: one C++ call
-            out = _cpp._ext.attention_fast(query, key, value, dropout_p, is_causal, scale, enable_gqa)
-        except TypeError:  # arguments of the wrong types: the checks below raise their own errors
-            out = None
+    if _cpp.ENABLED and attn_mask is None:  # a registered dense layout: one C++ call
+        out = _cpp.fast_call("attention_fast", query, key, value, dropout_p, is_causal, scale, enable_gqa)
         if out is not None:
             return out
     _check_qkv(query, key, value)

@@ -103,7 +103,6 @@ from ._common import (
     use_fallback,
 )
 from . import _cpp
-from ._cpp import is_compiling as _is_compiling  # torch.compiler.is_compiling itself: the fast paths' check
 from ._library import FusedOp, Kernel, _functorch_active
 from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the table through this module)
     _TUNED,
@@ -1048,12 +1047,9 @@ def fused_layer_norm(
     dtype (contiguous), weight / bias in the input's dtype or float32, autocast handled like
     ``layer_norm``.  float64 inputs, and devices where Triton cannot run, use PyTorch.
     """
-    if _cpp.ENABLED and _cpp._ext is not None and not _is_compiling():  # a registered shape: one C++ call
-        try:
-            y = _cpp._ext.norm_fast(input, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
-                                    weight, bias, eps, False)
-        except TypeError:  # arguments of the wrong types: the Python path raises its own error for them
-            y = None
+    if _cpp.ENABLED:  # a registered shape: one C++ call
+        y = _cpp.fast_call("norm_fast", input, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
+                           weight, bias, eps, False)
         if y is not None:
             return y
     shape, k = _validate(_LN, input, normalized_shape, weight, bias)
@@ -1080,12 +1076,9 @@ def fused_rms_norm(
     half-precision inputs, and this follows whatever the installed PyTorch does), output in the input's
     dtype, autocast handled like ``rms_norm``.
     """
-    if _cpp.ENABLED and _cpp._ext is not None and not _is_compiling():  # a registered shape: one C++ call
-        try:
-            y = _cpp._ext.norm_fast(input, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
-                                    weight, None, eps, True)
-        except TypeError:  # arguments of the wrong types: the Python path raises its own error for them
-            y = None
+    if _cpp.ENABLED:  # a registered shape: one C++ call
+        y = _cpp.fast_call("norm_fast", input, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
+                           weight, None, eps, True)
         if y is not None:
             return y
     shape, k = _validate(_RMS, input, normalized_shape, weight, None)

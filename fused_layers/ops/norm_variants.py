@@ -105,11 +105,8 @@ def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float
     ``weight``: 1-D over the last dim, in ``input``'s dtype or float32.  Devices where Triton cannot run
     and float64 use ``rms_norm_variant_reference``.
     """
-    if _cpp.ENABLED and _cpp._ext is not None and not is_compiling():  # a registered shape: one C++ call
-        try:
-            y = _cpp._ext.rms_variant_fast(input, weight, eps, cast_before_weight, keep_input_dtype)
-        except TypeError:  # arguments of the wrong types: the checks below raise their own errors
-            y = None
+    if _cpp.ENABLED:  # a registered shape: one C++ call
+        y = _cpp.fast_call("rms_variant_fast", input, weight, eps, cast_before_weight, keep_input_dtype)
         if y is not None:
             return y
     check_tensor(_OP, "input", input)

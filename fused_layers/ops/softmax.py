@@ -570,11 +570,8 @@ def fused_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     accumulation, output in the input's dtype, contiguous). float64 inputs, and devices where Triton
     cannot run, use the PyTorch reference.
     """
-    if _cpp.ENABLED and _cpp._ext is not None and type(dim) is int and not _cpp.is_compiling():
-        try:
-            y = _cpp._ext.softmax_fast(input, dim)  # a registered shape: one C++ call
-        except TypeError:  # not a tensor: the Python path raises its own error
-            y = None
+    if _cpp.ENABLED and type(dim) is int:
+        y = _cpp.fast_call("softmax_fast", input, dim)  # a registered shape: one C++ call
         if y is not None:
             return y
     x, d = _validate(input, dim)
