@@ -29,7 +29,7 @@ sweep() {  # name, timeout, overrides...
   timeout $limit python3 train.py -m $COMMON "$@" hydra.sweep.dir=$W/$name > $W/$name.log 2>&1
   el "sweep $name rc=$?"
   [ -f $W/$name/comparison.md ] || timeout 30 python3 -m lm_demo.compare $W/$name >> $W/$name.log 2>&1  # sweep cut short
-  grep -E "swap report|FusedLayersCallback|step-time A/B|^ +(unfused|all|layer_norm|attention) |steps in|Error|Traceback" $W/$name.log | tail -40 >> $LOG
+  grep -E "swap report|stall report|FusedLayersCallback|step-time A/B|^ +(unfused|all|layer_norm|attention) |steps in|Error|Traceback" $W/$name.log | tail -40 >> $LOG
 }
 # SWEEPS picks a subset (a single-GPU host with 16 cores needs more than 500 s for all four: split them
 # over two calls, e.g. SWEEPS=s1024_eager,s1024_compile then SWEEPS=s4096_eager,s4096_compile).

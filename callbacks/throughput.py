@@ -15,6 +15,11 @@ logged as ``train|...``) with three additions:
   used when the device name matches, else Lightning's ``get_available_flops``.
 * **Measurement pauses excluded.**  Time a ``FusedLayersCallback`` spends measuring between steps
   (its ``paused_seconds``) is taken out of the elapsed time, like Lightning does for validation.
+* **A stall report at the end of training** (issue 12: the first compiled seq-4,096 job of a process lost
+  up to 45% of its wall clock to a stall that the windows' median hid).  Every step's synchronized wall
+  time (``ThroughputMonitor`` synchronizes each step), the slowest steps beside the median, Python's
+  garbage-collector pauses (``gc.callbacks``), and the steps after which Dynamo compiled new frames.  It is
+  logged as ``stall/*`` and printed as one ``stall report:`` line.
 
 The batch is the demo LM's ``(x, y)`` pair of ``(B, T)`` token tensors: ``batch_size_fn`` = ``B``,
 ``length_fn`` = ``B * T`` tokens (items/s is tokens/s).  For other batch layouts pass your own.
@@ -28,6 +33,9 @@ Args:
 
 from __future__ import annotations
 
+import gc
+import statistics
+import time
 from typing import Any, Callable
 
 import torch
@@ -36,7 +44,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.trainer.states import RunningStage
-from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 
 #: Dense (no sparsity) peak FLOP/s from NVIDIA's datasheets, per chip and compute dtype.
 #: H100 SXM5 / H200 SXM: 989.4 TFLOP/s bf16/fp16, 494.7 tf32, 66.9 fp32;  H100 PCIe: 756 / 378 / 51.2;
@@ -116,6 +124,14 @@ class ThroughputCallback(ThroughputMonitor):
         self.flops_from = flops_from
         self.flops_per_batch: int | None = None
         self._paused_seen = 0.0
+        # stall report
+        self._step_end: float | None = None
+        self._step_ms: list[tuple[int, float]] = []  # (global step, synchronized wall ms)
+        self._gc_ms = 0.0
+        self._gc_full = 0  # generation-2 collections
+        self._gc_t0 = 0.0
+        self._frames = 0
+        self._compiled_after: list[int] = []  # steps after which Dynamo had compiled new frames
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -146,8 +162,69 @@ class ThroughputCallback(ThroughputMonitor):
         paused = sum(getattr(cb, "paused_seconds", 0.0) for cb in trainer.callbacks if cb is not self)
         if paused > self._paused_seen and RunningStage.TRAINING in self._t0s:
             self._t0s[RunningStage.TRAINING] += paused - self._paused_seen
+        pause = paused - self._paused_seen
         self._paused_seen = paused
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, *args)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, *args)  # (synchronizes the device)
+        now = time.perf_counter()
+        if self._step_end is not None:
+            self._step_ms.append((trainer.global_step, (now - self._step_end - max(pause, 0.0)) * 1e3))
+        self._step_end = now
+        frames = _frames_compiled()
+        if frames > self._frames:
+            self._compiled_after.append(trainer.global_step)
+            self._frames = frames
+
+    # stall report -------------------------------------------------------------------------------------
+    def _gc_callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif self._gc_t0:  # "stop" of a collection whose start we saw
+            self._gc_ms += (time.perf_counter() - self._gc_t0) * 1e3
+            self._gc_full += int(info.get("generation") == 2)
+            self._gc_t0 = 0.0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._frames = _frames_compiled()
+        if self._gc_callback not in gc.callbacks:
+            gc.callbacks.append(self._gc_callback)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._gc_callback in gc.callbacks:
+            gc.callbacks.remove(self._gc_callback)
+        report = self.stall_report()
+        if report and trainer.is_global_zero:
+            rank_zero_info("stall report: " + ", ".join(f"{k} {v}" for k, v in report.items()))
+            for lg in trainer.loggers:
+                lg.log_metrics({f"stall/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))},
+                               step=trainer.global_step)
+
+    def stall_report(self) -> dict[str, Any]:
+        """Median and slowest step times (ms, synchronized, measurement pauses excluded), the slowest steps'
+        indices, garbage-collector pauses, and the steps after which Dynamo compiled new frames."""
+        if len(self._step_ms) < 2:
+            return {}
+        times = [t for _, t in self._step_ms]
+        slow = sorted(self._step_ms, key=lambda st: -st[1])[:3]
+        return {
+            "median_step_ms": round(statistics.median(times), 2),
+            "max_step_ms": round(slow[0][1], 2),
+            "slowest_steps": " ".join(f"{s}:{t:.0f}ms" for s, t in slow),
+            "excess_ms": round(sum(t - statistics.median(times) for t in times if t > 2 * statistics.median(times)), 1),
+            "gc_ms": round(self._gc_ms, 1),
+            "gc_full_collections": self._gc_full,
+            "compiled_after_steps": " ".join(str(s) for s in self._compiled_after) or "-",
+        }
+
+
+def _frames_compiled() -> int:
+    """Frames Dynamo has compiled so far in this process (0 where it cannot tell)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["frames"]["ok"])
+    except Exception:  # noqa: BLE001  (a torch without these counters: no compile column)
+        return 0
 
 
 def count_flops(model: torch.nn.Module, x: torch.Tensor, loss_fn: Callable[[Any], torch.Tensor] | None = None) -> int:

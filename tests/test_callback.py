@@ -399,6 +399,26 @@ def test_throughput_callback_counts_unfused_flops(tmp_path):
     assert peak_flops("NVIDIA H100 PCIe", torch.bfloat16) == 756e12
     assert peak_flops("NVIDIA H100 80GB HBM3", "tfloat32") == 494.7e12
     assert peak_flops("NVIDIA A100-SXM4-80GB", torch.bfloat16) is None
+    # the stall report: per-step times of this run, logged as stall/* at the end of training
+    report = tp.stall_report()
+    assert report["median_step_ms"] > 0 and report["max_step_ms"] >= report["median_step_ms"]
+    assert len(report["slowest_steps"].split()) == min(3, len(tp._step_ms)) and report["gc_ms"] >= 0
+    assert {"stall/median_step_ms", "stall/max_step_ms", "stall/gc_ms"} <= keys
+    assert tp._gc_callback not in __import__("gc").callbacks  # unregistered at the end of training
+
+
+def test_stall_report_finds_a_slow_step_and_gc_pauses():
+    """The report's arithmetic on a synthetic run: one 10x step stands out with its index; garbage-collector
+    pauses are summed from gc.callbacks' start / stop pairs."""
+    tp = ThroughputCallback()
+    tp._step_ms = [(i, 10.0) for i in range(1, 20)] + [(20, 100.0)]
+    tp._compiled_after = [1, 20]
+    tp._gc_callback("start", {"generation": 2})
+    tp._gc_callback("stop", {"generation": 2})
+    r = tp.stall_report()
+    assert r["median_step_ms"] == 10.0 and r["max_step_ms"] == 100.0
+    assert r["slowest_steps"].startswith("20:100ms") and r["excess_ms"] == 90.0
+    assert r["gc_full_collections"] == 1 and r["gc_ms"] >= 0 and r["compiled_after_steps"] == "1 20"
 
 
 # --------------------------------------------------------------------------------------------------
