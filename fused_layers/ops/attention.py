@@ -114,7 +114,7 @@ from ._common import (
 from . import _cpp
 from ._library import FusedOp, Kernel, _functorch_active
 from .attention_config import (  # noqa: F401
-    _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _dropout_bits, _use_bwd_tma, _variant,
+    _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _dropout_bits, _dropout_code, _use_bwd_tma, _variant,
 )
 
 _OP = "fused_attention"
@@ -134,7 +134,8 @@ def _dropout_keep(
     dropout_p,  # probability of dropping an element
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,  # keys in the tile (a multiple of 16)
-    BITS: tl.constexpr = 16,  # random bits per element: 8 (the library's default) or 16 (attention_config "dropout_bits")
+    BITS: tl.constexpr = 16 | (10 << 8),  # bits per element (8, the library's default, or 16: "dropout_bits")
+    #                                         | Philox rounds << 8 (10 by default: "dropout_rounds")
 ):
     """[BLOCK_M, BLOCK_N] True where P[b, h, row, key] is kept.
 
@@ -147,12 +148,14 @@ def _dropout_keep(
     flash backend runs) for half the Philox work per element.
     Every kernel calls this with the same (row, key) -> bits map.
     """
-    if BITS == 8:
+    NBITS: tl.constexpr = BITS % 256
+    ROUNDS: tl.constexpr = BITS // 256
+    if NBITS == 8:
         G: tl.constexpr = BLOCK_N // 16
         grp = key_start // 16 + tl.arange(0, G)
         zero = rows[:, None] * 0 + grp[None, :] * 0  # int32 [BLOCK_M, G]
         r0, r1, r2, r3 = tl.philox(seed, (grp[None, :] + zero).to(tl.uint32), (rows[:, None] + zero).to(tl.uint32),
-                                   (zero + bh).to(tl.uint32), (zero + 1).to(tl.uint32))
+                                   (zero + bh).to(tl.uint32), (zero + 1).to(tl.uint32), n_rounds=ROUNDS)
         w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK_M, G, 4])
         lo = tl.join(w & 0xFF, (w >> 8) & 0xFF)  # [BLOCK_M, G, 4, 2]
         hi = tl.join((w >> 16) & 0xFF, w >> 24)
@@ -164,7 +167,7 @@ def _dropout_keep(
         grp2 = key_start // 8 + tl.arange(0, G2)
         zero2 = rows[:, None] * 0 + grp2[None, :] * 0  # int32 [BLOCK_M, G]
         s0, s1, s2, s3 = tl.philox(seed, (grp2[None, :] + zero2).to(tl.uint32), (rows[:, None] + zero2).to(tl.uint32),
-                                   (zero2 + bh).to(tl.uint32), zero2.to(tl.uint32))
+                                   (zero2 + bh).to(tl.uint32), zero2.to(tl.uint32), n_rounds=ROUNDS)
         w2 = tl.reshape(tl.join(tl.join(s0, s1), tl.join(s2, s3)), [BLOCK_M, G2, 4])
         halves = tl.reshape(tl.join(w2 & 0xFFFF, w2 >> 16), [BLOCK_M, BLOCK_N])
         thr = tl.cast(dropout_p * 65536.0 + 0.5, tl.uint32)
@@ -987,7 +990,7 @@ def _fwd_plan(key) -> _FwdPlan:
         *lse_st, *(kbst or (0, 0, 0)), H, H // HKV, SQ, SK, D,
     )
     plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
-                     INPUT_PRECISION=prec, HAS_DROPOUT=_dropout_bits() if dropout else 0,
+                     INPUT_PRECISION=prec, HAS_DROPOUT=_dropout_code() if dropout else 0,
                      FOLD_SCALE=kbst is None and _variant("fwd_fold_scale") == 1)
     plan.grid_bh = B * H
     fixed = _config("fwd", bd, causal, dtype)
@@ -1068,7 +1071,7 @@ def _bwd_plan(key) -> _BwdPlan:
                       HKV, H // HKV, SQ, SK, D)
     plan.dq_ints = (*common, *_strides4(dqst, varlen), *lse_st, *kb3, H, H // HKV, SQ, SK, D)
     plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
-                     INPUT_PRECISION=prec, HAS_DROPOUT=_dropout_bits() if dropout else 0)
+                     INPUT_PRECISION=prec, HAS_DROPOUT=_dropout_code() if dropout else 0)
     plan.grids = (SQ, SK, B * H, B * HKV)
     f_dkdv, f_dq = _config("dkdv", bd, causal, dtype), _config("dq", bd, causal, dtype)
     plan.tuned = f_dkdv is None or f_dq is None
@@ -1285,7 +1288,7 @@ def attention_dropout_mask(seed: torch.Tensor, B: int, H: int, Sq: int, Sk: int,
     if out.numel():
         bm, bn = (16, 16) if INTERPRET else (64, 64)
         _dropout_mask_kernel[(triton.cdiv(Sq, bm), B * H)](seed, out, Sq, Sk, float(dropout_p), BLOCK_M=bm, BLOCK_N=bn,
-                                                            BITS=_dropout_bits())
+                                                            BITS=_dropout_code())
     return out.bool()
 
 

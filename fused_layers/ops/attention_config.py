@@ -136,7 +136,13 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # default backward: ahead only at causal S16384 (D64 358 -> 375, D128 410 -> 411 TFLOP/s) and S4096 D128
 # causal (346 -> 347); likely the reduce-adds of every key-block program to the same dQ rows serialize where
 # the dQ kernel's recompute runs at full matmul rate.  Kept as an opt-in for long causal sequences.
-_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "fwd_fold_scale": 1, "bwd_dq_reduce": 0}
+# dropout_rounds: Philox-4x32 rounds per call of the dropout mask, 10 (the default, as curand's
+# Philox4_32_10 and FlashAttention's) or down to 7, which Random123's authors report still passes
+# TestU01's BigCrush ("crush-resistant"; they keep 10 for a safety margin).  The mask is most of dropout's
+# cost (issue 11: +46-92% on attention's time at p = 0.1); 7 rounds do 30% less of its integer work.
+# Not yet timed: a candidate of benchmarks/bench_attention_dropout.py.
+_VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "dropout_rounds": 10, "fwd_fold_scale": 1,
+                             "bwd_dq_reduce": 0}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")
@@ -156,6 +162,14 @@ def _dropout_bits() -> int:
     if bits not in (8, 16):
         raise ValueError(f"fused_attention: config 'dropout_bits' must be 8 or 16, got {bits}")
     return bits
+
+
+def _dropout_code() -> int:
+    """The kernels' HAS_DROPOUT constexpr: bits per element | Philox rounds << 8 (``dropout_rounds``, 7-10)."""
+    rounds = _variant("dropout_rounds")
+    if not 7 <= rounds <= 10:
+        raise ValueError(f"fused_attention: config 'dropout_rounds' must be 7 to 10, got {rounds}")
+    return _dropout_bits() | (rounds << 8)
 
 
 # Where bwd_tma beat the default backward on the H200 (TFLOP/s of the backward, bwd_tma vs default):
