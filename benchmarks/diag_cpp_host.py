@@ -3,7 +3,8 @@
 ``bench_host.py --cpp`` (session 5, call 2) measured the C++ autograd node at nearly the Python path's cost
 (LayerNorm fwd+bwd 240 us against 244, aten 148).  This separates: the Python wrapper in front of the
 extension, the C++ node's forward and backward, the autograd engine, and whether the GPU is the bound
-(time to enqueue vs time to finish).  It also prints torch.profiler's CPU-op table of each variant.
+(time to enqueue vs time to finish), and, with the extension's launches switched off (``set_dry_run``),
+what everything but ``cuLaunchKernel`` costs.  It also prints torch.profiler's CPU-op table of each variant.
 
     FUSED_LAYERS_CPP=1 python benchmarks/diag_cpp_host.py --out DIR
 """
@@ -85,6 +86,18 @@ def main():
         "fused softmax fwd+bwd (cpp)": lambda: fused_softmax(xg, -1).backward(g),
         "torch.empty": lambda: torch.empty((8, 768), device=dev, dtype=dt),
     }
+    def dry(fn):  # the same call with the extension's launches switched off: everything but cuLaunchKernel
+        def run():
+            ext.set_dry_run(True)
+            try:
+                fn()
+            finally:
+                ext.set_dry_run(False)
+
+        return run
+
+    cases["ext.norm_apply fwd+bwd, launches off (dry run)"] = dry(cases["ext.norm_apply fwd+bwd (no wrapper)"])
+    cases["ext.norm_infer, launches off (dry run)"] = dry(cases["ext.norm_infer"])
     res = {k: [] for k in cases}
     for fn in cases.values():
         for _ in range(50):

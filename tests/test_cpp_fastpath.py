@@ -324,6 +324,62 @@ _CPP_POINTERS = {
 }
 
 
+@pytest.fixture
+def dry_run(cpp_on):
+    """The extension with its launches switched off (``set_dry_run``): the autograd nodes run on CPU tensors,
+    so their wiring is tested without a GPU (the outputs' values are whatever the allocator held)."""
+    cpp_on.set_dry_run(True)
+    yield cpp_on
+    cpp_on.set_dry_run(False)
+
+
+def _fake_launch(ext, kinds):
+    return ext.register_launch(0, -1, [1, 1, 1], 32, 0, kinds, [], 0, 0)
+
+
+@pytest.mark.parametrize("affine", ["wb", "w", "none"])
+def test_cpu_norm_node_wiring(affine, dry_run):
+    """The hand-written norm node: one output edge per input (x, weight, bias), gradients of the inputs'
+    shapes and dtypes land in .grad, only for inputs that require grad, retain_graph keeps the saved tensors
+    and a second backward without it raises as for any torch op."""
+    ext, n = dry_run, 37
+    nid = ext.register_norm(_fake_launch(ext, "pppppf"), _fake_launch(ext, "pppppp"), _fake_launch(ext, "ppp"),
+                            16, 2 * 2 * n, -1)
+    x = torch.randn(8, n, requires_grad=True)
+    w = torch.randn(n, requires_grad=True) if affine != "none" else None
+    b = torch.randn(n) if affine == "wb" else None  # (a bias that does not require grad)
+    y = ext.norm_apply(x, w, b, 1e-5, nid)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.requires_grad
+    assert y.grad_fn.name() == "FusedNormBackward" and len(y.grad_fn.next_functions) == 3
+    y.backward(torch.randn_like(y), retain_graph=True)
+    assert x.grad.shape == x.shape and (w is None or w.grad.shape == w.shape)
+    assert b is None or b.grad is None  # bias did not require grad
+    y.backward(torch.randn_like(y))
+    with pytest.raises(RuntimeError, match="second time"):
+        y.backward(torch.randn_like(y))
+
+
+def test_cpu_softmax_and_attention_node_wiring(dry_run):
+    ext = dry_run
+    x = torch.randn(4, 9, requires_grad=True)
+    y = ext.softmax_apply(x, _fake_launch(ext, "pp"), _fake_launch(ext, "ppp"))
+    assert y.grad_fn.name() == "FusedSoftmaxBackward" and len(y.grad_fn.next_functions) == 1
+    (gx,) = torch.autograd.grad(y, x, torch.randn_like(y))
+    assert gx.shape == x.shape
+    q = torch.randn(1, 4, 16, 8, requires_grad=True)
+    k, v = (torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(2))
+    strides = list(q.stride())
+    plan = ext.register_attention(_fake_launch(ext, "p" * 9 + "fff"), _fake_launch(ext, "pppp"),
+                                  _fake_launch(ext, "p" * 12 + "ffff" + "p"), _fake_launch(ext, "p" * 11 + "ffff"),
+                                  strides, [1, 4, 16], strides, list(k.stride()), list(v.stride()))
+    out = ext.attention_apply(q, k, v, 0.5, 0.35, None, 0.0, 1.0, plan)
+    assert out.grad_fn.name() == "FusedAttentionBackward" and len(out.grad_fn.next_functions) == 3
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    with torch.no_grad():
+        assert ext.attention_infer(q, k, v, 0.5, None, 0.0, 1.0, plan).grad_fn is None
+
+
 def test_fast_calls_leave_bad_arguments_to_the_python_path(cpp_on):
     """With the extension loaded, arguments the one-call fast paths cannot even convert (pybind's TypeError)
     still get the functional API's own error, naming the argument."""

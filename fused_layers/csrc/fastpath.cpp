@@ -221,7 +221,12 @@ size_t pack(const Launch& L, PtrIt p, PtrIt p_end, FltIt f, FltIt f_end, uint64_
 }
 
 // Launch `L` with the call's pointers and floats.
+// Diagnostics (benchmarks/diag_cpp_cpu.py): launches return at once, so the host cost of everything else
+// (argument conversion, allocations, the autograd node, the engine) can be measured without a GPU.
+bool g_dry_run = false;
+
 void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initializer_list<double> floats) {
+  if (g_dry_run) return;
   Driver& d = driver();
   uint64_t store[kMaxParams];  // (register_launch refused plans with more parameters)
   void* params[kMaxParams];
@@ -757,4 +762,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bind_attention", &bind_attention);
   m.def("attention_fast", &attention_fast);
   m.def("clear_fast", &clear_fast);
+  m.def("set_dry_run", [](bool on) { g_dry_run = on; });
 }
