@@ -19,7 +19,7 @@ FUSED_LAYERS_CPP=1 timeout 200 python3 -m pytest tests -m gpu -q $XDIST -rf --tb
 el "all gpu tests (cpp on) exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/gpu_tests_cpp_on.log | tail -15
 timeout 80 python3 benchmarks/bench_host.py --out $OUT/host_cpp --rounds 5 --cpp > $OUT/host_cpp.log 2>&1
 el "host (cpp on) exit $?"; grep -E "^\| (layer_norm|rms_norm|softmax|attention)" $OUT/host_cpp.log
-FUSED_LAYERS_CPP=1 timeout 45 python3 benchmarks/diag_cpp_host.py --out $OUT --rounds 3 > $OUT/diag_cpp_host.log 2>&1
+FUSED_LAYERS_CPP=1 timeout 70 python3 benchmarks/diag_cpp_host.py --out $OUT --rounds 3 --calls 1000 > $OUT/diag_cpp_host.log 2>&1
 el "diag cpp host exit $?"; grep -E "^\|" $OUT/diag_cpp_host.log | head -22
 FUSED_LAYERS_CPP=1 timeout 150 python3 benchmarks/bench_models.py --out $OUT/models_cpp --models vit,gpt2,llama --timeout 45 \
   > $OUT/models_cpp.log 2>&1
