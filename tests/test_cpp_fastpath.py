@@ -62,12 +62,24 @@ def test_kinds_need_a_signature():
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+def test_extension_is_built_optimized(monkeypatch):
+    """torch.utils.cpp_extension.load adds no optimization flag: the build must ask for -O3 (the first GPU
+    runs were -O0, and every tensor / intrusive_ptr / pybind helper was a call: 3x the host instructions of a
+    C++ forward, benchmarks/diag_cpp_cpu.py)."""
+    import torch.utils.cpp_extension as ce
+
+    seen = {}
+    monkeypatch.setattr(ce, "load", lambda *a, **kw: seen.update(kw) or "ext")
+    assert _cpp.build() == "ext" and "-O3" in seen["extra_cflags"]
+
+
 def test_extension_builds():
     """fastpath.cpp compiles against this torch and Triton's cuda.h (a CPU build of torch compiles the launch
     path without CUDA streams: it never launches)."""
     ext = _cpp.build()
     for name in ("param_count", "register_launch", "register_norm", "norm_apply", "norm_infer", "softmax_apply",
-                 "softmax_infer", "register_attention", "attention_apply", "attention_infer"):
+                 "softmax_infer", "register_attention", "attention_apply", "attention_infer", "norm_fast",
+                 "rms_variant_fast", "softmax_fast", "attention_fast", "clear_fast", "set_dry_run"):
         assert callable(getattr(ext, name))
     # The parameter slots a launch passes: pointers, an int Triton made a constant (skipped), i32 and i64
     # ints, an fp32 float, then Triton's two scratch pointers (null); i32 / fp32 in the low 4 bytes.
