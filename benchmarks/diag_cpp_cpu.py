@@ -50,7 +50,21 @@ def main() -> None:
     w, b, g = torch.randn(n), torch.randn(n), torch.randn(8, n)
     xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
     x1 = x.clone().requires_grad_()
+    # The whole call from Python: fused_layer_norm -> _cpp.fast_call -> norm_fast (a dry run takes CPU tensors)
+    f32 = 6  # c10::ScalarType::Float
+    ext.bind_norm([8, n, f32, f32, f32, -1, 2], nid)  # LayerNorm with its node
+    ext.bind_norm([8, n, f32, f32, f32, -1, 0], nid)  # LayerNorm without autograd
+    from fused_layers import FusedLayerNorm, fused_layer_norm
+
+    ref_mod = torch.nn.LayerNorm(n)
+    fused_mod = FusedLayerNorm(n)
+    assert fused_layer_norm(xg, (n,), wg, bg).grad_fn.name() == "FusedNormBackward", "norm_fast did not answer"
     cases = {
+        "functional API fwd+bwd (fused_layer_norm -> norm_fast, launches off)":
+            lambda: fused_layer_norm(xg, (n,), wg, bg).backward(g),
+        "functional API fwd, no grad": lambda: fused_layer_norm(x, (n,), w, b),
+        "FusedLayerNorm module fwd+bwd (launches off)": lambda: fused_mod(xg).backward(g),
+        "nn.LayerNorm module fwd+bwd (CPU compute included)": lambda: ref_mod(xg).backward(g),
         "aten LN fwd+bwd (CPU compute included)": lambda: F.layer_norm(xg, (n,), wg, bg).backward(g),
         "C++ node fwd+bwd (launches off)": lambda: ext.norm_apply(xg, wg, bg, 1e-5, nid).backward(g),
         "aten LN fwd, graph built": lambda: F.layer_norm(xg, (n,), wg, bg),

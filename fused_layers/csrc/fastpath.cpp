@@ -225,6 +225,10 @@ size_t pack(const Launch& L, PtrIt p, PtrIt p_end, FltIt f, FltIt f_end, uint64_
 // (argument conversion, allocations, the autograd node, the engine) can be measured without a GPU.
 bool g_dry_run = false;
 
+// A tensor the fast paths take: CUDA; in a dry run CPU tensors too, so that the whole call from Python can
+// be timed on a machine without a GPU (benchmarks/diag_cpp_cpu.py).
+bool on_device(const at::Tensor& t) { return t.is_cuda() || (g_dry_run && t.device().is_cpu()); }
+
 void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initializer_list<double> floats) {
   if (g_dry_run) return;
   Driver& d = driver();
@@ -457,7 +461,7 @@ std::optional<at::Tensor> norm_fast(const at::Tensor& x, std::vector<int64_t> no
                                     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                                     std::optional<double> eps, bool is_rms) {
   const int64_t k = (int64_t)normalized_shape.size(), dim = x.dim();
-  if (!x.is_cuda() || k == 0 || k > dim || x.numel() == 0 || !aligned_contiguous(x) || !plain_call(x)) return {};
+  if (!on_device(x) || k == 0 || k > dim || x.numel() == 0 || !aligned_contiguous(x) || !plain_call(x)) return {};
   int64_t n = 1;
   for (int64_t i = 0; i < k; ++i) {
     if (x.size(dim - k + i) != normalized_shape[i]) return {};
@@ -471,7 +475,7 @@ std::optional<at::Tensor> norm_fast(const at::Tensor& x, std::vector<int64_t> no
 // promote_types(x, weight), or x's dtype with keep_input_dtype.
 std::optional<at::Tensor> rms_variant_fast(const at::Tensor& x, const at::Tensor& weight, double eps, bool cast_before_w,
                                            bool keep_input_dtype) {
-  if (!x.is_cuda() || x.dim() == 0 || x.numel() == 0 || !weight.defined() || weight.dim() != 1 ||
+  if (!on_device(x) || x.dim() == 0 || x.numel() == 0 || !weight.defined() || weight.dim() != 1 ||
       !aligned_contiguous(x) || !plain_call(x))
     return {};
   const int64_t n = x.size(x.dim() - 1);
@@ -541,7 +545,7 @@ void bind_softmax(std::vector<int64_t> key, int64_t fwd, int64_t bwd) {
 // Key: (rows, width, dtype, -1, -1, device, 2 with the autograd node).
 std::optional<at::Tensor> softmax_fast(const at::Tensor& x, int64_t dim) {
   const int64_t nd = x.dim();
-  if (!x.is_cuda() || nd == 0 || (dim != -1 && dim != nd - 1) || x.numel() == 0 || !aligned_contiguous(x) ||
+  if (!on_device(x) || nd == 0 || (dim != -1 && dim != nd - 1) || x.numel() == 0 || !aligned_contiguous(x) ||
       !plain_call(x))
     return {};
   const bool grad = x.requires_grad() && at::GradMode::is_enabled();
@@ -708,7 +712,7 @@ void bind_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 std::optional<at::Tensor> attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                          double dropout_p, bool is_causal, std::optional<double> scale,
                                          bool enable_gqa) {
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || !q.is_cuda() || !q.has_storage() || !k.has_storage() ||
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || !on_device(q) || !q.has_storage() || !k.has_storage() ||
       !v.has_storage() || q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type() ||
       k.device() != q.device() || v.device() != q.device() || !plain_call(q) || has_tangent(k) || has_tangent(v))
     return {};
