@@ -343,6 +343,7 @@ def dry_run(cpp_on):
     cpp_on.set_dry_run(True)
     yield cpp_on
     cpp_on.set_dry_run(False)
+    cpp_on.clear_fast()  # (keys bound for CPU tensors)
 
 
 def _fake_launch(ext, kinds):
@@ -369,6 +370,53 @@ def test_cpu_norm_node_wiring(affine, dry_run):
     y.backward(torch.randn_like(y))
     with pytest.raises(RuntimeError, match="second time"):
         y.backward(torch.randn_like(y))
+
+
+def test_cpu_fast_call_lookup(dry_run):
+    """norm_fast / rms_variant_fast / softmax_fast / attention_fast on CPU tensors in a dry run: a bound key
+    answers (through the functional API too), anything that differs from it returns None."""
+    ext, n, f32 = dry_run, 40, 6
+    nid = ext.register_norm(_fake_launch(ext, "pppppf"), _fake_launch(ext, "pppppp"), _fake_launch(ext, "ppp"),
+                            12, 2 * 2 * n, -1)
+    ext.bind_norm([6, n, f32, f32, f32, -1, 2], nid)
+    ext.bind_norm([6, n, f32, f32, -1, -1, 1 | 2], nid)  # RMSNorm, weight only
+    x = torch.randn(2, 3, n, requires_grad=True)
+    w, b = torch.randn(n, requires_grad=True), torch.randn(n, requires_grad=True)
+    assert fused_layer_norm(x, (n,), w, b).grad_fn.name() == "FusedNormBackward"
+    assert fused_layer_norm(x, n, w, b).grad_fn.name() == "FusedNormBackward"  # an int normalized_shape
+    assert fused_rms_norm(x, (n,), w).grad_fn.name() == "FusedNormBackward"  # eps=None: torch's default
+    fast = ext.norm_fast
+    assert fast(x, [n], w, b, 1e-5, False) is not None
+    assert fast(x, [3, n], w, b, 1e-5, False) is None  # another normalized_shape
+    assert fast(x, [n], w[:-1], b, 1e-5, False) is None  # weight of another shape
+    assert fast(x, [n], w.double(), b, 1e-5, False) is None  # a dtype never bound
+    assert fast(x.transpose(0, 1), [n], w, b, 1e-5, False) is None  # not contiguous
+    assert fast(torch.randn(6, n + 1), [n + 1], None, None, 1e-5, False) is None  # not bound
+    with torch.no_grad():
+        assert fast(x, [n], w, b, 1e-5, False) is None  # no-autograd key not bound
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        assert fast(fwAD.make_dual(x.detach(), torch.randn_like(x)), [n], w, b, 1e-5, False) is None
+    ext.clear_fast()
+    assert fast(x, [n], w, b, 1e-5, False) is None
+    # softmax
+    ext.bind_softmax([6, n, f32, -1, -1, -1, 2], _fake_launch(ext, "pp"), _fake_launch(ext, "ppp"))
+    assert fused_softmax(x, -1).grad_fn.name() == "FusedSoftmaxBackward"
+    assert ext.softmax_fast(x, 1) is None and ext.softmax_fast(x, 2) is not None
+    # attention: the key is the layouts, causal, p, with-autograd
+    q = torch.randn(1, 4, 16, 8, requires_grad=True)
+    k, v = (torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(2))
+    st = list(q.stride())
+    plan = ext.register_attention(_fake_launch(ext, "p" * 9 + "fff"), _fake_launch(ext, "pppp"),
+                                  _fake_launch(ext, "p" * 12 + "ffff" + "p"), _fake_launch(ext, "p" * 11 + "ffff"),
+                                  st, [1, 4, 16], st, list(k.stride()), list(v.stride()))
+    ext.bind_attention(q, k, v, True, 0.0, True, plan, 1.0)
+    assert fused_attention(q, k, v, is_causal=True, enable_gqa=True).grad_fn.name() == "FusedAttentionBackward"
+    assert ext.attention_fast(q, k, v, 0.0, True, None, False) is None  # GQA without enable_gqa
+    assert ext.attention_fast(q, k, v, 0.1, True, None, True) is None  # another p
+    assert ext.attention_fast(q, k, v, 0.0, False, None, True) is None  # not causal
+    assert ext.attention_fast(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, 0.0, True, None, True) is None
 
 
 def test_cpu_softmax_and_attention_node_wiring(dry_run):
