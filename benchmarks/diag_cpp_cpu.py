@@ -59,7 +59,27 @@ def main() -> None:
     ref_mod = torch.nn.LayerNorm(n)
     fused_mod = FusedLayerNorm(n)
     assert fused_layer_norm(xg, (n,), wg, bg).grad_fn.name() == "FusedNormBackward", "norm_fast did not answer"
+    # softmax and attention, the whole call from Python, beside torch's (their small CPU compute included)
+    from fused_layers import fused_attention, fused_softmax
+
+    ext.bind_softmax([8, n, f32, -1, -1, -1, 2], ext.register_launch(0, -1, [1, 1, 1], 32, 0, "pp", [], 0, 0),
+                     ext.register_launch(0, -1, [1, 1, 1], 32, 0, "ppp", [], 0, 0))
+    q = torch.randn(1, 1, 128, 64, requires_grad=True)
+    kk, vv = (torch.randn(1, 1, 128, 64, requires_grad=True) for _ in range(2))
+    go = torch.randn_like(q)
+    st = list(q.stride())
+    aplan = ext.register_attention(*(ext.register_launch(0, -1, [1, 1, 1], 32, 0, kd, [], 0, 0)
+                                     for kd in ("p" * 9 + "fff", "pppp", "p" * 13 + "ffff", "p" * 11 + "ffff")),
+                                   st, [1, 1, 128], st, st, st)
+    ext.bind_attention(q, kk, vv, True, 0.0, True, aplan, 1.0)
+    assert fused_attention(q, kk, vv, is_causal=True).grad_fn.name() == "FusedAttentionBackward"
     cases = {
+        "fused_softmax fwd+bwd (launches off)": lambda: fused_softmax(xg, -1).backward(g),
+        "torch.softmax fwd+bwd (CPU compute included)": lambda: torch.softmax(xg, -1).backward(g),
+        "fused_attention fwd+bwd, B1 H1 S128 D64 causal (launches off)":
+            lambda: fused_attention(q, kk, vv, is_causal=True).backward(go),
+        "SDPA fwd+bwd, same (CPU compute included)":
+            lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=True).backward(go),
         "functional API fwd+bwd (fused_layer_norm -> norm_fast, launches off)":
             lambda: fused_layer_norm(xg, (n,), wg, bg).backward(g),
         "functional API fwd, no grad": lambda: fused_layer_norm(x, (n,), w, b),
