@@ -7,8 +7,9 @@ Triton compiled: the first call of a plan runs the Python path (Triton compiles 
 each compiled kernel is registered with the extension (its loaded ``CUfunction``, grid, shared memory and
 parameter kinds), and later calls with that plan go through C++.
 
-Built on first use with the host's C++ compiler (``torch.utils.cpp_extension.load``, cached in torch's
-extensions directory; ``cuda.h`` from Triton's package, libcuda opened at run time). A build or registration
+Built on first use with the host's C++ compiler and ninja (``pip install 'fused-layers[cpp]'``;
+``torch.utils.cpp_extension.load``, cached in torch's extensions directory; ``cuda.h`` from Triton's package,
+libcuda opened at run time). A build or registration
 failure warns once and leaves every op on the Python path.
 
 Once a shape is registered, the functional API makes one call into the extension (``norm_fast``,
@@ -68,7 +69,8 @@ def extension() -> Any:
         _ext = build()
     except Exception as e:  # noqa: BLE001  (no compiler, no headers: the Python path still works)
         _failed = True
-        warnings.warn(f"fused_layers: FUSED_LAYERS_CPP=1 but the C++ fast path did not build ({type(e).__name__}: "
+        hint = " (pip install ninja)" if "ninja" in str(e).lower() else ""
+        warnings.warn(f"fused_layers: FUSED_LAYERS_CPP=1 but the C++ fast path did not build{hint} ({type(e).__name__}: "
                       f"{str(e)[:300]}); the ops run on the Python path.", stacklevel=3)
     return _ext
 
