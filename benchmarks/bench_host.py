@@ -116,6 +116,8 @@ def cases(cpp: bool = False):
     if cpp:  # the same fused calls through the C++ fast path (fused_layers/ops/_cpp.py), side by side
         from fused_layers.ops import _cpp
 
+        _cpp.ENABLED = True
+        _cpp.extension(wait=True)  # built (or loaded from torch's cache) before anything is timed
         _cpp.ENABLED = False  # the "fused" column stays the Python path (FUSED_LAYERS_CPP=1 or not)
 
         def with_cpp(fn):

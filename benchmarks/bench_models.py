@@ -213,6 +213,9 @@ def run_one(model_name: str, args) -> dict:
     from _timing import interleaved_step_ms
 
     torch.backends.cuda.matmul.allow_tf32 = True
+    from fused_layers.ops import _cpp
+
+    _cpp.extension(wait=True)  # FUSED_LAYERS_CPP=1: built (or loaded from torch's cache) before any timing
     variants: dict[str, Variant] = {}
     res: dict = {"model": model_name, "variants": {}}
     names = ["unfused", "fused", "faster"]

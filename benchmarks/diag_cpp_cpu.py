@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--only", help="run one case n times (for callgrind)")
     args = ap.parse_args()
     _cpp.ENABLED = True
-    ext = _cpp.extension()
+    ext = _cpp.extension(wait=True)
     assert ext is not None, "the extension did not build"
     ext.set_dry_run(True)
     n = 768

@@ -51,7 +51,7 @@ def main():
     w, b = torch.randn(768, device=dev, dtype=dt), torch.randn(768, device=dev, dtype=dt)
     g = torch.randn_like(x)
     xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
-    ext = _cpp.extension()
+    ext = _cpp.extension(wait=True)
     assert ext is not None, "the extension did not build"
     for _ in range(3):  # compile, bind, register
         fused_layer_norm(xg, (768,), wg, bg).backward(g)

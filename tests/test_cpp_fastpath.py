@@ -62,6 +62,39 @@ def test_kinds_need_a_signature():
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+def test_extension_builds_in_the_background(monkeypatch):
+    """The first use starts the build on a thread and returns None (the Python path runs; registration is
+    retried, not marked unsupported); the extension is there once the build is done; a failed build warns
+    once and leaves everything on the Python path for good."""
+    import threading
+
+    release = threading.Event()
+    fake = types.SimpleNamespace(name="ext")
+
+    def slow_build():
+        release.wait(5)
+        return fake
+
+    for name, value in (("ENABLED", True), ("_ext", None), ("_failed", False), ("_thread", None)):
+        monkeypatch.setattr(_cpp, name, value)
+    monkeypatch.setattr(_cpp, "build", slow_build)
+    assert _cpp.extension() is None and _cpp.building()
+    assert _cpp.register(None, None, 0, (), "") is None  # still building: try again on a later call
+    release.set()
+    assert _cpp.extension(wait=True) is fake and not _cpp.building()
+    assert _cpp.extension() is fake
+
+    def failing_build():
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    for name, value in (("_ext", None), ("_failed", False), ("_thread", None)):
+        monkeypatch.setattr(_cpp, name, value)
+    monkeypatch.setattr(_cpp, "build", failing_build)
+    with pytest.warns(UserWarning, match="pip install ninja"):
+        assert _cpp.extension(wait=True) is None
+    assert _cpp._failed and _cpp.register(None, None, 0, (), "") == _cpp.UNSUPPORTED
+
+
 def test_extension_is_built_optimized(monkeypatch):
     """torch.utils.cpp_extension.load adds no optimization flag: the build must ask for -O3 (the first GPU
     runs were -O0, and every tensor / intrusive_ptr / pybind helper was a call: 3x the host instructions of a
@@ -103,7 +136,7 @@ def test_extension_builds():
 @pytest.fixture
 def cpp_on(monkeypatch):
     monkeypatch.setattr(_cpp, "ENABLED", True)
-    ext = _cpp.extension()
+    ext = _cpp.extension(wait=True)
     if ext is None:
         pytest.skip("the C++ fast path did not build here")
     return ext

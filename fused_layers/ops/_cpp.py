@@ -27,6 +27,7 @@ cost per call against 1.36-1.98x for the Python path.  Off by default until the 
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +39,8 @@ ENABLED = os.environ.get("FUSED_LAYERS_CPP", "0") == "1"
 is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 _ext: Any = None
 _failed = False
+_thread: threading.Thread | None = None  # the background build (extension())
+_lock = threading.Lock()
 
 # Triton signature types -> the extension's parameter kinds
 _KINDS = {"i32": "i", "u32": "i", "i64": "l", "u64": "l", "fp32": "f"}
@@ -60,19 +63,40 @@ def build() -> Any:
                 extra_cflags=["-O3", "-DNDEBUG"])
 
 
-def extension() -> Any:
-    """The built extension, or None (disabled, or the build failed: warned once)."""
+def _build_in_background() -> None:
     global _ext, _failed
-    if _ext is not None or _failed or not ENABLED:
-        return _ext
     try:
-        _ext = build()
+        ext = build()
     except Exception as e:  # noqa: BLE001  (no compiler, no headers: the Python path still works)
         _failed = True
         hint = " (pip install ninja)" if "ninja" in str(e).lower() else ""
         warnings.warn(f"fused_layers: FUSED_LAYERS_CPP=1 but the C++ fast path did not build{hint} ({type(e).__name__}: "
-                      f"{str(e)[:300]}); the ops run on the Python path.", stacklevel=3)
+                      f"{str(e)[:300]}); the ops run on the Python path.", stacklevel=2)
+    else:
+        _ext = ext
+
+
+def extension(wait: bool = False) -> Any:
+    """The built extension, or None: disabled, the build failed (warned once), or it is still building.
+
+    The first call starts the build (tens of seconds the first time on a machine, then torch's cache) on a
+    background thread: a training run keeps going on the Python path meanwhile, and its calls switch to the
+    C++ path once the build is done.  ``wait=True`` blocks until then (benchmarks, tests)."""
+    global _thread
+    if _ext is not None or _failed or not ENABLED:
+        return _ext
+    with _lock:
+        if _thread is None:
+            _thread = threading.Thread(target=_build_in_background, name="fused_layers-cpp-build", daemon=True)
+            _thread.start()
+    if wait:
+        _thread.join()
     return _ext
+
+
+def building() -> bool:
+    """True while the background build runs."""
+    return _thread is not None and _thread.is_alive()
 
 
 def fast_call(fn_name: str, *args: Any) -> Any:
@@ -152,7 +176,9 @@ def register_all(device: int, *specs: tuple) -> list | bool | None:
     if not all(_is_compiled(spec[0], key) for spec, key in zip(specs, keys)):
         return None
     handles = [register(kernel, key, device, ints, role) for (kernel, _, ints, role), key in zip(specs, keys)]
-    return False if any(h is None or h == UNSUPPORTED for h in handles) else handles
+    if any(h is None for h in handles):  # the extension is still building: the next call tries again
+        return None
+    return False if any(h == UNSUPPORTED for h in handles) else handles
 
 
 def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str) -> int | None:
@@ -162,7 +188,7 @@ def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str) -> in
     once more); ``UNSUPPORTED`` if this launch cannot be made from C++."""
     ext = extension()
     if ext is None:
-        return UNSUPPORTED
+        return None if building() else UNSUPPORTED
     compiled = kernel.compiled(key)
     if compiled is None:
         return None
