@@ -113,8 +113,10 @@ def cases(cpp: bool = False):
                         "fused": fba(lambda: fused_attention(qg, kg, vg, is_causal=True))},
         },
     }
+    from fused_layers.ops import _cpp
+
+    _cpp.ENABLED = False  # the "fused" column is the Python path (FUSED_LAYERS_CPP=0)
     if cpp:  # the same fused calls through the C++ fast path (fused_layers/ops/_cpp.py), side by side
-        from fused_layers.ops import _cpp
 
         _cpp.ENABLED = True
         _cpp.extension(wait=True)  # built (or loaded from torch's cache) before anything is timed
@@ -209,7 +211,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--profile", action="store_true", help="cProfile each fused fwd+bwd (top functions by own time)")
     ap.add_argument("--breakdown", action="store_true", help="also: where LayerNorm fwd+bwd's host time goes")
-    ap.add_argument("--cpp", action="store_true", help="also: the norms, softmax and attention through the C++ fast path (FUSED_LAYERS_CPP)")
+    ap.add_argument("--cpp", action=argparse.BooleanOptionalAction, default=True,
+                    help="the fused calls through the C++ fast path (the default path, fused_layers/ops/_cpp.py) beside the "
+                         "Python path (--no-cpp: the Python path only)")
     args = ap.parse_args()
     table = cases(cpp=args.cpp)
     if args.profile:
@@ -243,25 +247,31 @@ def main() -> None:
            for op, parts in samples.items()}
     spread = {op: {p: {k: (min(v), max(v)) for k, v in part.items()} for p, part in parts.items()}
               for op, parts in samples.items()}
+    # Paired ratios: each round times every provider back to back, so the median of the per-round ratios is
+    # steadier than the ratio of medians when this host's speed drifts between rounds (20-30% on the H200 host).
+    paired = {op: {p: {k: statistics.median(a / b for a, b in zip(v, part["pytorch"])) for k, v in part.items()
+                       if k != "pytorch"} for p, part in parts.items() if "pytorch" in part}
+              for op, parts in samples.items() if op != "reference"}
     name = torch.cuda.get_device_name().replace(" ", "_")
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 calls=args.calls, rounds=args.rounds, command="python " + " ".join(sys.argv))
     os.makedirs(args.out, exist_ok=True)
     pieces = breakdown(args.calls, args.rounds) if args.breakdown else None
     with open(os.path.join(args.out, "host_h200.json" if "H200" in name else f"host_{name}.json"), "w") as f:
-        json.dump(dict(meta=meta, median_us=res, min_max_us=spread, breakdown_us=pieces), f, indent=1)
+        json.dump(dict(meta=meta, median_us=res, min_max_us=spread, paired_ratio=paired, breakdown_us=pieces), f, indent=1)
     lines = [f"# Host cost per call (us), {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}", "",
-             f"`{meta['command']}`: {args.calls} back-to-back calls then one sync, median of {args.rounds} rounds."
+             f"`{meta['command']}`: {args.calls} back-to-back calls then one sync, median of {args.rounds} rounds; `/ PyTorch`: the median over rounds of the ratio within a round."
              + (" `fused C++`: the same calls through the C++ fast path (fused_layers/ops/_cpp.py)." if args.cpp else ""),
-             "", "| op | part | PyTorch | fused | fused / PyTorch | fused C++ (/ PyTorch) | Liger |",
-             "|---|---|---|---|---|---|---|"]
+             "", "| op | part | PyTorch | fused, Python path | / PyTorch | fused C++ (default) | / PyTorch | Liger |",
+             "|---|---|---|---|---|---|---|---|"]
     for op, parts in res.items():
         if op == "reference":
             continue
         for p, r in parts.items():
             lig = f"{r['liger']:.1f}" if "liger" in r else "-"
-            cxx = f"{r['fused_cpp']:.1f} ({r['fused_cpp'] / r['pytorch']:.2f})" if "fused_cpp" in r else "-"
-            lines.append(f"| {op} | {p} | {r['pytorch']:.1f} | {r['fused']:.1f} | {r['fused'] / r['pytorch']:.2f} | {cxx} | {lig} |")
+            pr = paired[op][p]
+            cxx = f"{r['fused_cpp']:.1f} | {pr['fused_cpp']:.2f}" if "fused_cpp" in r else "- | -"
+            lines.append(f"| {op} | {p} | {r['pytorch']:.1f} | {r['fused']:.1f} | {pr['fused']:.2f} | {cxx} | {lig} |")
     lines += ["", "| reference | us |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in res["reference"]["launch"].items()]
     if pieces:

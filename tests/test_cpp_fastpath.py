@@ -6,7 +6,9 @@ float64, the node actually used, and the fallbacks (misaligned or strided gradie
 """
 
 import shutil
+import sys
 import types
+
 
 import pytest
 import torch
@@ -62,6 +64,30 @@ def test_kinds_need_a_signature():
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+@pytest.mark.parametrize("env,on", [({}, True), ({"FUSED_LAYERS_CPP": "0"}, False), ({"FUSED_LAYERS_CPP": "1"}, True),
+                                    ({"TRITON_INTERPRET": "1"}, False),
+                                    ({"TRITON_INTERPRET": "1", "FUSED_LAYERS_CPP": "1"}, True)])
+def test_fast_path_is_on_by_default(env, on):
+    """On unless FUSED_LAYERS_CPP=0, or under the Triton interpreter (nothing compiled to register)."""
+    assert _cpp.enabled_by(env) is on
+
+
+def test_no_cpp_node_under_compiled_autograd(monkeypatch):
+    """Compiled autograd cannot trace the C++ nodes: while it is on, eager_ok() sends forwards to the Python
+    path (its autograd.Function traces) and fast_call declines."""
+
+
+    assert _cpp.eager_ok()
+    fake = types.SimpleNamespace(compiled_autograd_enabled=True, in_compiled_autograd_region=False)
+    monkeypatch.setitem(sys.modules, "torch._dynamo.compiled_autograd", fake)
+    monkeypatch.setattr(_cpp, "_ext", types.SimpleNamespace(norm_fast=lambda *a: pytest.fail("called")))
+    assert not _cpp.eager_ok() and _cpp.fast_call("norm_fast", None) is None
+    fake.compiled_autograd_enabled, fake.in_compiled_autograd_region = False, True
+    assert not _cpp.eager_ok()
+    fake.in_compiled_autograd_region = False
+    assert _cpp.eager_ok()
+
+
 def test_extension_builds_in_the_background(monkeypatch):
     """The first use starts the build on a thread and returns None (the Python path runs; registration is
     retried, not marked unsupported); the extension is there once the build is done; a failed build warns
@@ -90,7 +116,7 @@ def test_extension_builds_in_the_background(monkeypatch):
     for name, value in (("_ext", None), ("_failed", False), ("_thread", None)):
         monkeypatch.setattr(_cpp, name, value)
     monkeypatch.setattr(_cpp, "build", failing_build)
-    with pytest.warns(UserWarning, match="pip install ninja"):
+    with pytest.warns(UserWarning, match=r"pip install 'fused-layers\[cpp\]' for ninja"):
         assert _cpp.extension(wait=True) is None
     assert _cpp._failed and _cpp.register(None, None, 0, (), "") == _cpp.UNSUPPORTED
 
@@ -183,6 +209,28 @@ def test_gpu_cpp_node_matches_float64(rms, dtype, pdtype, n, affine, cpp_on):
         assert got[0].dtype == dtype and all(g.dtype == t.dtype for g, t in zip(got[1:], [t for t in (x, w, b) if t is not None]))
     assert _used_cpp(x, w, b, 1, rms), "the C++ node never ran"
     assert got[0].grad_fn.name() == "FusedNormBackward", got[0].grad_fn  # the C++ node (norm_fast's, by now)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grads", ["x", "xw", "xb", "w", "b"])
+def test_gpu_cpp_node_frozen_parameters(grads, cpp_on):
+    """Some of x / weight / bias frozen: the node skips the dweight / dbias reduce when neither is wanted and
+    still returns exactly the gradients asked for, right (torch.autograd.grad of the ones that require grad)."""
+    n, dev, dt = 1031, "cuda", torch.bfloat16
+    x = (torch.randn(29, n, device=dev) + 0.25).to(dt).requires_grad_("x" in grads)
+    w = torch.randn(n, device=dev, dtype=dt).requires_grad_("w" in grads)
+    b = torch.randn(n, device=dev, dtype=dt).requires_grad_("b" in grads)
+    leaves = [t for t in (x, w, b) if t.requires_grad]
+    for _ in range(3):  # the first call runs the Python path (Triton compiles), later ones the C++ node
+        dy = torch.randn(29, n, device=dev, dtype=dt)
+        y = fused_layer_norm(x, (n,), w, b, 1e-5)
+        got = torch.autograd.grad(y, leaves, dy)
+        d64 = [t.detach().double().requires_grad_(t.requires_grad) for t in (x, w, b)]
+        y64 = F.layer_norm(d64[0], (n,), d64[1], d64[2], 1e-5)
+        want = torch.autograd.grad(y64, [t for t in d64 if t.requires_grad], dy.double())
+        for g, r in zip(got, want):
+            torch.testing.assert_close(g.double(), r, atol=0.12, rtol=3e-2)
+    assert _used_cpp(x, w, b, 1, False, grad=True) and y.grad_fn.name() == "FusedNormBackward"
 
 
 @pytest.mark.gpu

@@ -357,14 +357,19 @@ struct NormBackward : public Node {
     at::Tensor parts = P.nparts ? at::empty({P.nparts}, x.options().dtype(at::kFloat)) : stats;
     launch(g_launches[(size_t)P.bwd], {x.data_ptr(), dy.data_ptr(), dx.data_ptr(), (w.defined() ? w : x).data_ptr(),
                                        stats.data_ptr(), parts.data_ptr()}, {});
-    at::Tensor dw = w.defined() ? at::empty(w.sizes(), w.options()) : at::Tensor();
-    at::Tensor db = b.defined() ? at::empty(b.sizes(), b.options()) : at::Tensor();
-    if (P.red >= 0)
+    // dweight / dbias only when the graph wants one of them (frozen parameters, autograd.grad(x) alone): then
+    // no reduce launch and no allocations, as aten skips its gamma / beta kernel.
+    const bool want_w = w.defined() && task_should_compute_output(1), want_b = b.defined() && task_should_compute_output(2);
+    if (P.red >= 0 && (want_w || want_b)) {
+      // The reduce kernel writes both when both exist (HAS_W / HAS_B are compiled in): give it real buffers.
+      at::Tensor dw = w.defined() ? at::empty(w.sizes(), w.options()) : at::Tensor();
+      at::Tensor db = b.defined() ? at::empty(b.sizes(), b.options()) : at::Tensor();
       launch(g_launches[(size_t)P.red], {parts.data_ptr(), (dw.defined() ? dw : dx).data_ptr(),
                                          (db.defined() ? db : dx).data_ptr()}, {});
+      if (want_w) out[1] = dw;
+      if (want_b) out[2] = db;
+    }
     out[0] = dx;
-    out[1] = dw;
-    out[2] = db;
     return out;
   }
 };

@@ -27,6 +27,7 @@ cost per call against 1.36-1.98x for the Python path.  Off by default until the 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -34,9 +35,33 @@ from typing import Any, Callable
 
 import torch
 
-ENABLED = os.environ.get("FUSED_LAYERS_CPP", "0") == "1"
+# On by default (FUSED_LAYERS_CPP unset) except under the Triton interpreter (no compiled kernels to register);
+# FUSED_LAYERS_CPP=0 turns it off, =1 forces it on.
+def enabled_by(env: Any) -> bool:
+    """Whether the fast path is on for these environment variables."""
+    flag = env.get("FUSED_LAYERS_CPP", "")
+    return flag == "1" or (flag != "0" and env.get("TRITON_INTERPRET", "0") != "1")
+
+
+EXPLICIT = os.environ.get("FUSED_LAYERS_CPP", "") == "1"
+ENABLED = enabled_by(os.environ)
 # The fast paths' compile check, called on every eager call: torch's own function, no wrapper around it.
 is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+_functorch_active = torch._C._are_functorch_transforms_active
+_modules = sys.modules
+
+
+def _compiled_autograd_active() -> bool:
+    """Compiled autograd (``torch._dynamo.compiled_autograd``) is on: it cannot trace the C++ nodes, so a
+    forward made now stays on the Python path (its autograd.Function traces).  Two module globals, read
+    only once ``torch._dynamo`` has been imported (~40 ns)."""
+    ca = _modules.get("torch._dynamo.compiled_autograd")
+    return ca is not None and bool(ca.compiled_autograd_enabled or ca.in_compiled_autograd_region)
+
+
+def eager_ok() -> bool:
+    """A C++ node may be made for this call: not traced by Dynamo, no functorch transform, no compiled autograd."""
+    return not is_compiling() and not _functorch_active() and not _compiled_autograd_active()
 _ext: Any = None
 _failed = False
 _thread: threading.Thread | None = None  # the background build (extension())
@@ -69,9 +94,11 @@ def _build_in_background() -> None:
         ext = build()
     except Exception as e:  # noqa: BLE001  (no compiler, no headers: the Python path still works)
         _failed = True
-        hint = " (pip install ninja)" if "ninja" in str(e).lower() else ""
-        warnings.warn(f"fused_layers: FUSED_LAYERS_CPP=1 but the C++ fast path did not build{hint} ({type(e).__name__}: "
-                      f"{str(e)[:300]}); the ops run on the Python path.", stacklevel=2)
+        hint = " (pip install 'fused-layers[cpp]' for ninja)" if "ninja" in str(e).lower() else ""
+        warnings.warn(f"fused_layers: the C++ fast path did not build{hint} ({type(e).__name__}: {str(e)[:300]}); "
+                      "the ops run on the Python path, with more host time per call"
+                      + ("" if EXPLICIT else " (FUSED_LAYERS_CPP=0 turns the fast path off and this warning with it)")
+                      + ".", stacklevel=2)
     else:
         _ext = ext
 
@@ -104,7 +131,7 @@ def fast_call(fn_name: str, *args: Any) -> Any:
     shape the Python path registered; None when the extension is not loaded, while Dynamo traces, for any
     call the extension declines, and for arguments of the wrong types (the Python path then raises its own
     error).  Callers check ``ENABLED`` first, so the default path pays one attribute read."""
-    if _ext is None or is_compiling():
+    if _ext is None or not eager_ok():
         return None
     try:
         return getattr(_ext, fn_name)(*args)

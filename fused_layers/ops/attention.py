@@ -104,7 +104,6 @@ from ._common import (
     check_same_device,
     check_tensor,
     config_override,  # noqa: F401  (re-exported for tests: config_override("attention", block_m=16, ...))
-    is_compiling,
     override_epoch,
     concrete,
     next_power_of_2,
@@ -112,7 +111,7 @@ from ._common import (
     warn_once,
 )
 from . import _cpp
-from ._library import FusedOp, Kernel, _functorch_active
+from ._library import FusedOp, Kernel
 from .attention_config import (  # noqa: F401
     _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _dropout_bits, _dropout_code, _use_bwd_tma, _variant,
 )
@@ -1186,7 +1185,7 @@ def _run(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p=0.0, se
         out = _run(q.float(), k.float(), v.float(), kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed)
         return out.to(q.dtype)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if _cpp.ENABLED and kb is None and cu_q is None and not is_compiling() and not _functorch_active():
+    if _cpp.ENABLED and kb is None and cu_q is None and _cpp.eager_ok():
         out = _cpp_attention(q, k, v, max_q, max_k, causal, scale, needs_grad, dropout_p, seed)
         if out is not None:
             return out

@@ -103,7 +103,7 @@ from ._common import (
     use_fallback,
 )
 from . import _cpp
-from ._library import FusedOp, Kernel, _functorch_active
+from ._library import FusedOp, Kernel
 from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the table through this module)
     _TUNED,
     BWD_MAX_SINGLE,
@@ -1014,7 +1014,7 @@ def _dispatch(x, weight, bias, k, eps, is_rms):
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad)
     )
-    if _cpp.ENABLED and not is_compiling() and not _functorch_active():
+    if _cpp.ENABLED and _cpp.eager_ok():
         y = _cpp_norm(x, weight, bias, k, eps, is_rms, needs_grad)
         if y is not None:
             return y

@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 
 from . import _cpp
-from ._common import SUPPORTED_DTYPES, check_float_dtype, check_same_device, check_tensor, is_compiling, use_fallback
-from ._library import FusedOp, _functorch_active
+from ._common import SUPPORTED_DTYPES, check_float_dtype, check_same_device, check_tensor, use_fallback
+from ._library import FusedOp
 from .layer_norm import _cpp_norm, norm_backward, norm_forward
 
 _OP = "fused_rms_norm_variant"
@@ -123,7 +123,7 @@ def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float
     if weight.dtype != input.dtype and weight.dtype != torch.float32:
         raise TypeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; with a {input.dtype} input it must be {input.dtype} or torch.float32")
     needs_grad = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
-    if needs_grad and _cpp.ENABLED and not is_compiling() and not _functorch_active():  # (training: the C++ node)
+    if needs_grad and _cpp.ENABLED and _cpp.eager_ok():  # (training: the C++ node)
         out_dtype = _out_dtype(input, weight, keep_input_dtype)
         y = _cpp_norm(input, weight, None, 1, float(eps), True, needs_grad, bool(cast_before_weight),
                       None if out_dtype == input.dtype else out_dtype)

@@ -54,14 +54,13 @@ from ._common import (
     concrete,
     config_override,  # noqa: F401  (re-exported for tests: config_override("softmax", ...))
     get_override,
-    is_compiling,
     override_epoch,
     next_power_of_2,
     normalize_dim,
     use_fallback,
 )
 from . import _cpp
-from ._library import FusedOp, Kernel, _functorch_active
+from ._library import FusedOp, Kernel
 from .softmax_config import MAX_SINGLE_BLOCK, WIDE_STAGES, _coop_config, _single_block_config, _wide_config  # noqa: F401
 
 _OP = "fused_softmax"
@@ -578,7 +577,7 @@ def fused_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if x.dtype == torch.float64 or (not x.is_cuda and use_fallback("fused_softmax", x)):
         return torch.softmax(x, d)
     needs_grad = x.requires_grad and torch.is_grad_enabled()
-    if _cpp.ENABLED and not is_compiling() and not _functorch_active():
+    if _cpp.ENABLED and _cpp.eager_ok():
         y = _cpp_softmax(x, d, needs_grad)
         if y is not None:
             return y
