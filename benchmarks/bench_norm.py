@@ -174,6 +174,11 @@ def bwd_candidates(n: int, elem: int):
         for bm, wp, per_sm, st in ((4, 4, 2, 1), (4, 4, 2, 2), (4, 4, 2, 4), (8, 8, 1, 2), (8, 8, 1, 4), (2, 4, 4, 2), (4, 4, 4, 3),
                                    (8, 8, 2, 4), (16, 8, 1, 4), (8, 8, 1, 3)):
             c.append(dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_stages=st, bwd_max_single=65536))
+        # one-row dW/dB accumulators (registers for more rows in flight) and LayerNorm's two row sums in one
+        # reduction (bwd_acc_rows, bwd_pair_sum)
+        for bm, wp, per_sm, st in ((4, 4, 2, 4), (8, 8, 1, 4), (8, 4, 2, 4), (8, 8, 2, 3), (16, 8, 1, 3), (4, 4, 4, 3)):
+            for v in (dict(bwd_acc_rows=1), dict(bwd_pair_sum=1), dict(bwd_acc_rows=1, bwd_pair_sum=1)):
+                c.append(dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_stages=st, bwd_max_single=65536, **v))
     elif n <= 8192:
         for bm, wp, per_sm in ((1, 8, 2), (1, 8, 4), (1, 16, 1), (1, 16, 2), (2, 16, 2)):
             if n * bm <= 16384:
@@ -181,6 +186,15 @@ def bwd_candidates(n: int, elem: int):
         for bm, wp, per_sm, st in ((1, 8, 2, 1), (1, 8, 2, 2), (1, 8, 2, 4), (1, 4, 4, 2), (1, 8, 1, 4), (1, 16, 1, 3), (1, 4, 4, 4)):
             c.append(dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_stages=st, bwd_max_single=65536))
         c.append(dict(bwd_max_single=1024, bwd_chunk=2048, bwd_warps=8, bwd_progs_per_sm=2))
+        # LayerNorm's two row sums in one reduction (a row spans several warps here), and two-row tiles with
+        # one-row accumulators
+        for bm, wp, per_sm, st in ((1, 8, 2, 4), (1, 16, 1, 3), (1, 8, 1, 4), (1, 16, 2, 2), (1, 4, 4, 4)):
+            c.append(dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_stages=st, bwd_max_single=65536,
+                          bwd_pair_sum=1))
+        for bm, wp, per_sm, st in ((2, 8, 2, 3), (2, 16, 1, 3)):
+            if n * bm <= 16384:
+                c.append(dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_stages=st, bwd_max_single=65536,
+                              bwd_acc_rows=1, bwd_pair_sum=1))
     else:
         if n <= 32768:
             c += [dict(bwd_max_single=65536, bwd_block_m=1, bwd_warps=wp, bwd_progs_per_sm=1) for wp in (16, 32)]
@@ -212,7 +226,12 @@ def sweep(args, out_dir):
             from fused_layers import fused_layer_norm
 
             f = lambda x, w, b: fused_layer_norm(x, (n,), w, b)  # noqa: E731
-            for part, cands in (("fwd", fwd_candidates(n, x.element_size())), ("bwd", bwd_candidates(n, x.element_size()))):
+            parts = [(p, (fwd_candidates if p == "fwd" else bwd_candidates)(n, x.element_size()))
+                     for p in args.sweep_parts.split(",")]
+            if args.sweep_with:  # only the candidates that set one of these keys (new variants beside the default)
+                keys = set(args.sweep_with.split(","))
+                parts = [(p, [c for c in cands if keys & set(c)]) for p, cands in parts]
+            for part, cands in parts:
                 for cfg in [{}] + cands:
                     if elapsed() > args.sweep_budget:
                         break
@@ -245,6 +264,8 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="sweep kernel configs for ours first")
     ap.add_argument("--sweep-widths", default="1024,4096,16384,32768,65536")
     ap.add_argument("--sweep-dtypes", default="bf16,fp32")
+    ap.add_argument("--sweep-parts", default="fwd,bwd", help="which parts the sweep times (fwd, bwd)")
+    ap.add_argument("--sweep-with", default="", help="comma-separated config keys: sweep only candidates setting one")
     ap.add_argument("--sweep-budget", type=float, default=1e9, help="seconds from start when the sweep stops")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds from start when the benchmark stops")
     ap.add_argument("--no-peers", action="store_true")

@@ -129,6 +129,21 @@ def test_fused_stats_forward(dtype, n, device):
         _check(False, (5, n), 1, dtype, device)
 
 
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("variant", [dict(bwd_acc_rows=1), dict(bwd_pair_sum=1), dict(bwd_acc_rows=1, bwd_pair_sum=1)],
+                         ids=["acc_rows", "pair_sum", "both"])
+@pytest.mark.parametrize("n", [7, 131])
+def test_single_block_backward_variants(rms, dtype, variant, n, device):
+    """bwd_acc_rows (one-row dW/dB accumulators) and bwd_pair_sum (LayerNorm's two row sums in one reduction):
+    every gradient against float64, on a ragged row count (the last tile of a program is partly masked)."""
+    with config_override("layer_norm", **NARROW_TILES, bwd_stages=2, **variant):
+        _check(rms, (7, n), 1, dtype, device)
+    with config_override("layer_norm", **NARROW_TILES, **variant):  # no bias, no affine: the other branches
+        _check(rms, (7, n), 1, dtype, device, bias=False)
+        _check(rms, (5, n), 1, dtype, device, affine=False)
+
+
 def test_fused_stats_large_mean(device):
     """Rows near 1000 with a spread of 0.01: the variance as sum(xc^2)/N - c^2 must not cancel."""
     x = 1000.0 + 0.01 * torch.randn(3, 100, device=device)

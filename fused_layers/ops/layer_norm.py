@@ -111,6 +111,7 @@ from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the t
     FWD_MAX_SINGLE,
     _bwd_config,
     _bwd_stages,
+    _bwd_variants,
     _fwd_config,
     _fwd_stages,
     _sm_count,
@@ -316,8 +317,15 @@ def _norm_bwd_kernel(
     BLOCK_N: tl.constexpr,  # next power of two >= N
     CAST_BEFORE_W: tl.constexpr = False,  # the forward rounded xhat to X's dtype before the weight: dW uses that
     STAGES: tl.constexpr = 1,  # software pipelining of the row loop (tl.range num_stages; layer_norm_config bwd_stages)
+    ACC_ROWS: tl.constexpr = False,  # dW/dB accumulators of one row [BLOCK_N]: each tile summed over its rows first (bwd_acc_rows)
+    PAIR_SUM: tl.constexpr = False,  # LayerNorm: c1 and c2 from one two-value reduction, not two (bwd_pair_sum)
 ):
     """Single-block backward: dx per row in one pass; dW/dB partial sums over this program's rows.
+
+    ACC_ROWS: the column accumulators hold one row (BLOCK_N floats) instead of a tile (BLOCK_M x BLOCK_N);
+    a tile's rows are summed into them (inside each thread where a thread holds whole columns of the tile),
+    which frees registers for more rows in flight.  PAIR_SUM: LayerNorm's two row sums in one tl.reduce
+    over a pair, one shared-memory round trip per tile where a row spans several warps.
 
     STAGES > 1: Triton loads the next row tiles of x and dy into shared memory by cp.async while one tile
     is reduced.  (A plain ``range`` loop with the launch option num_stages is not pipelined for loads that
@@ -331,8 +339,12 @@ def _norm_bwd_kernel(
     row_end = tl.minimum(row_start + ROWS_PER_PROG, M)
     if HAS_W:
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    db_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if ACC_ROWS:
+        dw_acc = tl.zeros([BLOCK_N], tl.float32)
+        db_acc = tl.zeros([BLOCK_N], tl.float32)
+    else:
+        dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        db_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for r0 in tl.range(row_start, row_end, BLOCK_M, num_stages=STAGES):
         rows = r0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end
@@ -351,23 +363,41 @@ def _norm_bwd_kernel(
             g = dy * w[None, :]
         else:
             g = dy
-        c1 = tl.sum(g * xhat, axis=1) / N
         if IS_RMS:
+            c1 = tl.sum(g * xhat, axis=1) / N
             dx = (g - xhat * c1[:, None]) * rstd[:, None]
         else:
-            c2 = tl.sum(g, axis=1) / N
+            if PAIR_SUM:
+                s1, s2 = tl.reduce((g * xhat, g), 1, _add_pair)
+                c1 = s1 / N
+                c2 = s2 / N
+            else:
+                c1 = tl.sum(g * xhat, axis=1) / N
+                c2 = tl.sum(g, axis=1) / N
             dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
         tl.store(DX + (r64 * N)[:, None] + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if HAS_W:
             if CAST_BEFORE_W:  # dx above uses the exact xhat (the rounding passes gradients through)
                 xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
-            dw_acc += dy * xhat
+            if ACC_ROWS:
+                dw_acc += tl.sum(dy * xhat, axis=0)
+            else:
+                dw_acc += dy * xhat
         if HAS_B:
-            db_acc += dy
+            if ACC_ROWS:
+                db_acc += tl.sum(dy, axis=0)
+            else:
+                db_acc += dy
+    if ACC_ROWS:
+        dw_row = dw_acc
+        db_row = db_acc
+    else:
+        dw_row = tl.sum(dw_acc, axis=0)
+        db_row = tl.sum(db_acc, axis=0)
     if HAS_W:
-        tl.store(DWP + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+        tl.store(DWP + pid.to(tl.int64) * N + cols, dw_row, mask=col_ok)
     if HAS_B:
-        tl.store(DBP + pid.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+        tl.store(DBP + pid.to(tl.int64) * N + cols, db_row, mask=col_ok)
 
 
 @triton.jit
@@ -660,8 +690,9 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
         meta["num_stages"] = stages
     plan.stats_kernel = None
     if single:
+        acc_rows, pair_sum = _bwd_variants(n_pow2, dtype.itemsize, n, is_rms)
         plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), BLOCK_M=block, BLOCK_N=n_pow2,
-                             STAGES=max(1, stages), **meta)
+                             STAGES=max(1, stages), ACC_ROWS=acc_rows, PAIR_SUM=pair_sum and not is_rms, **meta)
     else:
         chunk = min(block, n_pow2)
         plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), check=(0, 1, 3, 4), BLOCK_N=chunk, STAGES=max(1, stages), **meta)

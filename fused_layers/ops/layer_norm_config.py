@@ -124,6 +124,12 @@ def _bwd_stages(n_pow2: int, elem: int, n: int | None = None, is_rms: bool | Non
     return _tuned(n_pow2, elem, "bwd", n, is_rms)("bwd_stages", 0)
 
 
+def _bwd_variants(n_pow2: int, elem: int, n: int | None = None, is_rms: bool | None = None) -> tuple[bool, bool]:
+    """(ACC_ROWS, PAIR_SUM) of the single-block backward (see _norm_bwd_kernel): both off unless tuned."""
+    ov = _tuned(n_pow2, elem, "bwd", n, is_rms)
+    return bool(ov("bwd_acc_rows", 0)), bool(ov("bwd_pair_sum", 0))
+
+
 def _bwd_config(n_pow2: int, elem: int, n: int | None = None, is_rms: bool | None = None) -> tuple[bool, int, int, int]:
     """(single_block, BLOCK_M or chunk, num_warps, programs per SM) for the backward."""
     ov = _tuned(n_pow2, elem, "bwd", n, is_rms)
