@@ -262,6 +262,9 @@ def main() -> None:
     ap.add_argument("--lightning", action="store_true", help="also run train.py fused=false/true (needs hydra)")
     ap.add_argument("--lightning-steps", type=int, default=80)
     args = ap.parse_args()
+    from fused_layers.ops import _cpp
+
+    _cpp.extension(wait=True)  # the C++ fast path built (or loaded from torch's cache) before anything is timed
     args.variants = [v for v in args.variants.split(",") if v]
     bad = set(args.variants) - set(VARIANTS)
     if bad:
