@@ -132,6 +132,24 @@ def test_extension_is_built_optimized(monkeypatch):
     assert _cpp.build() == "ext" and "-O3" in seen["extra_cflags"]
 
 
+def test_stale_build_lock_is_cleared(monkeypatch, tmp_path):
+    """A torch build lock left by a process that exited mid-build (its background build unfinished) must not
+    make every later build wait forever: inside our flock, a lock file is a dead process's and is removed."""
+    import torch.utils.cpp_extension as ce
+
+    monkeypatch.setattr(ce, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    (tmp_path / "lock").write_text("")
+
+    def fake_load(*a, **kw):  # torch's FileBaton would spin here while the stale file exists
+        assert not (tmp_path / "lock").exists()
+        return "ext"
+
+    monkeypatch.setattr(ce, "load", fake_load)
+    with pytest.warns(UserWarning, match="exited mid-build"):
+        assert _cpp.build() == "ext"
+    assert (tmp_path / "fused_layers.flock").exists()
+
+
 def test_extension_builds():
     """fastpath.cpp compiles against this torch and Triton's cuda.h (a CPU build of torch compiles the launch
     path without CUDA streams: it never launches)."""

@@ -26,6 +26,7 @@ cost per call against 1.36-1.98x for the Python path.  Off by default until the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -84,8 +85,38 @@ def build() -> Any:
         ldflags += [f"-L{lib}", "-lc10_cuda"]
     # -O3: torch.utils.cpp_extension.load adds no optimization flag of its own (the first GPU runs were -O0:
     # every intrusive_ptr / Tensor / pybind helper a real call, ~2x the host instructions of a call).
-    return load("fused_layers_fastpath", sources=[str(src)], extra_include_paths=[inc], extra_ldflags=ldflags,
-                extra_cflags=["-O3", "-DNDEBUG"])
+    with _build_lock("fused_layers_fastpath"):
+        return load("fused_layers_fastpath", sources=[str(src)], extra_include_paths=[inc], extra_ldflags=ldflags,
+                    extra_cflags=["-O3", "-DNDEBUG"])
+
+
+@contextlib.contextmanager
+def _build_lock(name: str):
+    """Hold an flock on the build directory while torch builds there, and clear a stale torch lock first.
+
+    torch's own build lock is a file (``FileBaton``) that nobody removes when its process exits mid-build: a
+    short script whose background build had not finished left one, and every later process then waited on it
+    forever (seen on the H200 host: a benchmark with ``extension(wait=True)`` hung until killed).  An flock is
+    released by the kernel when its process dies, so inside it any torch lock file is a dead process's."""
+    try:
+        import fcntl
+        from torch.utils.cpp_extension import _get_build_directory
+
+        build_dir = _get_build_directory(name, verbose=False)
+    except Exception:  # noqa: BLE001  (no fcntl, or torch moved the helper: torch's lock alone)
+        yield
+        return
+    with open(os.path.join(build_dir, "fused_layers.flock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        stale = os.path.join(build_dir, "lock")
+        if os.path.exists(stale):
+            warnings.warn(f"fused_layers: removing {stale}, a build lock left by a process that exited mid-build",
+                          stacklevel=3)
+            try:
+                os.remove(stale)
+            except FileNotFoundError:
+                pass
+        yield
 
 
 def _build_in_background() -> None:

@@ -82,7 +82,14 @@ _TUNED: dict[tuple[int, int, str], dict[str, int]] = {
     # 768 (GPT-2, ViT), LayerNorm only (RMSNorm at 768 ran 0.98 / 0.90 with the bucket's entries and lost
     # backward with these): session 5 sweep, benchmarks/results/issue9/run7_norm768/
     (2, 768, "fwd_ln"): {'fwd_block_m': 2, 'fwd_warps': 2},  # 0.87 of copy (0.80 before)
-    (2, 768, "bwd_ln"): {'bwd_block_m': 4, 'bwd_warps': 4, 'bwd_progs_per_sm': 2, 'bwd_stages': 4, 'bwd_max_single': 65536},  # 0.77 (0.71 before)
+    (2, 768, "bwd_ln"): {'bwd_block_m': 4, 'bwd_warps': 4, 'bwd_progs_per_sm': 2, 'bwd_stages': 4, 'bwd_max_single': 65536,
+                         'bwd_acc_rows': 1},  # 0.84 (0.77 without bwd_acc_rows; session 7, issue9/run9_norm_variants/)
+    # LayerNorm-only backward: one-row dW/dB accumulators and the two row sums in one reduction (session 7 sweep,
+    # benchmarks/results/issue9/run9_norm_variants/; RMSNorm keeps the bucket's entries, not swept with these)
+    (2, 2048, "bwd_ln"): {'bwd_block_m': 2, 'bwd_warps': 8, 'bwd_progs_per_sm': 2, 'bwd_stages': 3, 'bwd_max_single': 65536,
+                          'bwd_acc_rows': 1, 'bwd_pair_sum': 1},  # 0.84 of copy (0.79 before)
+    (2, 4096, "bwd_ln"): {'bwd_block_m': 2, 'bwd_warps': 16, 'bwd_progs_per_sm': 1, 'bwd_stages': 3, 'bwd_max_single': 65536,
+                          'bwd_acc_rows': 1, 'bwd_pair_sum': 1},  # 0.85 of copy (0.75 before)
     (4, 1024, "fwd"): {'fwd_block_m': 4, 'fwd_warps': 8},  # 0.96 of copy
     (4, 16384, "fwd"): {'fwd_block_m': 2, 'fwd_warps': 16, 'fwd_max_single': 65536},  # 0.88 of copy
     (4, 4096, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 16, 'bwd_progs_per_sm': 2, 'bwd_max_single': 65536},  # 0.90 of copy
