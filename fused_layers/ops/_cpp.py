@@ -1,4 +1,4 @@
-"""The C++ fast path of the eager ops (``fused_layers/csrc/fastpath.cpp``): opt-in, ``FUSED_LAYERS_CPP=1``.
+"""The C++ fast path of the eager ops (``fused_layers/csrc/fastpath.cpp``): on by default where it builds.
 
 Issue 9: a Python ``torch.autograd.Function`` costs more host time per call than PyTorch's whole op. On the
 H200 host, LayerNorm fwd+bwd with every launch stubbed out cost 222 us against aten's 171 us for everything.
@@ -16,12 +16,12 @@ Once a shape is registered, the functional API makes one call into the extension
 ``rms_variant_fast``, ``softmax_fast``, ``attention_fast``), which checks the arguments, finds the plan by
 shape / dtypes / device and runs it, or returns None for anything else (the Python path then runs).
 
-Not covered: compiled autograd (``torch._dynamo.compiled_autograd``) cannot trace the C++ nodes; leave the
-flag off under it.
+Not covered: compiled autograd (``torch._dynamo.compiled_autograd``) cannot trace the C++ nodes, so no C++ node
+is made while it is active (``eager_ok``): those calls run the Python path.
 
-Measured on the H200 (session 5, benchmarks/results/issue9/run7_cpp_node/): 1.19-1.54x of PyTorch's host
-cost per call against 1.36-1.98x for the Python path.  Off by default until the next GPU run of this form
-(``benchmarks/gpu_session8_a.sh``: every GPU test with the flag on).
+Measured on the H200 (-O3 build, benchmarks/results/issue9/run8_host_paired/): 0.50-1.05x of PyTorch's host
+cost per call (LayerNorm fwd+bwd 0.92x) against 1.38-2.25x for the Python path; every GPU test green with it on
+(run8_cpp_default_tests/).  ``FUSED_LAYERS_CPP=0`` turns it off; it is off under the Triton interpreter.
 """
 
 from __future__ import annotations
