@@ -221,11 +221,14 @@ def sweep(args, out_dir):
         for n in [int(v) for v in args.sweep_widths.split(",")]:
             if dname == "fp32" and n not in (1024, 4096, 16384, 65536):
                 continue
-            x, w, b, dy = make_inputs("ln", dtype, n, args.total)
+            x, w, b, dy = make_inputs(args.sweep_op, dtype, n, args.total)
             nb = byte_counts(x)
-            from fused_layers import fused_layer_norm
+            from fused_layers import fused_layer_norm, fused_rms_norm
 
-            f = lambda x, w, b: fused_layer_norm(x, (n,), w, b)  # noqa: E731
+            if args.sweep_op == "rms":
+                f = lambda x, w, b: fused_rms_norm(x, (n,), w)  # noqa: E731
+            else:
+                f = lambda x, w, b: fused_layer_norm(x, (n,), w, b)  # noqa: E731
             parts = [(p, (fwd_candidates if p == "fwd" else bwd_candidates)(n, x.element_size()))
                      for p in args.sweep_parts.split(",")]
             if args.sweep_with:  # only the candidates that set one of these keys (new variants beside the default)
@@ -264,6 +267,7 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="sweep kernel configs for ours first")
     ap.add_argument("--sweep-widths", default="1024,4096,16384,32768,65536")
     ap.add_argument("--sweep-dtypes", default="bf16,fp32")
+    ap.add_argument("--sweep-op", default="ln", choices=("ln", "rms"), help="the norm the sweep times")
     ap.add_argument("--sweep-parts", default="fwd,bwd", help="which parts the sweep times (fwd, bwd)")
     ap.add_argument("--sweep-with", default="", help="comma-separated config keys: sweep only candidates setting one")
     ap.add_argument("--sweep-budget", type=float, default=1e9, help="seconds from start when the sweep stops")
