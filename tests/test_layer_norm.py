@@ -530,3 +530,23 @@ def test_tuning_table_exact_width_before_its_bucket(monkeypatch):
     assert cfg._fwd_config(1024, 2, 768, is_rms=False) == (True, 2, 2)
     assert cfg._fwd_config(1024, 2, 768, is_rms=True) == (True, 8, 8)
     assert cfg._fwd_config(1024, 2, 1000, is_rms=False) == (True, 4, 4)
+
+
+@pytest.mark.parametrize("cast_before_w", [True, False], ids=["cast_first", "weight_first"])
+def test_rms_variant_backward_with_one_row_accumulators(cast_before_w, device):
+    """The HF Llama-order RMSNorm (CAST_BEFORE_W: dW sums dy times the rounded xhat) under bwd_acc_rows, the
+    4096 bucket's default since session 7: forward and every gradient against the reference in float64."""
+    from fused_layers.ops.norm_variants import fused_rms_norm_variant, rms_norm_variant_reference
+
+    x = (torch.randn(7, 131, device=device) * 2 + 0.5).to(torch.bfloat16).requires_grad_(True)
+    w = torch.randn(131, device=device, dtype=torch.bfloat16).requires_grad_(True)
+    dy = torch.randn(7, 131, device=device, dtype=torch.bfloat16)
+    with config_override("layer_norm", **NARROW_TILES, bwd_acc_rows=1, bwd_stages=2):
+        y = fused_rms_norm_variant(x, w, 1e-6, cast_before_weight=cast_before_w)
+        gx, gw = torch.autograd.grad(y, (x, w), dy)
+    x64, w64 = (t.detach().double().requires_grad_(True) for t in (x, w))
+    y64 = rms_norm_variant_reference(x64, w64, 1e-6, False)  # the float64 reference: the rounding is bf16's
+    gx64, gw64 = torch.autograd.grad(y64, (x64, w64), dy.double())
+    torch.testing.assert_close(y.double(), y64, atol=0.05, rtol=0.02)
+    torch.testing.assert_close(gx.double(), gx64, atol=0.1, rtol=0.05)
+    torch.testing.assert_close(gw.double(), gw64, atol=0.3, rtol=0.05)
