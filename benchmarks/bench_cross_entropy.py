@@ -197,6 +197,15 @@ SWEEP = {
     "stream_2k_w4_st4": dict(_PF, block_n=2048, num_warps=4, lane_max=0, prefetch=0, stages=4),
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
+    # persistent, co-resident programs holding a piece each in registers, statistics exchanged (one read):
+    # piece columns, warps, most programs per SM
+    "persist_2k_w2": dict(wide_mode=3, persist_block=2048, persist_warps=2, persist_per_sm=16),
+    "persist_2k_w4": dict(wide_mode=3, persist_block=2048, persist_warps=4, persist_per_sm=16),
+    "persist_4k_w4": dict(wide_mode=3, persist_block=4096, persist_warps=4, persist_per_sm=8),
+    "persist_4k_w8": dict(wide_mode=3, persist_block=4096, persist_warps=8, persist_per_sm=8),
+    "persist_8k_w8": dict(wide_mode=3, persist_block=8192, persist_warps=8, persist_per_sm=4),
+    "persist_8k_w16": dict(wide_mode=3, persist_block=8192, persist_warps=16, persist_per_sm=4),
+    "persist_16k_w16": dict(wide_mode=3, persist_block=16384, persist_warps=16, persist_per_sm=2),
 }
 for _c in SWEEP.values():  # a config without stages is a plain range loop (the bf16 default pipelines 4 deep)
     _c.setdefault("stages", 1)
@@ -206,8 +215,9 @@ SINGLE_SWEEP = {  # one program per row, the whole row in registers: (config, wi
 }
 
 
-def sweep(vocabs, copy_gbs, rep=30):
-    """Fraction of copy of the fused forward+backward per wide-row config; returns {vocab: best config}."""
+def sweep(vocabs, copy_gbs, rep=30, only=None):
+    """Fraction of copy of the fused forward+backward per wide-row config (``only``: name prefixes to keep);
+    returns {vocab: best config}."""
     from fused_layers import fused_cross_entropy
     from fused_layers.ops._common import config_override
 
@@ -218,6 +228,8 @@ def sweep(vocabs, copy_gbs, rep=30):
         nbytes = 2 * x.numel() * x.element_size()
         ref = F.cross_entropy(x.detach().float(), t).item()
         configs = {**{n: c for n, (c, widest) in SINGLE_SWEEP.items() if v <= widest and 2 * v > widest}, **SWEEP}
+        if only:
+            configs = {n: c for n, c in configs.items() if any(n.startswith(o) for o in only)}
         for name, cfg in configs.items():
             try:
                 with config_override("cross_entropy", **cfg):
@@ -243,24 +255,30 @@ def configs_of(name):
     return dict({**{n: c for n, (c, _) in SINGLE_SWEEP.items()}, **SWEEP}[name])
 
 
-SOFTMAX_COOP = {"default": {}, "coop_8k_w8": dict(wide_mode=1, coop_block=8192, coop_warps=8),
-                "coop_4k_w4": dict(wide_mode=1, coop_block=4096, coop_warps=4),
-                "coop_8k_w16": dict(wide_mode=1, coop_block=8192, coop_warps=16)}
+SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
+                "coop_8k_w8": dict(wide_mode=1, coop_block=8192, coop_warps=8),
+                "persist_2k_w4": dict(wide_mode=2, persist_block=2048, persist_warps=4, persist_per_sm=16),
+                "persist_4k_w4": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=8),
+                "persist_4k_w8": dict(wide_mode=2, persist_block=4096, persist_warps=8, persist_per_sm=8),
+                "persist_8k_w8": dict(wide_mode=2, persist_block=8192, persist_warps=8, persist_per_sm=4),
+                "persist_8k_w16": dict(wide_mode=2, persist_block=8192, persist_warps=16, persist_per_sm=4)}
 
 
-def bench_softmax_coop(copy_gbs, rep=40):
-    """Issue part 4: the opt-in coop wide-row softmax (pieces in registers) against the default wide
-    kernels, bf16, 2^26 elements; fraction of copy (fwd: read x + write y; bwd: read y, dy + write dx)."""
+def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32), only=None):
+    """Issue part 4: the wide-row softmax kernels (piece-wise default, coop, persistent: pieces in
+    registers), 2^26 elements; fraction of copy (fwd: read x + write y; bwd: read y, dy + write dx)."""
     from fused_layers import fused_softmax
     from fused_layers.ops._common import config_override
 
     rows = []
-    widths = [32768, 65536, 262144] if DEV == "cuda" else [64]
-    for n in widths:
+    widths = [32768, 65536, 131072, 262144] if DEV == "cuda" else [64]
+    for dtype, n in [(d, n) for d in dtypes for n in widths]:
         m = max(1, 2**26 // n) if DEV == "cuda" else 2
-        x = torch.randn(m, n, device=DEV, dtype=torch.bfloat16).requires_grad_()
+        x = torch.randn(m, n, device=DEV, dtype=dtype).requires_grad_()
         dy = torch.randn_like(x)
         for name, cfg in SOFTMAX_COOP.items():
+            if only and name != "default" and not any(name.startswith(o) for o in only):
+                continue
             if n <= 32768 and name != "default":
                 cfg = dict(cfg, max_single_block=16384)
             try:
@@ -274,8 +292,10 @@ def bench_softmax_coop(copy_gbs, rep=40):
                 continue
             nb = x.numel() * x.element_size()
             fr, br = 2 * nb / fwd / 1e6 / copy_gbs, 3 * nb / bwd / 1e6 / copy_gbs
-            rows.append(dict(part="softmax_coop", width=n, config=name, fwd_ms=fwd, bwd_ms=bwd, fwd_frac=fr, bwd_frac=br, max_err=err))
-            print(f"SOFTMAX N={n:>6} {name:>12}: fwd {fr:5.3f}  bwd {br:5.3f} of copy  max err {err:.1e}", flush=True)
+            rows.append(dict(part="softmax_coop", dtype=str(dtype).split(".")[-1], width=n, config=name, fwd_ms=fwd, bwd_ms=bwd,
+                             fwd_frac=fr, bwd_frac=br, max_err=err))
+            print(f"SOFTMAX {str(dtype).split('.')[-1]:>8} N={n:>6} {name:>15}: fwd {fr:5.3f}  bwd {br:5.3f} of copy  "
+                  f"max err {err:.1e}", flush=True)
         x = dy = y = None
         _empty_cache()
     return rows
@@ -382,10 +402,11 @@ def write(out_dir, meta, rows, show=False):
             lines.append(f"| {r['vocab']} | {r['config']} | {r['ms']:.3f} | {r['frac']:.3f} |")
     smc = [r for r in rows if r["part"] == "softmax_coop"]
     if smc:
-        lines += ["", "## Wide softmax (issue part 4): opt-in coop kernels vs the default, bf16, 2^26 elements", "",
-                  "| width | config | fwd frac of copy | bwd frac of copy | max err |", "|---|---|---|---|---|"]
+        lines += ["", "## Wide softmax (issue part 4): the wide-row kernels, 2^26 elements", "",
+                  "| dtype | width | config | fwd frac of copy | bwd frac of copy | max err |", "|---|---|---|---|---|---|"]
         for r in smc:
-            lines.append(f"| {r['width']} | {r['config']} | {r['fwd_frac']:.3f} | {r['bwd_frac']:.3f} | {r['max_err']:.1e} |")
+            lines.append(f"| {r.get('dtype', 'bfloat16')} | {r['width']} | {r['config']} | {r['fwd_frac']:.3f} | "
+                         f"{r['bwd_frac']:.3f} | {r['max_err']:.1e} |")
     ps = [r for r in rows if r["part"] == "passes"]
     if ps:
         lines += ["", "## Where the streaming kernel's time goes: pass 1 (statistics) vs pass 2 (re-read + gradient), bf16", "",
@@ -415,6 +436,8 @@ def main():
     ap.add_argument("--skip-linear", action="store_true")
     ap.add_argument("--skip-softmax", action="store_true", help="skip the opt-in coop wide softmax section")
     ap.add_argument("--sweep", action="store_true", help="sweep the wide-row configs first; add a tuned row")
+    ap.add_argument("--sweep-only", default=None, help="comma-separated config-name prefixes: sweep only those")
+    ap.add_argument("--softmax-only", action="store_true", help="only the wide softmax section")
     ap.add_argument("--cpu-check", action="store_true", help="tiny shapes on the CPU (interpreter): plumbing only")
     ap.add_argument("--passes-only", action="store_true", help="only the pass-1 / pass-2 breakdown of the streaming kernel")
     args = ap.parse_args()
@@ -442,8 +465,14 @@ def main():
         meta.update(partial=False, command=" ".join(sys.argv), torch=torch.__version__, triton=triton.__version__)
         write(args.out, meta, rows, show=True)
         return
+    only = args.sweep_only.split(",") if args.sweep_only else None
+    if args.softmax_only:
+        rows = bench_softmax_coop(copy_gbs, only=only)
+        meta.update(partial=False, command=" ".join(sys.argv), torch=torch.__version__, triton=triton.__version__)
+        write(args.out, meta, rows, show=True)
+        return
     if args.sweep:
-        rows, tuned = sweep(vocabs, copy_gbs)
+        rows, tuned = sweep(vocabs, copy_gbs, only=only)
         print("sweep winners:", json.dumps(tuned), flush=True)
         meta["tuned"] = {str(k): v for k, v in tuned.items()}
         write(args.out, meta, rows)

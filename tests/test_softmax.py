@@ -67,6 +67,32 @@ def test_wide_coop_opt_in(n, dtype, device):
     assert torch.isnan(y[0]).all() and torch.isnan(y[1]).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [17, 64, 100])
+def test_wide_persistent(n, dtype, device):
+    """Wide rows held in registers by persistent programs exchanging their partials (wide_mode=2,
+    ops/_rowsync.py): forward statistics and the backward's dot; balanced ragged pieces; several rows per
+    program (two launches on the interpreter)."""
+    from fused_layers.ops import softmax as sm
+
+    x = torch.randn(7, n, device=device, dtype=dtype) * 4
+    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16):
+        sm._PLANS.clear()
+        _check(x, -1)
+        bound = [p for p in sm._PLANS.values() if p.persist is not None]
+        assert len(bound) == 2 and all(p.kernel is not None and p.groups >= 1 for p in bound)  # fwd and bwd ran persistent
+        _check(torch.randn(3, n, 5, device=device, dtype=dtype), 1)  # rows along a non-last dim
+        _check(torch.randn(n, 6, device=device, dtype=dtype).t(), -1)  # strided rows
+        x = x.float()
+        x[0, :] = float("-inf")  # all -inf: NaN row
+        x[1, 5] = float("inf")  # +inf: NaN row
+        x[2, : n // 2] = float("-inf")  # first pieces all -inf, later finite
+        x[3, 3] = float("nan")
+        y = fused_softmax(x, -1)
+    torch.testing.assert_close(y, torch.softmax(x.double(), -1).float(), equal_nan=True, atol=1e-6, rtol=1e-5)
+    assert torch.isnan(y[0]).all() and torch.isnan(y[1]).all() and torch.isnan(y[3]).all()
+
+
 @pytest.mark.parametrize("dim", [0, 1, -2, 2])
 def test_non_last_dim(dim, device):
     x = torch.randn(3, 11, 5, device=device)
@@ -206,6 +232,19 @@ def test_gpu_widths(n, dtype):
 def test_gpu_wide_coop_opt_in(n, dtype):
     m = max(1, min(64, 2**22 // n))
     with config_override("softmax", wide_mode=1):
+        _check(torch.randn(m, n, device="cuda", dtype=dtype) * 3, -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [32768 + 1, 50304, 65536, 100003, 262144, 1048576])
+@pytest.mark.parametrize("block", [None, 8192])
+def test_gpu_wide_persistent(n, dtype, block):
+    """Persistent wide kernels on the GPU: co-resident programs really waiting on each other (cooperative
+    launch), more rows than row groups."""
+    m = max(1, min(512, 2**24 // n))
+    over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
+    with config_override("softmax", **over):
         _check(torch.randn(m, n, device="cuda", dtype=dtype) * 3, -1)
 
 

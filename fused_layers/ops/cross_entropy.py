@@ -101,6 +101,7 @@ import triton.language as tl
 
 from . import cross_entropy_config as cfg
 from ._common import (
+    INTERPRET,
     check_tensor,
     concrete,
     config_override,  # noqa: F401  (re-exported for tests: config_override("cross_entropy", ...))
@@ -111,6 +112,7 @@ from ._common import (
     use_fallback,
 )
 from ._library import FusedOp, Kernel
+from ._rowsync import balanced_pieces, bind_persistent, pack_pair, publish, unpack_pair, wait_row
 from .softmax import _contiguous_strides, _row_strides
 
 _OP = "fused_cross_entropy"
@@ -581,7 +583,7 @@ def _ce_fwd_split_kernel(
             cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
         p = tl.arange(0, SPLITS_P2)
         pm = p < SPLITS
-        st = STATS + (row.to(tl.int64) * SPLITS + p) * 5
+        st = STATS + (tl.cast(row, tl.int64) * SPLITS + p) * 5
         m_p = tl.load(st, mask=pm, other=-float("inf"), volatile=True)
         s_p = tl.load(st + 1, mask=pm, other=0.0, volatile=True)
         sw_p = tl.load(st + 2, mask=pm, other=0.0, volatile=True)
@@ -590,7 +592,7 @@ def _ce_fwd_split_kernel(
         m_row = tl.max(m_p, axis=0)
         m_safe = tl.where(m_row == -float("inf"), 0.0, m_row)
         s_row = tl.sum(s_p * tl.exp2((m_p - m_safe) * 1.4426950408889634), axis=0)
-        r64 = row.to(tl.int64) + zero
+        r64 = tl.cast(row, tl.int64) + zero
         row_ok = r64 < M
         xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi
         if SOFT:
@@ -617,6 +619,113 @@ def _ce_fwd_split_kernel(
             x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
             _ce_grad_chunk(x, db, tb, W, off, row_ok, end, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
                            SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+
+
+@triton.jit(do_not_specialize=["GROUPS"])
+def _ce_fwd_persist_kernel(
+    X, T, W, LOSS, DX, DEN, RS,  # as in _ce_fwd_kernel
+    SLOTS,  # int64 [M * SPLITS], zeroed: each piece's published (max, sum of exp(x - max)) (ops/_rowsync.py)
+    EXTRA,  # float32 [M * SPLITS * 2] (scratch, SOFT or SMOOTH): each piece's (sum_w, sum_wx)
+    M, C, INNER,
+    sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc,
+    ignore_index, smoothing, inv_den,
+    SPLITS,  # pieces per row
+    PIECE,  # columns per piece (<= BLOCK_N; the last piece of a row may be shorter)
+    GROUPS,  # row groups: program g holds piece g % SPLITS of rows g // SPLITS, + GROUPS, + 2 GROUPS, ...
+    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
+    BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
+    SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
+    DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
+    PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter), see _rowsync
+):
+    """Wide rows, one read: persistent co-resident programs, each holding one piece of a row in registers.
+
+    Per row (ops/_rowsync.py): load the piece (its load was issued during the previous row), reduce it to
+    (m_p, s_p) (and sum_w, sum_wx), publish, load the piece of the next row, wait for the row's other
+    pieces, combine them into lse (and the sums), then write the piece's gradient from the registers; the
+    program holding the target's column (the first piece for probabilities, ignored and bad rows) writes
+    the row's loss.  The logits are read once and the gradient written once, at any vocabulary width.
+    """
+    ORDERED: tl.constexpr = SOFT or SMOOTH  # more than the one word per piece to exchange
+    smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
+    inv_den = tl.cast(inv_den, tl.float32)
+    g = tl.program_id(0)
+    piece = g % SPLITS
+    group = g // SPLITS
+    zero = tl.arange(0, 1)  # [1]-shaped row vectors, so the BLOCK_M-row helpers serve here
+    start = piece * PIECE
+    end = tl.minimum(start + PIECE, C)
+    c = start + tl.arange(0, BLOCK_N)
+    cm = c < end
+    c64 = c.to(tl.int64)
+    # The first row's piece; later ones are loaded one row ahead, inside the loop.
+    r_next = group.to(tl.int64) + zero
+    xb_next = X + (r_next // INNER) * sxo + (r_next % INNER) * sxi
+    # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+    x_next = tl.load(xb_next[:, None] + c64[None, :] * sxc, mask=(r_next < M)[:, None] & cm[None, :],
+                     other=-float("inf"))
+    for row in range(group, M, GROUPS):
+        r64 = tl.cast(row, tl.int64) + zero
+        row_ok = r64 < M
+        xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi
+        if SOFT:
+            tb = T + (r64 // INNER) * sto + (r64 % INNER) * sti
+        else:
+            tb = xb  # unused
+        x = x_next.to(tl.float32)  # [1, BLOCK_N]
+        # ---- this piece's statistics -----------------------------------------------------------------
+        m_p = tl.max(x, axis=1)
+        m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
+        s_p = tl.sum(tl.exp2((x - m_ps[:, None]) * 1.4426950408889634), axis=1)
+        sum_w = tl.zeros([1], tl.float32)
+        sum_wx = tl.zeros([1], tl.float32)
+        if ORDERED:
+            sum_w, sum_wx = _ce_target_sums(x, tb, W, c, row_ok[:, None] & cm[None, :], end, C, stc, smoothing,
+                                            sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+        slot = SLOTS + r64 * SPLITS + piece  # [1]
+        if PHASE != 1:
+            if ORDERED:
+                ex = EXTRA + (r64 * SPLITS + piece) * 2
+                tl.store(ex, sum_w)
+                tl.store(ex + 1, sum_wx)
+            word = pack_pair(tl.sum(m_p, axis=0), tl.sum(s_p, axis=0))
+            publish(SLOTS + tl.cast(row, tl.int64) * SPLITS + piece, word, ORDERED)
+        # ---- the next row's piece is in flight while this one waits ------------------------------------
+        r_next = r64 + GROUPS
+        xb_next = X + (r_next // INNER) * sxo + (r_next % INNER) * sxi
+        x_next = tl.load(xb_next[:, None] + c64[None, :] * sxc, mask=(r_next < M)[:, None] & cm[None, :],
+                         other=-float("inf"))
+        if PHASE != 0:
+            words, pm = wait_row(SLOTS + tl.cast(row, tl.int64) * SPLITS, SPLITS, SPLITS_P2, ORDERED)
+            m_all, s_all = unpack_pair(words)
+            m_all = tl.where(pm, m_all, -float("inf"))
+            s_all = tl.where(pm, s_all, 0.0)
+            m_row = tl.max(m_all, axis=0)
+            m_safe = tl.where(m_row == -float("inf"), 0.0, m_row)
+            m = m_row + tl.zeros([1], tl.float32)
+            s = tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0) + tl.zeros([1], tl.float32)
+            if ORDERED:
+                p = tl.arange(0, SPLITS_P2)
+                ex = EXTRA + (tl.cast(row, tl.int64) * SPLITS + p) * 2
+                sum_w = tl.sum(tl.load(ex, mask=pm, other=0.0, volatile=True), axis=0) + tl.zeros([1], tl.float32)
+                sum_wx = tl.sum(tl.load(ex + 1, mask=pm, other=0.0, volatile=True), axis=0) + tl.zeros([1], tl.float32)
+            # the target's logit, from the registers of the piece that holds it (0 elsewhere)
+            if SOFT:
+                x_t = tl.zeros([1], tl.float32)
+                owner = (zero + piece) == 0
+            else:
+                t_raw = tl.load(T + r64, mask=row_ok, other=ignore_index).to(tl.int64)
+                hit = c64[None, :] == t_raw[:, None]
+                x_t = tl.sum(tl.where(hit, x, 0.0), axis=1)
+                live = (t_raw != ignore_index) & (t_raw >= 0) & (t_raw < C)
+                owner = tl.where(live, t_raw // PIECE, 0) == piece
+            loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
+                T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
+                SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, 1)
+            tl.store(LOSS + r64, loss.to(LOSS.dtype.element_ty), mask=row_ok & owner)
+            db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
+            _ce_grad_chunk(x, db, tb, W, start, row_ok, end, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t,
+                           t, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -743,7 +852,8 @@ class _Plan:
     """Everything a launch needs that depends only on the plan key (shapes, strides, dtype, flags):
     the bound kernels (``_library.Kernel``) and their integer arguments."""
 
-    __slots__ = ("copy_x", "copy_t", "ints", "M", "C", "splits", "piece", "kernel", "den_kernel")
+    __slots__ = ("copy_x", "copy_t", "ints", "M", "C", "splits", "piece", "kernel", "den_kernel", "persist",
+                 "groups", "fallback")
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -751,19 +861,20 @@ _MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of gr
 
 
 def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: bool, smooth: bool,
-          ignore_index: int, den_on_device: bool, has_row_scale: bool, has_grad: bool) -> _Plan:
+          ignore_index: int, den_on_device: bool, has_row_scale: bool, has_grad: bool,
+          persist_ok: bool = False) -> _Plan:
     """Launch plan for an input of ``shape`` (ndim >= 2, classes on dim 1); cached per key.
 
     Every integer a kernel receives (sizes, strides, ``ignore_index``, pieces) is a function of the key:
     the bound kernels' compiled binaries are specialized on them (``_library.Kernel``).
     """
     key = (shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index, den_on_device, has_row_scale,
-           has_grad, override_epoch())
+           has_grad, persist_ok, override_epoch())
     try:
         plan = _PLANS.get(key)
     except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
         return _plan(concrete(shape), concrete(xstride), None if tstride is None else concrete(tstride), dtype, soft,
-                     has_weight, smooth, ignore_index, den_on_device, has_row_scale, has_grad)
+                     has_weight, smooth, ignore_index, den_on_device, has_row_scale, has_grad, persist_ok)
     if plan is not None:
         return plan
     plan = _Plan()
@@ -786,6 +897,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                  HAS_ROW_SCALE=has_row_scale)
     plan.den_kernel = _den_kernel(has_weight) if den_on_device else None
     plan.splits = 0
+    plan.persist = plan.groups = plan.fallback = None
     if M == 0 or C == 0:
         plan.kernel, plan.ints = None, ()
     else:
@@ -805,10 +917,25 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         # 2 = split (_ce_fwd_split_kernel: several programs per row).  Without a gradient the streaming
         # kernel is one pass.
         wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE) if not single else 1
-        if wide not in (1, 2):
-            raise ValueError(f"{_OP}: wide_mode {wide} does not exist (1 = stream, 2 = split)")
+        if wide not in (1, 2, 3):
+            raise ValueError(f"{_OP}: wide_mode {wide} does not exist (1 = stream, 2 = split, 3 = persistent)")
         base = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd) + (ignore_index,)
-        if wide == 2 and has_grad:
+        if wide == 3 and has_grad and persist_ok:
+            # Persistent pieces held in registers (_ce_fwd_persist_kernel): balanced pieces of at most
+            # BLOCK_N columns, 64-aligned starts.  The grid needs the compiled kernel's occupancy, so the
+            # Kernel is made at the first launch (_persist_kernel); the streaming plan is its fallback.
+            pblock, pwarps, per_sm = cfg.PERSIST[elem]
+            pblock = get_override("cross_entropy", "persist_block", pblock)
+            splits, piece = balanced_pieces(C, pblock)
+            plan.splits, plan.piece = splits, piece
+            plan.ints = base
+            plan.kernel = None
+            plan.persist = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=pblock, **flags,
+                                num_warps=get_override("cross_entropy", "persist_warps", pwarps),
+                                per_sm=get_override("cross_entropy", "persist_per_sm", per_sm))
+            plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
+                                  den_on_device, has_row_scale, has_grad, False) if wide == 3 else None
+        elif wide == 2 and has_grad:
             sblock = get_override("cross_entropy", "split_block", cfg.SPLIT_BLOCK[elem])
             piece = triton.cdiv(get_override("cross_entropy", "piece", cfg.PIECE[elem]), sblock) * sblock
             splits = triton.cdiv(C, piece)
@@ -832,6 +959,18 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         _PLANS.clear()
     _PLANS[key] = plan
     return plan
+
+
+def _persist_kernels(plan: _Plan, pargs: tuple) -> tuple[Kernel, ...] | None:
+    """The bound launches of a persistent plan (made at its first call, ``_rowsync.bind_persistent``: the
+    grid is what the GPU holds at once, a cooperative launch), or None when no row group fits."""
+    if plan.kernel is None:
+        meta = dict(plan.persist)
+        bound = bind_persistent(_ce_fwd_persist_kernel, pargs, plan.splits, plan.M, meta.pop("per_sm"), **meta)
+        if bound is None:
+            return None
+        plan.kernel, plan.groups = bound
+    return plan.kernel
 
 
 _DEN_KERNELS: dict[bool, Kernel] = {}
@@ -970,10 +1109,13 @@ def cross_entropy_forward(
     else:
         grad = grad_out
     mean_hard = reduction == "mean" and not soft
+    # The persistent kernel runs in eager (real tensors) only: under torch.compile the traced launch
+    # (fake tensors) takes the streaming kernel, which Inductor emits in its own code.
+    persist_ok = type(input) in (torch.Tensor, torch.nn.Parameter) and (INTERPRET or input.is_cuda)
     plan = _plan(shape, input.stride(), target.stride() if soft else None, input.dtype, soft, weight is not None,
-                 label_smoothing > 0, ignore_index, mean_hard, row_scale is not None, grad is not None)
+                 label_smoothing > 0, ignore_index, mean_hard, row_scale is not None, grad is not None, persist_ok)
     M, C = plan.M, plan.C
-    if plan.kernel is None:  # M == 0 or C == 0
+    if plan.kernel is None and plan.persist is None:  # M == 0 or C == 0
         if grad is not None:
             grad.zero_()
         if loss_out is not None:
@@ -1005,7 +1147,18 @@ def cross_entropy_forward(
     # kernel's writes sees).
     args = (input, t, weight if weight is not None else input, loss_rows, grad if grad is not None else input,
             den if mean_hard else input, row_scale if row_scale is not None else input)
-    if plan.splits:
+    if plan.persist is not None:
+        slots = torch.zeros(M * plan.splits, dtype=torch.int64, device=dev)
+        ordered = soft or label_smoothing > 0
+        extra = torch.empty(M * plan.splits * 2 if ordered else 1, dtype=torch.float32, device=dev)
+        pargs = (*args, slots, extra, *plan.ints, float(label_smoothing), inv_den, plan.splits, plan.piece)
+        kernels = _persist_kernels(plan, pargs)
+        if kernels is None:  # not even one row group fits on this GPU: stream
+            plan.fallback.kernel(*args, *plan.fallback.ints, float(label_smoothing), inv_den)
+        else:
+            for k in kernels:  # one launch on the GPU; phases 0 and 1 under the interpreter
+                k(*pargs, plan.groups)
+    elif plan.splits:
         stats = torch.empty(M * plan.splits * 5, dtype=torch.float32, device=dev)
         count = torch.zeros(M, dtype=torch.int32, device=dev)
         plan.kernel(*args, stats, count, *plan.ints, float(label_smoothing), inv_den, plan.splits, plan.piece)

@@ -25,7 +25,8 @@ sizes: Liger 0.27 / 0.26 / 0.44 / 0.49, torch.compile of ``F.cross_entropy(x.flo
   one program: one read of the logits, one write of the gradient.  ``_SINGLE[width]`` gives (BLOCK_M
   rows per program, num_warps); narrower rows pack several rows per program (about 4K elements per
   program).  (A 32K-wide tile takes the whole register file of an SM: one program per SM.)
-* Wider rows (``WIDE_MODE``): 1 = stream: one program per row, chunks of BLOCK_N columns from
+* Wider rows (``WIDE_MODE``): 3 = persistent: the pieces of a row held in registers by co-resident
+  programs that exchange their statistics (one read, one write; ``PERSIST``); 1 = stream: one program per row, chunks of BLOCK_N columns from
   ``STREAM[elem]`` (first entry whose widest C is not exceeded), two passes, the second read from L2;
   2 = split: pieces of ``PIECE`` columns streamed in chunks of ``SPLIT_BLOCK``, several programs per
   row, the second read of a piece from L2 (``_ce_fwd_split_kernel``).  Without a gradient, wide rows
@@ -59,6 +60,10 @@ STREAM = {
 STREAM_PREFETCH = 1  # chunks loaded ahead in registers when STAGES == 1
 STREAM_REVERSE = 1
 STREAM_LANE_MAX = 0  # measured: the per-row max won (see above)
+# Persistent (WIDE_MODE 3, ``_ce_fwd_persist_kernel``): element size -> (BLOCK_N columns per piece, num_warps,
+# most programs per SM).  Each program holds one piece of a row in registers (and the next row's piece in
+# flight); the SPLITS = ceil(C / BLOCK_N) programs of a row exchange their statistics (ops/_rowsync.py).
+PERSIST = {2: (4096, 4, 8), 4: (4096, 8, 4)}
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8

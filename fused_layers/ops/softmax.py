@@ -61,7 +61,16 @@ from ._common import (
 )
 from . import _cpp
 from ._library import FusedOp, Kernel
-from .softmax_config import MAX_SINGLE_BLOCK, WIDE_STAGES, _coop_config, _single_block_config, _wide_config  # noqa: F401
+from ._rowsync import balanced_pieces, bind_persistent, pack_flagged, pack_pair, publish, unpack_pair, wait_row
+from .softmax_config import (  # noqa: F401
+    MAX_SINGLE_BLOCK,
+    WIDE_MODE,
+    WIDE_STAGES,
+    _coop_config,
+    _persist_config,
+    _single_block_config,
+    _wide_config,
+)
 
 _OP = "fused_softmax"
 
@@ -370,6 +379,103 @@ def _softmax_bwd_coop_kernel(
         tl.store(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
 
 
+@triton.jit(do_not_specialize=["GROUPS"])
+def _softmax_fwd_persist_kernel(
+    X, Y,  # input / output (see _softmax_fwd_kernel)
+    M, N, INNER,
+    sxo, sxi, sxn,
+    syo, syi, syn,
+    SPLITS,  # pieces per row: program g holds piece g % SPLITS of rows g // SPLITS, + GROUPS, + 2 GROUPS, ...
+    PIECE,  # columns per piece (<= BLOCK_N; the last piece of a row may be shorter)
+    SLOTS,  # int64 [M * SPLITS], zeroed: each piece's published (max, sum of exp(x - max)) (ops/_rowsync.py)
+    GROUPS,  # row groups (the grid is GROUPS * SPLITS co-resident programs)
+    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
+    BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
+    PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter)
+):
+    """Wide rows, one read, persistent (the default for wide rows; ops/_rowsync.py): per row, reduce the
+    piece held in registers to (max, sum), publish it, load the next row's piece, wait for the row's other
+    pieces, combine, and write y from the registers."""
+    g = tl.program_id(0)
+    piece = g % SPLITS
+    group = g // SPLITS
+    start = piece * PIECE
+    end = tl.minimum(start + PIECE, N)
+    c = start + tl.arange(0, BLOCK_N)
+    cm = c < end
+    c64 = c.to(tl.int64)
+    r = tl.cast(group, tl.int64)
+    # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+    x_next = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + r < M), other=-float("inf"))
+    for row in range(group, M, GROUPS):
+        r = tl.cast(row, tl.int64)
+        x = x_next.to(tl.float32)
+        if PHASE != 1:
+            m_p = tl.max(x, axis=0)
+            m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
+            s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0)
+            publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), False)
+        rn = r + GROUPS  # the next row's piece is in flight while this one waits
+        x_next = tl.load(X + (rn // INNER) * sxo + (rn % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + rn < M),
+                         other=-float("inf"))
+        if PHASE != 0:
+            words, pm = wait_row(SLOTS + r * SPLITS, SPLITS, SPLITS_P2, False)
+            m_all, s_all = unpack_pair(words)
+            m_all = tl.where(pm, m_all, -float("inf"))
+            s_all = tl.where(pm, s_all, 0.0)
+            m = tl.max(m_all, axis=0)
+            # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
+            m_safe = tl.where(m == -float("inf"), 0.0, m)
+            inv_s = 1.0 / tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
+            y = tl.exp2((x - m) * 1.4426950408889634) * inv_s
+            tl.store(Y + (r // INNER) * syo + (r % INNER) * syi + c64 * syn, y.to(Y.dtype.element_ty), mask=cm)
+
+
+@triton.jit(do_not_specialize=["GROUPS"])
+def _softmax_bwd_persist_kernel(
+    Y, DY, DX,  # saved output, incoming gradient, input gradient (written); strides below
+    M, N, INNER,
+    syo, syi, syn,
+    sdo, sdi, sdn,
+    sgo, sgi, sgn,
+    SPLITS, PIECE,
+    SLOTS,  # int64 [M * SPLITS], zeroed: each piece's published partial sum(y * dy)
+    GROUPS,
+    SPLITS_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PHASE: tl.constexpr,
+):
+    """Wide-row backward, one read of y and dy (the scheme of _softmax_fwd_persist_kernel): the pieces stay
+    in registers while the row's partial dots are published and combined."""
+    g = tl.program_id(0)
+    piece = g % SPLITS
+    group = g // SPLITS
+    start = piece * PIECE
+    end = tl.minimum(start + PIECE, N)
+    c = start + tl.arange(0, BLOCK_N)
+    cm = c < end
+    c64 = c.to(tl.int64)
+    r = tl.cast(group, tl.int64)
+    # 0 where masked: the identity of the sum.
+    y_next = tl.load(Y + (r // INNER) * syo + (r % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + r < M), other=0.0)
+    dy_next = tl.load(DY + (r // INNER) * sdo + (r % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + r < M), other=0.0)
+    for row in range(group, M, GROUPS):
+        r = tl.cast(row, tl.int64)
+        y = y_next.to(tl.float32)
+        dy = dy_next.to(tl.float32)
+        if PHASE != 1:
+            publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y * dy, axis=0)), False)
+        rn = r + GROUPS
+        y_next = tl.load(Y + (rn // INNER) * syo + (rn % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + rn < M), other=0.0)
+        dy_next = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + rn < M), other=0.0)
+        if PHASE != 0:
+            words, pm = wait_row(SLOTS + r * SPLITS, SPLITS, SPLITS_P2, False)
+            _flag, dots = unpack_pair(words)
+            dot = tl.sum(tl.where(pm, dots, 0.0), axis=0)
+            tl.store(DX + (r // INNER) * sgo + (r % INNER) * sgi + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty),
+                     mask=cm)
+
+
 # ==================================================================================================
 # PyTorch reference (tests, CPU fallback, the callback's ledger)
 # ==================================================================================================
@@ -424,28 +530,33 @@ def _contiguous_strides(shape: torch.Size, dim: int) -> tuple[int, ...]:
 class _Plan:
     """Everything a launch needs that depends only on shapes, strides, dtype and dim (cached)."""
 
-    __slots__ = ("copy", "wide", "kernel", "kernel2", "m", "splits", "ints", "cpp")
+    __slots__ = ("copy", "wide", "kernel", "kernel2", "m", "splits", "ints", "cpp", "persist", "groups", "fallback")
 
 
 _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
 
 
-def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.dtype, dim: int) -> _Plan:
+def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.dtype, dim: int,
+          persist_ok: bool = False) -> _Plan:
     """Launch plan for inputs with ``strides`` (x; or y and dy) and a contiguous output.
 
     Cached, with the bound kernel: the per-call host cost is a dict lookup and one direct launch.
+    ``persist_ok``: real tensors (eager), where wide rows may take the persistent kernels (their grid
+    comes from the compiled binary's occupancy, at the first call); traced calls take the one-launch
+    piece-wise kernels, which Inductor emits in its own code.
     """
-    key = (shape, strides, dtype, dim, override_epoch())
+    key = (shape, strides, dtype, dim, persist_ok, override_epoch())
     try:
         plan = _PLANS.get(key)
     except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
-        return _plan(concrete(shape), tuple(concrete(s) for s in strides), dtype, dim)
+        return _plan(concrete(shape), tuple(concrete(s) for s in strides), dtype, dim, persist_ok)
     if plan is not None:
         return plan
     plan = _Plan()
     plan.cpp = {}  # (device, with backward) -> C++ fast-path handles, or False (ops/_cpp.py)
     plan.kernel2 = None
+    plan.persist = plan.groups = plan.fallback = None
     elem = dtype.itemsize
     views, plan.copy = [], []
     for st in strides:
@@ -467,7 +578,17 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.splits = 0
         fn = _softmax_fwd_kernel if fwd else _softmax_bwd_kernel
         plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
-    elif get_override("softmax", "wide_mode", 0) == 1:
+    elif get_override("softmax", "wide_mode", WIDE_MODE) == 2 and persist_ok:
+        # persistent pieces in registers (_softmax_*_persist_kernel): kernels bound at the first call
+        block, warps, per_sm = _persist_config(elem, "fwd" if fwd else "bwd")
+        splits, piece = balanced_pieces(n, block)
+        plan.ints = (m, n, inner) + ins + out + (splits, piece)
+        plan.splits = splits
+        plan.kernel = None
+        plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm,
+                        dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps))
+        plan.fallback = _plan(shape, strides, dtype, dim, False)
+    elif get_override("softmax", "wide_mode", WIDE_MODE) == 1:
         # opt-in (not yet measured): pieces held in registers, one read (_softmax_fwd_coop_kernel)
         block, splits, piece, warps = _coop_config(n)
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
@@ -500,6 +621,25 @@ def _validate(x: object, dim: int) -> tuple[torch.Tensor, int]:
     return x, normalize_dim(_OP, dim, x.dim())
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _persist_launch(plan: _Plan, tensors: tuple) -> bool:
+    """Launch a persistent plan (binding it at its first call, ``_rowsync.bind_persistent``); False when
+    not even one row group fits on this GPU (the caller takes ``plan.fallback``)."""
+    slots = torch.zeros(plan.m * plan.splits, dtype=torch.int64, device=tensors[0].device)
+    args = (*tensors, *plan.ints, slots)
+    if plan.kernel is None:
+        fn, per_sm, meta = plan.persist
+        bound = bind_persistent(fn, args, plan.splits, plan.m, per_sm, **meta)
+        if bound is None:
+            return False
+        plan.kernel, plan.groups = bound
+    for k in plan.kernel:  # one launch on the GPU; phases 0 and 1 under the interpreter
+        k(*args, plan.groups)
+    return True
+
+
 def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Launch the softmax forward of ``x`` along ``dim`` (already normalized); returns a contiguous y.
 
@@ -509,9 +649,13 @@ def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     y = torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
-    plan = _plan(x.shape, (x.stride(),), x.dtype, dim)
+    plan = _plan(x.shape, (x.stride(),), x.dtype, dim, type(x) in _PLAIN)
     if plan.copy[0]:
         x = x.contiguous()
+    if plan.persist is not None and _persist_launch(plan, (x, y)):
+        return y
+    if plan.persist is not None:
+        plan = plan.fallback
     if plan.wide:
         stats = torch.empty(plan.m * plan.splits * 2, dtype=torch.float32, device=x.device)
         count = torch.zeros(plan.m, dtype=torch.int32, device=x.device)
@@ -530,11 +674,15 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tenso
         return dx
     if dy.dtype != y.dtype:
         dy = dy.to(y.dtype)
-    plan = _plan(y.shape, (y.stride(), dy.stride()), y.dtype, dim)
+    plan = _plan(y.shape, (y.stride(), dy.stride()), y.dtype, dim, type(y) in _PLAIN and type(dy) in _PLAIN)
     if plan.copy[0]:
         y = y.contiguous()
     if plan.copy[1]:
         dy = dy.contiguous()
+    if plan.persist is not None and _persist_launch(plan, (y, dy, dx)):
+        return dx
+    if plan.persist is not None:
+        plan = plan.fallback
     if plan.wide:
         dot = torch.empty(plan.m * plan.splits, dtype=torch.float32, device=y.device)
         count = torch.zeros(plan.m, dtype=torch.int32, device=y.device)
@@ -610,7 +758,7 @@ def _cpp_softmax(x: torch.Tensor, dim: int, grad: bool) -> torch.Tensor | None:
     Python path runs (not compiled yet, wide rows, a layout or alignment the bound kernels do not take)."""
     if not x.is_cuda or not x.is_contiguous() or x.data_ptr() & 15 or x.numel() == 0:
         return None
-    plan = _plan(x.shape, (x.stride(),), x.dtype, dim)
+    plan = _plan(x.shape, (x.stride(),), x.dtype, dim, True)  # the plan softmax_forward binds
     if plan.wide or plan.copy[0]:
         return None
     handles = _cpp.plan_id(plan.cpp, (x.get_device(), grad), _cpp_softmax_register, plan, x, dim, grad)

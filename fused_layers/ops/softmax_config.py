@@ -36,6 +36,12 @@ _WIDE = {("fwd", 2): (8192, 16384, 8), ("fwd", 4): (8192, 8192, 8), ("bwd", 2): 
 # H200 sweep, 2026-12-01 (benchmarks/results/issue10/run6_stages/softmax_sweep.log): the 3-4 stage
 # candidates (2K-4K chunks) did not beat the unpipelined defaults at 65,536 or 262,144.
 WIDE_STAGES = 1
+# Wide rows: 0 = piece-wise, one launch (the _WIDE kernels: each piece read twice, the second time from L2);
+# 2 = persistent (pieces held in registers by co-resident programs that exchange their statistics, one read:
+# ops/_rowsync.py), eager calls only; 1 = the opt-in coop kernels.
+WIDE_MODE = 0
+# Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM).
+_PERSIST = {("fwd", 2): (4096, 4, 8), ("fwd", 4): (4096, 8, 4), ("bwd", 2): (4096, 8, 4), ("bwd", 4): (2048, 4, 8)}
 
 
 def _single_block_config(n_pow2: int, elem: int, direction: str) -> tuple[int, int]:
@@ -65,3 +71,10 @@ def _coop_config(n: int) -> tuple[int, int, int, int]:
     align = min(64, block)
     piece = triton.cdiv(triton.cdiv(n, splits), align) * align
     return block, splits, piece, get_override("softmax", "coop_warps", 8)
+
+
+def _persist_config(elem: int, direction: str) -> tuple[int, int, int]:
+    """(BLOCK_N columns per piece, num_warps, most programs per SM) of the persistent wide kernels."""
+    block, warps, per_sm = _PERSIST[(direction, elem)]
+    return (get_override("softmax", "persist_block", block), get_override("softmax", "persist_warps", warps),
+            get_override("softmax", "persist_per_sm", per_sm))

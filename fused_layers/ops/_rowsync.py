@@ -1,0 +1,205 @@
+r"""Wide rows held on chip by several co-resident programs: the machinery the cross-entropy and the wide
+softmax share.
+
+Why.  A row-wise softmax needs a statistic of the whole row (its max and sum of exponentials, or the
+dot sum(y * dy) of the backward) before it can write any element.  One program streaming a row that does
+not fit its registers must read it twice (statistics, then output): two reads and a write, at most 2/3 of
+the copy bandwidth when the second read misses L2.  Here a row of C columns is cut into SPLITS pieces of
+at most BLOCK_N columns and every piece is held, in registers, by a program of its own:
+
+1. each program loads its piece (once), reduces it to a pair of float32 partials (a, b), and *publishes*
+   the pair into the row's slot array;
+2. it waits until every piece of the row has published, combines the SPLITS pairs (every program of the
+   row computes the same combination from the same values), and writes its piece of the output from the
+   registers: one read and one write at any width.
+
+Persistent, co-resident programs.  A program waiting for its row's other pieces must never keep them
+from running, so the grid is at most what the GPU holds at once (``persistent_groups``: the occupancy of
+the compiled kernel from the driver, times the SMs) and the launch is *cooperative*
+(``launch_cooperative_grid``): the driver then guarantees co-residency, or fails the launch with an
+error instead of hanging.  Program g works on piece ``g % SPLITS`` of the rows ``g // SPLITS``,
+``g // SPLITS + GROUPS``, ...: the SPLITS programs of a group meet once per row.  Each loads its piece of
+the *next* row before it waits on the current one, so a load is always in flight while it waits.
+
+Slots.  A pair is published as one 64-bit word, ``(bits(a) << 32) | bits(b)``, written by one atomic
+exchange: the value is its own flag, so no fence orders it against anything else (relaxed atomics and
+volatile polling).  Slots are zeroed before the launch, and a published word is never 0: callers
+guarantee it (the softmax pair (max, sum exp) has sum >= 1 whenever max is finite, and max = -inf has
+nonzero bits; single values use ``pack_flagged``).  Kernels that publish more than one word per piece
+store the extra values first and publish the word with release semantics after a block barrier, and
+poll with acquire atomics (``ORDERED``).
+
+The Triton interpreter runs programs one after another, so no program may wait there: kernels take a
+``PHASE`` constexpr, 2 on the GPU (publish, wait, write in one launch) and 0 then 1 under the
+interpreter (two launches: every piece publishes; then every piece finds its row complete and writes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import INTERPRET
+
+
+@triton.jit
+def pack_pair(a, b):
+    """Two float32 scalars as one int64 word: bits(a) high, bits(b) low."""
+    ua = a.to(tl.uint32, bitcast=True).to(tl.uint64)
+    ub = b.to(tl.uint32, bitcast=True).to(tl.uint64)
+    return ((ua << 32) | ub).to(tl.int64, bitcast=True)
+
+
+@triton.jit
+def pack_flagged(a):
+    """One float32 scalar as a never-zero int64 word (bit 32 set)."""
+    ua = a.to(tl.uint32, bitcast=True).to(tl.uint64)
+    return ((1 << 32) | ua).to(tl.int64, bitcast=True)
+
+
+@triton.jit
+def unpack_pair(v):
+    """The float32 pair of words v (any shape): (high, low)."""
+    u = v.to(tl.uint64, bitcast=True)
+    a = (u >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
+    b = (u & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+    return a, b
+
+
+@triton.jit
+def publish(SLOT, word, ORDERED: tl.constexpr):
+    """Publish this piece's word at SLOT (a scalar int64 pointer).  ORDERED: values this program stored
+    before are visible to whoever sees the word (block barrier, then a release exchange)."""
+    if ORDERED:
+        tl.debug_barrier()
+        tl.atomic_xchg(SLOT, word, sem="release")
+    else:
+        tl.atomic_xchg(SLOT, word, sem="relaxed")
+
+
+@triton.jit
+def wait_row(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr, ORDERED: tl.constexpr):
+    """Wait until the SPLITS slots at ROW_SLOTS are all published; returns (words [SPLITS_P2], valid lanes).
+
+    Lanes past SPLITS read as 1 (published) and must be masked by the caller with the identity of its
+    combination.  ORDERED: acquire atomics (pairs with ``publish(..., ORDERED=True)``), else volatile loads.
+    """
+    p = tl.arange(0, SPLITS_P2)
+    pm = p < SPLITS
+    if ORDERED:
+        v = tl.atomic_add(ROW_SLOTS + p, 0, mask=pm, sem="acquire")
+        v = tl.where(pm, v, 1)
+    else:
+        v = tl.load(ROW_SLOTS + p, mask=pm, other=1, volatile=True)
+    while tl.min(tl.where(v != 0, 1, 0), axis=0) == 0:
+        if ORDERED:
+            v = tl.atomic_add(ROW_SLOTS + p, 0, mask=pm, sem="acquire")
+            v = tl.where(pm, v, 1)
+        else:
+            v = tl.load(ROW_SLOTS + p, mask=pm, other=1, volatile=True)
+    return v, pm
+
+
+# --------------------------------------------------------------------------------------------------
+# Host side: how many programs the GPU holds at once
+# --------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _libcuda():
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:  # pragma: no cover - no driver
+        return None
+
+
+def _driver_occupancy(function: int, threads: int, shared: int) -> int | None:
+    """cuOccupancyMaxActiveBlocksPerMultiprocessor for a loaded CUfunction, or None."""
+    lib = _libcuda()
+    if lib is None or not function:
+        return None
+    n = ctypes.c_int(0)
+    try:
+        err = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), ctypes.c_void_p(function),
+                                                              ctypes.c_int(threads), ctypes.c_size_t(shared))
+    except Exception:  # pragma: no cover
+        return None
+    return int(n.value) if err == 0 else None
+
+
+def _estimated_occupancy(n_regs: int, warps: int, shared: int, device: torch.device) -> int:
+    """Programs per SM from registers, threads and shared memory (the driver's rule, for when it cannot be
+    asked): registers are allocated per warp in units of 256."""
+    props = torch.cuda.get_device_properties(device)
+    regs_per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
+    by_regs = (getattr(props, "regs_per_multiprocessor", 65536) // regs_per_warp) // warps
+    by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // (warps * 32)
+    smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    by_smem = smem // (shared + 1024) if shared else 32
+    return max(0, min(by_regs, by_threads, by_smem, 32))
+
+
+def programs_per_sm(compiled, device: torch.device) -> int:
+    """How many programs of Triton's ``compiled`` kernel one SM holds at once."""
+    md = compiled.metadata
+    warps, shared = md.num_warps, md.shared
+    try:
+        compiled._init_handles()  # loads the binary: ``function`` is its CUfunction
+    except Exception:  # pragma: no cover
+        pass
+    n = _driver_occupancy(getattr(compiled, "function", 0) or 0, warps * 32, shared)
+    if n is None:
+        n = _estimated_occupancy(getattr(compiled, "n_regs", 255), warps, shared, device)
+    return n
+
+
+def persistent_groups(compiled, device: torch.device, splits: int, rows: int, per_sm_cap: int) -> int:
+    """GROUPS for a persistent launch of ``compiled`` with SPLITS programs per row: as many row groups as
+    the GPU holds at once (at most ``per_sm_cap`` programs per SM, at most one group per row); 0 when not
+    even one group fits (the caller then takes another kernel)."""
+    per_sm = min(programs_per_sm(compiled, device), per_sm_cap)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return min((sms * per_sm) // splits, rows)
+
+
+def interpreter_groups(rows: int) -> int:
+    """GROUPS under the interpreter (no co-residency there): a few, so the row loop runs more than once."""
+    return max(1, min(rows, 3))
+
+
+def bind_persistent(fn, args: tuple, splits: int, rows: int, per_sm: int, **meta):
+    """The launches of a persistent row kernel ``fn`` (runtime arguments ``args``, then GROUPS; constexprs
+    ``meta``; a ``PHASE`` constexpr), as ``(kernels, groups)``: call each kernel with ``(*args, groups)``.
+
+    On the GPU: one cooperative launch of GROUPS x SPLITS programs, GROUPS from the occupancy of the
+    binary compiled for these very arguments (``fn.warmup``: compiled, not launched; GROUPS must be in
+    ``do_not_specialize``), at most ``per_sm`` programs per SM.  None when not even one group of SPLITS
+    programs fits: the caller then takes another kernel.  Under the interpreter: two launches (PHASE 0
+    publishes every piece, PHASE 1 combines and writes).
+    """
+    from ._library import Kernel  # (import cycle: _library imports nothing from here)
+
+    if INTERPRET:
+        groups = interpreter_groups(rows)
+        return tuple(Kernel(fn, (groups * splits,), check=None, **meta, PHASE=ph) for ph in (0, 1)), groups
+    meta = dict(meta, launch_cooperative_grid=True)
+    compiled = fn.warmup(*args, 1, grid=(1,), **meta, PHASE=2)
+    groups = persistent_groups(compiled, args[0].device, splits, rows, per_sm)
+    if groups <= 0:
+        return None
+    return (Kernel(fn, (groups * splits,), check=None, **meta, PHASE=2),), groups
+
+
+def balanced_pieces(n: int, block: int) -> tuple[int, int]:
+    """(SPLITS, PIECE): the fewest pieces of at most ``block`` columns covering ``n``, balanced, each
+    starting on a multiple of 64 columns (aligned vector loads)."""
+    splits = -(-n // block)
+    align = min(64, block)
+    piece = -(-(-(-n // splits)) // align) * align
+    return splits, piece
+
+
+__all__ = ["pack_pair", "pack_flagged", "unpack_pair", "publish", "wait_row", "persistent_groups",
+           "interpreter_groups", "programs_per_sm", "bind_persistent", "balanced_pieces"]
