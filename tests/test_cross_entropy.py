@@ -89,6 +89,27 @@ def test_split_rows(c, dtype, mode, device):
         _check(x, t, grad=False, reduction="none")  # no gradient: the one-pass streaming kernel
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_persistent_kernel_is_taken(dtype, device):
+    """Class-index targets (weights, ignore_index, every reduction) run the persistent kernel, rows over
+    several row groups; smoothing and probabilities take the streaming kernel."""
+    from fused_layers.ops import cross_entropy as ce
+
+    x = torch.randn(11, 45, device=device, dtype=dtype) * 4
+    t = torch.randint(0, 45, (11,), device=device)
+    t[4] = -100
+    t[7] = 44  # the last column: the last, shorter piece holds it
+    with config_override("cross_entropy", **PERSIST):
+        for kw in (dict(), dict(reduction="none"), dict(reduction="sum", weight=torch.rand(45, device=device, dtype=dtype))):
+            ce._PLANS.clear()
+            _check(x, t, **kw)
+            bound = [p for p in ce._PLANS.values() if p.persist is not None]
+            assert len(bound) == 1 and bound[0].kernel is not None and bound[0].splits == 3
+        ce._PLANS.clear()
+        _check(x, t, label_smoothing=0.1)
+        assert not any(p.persist is not None for p in ce._PLANS.values())
+
+
 @pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "persist"])
 def test_split_rows_special_values_and_layouts(mode, device):
     x = torch.randn(6, 40, device=device)

@@ -623,109 +623,104 @@ def _ce_fwd_split_kernel(
 
 @triton.jit(do_not_specialize=["GROUPS"])
 def _ce_fwd_persist_kernel(
-    X, T, W, LOSS, DX, DEN, RS,  # as in _ce_fwd_kernel
+    X,  # logits; element (row (o, i), class c) at X + o*sxo + i*sxi + c*sxc (bf16/fp16/fp32)
+    T,  # int64/uint8 [M]: class-index targets (flat, contiguous)
+    W,  # [C] class weights (read when HAS_WEIGHT)
+    LOSS,  # [M] (written): each row's loss (/ D for 'mean'), written by the program holding its target
+    DX,  # gradient (written; may be X itself); element (o, i, c) at DX + o*sdo + i*sdi + c*sdc
+    DEN,  # float32 [2] from _ce_den_kernel (read when DEN_ON_DEVICE)
+    RS,  # float [M]: per-row scale of the gradient (read when HAS_ROW_SCALE)
     SLOTS,  # int64 [M * SPLITS], zeroed: each piece's published (max, sum of exp(x - max)) (ops/_rowsync.py)
-    EXTRA,  # float32 [M * SPLITS * 2] (scratch, SOFT or SMOOTH): each piece's (sum_w, sum_wx)
-    M, C, INNER,
-    sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc,
-    ignore_index, smoothing, inv_den,
+    M, C, INNER,  # rows, classes, size of the inner row index
+    sxo, sxi, sxc,  # strides of X
+    sdo, sdi, sdc,  # strides of DX
+    ignore_index,
+    inv_den,  # 1/D when not DEN_ON_DEVICE (1.0 for 'sum' / 'none')
     SPLITS,  # pieces per row
     PIECE,  # columns per piece (<= BLOCK_N; the last piece of a row may be shorter)
     GROUPS,  # row groups: program g holds piece g % SPLITS of rows g // SPLITS, + GROUPS, + 2 GROUPS, ...
     SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
     BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
-    SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
-    DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
     PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter), see _rowsync
 ):
-    """Wide rows, one read: persistent co-resident programs, each holding one piece of a row in registers.
+    """Wide rows with class-index targets, one read: persistent co-resident programs, each holding one piece
+    of a row in registers (ops/_rowsync.py), pipelined one row deep as ``_softmax_fwd_persist_kernel``.
 
-    Per row (ops/_rowsync.py): load the piece (its load was issued during the previous row), reduce it to
-    (m_p, s_p) (and sum_w, sum_wx), publish, load the piece of the next row, wait for the row's other
-    pieces, combine them into lse (and the sums), then write the piece's gradient from the registers; the
-    program holding the target's column (the first piece for probabilities, ignored and bad rows) writes
-    the row's loss.  The logits are read once and the gradient written once, at any vocabulary width.
+    Iteration k: publish (m_p, s_p) of row k's piece, issue the load of row k + 1's piece, wait for row
+    k - 1's pieces (published one iteration ago), combine them into lse, write that piece's gradient
+    dx = (w_t p - w_t [c = t]) / D from the registers; the program whose piece holds the target (the first
+    piece for ignored and out-of-range rows) writes the row's loss w_t (lse - x_t) / D.  Label smoothing
+    and probability targets take the streaming kernel (their extra row sums would need a second exchange).
     """
-    ORDERED: tl.constexpr = SOFT or SMOOTH  # more than the one word per piece to exchange
-    smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
-    inv_den = tl.cast(inv_den, tl.float32)
+    inv_den = tl.cast(inv_den, tl.float32)  # floats may arrive as float64
     g = tl.program_id(0)
     piece = g % SPLITS
     group = g // SPLITS
-    zero = tl.arange(0, 1)  # [1]-shaped row vectors, so the BLOCK_M-row helpers serve here
     start = piece * PIECE
     end = tl.minimum(start + PIECE, C)
     c = start + tl.arange(0, BLOCK_N)
     cm = c < end
     c64 = c.to(tl.int64)
-    # The first row's piece; later ones are loaded one row ahead, inside the loop.
-    r_next = group.to(tl.int64) + zero
-    xb_next = X + (r_next // INNER) * sxo + (r_next % INNER) * sxi
+    r = tl.cast(group, tl.int64)
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-    x_next = tl.load(xb_next[:, None] + c64[None, :] * sxc, mask=(r_next < M)[:, None] & cm[None, :],
-                     other=-float("inf"))
-    for row in range(group, M, GROUPS):
-        r64 = tl.cast(row, tl.int64) + zero
-        row_ok = r64 < M
-        xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi
-        if SOFT:
-            tb = T + (r64 // INNER) * sto + (r64 % INNER) * sti
-        else:
-            tb = xb  # unused
-        x = x_next.to(tl.float32)  # [1, BLOCK_N]
-        # ---- this piece's statistics -----------------------------------------------------------------
-        m_p = tl.max(x, axis=1)
-        m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
-        s_p = tl.sum(tl.exp2((x - m_ps[:, None]) * 1.4426950408889634), axis=1)
-        sum_w = tl.zeros([1], tl.float32)
-        sum_wx = tl.zeros([1], tl.float32)
-        if ORDERED:
-            sum_w, sum_wx = _ce_target_sums(x, tb, W, c, row_ok[:, None] & cm[None, :], end, C, stc, smoothing,
-                                            sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
-        slot = SLOTS + r64 * SPLITS + piece  # [1]
+    x_cur = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + r < M),
+                    other=-float("inf"))
+    x_prev = x_cur
+    for row in range(group, M + GROUPS, GROUPS):  # one iteration past the last row: its output
+        r = tl.cast(row, tl.int64)
+        # ---- row k: this piece's (max, sum of exp) ---------------------------------------------------
         if PHASE != 1:
-            if ORDERED:
-                ex = EXTRA + (r64 * SPLITS + piece) * 2
-                tl.store(ex, sum_w)
-                tl.store(ex + 1, sum_wx)
-            word = pack_pair(tl.sum(m_p, axis=0), tl.sum(s_p, axis=0))
-            publish(SLOTS + tl.cast(row, tl.int64) * SPLITS + piece, word, ORDERED)
-        # ---- the next row's piece is in flight while this one waits ------------------------------------
-        r_next = r64 + GROUPS
-        xb_next = X + (r_next // INNER) * sxo + (r_next % INNER) * sxi
-        x_next = tl.load(xb_next[:, None] + c64[None, :] * sxc, mask=(r_next < M)[:, None] & cm[None, :],
+            if row < M:
+                x = x_cur.to(tl.float32)
+                m_p = tl.max(x, axis=0)
+                m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
+                s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0)
+                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), False)
+        # ---- row k + 1's piece is in flight from here on ---------------------------------------------
+        rn = r + GROUPS
+        x_next = tl.load(X + (rn // INNER) * sxo + (rn % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + rn < M),
                          other=-float("inf"))
+        # ---- row k - 1: lse, loss, gradient ----------------------------------------------------------
         if PHASE != 0:
-            words, pm = wait_row(SLOTS + tl.cast(row, tl.int64) * SPLITS, SPLITS, SPLITS_P2, ORDERED)
-            m_all, s_all = unpack_pair(words)
-            m_all = tl.where(pm, m_all, -float("inf"))
-            s_all = tl.where(pm, s_all, 0.0)
-            m_row = tl.max(m_all, axis=0)
-            m_safe = tl.where(m_row == -float("inf"), 0.0, m_row)
-            m = m_row + tl.zeros([1], tl.float32)
-            s = tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0) + tl.zeros([1], tl.float32)
-            if ORDERED:
-                p = tl.arange(0, SPLITS_P2)
-                ex = EXTRA + (tl.cast(row, tl.int64) * SPLITS + p) * 2
-                sum_w = tl.sum(tl.load(ex, mask=pm, other=0.0, volatile=True), axis=0) + tl.zeros([1], tl.float32)
-                sum_wx = tl.sum(tl.load(ex + 1, mask=pm, other=0.0, volatile=True), axis=0) + tl.zeros([1], tl.float32)
-            # the target's logit, from the registers of the piece that holds it (0 elsewhere)
-            if SOFT:
-                x_t = tl.zeros([1], tl.float32)
-                owner = (zero + piece) == 0
-            else:
-                t_raw = tl.load(T + r64, mask=row_ok, other=ignore_index).to(tl.int64)
-                hit = c64[None, :] == t_raw[:, None]
-                x_t = tl.sum(tl.where(hit, x, 0.0), axis=1)
-                live = (t_raw != ignore_index) & (t_raw >= 0) & (t_raw < C)
-                owner = tl.where(live, t_raw // PIECE, 0) == piece
-            loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
-                T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
-                SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, 1)
-            tl.store(LOSS + r64, loss.to(LOSS.dtype.element_ty), mask=row_ok & owner)
-            db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
-            _ce_grad_chunk(x, db, tb, W, start, row_ok, end, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t,
-                           t, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+            if row > group:
+                rp = r - GROUPS
+                words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2, False)
+                m_all, s_all = unpack_pair(words)
+                m_all = tl.where(pm, m_all, -float("inf"))
+                s_all = tl.where(pm, s_all, 0.0)
+                m = tl.max(m_all, axis=0)
+                m_safe = tl.where(m == -float("inf"), 0.0, m)
+                # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
+                lse = m + tl.log(tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0))
+                t = tl.load(T + rp).to(tl.int64)
+                ign = t == ignore_index
+                bad = (~ign) & ((t < 0) | (t >= C))
+                t = tl.where(ign | bad, 0, t)  # never read out of bounds
+                if HAS_WEIGHT:
+                    w_t = tl.load(W + t).to(tl.float32)
+                else:
+                    w_t = 1.0
+                if DEN_ON_DEVICE:
+                    scale = 1.0 / tl.load(DEN)
+                else:
+                    scale = inv_den
+                x = x_prev.to(tl.float32)
+                if t // PIECE == piece:  # this piece holds the target (or is the first, for ignored / bad rows)
+                    x_t = tl.sum(tl.where(c64 == t, x, 0.0), axis=0)
+                    loss = tl.where(ign, 0.0, w_t * (lse - x_t))
+                    loss = tl.where(bad, float("nan"), loss) * scale
+                    tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty))
+                if HAS_ROW_SCALE:
+                    scale = scale * tl.load(RS + rp).to(tl.float32)
+                scale = tl.where(bad, float("nan"), scale)
+                # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
+                coef = tl.where(ign, 0.0, w_t * scale)
+                p = tl.exp2((x - lse) * 1.4426950408889634)
+                dx = coef * p - tl.where(c64 == t, coef, 0.0)
+                tl.store(DX + (rp // INNER) * sdo + (rp % INNER) * sdi + c64 * sdc, dx.to(DX.dtype.element_ty), mask=cm)
+        x_prev = x_cur
+        x_cur = x_next
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -920,7 +915,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         if wide not in (1, 2, 3):
             raise ValueError(f"{_OP}: wide_mode {wide} does not exist (1 = stream, 2 = split, 3 = persistent)")
         base = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd) + (ignore_index,)
-        if wide == 3 and has_grad and persist_ok:
+        if wide == 3 and has_grad and persist_ok and not (soft or smooth):
             # Persistent pieces held in registers (_ce_fwd_persist_kernel): balanced pieces of at most
             # BLOCK_N columns, 64-aligned starts.  The grid needs the compiled kernel's occupancy, so the
             # Kernel is made at the first launch (_persist_kernel); the streaming plan is its fallback.
@@ -930,8 +925,8 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
             plan.splits, plan.piece = splits, piece
             plan.ints = base
             plan.kernel = None
-            plan.persist = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=pblock, **flags,
-                                num_warps=get_override("cross_entropy", "persist_warps", pwarps),
+            plan.persist = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=pblock, HAS_WEIGHT=has_weight,
+                                DEN_ON_DEVICE=den_on_device, HAS_ROW_SCALE=has_row_scale, num_warps=get_override("cross_entropy", "persist_warps", pwarps),
                                 per_sm=get_override("cross_entropy", "persist_per_sm", per_sm))
             plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
                                   den_on_device, has_row_scale, has_grad, False) if wide == 3 else None
@@ -1149,9 +1144,7 @@ def cross_entropy_forward(
             den if mean_hard else input, row_scale if row_scale is not None else input)
     if plan.persist is not None:
         slots = torch.zeros(M * plan.splits, dtype=torch.int64, device=dev)
-        ordered = soft or label_smoothing > 0
-        extra = torch.empty(M * plan.splits * 2 if ordered else 1, dtype=torch.float32, device=dev)
-        pargs = (*args, slots, extra, *plan.ints, float(label_smoothing), inv_den, plan.splits, plan.piece)
+        pargs = (*args, slots, *plan.ints[:6], *plan.ints[9:], inv_den, plan.splits, plan.piece)
         kernels = _persist_kernels(plan, pargs)
         if kernels is None:  # not even one row group fits on this GPU: stream
             plan.fallback.kernel(*args, *plan.fallback.ints, float(label_smoothing), inv_den)

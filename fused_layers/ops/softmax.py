@@ -393,9 +393,10 @@ def _softmax_fwd_persist_kernel(
     BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
     PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter)
 ):
-    """Wide rows, one read, persistent (the default for wide rows; ops/_rowsync.py): per row, reduce the
-    piece held in registers to (max, sum), publish it, load the next row's piece, wait for the row's other
-    pieces, combine, and write y from the registers."""
+    """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
+    program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
+    for row k - 1 (published by every sibling one iteration ago, so the wait rarely spins) and write its y
+    from the registers.  Three pieces in registers (rows k - 1, k, k + 1), kept in the input's dtype."""
     g = tl.program_id(0)
     piece = g % SPLITS
     group = g // SPLITS
@@ -406,29 +407,36 @@ def _softmax_fwd_persist_kernel(
     c64 = c.to(tl.int64)
     r = tl.cast(group, tl.int64)
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-    x_next = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + r < M), other=-float("inf"))
-    for row in range(group, M, GROUPS):
+    x_cur = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + r < M),
+                    other=-float("inf"))
+    x_prev = x_cur
+    for row in range(group, M + GROUPS, GROUPS):  # one iteration past the last row: its output
         r = tl.cast(row, tl.int64)
-        x = x_next.to(tl.float32)
         if PHASE != 1:
-            m_p = tl.max(x, axis=0)
-            m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
-            s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0)
-            publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), False)
-        rn = r + GROUPS  # the next row's piece is in flight while this one waits
+            if row < M:
+                x = x_cur.to(tl.float32)
+                m_p = tl.max(x, axis=0)
+                m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
+                s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0)
+                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), False)
+        rn = r + GROUPS  # row k + 1's piece is in flight from here on
         x_next = tl.load(X + (rn // INNER) * sxo + (rn % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + rn < M),
                          other=-float("inf"))
         if PHASE != 0:
-            words, pm = wait_row(SLOTS + r * SPLITS, SPLITS, SPLITS_P2, False)
-            m_all, s_all = unpack_pair(words)
-            m_all = tl.where(pm, m_all, -float("inf"))
-            s_all = tl.where(pm, s_all, 0.0)
-            m = tl.max(m_all, axis=0)
-            # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
-            m_safe = tl.where(m == -float("inf"), 0.0, m)
-            inv_s = 1.0 / tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
-            y = tl.exp2((x - m) * 1.4426950408889634) * inv_s
-            tl.store(Y + (r // INNER) * syo + (r % INNER) * syi + c64 * syn, y.to(Y.dtype.element_ty), mask=cm)
+            if row > group:  # the output of row k - 1
+                rp = r - GROUPS
+                words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2, False)
+                m_all, s_all = unpack_pair(words)
+                m_all = tl.where(pm, m_all, -float("inf"))
+                s_all = tl.where(pm, s_all, 0.0)
+                m = tl.max(m_all, axis=0)
+                # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
+                m_safe = tl.where(m == -float("inf"), 0.0, m)
+                inv_s = 1.0 / tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
+                y = tl.exp2((x_prev.to(tl.float32) - m) * 1.4426950408889634) * inv_s
+                tl.store(Y + (rp // INNER) * syo + (rp % INNER) * syi + c64 * syn, y.to(Y.dtype.element_ty), mask=cm)
+        x_prev = x_cur
+        x_cur = x_next
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
@@ -445,8 +453,8 @@ def _softmax_bwd_persist_kernel(
     BLOCK_N: tl.constexpr,
     PHASE: tl.constexpr,
 ):
-    """Wide-row backward, one read of y and dy (the scheme of _softmax_fwd_persist_kernel): the pieces stay
-    in registers while the row's partial dots are published and combined."""
+    """Wide-row backward, one read of y and dy, pipelined as _softmax_fwd_persist_kernel: publish row k's
+    partial dot, load row k + 1, wait for row k - 1 and write its dx = y * (dy - dot)."""
     g = tl.program_id(0)
     piece = g % SPLITS
     group = g // SPLITS
@@ -457,23 +465,34 @@ def _softmax_bwd_persist_kernel(
     c64 = c.to(tl.int64)
     r = tl.cast(group, tl.int64)
     # 0 where masked: the identity of the sum.
-    y_next = tl.load(Y + (r // INNER) * syo + (r % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + r < M), other=0.0)
-    dy_next = tl.load(DY + (r // INNER) * sdo + (r % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + r < M), other=0.0)
-    for row in range(group, M, GROUPS):
+    y_cur = tl.load(Y + (r // INNER) * syo + (r % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + r < M), other=0.0)
+    dy_cur = tl.load(DY + (r // INNER) * sdo + (r % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + r < M), other=0.0)
+    y_prev = y_cur
+    dy_prev = dy_cur
+    for row in range(group, M + GROUPS, GROUPS):
         r = tl.cast(row, tl.int64)
-        y = y_next.to(tl.float32)
-        dy = dy_next.to(tl.float32)
         if PHASE != 1:
-            publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y * dy, axis=0)), False)
+            if row < M:
+                publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y_cur.to(tl.float32) * dy_cur.to(tl.float32), axis=0)),
+                        False)
         rn = r + GROUPS
-        y_next = tl.load(Y + (rn // INNER) * syo + (rn % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + rn < M), other=0.0)
-        dy_next = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + rn < M), other=0.0)
+        y_next = tl.load(Y + (rn // INNER) * syo + (rn % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + rn < M),
+                         other=0.0)
+        dy_next = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + rn < M),
+                          other=0.0)
         if PHASE != 0:
-            words, pm = wait_row(SLOTS + r * SPLITS, SPLITS, SPLITS_P2, False)
-            _flag, dots = unpack_pair(words)
-            dot = tl.sum(tl.where(pm, dots, 0.0), axis=0)
-            tl.store(DX + (r // INNER) * sgo + (r % INNER) * sgi + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty),
-                     mask=cm)
+            if row > group:
+                rp = r - GROUPS
+                words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2, False)
+                _flag, dots = unpack_pair(words)
+                dot = tl.sum(tl.where(pm, dots, 0.0), axis=0)
+                y = y_prev.to(tl.float32)
+                dx = y * (dy_prev.to(tl.float32) - dot)
+                tl.store(DX + (rp // INNER) * sgo + (rp % INNER) * sgi + c64 * sgn, dx.to(DX.dtype.element_ty), mask=cm)
+        y_prev = y_cur
+        dy_prev = dy_cur
+        y_cur = y_next
+        dy_cur = dy_next
 
 
 # ==================================================================================================
