@@ -23,6 +23,16 @@ def main():
 
     dev = "cuda"
     print("SMs", torch.cuda.get_device_properties(0).multi_processor_count)
+    # Correctness first, row by row (which rows are wrong says which pipeline stage is): fp32 softmax forward.
+    x = torch.randn(1024, 65536, device=dev)
+    with config_override("softmax", wide_mode=2):
+        sm._PLANS.clear()
+        y = fused_softmax(x, -1)
+        torch.cuda.synchronize()
+        groups = [p.groups for p in sm._PLANS.values() if p.persist is not None]
+    err = (y - torch.softmax(x, -1)).abs().amax(-1)
+    bad = (err > 1e-6).nonzero().flatten().tolist()
+    print(f"softmax fp32 1024 x 65536 persistent: groups {groups}, {len(bad)} bad rows {bad[:12]} max err {err.max().item():.2e}")
     for v in (32000, 50304, 128256, 262144):
         x = torch.randn(8192, v, device=dev, dtype=torch.bfloat16).requires_grad_()
         t = torch.randint(0, v, (8192,), device=dev)

@@ -25,9 +25,13 @@ Slots.  A pair is published as one 64-bit word, ``(bits(a) << 32) | bits(b)``, w
 exchange: the value is its own flag, so no fence orders it against anything else (relaxed atomics and
 volatile polling).  Slots are zeroed before the launch, and a published word is never 0: callers
 guarantee it (the softmax pair (max, sum exp) has sum >= 1 whenever max is finite, and max = -inf has
-nonzero bits; single values use ``pack_flagged``).  Kernels that publish more than one word per piece
-store the extra values first and publish the word with release semantics after a block barrier, and
-poll with acquire atomics (``ORDERED``).
+nonzero bits; single values use ``pack_flagged``).
+
+Pipelined one row deep.  Iteration k of a program publishes row k's word, issues the load of row k + 1's
+piece, then waits for row k - 1 -- which every sibling published an iteration ago, so the wait rarely
+spins -- and writes row k - 1's output from the registers: three pieces in registers (rows k - 1, k,
+k + 1), in the input's dtype.  The first row is peeled off the loop, and the loop runs one iteration past
+the last row (for its output); the loops carry no data-dependent branch.
 
 The Triton interpreter runs programs one after another, so no program may wait there: kernels take a
 ``PHASE`` constexpr, 2 on the GPU (publish, wait, write in one launch) and 0 then 1 under the
@@ -71,36 +75,24 @@ def unpack_pair(v):
 
 
 @triton.jit
-def publish(SLOT, word, ORDERED: tl.constexpr):
-    """Publish this piece's word at SLOT (a scalar int64 pointer).  ORDERED: values this program stored
-    before are visible to whoever sees the word (block barrier, then a release exchange)."""
-    if ORDERED:
-        tl.debug_barrier()
-        tl.atomic_xchg(SLOT, word, sem="release")
-    else:
-        tl.atomic_xchg(SLOT, word, sem="relaxed")
+def publish(SLOT, word, live):
+    """Publish this piece's word at SLOT (a scalar int64 pointer) when ``live``: one relaxed atomic exchange
+    (the word is its own flag, so nothing else needs ordering)."""
+    tl.atomic_xchg(SLOT, word, mask=live, sem="relaxed")
 
 
 @triton.jit
-def wait_row(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr, ORDERED: tl.constexpr):
+def wait_row(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     """Wait until the SPLITS slots at ROW_SLOTS are all published; returns (words [SPLITS_P2], valid lanes).
 
-    Lanes past SPLITS read as 1 (published) and must be masked by the caller with the identity of its
-    combination.  ORDERED: acquire atomics (pairs with ``publish(..., ORDERED=True)``), else volatile loads.
+    Volatile loads (not cached in L1: each poll sees the L2's current words).  Lanes past SPLITS read as 1
+    (published) and must be masked by the caller with the identity of its combination.
     """
     p = tl.arange(0, SPLITS_P2)
     pm = p < SPLITS
-    if ORDERED:
-        v = tl.atomic_add(ROW_SLOTS + p, 0, mask=pm, sem="acquire")
-        v = tl.where(pm, v, 1)
-    else:
-        v = tl.load(ROW_SLOTS + p, mask=pm, other=1, volatile=True)
+    v = tl.load(ROW_SLOTS + p, mask=pm, other=1, volatile=True)
     while tl.min(tl.where(v != 0, 1, 0), axis=0) == 0:
-        if ORDERED:
-            v = tl.atomic_add(ROW_SLOTS + p, 0, mask=pm, sem="acquire")
-            v = tl.where(pm, v, 1)
-        else:
-            v = tl.load(ROW_SLOTS + p, mask=pm, other=1, volatile=True)
+        v = tl.load(ROW_SLOTS + p, mask=pm, other=1, volatile=True)
     return v, pm
 
 

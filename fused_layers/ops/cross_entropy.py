@@ -112,8 +112,8 @@ from ._common import (
     use_fallback,
 )
 from ._library import FusedOp, Kernel
-from ._rowsync import balanced_pieces, bind_persistent, pack_pair, publish, unpack_pair, wait_row
-from .softmax import _contiguous_strides, _row_strides
+from ._rowsync import balanced_pieces, bind_persistent, unpack_pair, wait_row
+from .softmax import _contiguous_strides, _row_strides, _softmax_piece_publish
 
 _OP = "fused_cross_entropy"
 _LOG2E = 1.4426950408889634
@@ -664,61 +664,62 @@ def _ce_fwd_persist_kernel(
     c64 = c.to(tl.int64)
     r = tl.cast(group, tl.int64)
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+    # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
+    x_prev = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + r < M),
+                     other=-float("inf"))
+    if PHASE != 1:
+        _softmax_piece_publish(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+    r = r + GROUPS
     x_cur = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + r < M),
                     other=-float("inf"))
-    x_prev = x_cur
-    for row in range(group, M + GROUPS, GROUPS):  # one iteration past the last row: its output
+    # Rows k = 1, 2, ...: one iteration past the last row, for its output.
+    for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
         # ---- row k: this piece's (max, sum of exp) ---------------------------------------------------
         if PHASE != 1:
-            if row < M:
-                x = x_cur.to(tl.float32)
-                m_p = tl.max(x, axis=0)
-                m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
-                s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0)
-                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), False)
+            _softmax_piece_publish(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
         # ---- row k + 1's piece is in flight from here on ---------------------------------------------
         rn = r + GROUPS
         x_next = tl.load(X + (rn // INNER) * sxo + (rn % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + rn < M),
                          other=-float("inf"))
         # ---- row k - 1: lse, loss, gradient ----------------------------------------------------------
         if PHASE != 0:
-            if row > group:
-                rp = r - GROUPS
-                words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2, False)
-                m_all, s_all = unpack_pair(words)
-                m_all = tl.where(pm, m_all, -float("inf"))
-                s_all = tl.where(pm, s_all, 0.0)
-                m = tl.max(m_all, axis=0)
-                m_safe = tl.where(m == -float("inf"), 0.0, m)
-                # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
-                lse = m + tl.log(tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0))
-                t = tl.load(T + rp).to(tl.int64)
-                ign = t == ignore_index
-                bad = (~ign) & ((t < 0) | (t >= C))
-                t = tl.where(ign | bad, 0, t)  # never read out of bounds
-                if HAS_WEIGHT:
-                    w_t = tl.load(W + t).to(tl.float32)
-                else:
-                    w_t = 1.0
-                if DEN_ON_DEVICE:
-                    scale = 1.0 / tl.load(DEN)
-                else:
-                    scale = inv_den
-                x = x_prev.to(tl.float32)
-                if t // PIECE == piece:  # this piece holds the target (or is the first, for ignored / bad rows)
-                    x_t = tl.sum(tl.where(c64 == t, x, 0.0), axis=0)
-                    loss = tl.where(ign, 0.0, w_t * (lse - x_t))
-                    loss = tl.where(bad, float("nan"), loss) * scale
-                    tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty))
-                if HAS_ROW_SCALE:
-                    scale = scale * tl.load(RS + rp).to(tl.float32)
-                scale = tl.where(bad, float("nan"), scale)
-                # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
-                coef = tl.where(ign, 0.0, w_t * scale)
-                p = tl.exp2((x - lse) * 1.4426950408889634)
-                dx = coef * p - tl.where(c64 == t, coef, 0.0)
-                tl.store(DX + (rp // INNER) * sdo + (rp % INNER) * sdi + c64 * sdc, dx.to(DX.dtype.element_ty), mask=cm)
+            rp = r - GROUPS
+            words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
+            m_all, s_all = unpack_pair(words)
+            m_all = tl.where(pm, m_all, -float("inf"))
+            s_all = tl.where(pm, s_all, 0.0)
+            m = tl.max(m_all, axis=0)
+            m_safe = tl.where(m == -float("inf"), 0.0, m)
+            # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
+            lse = m + tl.log(tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0))
+            t = tl.load(T + rp).to(tl.int64)
+            ign = t == ignore_index
+            bad = (~ign) & ((t < 0) | (t >= C))
+            t = tl.where(ign | bad, 0, t)  # never read out of bounds
+            if HAS_WEIGHT:
+                w_t = tl.load(W + t).to(tl.float32)
+            else:
+                w_t = 1.0
+            if DEN_ON_DEVICE:
+                scale = 1.0 / tl.load(DEN)
+            else:
+                scale = inv_den
+            x = x_prev.to(tl.float32)
+            # The program whose piece holds the target (the first piece for ignored / bad rows) writes
+            # the loss; x_t is 0 in every other piece.
+            x_t = tl.sum(tl.where(c64 == t, x, 0.0), axis=0)
+            loss = tl.where(ign, 0.0, w_t * (lse - x_t))
+            loss = tl.where(bad, float("nan"), loss) * scale
+            tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=t // PIECE == piece)
+            if HAS_ROW_SCALE:
+                scale = scale * tl.load(RS + rp).to(tl.float32)
+            scale = tl.where(bad, float("nan"), scale)
+            # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
+            coef = tl.where(ign, 0.0, w_t * scale)
+            p = tl.exp2((x - lse) * 1.4426950408889634)
+            dx = coef * p - tl.where(c64 == t, coef, 0.0)
+            tl.store(DX + (rp // INNER) * sdo + (rp % INNER) * sdi + c64 * sdc, dx.to(DX.dtype.element_ty), mask=cm)
         x_prev = x_cur
         x_cur = x_next
 

@@ -379,6 +379,15 @@ def _softmax_bwd_coop_kernel(
         tl.store(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
 
 
+@triton.jit
+def _softmax_piece_publish(x, SLOT, live):
+    """Publish the (max, sum of exp(x - max)) of a piece x (float32, -inf where masked) at SLOT when live."""
+    m_p = tl.max(x, axis=0)
+    m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
+    s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0)
+    publish(SLOT, pack_pair(m_p, s_p), live)
+
+
 @triton.jit(do_not_specialize=["GROUPS"])
 def _softmax_fwd_persist_kernel(
     X, Y,  # input / output (see _softmax_fwd_kernel)
@@ -407,34 +416,34 @@ def _softmax_fwd_persist_kernel(
     c64 = c.to(tl.int64)
     r = tl.cast(group, tl.int64)
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+    # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
+    x_prev = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + r < M),
+                     other=-float("inf"))
+    if PHASE != 1:
+        _softmax_piece_publish(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+    r = r + GROUPS
     x_cur = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + r < M),
                     other=-float("inf"))
-    x_prev = x_cur
-    for row in range(group, M + GROUPS, GROUPS):  # one iteration past the last row: its output
+    # Rows k = 1, 2, ...: one iteration past the last row, for its output.
+    for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
         if PHASE != 1:
-            if row < M:
-                x = x_cur.to(tl.float32)
-                m_p = tl.max(x, axis=0)
-                m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
-                s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0)
-                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), False)
+            _softmax_piece_publish(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
         rn = r + GROUPS  # row k + 1's piece is in flight from here on
         x_next = tl.load(X + (rn // INNER) * sxo + (rn % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + rn < M),
                          other=-float("inf"))
-        if PHASE != 0:
-            if row > group:  # the output of row k - 1
-                rp = r - GROUPS
-                words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2, False)
-                m_all, s_all = unpack_pair(words)
-                m_all = tl.where(pm, m_all, -float("inf"))
-                s_all = tl.where(pm, s_all, 0.0)
-                m = tl.max(m_all, axis=0)
-                # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
-                m_safe = tl.where(m == -float("inf"), 0.0, m)
-                inv_s = 1.0 / tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
-                y = tl.exp2((x_prev.to(tl.float32) - m) * 1.4426950408889634) * inv_s
-                tl.store(Y + (rp // INNER) * syo + (rp % INNER) * syi + c64 * syn, y.to(Y.dtype.element_ty), mask=cm)
+        if PHASE != 0:  # the output of row k - 1
+            rp = r - GROUPS
+            words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
+            m_all, s_all = unpack_pair(words)
+            m_all = tl.where(pm, m_all, -float("inf"))
+            s_all = tl.where(pm, s_all, 0.0)
+            m = tl.max(m_all, axis=0)
+            # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
+            m_safe = tl.where(m == -float("inf"), 0.0, m)
+            inv_s = 1.0 / tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
+            y = tl.exp2((x_prev.to(tl.float32) - m) * 1.4426950408889634) * inv_s
+            tl.store(Y + (rp // INNER) * syo + (rp % INNER) * syi + c64 * syn, y.to(Y.dtype.element_ty), mask=cm)
         x_prev = x_cur
         x_cur = x_next
 
@@ -465,30 +474,32 @@ def _softmax_bwd_persist_kernel(
     c64 = c.to(tl.int64)
     r = tl.cast(group, tl.int64)
     # 0 where masked: the identity of the sum.
+    y_prev = tl.load(Y + (r // INNER) * syo + (r % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + r < M), other=0.0)
+    dy_prev = tl.load(DY + (r // INNER) * sdo + (r % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + r < M), other=0.0)
+    if PHASE != 1:  # row 0, peeled
+        publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y_prev.to(tl.float32) * dy_prev.to(tl.float32), axis=0)),
+                r < M)
+    r = r + GROUPS
     y_cur = tl.load(Y + (r // INNER) * syo + (r % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + r < M), other=0.0)
     dy_cur = tl.load(DY + (r // INNER) * sdo + (r % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + r < M), other=0.0)
-    y_prev = y_cur
-    dy_prev = dy_cur
-    for row in range(group, M + GROUPS, GROUPS):
+    for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
-        if PHASE != 1:
-            if row < M:
-                publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y_cur.to(tl.float32) * dy_cur.to(tl.float32), axis=0)),
-                        False)
+        if PHASE != 1:  # (rows past the end publish nothing)
+            publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y_cur.to(tl.float32) * dy_cur.to(tl.float32), axis=0)),
+                    r < M)
         rn = r + GROUPS
         y_next = tl.load(Y + (rn // INNER) * syo + (rn % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + rn < M),
                          other=0.0)
         dy_next = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + rn < M),
                           other=0.0)
-        if PHASE != 0:
-            if row > group:
-                rp = r - GROUPS
-                words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2, False)
-                _flag, dots = unpack_pair(words)
-                dot = tl.sum(tl.where(pm, dots, 0.0), axis=0)
-                y = y_prev.to(tl.float32)
-                dx = y * (dy_prev.to(tl.float32) - dot)
-                tl.store(DX + (rp // INNER) * sgo + (rp % INNER) * sgi + c64 * sgn, dx.to(DX.dtype.element_ty), mask=cm)
+        if PHASE != 0:  # the output of row k - 1
+            rp = r - GROUPS
+            words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
+            _flag, dots = unpack_pair(words)
+            dot = tl.sum(tl.where(pm, dots, 0.0), axis=0)
+            y = y_prev.to(tl.float32)
+            dx = y * (dy_prev.to(tl.float32) - dot)
+            tl.store(DX + (rp // INNER) * sgo + (rp % INNER) * sgi + c64 * sgn, dx.to(DX.dtype.element_ty), mask=cm)
         y_prev = y_cur
         dy_prev = dy_cur
         y_cur = y_next
