@@ -6,6 +6,7 @@
 set -u
 source benchmarks/_gpu_env.sh
 timeout 90 python3 benchmarks/diag_persist.py > $OUT/diag.log 2>&1; el "diag exit $?"; cat $OUT/diag.log
+grep -q " 0 bad rows" $OUT/diag.log || { el "wrong rows: stop"; exit 0; }
 timeout 240 python3 -m pytest tests/test_cross_entropy.py tests/test_softmax.py -q -m gpu -k "persist or wide_row or vocab_widths or gpu_widths" -x -p no:cacheprovider > $OUT/tests.log 2>&1
 el "persist GPU tests exit $?"; tail -3 $OUT/tests.log
 timeout 300 python3 benchmarks/bench_cross_entropy.py --out $OUT/ce --sweep --sweep-only persist,stream_4k_w8_st4 --skip-linear --skip-softmax > $OUT/ce.log 2>&1
