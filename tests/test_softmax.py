@@ -249,6 +249,34 @@ def test_gpu_wide_persistent(n, dtype, block):
 
 
 @pytest.mark.gpu
+def test_gpu_wide_persistent_in_cuda_graph_and_side_stream():
+    """The persistent (cooperative) launch captured in a CUDA graph and replayed, and run on a side stream
+    while another stream's kernels occupy the GPU: same results as eager."""
+    x = torch.randn(4096, 65536, device="cuda")
+    ref = torch.softmax(x, -1)
+    fused_softmax(x, -1)  # bind the plan outside the capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            y = fused_softmax(x, -1)
+    torch.cuda.current_stream().wait_stream(s)
+    x.copy_(torch.randn_like(x))
+    ref = torch.softmax(x, -1)
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, ref, atol=1e-6, rtol=1e-5)
+    other = torch.randn(8192, 8192, device="cuda")
+    with torch.cuda.stream(s):
+        for _ in range(4):
+            other = other @ other.t() * 1e-4  # keeps SMs busy on the side stream
+    y2 = fused_softmax(x, -1)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y2, ref, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.gpu
 def test_gpu_non_last_dim_and_strided():
     x = torch.randn(8, 4096, 33, device="cuda", dtype=torch.bfloat16)
     _check(x, 1)

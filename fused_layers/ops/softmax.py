@@ -24,6 +24,13 @@ and writes that piece's y.  Those pieces belong to programs < g only, which the 
 g - SPLITS was read by a program that ran a moment ago, so its second read comes from L2, not HBM.
 Bytes from HBM stay close to the minimum (read x once, write y once) at any width.
 
+*Wide rows, persistent* (the default for float32 wide rows in eager calls; ops/_rowsync.py): the row's
+pieces are held in registers by co-resident programs (one cooperative launch sized from the compiled
+kernel's occupancy), each publishing its piece's (m_p, s_p) as one 64-bit word and combining the row's
+words itself: x is read once at any width.  Pipelined one row deep: row k's word is published and row
+k + 1's piece loaded before the program waits for row k - 1 and writes its y.  The backward does the same
+with the partial dots.  Traced calls (torch.compile) take the one-launch piece-wise kernels above.
+
 Backward.  From the saved output y and the incoming gradient dy:
 
     dx_j = y_j * (dy_j - sum_k y_k dy_k).
@@ -608,7 +615,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.splits = 0
         fn = _softmax_fwd_kernel if fwd else _softmax_bwd_kernel
         plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
-    elif get_override("softmax", "wide_mode", WIDE_MODE) == 2 and persist_ok:
+    elif get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0)) == 2 and persist_ok:
         # persistent pieces in registers (_softmax_*_persist_kernel): kernels bound at the first call
         block, warps, per_sm = _persist_config(elem, "fwd" if fwd else "bwd")
         splits, piece = balanced_pieces(n, block)
@@ -618,7 +625,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm,
                         dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps))
         plan.fallback = _plan(shape, strides, dtype, dim, False)
-    elif get_override("softmax", "wide_mode", WIDE_MODE) == 1:
+    elif get_override("softmax", "wide_mode", 0) == 1:
         # opt-in (not yet measured): pieces held in registers, one read (_softmax_fwd_coop_kernel)
         block, splits, piece, warps = _coop_config(n)
         plan.ints = (m, n, inner) + ins + out + (splits, piece)

@@ -36,12 +36,20 @@ _WIDE = {("fwd", 2): (8192, 16384, 8), ("fwd", 4): (8192, 8192, 8), ("bwd", 2): 
 # H200 sweep, 2026-12-01 (benchmarks/results/issue10/run6_stages/softmax_sweep.log): the 3-4 stage
 # candidates (2K-4K chunks) did not beat the unpipelined defaults at 65,536 or 262,144.
 WIDE_STAGES = 1
-# Wide rows: 0 = piece-wise, one launch (the _WIDE kernels: each piece read twice, the second time from L2);
-# 2 = persistent (pieces held in registers by co-resident programs that exchange their statistics, one read:
-# ops/_rowsync.py), eager calls only; 1 = the opt-in coop kernels.
-WIDE_MODE = 0
+# Wide rows, by (direction, element size): 0 = piece-wise, one launch (the _WIDE kernels: each piece read
+# twice, the second time from L2); 2 = persistent (pieces held in registers by co-resident programs that
+# exchange their statistics, one read: ops/_rowsync.py), eager calls only (traced calls take mode 0);
+# 1 = the opt-in coop kernels.  H200, 2^26 elements, fraction of copy at 65,536 / 131,072 / 262,144
+# (benchmarks/results/issue10/run10_persist_lag/sm.log, bench_cross_entropy.py --softmax-only):
+#   fp32 fwd  piece-wise 0.75 / 0.74 / 0.73   persistent 2K w4 **0.89 / 0.78 / 0.84**, 4K w4 0.84 / 0.86 / 0.80
+#   fp32 bwd  piece-wise 0.72 / 0.73 / 0.74   persistent 4K w4 **0.97 / 0.98 / 0.95**
+#   bf16 fwd  piece-wise 0.68 / 0.67 / 0.66   persistent best 0.71 / 0.69 / 0.67 (2K / 4K / 8K): within noise
+#   bf16 bwd  piece-wise 0.72 / 0.71 / 0.70   persistent best 0.80 / 0.73 / 0.68: not consistent
+# so fp32 wide rows are persistent, 16-bit ones piece-wise.  (The first, unpipelined persistent kernels,
+# issue10/run10_persist/: bf16 fwd 0.74 / 0.77 / 0.62 at 4K w4, fp32 fwd 0.88 / 0.86 / 0.78.)
+WIDE_MODE = {("fwd", 2): 0, ("bwd", 2): 0, ("fwd", 4): 2, ("bwd", 4): 2}
 # Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM).
-_PERSIST = {("fwd", 2): (4096, 4, 8), ("fwd", 4): (4096, 8, 4), ("bwd", 2): (4096, 8, 4), ("bwd", 4): (2048, 4, 8)}
+_PERSIST = {("fwd", 2): (4096, 4, 8), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4096, 4, 8), ("bwd", 4): (4096, 4, 8)}
 
 
 def _single_block_config(n_pow2: int, elem: int, direction: str) -> tuple[int, int]:
