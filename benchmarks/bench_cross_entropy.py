@@ -438,6 +438,7 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="sweep the wide-row configs first; add a tuned row")
     ap.add_argument("--sweep-only", default=None, help="comma-separated config-name prefixes: sweep only those")
     ap.add_argument("--softmax-only", action="store_true", help="only the wide softmax section")
+    ap.add_argument("--sweep-stop", action="store_true", help="stop after the sweep (no provider table)")
     ap.add_argument("--cpu-check", action="store_true", help="tiny shapes on the CPU (interpreter): plumbing only")
     ap.add_argument("--passes-only", action="store_true", help="only the pass-1 / pass-2 breakdown of the streaming kernel")
     args = ap.parse_args()
@@ -476,6 +477,9 @@ def main():
         print("sweep winners:", json.dumps(tuned), flush=True)
         meta["tuned"] = {str(k): v for k, v in tuned.items()}
         write(args.out, meta, rows)
+        if args.sweep_stop:
+            write(args.out, meta, rows, show=True)
+            return
     rows += bench_ce(vocabs, rep, copy_gbs, tuned)
     write(args.out, meta, rows)
     if not args.skip_linear:

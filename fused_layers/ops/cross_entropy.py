@@ -51,9 +51,14 @@ Rows by width (``cross_entropy_config.py``):
   softmax), the second read of a piece from L2;
 * without a gradient: one streaming pass.
 
-(A kernel holding the pieces of a row in registers across programs that wait for each other, one read
-at any width, was measured slower than streaming everywhere (0.53-0.58 of copy against 0.58-0.65) and
-needed its programs co-resident: removed.)
+* opt-in (``WIDE_MODE`` 3, class-index targets without smoothing): ``_ce_fwd_persist_kernel``, persistent
+  co-resident programs holding a piece of a row each in registers and exchanging (m, s) words
+  (ops/_rowsync.py, the wide softmax's scheme): one read at any width, but measured slower than streaming
+  (0.33-0.44 of copy on the H200: its binary takes about 200 registers a thread, 2 programs per SM).
+
+(An earlier kernel holding the pieces of a row in registers across programs that wait for each other,
+non-persistent and without the cooperative launch, measured 0.53-0.58 of copy against 0.58-0.65 and
+relied on dispatch order for co-residency: removed.)
 
 All math is float32; the logits are read in their own dtype (no float32 copy).  The target's logit is
 read during the statistics pass, before any gradient is written, so the gradient may overwrite the
@@ -708,7 +713,10 @@ def _ce_fwd_persist_kernel(
             x = x_prev.to(tl.float32)
             # The program whose piece holds the target (the first piece for ignored / bad rows) writes
             # the loss; x_t is 0 in every other piece.
-            x_t = tl.sum(tl.where(c64 == t, x, 0.0), axis=0)
+            # (the target's column within the piece compared in 32 bits: a 64-bit column vector live
+            # through the loop costs two registers an element)
+            hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
+            x_t = tl.sum(tl.where(hit, x, 0.0), axis=0)
             loss = tl.where(ign, 0.0, w_t * (lse - x_t))
             loss = tl.where(bad, float("nan"), loss) * scale
             tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=t // PIECE == piece)
@@ -718,7 +726,7 @@ def _ce_fwd_persist_kernel(
             # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
             coef = tl.where(ign, 0.0, w_t * scale)
             p = tl.exp2((x - lse) * 1.4426950408889634)
-            dx = coef * p - tl.where(c64 == t, coef, 0.0)
+            dx = coef * p - tl.where(hit, coef, 0.0)
             tl.store(DX + (rp // INNER) * sdo + (rp % INNER) * sdi + c64 * sdc, dx.to(DX.dtype.element_ty), mask=cm)
         x_prev = x_cur
         x_cur = x_next

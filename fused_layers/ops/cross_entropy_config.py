@@ -60,9 +60,12 @@ STREAM = {
 STREAM_PREFETCH = 1  # chunks loaded ahead in registers when STAGES == 1
 STREAM_REVERSE = 1
 STREAM_LANE_MAX = 0  # measured: the per-row max won (see above)
-# Persistent (WIDE_MODE 3, ``_ce_fwd_persist_kernel``): element size -> (BLOCK_N columns per piece, num_warps,
-# most programs per SM).  Each program holds one piece of a row in registers (and the next row's piece in
-# flight); the SPLITS = ceil(C / BLOCK_N) programs of a row exchange their statistics (ops/_rowsync.py).
+# Persistent (WIDE_MODE 3, opt-in, ``_ce_fwd_persist_kernel``): element size -> (BLOCK_N columns per piece,
+# num_warps, most programs per SM).  Each program holds one piece of a row in registers (and the next row's
+# piece in flight); the SPLITS = ceil(C / BLOCK_N) programs of a row exchange their statistics
+# (ops/_rowsync.py).  H200 sweep (benchmarks/results/issue10/run10_persist_lag/ce.log), fraction of copy at
+# 32,000 / 50,304 / 128,256 / 262,144: best of 2K-16K pieces x 2-16 warps 0.41 / 0.42 / 0.41 / 0.39, against
+# the stream's 0.63 / 0.65 / 0.65 / 0.65 in the same run: 190-222 registers a thread, 2 programs per SM.
 PERSIST = {2: (4096, 4, 8), 4: (4096, 8, 4)}
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
