@@ -777,7 +777,9 @@ def _cpp_softmax_register(plan: "_Plan", x: torch.Tensor, dim: int, grad: bool) 
     handles, None while one is not compiled for these dtypes yet, False if unsupported."""
     specs = [(plan.kernel, (x.dtype, x.dtype), plan.ints, _cpp.roles(2, len(plan.ints)))]
     if grad:
-        bplan = _plan(x.shape, (x.stride(), x.stride()), x.dtype, dim)  # y and a contiguous dy
+        # y and a contiguous dy; eager real tensors (persist_ok): the very plan softmax_backward launches,
+        # whose bound kernel is the one registered here
+        bplan = _plan(x.shape, (x.stride(), x.stride()), x.dtype, dim, True)
         if bplan.wide or any(bplan.copy):
             return False
         specs.append((bplan.kernel, (x.dtype,) * 3, bplan.ints, _cpp.roles(3, len(bplan.ints))))
