@@ -672,11 +672,14 @@ def _ce_fwd_persist_kernel(
     # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
     x_prev = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + r < M),
                      other=-float("inf"))
+    t_prev = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
     if PHASE != 1:
         _softmax_piece_publish(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
     r = r + GROUPS
     x_cur = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + r < M),
                     other=-float("inf"))
+    # The targets travel one row ahead too: no dependent load waits after the row's exchange.
+    t_cur = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
     # Rows k = 1, 2, ...: one iteration past the last row, for its output.
     for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
@@ -687,18 +690,12 @@ def _ce_fwd_persist_kernel(
         rn = r + GROUPS
         x_next = tl.load(X + (rn // INNER) * sxo + (rn % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + rn < M),
                          other=-float("inf"))
+        t_next = tl.load(T + rn, mask=rn < M, other=ignore_index).to(tl.int64)
         # ---- row k - 1: lse, loss, gradient ----------------------------------------------------------
         if PHASE != 0:
             rp = r - GROUPS
-            words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
-            m_all, s_all = unpack_pair(words)
-            m_all = tl.where(pm, m_all, -float("inf"))
-            s_all = tl.where(pm, s_all, 0.0)
-            m = tl.max(m_all, axis=0)
-            m_safe = tl.where(m == -float("inf"), 0.0, m)
-            # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
-            lse = m + tl.log(tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0))
-            t = tl.load(T + rp).to(tl.int64)
+            # What the row needs besides its statistics, loaded before the wait (their latency hides there).
+            t = t_prev
             ign = t == ignore_index
             bad = (~ign) & ((t < 0) | (t >= C))
             t = tl.where(ign | bad, 0, t)  # never read out of bounds
@@ -710,26 +707,37 @@ def _ce_fwd_persist_kernel(
                 scale = 1.0 / tl.load(DEN)
             else:
                 scale = inv_den
-            x = x_prev.to(tl.float32)
-            # The program whose piece holds the target (the first piece for ignored / bad rows) writes
-            # the loss; x_t is 0 in every other piece.
-            # (the target's column within the piece compared in 32 bits: a 64-bit column vector live
-            # through the loop costs two registers an element)
-            hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
-            x_t = tl.sum(tl.where(hit, x, 0.0), axis=0)
+            if HAS_ROW_SCALE:
+                rs = tl.load(RS + rp).to(tl.float32)
+            # The program whose piece holds the target (the first piece for ignored / bad rows) writes the
+            # loss: it reads x_t from its own piece, which no other program writes.
+            owner = t // PIECE == piece
+            x_t = tl.load(X + (rp // INNER) * sxo + (rp % INNER) * sxi + t * sxc, mask=owner, other=0.0).to(tl.float32)
+            words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
+            m_all, s_all = unpack_pair(words)
+            m_all = tl.where(pm, m_all, -float("inf"))
+            s_all = tl.where(pm, s_all, 0.0)
+            m = tl.max(m_all, axis=0)
+            m_safe = tl.where(m == -float("inf"), 0.0, m)
+            # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
+            lse = m + tl.log(tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0))
             loss = tl.where(ign, 0.0, w_t * (lse - x_t))
             loss = tl.where(bad, float("nan"), loss) * scale
-            tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=t // PIECE == piece)
+            tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=owner)
             if HAS_ROW_SCALE:
-                scale = scale * tl.load(RS + rp).to(tl.float32)
+                scale = scale * rs
             scale = tl.where(bad, float("nan"), scale)
             # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
             coef = tl.where(ign, 0.0, w_t * scale)
-            p = tl.exp2((x - lse) * 1.4426950408889634)
+            # (the target's column within the piece compared in 32 bits)
+            hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
+            p = tl.exp2((x_prev.to(tl.float32) - lse) * 1.4426950408889634)
             dx = coef * p - tl.where(hit, coef, 0.0)
             tl.store(DX + (rp // INNER) * sdo + (rp % INNER) * sdi + c64 * sdc, dx.to(DX.dtype.element_ty), mask=cm)
         x_prev = x_cur
         x_cur = x_next
+        t_prev = t_cur
+        t_cur = t_next
 
 
 @triton.jit(do_not_specialize=["N"])
