@@ -66,7 +66,9 @@ STREAM_LANE_MAX = 0  # measured: the per-row max won (see above)
 # (ops/_rowsync.py).  H200 sweep (benchmarks/results/issue10/run10_persist_lag/ce.log), fraction of copy at
 # 32,000 / 50,304 / 128,256 / 262,144: best of 2K-16K pieces x 2-16 warps 0.41 / 0.42 / 0.41 / 0.39, against
 # the stream's 0.63 / 0.65 / 0.65 / 0.65 in the same run: 190-222 registers a thread, 2 programs per SM.
-PERSIST = {2: (4096, 4, 8), 4: (4096, 8, 4)}
+# DEPTH: rows whose pieces are loaded ahead (1-3; more bytes in flight per program, at 16 registers a thread
+# per extra bf16 piece of 4K columns x 4 warps).
+PERSIST = {2: (4096, 4, 8, 1), 4: (4096, 8, 4, 1)}
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8
