@@ -9,7 +9,7 @@ source benchmarks/_gpu_env.sh
 timeout 120 python3 -m pytest tests/test_cross_entropy.py tests/test_softmax.py -q -m gpu -k "persist" -x -p no:cacheprovider > $OUT/tests.log 2>&1
 el "persist GPU tests exit $?"; tail -2 $OUT/tests.log
 grep -q " passed" $OUT/tests.log && ! grep -q "failed" $OUT/tests.log || { el "tests failed: stop"; exit 0; }
-timeout 110 python3 benchmarks/bench_cross_entropy.py --out $OUT/ce --sweep --sweep-stop --sweep-only persist_4k_w4,persist_2k_w4,persist_4k_w8_d3,stream_4k_w8_st4 --skip-linear --skip-softmax > $OUT/ce.log 2>&1
+timeout 130 python3 benchmarks/bench_cross_entropy.py --out $OUT/ce --sweep --sweep-stop --sweep-only persist_4k_w4,persist_2k_w4_d,persist_4k_w8_d3,stream_4k_w8_st4 --skip-linear --skip-softmax > $OUT/ce.log 2>&1
 el "ce exit $?"; grep -E "SWEEP" $OUT/ce.log
-timeout 120 python3 benchmarks/bench_cross_entropy.py --out $OUT/sm --softmax-only --sweep-only piecewise,persist_2k_w4,persist_4k_w4_d3,persist_4k_w8_d3 > $OUT/sm.log 2>&1
+timeout 130 python3 benchmarks/bench_cross_entropy.py --out $OUT/sm --softmax-only --sweep-only piecewise,persist_2k_w4_d3,persist_4k_w4_d3 > $OUT/sm.log 2>&1
 el "softmax exit $?"; grep SOFTMAX $OUT/sm.log
