@@ -206,11 +206,6 @@ SWEEP = {
     "persist_8k_w8": dict(wide_mode=3, persist_block=8192, persist_warps=8, persist_per_sm=4),
     "persist_8k_w16": dict(wide_mode=3, persist_block=8192, persist_warps=16, persist_per_sm=4),
     "persist_16k_w16": dict(wide_mode=3, persist_block=16384, persist_warps=16, persist_per_sm=2),
-    # rows loaded ahead (persist_depth): more bytes in flight per program
-    "persist_2k_w4_d2": dict(wide_mode=3, persist_block=2048, persist_warps=4, persist_per_sm=16, persist_depth=2),
-    "persist_2k_w4_d3": dict(wide_mode=3, persist_block=2048, persist_warps=4, persist_per_sm=16, persist_depth=3),
-    "persist_4k_w4_d3": dict(wide_mode=3, persist_block=4096, persist_warps=4, persist_per_sm=16, persist_depth=3),
-    "persist_4k_w8_d3": dict(wide_mode=3, persist_block=4096, persist_warps=8, persist_per_sm=16, persist_depth=3),
 }
 for _c in SWEEP.values():  # a config without stages is a plain range loop (the bf16 default pipelines 4 deep)
     _c.setdefault("stages", 1)
@@ -266,11 +261,7 @@ SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
                 "persist_4k_w4": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=8),
                 "persist_4k_w8": dict(wide_mode=2, persist_block=4096, persist_warps=8, persist_per_sm=8),
                 "persist_8k_w8": dict(wide_mode=2, persist_block=8192, persist_warps=8, persist_per_sm=4),
-                "persist_8k_w16": dict(wide_mode=2, persist_block=8192, persist_warps=16, persist_per_sm=4),
-                "persist_2k_w4_d2": dict(wide_mode=2, persist_block=2048, persist_warps=4, persist_per_sm=16, persist_depth=2),
-                "persist_2k_w4_d3": dict(wide_mode=2, persist_block=2048, persist_warps=4, persist_per_sm=16, persist_depth=3),
-                "persist_4k_w4_d3": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=16, persist_depth=3),
-                "persist_4k_w8_d3": dict(wide_mode=2, persist_block=4096, persist_warps=8, persist_per_sm=16, persist_depth=3)}
+                "persist_8k_w16": dict(wide_mode=2, persist_block=8192, persist_warps=16, persist_per_sm=4)}
 
 
 def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32), only=None):

@@ -4,6 +4,7 @@
 # registers from benchmarks/_sm90.py give 32 KB in flight per SM at bf16 depth 1 against ~64 KB for fp32, whose
 # kernels reach 0.89 / 0.97) and the CE with its targets a row ahead (128 registers, was 200): GPU tests, then sweeps.
 #   run: OUT=$OUT bash benchmarks/gpu_session11_f.sh
+# (DEPTH > 1 lost everywhere in this call, issue10/run10_depth/: removed after it; the persist_*_d2/_d3 configs are gone.)
 set -u
 source benchmarks/_gpu_env.sh
 timeout 120 python3 -m pytest tests/test_cross_entropy.py tests/test_softmax.py -q -m gpu -k "persist" -x -p no:cacheprovider > $OUT/tests.log 2>&1

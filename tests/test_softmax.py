@@ -69,15 +69,14 @@ def test_wide_coop_opt_in(n, dtype, device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [17, 64, 100])
-@pytest.mark.parametrize("depth", [1, 3])
-def test_wide_persistent(n, dtype, depth, device):
+def test_wide_persistent(n, dtype, device):
     """Wide rows held in registers by persistent programs exchanging their partials (wide_mode=2,
     ops/_rowsync.py): forward statistics and the backward's dot; balanced ragged pieces; several rows per
     program (two launches on the interpreter)."""
     from fused_layers.ops import softmax as sm
 
     x = torch.randn(7, n, device=device, dtype=dtype) * 4
-    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_depth=depth):
+    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16):
         sm._PLANS.clear()
         _check(x, -1)
         bound = [p for p in sm._PLANS.values() if p.persist is not None]
@@ -239,15 +238,12 @@ def test_gpu_wide_coop_opt_in(n, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [32768 + 1, 50304, 65536, 100003, 262144, 1048576])
-@pytest.mark.parametrize("block", [None, 8192, "d3"])
+@pytest.mark.parametrize("block", [None, 8192])
 def test_gpu_wide_persistent(n, dtype, block):
     """Persistent wide kernels on the GPU: co-resident programs really waiting on each other (cooperative
-    launch), more rows than row groups; three rows loaded ahead ("d3")."""
+    launch), more rows than row groups."""
     m = max(1, min(512, 2**24 // n))
-    if block == "d3":
-        over = dict(wide_mode=2, persist_block=2048, persist_warps=4, persist_depth=3)
-    else:
-        over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
+    over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
     with config_override("softmax", **over):
         _check(torch.randn(m, n, device="cuda", dtype=dtype) * 3, -1)
 

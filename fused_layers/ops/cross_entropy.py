@@ -54,7 +54,7 @@ Rows by width (``cross_entropy_config.py``):
 * opt-in (``WIDE_MODE`` 3, class-index targets without smoothing): ``_ce_fwd_persist_kernel``, persistent
   co-resident programs holding a piece of a row each in registers and exchanging (m, s) words
   (ops/_rowsync.py, the wide softmax's scheme): one read at any width, but measured slower than streaming
-  (0.33-0.44 of copy on the H200: its binary takes about 200 registers a thread, 2 programs per SM).
+  (0.51-0.54 of copy on the H200 against 0.63-0.65; cross_entropy_config.PERSIST).
 
 (An earlier kernel holding the pieces of a row in registers across programs that wait for each other,
 non-persistent and without the cooperative launch, measured 0.53-0.58 of copy against 0.58-0.65 and
@@ -648,7 +648,6 @@ def _ce_fwd_persist_kernel(
     BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
     HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
     PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter), see _rowsync
-    DEPTH: tl.constexpr = 1,  # rows loaded ahead (1-3): more bytes in flight per program, in registers
 ):
     """Wide rows with class-index targets, one read: persistent co-resident programs, each holding one piece
     of a row in registers (ops/_rowsync.py), pipelined one row deep as ``_softmax_fwd_persist_kernel``.
@@ -681,30 +680,14 @@ def _ce_fwd_persist_kernel(
                     other=-float("inf"))
     # The targets travel one row ahead too: no dependent load waits after the row's exchange.
     t_cur = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
-    if DEPTH >= 2:
-        r = r + GROUPS
-        x_n1 = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + r < M),
-                       other=-float("inf"))
-        t_n1 = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
-    if DEPTH >= 3:
-        r = r + GROUPS
-        x_n2 = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + r < M),
-                       other=-float("inf"))
-        t_n2 = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
-    if DEPTH < 2:  # (every name the loop rotates must exist before it, whatever DEPTH is)
-        x_n1 = x_cur
-        t_n1 = t_cur
-    if DEPTH < 3:
-        x_n2 = x_cur
-        t_n2 = t_cur
     # Rows k = 1, 2, ...: one iteration past the last row, for its output.
     for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
         # ---- row k: this piece's (max, sum of exp) ---------------------------------------------------
         if PHASE != 1:
             _softmax_piece_publish(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
-        # ---- row k + DEPTH's piece is in flight from here on -----------------------------------------
-        rn = r + DEPTH * GROUPS  # row k + DEPTH's piece is in flight from here on
+        # ---- row k + 1's piece is in flight from here on ---------------------------------------------
+        rn = r + GROUPS
         x_next = tl.load(X + (rn // INNER) * sxo + (rn % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + rn < M),
                          other=-float("inf"))
         t_next = tl.load(T + rn, mask=rn < M, other=ignore_index).to(tl.int64)
@@ -752,22 +735,9 @@ def _ce_fwd_persist_kernel(
             dx = coef * p - tl.where(hit, coef, 0.0)
             tl.store(DX + (rp // INNER) * sdo + (rp % INNER) * sdi + c64 * sdc, dx.to(DX.dtype.element_ty), mask=cm)
         x_prev = x_cur
+        x_cur = x_next
         t_prev = t_cur
-        if DEPTH == 1:
-            x_cur = x_next
-            t_cur = t_next
-        elif DEPTH == 2:
-            x_cur = x_n1
-            x_n1 = x_next
-            t_cur = t_n1
-            t_n1 = t_next
-        else:
-            x_cur = x_n1
-            x_n1 = x_n2
-            x_n2 = x_next
-            t_cur = t_n1
-            t_n1 = t_n2
-            t_n2 = t_next
+        t_cur = t_next
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -966,16 +936,14 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
             # Persistent pieces held in registers (_ce_fwd_persist_kernel): balanced pieces of at most
             # BLOCK_N columns, 64-aligned starts.  The grid needs the compiled kernel's occupancy, so the
             # Kernel is made at the first launch (_persist_kernel); the streaming plan is its fallback.
-            pblock, pwarps, per_sm, depth = cfg.PERSIST[elem]
+            pblock, pwarps, per_sm = cfg.PERSIST[elem]
             pblock = get_override("cross_entropy", "persist_block", pblock)
             splits, piece = balanced_pieces(C, pblock)
             plan.splits, plan.piece = splits, piece
             plan.ints = base
             plan.kernel = None
             plan.persist = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=pblock, HAS_WEIGHT=has_weight,
-                                DEN_ON_DEVICE=den_on_device, HAS_ROW_SCALE=has_row_scale,
-                                DEPTH=get_override("cross_entropy", "persist_depth", depth),
-                                num_warps=get_override("cross_entropy", "persist_warps", pwarps),
+                                DEN_ON_DEVICE=den_on_device, HAS_ROW_SCALE=has_row_scale, num_warps=get_override("cross_entropy", "persist_warps", pwarps),
                                 per_sm=get_override("cross_entropy", "persist_per_sm", per_sm))
             plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
                                   den_on_device, has_row_scale, has_grad, False) if wide == 3 else None

@@ -63,12 +63,13 @@ STREAM_LANE_MAX = 0  # measured: the per-row max won (see above)
 # Persistent (WIDE_MODE 3, opt-in, ``_ce_fwd_persist_kernel``): element size -> (BLOCK_N columns per piece,
 # num_warps, most programs per SM).  Each program holds one piece of a row in registers (and the next row's
 # piece in flight); the SPLITS = ceil(C / BLOCK_N) programs of a row exchange their statistics
-# (ops/_rowsync.py).  H200 sweep (benchmarks/results/issue10/run10_persist_lag/ce.log), fraction of copy at
-# 32,000 / 50,304 / 128,256 / 262,144: best of 2K-16K pieces x 2-16 warps 0.41 / 0.42 / 0.41 / 0.39, against
-# the stream's 0.63 / 0.65 / 0.65 / 0.65 in the same run: 190-222 registers a thread, 2 programs per SM.
-# DEPTH: rows whose pieces are loaded ahead (1-3; more bytes in flight per program, at 16 registers a thread
-# per extra bf16 piece of 4K columns x 4 warps).
-PERSIST = {2: (4096, 4, 8, 1), 4: (4096, 8, 4, 1)}
+# (ops/_rowsync.py).  H200 sweeps, fraction of copy at 32,000 / 50,304 / 128,256 / 262,144:
+#   targets read after the exchange, x_t by a block reduction (issue10/run10_persist_lag/ce.log): best of 2K-16K
+#   pieces x 2-16 warps 0.41 / 0.42 / 0.41 / 0.39 (190-222 registers a thread, 2 programs per SM);
+#   targets loaded a row ahead, everything else the row needs loaded before the wait, x_t read by its owner
+#   (issue10/run10_depth/ce.log): 4K x 4 warps 0.52 / 0.51 / 0.54 / 0.51 (128 registers on sm_90);
+#   the stream in the same runs: 0.63 / 0.65 / 0.65 / 0.65.  So the default stays streaming.
+PERSIST = {2: (4096, 4, 8), 4: (4096, 8, 4)}
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8

@@ -408,7 +408,6 @@ def _softmax_fwd_persist_kernel(
     SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
     BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
     PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter)
-    DEPTH: tl.constexpr = 1,  # rows loaded ahead (1-3): more bytes in flight per program, in registers
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
@@ -432,24 +431,12 @@ def _softmax_fwd_persist_kernel(
     r = r + GROUPS
     x_cur = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + r < M),
                     other=-float("inf"))
-    if DEPTH >= 2:
-        r = r + GROUPS
-        x_n1 = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + r < M),
-                       other=-float("inf"))
-    if DEPTH >= 3:
-        r = r + GROUPS
-        x_n2 = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + r < M),
-                       other=-float("inf"))
-    if DEPTH < 2:  # (every name the loop rotates must exist before it, whatever DEPTH is)
-        x_n1 = x_cur
-    if DEPTH < 3:
-        x_n2 = x_cur
     # Rows k = 1, 2, ...: one iteration past the last row, for its output.
     for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
         if PHASE != 1:
             _softmax_piece_publish(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
-        rn = r + DEPTH * GROUPS  # row k + DEPTH's piece is in flight from here on
+        rn = r + GROUPS  # row k + 1's piece is in flight from here on
         x_next = tl.load(X + (rn // INNER) * sxo + (rn % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + rn < M),
                          other=-float("inf"))
         if PHASE != 0:  # the output of row k - 1
@@ -465,15 +452,7 @@ def _softmax_fwd_persist_kernel(
             y = tl.exp2((x_prev.to(tl.float32) - m) * 1.4426950408889634) * inv_s
             tl.store(Y + (rp // INNER) * syo + (rp % INNER) * syi + c64 * syn, y.to(Y.dtype.element_ty), mask=cm)
         x_prev = x_cur
-        if DEPTH == 1:
-            x_cur = x_next
-        elif DEPTH == 2:
-            x_cur = x_n1
-            x_n1 = x_next
-        else:
-            x_cur = x_n1
-            x_n1 = x_n2
-            x_n2 = x_next
+        x_cur = x_next
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
@@ -638,15 +617,13 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
     elif get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0)) == 2 and persist_ok:
         # persistent pieces in registers (_softmax_*_persist_kernel): kernels bound at the first call
-        block, warps, per_sm, depth = _persist_config(elem, "fwd" if fwd else "bwd")
+        block, warps, per_sm = _persist_config(elem, "fwd" if fwd else "bwd")
         splits, piece = balanced_pieces(n, block)
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
         plan.splits = splits
         plan.kernel = None
-        meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
-        if fwd:  # rows loaded ahead (the backward loads one)
-            meta["DEPTH"] = depth
-        plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm, meta)
+        plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm,
+                        dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps))
         plan.fallback = _plan(shape, strides, dtype, dim, False)
     elif get_override("softmax", "wide_mode", 0) == 1:
         # opt-in (not yet measured): pieces held in registers, one read (_softmax_fwd_coop_kernel)

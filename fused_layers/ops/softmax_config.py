@@ -48,10 +48,8 @@ WIDE_STAGES = 1
 # so fp32 wide rows are persistent, 16-bit ones piece-wise.  (The first, unpipelined persistent kernels,
 # issue10/run10_persist/: bf16 fwd 0.74 / 0.77 / 0.62 at 4K w4, fp32 fwd 0.88 / 0.86 / 0.78.)
 WIDE_MODE = {("fwd", 2): 0, ("bwd", 2): 0, ("fwd", 4): 2, ("bwd", 4): 2}
-# Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM,
-# DEPTH rows loaded ahead (forward only)).
-_PERSIST = {("fwd", 2): (4096, 4, 8, 1), ("fwd", 4): (2048, 4, 16, 1), ("bwd", 2): (4096, 4, 8, 1),
-            ("bwd", 4): (4096, 4, 8, 1)}
+# Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM).
+_PERSIST = {("fwd", 2): (4096, 4, 8), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4096, 4, 8), ("bwd", 4): (4096, 4, 8)}
 
 
 def _single_block_config(n_pow2: int, elem: int, direction: str) -> tuple[int, int]:
@@ -84,7 +82,7 @@ def _coop_config(n: int) -> tuple[int, int, int, int]:
 
 
 def _persist_config(elem: int, direction: str) -> tuple[int, int, int]:
-    """(BLOCK_N columns per piece, num_warps, most programs per SM, DEPTH) of the persistent wide kernels."""
-    block, warps, per_sm, depth = _PERSIST[(direction, elem)]
+    """(BLOCK_N columns per piece, num_warps, most programs per SM) of the persistent wide kernels."""
+    block, warps, per_sm = _PERSIST[(direction, elem)]
     return (get_override("softmax", "persist_block", block), get_override("softmax", "persist_warps", warps),
-            get_override("softmax", "persist_per_sm", per_sm), get_override("softmax", "persist_depth", depth))
+            get_override("softmax", "persist_per_sm", per_sm))
