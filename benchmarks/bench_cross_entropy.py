@@ -256,7 +256,6 @@ def configs_of(name):
 
 
 SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
-                "coop_8k_w8": dict(wide_mode=1, coop_block=8192, coop_warps=8),
                 "persist_2k_w4": dict(wide_mode=2, persist_block=2048, persist_warps=4, persist_per_sm=16),
                 "persist_4k_w4": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=8),
                 "persist_4k_w8": dict(wide_mode=2, persist_block=4096, persist_warps=8, persist_per_sm=8),
@@ -265,7 +264,7 @@ SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
 
 
 def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32), only=None):
-    """Issue part 4: the wide-row softmax kernels (piece-wise default, coop, persistent: pieces in
+    """Issue part 4: the wide-row softmax kernels (the defaults, piece-wise, persistent: pieces in
     registers), 2^26 elements; fraction of copy (fwd: read x + write y; bwd: read y, dy + write dx)."""
     from fused_layers import fused_softmax
     from fused_layers.ops._common import config_override
@@ -434,7 +433,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-linear", action="store_true")
-    ap.add_argument("--skip-softmax", action="store_true", help="skip the opt-in coop wide softmax section")
+    ap.add_argument("--skip-softmax", action="store_true", help="skip the wide softmax section")
     ap.add_argument("--sweep", action="store_true", help="sweep the wide-row configs first; add a tuned row")
     ap.add_argument("--sweep-only", default=None, help="comma-separated config-name prefixes: sweep only those")
     ap.add_argument("--softmax-only", action="store_true", help="only the wide softmax section")

@@ -52,23 +52,6 @@ def test_streaming_multi_block(n, dtype, device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [17, 64, 100])
-def test_wide_coop_opt_in(n, dtype, device):
-    """Opt-in wide rows with pieces held in registers (wide_mode=1): two launches on the interpreter."""
-    x = torch.randn(3, n, device=device, dtype=dtype) * 4
-    with config_override("softmax", max_single_block=8, wide_mode=1, coop_block=16):
-        _check(x, -1)
-        _check(torch.randn(3, n, 5, device=device, dtype=dtype), 1)
-        x = x.float()
-        x[0, :] = float("-inf")  # all -inf: NaN row
-        x[1, 5] = float("inf")  # +inf: NaN row
-        x[2, : n // 2] = float("-inf")  # first pieces all -inf, later finite
-        y = fused_softmax(x, -1)
-    torch.testing.assert_close(y, torch.softmax(x.double(), -1).float(), equal_nan=True, atol=1e-6, rtol=1e-5)
-    assert torch.isnan(y[0]).all() and torch.isnan(y[1]).all()
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [17, 64, 100])
 def test_wide_persistent(n, dtype, device):
     """Wide rows held in registers by persistent programs exchanging their partials (wide_mode=2,
     ops/_rowsync.py): forward statistics and the backward's dot; balanced ragged pieces; several rows per
@@ -224,15 +207,6 @@ def test_gpu_widths(n, dtype):
     m = max(1, min(64, 2**22 // n))
     x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
     _check(x, -1)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [65536, 100003, 262144])
-def test_gpu_wide_coop_opt_in(n, dtype):
-    m = max(1, min(64, 2**22 // n))
-    with config_override("softmax", wide_mode=1):
-        _check(torch.randn(m, n, device="cuda", dtype=dtype) * 3, -1)
 
 
 @pytest.mark.gpu

@@ -82,6 +82,15 @@ def publish(SLOT, word, live):
 
 
 @triton.jit
+def publish_max_sum(x, SLOT, live):
+    """Publish the (max, sum of exp(x - max)) of a piece x (float32, -inf where masked) at SLOT when live."""
+    m_p = tl.max(x, axis=0)
+    m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
+    s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0)
+    publish(SLOT, pack_pair(m_p, s_p), live)
+
+
+@triton.jit
 def wait_row(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     """Wait until the SPLITS slots at ROW_SLOTS are all published; returns (words [SPLITS_P2], valid lanes).
 
@@ -94,6 +103,44 @@ def wait_row(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     while tl.min(tl.where(v != 0, 1, 0), axis=0) == 0:
         v = tl.load(ROW_SLOTS + p, mask=pm, other=1, volatile=True)
     return v, pm
+
+
+@triton.jit
+def program_piece(SPLITS, PIECE, N, BLOCK_N: tl.constexpr):
+    """This program's piece of its rows: (piece index, row group, first column, column mask [BLOCK_N],
+    columns [BLOCK_N] as int64).  Program g holds piece g % SPLITS of rows g // SPLITS, + GROUPS, ..."""
+    g = tl.program_id(0)
+    piece = g % SPLITS
+    start = piece * PIECE
+    c = start + tl.arange(0, BLOCK_N)
+    return piece, g // SPLITS, start, c < tl.minimum(start + PIECE, N), c.to(tl.int64)
+
+
+@triton.jit
+def piece_ptrs(BASE, r, INNER, so, si, sc, c64):
+    """Pointers to the columns ``c64`` (int64) of row ``r``, a row being an (outer, inner) pair
+    (r // INNER, r % INNER) with strides (so, si) and column stride sc."""
+    return BASE + (r // INNER) * so + (r % INNER) * si + c64 * sc
+
+
+@triton.jit
+def load_piece(BASE, r, M, INNER, so, si, sc, c64, cm, other):
+    """The piece (columns ``c64`` where ``cm``) of row ``r``; ``other`` where masked and for rows past M (the
+    identity of the reduction that follows)."""
+    return tl.load(piece_ptrs(BASE, r, INNER, so, si, sc, c64), mask=cm & (c64 * 0 + r < M), other=other)
+
+
+@triton.jit
+def wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
+    """Wait for a row's (max, sum of exp(x - max)) words (``pack_pair``) and combine them: the row's
+    m = max_p m_p and s = sum_p s_p exp(m_p - m) (an all -inf row: m = -inf, s = 0)."""
+    words, pm = wait_row(ROW_SLOTS, SPLITS, SPLITS_P2)
+    m_all, s_all = unpack_pair(words)
+    m_all = tl.where(pm, m_all, -float("inf"))  # the identity of max
+    s_all = tl.where(pm, s_all, 0.0)  # the identity of the sum
+    m = tl.max(m_all, axis=0)
+    m_safe = tl.where(m == -float("inf"), 0.0, m)  # while only -inf was seen, subtract 0 (never -inf - -inf)
+    return m, tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -193,5 +240,5 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
     return splits, piece
 
 
-__all__ = ["pack_pair", "pack_flagged", "unpack_pair", "publish", "wait_row", "persistent_groups",
+__all__ = ["pack_pair", "pack_flagged", "unpack_pair", "publish", "publish_max_sum", "wait_row", "wait_row_max_sum", "program_piece", "piece_ptrs", "load_piece", "persistent_groups",
            "interpreter_groups", "programs_per_sm", "bind_persistent", "balanced_pieces"]

@@ -117,8 +117,16 @@ from ._common import (
     use_fallback,
 )
 from ._library import FusedOp, Kernel
-from ._rowsync import balanced_pieces, bind_persistent, unpack_pair, wait_row
-from .softmax import _contiguous_strides, _row_strides, _softmax_piece_publish
+from ._rowsync import (
+    balanced_pieces,
+    bind_persistent,
+    load_piece,
+    piece_ptrs,
+    program_piece,
+    publish_max_sum,
+    wait_row_max_sum,
+)
+from .softmax import _contiguous_strides, _row_strides
 
 _OP = "fused_cross_entropy"
 _LOG2E = 1.4426950408889634
@@ -659,25 +667,16 @@ def _ce_fwd_persist_kernel(
     and probability targets take the streaming kernel (their extra row sums would need a second exchange).
     """
     inv_den = tl.cast(inv_den, tl.float32)  # floats may arrive as float64
-    g = tl.program_id(0)
-    piece = g % SPLITS
-    group = g // SPLITS
-    start = piece * PIECE
-    end = tl.minimum(start + PIECE, C)
-    c = start + tl.arange(0, BLOCK_N)
-    cm = c < end
-    c64 = c.to(tl.int64)
+    piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, C, BLOCK_N)
     r = tl.cast(group, tl.int64)
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
     # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
-    x_prev = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + r < M),
-                     other=-float("inf"))
+    x_prev = load_piece(X, r, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
     t_prev = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
     if PHASE != 1:
-        _softmax_piece_publish(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+        publish_max_sum(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
     r = r + GROUPS
-    x_cur = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + r < M),
-                    other=-float("inf"))
+    x_cur = load_piece(X, r, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
     # The targets travel one row ahead too: no dependent load waits after the row's exchange.
     t_cur = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
     # Rows k = 1, 2, ...: one iteration past the last row, for its output.
@@ -685,11 +684,10 @@ def _ce_fwd_persist_kernel(
         r = tl.cast(row, tl.int64)
         # ---- row k: this piece's (max, sum of exp) ---------------------------------------------------
         if PHASE != 1:
-            _softmax_piece_publish(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+            publish_max_sum(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
         # ---- row k + 1's piece is in flight from here on ---------------------------------------------
         rn = r + GROUPS
-        x_next = tl.load(X + (rn // INNER) * sxo + (rn % INNER) * sxi + c64 * sxc, mask=cm & (c64 * 0 + rn < M),
-                         other=-float("inf"))
+        x_next = load_piece(X, rn, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
         t_next = tl.load(T + rn, mask=rn < M, other=ignore_index).to(tl.int64)
         # ---- row k - 1: lse, loss, gradient ----------------------------------------------------------
         if PHASE != 0:
@@ -713,14 +711,8 @@ def _ce_fwd_persist_kernel(
             # loss: it reads x_t from its own piece, which no other program writes.
             owner = t // PIECE == piece
             x_t = tl.load(X + (rp // INNER) * sxo + (rp % INNER) * sxi + t * sxc, mask=owner, other=0.0).to(tl.float32)
-            words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
-            m_all, s_all = unpack_pair(words)
-            m_all = tl.where(pm, m_all, -float("inf"))
-            s_all = tl.where(pm, s_all, 0.0)
-            m = tl.max(m_all, axis=0)
-            m_safe = tl.where(m == -float("inf"), 0.0, m)
-            # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
-            lse = m + tl.log(tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0))
+            m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
+            lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
             loss = tl.where(ign, 0.0, w_t * (lse - x_t))
             loss = tl.where(bad, float("nan"), loss) * scale
             tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=owner)
@@ -733,7 +725,7 @@ def _ce_fwd_persist_kernel(
             hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
             p = tl.exp2((x_prev.to(tl.float32) - lse) * 1.4426950408889634)
             dx = coef * p - tl.where(hit, coef, 0.0)
-            tl.store(DX + (rp // INNER) * sdo + (rp % INNER) * sdi + c64 * sdc, dx.to(DX.dtype.element_ty), mask=cm)
+            tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
         x_prev = x_cur
         x_cur = x_next
         t_prev = t_cur

@@ -55,7 +55,6 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    INTERPRET,
     check_float_dtype,
     check_tensor,
     concrete,
@@ -68,12 +67,23 @@ from ._common import (
 )
 from . import _cpp
 from ._library import FusedOp, Kernel
-from ._rowsync import balanced_pieces, bind_persistent, pack_flagged, pack_pair, publish, unpack_pair, wait_row
+from ._rowsync import (
+    balanced_pieces,
+    bind_persistent,
+    load_piece,
+    pack_flagged,
+    piece_ptrs,
+    program_piece,
+    publish,
+    publish_max_sum,
+    unpack_pair,
+    wait_row,
+    wait_row_max_sum,
+)
 from .softmax_config import (  # noqa: F401
     MAX_SINGLE_BLOCK,
     WIDE_MODE,
     WIDE_STAGES,
-    _coop_config,
     _persist_config,
     _single_block_config,
     _wide_config,
@@ -280,121 +290,6 @@ def _softmax_bwd_wide_kernel(
             tl.store(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
 
 
-@triton.jit
-def _coop_publish_and_wait(COUNT, row, SPLITS):
-    """The coop kernels' row barrier: count this piece's published partials (release, after a barrier so
-    they are written first), then wait (acquire) until all SPLITS pieces of the row have counted."""
-    tl.debug_barrier()
-    tl.atomic_add(COUNT + row, 1, sem="release")
-    cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
-    while cnt < SPLITS:  # wait for the sibling pieces of the row
-        cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
-
-
-@triton.jit
-def _softmax_fwd_coop_kernel(
-    X, Y,  # input / output (see _softmax_fwd_kernel)
-    STATS,  # float32 [M * SPLITS, 2]: per-piece (max, sum of exp(x - max))
-    COUNT,  # int32 [M], zeroed: pieces of each row whose statistics are published (PHASE 2)
-    M, N, INNER,
-    sxo, sxi, sxn,
-    syo, syi, syn,
-    SPLITS,  # pieces per row: program g handles piece g % SPLITS of row g // SPLITS
-    PIECE,  # columns per piece (<= BLOCK_N)
-    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
-    BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
-    PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter)
-):
-    """Wide rows, one read: each program keeps its piece in registers (opt-in: ``wide_mode=1``).
-
-    PHASE 2: load the piece once, publish its (max, sum) (release atomic on a per-row counter), wait
-    (acquire) for the SPLITS pieces of the row -- consecutive program ids, resident together since
-    programs are dispatched in id order and a row's pieces are far fewer than the resident programs --
-    then write y from the registers: one read of x, one write of y, at any width.  The interpreter runs
-    programs one by one: there PHASE 0 (statistics) and PHASE 1 (reload, write) are two launches.
-    """
-    g = tl.program_id(0)
-    row = (g // SPLITS).to(tl.int64)
-    start = (g % SPLITS) * PIECE
-    end = tl.minimum(start + PIECE, N)
-    c = start + tl.arange(0, BLOCK_N)
-    cm = c < end
-    c64 = c.to(tl.int64)
-    xb = X + (row // INNER) * sxo + (row % INNER) * sxi
-    if PHASE != 1:
-        x = tl.load(xb + c64 * sxn, mask=cm, other=-float("inf")).to(tl.float32)
-        m_p = tl.max(x, axis=0)
-        m_safe = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
-        tl.store(STATS + g * 2, m_p)
-        tl.store(STATS + g * 2 + 1, tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0))
-        if PHASE == 2:
-            _coop_publish_and_wait(COUNT, row, SPLITS)
-    if PHASE != 0:
-        if PHASE == 1:
-            x = tl.load(xb + c64 * sxn, mask=cm, other=-float("inf")).to(tl.float32)
-        p = tl.arange(0, SPLITS_P2)
-        st = STATS + (row * SPLITS + p) * 2
-        m_all = tl.load(st, mask=p < SPLITS, other=-float("inf"), volatile=True)
-        s_all = tl.load(st + 1, mask=p < SPLITS, other=0.0, volatile=True)
-        m = tl.max(m_all, axis=0)
-        # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
-        m_safe = tl.where(m == -float("inf"), 0.0, m)
-        inv_s = 1.0 / tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
-        y = tl.exp2((x - m) * 1.4426950408889634) * inv_s
-        yb = Y + (row // INNER) * syo + (row % INNER) * syi
-        tl.store(yb + c64 * syn, y.to(Y.dtype.element_ty), mask=cm)
-
-
-@triton.jit
-def _softmax_bwd_coop_kernel(
-    Y, DY, DX,  # saved output, incoming gradient, input gradient (written); strides below
-    DOT,  # float32 [M * SPLITS]: partial sum(y * dy) per piece
-    COUNT,  # int32 [M], zeroed (PHASE 2)
-    M, N, INNER,
-    syo, syi, syn,
-    sdo, sdi, sdn,
-    sgo, sgi, sgn,
-    SPLITS, PIECE,
-    SPLITS_P2: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PHASE: tl.constexpr,
-):
-    """Wide-row backward, one read of y and dy: the piece stays in registers while the row's partial
-    dots are published and combined (the scheme of _softmax_fwd_coop_kernel)."""
-    g = tl.program_id(0)
-    row = (g // SPLITS).to(tl.int64)
-    start = (g % SPLITS) * PIECE
-    end = tl.minimum(start + PIECE, N)
-    c = start + tl.arange(0, BLOCK_N)
-    cm = c < end
-    c64 = c.to(tl.int64)
-    yb = Y + (row // INNER) * syo + (row % INNER) * syi
-    db = DY + (row // INNER) * sdo + (row % INNER) * sdi
-    if PHASE != 1:
-        y = tl.load(yb + c64 * syn, mask=cm, other=0.0).to(tl.float32)
-        dy = tl.load(db + c64 * sdn, mask=cm, other=0.0).to(tl.float32)
-        tl.store(DOT + g, tl.sum(y * dy, axis=0))
-        if PHASE == 2:
-            _coop_publish_and_wait(COUNT, row, SPLITS)
-    if PHASE != 0:
-        if PHASE == 1:
-            y = tl.load(yb + c64 * syn, mask=cm, other=0.0).to(tl.float32)
-            dy = tl.load(db + c64 * sdn, mask=cm, other=0.0).to(tl.float32)
-        p = tl.arange(0, SPLITS_P2)
-        dot = tl.sum(tl.load(DOT + row * SPLITS + p, mask=p < SPLITS, other=0.0, volatile=True), axis=0)
-        gb = DX + (row // INNER) * sgo + (row % INNER) * sgi
-        tl.store(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
-
-
-@triton.jit
-def _softmax_piece_publish(x, SLOT, live):
-    """Publish the (max, sum of exp(x - max)) of a piece x (float32, -inf where masked) at SLOT when live."""
-    m_p = tl.max(x, axis=0)
-    m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
-    s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0)
-    publish(SLOT, pack_pair(m_p, s_p), live)
-
-
 @triton.jit(do_not_specialize=["GROUPS"])
 def _softmax_fwd_persist_kernel(
     X, Y,  # input / output (see _softmax_fwd_kernel)
@@ -413,44 +308,29 @@ def _softmax_fwd_persist_kernel(
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
     for row k - 1 (published by every sibling one iteration ago, so the wait rarely spins) and write its y
     from the registers.  Three pieces in registers (rows k - 1, k, k + 1), kept in the input's dtype."""
-    g = tl.program_id(0)
-    piece = g % SPLITS
-    group = g // SPLITS
-    start = piece * PIECE
-    end = tl.minimum(start + PIECE, N)
-    c = start + tl.arange(0, BLOCK_N)
-    cm = c < end
-    c64 = c.to(tl.int64)
+    piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
     r = tl.cast(group, tl.int64)
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
     # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
-    x_prev = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + r < M),
-                     other=-float("inf"))
+    x_prev = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
     if PHASE != 1:
-        _softmax_piece_publish(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+        publish_max_sum(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
     r = r + GROUPS
-    x_cur = tl.load(X + (r // INNER) * sxo + (r % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + r < M),
-                    other=-float("inf"))
+    x_cur = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
     # Rows k = 1, 2, ...: one iteration past the last row, for its output.
     for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
         if PHASE != 1:
-            _softmax_piece_publish(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+            publish_max_sum(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
         rn = r + GROUPS  # row k + 1's piece is in flight from here on
-        x_next = tl.load(X + (rn // INNER) * sxo + (rn % INNER) * sxi + c64 * sxn, mask=cm & (c64 * 0 + rn < M),
-                         other=-float("inf"))
+        x_next = load_piece(X, rn, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
         if PHASE != 0:  # the output of row k - 1
             rp = r - GROUPS
-            words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
-            m_all, s_all = unpack_pair(words)
-            m_all = tl.where(pm, m_all, -float("inf"))
-            s_all = tl.where(pm, s_all, 0.0)
-            m = tl.max(m_all, axis=0)
             # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
-            m_safe = tl.where(m == -float("inf"), 0.0, m)
-            inv_s = 1.0 / tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
+            m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
+            inv_s = 1.0 / s
             y = tl.exp2((x_prev.to(tl.float32) - m) * 1.4426950408889634) * inv_s
-            tl.store(Y + (rp // INNER) * syo + (rp % INNER) * syi + c64 * syn, y.to(Y.dtype.element_ty), mask=cm)
+            tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
         x_prev = x_cur
         x_cur = x_next
 
@@ -471,34 +351,25 @@ def _softmax_bwd_persist_kernel(
 ):
     """Wide-row backward, one read of y and dy, pipelined as _softmax_fwd_persist_kernel: publish row k's
     partial dot, load row k + 1, wait for row k - 1 and write its dx = y * (dy - dot)."""
-    g = tl.program_id(0)
-    piece = g % SPLITS
-    group = g // SPLITS
-    start = piece * PIECE
-    end = tl.minimum(start + PIECE, N)
-    c = start + tl.arange(0, BLOCK_N)
-    cm = c < end
-    c64 = c.to(tl.int64)
+    piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
     r = tl.cast(group, tl.int64)
     # 0 where masked: the identity of the sum.
-    y_prev = tl.load(Y + (r // INNER) * syo + (r % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + r < M), other=0.0)
-    dy_prev = tl.load(DY + (r // INNER) * sdo + (r % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + r < M), other=0.0)
+    y_prev = load_piece(Y, r, M, INNER, syo, syi, syn, c64, cm, 0.0)
+    dy_prev = load_piece(DY, r, M, INNER, sdo, sdi, sdn, c64, cm, 0.0)
     if PHASE != 1:  # row 0, peeled
         publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y_prev.to(tl.float32) * dy_prev.to(tl.float32), axis=0)),
                 r < M)
     r = r + GROUPS
-    y_cur = tl.load(Y + (r // INNER) * syo + (r % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + r < M), other=0.0)
-    dy_cur = tl.load(DY + (r // INNER) * sdo + (r % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + r < M), other=0.0)
+    y_cur = load_piece(Y, r, M, INNER, syo, syi, syn, c64, cm, 0.0)
+    dy_cur = load_piece(DY, r, M, INNER, sdo, sdi, sdn, c64, cm, 0.0)
     for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
         if PHASE != 1:  # (rows past the end publish nothing)
             publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y_cur.to(tl.float32) * dy_cur.to(tl.float32), axis=0)),
                     r < M)
         rn = r + GROUPS
-        y_next = tl.load(Y + (rn // INNER) * syo + (rn % INNER) * syi + c64 * syn, mask=cm & (c64 * 0 + rn < M),
-                         other=0.0)
-        dy_next = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + c64 * sdn, mask=cm & (c64 * 0 + rn < M),
-                          other=0.0)
+        y_next = load_piece(Y, rn, M, INNER, syo, syi, syn, c64, cm, 0.0)
+        dy_next = load_piece(DY, rn, M, INNER, sdo, sdi, sdn, c64, cm, 0.0)
         if PHASE != 0:  # the output of row k - 1
             rp = r - GROUPS
             words, pm = wait_row(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
@@ -506,7 +377,7 @@ def _softmax_bwd_persist_kernel(
             dot = tl.sum(tl.where(pm, dots, 0.0), axis=0)
             y = y_prev.to(tl.float32)
             dx = y * (dy_prev.to(tl.float32) - dot)
-            tl.store(DX + (rp // INNER) * sgo + (rp % INNER) * sgi + c64 * sgn, dx.to(DX.dtype.element_ty), mask=cm)
+            tl.store(piece_ptrs(DX, rp, INNER, sgo, sgi, sgn, c64), dx.to(DX.dtype.element_ty), mask=cm)
         y_prev = y_cur
         dy_prev = dy_cur
         y_cur = y_next
@@ -567,7 +438,7 @@ def _contiguous_strides(shape: torch.Size, dim: int) -> tuple[int, ...]:
 class _Plan:
     """Everything a launch needs that depends only on shapes, strides, dtype and dim (cached)."""
 
-    __slots__ = ("copy", "wide", "kernel", "kernel2", "m", "splits", "ints", "cpp", "persist", "groups", "fallback")
+    __slots__ = ("copy", "wide", "kernel", "m", "splits", "ints", "cpp", "persist", "groups", "fallback")
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -592,7 +463,6 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         return plan
     plan = _Plan()
     plan.cpp = {}  # (device, with backward) -> C++ fast-path handles, or False (ops/_cpp.py)
-    plan.kernel2 = None
     plan.persist = plan.groups = plan.fallback = None
     elem = dtype.itemsize
     views, plan.copy = [], []
@@ -625,19 +495,6 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm,
                         dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps))
         plan.fallback = _plan(shape, strides, dtype, dim, False)
-    elif get_override("softmax", "wide_mode", 0) == 1:
-        # opt-in (not yet measured): pieces held in registers, one read (_softmax_fwd_coop_kernel)
-        block, splits, piece, warps = _coop_config(n)
-        plan.ints = (m, n, inner) + ins + out + (splits, piece)
-        plan.splits = splits
-        fn = _softmax_fwd_coop_kernel if fwd else _softmax_bwd_coop_kernel
-        meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
-        check = (0,) if fwd else (0, 1)
-        if INTERPRET:  # programs run one at a time: statistics, then the output (two launches)
-            plan.kernel = Kernel(fn, (m * splits,), check=check, PHASE=0, **meta)
-            plan.kernel2 = Kernel(fn, (m * splits,), check=check, PHASE=1, **meta)
-        else:
-            plan.kernel = Kernel(fn, (m * splits,), check=check, PHASE=2, **meta)
     else:
         block, splits, piece, warps = _wide_config(n, elem, "fwd" if fwd else "bwd")
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
@@ -697,8 +554,6 @@ def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
         stats = torch.empty(plan.m * plan.splits * 2, dtype=torch.float32, device=x.device)
         count = torch.zeros(plan.m, dtype=torch.int32, device=x.device)
         plan.kernel(x, y, stats, count, *plan.ints)
-        if plan.kernel2 is not None:
-            plan.kernel2(x, y, stats, count, *plan.ints)
     else:
         plan.kernel(x, y, *plan.ints)
     return y
@@ -724,8 +579,6 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tenso
         dot = torch.empty(plan.m * plan.splits, dtype=torch.float32, device=y.device)
         count = torch.zeros(plan.m, dtype=torch.int32, device=y.device)
         plan.kernel(y, dy, dx, dot, count, *plan.ints)
-        if plan.kernel2 is not None:
-            plan.kernel2(y, dy, dx, dot, count, *plan.ints)
     else:
         plan.kernel(y, dy, dx, *plan.ints)
     return dx

@@ -38,8 +38,9 @@ _WIDE = {("fwd", 2): (8192, 16384, 8), ("fwd", 4): (8192, 8192, 8), ("bwd", 2): 
 WIDE_STAGES = 1
 # Wide rows, by (direction, element size): 0 = piece-wise, one launch (the _WIDE kernels: each piece read
 # twice, the second time from L2); 2 = persistent (pieces held in registers by co-resident programs that
-# exchange their statistics, one read: ops/_rowsync.py), eager calls only (traced calls take mode 0);
-# 1 = the opt-in coop kernels.  H200, 2^26 elements, fraction of copy at 65,536 / 131,072 / 262,144
+# exchange their statistics, one read: ops/_rowsync.py), eager calls only (traced calls take mode 0).
+# (Mode 1, non-persistent "coop" kernels relying on dispatch order for co-residency, measured 0.57-0.64 bf16 /
+# 0.79-0.87 fp32 forward in the same sweeps: removed.)  H200, 2^26 elements, fraction of copy at 65,536 / 131,072 / 262,144
 # (benchmarks/results/issue10/run10_persist_lag/sm.log, bench_cross_entropy.py --softmax-only):
 #   fp32 fwd  piece-wise 0.75 / 0.74 / 0.73   persistent 2K w4 **0.89 / 0.78 / 0.84**, 4K w4 0.84 / 0.86 / 0.80
 #   fp32 bwd  piece-wise 0.72 / 0.73 / 0.74   persistent 4K w4 **0.97 / 0.98 / 0.95**
@@ -68,17 +69,6 @@ def _wide_config(n: int, elem: int, direction: str) -> tuple[int, int, int, int]
     piece = triton.cdiv(get_override("softmax", "wide_piece", piece), block) * block
     piece = min(piece, triton.cdiv(n, block) * block)
     return block, triton.cdiv(n, piece), piece, get_override("softmax", "wide_warps", warps)
-
-
-def _coop_config(n: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N tile, SPLITS pieces per row, PIECE columns per piece, num_warps) for the opt-in coop
-    kernels (``config_override("softmax", wide_mode=1, coop_block=..., coop_warps=...)``): balanced pieces
-    of at most BLOCK_N columns with 64-aligned starts.  Not measured yet: not the default."""
-    block = get_override("softmax", "coop_block", 8192)
-    splits = triton.cdiv(n, block)
-    align = min(64, block)
-    piece = triton.cdiv(triton.cdiv(n, splits), align) * align
-    return block, splits, piece, get_override("softmax", "coop_warps", 8)
 
 
 def _persist_config(elem: int, direction: str) -> tuple[int, int, int]:
