@@ -260,7 +260,11 @@ SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
                 "persist_4k_w4": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=8),
                 "persist_4k_w8": dict(wide_mode=2, persist_block=4096, persist_warps=8, persist_per_sm=8),
                 "persist_8k_w8": dict(wide_mode=2, persist_block=8192, persist_warps=8, persist_per_sm=4),
-                "persist_8k_w16": dict(wide_mode=2, persist_block=8192, persist_warps=16, persist_per_sm=4)}
+                "persist_8k_w16": dict(wide_mode=2, persist_block=8192, persist_warps=16, persist_per_sm=4),
+                # LEAN forward (one conversion and one exp2 per element; the backward as the config above)
+                "persist_4k_w4_lean": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=8, persist_lean=True),
+                "persist_2k_w4_lean": dict(wide_mode=2, persist_block=2048, persist_warps=4, persist_per_sm=16, persist_lean=True),
+                "persist_4k_w8_lean": dict(wide_mode=2, persist_block=4096, persist_warps=8, persist_per_sm=8, persist_lean=True)}
 
 
 def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32), only=None):

@@ -12,19 +12,23 @@ os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, "/work/main"); sys.path.insert(0, "/work/main/benchmarks")
 from _sm90 import signature, compile_sm90
 from fused_layers.ops import softmax as sm, cross_entropy as ce
-def sm_fwd(block, warps, dt):
+def sm_fwd(block, warps, dt, lean=False):
     fn = sm._softmax_fwd_persist_kernel
     types = {"X": dt, "Y": dt, "SLOTS": "*i64"}
-    sig, cx, attrs = signature(fn, dict(SPLITS_P2=64, BLOCK_N=block, PHASE=2), types, ones=("INNER", "sxn", "syn", "sxi", "syi"), divisible=("sxo", "syo", "N", "PIECE"))
+    sig, cx, attrs = signature(fn, dict(SPLITS_P2=64, BLOCK_N=block, PHASE=2, LEAN=lean), types, ones=("INNER", "sxn", "syn", "sxi", "syi"), divisible=("sxo", "syo", "N", "PIECE"))
     return compile_sm90(fn, sig, cx, attrs, warps)
 def pw_fwd(block, warps, dt):
     fn = sm._softmax_fwd_wide_kernel
     types = {"X": dt, "Y": dt, "STATS": "*fp32", "COUNT": "*i32"}
     sig, cx, attrs = signature(fn, dict(SPLITS_P2=4, BLOCK_N=block, STAGES=1), types, ones=("INNER", "sxn", "syn", "sxi", "syi"), divisible=("sxo", "syo", "N", "PIECE"))
     return compile_sm90(fn, sig, cx, attrs, warps)
-for name, f, b, w, dt in [("persist bf16 4K w4", sm_fwd, 4096, 4, "*bf16"), ("persist fp32 2K w4", sm_fwd, 2048, 4, "*fp32"),
-                          ("piecewise bf16 8K w8", pw_fwd, 8192, 8, "*bf16")]:
-    r = f(b, w, dt)
+for name, f, b, w, dt, kw in [("persist bf16 4K w4", sm_fwd, 4096, 4, "*bf16", {}),
+                              ("persist bf16 4K w4 LEAN", sm_fwd, 4096, 4, "*bf16", dict(lean=True)),
+                              ("persist bf16 4K w8 LEAN", sm_fwd, 4096, 8, "*bf16", dict(lean=True)),
+                              ("persist fp32 2K w4", sm_fwd, 2048, 4, "*fp32", {}),
+                              ("persist fp32 2K w4 LEAN", sm_fwd, 2048, 4, "*fp32", dict(lean=True)),
+                              ("piecewise bf16 8K w8", pw_fwd, 8192, 8, "*bf16", {})]:
+    r = f(b, w, dt, **kw)
     tot = sum(r["ops"].values())
     ept = b // (w * 32)
     top = r["ops"].most_common(12)

@@ -52,14 +52,15 @@ def test_streaming_multi_block(n, dtype, device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [17, 64, 100])
-def test_wide_persistent(n, dtype, device):
+@pytest.mark.parametrize("lean", [False, True])
+def test_wide_persistent(n, dtype, lean, device):
     """Wide rows held in registers by persistent programs exchanging their partials (wide_mode=2,
     ops/_rowsync.py): forward statistics and the backward's dot; balanced ragged pieces; several rows per
     program (two launches on the interpreter)."""
     from fused_layers.ops import softmax as sm
 
     x = torch.randn(7, n, device=device, dtype=dtype) * 4
-    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16):
+    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_lean=lean):
         sm._PLANS.clear()
         _check(x, -1)
         bound = [p for p in sm._PLANS.values() if p.persist is not None]
@@ -212,12 +213,15 @@ def test_gpu_widths(n, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [32768 + 1, 50304, 65536, 100003, 262144, 1048576])
-@pytest.mark.parametrize("block", [None, 8192])
+@pytest.mark.parametrize("block", [None, 8192, "lean"])
 def test_gpu_wide_persistent(n, dtype, block):
     """Persistent wide kernels on the GPU: co-resident programs really waiting on each other (cooperative
-    launch), more rows than row groups."""
+    launch), more rows than row groups; the LEAN forward candidate."""
     m = max(1, min(512, 2**24 // n))
-    over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
+    if block == "lean":
+        over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_lean=True)
+    else:
+        over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
     with config_override("softmax", **over):
         _check(torch.randn(m, n, device="cuda", dtype=dtype) * 3, -1)
 

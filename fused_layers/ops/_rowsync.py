@@ -91,6 +91,16 @@ def publish_max_sum(x, SLOT, live):
 
 
 @triton.jit
+def piece_exp(x):
+    """A piece x (float32, -inf where masked) as (e, m_p, m_ps, s_p): its exponentials e = exp(x - m_ps), its max
+    m_p, m_ps = m_p (0 for an all -inf piece, so never -inf - -inf) and s_p = sum e; the exponent in FFMA form."""
+    m_p = tl.max(x, axis=0)
+    m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)
+    e = tl.exp2(x * 1.4426950408889634 - m_ps * 1.4426950408889634)
+    return e, m_p, m_ps, tl.sum(e, axis=0)
+
+
+@triton.jit
 def wait_row(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     """Wait until the SPLITS slots at ROW_SLOTS are all published; returns (words [SPLITS_P2], valid lanes).
 
@@ -240,5 +250,5 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
     return splits, piece
 
 
-__all__ = ["pack_pair", "pack_flagged", "unpack_pair", "publish", "publish_max_sum", "wait_row", "wait_row_max_sum", "program_piece", "piece_ptrs", "load_piece", "persistent_groups",
+__all__ = ["pack_pair", "pack_flagged", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "wait_row", "wait_row_max_sum", "program_piece", "piece_ptrs", "load_piece", "persistent_groups",
            "interpreter_groups", "programs_per_sm", "bind_persistent", "balanced_pieces"]

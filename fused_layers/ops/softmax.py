@@ -72,6 +72,8 @@ from ._rowsync import (
     bind_persistent,
     load_piece,
     pack_flagged,
+    pack_pair,
+    piece_exp,
     piece_ptrs,
     program_piece,
     publish,
@@ -303,24 +305,43 @@ def _softmax_fwd_persist_kernel(
     SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
     BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
     PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter)
+    LEAN: tl.constexpr = False,  # keep the statistics pass's exponentials (fp32) for the output: one
+                                 # conversion and one exp2 per element (a bf16 candidate: fewer instructions)
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
     for row k - 1 (published by every sibling one iteration ago, so the wait rarely spins) and write its y
-    from the registers.  Three pieces in registers (rows k - 1, k, k + 1), kept in the input's dtype."""
+    from the registers.  Three pieces in registers (rows k - 1, k, k + 1), kept in the input's dtype.
+
+    LEAN: row k - 1 is kept as its exponentials e = exp(x - m_p) from the statistics pass (float32) and
+    written as y = e * exp(m_p - m) / s: one exp2 and one conversion per element instead of two (the
+    last multiply folds into one FFMA form, x * log2 e - m_p * log2 e).  An all -inf piece has m_p = -inf
+    and e = 0 (m_p is taken as 0 there, as in the statistics), so y = 0 * exp(-m) / s: 0 for a finite row,
+    NaN for an all -inf row (exp(+inf) = inf), as torch.softmax; a NaN or +inf makes s NaN, so every y."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
     r = tl.cast(group, tl.int64)
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
     # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
     x_prev = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
-    if PHASE != 1:
+    if LEAN:
+        e_prev, m_p, mps_prev, s_p = piece_exp(x_prev.to(tl.float32))
+        if PHASE != 1:
+            publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
+    else:  # (the names the loop carries in the other form)
+        e_prev = x_prev.to(tl.float32)
+        mps_prev = 0.0
+    if not LEAN and PHASE != 1:
         publish_max_sum(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
     r = r + GROUPS
     x_cur = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
     # Rows k = 1, 2, ...: one iteration past the last row, for its output.
     for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
-        if PHASE != 1:
+        if LEAN:
+            e_cur, m_p, mps_cur, s_p = piece_exp(x_cur.to(tl.float32))
+            if PHASE != 1:
+                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
+        elif PHASE != 1:
             publish_max_sum(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
         rn = r + GROUPS  # row k + 1's piece is in flight from here on
         x_next = load_piece(X, rn, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
@@ -328,10 +349,16 @@ def _softmax_fwd_persist_kernel(
             rp = r - GROUPS
             # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
             m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
-            inv_s = 1.0 / s
-            y = tl.exp2((x_prev.to(tl.float32) - m) * 1.4426950408889634) * inv_s
+            if LEAN:
+                y = e_prev * (tl.exp2((mps_prev - m) * 1.4426950408889634) / s)
+            else:
+                y = tl.exp2((x_prev.to(tl.float32) - m) * 1.4426950408889634) * (1.0 / s)
             tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
-        x_prev = x_cur
+        if LEAN:
+            e_prev = e_cur
+            mps_prev = mps_cur
+        else:
+            x_prev = x_cur
         x_cur = x_next
 
 
@@ -492,8 +519,10 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
         plan.splits = splits
         plan.kernel = None
-        plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm,
-                        dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps))
+        meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
+        if fwd and get_override("softmax", "persist_lean", False):  # candidate, not a default (see the kernel)
+            meta["LEAN"] = True
+        plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm, meta)
         plan.fallback = _plan(shape, strides, dtype, dim, False)
     else:
         block, splits, piece, warps = _wide_config(n, elem, "fwd" if fwd else "bwd")
