@@ -206,6 +206,8 @@ SWEEP = {
     "persist_8k_w8": dict(wide_mode=3, persist_block=8192, persist_warps=8, persist_per_sm=4),
     "persist_8k_w16": dict(wide_mode=3, persist_block=8192, persist_warps=16, persist_per_sm=4),
     "persist_16k_w16": dict(wide_mode=3, persist_block=16384, persist_warps=16, persist_per_sm=2),
+    "persist_4k_w4_lean": dict(wide_mode=3, persist_block=4096, persist_warps=4, persist_per_sm=8, persist_lean=True),
+    "persist_2k_w4_lean": dict(wide_mode=3, persist_block=2048, persist_warps=4, persist_per_sm=16, persist_lean=True),
 }
 for _c in SWEEP.values():  # a config without stages is a plain range loop (the bf16 default pipelines 4 deep)
     _c.setdefault("stages", 1)

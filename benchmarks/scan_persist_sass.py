@@ -22,7 +22,18 @@ def pw_fwd(block, warps, dt):
     types = {"X": dt, "Y": dt, "STATS": "*fp32", "COUNT": "*i32"}
     sig, cx, attrs = signature(fn, dict(SPLITS_P2=4, BLOCK_N=block, STAGES=1), types, ones=("INNER", "sxn", "syn", "sxi", "syi"), divisible=("sxo", "syo", "N", "PIECE"))
     return compile_sm90(fn, sig, cx, attrs, warps)
-for name, f, b, w, dt, kw in [("persist bf16 4K w4", sm_fwd, 4096, 4, "*bf16", {}),
+def ce_fwd(block, warps, dt, lean=False):
+    fn = ce._ce_fwd_persist_kernel
+    types = {"X": dt, "T": "*i64", "W": dt, "LOSS": "*fp32", "DX": dt, "DEN": "*fp32", "RS": dt, "SLOTS": "*i64",
+             "inv_den": "fp32"}
+    cx = dict(SPLITS_P2=64, BLOCK_N=block, HAS_WEIGHT=False, DEN_ON_DEVICE=True, HAS_ROW_SCALE=False, PHASE=2, LEAN=lean)
+    sig, cx, attrs = signature(fn, cx, types, ones=("INNER", "sxc", "sdc", "sxi", "sdi"), divisible=("sxo", "sdo", "C", "PIECE"))
+    return compile_sm90(fn, sig, cx, attrs, warps)
+
+
+for name, f, b, w, dt, kw in [("CE persist bf16 4K w4", ce_fwd, 4096, 4, "*bf16", {}),
+                              ("CE persist bf16 4K w4 LEAN", ce_fwd, 4096, 4, "*bf16", dict(lean=True)),
+                              ("CE persist bf16 2K w4 LEAN", ce_fwd, 2048, 4, "*bf16", dict(lean=True)),("persist bf16 4K w4", sm_fwd, 4096, 4, "*bf16", {}),
                               ("persist bf16 4K w4 LEAN", sm_fwd, 4096, 4, "*bf16", dict(lean=True)),
                               ("persist bf16 4K w8 LEAN", sm_fwd, 4096, 8, "*bf16", dict(lean=True)),
                               ("persist fp32 2K w4", sm_fwd, 2048, 4, "*fp32", {}),

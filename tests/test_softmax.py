@@ -65,6 +65,7 @@ def test_wide_persistent(n, dtype, lean, device):
         _check(x, -1)
         bound = [p for p in sm._PLANS.values() if p.persist is not None]
         assert len(bound) == 2 and all(p.kernel is not None and p.groups >= 1 for p in bound)  # fwd and bwd ran persistent
+        assert [p.persist[2].get("LEAN", False) for p in bound].count(True) == (1 if lean else 0)  # the forward's form
         _check(torch.randn(3, n, 5, device=device, dtype=dtype), 1)  # rows along a non-last dim
         _check(torch.randn(n, 6, device=device, dtype=dtype).t(), -1)  # strided rows
         x = x.float()

@@ -121,8 +121,11 @@ from ._rowsync import (
     balanced_pieces,
     bind_persistent,
     load_piece,
+    pack_pair,
+    piece_exp,
     piece_ptrs,
     program_piece,
+    publish,
     publish_max_sum,
     wait_row_max_sum,
 )
@@ -656,6 +659,8 @@ def _ce_fwd_persist_kernel(
     BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
     HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
     PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter), see _rowsync
+    LEAN: tl.constexpr = False,  # keep the statistics pass's exponentials (fp32) for the gradient: one
+                                 # conversion and one exp2 per element (candidate, as the softmax's LEAN)
 ):
     """Wide rows with class-index targets, one read: persistent co-resident programs, each holding one piece
     of a row in registers (ops/_rowsync.py), pipelined one row deep as ``_softmax_fwd_persist_kernel``.
@@ -672,8 +677,15 @@ def _ce_fwd_persist_kernel(
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
     # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
     x_prev = load_piece(X, r, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
+    if LEAN:  # p = e * exp(m_p - lse), e = exp(x - m_p) from the statistics (see _softmax_fwd_persist_kernel)
+        e_prev, m_p, mps_prev, s_p = piece_exp(x_prev.to(tl.float32))
+        if PHASE != 1:
+            publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
+    else:  # (the names the loop carries in the other form)
+        e_prev = x_prev.to(tl.float32)
+        mps_prev = 0.0
     t_prev = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
-    if PHASE != 1:
+    if not LEAN and PHASE != 1:
         publish_max_sum(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
     r = r + GROUPS
     x_cur = load_piece(X, r, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
@@ -683,7 +695,11 @@ def _ce_fwd_persist_kernel(
     for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
         # ---- row k: this piece's (max, sum of exp) ---------------------------------------------------
-        if PHASE != 1:
+        if LEAN:
+            e_cur, m_p, mps_cur, s_p = piece_exp(x_cur.to(tl.float32))
+            if PHASE != 1:
+                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
+        elif PHASE != 1:
             publish_max_sum(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
         # ---- row k + 1's piece is in flight from here on ---------------------------------------------
         rn = r + GROUPS
@@ -723,10 +739,17 @@ def _ce_fwd_persist_kernel(
             coef = tl.where(ign, 0.0, w_t * scale)
             # (the target's column within the piece compared in 32 bits)
             hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
-            p = tl.exp2((x_prev.to(tl.float32) - lse) * 1.4426950408889634)
+            if LEAN:
+                p = e_prev * tl.exp2((mps_prev - lse) * 1.4426950408889634)
+            else:
+                p = tl.exp2((x_prev.to(tl.float32) - lse) * 1.4426950408889634)
             dx = coef * p - tl.where(hit, coef, 0.0)
             tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
-        x_prev = x_cur
+        if LEAN:
+            e_prev = e_cur
+            mps_prev = mps_cur
+        else:
+            x_prev = x_cur
         x_cur = x_next
         t_prev = t_cur
         t_cur = t_next
@@ -935,7 +958,9 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
             plan.ints = base
             plan.kernel = None
             plan.persist = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=pblock, HAS_WEIGHT=has_weight,
-                                DEN_ON_DEVICE=den_on_device, HAS_ROW_SCALE=has_row_scale, num_warps=get_override("cross_entropy", "persist_warps", pwarps),
+                                DEN_ON_DEVICE=den_on_device, HAS_ROW_SCALE=has_row_scale,
+                                LEAN=bool(get_override("cross_entropy", "persist_lean", False)),
+                                num_warps=get_override("cross_entropy", "persist_warps", pwarps),
                                 per_sm=get_override("cross_entropy", "persist_per_sm", per_sm))
             plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
                                   den_on_device, has_row_scale, has_grad, False) if wide == 3 else None
