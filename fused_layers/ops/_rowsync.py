@@ -18,8 +18,8 @@ from running, so the grid is at most what the GPU holds at once (``persistent_gr
 the compiled kernel from the driver, times the SMs) and the launch is *cooperative*
 (``launch_cooperative_grid``): the driver then guarantees co-residency, or fails the launch with an
 error instead of hanging.  Program g works on piece ``g % SPLITS`` of the rows ``g // SPLITS``,
-``g // SPLITS + GROUPS``, ...: the SPLITS programs of a group meet once per row.  Each loads its piece of
-the *next* row before it waits on the current one, so a load is always in flight while it waits.
+``g // SPLITS + GROUPS``, ...: the SPLITS programs of a group meet once per row.  A load is always in
+flight while a program waits (below).
 
 Slots.  A pair is published as one 64-bit word, ``(bits(a) << 32) | bits(b)``, written by one atomic
 exchange: the value is its own flag, so no fence orders it against anything else (relaxed atomics and
