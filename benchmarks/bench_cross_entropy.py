@@ -180,6 +180,17 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
 
 _PF = dict(wide_mode=1, prefetch=1, reverse=1, lane_max=1)  # per-lane max, prefetch, reversed gradient pass (default)
 _PF2 = dict(_PF, prefetch=2)  # two chunks loaded ahead
+# The persistent candidates (cross-entropy wide_mode 3, softmax wide_mode 2): name -> (piece columns, warps, most
+# programs per SM, LEAN form).
+PERSIST_CANDIDATES = {
+    name: dict(persist_block=block, persist_warps=warps, persist_per_sm=per_sm, **(dict(persist_lean=True) if lean else {}))
+    for name, (block, warps, per_sm, lean) in {
+        "2k_w2": (2048, 2, 16, False), "2k_w4": (2048, 4, 16, False), "4k_w4": (4096, 4, 8, False),
+        "4k_w8": (4096, 8, 8, False), "8k_w8": (8192, 8, 4, False), "8k_w16": (8192, 16, 4, False),
+        "16k_w16": (16384, 16, 2, False),
+        "2k_w4_lean": (2048, 4, 16, True), "4k_w4_lean": (4096, 4, 8, True), "4k_w8_lean": (4096, 8, 8, True),
+    }.items()
+}
 SWEEP = {
     # one program per row, two passes, the second read from L2
     "stream_8k_w16_base": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=0, lane_max=0),  # run4's
@@ -198,16 +209,7 @@ SWEEP = {
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
     # persistent, co-resident programs holding a piece each in registers, statistics exchanged (one read):
-    # piece columns, warps, most programs per SM
-    "persist_2k_w2": dict(wide_mode=3, persist_block=2048, persist_warps=2, persist_per_sm=16),
-    "persist_2k_w4": dict(wide_mode=3, persist_block=2048, persist_warps=4, persist_per_sm=16),
-    "persist_4k_w4": dict(wide_mode=3, persist_block=4096, persist_warps=4, persist_per_sm=8),
-    "persist_4k_w8": dict(wide_mode=3, persist_block=4096, persist_warps=8, persist_per_sm=8),
-    "persist_8k_w8": dict(wide_mode=3, persist_block=8192, persist_warps=8, persist_per_sm=4),
-    "persist_8k_w16": dict(wide_mode=3, persist_block=8192, persist_warps=16, persist_per_sm=4),
-    "persist_16k_w16": dict(wide_mode=3, persist_block=16384, persist_warps=16, persist_per_sm=2),
-    "persist_4k_w4_lean": dict(wide_mode=3, persist_block=4096, persist_warps=4, persist_per_sm=8, persist_lean=True),
-    "persist_2k_w4_lean": dict(wide_mode=3, persist_block=2048, persist_warps=4, persist_per_sm=16, persist_lean=True),
+    **{f"persist_{n}": dict(wide_mode=3, **c) for n, c in PERSIST_CANDIDATES.items()},
 }
 for _c in SWEEP.values():  # a config without stages is a plain range loop (the bf16 default pipelines 4 deep)
     _c.setdefault("stages", 1)
@@ -258,15 +260,7 @@ def configs_of(name):
 
 
 SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
-                "persist_2k_w4": dict(wide_mode=2, persist_block=2048, persist_warps=4, persist_per_sm=16),
-                "persist_4k_w4": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=8),
-                "persist_4k_w8": dict(wide_mode=2, persist_block=4096, persist_warps=8, persist_per_sm=8),
-                "persist_8k_w8": dict(wide_mode=2, persist_block=8192, persist_warps=8, persist_per_sm=4),
-                "persist_8k_w16": dict(wide_mode=2, persist_block=8192, persist_warps=16, persist_per_sm=4),
-                # LEAN forward (one conversion and one exp2 per element; the backward as the config above)
-                "persist_4k_w4_lean": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=8, persist_lean=True),
-                "persist_2k_w4_lean": dict(wide_mode=2, persist_block=2048, persist_warps=4, persist_per_sm=16, persist_lean=True),
-                "persist_4k_w8_lean": dict(wide_mode=2, persist_block=4096, persist_warps=8, persist_per_sm=8, persist_lean=True)}
+                **{f"persist_{n}": dict(wide_mode=2, **c) for n, c in PERSIST_CANDIDATES.items() if n not in ("2k_w2", "16k_w16")}}
 
 
 def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32), only=None):

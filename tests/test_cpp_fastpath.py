@@ -305,7 +305,7 @@ def test_gpu_cpp_softmax_matches_float64(dtype, shape, dim, cpp_on):
         torch.testing.assert_close(gx.double(), g64, **tol)
         with torch.no_grad():
             torch.testing.assert_close(fused_softmax(x, dim).double(), y64, **tol)
-    plan = sm_ops._plan(x.shape, (x.stride(),), x.dtype, dim % x.dim(), True)  # the eager plan
+    plan = sm_ops._plan(x.shape, (x.stride(),), x.dtype, dim % x.dim())
     assert type(plan.cpp.get((0, True))) is list and type(plan.cpp.get((0, False))) is list
     assert y.grad_fn.name() == "FusedSoftmaxBackward", y.grad_fn
 
@@ -616,7 +616,7 @@ def test_norm_registration_matches_the_kernels(rms, affine, grad, recorded):
 @pytest.mark.parametrize("grad", [True, False])
 def test_softmax_registration_matches_the_kernels(shape, dim, grad, recorded):
     x = torch.randn(shape)
-    plan = sm_ops._plan(x.shape, (x.stride(),), x.dtype, dim, True)  # the eager plan
+    plan = sm_ops._plan(x.shape, (x.stride(),), x.dtype, dim)
     handles = sm_ops._cpp_softmax_register(plan, x, dim, grad)
     assert [_name(c[0]) for c in recorded] == ["_softmax_fwd_kernel"] + (["_softmax_bwd_kernel"] if grad else [])
     assert handles == list(range(len(recorded)))

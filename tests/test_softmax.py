@@ -78,6 +78,20 @@ def test_wide_persistent(n, dtype, lean, device):
     assert torch.isnan(y[0]).all() and torch.isnan(y[1]).all() and torch.isnan(y[3]).all()
 
 
+def test_plan_shared_across_persist_flag(device):
+    """A row that is not wide has one plan for eager and traced callers (so the C++ fast path registers the
+    kernels the Python path launches); a wide float32 row has a persistent plan for eager calls only."""
+    from fused_layers.ops import softmax as sm
+
+    with config_override("softmax", max_single_block=8, wide_mode=2):
+        for shape, wide in (((4, 8), False), ((4, 40), True)):
+            st = (torch.empty(shape).stride(),)
+            a = sm._plan(torch.Size(shape), st, torch.float32, 1, True)
+            b = sm._plan(torch.Size(shape), st, torch.float32, 1, False)
+            assert (a is b) != wide
+            assert (a.persist is not None) == wide and b.persist is None
+
+
 @pytest.mark.parametrize("dim", [0, 1, -2, 2])
 def test_non_last_dim(dim, device):
     x = torch.randn(3, 11, 5, device=device)

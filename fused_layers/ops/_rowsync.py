@@ -101,6 +101,35 @@ def piece_exp(x):
 
 
 @triton.jit
+def publish_piece(x, SLOT, live, PUBLISH: tl.constexpr, LEAN: tl.constexpr):
+    """The statistics step of the persistent forward kernels: publish (when PUBLISH and ``live``) the
+    (max, sum of exp(x - max)) of a piece x (float32, -inf where masked) at SLOT.  Returns (e, m_ps): with
+    LEAN the piece's exponentials and the max they are taken against (``piece_exp``), which the output step
+    rescales; else (x, 0), unused by the caller (which keeps the raw piece instead)."""
+    if LEAN:
+        e, m_p, m_ps, s_p = piece_exp(x)
+        if PUBLISH:
+            publish(SLOT, pack_pair(m_p, s_p), live)
+    else:
+        e = x
+        m_ps = 0.0
+        if PUBLISH:
+            publish_max_sum(x, SLOT, live)
+    return e, m_ps
+
+
+@triton.jit
+def piece_exp_scaled(x_raw, e, m_ps, ref, scale, LEAN: tl.constexpr):
+    """The output step's exp(x - ref) * scale over a piece: from the raw piece x_raw (any float dtype), or
+    (LEAN) from its exponentials e = exp(x - m_ps) of ``publish_piece``, one scalar exp2 for the piece."""
+    if LEAN:
+        out = e * (tl.exp2((m_ps - ref) * 1.4426950408889634) * scale)
+    else:
+        out = tl.exp2((x_raw.to(tl.float32) - ref) * 1.4426950408889634) * scale
+    return out
+
+
+@triton.jit
 def wait_row(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     """Wait until the SPLITS slots at ROW_SLOTS are all published; returns (words [SPLITS_P2], valid lanes).
 
@@ -250,5 +279,5 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
     return splits, piece
 
 
-__all__ = ["pack_pair", "pack_flagged", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "wait_row", "wait_row_max_sum", "program_piece", "piece_ptrs", "load_piece", "persistent_groups",
+__all__ = ["pack_pair", "pack_flagged", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "program_piece", "piece_ptrs", "load_piece", "persistent_groups",
            "interpreter_groups", "programs_per_sm", "bind_persistent", "balanced_pieces"]

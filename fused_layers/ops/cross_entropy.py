@@ -121,12 +121,10 @@ from ._rowsync import (
     balanced_pieces,
     bind_persistent,
     load_piece,
-    pack_pair,
-    piece_exp,
+    piece_exp_scaled,
     piece_ptrs,
     program_piece,
-    publish,
-    publish_max_sum,
+    publish_piece,
     wait_row_max_sum,
 )
 from .softmax import _contiguous_strides, _row_strides
@@ -677,16 +675,9 @@ def _ce_fwd_persist_kernel(
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
     # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
     x_prev = load_piece(X, r, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
-    if LEAN:  # p = e * exp(m_p - lse), e = exp(x - m_p) from the statistics (see _softmax_fwd_persist_kernel)
-        e_prev, m_p, mps_prev, s_p = piece_exp(x_prev.to(tl.float32))
-        if PHASE != 1:
-            publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
-    else:  # (the names the loop carries in the other form)
-        e_prev = x_prev.to(tl.float32)
-        mps_prev = 0.0
+    # LEAN: p = e * exp(m_p - lse) from the statistics' e = exp(x - m_p) (see _softmax_fwd_persist_kernel)
+    e_prev, mps_prev = publish_piece(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
     t_prev = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
-    if not LEAN and PHASE != 1:
-        publish_max_sum(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
     r = r + GROUPS
     x_cur = load_piece(X, r, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
     # The targets travel one row ahead too: no dependent load waits after the row's exchange.
@@ -695,12 +686,7 @@ def _ce_fwd_persist_kernel(
     for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
         # ---- row k: this piece's (max, sum of exp) ---------------------------------------------------
-        if LEAN:
-            e_cur, m_p, mps_cur, s_p = piece_exp(x_cur.to(tl.float32))
-            if PHASE != 1:
-                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
-        elif PHASE != 1:
-            publish_max_sum(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+        e_cur, mps_cur = publish_piece(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
         # ---- row k + 1's piece is in flight from here on ---------------------------------------------
         rn = r + GROUPS
         x_next = load_piece(X, rn, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
@@ -726,7 +712,7 @@ def _ce_fwd_persist_kernel(
             # The program whose piece holds the target (the first piece for ignored / bad rows) writes the
             # loss: it reads x_t from its own piece, which no other program writes.
             owner = t // PIECE == piece
-            x_t = tl.load(X + (rp // INNER) * sxo + (rp % INNER) * sxi + t * sxc, mask=owner, other=0.0).to(tl.float32)
+            x_t = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxc, t), mask=owner, other=0.0).to(tl.float32)
             m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
             lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
             loss = tl.where(ign, 0.0, w_t * (lse - x_t))
@@ -739,11 +725,7 @@ def _ce_fwd_persist_kernel(
             coef = tl.where(ign, 0.0, w_t * scale)
             # (the target's column within the piece compared in 32 bits)
             hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
-            if LEAN:
-                p = e_prev * tl.exp2((mps_prev - lse) * 1.4426950408889634)
-            else:
-                p = tl.exp2((x_prev.to(tl.float32) - lse) * 1.4426950408889634)
-            dx = coef * p - tl.where(hit, coef, 0.0)
+            dx = piece_exp_scaled(x_prev, e_prev, mps_prev, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
             tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
         if LEAN:
             e_prev = e_cur
@@ -950,12 +932,12 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         if wide == 3 and has_grad and persist_ok and not (soft or smooth):
             # Persistent pieces held in registers (_ce_fwd_persist_kernel): balanced pieces of at most
             # BLOCK_N columns, 64-aligned starts.  The grid needs the compiled kernel's occupancy, so the
-            # Kernel is made at the first launch (_persist_kernel); the streaming plan is its fallback.
+            # Kernel is made at the first launch (_persist_kernels); the streaming plan is its fallback.
             pblock, pwarps, per_sm = cfg.PERSIST[elem]
             pblock = get_override("cross_entropy", "persist_block", pblock)
             splits, piece = balanced_pieces(C, pblock)
             plan.splits, plan.piece = splits, piece
-            plan.ints = base
+            plan.ints = (M, C, inner, sxo, sxi, sxc) + tuple(sd) + (ignore_index,)  # the kernel's, no T strides
             plan.kernel = None
             plan.persist = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=pblock, HAS_WEIGHT=has_weight,
                                 DEN_ON_DEVICE=den_on_device, HAS_ROW_SCALE=has_row_scale,
@@ -963,7 +945,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                                 num_warps=get_override("cross_entropy", "persist_warps", pwarps),
                                 per_sm=get_override("cross_entropy", "persist_per_sm", per_sm))
             plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
-                                  den_on_device, has_row_scale, has_grad, False) if wide == 3 else None
+                                  den_on_device, has_row_scale, has_grad, False)
         elif wide == 2 and has_grad:
             sblock = get_override("cross_entropy", "split_block", cfg.SPLIT_BLOCK[elem])
             piece = triton.cdiv(get_override("cross_entropy", "piece", cfg.PIECE[elem]), sblock) * sblock
@@ -1178,7 +1160,7 @@ def cross_entropy_forward(
             den if mean_hard else input, row_scale if row_scale is not None else input)
     if plan.persist is not None:
         slots = torch.zeros(M * plan.splits, dtype=torch.int64, device=dev)
-        pargs = (*args, slots, *plan.ints[:6], *plan.ints[9:], inv_den, plan.splits, plan.piece)
+        pargs = (*args, slots, *plan.ints, inv_den, plan.splits, plan.piece)
         kernels = _persist_kernels(plan, pargs)
         if kernels is None:  # not even one row group fits on this GPU: stream
             plan.fallback.kernel(*args, *plan.fallback.ints, float(label_smoothing), inv_den)

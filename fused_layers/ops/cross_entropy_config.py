@@ -25,11 +25,12 @@ sizes: Liger 0.27 / 0.26 / 0.44 / 0.49, torch.compile of ``F.cross_entropy(x.flo
   one program: one read of the logits, one write of the gradient.  ``_SINGLE[width]`` gives (BLOCK_M
   rows per program, num_warps); narrower rows pack several rows per program (about 4K elements per
   program).  (A 32K-wide tile takes the whole register file of an SM: one program per SM.)
-* Wider rows (``WIDE_MODE``): 3 = persistent: the pieces of a row held in registers by co-resident
-  programs that exchange their statistics (one read, one write; ``PERSIST``); 1 = stream: one program per row, chunks of BLOCK_N columns from
+* Wider rows (``WIDE_MODE``): 1 = stream: one program per row, chunks of BLOCK_N columns from
   ``STREAM[elem]`` (first entry whose widest C is not exceeded), two passes, the second read from L2;
   2 = split: pieces of ``PIECE`` columns streamed in chunks of ``SPLIT_BLOCK``, several programs per
-  row, the second read of a piece from L2 (``_ce_fwd_split_kernel``).  Without a gradient, wide rows
+  row, the second read of a piece from L2 (``_ce_fwd_split_kernel``); 3 = persistent (opt-in): the pieces of
+  a row held in registers by co-resident programs that exchange their statistics (one read, one write;
+  ``PERSIST``).  Without a gradient, wide rows
   always stream (one pass).
 * ``LINEAR_CHUNK_BYTES``: the fused linear cross-entropy computes the logits of this many bytes at a
   time (rows = bytes / (V * element size), a multiple of 128 rows, at least 128).

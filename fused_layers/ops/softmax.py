@@ -71,13 +71,12 @@ from ._rowsync import (
     balanced_pieces,
     bind_persistent,
     load_piece,
+    piece_exp_scaled,
     pack_flagged,
-    pack_pair,
-    piece_exp,
     piece_ptrs,
     program_piece,
     publish,
-    publish_max_sum,
+    publish_piece,
     unpack_pair,
     wait_row,
     wait_row_max_sum,
@@ -323,36 +322,20 @@ def _softmax_fwd_persist_kernel(
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
     # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
     x_prev = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
-    if LEAN:
-        e_prev, m_p, mps_prev, s_p = piece_exp(x_prev.to(tl.float32))
-        if PHASE != 1:
-            publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
-    else:  # (the names the loop carries in the other form)
-        e_prev = x_prev.to(tl.float32)
-        mps_prev = 0.0
-    if not LEAN and PHASE != 1:
-        publish_max_sum(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+    e_prev, mps_prev = publish_piece(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
     r = r + GROUPS
     x_cur = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
     # Rows k = 1, 2, ...: one iteration past the last row, for its output.
     for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
-        if LEAN:
-            e_cur, m_p, mps_cur, s_p = piece_exp(x_cur.to(tl.float32))
-            if PHASE != 1:
-                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
-        elif PHASE != 1:
-            publish_max_sum(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+        e_cur, mps_cur = publish_piece(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
         rn = r + GROUPS  # row k + 1's piece is in flight from here on
         x_next = load_piece(X, rn, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
         if PHASE != 0:  # the output of row k - 1
             rp = r - GROUPS
             # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
             m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
-            if LEAN:
-                y = e_prev * (tl.exp2((mps_prev - m) * 1.4426950408889634) / s)
-            else:
-                y = tl.exp2((x_prev.to(tl.float32) - m) * 1.4426950408889634) * (1.0 / s)
+            y = piece_exp_scaled(x_prev, e_prev, mps_prev, m, 1.0 / s, LEAN)
             tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
         if LEAN:
             e_prev = e_cur
@@ -479,7 +462,9 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     Cached, with the bound kernel: the per-call host cost is a dict lookup and one direct launch.
     ``persist_ok``: real tensors (eager), where wide rows may take the persistent kernels (their grid
     comes from the compiled binary's occupancy, at the first call); traced calls take the one-launch
-    piece-wise kernels, which Inductor emits in its own code.
+    piece-wise kernels, which Inductor emits in its own code.  A row that is not wide has one plan whatever
+    ``persist_ok`` says (cached under both keys): its bound kernels, and the C++ fast path's registration of
+    them, are shared by every caller.
     """
     key = (shape, strides, dtype, dim, persist_ok, override_epoch())
     try:
@@ -488,6 +473,11 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         return _plan(concrete(shape), tuple(concrete(s) for s in strides), dtype, dim, persist_ok)
     if plan is not None:
         return plan
+    twin_key = key[:4] + (not persist_ok,) + key[5:]
+    twin = _PLANS.get(twin_key)
+    if twin is not None and not twin.wide:
+        _PLANS[key] = twin
+        return twin
     plan = _Plan()
     plan.cpp = {}  # (device, with backward) -> C++ fast-path handles, or False (ops/_cpp.py)
     plan.persist = plan.groups = plan.fallback = None
@@ -535,6 +525,8 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = plan
+    if not plan.wide:
+        _PLANS[twin_key] = plan
     return plan
 
 
@@ -659,9 +651,7 @@ def _cpp_softmax_register(plan: "_Plan", x: torch.Tensor, dim: int, grad: bool) 
     handles, None while one is not compiled for these dtypes yet, False if unsupported."""
     specs = [(plan.kernel, (x.dtype, x.dtype), plan.ints, _cpp.roles(2, len(plan.ints)))]
     if grad:
-        # y and a contiguous dy; eager real tensors (persist_ok): the very plan softmax_backward launches,
-        # whose bound kernel is the one registered here
-        bplan = _plan(x.shape, (x.stride(), x.stride()), x.dtype, dim, True)
+        bplan = _plan(x.shape, (x.stride(), x.stride()), x.dtype, dim)  # y and a contiguous dy
         if bplan.wide or any(bplan.copy):
             return False
         specs.append((bplan.kernel, (x.dtype,) * 3, bplan.ints, _cpp.roles(3, len(bplan.ints))))
@@ -679,7 +669,7 @@ def _cpp_softmax(x: torch.Tensor, dim: int, grad: bool) -> torch.Tensor | None:
     Python path runs (not compiled yet, wide rows, a layout or alignment the bound kernels do not take)."""
     if not x.is_cuda or not x.is_contiguous() or x.data_ptr() & 15 or x.numel() == 0:
         return None
-    plan = _plan(x.shape, (x.stride(),), x.dtype, dim, True)  # the plan softmax_forward binds
+    plan = _plan(x.shape, (x.stride(),), x.dtype, dim)
     if plan.wide or plan.copy[0]:
         return None
     handles = _cpp.plan_id(plan.cpp, (x.get_device(), grad), _cpp_softmax_register, plan, x, dim, grad)
