@@ -206,6 +206,14 @@ SWEEP = {
     "stream_4k_w8_st3": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=3),
     "stream_4k_w8_st4": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=4),  # bf16 default
     "stream_2k_w4_st4": dict(_PF, block_n=2048, num_warps=4, lane_max=0, prefetch=0, stages=4),
+    # L2 hints (evict bits: 1 pass-1 evict_last, 2 pass-2 evict_first, 4 .cs gradient stores) and a capped grid of
+    # rp programs per SM looping over the rows (rows in flight = rp x 132 x row bytes, to fit L2), on the bf16 default
+    **{f"stream_4k_w8_st4_ev{ev}": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=4, evict=ev)
+       for ev in (1, 3, 7)},
+    **{f"stream_4k_w8_st4_rp{rp}_ev{ev}": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=4, evict=ev,
+                                               row_programs=rp) for rp, ev in ((1, 7), (2, 7), (2, 0), (3, 7))},
+    "stream_8k_w16_st3_rp1_ev7": dict(_PF, block_n=8192, num_warps=16, lane_max=0, prefetch=0, stages=3, evict=7, row_programs=1),
+    "stream_2k_w4_st4_rp4_ev7": dict(_PF, block_n=2048, num_warps=4, lane_max=0, prefetch=0, stages=4, evict=7, row_programs=4),
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
     # persistent, co-resident programs holding a piece each in registers, statistics exchanged (one read):
@@ -260,6 +268,8 @@ def configs_of(name):
 
 
 SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
+                # piece-wise with L2 hints (softmax_config.WIDE_EVICT bits: 1 phase-1 evict_last, 2 phase-2 evict_first, 4 .cs)
+                **{f"piecewise_ev{ev}": dict(wide_mode=0, wide_evict=ev) for ev in (1, 3, 7)},
                 **{f"persist_{n}": dict(wide_mode=2, **c) for n, c in PERSIST_CANDIDATES.items() if n not in ("2k_w2", "16k_w16")}}
 
 

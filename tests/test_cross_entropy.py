@@ -67,15 +67,18 @@ STREAM = dict(max_single=16, block_n=16)  # 16-column chunks: prefetch + reverse
 STREAM_BASE = dict(max_single=16, block_n=16, prefetch=0, reverse=0, lane_max=0)  # the plain two-pass form
 STREAM_PF2 = dict(max_single=16, block_n=16, prefetch=2)  # two chunks loaded ahead
 STREAM_ST3 = dict(max_single=16, block_n=16, prefetch=0, lane_max=0, stages=3)  # chunk loops pipelined by Triton
+# capped grid (2 programs per "SM", 2 SMs under the interpreter) looping over the rows, every L2 hint on
+STREAM_L2 = dict(max_single=16, block_n=16, prefetch=0, lane_max=0, stages=3, row_programs=1, evict=7)
 PERSIST = dict(max_single=16, wide_mode=3, persist_block=16)  # persistent: 16-column pieces held in registers
 PERSIST_LEAN = dict(PERSIST, persist_lean=True)  # the gradient from the statistics pass's exponentials
 WIDE = {"split": SPLIT, "stream": STREAM, "stream_base": STREAM_BASE, "stream_pf2": STREAM_PF2, "stream_st3": STREAM_ST3,
-        "persist": PERSIST, "persist_lean": PERSIST_LEAN}
+        "stream_l2": STREAM_L2, "persist": PERSIST, "persist_lean": PERSIST_LEAN}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("c", [17, 41])  # a piece / chunk + 1 column, 3 ragged pieces / chunks
-@pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "persist", "persist_lean"])
+@pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "persist",
+                                  "persist_lean"])
 def test_split_rows(c, dtype, mode, device):
     """Wide-row kernels: several programs per row publishing piece statistics (_ce_fwd_split_kernel), the
     streaming kernel with and without prefetch / the reversed gradient pass, and the persistent kernel
@@ -116,7 +119,8 @@ def test_persistent_kernel_is_taken(dtype, device):
         assert not any(p.persist is not None for p in ce._PLANS.values())
 
 
-@pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "persist", "persist_lean"])
+@pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "persist",
+                                  "persist_lean"])
 def test_split_rows_special_values_and_layouts(mode, device):
     x = torch.randn(6, 40, device=device)
     x[0, 3] = float("-inf")
@@ -377,8 +381,8 @@ def test_gpu_vocab_widths(c, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["stream", "stream_base", "stream_pf2", "stream_st3", "split", "single64k", "persist",
-                                  "persist_8k", "persist_lean"])
+@pytest.mark.parametrize("mode", ["stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "split", "single64k",
+                                  "persist", "persist_8k", "persist_lean"])
 @pytest.mark.parametrize("c", [32000, 50304, 262144])
 def test_gpu_wide_row_kernels(c, mode):
     """Every wide-row kernel (stream with/without prefetch and reversed pass, split, single block) at these
@@ -389,7 +393,8 @@ def test_gpu_wide_row_kernels(c, mode):
     t = torch.randint(0, c, (256,), device="cuda")
     t[::5] = -100
     cfg = {"stream": {}, "stream_base": dict(prefetch=0, reverse=0, lane_max=0), "stream_pf2": dict(prefetch=2), "split": dict(wide_mode=2),
-           "stream_st3": dict(prefetch=0, lane_max=0, stages=3), "single64k": dict(max_single=65536, num_warps=32),
+           "stream_st3": dict(prefetch=0, lane_max=0, stages=3),
+           "stream_l2": dict(row_programs=1, evict=7), "single64k": dict(max_single=65536, num_warps=32),
            "persist": dict(wide_mode=3), "persist_8k": dict(wide_mode=3, persist_block=8192, persist_warps=8),
            "persist_lean": dict(wide_mode=3, persist_lean=True)}[mode]
     with config_override("cross_entropy", **cfg):

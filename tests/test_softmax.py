@@ -48,6 +48,8 @@ def test_streaming_multi_block(n, dtype, device):
         _check(x, -1)
     with config_override("softmax", max_single_block=8, wide_block=8, wide_piece=32, stages=3):  # pipelined chunk loops
         _check(x, -1)
+    with config_override("softmax", max_single_block=8, wide_block=8, wide_piece=16, wide_mode=0, wide_evict=7):
+        _check(x, -1)  # piece-wise with every L2 hint (softmax_config.WIDE_EVICT)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -239,6 +241,15 @@ def test_gpu_wide_persistent(n, dtype, block):
         over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
     with config_override("softmax", **over):
         _check(torch.randn(m, n, device="cuda", dtype=dtype) * 3, -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [32768 + 1, 65536, 262144])
+def test_gpu_wide_piecewise_l2_hints(n, dtype):
+    """The piece-wise wide kernels with every L2 hint (evict_last / evict_first loads, streaming stores)."""
+    with config_override("softmax", wide_mode=0, wide_evict=7):
+        _check(torch.randn(max(1, min(512, 2**24 // n)), n, device="cuda", dtype=dtype) * 3, -1)
 
 
 @pytest.mark.gpu

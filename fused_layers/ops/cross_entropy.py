@@ -191,12 +191,20 @@ def _ce_stats_chunk(xb, tb, W, off, row_ok, lim, C, sxc, stc, smoothing, m, s, s
 
 
 @triton.jit
-def _ce_load_chunk(xb, c, row_ok, lim, sxc):
+def _ce_load_chunk(xb, c, row_ok, lim, sxc, EV: tl.constexpr = 0):
     """Raw chunk x[rows, c] (logits' dtype) for columns c in [0, lim); -inf elsewhere (the identity of max,
     and exp(-inf - m) = 0 is the identity of the sum).  Columns below 0 or past lim are not read, so the
-    prefetch of the chunk after the last (or before the first) costs no traffic."""
+    prefetch of the chunk after the last (or before the first) costs no traffic.  EV: L2 eviction hint of
+    the load (0 none, 1 evict_last: keep for the re-read, 2 evict_first: last use)."""
     cm = row_ok[:, None] & ((c >= 0) & (c < lim))[None, :]
-    return tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf"))
+    ptrs = xb[:, None] + c[None, :].to(tl.int64) * sxc
+    if EV == 1:
+        x = tl.load(ptrs, mask=cm, other=-float("inf"), eviction_policy="evict_last")
+    elif EV == 2:
+        x = tl.load(ptrs, mask=cm, other=-float("inf"), eviction_policy="evict_first")
+    else:
+        x = tl.load(ptrs, mask=cm, other=-float("inf"))
+    return x
 
 
 @triton.jit
@@ -323,8 +331,11 @@ def _ce_row(T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum
 
 @triton.jit
 def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
-                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Pass 2 on one chunk: dx = coef_a * p - B, stored at db (row bases) in DX's dtype."""
+                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr,
+                   STREAM_STORE: tl.constexpr = False):
+    """Pass 2 on one chunk: dx = coef_a * p - B, stored at db (row bases) in DX's dtype (STREAM_STORE:
+    as a streaming store, ``.cs``: evict-first in L2, so the gradient does not push out logits that are
+    still to be re-read)."""
     c = off + tl.arange(0, BLOCK_N)
     cm = row_ok[:, None] & (c < lim)[None, :]
     c64 = c[None, :].to(tl.int64)
@@ -343,7 +354,10 @@ def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, 
         g -= tl.where(c[None, :] == t[:, None], coef_t[:, None], 0.0)
         if SMOOTH:
             g -= (coef_b * (smoothing / (C * 1.0)))[:, None] * w
-    tl.store(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), mask=cm)
+    if STREAM_STORE:
+        tl.store(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), mask=cm, cache_modifier=".cs")
+    else:
+        tl.store(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), mask=cm)
 
 
 @triton.jit(do_not_specialize=["M", "C", "ignore_index"])
@@ -422,6 +436,50 @@ def _ce_fwd_kernel(
     REVERSE: tl.constexpr,  # streaming: the gradient pass walks the chunks last to first
     LANE_MAX: tl.constexpr,  # streaming: running max per lane (no block reduction in pass 1)
     STAGES: tl.constexpr = 1,  # streaming: software-pipeline both chunk loops this deep (tl.range num_stages)
+    EVICT: tl.constexpr = 0,  # streaming: L2 hints, bits: 1 pass-1 loads evict_last, 2 pass-2 loads evict_first, 4 .cs gradient stores
+    ROW_LOOP: tl.constexpr = False,  # the grid is capped (ROW_PROGRAMS): each program loops over row blocks
+):
+    """The cross-entropy kernel: row blocks of BLOCK_M rows, one per program, or (ROW_LOOP) a capped grid whose
+    programs walk the row blocks pid, pid + programs, ...: at most that many rows are in flight, so the rows
+    the streaming pass 2 re-reads stay in L2 (``cross_entropy_config.ROW_PROGRAMS``)."""
+    if ROW_LOOP:
+        for rb in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.num_programs(0), num_stages=1):
+            _ce_fwd_block(rb, X, T, W, LOSS, DX, DEN, RS, M, C, INNER, sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc, ignore_index, smoothing, inv_den, BLOCK_M, BLOCK_N, SINGLE, SOFT, HAS_WEIGHT, SMOOTH, HAS_GRAD, DEN_ON_DEVICE, HAS_ROW_SCALE, PREFETCH, REVERSE, LANE_MAX, STAGES, EVICT)
+    else:
+        _ce_fwd_block(tl.program_id(0), X, T, W, LOSS, DX, DEN, RS, M, C, INNER, sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc, ignore_index, smoothing, inv_den, BLOCK_M, BLOCK_N, SINGLE, SOFT, HAS_WEIGHT, SMOOTH, HAS_GRAD, DEN_ON_DEVICE, HAS_ROW_SCALE, PREFETCH, REVERSE, LANE_MAX, STAGES, EVICT)
+
+
+@triton.jit
+def _ce_fwd_block(
+    pid,  # the row block
+    X,  # logits; element (row (o, i), class c) at X + o*sxo + i*sxi + c*sxc (bf16/fp16/fp32)
+    T,  # class indices: int64/uint8 [M] flat; probabilities: same layout as X with strides (sto, sti, stc)
+    W,  # [C] class weights (read when HAS_WEIGHT)
+    LOSS,  # [M] (written; float32, or the loss dtype for reduction='none'): loss of each row, / D for 'mean'
+    DX,  # gradient (written when HAS_GRAD; may be X itself); element (o, i, c) at DX + o*sdo + i*sdi + c*sdc
+    DEN,  # float32 [2] from _ce_den_kernel: D for reduction='mean' with class indices (read when DEN_ON_DEVICE)
+    RS,  # float [M]: per-row scale of the gradient (read when HAS_ROW_SCALE)
+    M, C, INNER,  # rows, classes, size of the inner row index (d1 * ...)
+    sxo, sxi, sxc,  # strides of X
+    sto, sti, stc,  # strides of T (probabilities only)
+    sdo, sdi, sdc,  # strides of DX
+    ignore_index,  # class index whose rows are ignored
+    smoothing,  # label_smoothing e (float)
+    inv_den,  # 1/D when not DEN_ON_DEVICE (1.0 for sum/none, 1/M for the mean of probabilities)
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # columns per chunk
+    SINGLE: tl.constexpr,  # the row fits in one chunk: load once, keep it in registers
+    SOFT: tl.constexpr,  # targets are class probabilities
+    HAS_WEIGHT: tl.constexpr,
+    SMOOTH: tl.constexpr,  # smoothing > 0
+    HAS_GRAD: tl.constexpr,  # write the gradient
+    DEN_ON_DEVICE: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
+    PREFETCH: tl.constexpr,  # streaming: chunks loaded ahead (0, 1 or 2: chunk k + PREFETCH in flight at chunk k)
+    REVERSE: tl.constexpr,  # streaming: the gradient pass walks the chunks last to first
+    LANE_MAX: tl.constexpr,  # streaming: running max per lane (no block reduction in pass 1)
+    STAGES: tl.constexpr = 1,  # streaming: software-pipeline both chunk loops this deep (tl.range num_stages)
+    EVICT: tl.constexpr = 0,  # streaming: L2 hints, bits: 1 pass-1 loads evict_last, 2 pass-2 loads evict_first, 4 .cs gradient stores
 ):
     """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient.
 
@@ -431,7 +489,6 @@ def _ce_fwd_kernel(
     LDGSTS only with tl.range num_stages >= 2)."""
     smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
     inv_den = tl.cast(inv_den, tl.float32)
-    pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
@@ -457,20 +514,20 @@ def _ce_fwd_kernel(
         else:
             m_v = m
         if PREFETCH >= 1:
-            x_next = _ce_load_chunk(xb, cols, row_ok, C, sxc)
+            x_next = _ce_load_chunk(xb, cols, row_ok, C, sxc, EVICT & 1)
         if PREFETCH >= 2:
-            x_next2 = _ce_load_chunk(xb, cols + BLOCK_N, row_ok, C, sxc)
+            x_next2 = _ce_load_chunk(xb, cols + BLOCK_N, row_ok, C, sxc, EVICT & 1)
         for off in tl.range(0, C, BLOCK_N, num_stages=STAGES):
             c = off + cols
             if PREFETCH == 1:  # chunk k + 1 is in flight while chunk k is reduced
                 x_raw = x_next
-                x_next = _ce_load_chunk(xb, c + BLOCK_N, row_ok, C, sxc)
+                x_next = _ce_load_chunk(xb, c + BLOCK_N, row_ok, C, sxc, EVICT & 1)
             elif PREFETCH == 2:  # chunks k + 1 and k + 2
                 x_raw = x_next
                 x_next = x_next2
-                x_next2 = _ce_load_chunk(xb, c + 2 * BLOCK_N, row_ok, C, sxc)
+                x_next2 = _ce_load_chunk(xb, c + 2 * BLOCK_N, row_ok, C, sxc, EVICT & 1)
             else:
-                x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
+                x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc, EVICT & 1)
             m_v, s_v, sum_w, sum_wx = _ce_fold_chunk(x_raw.to(tl.float32), tb, W, c, row_ok, C, C, stc, smoothing,
                                                      m_v, s_v, sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N,
                                                      LANE_MAX)
@@ -510,24 +567,24 @@ def _ce_fwd_kernel(
                 first = n_chunks * 0
                 step = BLOCK_N
             if PREFETCH >= 1:
-                x_next = _ce_load_chunk(xb, first + cols, row_ok, C, sxc)
+                x_next = _ce_load_chunk(xb, first + cols, row_ok, C, sxc, EVICT & 2)
             if PREFETCH >= 2:
-                x_next2 = _ce_load_chunk(xb, first + step + cols, row_ok, C, sxc)
+                x_next2 = _ce_load_chunk(xb, first + step + cols, row_ok, C, sxc, EVICT & 2)
             for i in tl.range(0, n_chunks, num_stages=STAGES):
                 off = first + i * step
                 c = off + cols
                 # (the chunks loaded ahead are never the one written below: in-place gradients are safe)
                 if PREFETCH == 1:
                     x_raw = x_next
-                    x_next = _ce_load_chunk(xb, c + step, row_ok, C, sxc)
+                    x_next = _ce_load_chunk(xb, c + step, row_ok, C, sxc, EVICT & 2)
                 elif PREFETCH == 2:
                     x_raw = x_next
                     x_next = x_next2
-                    x_next2 = _ce_load_chunk(xb, c + 2 * step, row_ok, C, sxc)
+                    x_next2 = _ce_load_chunk(xb, c + 2 * step, row_ok, C, sxc, EVICT & 2)
                 else:
-                    x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
+                    x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc, EVICT & 2)
                 _ce_grad_chunk(x_raw.to(tl.float32), db, tb, W, off, row_ok, C, C, sdc, stc, smoothing, lse, coef_a,
-                               coef_b, coef_t, t, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+                               coef_b, coef_t, t, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N, (EVICT & 4) != 0)
 
 
 @triton.jit
@@ -958,8 +1015,15 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                                  num_warps=get_override("cross_entropy", "split_warps", cfg.SPLIT_WARPS))
         else:
             plan.ints = base
+            blocks = triton.cdiv(M, block_m)
+            # Streaming rows: a capped grid looping over the row blocks bounds the rows in flight (their
+            # second read then comes from L2); 0 = one program per row block.
+            per_sm = 0 if single else int(get_override("cross_entropy", "row_programs", cfg.ROW_PROGRAMS))
+            programs = min(blocks, per_sm * _sm_count()) if per_sm > 0 else blocks
             plan.kernel = Kernel(
-                _ce_fwd_kernel, (triton.cdiv(M, block_m),), check=None, BLOCK_M=block_m, BLOCK_N=block_n,
+                _ce_fwd_kernel, (programs,), check=None, BLOCK_M=block_m, BLOCK_N=block_n,
+                EVICT=0 if single else int(get_override("cross_entropy", "evict", cfg.STREAM_EVICT)),
+                ROW_LOOP=programs < blocks,
                 SINGLE=single, **flags, HAS_GRAD=has_grad,
                 PREFETCH=int(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH if stages == 1 else 0)),
                 REVERSE=bool(get_override("cross_entropy", "reverse", cfg.STREAM_REVERSE)),
@@ -970,6 +1034,13 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         _PLANS.clear()
     _PLANS[key] = plan
     return plan
+
+
+def _sm_count() -> int:
+    """Streaming multiprocessors of the current GPU (2 under the interpreter: the row loop is exercised)."""
+    if INTERPRET or not torch.cuda.is_available():
+        return 2
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 def _persist_kernels(plan: _Plan, pargs: tuple) -> tuple[Kernel, ...] | None:

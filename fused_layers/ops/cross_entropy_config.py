@@ -61,6 +61,12 @@ STREAM = {
 STREAM_PREFETCH = 1  # chunks loaded ahead in registers when STAGES == 1
 STREAM_REVERSE = 1
 STREAM_LANE_MAX = 0  # measured: the per-row max won (see above)
+# L2 hints of the streaming kernel (bits): 1 = pass-1 loads evict_last (keep the row for its re-read), 2 = pass-2
+# loads evict_first (its last use), 4 = the gradient stored as streaming (.cs) so it does not push out rows still
+# to be re-read.  ROW_PROGRAMS: programs per SM of a capped grid that loops over the rows (0 = one program per
+# row): bounds the rows in flight, (per SM x SMs) x row bytes, to what L2 holds, so pass 2 re-reads from L2.
+STREAM_EVICT = 0
+ROW_PROGRAMS = 0
 # Persistent (WIDE_MODE 3, opt-in, ``_ce_fwd_persist_kernel``): element size -> (BLOCK_N columns per piece,
 # num_warps, most programs per SM).  Each program holds one piece of a row in registers (and the next row's
 # piece in flight); the SPLITS = ceil(C / BLOCK_N) programs of a row exchange their statistics

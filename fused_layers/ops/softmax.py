@@ -84,6 +84,7 @@ from ._rowsync import (
 from .softmax_config import (  # noqa: F401
     MAX_SINGLE_BLOCK,
     WIDE_MODE,
+    WIDE_EVICT,
     WIDE_STAGES,
     _persist_config,
     _single_block_config,
@@ -130,6 +131,28 @@ def _softmax_fwd_kernel(
 
 
 @triton.jit
+def _ld_hint(ptrs, mask, other, EV: tl.constexpr):
+    """tl.load with an L2 eviction hint: EV 0 none, 1 evict_last (the data is read again soon), 2 evict_first
+    (its last use)."""
+    if EV == 1:
+        v = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_last")
+    elif EV == 2:
+        v = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
+    else:
+        v = tl.load(ptrs, mask=mask, other=other)
+    return v
+
+
+@triton.jit
+def _st_hint(ptrs, value, mask, STREAM: tl.constexpr):
+    """tl.store, as a streaming store (``.cs``, evict-first in L2) when STREAM."""
+    if STREAM:
+        tl.store(ptrs, value, mask=mask, cache_modifier=".cs")
+    else:
+        tl.store(ptrs, value, mask=mask)
+
+
+@triton.jit
 def _softmax_fwd_wide_kernel(
     X,  # pointer to the input (see _softmax_fwd_kernel)
     Y,  # pointer to the output
@@ -143,6 +166,8 @@ def _softmax_fwd_wide_kernel(
     SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
     STAGES: tl.constexpr = 1,  # software pipelining of the chunk loops (tl.range num_stages; softmax_config)
+    EVICT: tl.constexpr = 0,  # L2 hints (softmax_config.WIDE_EVICT): 1 phase-1 loads evict_last, 2 phase-2 loads
+                              # evict_first, 4 streaming (.cs) stores; bits
 ):
     """Wide rows in one launch: program g computes the statistics of piece g, then writes piece g - SPLITS.
 
@@ -162,7 +187,7 @@ def _softmax_fwd_wide_kernel(
         s_p = 0.0  # running sum of exp(x - m_p)
         for off in tl.range(start, end, BLOCK_N, num_stages=STAGES):
             c = off + cols
-            x = tl.load(base + c.to(tl.int64) * sxn, mask=c < end, other=-float("inf")).to(tl.float32)
+            x = _ld_hint(base + c.to(tl.int64) * sxn, c < end, -float("inf"), EVICT & 1).to(tl.float32)
             m_new = tl.maximum(m_p, tl.max(x, axis=0))
             # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
             m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
@@ -198,9 +223,9 @@ def _softmax_fwd_wide_kernel(
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
-            x = tl.load(xb + c64 * sxn, mask=cm, other=-float("inf")).to(tl.float32)
+            x = _ld_hint(xb + c64 * sxn, cm, -float("inf"), EVICT & 2).to(tl.float32)
             y = tl.exp2((x - m) * 1.4426950408889634) * inv_s
-            tl.store(yb + c64 * syn, y.to(Y.dtype.element_ty), mask=cm)
+            _st_hint(yb + c64 * syn, y.to(Y.dtype.element_ty), cm, (EVICT & 4) != 0)
 
 
 # ==================================================================================================
@@ -247,6 +272,7 @@ def _softmax_bwd_wide_kernel(
     SPLITS_P2: tl.constexpr,
     BLOCK_N: tl.constexpr,
     STAGES: tl.constexpr = 1,  # as in _softmax_fwd_wide_kernel
+    EVICT: tl.constexpr = 0,  # as in _softmax_fwd_wide_kernel
 ):
     """Wide-row backward in one launch, ordered like _softmax_fwd_wide_kernel: program g computes the
     partial dot of piece g, then writes dx = y * (dy - dot) for piece g - SPLITS."""
@@ -263,8 +289,8 @@ def _softmax_bwd_wide_kernel(
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
-            y = tl.load(yb + c64 * syn, mask=cm, other=0.0).to(tl.float32)
-            dy = tl.load(db + c64 * sdn, mask=cm, other=0.0).to(tl.float32)
+            y = _ld_hint(yb + c64 * syn, cm, 0.0, EVICT & 1).to(tl.float32)
+            dy = _ld_hint(db + c64 * sdn, cm, 0.0, EVICT & 1).to(tl.float32)
             acc += y * dy
         tl.store(DOT + g, tl.sum(acc, axis=0))
         tl.debug_barrier()
@@ -286,9 +312,9 @@ def _softmax_bwd_wide_kernel(
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
-            y = tl.load(yb + c64 * syn, mask=cm, other=0.0).to(tl.float32)
-            dy = tl.load(db + c64 * sdn, mask=cm, other=0.0).to(tl.float32)
-            tl.store(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
+            y = _ld_hint(yb + c64 * syn, cm, 0.0, EVICT & 2).to(tl.float32)
+            dy = _ld_hint(db + c64 * sdn, cm, 0.0, EVICT & 2).to(tl.float32)
+            _st_hint(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), cm, (EVICT & 4) != 0)
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
@@ -521,7 +547,8 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         fn = _softmax_fwd_wide_kernel if fwd else _softmax_bwd_wide_kernel
         # grid + SPLITS: the last row's phase 2
         plan.kernel = Kernel(fn, (m * splits + splits,), check=(0,) if fwd else (0, 1), SPLITS_P2=next_power_of_2(splits), BLOCK_N=block,
-                             STAGES=int(get_override("softmax", "stages", WIDE_STAGES)), num_warps=warps)
+                             STAGES=int(get_override("softmax", "stages", WIDE_STAGES)),
+                             EVICT=int(get_override("softmax", "wide_evict", WIDE_EVICT)), num_warps=warps)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = plan

@@ -36,6 +36,9 @@ _WIDE = {("fwd", 2): (8192, 16384, 8), ("fwd", 4): (8192, 8192, 8), ("bwd", 2): 
 # H200 sweep, 2026-12-01 (benchmarks/results/issue10/run6_stages/softmax_sweep.log): the 3-4 stage
 # candidates (2K-4K chunks) did not beat the unpipelined defaults at 65,536 or 262,144.
 WIDE_STAGES = 1
+# L2 hints of the piece-wise kernels (bits; their phase 2 re-reads a piece read moments ago): 1 = phase-1 loads
+# evict_last, 2 = phase-2 loads evict_first, 4 = streaming (.cs) stores of the output.  0 = none.
+WIDE_EVICT = 0
 # Wide rows, by (direction, element size): 0 = piece-wise, one launch (the _WIDE kernels: each piece read
 # twice, the second time from L2); 2 = persistent (pieces held in registers by co-resident programs that
 # exchange their statistics, one read: ops/_rowsync.py), eager calls only (traced calls take mode 0).
