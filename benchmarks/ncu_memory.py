@@ -29,12 +29,22 @@ def main() -> None:
     ap.add_argument("--width", type=int, required=True)
     ap.add_argument("--elems", type=int, default=1 << 26, help="rows x width (the benchmarks use 2^26)")
     ap.add_argument("--smoke", action="store_true", help="CPU check of the script (TRITON_INTERPRET=1, tiny sizes)")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--override", default="", help='config_override of the case\'s op, as JSON: \'{"wide_mode": 2}\'')
     args = ap.parse_args()
+    if args.override:
+        import json
+
+        from fused_layers.ops._common import config_override
+
+        op = {"ce": "cross_entropy", "softmax_fwd": "softmax", "softmax_bwd": "softmax"}.get(args.case, "layer_norm")
+        ctx = config_override(op, **json.loads(args.override))  # kept referenced: active for the whole run
+        ctx.__enter__()
     n = args.width
     m = max(1, args.elems // n)
-    dev, dt = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
+    dev, dt = ("cpu", torch.float32) if args.smoke else ("cuda", getattr(torch, args.dtype))
     x = torch.randn(m, n, device=dev, dtype=dt)
-    b = 2  # bytes per element
+    b = x.element_size()  # bytes per element
     if args.case == "ce":
         t = torch.randint(0, n, (m,), device=dev)
         xg = x.clone().requires_grad_()
