@@ -214,6 +214,10 @@ SWEEP = {
                                                row_programs=rp) for rp, ev in ((1, 7), (2, 7), (2, 0), (3, 7))},
     "stream_8k_w16_st3_rp1_ev7": dict(_PF, block_n=8192, num_warps=16, lane_max=0, prefetch=0, stages=3, evict=7, row_programs=1),
     "stream_2k_w4_st4_rp4_ev7": dict(_PF, block_n=2048, num_warps=4, lane_max=0, prefetch=0, stages=4, evict=7, row_programs=4),
+    # more bytes in flight per program (deeper pipelines, bigger chunks) with fewer resident programs (rows in
+    # flight), so that pass 2's re-read stays in L2 (ncu, session 9 call 2: at 50K the default re-reads 77% from DRAM)
+    **{f"stream_{bn // 1024}k_w{w}_st{st}": dict(_PF, block_n=bn, num_warps=w, lane_max=0, prefetch=0, stages=st, evict=7)
+       for bn, w, st in ((8192, 16, 4), (8192, 16, 6), (16384, 16, 4), (16384, 32, 4), (4096, 8, 8), (8192, 8, 4))},
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
     # persistent, co-resident programs holding a piece each in registers, statistics exchanged (one read):
@@ -225,6 +229,11 @@ SINGLE_SWEEP = {  # one program per row, the whole row in registers: (config, wi
     "single_32k_w32": (dict(max_single=32768, num_warps=32), 32768),
     "single_64k_w32": (dict(max_single=65536, num_warps=32), 65536),
 }
+
+
+def _name_matches(name: str, pattern: str) -> bool:
+    """--sweep-only entries: a name prefix, or ``=name`` for that name alone."""
+    return name == pattern[1:] if pattern.startswith("=") else name.startswith(pattern)
 
 
 def sweep(vocabs, copy_gbs, rep=30, only=None):
@@ -241,7 +250,7 @@ def sweep(vocabs, copy_gbs, rep=30, only=None):
         ref = F.cross_entropy(x.detach().float(), t).item()
         configs = {**{n: c for n, (c, widest) in SINGLE_SWEEP.items() if v <= widest and 2 * v > widest}, **SWEEP}
         if only:
-            configs = {n: c for n, c in configs.items() if any(n.startswith(o) for o in only)}
+            configs = {n: c for n, c in configs.items() if any(_name_matches(n, o) for o in only)}
         for name, cfg in configs.items():
             try:
                 with config_override("cross_entropy", **cfg):
@@ -270,6 +279,12 @@ def configs_of(name):
 SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
                 # piece-wise with L2 hints (softmax_config.WIDE_EVICT bits: 1 phase-1 evict_last, 2 phase-2 evict_first, 4 .cs)
                 **{f"piecewise_ev{ev}": dict(wide_mode=0, wide_evict=ev) for ev in (1, 3, 7)},
+                # piece-wise, bigger pieces with pipelined chunk loops: more bytes in flight per program (ncu: 63% of DRAM
+                # peak at 64K bf16 with 1.1x the minimal reads, i.e. latency-bound, not re-read-bound)
+                **{f"pwst_b{b // 1024}k_p{p // 1024}k_w{w}_st{st}": dict(wide_mode=0, wide_block=b, wide_piece=p, wide_warps=w,
+                                                                         stages=st, wide_evict=7)
+                   for b, p, w, st in ((8192, 32768, 8, 4), (8192, 32768, 16, 4), (4096, 32768, 8, 6), (8192, 65536, 16, 4),
+                                       (4096, 16384, 8, 4))},
                 **{f"persist_{n}": dict(wide_mode=2, **c) for n, c in PERSIST_CANDIDATES.items() if n not in ("2k_w2", "16k_w16")}}
 
 
@@ -286,7 +301,7 @@ def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32),
         x = torch.randn(m, n, device=DEV, dtype=dtype).requires_grad_()
         dy = torch.randn_like(x)
         for name, cfg in SOFTMAX_COOP.items():
-            if only and name != "default" and not any(name.startswith(o) for o in only):
+            if only and name != "default" and not any(_name_matches(name, o) for o in only):
                 continue
             if n <= 32768 and name != "default":
                 cfg = dict(cfg, max_single_block=16384)
