@@ -191,6 +191,12 @@ PERSIST_CANDIDATES = {
         "2k_w4_lean": (2048, 4, 16, True), "4k_w4_lean": (4096, 4, 8, True), "4k_w8_lean": (4096, 8, 8, True),
     }.items()
 }
+# The SMEM-pipelined form (persist_stages: one row in registers, the next rows' piece loads in flight by cp.async,
+# the wait a function call; benchmarks/scan_persist_stages.py for registers / shared memory): name -> (piece, warps, stages).
+PERSIST_CANDIDATES.update({
+    f"smem_{block // 1024}k_w{warps}_st{st}": dict(persist_block=block, persist_warps=warps, persist_per_sm=16, persist_stages=st)
+    for block, warps, st in ((4096, 4, 3), (4096, 4, 4), (2048, 4, 3), (2048, 4, 4), (4096, 8, 3), (8192, 8, 3))
+})
 SWEEP = {
     # one program per row, two passes, the second read from L2
     "stream_8k_w16_base": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=0, lane_max=0),  # run4's

@@ -71,14 +71,15 @@ STREAM_ST3 = dict(max_single=16, block_n=16, prefetch=0, lane_max=0, stages=3)  
 STREAM_L2 = dict(max_single=16, block_n=16, prefetch=0, lane_max=0, stages=3, row_programs=1, evict=7)
 PERSIST = dict(max_single=16, wide_mode=3, persist_block=16)  # persistent: 16-column pieces held in registers
 PERSIST_LEAN = dict(PERSIST, persist_lean=True)  # the gradient from the statistics pass's exponentials
+PERSIST_SMEM = dict(PERSIST, persist_stages=3)  # SMEM-pipelined: one row in registers, the wait a function call
 WIDE = {"split": SPLIT, "stream": STREAM, "stream_base": STREAM_BASE, "stream_pf2": STREAM_PF2, "stream_st3": STREAM_ST3,
-        "stream_l2": STREAM_L2, "persist": PERSIST, "persist_lean": PERSIST_LEAN}
+        "stream_l2": STREAM_L2, "persist": PERSIST, "persist_lean": PERSIST_LEAN, "persist_smem": PERSIST_SMEM}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("c", [17, 41])  # a piece / chunk + 1 column, 3 ragged pieces / chunks
 @pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "persist",
-                                  "persist_lean"])
+                                  "persist_lean", "persist_smem"])
 def test_split_rows(c, dtype, mode, device):
     """Wide-row kernels: several programs per row publishing piece statistics (_ce_fwd_split_kernel), the
     streaming kernel with and without prefetch / the reversed gradient pass, and the persistent kernel
@@ -114,13 +115,17 @@ def test_persistent_kernel_is_taken(dtype, device):
             ce._PLANS.clear()
             _check(x, t, reduction="none")
             assert [p.persist["LEAN"] for p in ce._PLANS.values() if p.persist is not None] == [True]
+        with config_override("cross_entropy", **PERSIST_SMEM):  # and the SMEM-pipelined form
+            ce._PLANS.clear()
+            _check(x, t, reduction="sum", weight=torch.rand(45, device=device, dtype=dtype))
+            assert [p.persist.get("STAGES") for p in ce._PLANS.values() if p.persist is not None] == [3]
         ce._PLANS.clear()
         _check(x, t, label_smoothing=0.1)
         assert not any(p.persist is not None for p in ce._PLANS.values())
 
 
 @pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "persist",
-                                  "persist_lean"])
+                                  "persist_lean", "persist_smem"])
 def test_split_rows_special_values_and_layouts(mode, device):
     x = torch.randn(6, 40, device=device)
     x[0, 3] = float("-inf")
@@ -382,7 +387,7 @@ def test_gpu_vocab_widths(c, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "split", "single64k",
-                                  "persist", "persist_8k", "persist_lean"])
+                                  "persist", "persist_8k", "persist_lean", "persist_smem"])
 @pytest.mark.parametrize("c", [32000, 50304, 262144])
 def test_gpu_wide_row_kernels(c, mode):
     """Every wide-row kernel (stream with/without prefetch and reversed pass, split, single block) at these
@@ -396,7 +401,7 @@ def test_gpu_wide_row_kernels(c, mode):
            "stream_st3": dict(prefetch=0, lane_max=0, stages=3),
            "stream_l2": dict(row_programs=1, evict=7), "single64k": dict(max_single=65536, num_warps=32),
            "persist": dict(wide_mode=3), "persist_8k": dict(wide_mode=3, persist_block=8192, persist_warps=8),
-           "persist_lean": dict(wide_mode=3, persist_lean=True)}[mode]
+           "persist_lean": dict(wide_mode=3, persist_lean=True), "persist_smem": dict(wide_mode=3, persist_stages=3)}[mode]
     with config_override("cross_entropy", **cfg):
         _check(x, t, label_smoothing=0.1)
         _check(x.float(), t, reduction="none", weight=torch.rand(c, device="cuda"))
@@ -494,7 +499,7 @@ def test_linear_cross_entropy_chunks(reduction):
     _check_linear(13, 8, 29, bias=False, reduction=reduction, label_smoothing=0.2, ignore_index=3)
 
 
-@pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "persist", "persist_lean"])
+@pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "persist", "persist_lean", "persist_smem"])
 def test_linear_cross_entropy_wide_row_kernels(mode):
     """The logits chunk is overwritten by its gradient in place: every wide-row kernel must read the
     target's logit before any program of the row writes (the stats pass carries it)."""

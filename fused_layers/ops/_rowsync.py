@@ -182,6 +182,24 @@ def wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     return m, tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
 
 
+@triton.jit(noinline=True)
+def wait_row_max_sum_call(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
+    """``wait_row_max_sum`` as a function call (not inlined): a row loop holding it has no nested loop, so
+    Triton's software pipeliner takes it and issues the next rows' piece loads ahead by cp.async into shared
+    memory while the program waits (with the wait inlined the pipeliner leaves the loop alone; sm_90 SASS:
+    LDGSTS only with the call)."""
+    return wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2)
+
+
+@triton.jit(noinline=True)
+def wait_row_sum_call(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
+    """The sum of a row's ``pack_flagged`` words once all are published (a function call, as
+    ``wait_row_max_sum_call``)."""
+    words, pm = wait_row(ROW_SLOTS, SPLITS, SPLITS_P2)
+    _flag, vals = unpack_pair(words)
+    return tl.sum(tl.where(pm, vals, 0.0), axis=0)
+
+
 # --------------------------------------------------------------------------------------------------
 # Host side: how many programs the GPU holds at once
 # --------------------------------------------------------------------------------------------------

@@ -126,6 +126,7 @@ from ._rowsync import (
     program_piece,
     publish_piece,
     wait_row_max_sum,
+    wait_row_max_sum_call,
 )
 from .softmax import _contiguous_strides, _row_strides
 
@@ -692,6 +693,50 @@ def _ce_fwd_split_kernel(
                            SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
 
 
+@triton.jit
+def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piece, start, cm, c64, C, INNER, sxo, sxi,
+                    sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2: tl.constexpr,
+                    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr,
+                    HAS_ROW_SCALE: tl.constexpr, LEAN: tl.constexpr, CALL: tl.constexpr):
+    """Row rp of ``_ce_fwd_persist_kernel`` once its piece (x_p; LEAN: e_p, mps_p) is published: wait for the
+    row's statistics, lse, the loss (written by the program owning the target t) and this piece's gradient."""
+    # What the row needs besides its statistics, loaded before the wait (their latency hides there).
+    ign = t == ignore_index
+    bad = (~ign) & ((t < 0) | (t >= C))
+    t = tl.where(ign | bad, 0, t)  # never read out of bounds
+    if HAS_WEIGHT:
+        w_t = tl.load(W + t).to(tl.float32)
+    else:
+        w_t = 1.0
+    if DEN_ON_DEVICE:
+        scale = 1.0 / tl.load(DEN)
+    else:
+        scale = inv_den
+    if HAS_ROW_SCALE:
+        rs = tl.load(RS + rp).to(tl.float32)
+    # The program whose piece holds the target (the first piece for ignored / bad rows) writes the
+    # loss: it reads x_t from its own piece, which no other program writes.
+    owner = t // PIECE == piece
+    x_t = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxc, t), mask=owner, other=0.0).to(tl.float32)
+    if CALL:  # (a call: the SMEM-pipelined row loop stays pipelined, see _rowsync.wait_row_max_sum_call)
+        m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
+    else:
+        m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
+    lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
+    loss = tl.where(ign, 0.0, w_t * (lse - x_t))
+    loss = tl.where(bad, float("nan"), loss) * scale
+    tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=owner)
+    if HAS_ROW_SCALE:
+        scale = scale * rs
+    scale = tl.where(bad, float("nan"), scale)
+    # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
+    coef = tl.where(ign, 0.0, w_t * scale)
+    # (the target's column within the piece compared in 32 bits)
+    hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
+    dx = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
+    tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
+
+
 @triton.jit(do_not_specialize=["GROUPS"])
 def _ce_fwd_persist_kernel(
     X,  # logits; element (row (o, i), class c) at X + o*sxo + i*sxi + c*sxc (bf16/fp16/fp32)
@@ -716,6 +761,8 @@ def _ce_fwd_persist_kernel(
     PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter), see _rowsync
     LEAN: tl.constexpr = False,  # keep the statistics pass's exponentials (fp32) for the gradient: one
                                  # conversion and one exp2 per element (candidate, as the softmax's LEAN)
+    STAGES: tl.constexpr = 1,  # > 1: the SMEM-pipelined form (one row in registers; the next rows' loads in
+                               # flight by cp.async, as _softmax_fwd_persist_kernel)
 ):
     """Wide rows with class-index targets, one read: persistent co-resident programs, each holding one piece
     of a row in registers (ops/_rowsync.py), pipelined one row deep as ``_softmax_fwd_persist_kernel``.
@@ -728,6 +775,18 @@ def _ce_fwd_persist_kernel(
     """
     inv_den = tl.cast(inv_den, tl.float32)  # floats may arrive as float64
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, C, BLOCK_N)
+    if STAGES > 1:
+        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxc, c64), mask=cm, other=-float("inf"))
+            t = tl.load(T + r).to(tl.int64)
+            e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
+            if PHASE != 0:
+                _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x, e, mps, t, r, piece, start, cm, c64, C, INNER, sxo,
+                                sxi, sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N,
+                                HAS_WEIGHT, DEN_ON_DEVICE, HAS_ROW_SCALE, LEAN, True)
+        return
     r = tl.cast(group, tl.int64)
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
     # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
@@ -750,40 +809,9 @@ def _ce_fwd_persist_kernel(
         t_next = tl.load(T + rn, mask=rn < M, other=ignore_index).to(tl.int64)
         # ---- row k - 1: lse, loss, gradient ----------------------------------------------------------
         if PHASE != 0:
-            rp = r - GROUPS
-            # What the row needs besides its statistics, loaded before the wait (their latency hides there).
-            t = t_prev
-            ign = t == ignore_index
-            bad = (~ign) & ((t < 0) | (t >= C))
-            t = tl.where(ign | bad, 0, t)  # never read out of bounds
-            if HAS_WEIGHT:
-                w_t = tl.load(W + t).to(tl.float32)
-            else:
-                w_t = 1.0
-            if DEN_ON_DEVICE:
-                scale = 1.0 / tl.load(DEN)
-            else:
-                scale = inv_den
-            if HAS_ROW_SCALE:
-                rs = tl.load(RS + rp).to(tl.float32)
-            # The program whose piece holds the target (the first piece for ignored / bad rows) writes the
-            # loss: it reads x_t from its own piece, which no other program writes.
-            owner = t // PIECE == piece
-            x_t = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxc, t), mask=owner, other=0.0).to(tl.float32)
-            m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
-            lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
-            loss = tl.where(ign, 0.0, w_t * (lse - x_t))
-            loss = tl.where(bad, float("nan"), loss) * scale
-            tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=owner)
-            if HAS_ROW_SCALE:
-                scale = scale * rs
-            scale = tl.where(bad, float("nan"), scale)
-            # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
-            coef = tl.where(ign, 0.0, w_t * scale)
-            # (the target's column within the piece compared in 32 bits)
-            hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
-            dx = piece_exp_scaled(x_prev, e_prev, mps_prev, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
-            tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
+            _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_prev, e_prev, mps_prev, t_prev, r - GROUPS, piece, start, cm,
+                            c64, C, INNER, sxo, sxi, sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2,
+                            BLOCK_N, HAS_WEIGHT, DEN_ON_DEVICE, HAS_ROW_SCALE, LEAN, False)
         if LEAN:
             e_prev = e_cur
             mps_prev = mps_cur
@@ -1001,6 +1029,9 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                                 LEAN=bool(get_override("cross_entropy", "persist_lean", False)),
                                 num_warps=get_override("cross_entropy", "persist_warps", pwarps),
                                 per_sm=get_override("cross_entropy", "persist_per_sm", per_sm))
+            pstages = int(get_override("cross_entropy", "persist_stages", cfg.PERSIST_STAGES.get(elem, 1)))
+            if pstages > 1:  # the SMEM-pipelined form (else the register form, its key left out as before)
+                plan.persist["STAGES"] = pstages
             plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
                                   den_on_device, has_row_scale, has_grad, False)
         elif wide == 2 and has_grad:

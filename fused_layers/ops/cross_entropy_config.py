@@ -77,6 +77,9 @@ ROW_PROGRAMS = 0
 #   (issue10/run10_depth/ce.log): 4K x 4 warps 0.52 / 0.51 / 0.54 / 0.51 (128 registers on sm_90);
 #   the stream in the same runs: 0.63 / 0.65 / 0.65 / 0.65.  So the default stays streaming.
 PERSIST = {2: (4096, 4, 8), 4: (4096, 8, 4)}
+# element size -> the persistent kernel's form: 1 = pieces held ahead in registers; > 1 = SMEM-pipelined (one row in
+# registers, the next STAGES - 1 rows' piece loads in flight by cp.async; softmax_config._PERSIST_STAGES).
+PERSIST_STAGES: dict = {}
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8

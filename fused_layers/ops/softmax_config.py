@@ -54,6 +54,11 @@ WIDE_EVICT = 0
 WIDE_MODE = {("fwd", 2): 0, ("bwd", 2): 0, ("fwd", 4): 2, ("bwd", 4): 2}
 # Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM).
 _PERSIST = {("fwd", 2): (4096, 4, 8), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4096, 4, 8), ("bwd", 4): (4096, 4, 8)}
+# Persistent kernels' form, by (direction, element size): 1 = pieces held ahead in registers (three rows a program);
+# > 1 = the SMEM-pipelined form, one row in registers and the loads of the next STAGES - 1 rows in flight by cp.async
+# (the wait is a function call, so Triton pipelines the row loop).  Session 9's counters (issue10/run13_ncu): the
+# register form keeps ~32 KB in flight per SM at bf16 (118 registers, 4 programs per SM: 55% of the DRAM peak).
+_PERSIST_STAGES: dict = {}
 
 
 def _single_block_config(n_pow2: int, elem: int, direction: str) -> tuple[int, int]:
