@@ -54,7 +54,7 @@ def test_streaming_multi_block(n, dtype, device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [17, 64, 100])
-@pytest.mark.parametrize("form", ["regs", "lean", "smem", "smem_lean"])
+@pytest.mark.parametrize("form", ["regs", "lean", "smem"])
 def test_wide_persistent(n, dtype, form, device):
     """Wide rows held in registers by persistent programs exchanging their partials (wide_mode=2,
     ops/_rowsync.py): forward statistics and the backward's dot; balanced ragged pieces; several rows per
