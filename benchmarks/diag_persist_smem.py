@@ -16,8 +16,12 @@ from fused_layers.ops import softmax as sm  # noqa: E402
 from fused_layers.ops._common import config_override  # noqa: E402
 
 torch.manual_seed(0)
-for dtype, n, (block, warps), st in itertools.product((torch.float32, torch.bfloat16), (65536, 262144), ((4096, 4), (2048, 4)),
-                                                     (2, 3)):
+CASES = list(itertools.product((torch.float32, torch.bfloat16), (65536, 262144), ((4096, 4), (2048, 4)), (2, 3)))
+if "--more" in sys.argv:  # call 6: is it the 64+ pieces a row, or the width?  And 2 stages at 1M columns
+    CASES = [(torch.float32, 131072, (4096, 4), 3), (torch.float32, 131072, (2048, 4), 3), (torch.float32, 262144, (8192, 8), 3),
+             (torch.float32, 262144, (4096, 4), 4), (torch.bfloat16, 262144, (4096, 4), 2), (torch.float32, 1048576, (4096, 4), 2),
+             (torch.bfloat16, 1048576, (4096, 4), 2), (torch.float32, 1048576, (8192, 8), 2), (torch.bfloat16, 524288, (2048, 4), 2)]
+for dtype, n, (block, warps), st in CASES:
     m = max(1, min(512, 2**24 // n))
     x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
     ref = torch.softmax(x.float(), -1)
