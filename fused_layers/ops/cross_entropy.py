@@ -51,10 +51,15 @@ Rows by width (``cross_entropy_config.py``):
   softmax), the second read of a piece from L2;
 * without a gradient: one streaming pass.
 
+* opt-in L2 hints and a capped row-looping grid for the stream (``STREAM_EVICT``, ``ROW_PROGRAMS``): measured
+  no gain (the second pass re-reads 77-88% of a 50K-262K row from DRAM by the counters, hints or not);
 * opt-in (``WIDE_MODE`` 3, class-index targets without smoothing): ``_ce_fwd_persist_kernel``, persistent
   co-resident programs holding a piece of a row each in registers and exchanging (m, s) words
   (ops/_rowsync.py, the wide softmax's scheme): one read at any width, but measured slower than streaming
-  (0.51-0.54 of copy on the H200 against 0.63-0.65; cross_entropy_config.PERSIST).
+  (0.51-0.54 of copy on the H200 against 0.63-0.65; cross_entropy_config.PERSIST).  Its SMEM-pipelined form
+  (``STAGES`` > 1: one row in registers, the next rows' pieces loaded ahead by cp.async while the program waits)
+  measured 0.68-0.74 at 32K-128K, but gives wrong rows on the GPU with 3+ stages at 64+ pieces a row (see
+  softmax_config._PERSIST_STAGES): opt-in only.
 
 (An earlier kernel holding the pieces of a row in registers across programs that wait for each other,
 non-persistent and without the cooperative launch, measured 0.53-0.58 of copy against 0.58-0.65 and

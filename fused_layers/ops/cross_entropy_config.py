@@ -65,6 +65,9 @@ STREAM_LANE_MAX = 0  # measured: the per-row max won (see above)
 # loads evict_first (its last use), 4 = the gradient stored as streaming (.cs) so it does not push out rows still
 # to be re-read.  ROW_PROGRAMS: programs per SM of a capped grid that loops over the rows (0 = one program per
 # row): bounds the rows in flight, (per SM x SMs) x row bytes, to what L2 holds, so pass 2 re-reads from L2.
+# H200, 2026-12-02 (issue10/run13_l2_hints/), fraction of copy at 32,000 / 50,304 / 128,256 / 262,144: hints 7
+# 0.63 / 0.65 / 0.64 / 0.64 (none: 0.63 / 0.64 / 0.64 / 0.64); capped at 1-3 programs per SM 0.39-0.61 (the
+# row loop takes 115 registers and too few bytes are in flight).  Both off.  (ncu: pass 2 re-reads 77-88% from DRAM.)
 STREAM_EVICT = 0
 ROW_PROGRAMS = 0
 # Persistent (WIDE_MODE 3, opt-in, ``_ce_fwd_persist_kernel``): element size -> (BLOCK_N columns per piece,
@@ -78,7 +81,10 @@ ROW_PROGRAMS = 0
 #   the stream in the same runs: 0.63 / 0.65 / 0.65 / 0.65.  So the default stays streaming.
 PERSIST = {2: (4096, 4, 8), 4: (4096, 8, 4)}
 # element size -> the persistent kernel's form: 1 = pieces held ahead in registers; > 1 = SMEM-pipelined (one row in
-# registers, the next STAGES - 1 rows' piece loads in flight by cp.async; softmax_config._PERSIST_STAGES).
+# registers, the next STAGES - 1 rows' piece loads in flight by cp.async; softmax_config._PERSIST_STAGES).  H200,
+# 2026-12-02 (issue10/run13_smem_first/, run13_smem_st2/), 4K x 4 warps: 3 stages 0.69 / 0.68 / 0.74 at 32K / 50K /
+# 128K (the stream 0.63 / 0.64 / 0.64) but WRONG rows at 262K (64+ pieces a row, see softmax_config); 2 stages
+# correct, 0.54-0.57.  Not a default until that is understood.
 PERSIST_STAGES: dict = {}
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece

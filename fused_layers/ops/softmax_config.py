@@ -37,7 +37,9 @@ _WIDE = {("fwd", 2): (8192, 16384, 8), ("fwd", 4): (8192, 8192, 8), ("bwd", 2): 
 # candidates (2K-4K chunks) did not beat the unpipelined defaults at 65,536 or 262,144.
 WIDE_STAGES = 1
 # L2 hints of the piece-wise kernels (bits; their phase 2 re-reads a piece read moments ago): 1 = phase-1 loads
-# evict_last, 2 = phase-2 loads evict_first, 4 = streaming (.cs) stores of the output.  0 = none.
+# evict_last, 2 = phase-2 loads evict_first, 4 = streaming (.cs) stores of the output.  0 = none.  H200, 2026-12-02
+# (issue10/run13_l2_hints/sm.log): within 0.02 of none in the forward, the backward noisy either way; off.  (ncu: the
+# piece-wise kernel already reads 1.10x the minimum from DRAM: its re-read hits L2.)
 WIDE_EVICT = 0
 # Wide rows, by (direction, element size): 0 = piece-wise, one launch (the _WIDE kernels: each piece read
 # twice, the second time from L2); 2 = persistent (pieces held in registers by co-resident programs that
@@ -58,6 +60,11 @@ _PERSIST = {("fwd", 2): (4096, 4, 8), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (40
 # > 1 = the SMEM-pipelined form, one row in registers and the loads of the next STAGES - 1 rows in flight by cp.async
 # (the wait is a function call, so Triton pipelines the row loop).  Session 9's counters (issue10/run13_ncu): the
 # register form keeps ~32 KB in flight per SM at bf16 (118 registers, 4 programs per SM: 55% of the DRAM peak).
+# H200, 2026-12-02, 4K x 4 warps, 3 stages (issue10/run13_smem_first/sm.log), bf16 fwd / bwd: 0.79 / 0.90 at 32K,
+# 0.78 / 0.90 at 64K, 0.79 / 0.83 at 128K (piece-wise 0.68-0.72 / 0.70-0.71) -- but on the GPU 3+ stages give WRONG
+# rows whenever a row has 64+ pieces (128K with 2K pieces, 262K with 4K; 32 pieces are right:
+# benchmarks/diag_persist_smem.py); 2 stages are right everywhere tested and slower (run13_smem_st2/).  Cause not
+# found, so no entry here: opt-in only (config_override("softmax", wide_mode=2, persist_stages=S)).
 _PERSIST_STAGES: dict = {}
 
 
