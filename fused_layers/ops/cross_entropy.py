@@ -458,34 +458,12 @@ def _ce_fwd_kernel(
 @triton.jit
 def _ce_fwd_block(
     pid,  # the row block
-    X,  # logits; element (row (o, i), class c) at X + o*sxo + i*sxi + c*sxc (bf16/fp16/fp32)
-    T,  # class indices: int64/uint8 [M] flat; probabilities: same layout as X with strides (sto, sti, stc)
-    W,  # [C] class weights (read when HAS_WEIGHT)
-    LOSS,  # [M] (written; float32, or the loss dtype for reduction='none'): loss of each row, / D for 'mean'
-    DX,  # gradient (written when HAS_GRAD; may be X itself); element (o, i, c) at DX + o*sdo + i*sdi + c*sdc
-    DEN,  # float32 [2] from _ce_den_kernel: D for reduction='mean' with class indices (read when DEN_ON_DEVICE)
-    RS,  # float [M]: per-row scale of the gradient (read when HAS_ROW_SCALE)
-    M, C, INNER,  # rows, classes, size of the inner row index (d1 * ...)
-    sxo, sxi, sxc,  # strides of X
-    sto, sti, stc,  # strides of T (probabilities only)
-    sdo, sdi, sdc,  # strides of DX
-    ignore_index,  # class index whose rows are ignored
-    smoothing,  # label_smoothing e (float)
-    inv_den,  # 1/D when not DEN_ON_DEVICE (1.0 for sum/none, 1/M for the mean of probabilities)
-    BLOCK_M: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # columns per chunk
-    SINGLE: tl.constexpr,  # the row fits in one chunk: load once, keep it in registers
-    SOFT: tl.constexpr,  # targets are class probabilities
-    HAS_WEIGHT: tl.constexpr,
-    SMOOTH: tl.constexpr,  # smoothing > 0
-    HAS_GRAD: tl.constexpr,  # write the gradient
-    DEN_ON_DEVICE: tl.constexpr,
-    HAS_ROW_SCALE: tl.constexpr,
-    PREFETCH: tl.constexpr,  # streaming: chunks loaded ahead (0, 1 or 2: chunk k + PREFETCH in flight at chunk k)
-    REVERSE: tl.constexpr,  # streaming: the gradient pass walks the chunks last to first
-    LANE_MAX: tl.constexpr,  # streaming: running max per lane (no block reduction in pass 1)
-    STAGES: tl.constexpr = 1,  # streaming: software-pipeline both chunk loops this deep (tl.range num_stages)
-    EVICT: tl.constexpr = 0,  # streaming: L2 hints, bits: 1 pass-1 loads evict_last, 2 pass-2 loads evict_first, 4 .cs gradient stores
+    X, T, W, LOSS, DX, DEN, RS, M, C, INNER, sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc,  # as in _ce_fwd_kernel
+    ignore_index, smoothing, inv_den,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, SOFT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, HAS_GRAD: tl.constexpr, DEN_ON_DEVICE: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr, PREFETCH: tl.constexpr, REVERSE: tl.constexpr, LANE_MAX: tl.constexpr,
+    STAGES: tl.constexpr, EVICT: tl.constexpr,
 ):
     """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient.
 
