@@ -401,7 +401,7 @@ def test_gpu_wide_row_kernels(c, mode):
            "stream_st3": dict(prefetch=0, lane_max=0, stages=3),
            "stream_l2": dict(row_programs=1, evict=7), "single64k": dict(max_single=65536, num_warps=32),
            "persist": dict(wide_mode=3), "persist_8k": dict(wide_mode=3, persist_block=8192, persist_warps=8),
-           "persist_lean": dict(wide_mode=3, persist_lean=True), "persist_smem": dict(wide_mode=3, persist_stages=3)}[mode]
+           "persist_lean": dict(wide_mode=3, persist_lean=True), "persist_smem": dict(wide_mode=3, persist_stages=2)}[mode]
     with config_override("cross_entropy", **cfg):
         _check(x, t, label_smoothing=0.1)
         _check(x.float(), t, reduction="none", weight=torch.rand(c, device="cuda"))

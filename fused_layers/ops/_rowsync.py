@@ -135,13 +135,6 @@ def wait_row(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
 
     Volatile loads (not cached in L1: each poll sees the L2's current words).  Lanes past SPLITS read as 1
     (published) and must be masked by the caller with the identity of its combination.
-
-    SPLITS_P2 must be at least the program's thread count (``wait_lanes``): Triton lays a tensor of fewer
-    lanes than threads out *replicated* across warps and takes replicas to hold the same values, but two
-    warps polling at different times can see different words.  With 64 lanes on 4 warps the replicas of a
-    lane write one shared-memory slot of the block reduction (last writer wins), so a warp could leave the
-    loop on its twin's view while its own words still held an unpublished 0: whole rows wrong on the H200
-    (session 9, benchmarks/diag_persist_smem.py).  With a lane per thread every poll is one view.
     """
     p = tl.arange(0, SPLITS_P2)
     pm = p < SPLITS
@@ -293,12 +286,6 @@ def bind_persistent(fn, args: tuple, splits: int, rows: int, per_sm: int, **meta
     if groups <= 0:
         return None
     return (Kernel(fn, (groups * splits,), check=None, **meta, PHASE=2),), groups
-
-
-def wait_lanes(splits: int, num_warps: int) -> int:
-    """The SPLITS_P2 (lanes of ``wait_row``) of a persistent kernel: a power of two >= splits and >= the
-    program's threads, so that no lane is replicated across warps (see ``wait_row``)."""
-    return max(triton.next_power_of_2(splits), 32 * num_warps)
 
 
 def balanced_pieces(n: int, block: int) -> tuple[int, int]:

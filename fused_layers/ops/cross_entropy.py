@@ -132,7 +132,6 @@ from ._rowsync import (
     publish_piece,
     wait_row_max_sum,
     wait_row_max_sum_call,
-    wait_lanes,
 )
 from .softmax import _contiguous_strides, _row_strides
 
@@ -739,7 +738,7 @@ def _ce_fwd_persist_kernel(
     SPLITS,  # pieces per row
     PIECE,  # columns per piece (<= BLOCK_N; the last piece of a row may be shorter)
     GROUPS,  # row groups: program g holds piece g % SPLITS of rows g // SPLITS, + GROUPS, + 2 GROUPS, ...
-    SPLITS_P2: tl.constexpr,  # lanes of the row wait: >= SPLITS and >= the threads (_rowsync.wait_lanes)
+    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
     BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
     HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
     PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter), see _rowsync
@@ -1008,11 +1007,10 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
             plan.splits, plan.piece = splits, piece
             plan.ints = (M, C, inner, sxo, sxi, sxc) + tuple(sd) + (ignore_index,)  # the kernel's, no T strides
             plan.kernel = None
-            pwarps = get_override("cross_entropy", "persist_warps", pwarps)
-            plan.persist = dict(SPLITS_P2=wait_lanes(splits, pwarps), BLOCK_N=pblock, HAS_WEIGHT=has_weight,
+            plan.persist = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=pblock, HAS_WEIGHT=has_weight,
                                 DEN_ON_DEVICE=den_on_device, HAS_ROW_SCALE=has_row_scale,
                                 LEAN=bool(get_override("cross_entropy", "persist_lean", False)),
-                                num_warps=pwarps,
+                                num_warps=get_override("cross_entropy", "persist_warps", pwarps),
                                 per_sm=get_override("cross_entropy", "persist_per_sm", per_sm))
             pstages = int(get_override("cross_entropy", "persist_stages", cfg.PERSIST_STAGES.get(elem, 1)))
             if pstages > 1:  # the SMEM-pipelined form (else the register form, its key left out as before)

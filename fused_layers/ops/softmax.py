@@ -82,7 +82,6 @@ from ._rowsync import (
     wait_row_max_sum,
     wait_row_max_sum_call,
     wait_row_sum_call,
-    wait_lanes,
 )
 from .softmax_config import (  # noqa: F401
     MAX_SINGLE_BLOCK,
@@ -331,7 +330,7 @@ def _softmax_fwd_persist_kernel(
     PIECE,  # columns per piece (<= BLOCK_N; the last piece of a row may be shorter)
     SLOTS,  # int64 [M * SPLITS], zeroed: each piece's published (max, sum of exp(x - max)) (ops/_rowsync.py)
     GROUPS,  # row groups (the grid is GROUPS * SPLITS co-resident programs)
-    SPLITS_P2: tl.constexpr,  # lanes of the row wait: >= SPLITS and >= the threads (_rowsync.wait_lanes)
+    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
     BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
     PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter)
     LEAN: tl.constexpr = False,  # keep the statistics pass's exponentials (fp32) for the output: one
@@ -571,7 +570,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
         plan.splits = splits
         plan.kernel = None
-        meta = dict(SPLITS_P2=wait_lanes(splits, warps), BLOCK_N=block, num_warps=warps)
+        meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
         if fwd and get_override("softmax", "persist_lean", False):  # candidate, not a default (see the kernel)
             meta["LEAN"] = True
         stages = int(get_override("softmax", "persist_stages", _PERSIST_STAGES.get(("fwd" if fwd else "bwd", elem), 1)))
