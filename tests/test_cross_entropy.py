@@ -78,8 +78,8 @@ WIDE = {"split": SPLIT, "stream": STREAM, "stream_base": STREAM_BASE, "stream_pf
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("c", [17, 41])  # a piece / chunk + 1 column, 3 ragged pieces / chunks
-@pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "persist",
-                                  "persist_lean", "persist_smem"])
+@pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "persist", "persist_lean",
+                                  "persist_smem"])
 def test_split_rows(c, dtype, mode, device):
     """Wide-row kernels: several programs per row publishing piece statistics (_ce_fwd_split_kernel), the
     streaming kernel with and without prefetch / the reversed gradient pass, and the persistent kernel
