@@ -124,6 +124,18 @@ def test_persistent_kernel_is_taken(dtype, device):
         assert not any(p.persist is not None for p in ce._PLANS.values())
 
 
+def test_persistent_smem_many_pieces(device):
+    """The SMEM form's called wait combines the row's words 32 at a time: 41 pieces a row (two chunks), targets in
+    both chunks, an ignored row, a row all -inf in its first chunk of pieces."""
+    c = 16 * 40 + 3
+    x = torch.randn(5, c, device=device) * 4
+    x[3, : 16 * 33] = float("-inf")
+    t = torch.tensor([0, 600, -100, 640, 5], device=device)
+    with config_override("cross_entropy", **PERSIST_SMEM):
+        _check(x, t)
+        _check(x, t, reduction="none", weight=torch.rand(c, device=device))
+
+
 @pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "persist",
                                   "persist_lean", "persist_smem"])
 def test_split_rows_special_values_and_layouts(mode, device):
@@ -401,7 +413,7 @@ def test_gpu_wide_row_kernels(c, mode):
            "stream_st3": dict(prefetch=0, lane_max=0, stages=3),
            "stream_l2": dict(row_programs=1, evict=7), "single64k": dict(max_single=65536, num_warps=32),
            "persist": dict(wide_mode=3), "persist_8k": dict(wide_mode=3, persist_block=8192, persist_warps=8),
-           "persist_lean": dict(wide_mode=3, persist_lean=True), "persist_smem": dict(wide_mode=3, persist_stages=2)}[mode]
+           "persist_lean": dict(wide_mode=3, persist_lean=True), "persist_smem": dict(wide_mode=3, persist_stages=3)}[mode]
     with config_override("cross_entropy", **cfg):
         _check(x, t, label_smoothing=0.1)
         _check(x.float(), t, reduction="none", weight=torch.rand(c, device="cuda"))

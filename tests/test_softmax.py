@@ -86,6 +86,22 @@ def test_wide_persistent(n, dtype, form, device):
     assert torch.isnan(y[0]).all() and torch.isnan(y[1]).all() and torch.isnan(y[3]).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wide_persistent_smem_many_pieces(dtype, device):
+    """The SMEM form's called wait combines the row's words 32 at a time (_rowsync.WAIT_CHUNK): 41 ragged pieces
+    (two chunks, the second partial), with -inf / +inf rows and a row whose first chunk of pieces is all -inf."""
+    x = torch.randn(4, 16 * 40 + 3, device=device, dtype=dtype) * 4
+    x[1, : 16 * 33] = float("-inf")  # the first chunk's pieces all -inf, the second finite
+    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3):
+        _check(x, -1)
+        x = x.float()
+        x[0, :] = float("-inf")
+        x[2, 600] = float("inf")
+        y = fused_softmax(x, -1)
+    torch.testing.assert_close(y, torch.softmax(x.double(), -1).float(), equal_nan=True, atol=1e-6, rtol=1e-5)
+    assert torch.isnan(y[0]).all() and torch.isnan(y[2]).all()
+
+
 def test_plan_shared_across_persist_flag(device):
     """A row that is not wide has one plan for eager and traced callers (so the C++ fast path registers the
     kernels the Python path launches); a wide float32 row has a persistent plan for eager calls only."""
@@ -245,7 +261,7 @@ def test_gpu_wide_persistent(n, dtype, block):
         over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_lean=True)
     elif block == "smem":
         # 2 stages: 3+ gave wrong rows at 64+ pieces a row on the H200 (session 9, benchmarks/diag_persist_smem.py)
-        over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_stages=2)
+        over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_stages=3)
     else:
         over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
     with config_override("softmax", **over):

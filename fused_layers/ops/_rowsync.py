@@ -182,22 +182,40 @@ def wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     return m, tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
 
 
+# The called waits poll 32 words at a time (WAIT_CHUNK): a tensor of 32 lanes is reduced within a warp, so the
+# called function uses no shared memory.  With 64+ lanes its block reduction does, and the SMEM-pipelined row loops
+# computed wrong rows on the H200 (session 9: 3+ stages, 64+ lanes; benchmarks/diag_persist_smem.py).
+WAIT_CHUNK = tl.constexpr(32)
+
+
 @triton.jit(noinline=True)
 def wait_row_max_sum_call(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     """``wait_row_max_sum`` as a function call (not inlined): a row loop holding it has no nested loop, so
     Triton's software pipeliner takes it and issues the next rows' piece loads ahead by cp.async into shared
     memory while the program waits (with the wait inlined the pipeliner leaves the loop alone; sm_90 SASS:
-    LDGSTS only with the call)."""
-    return wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2)
+    LDGSTS only with the call).  The words are waited for and combined WAIT_CHUNK at a time (see above):
+    m' = max(m, m_c), s' = s exp(m - m') + s_c exp(m_c - m') (m' = -inf: subtract 0, never -inf - -inf)."""
+    m = -float("inf")
+    s = 0.0
+    for c0 in range(0, SPLITS, WAIT_CHUNK):
+        m_c, s_c = wait_row_max_sum(ROW_SLOTS + c0, tl.minimum(SPLITS - c0, WAIT_CHUNK), WAIT_CHUNK)
+        m_new = tl.maximum(m, m_c)
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + s_c * tl.exp2((m_c - m_safe) * 1.4426950408889634)
+        m = m_new
+    return m, s
 
 
 @triton.jit(noinline=True)
 def wait_row_sum_call(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     """The sum of a row's ``pack_flagged`` words once all are published (a function call, as
-    ``wait_row_max_sum_call``)."""
-    words, pm = wait_row(ROW_SLOTS, SPLITS, SPLITS_P2)
-    _flag, vals = unpack_pair(words)
-    return tl.sum(tl.where(pm, vals, 0.0), axis=0)
+    ``wait_row_max_sum_call``; WAIT_CHUNK words at a time)."""
+    total = 0.0
+    for c0 in range(0, SPLITS, WAIT_CHUNK):
+        words, pm = wait_row(ROW_SLOTS + c0, tl.minimum(SPLITS - c0, WAIT_CHUNK), WAIT_CHUNK)
+        _flag, vals = unpack_pair(words)
+        total += tl.sum(tl.where(pm, vals, 0.0), axis=0)
+    return total
 
 
 # --------------------------------------------------------------------------------------------------
