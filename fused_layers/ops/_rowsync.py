@@ -33,6 +33,12 @@ spins -- and writes row k - 1's output from the registers: three pieces in regis
 k + 1), in the input's dtype.  The first row is peeled off the loop, and the loop runs one iteration past
 the last row (for its output); the loops carry no data-dependent branch.
 
+SMEM-pipelined form (opt-in, ``STAGES`` > 1 in the kernels): one row in registers; the wait is a function
+call (``wait_row_max_sum_call`` / ``wait_row_sum_call``, not inlined), so the row loop has no nested loop and
+Triton's pipeliner issues the next rows' piece loads by cp.async into shared memory while the program waits.
+The called waits poll 32 words at a time (``WAIT_CHUNK``) and use no shared memory: with a 64-word poll their
+block reduction did, and the pipelined loops computed wrong rows on the H200.
+
 The Triton interpreter runs programs one after another, so no program may wait there: kernels take a
 ``PHASE`` constexpr, 2 on the GPU (publish, wait, write in one launch) and 0 then 1 under the
 interpreter (two launches: every piece publishes; then every piece finds its row complete and writes).

@@ -58,8 +58,8 @@ Rows by width (``cross_entropy_config.py``):
   (ops/_rowsync.py, the wide softmax's scheme): one read at any width, but measured slower than streaming
   (0.51-0.54 of copy on the H200 against 0.63-0.65; cross_entropy_config.PERSIST).  Its SMEM-pipelined form
   (``STAGES`` > 1: one row in registers, the next rows' pieces loaded ahead by cp.async while the program waits)
-  measured 0.68-0.74 at 32K-128K, but gives wrong rows on the GPU with 3+ stages at 64+ pieces a row (see
-  softmax_config._PERSIST_STAGES): opt-in only.
+  measured 0.68-0.74 at 32K-128K (H200, before the fix of its wait for rows of 64+ pieces: _rowsync.WAIT_CHUNK);
+  opt-in until a clean sweep (cross_entropy_config.PERSIST_STAGES).
 
 (An earlier kernel holding the pieces of a row in registers across programs that wait for each other,
 non-persistent and without the cooperative launch, measured 0.53-0.58 of copy against 0.58-0.65 and

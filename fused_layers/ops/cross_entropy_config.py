@@ -82,9 +82,10 @@ ROW_PROGRAMS = 0
 PERSIST = {2: (4096, 4, 8), 4: (4096, 8, 4)}
 # element size -> the persistent kernel's form: 1 = pieces held ahead in registers; > 1 = SMEM-pipelined (one row in
 # registers, the next STAGES - 1 rows' piece loads in flight by cp.async; softmax_config._PERSIST_STAGES).  H200,
-# 2026-12-02 (issue10/run13_smem_first/, run13_smem_st2/), 4K x 4 warps: 3 stages 0.69 / 0.68 / 0.74 at 32K / 50K /
-# 128K (the stream 0.63 / 0.64 / 0.64) but WRONG rows at 262K (64+ pieces a row, see softmax_config); 2 stages
-# correct, 0.54-0.57.  Not a default until that is understood.
+# 2026-12-02 (issue10/run13_smem_first/), 4K x 4 warps, 3 stages: 0.69 / 0.68 / 0.74 at 32K / 50K / 128K (the stream
+# 0.63 / 0.64 / 0.64), wrong rows at 262K before the wait fix (softmax_config._PERSIST_STAGES); after it (call 8, a
+# noisy run, issue10/run13_wait_chunk/) 0.65 / 0.65 / 0.68 / 0.64 against 0.63 / 0.65 / 0.65 / 0.65.  Opt-in until a
+# clean sweep (benchmarks/gpu_session14_a.sh).
 PERSIST_STAGES: dict = {}
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece

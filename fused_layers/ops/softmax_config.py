@@ -61,10 +61,10 @@ _PERSIST = {("fwd", 2): (4096, 4, 8), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (40
 # (the wait is a function call, so Triton pipelines the row loop).  Session 9's counters (issue10/run13_ncu): the
 # register form keeps ~32 KB in flight per SM at bf16 (118 registers, 4 programs per SM: 55% of the DRAM peak).
 # H200, 2026-12-02, 4K x 4 warps, 3 stages (issue10/run13_smem_first/sm.log), bf16 fwd / bwd: 0.79 / 0.90 at 32K,
-# 0.78 / 0.90 at 64K, 0.79 / 0.83 at 128K (piece-wise 0.68-0.72 / 0.70-0.71) -- but on the GPU 3+ stages give WRONG
-# rows whenever a row has 64+ pieces (128K with 2K pieces, 262K with 4K; 32 pieces are right:
-# benchmarks/diag_persist_smem.py); 2 stages are right everywhere tested and slower (run13_smem_st2/).  Cause not
-# found, so no entry here: opt-in only (config_override("softmax", wide_mode=2, persist_stages=S)).
+# 0.78 / 0.90 at 64K, 0.79 / 0.83 at 128K (piece-wise 0.68-0.72 / 0.70-0.71).  That first form gave wrong rows at
+# 64+ pieces a row (the called wait's shared memory; fixed: _rowsync.WAIT_CHUNK, right in every case of call 8,
+# issue10/run13_wait_chunk/, whose timings were noisy).  No entry until a clean sweep decides
+# (benchmarks/gpu_session14_a.sh): opt-in, config_override("softmax", wide_mode=2, persist_stages=S).
 _PERSIST_STAGES: dict = {}
 
 
