@@ -48,8 +48,9 @@ def test_streaming_multi_block(n, dtype, device):
         _check(x, -1)
     with config_override("softmax", max_single_block=8, wide_block=8, wide_piece=32, stages=3):  # pipelined chunk loops
         _check(x, -1)
-    with config_override("softmax", max_single_block=8, wide_block=8, wide_piece=16, wide_mode=0, wide_evict=7):
-        _check(x, -1)  # piece-wise with every L2 hint (softmax_config.WIDE_EVICT)
+    if dtype == torch.float32:  # piece-wise with every L2 hint (softmax_config.WIDE_EVICT)
+        with config_override("softmax", max_single_block=8, wide_block=8, wide_piece=16, wide_mode=0, wide_evict=7):
+            _check(x, -1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -86,11 +87,10 @@ def test_wide_persistent(n, dtype, form, device):
     assert torch.isnan(y[0]).all() and torch.isnan(y[1]).all() and torch.isnan(y[3]).all()
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_wide_persistent_smem_many_pieces(dtype, device):
+def test_wide_persistent_smem_many_pieces(device):
     """The SMEM form's called wait combines the row's words 32 at a time (_rowsync.WAIT_CHUNK): 41 ragged pieces
     (two chunks, the second partial), with -inf / +inf rows and a row whose first chunk of pieces is all -inf."""
-    x = torch.randn(4, 16 * 40 + 3, device=device, dtype=dtype) * 4
+    x = torch.randn(4, 16 * 40 + 3, device=device, dtype=torch.bfloat16) * 4  # (float32 below)
     x[1, : 16 * 33] = float("-inf")  # the first chunk's pieces all -inf, the second finite
     with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3):
         _check(x, -1)
