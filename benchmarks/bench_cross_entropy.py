@@ -213,14 +213,10 @@ SWEEP = {
     "stream_4k_w8_st3": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=3),
     "stream_4k_w8_st4": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=4),  # bf16 default
     "stream_2k_w4_st4": dict(_PF, block_n=2048, num_warps=4, lane_max=0, prefetch=0, stages=4),
-    # L2 hints (evict bits: 1 pass-1 evict_last, 2 pass-2 evict_first, 4 .cs gradient stores) and a capped grid of
-    # rp programs per SM looping over the rows (rows in flight = rp x 132 x row bytes, to fit L2), on the bf16 default
+    # L2 hints (evict bits: 1 pass-1 evict_last, 2 pass-2 evict_first, 4 .cs gradient stores) on the bf16 default.
+    # (Session 9 also swept a capped grid of 1-4 programs per SM looping over the rows: 0.39-0.61, removed.)
     **{f"stream_4k_w8_st4_ev{ev}": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=4, evict=ev)
        for ev in (1, 3, 7)},
-    **{f"stream_4k_w8_st4_rp{rp}_ev{ev}": dict(_PF, block_n=4096, num_warps=8, lane_max=0, prefetch=0, stages=4, evict=ev,
-                                               row_programs=rp) for rp, ev in ((1, 7), (2, 7), (2, 0), (3, 7))},
-    "stream_8k_w16_st3_rp1_ev7": dict(_PF, block_n=8192, num_warps=16, lane_max=0, prefetch=0, stages=3, evict=7, row_programs=1),
-    "stream_2k_w4_st4_rp4_ev7": dict(_PF, block_n=2048, num_warps=4, lane_max=0, prefetch=0, stages=4, evict=7, row_programs=4),
     # more bytes in flight per program (deeper pipelines, bigger chunks) with fewer resident programs (rows in
     # flight), so that pass 2's re-read stays in L2 (ncu, session 9 call 2: at 50K the default re-reads 77% from DRAM)
     **{f"stream_{bn // 1024}k_w{w}_st{st}": dict(_PF, block_n=bn, num_warps=w, lane_max=0, prefetch=0, stages=st, evict=7)

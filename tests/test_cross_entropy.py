@@ -67,8 +67,8 @@ STREAM = dict(max_single=16, block_n=16)  # 16-column chunks: prefetch + reverse
 STREAM_BASE = dict(max_single=16, block_n=16, prefetch=0, reverse=0, lane_max=0)  # the plain two-pass form
 STREAM_PF2 = dict(max_single=16, block_n=16, prefetch=2)  # two chunks loaded ahead
 STREAM_ST3 = dict(max_single=16, block_n=16, prefetch=0, lane_max=0, stages=3)  # chunk loops pipelined by Triton
-# capped grid (2 programs per "SM", 2 SMs under the interpreter) looping over the rows, every L2 hint on
-STREAM_L2 = dict(max_single=16, block_n=16, prefetch=0, lane_max=0, stages=3, row_programs=1, evict=7)
+# every L2 hint on (evict_last / evict_first loads, streaming gradient stores)
+STREAM_L2 = dict(max_single=16, block_n=16, prefetch=0, lane_max=0, stages=3, evict=7)
 PERSIST = dict(max_single=16, wide_mode=3, persist_block=16)  # persistent: 16-column pieces held in registers
 PERSIST_LEAN = dict(PERSIST, persist_lean=True)  # the gradient from the statistics pass's exponentials
 PERSIST_SMEM = dict(PERSIST, persist_stages=3)  # SMEM-pipelined: one row in registers, the wait a function call
@@ -411,7 +411,7 @@ def test_gpu_wide_row_kernels(c, mode):
     t[::5] = -100
     cfg = {"stream": {}, "stream_base": dict(prefetch=0, reverse=0, lane_max=0), "stream_pf2": dict(prefetch=2), "split": dict(wide_mode=2),
            "stream_st3": dict(prefetch=0, lane_max=0, stages=3),
-           "stream_l2": dict(row_programs=1, evict=7), "single64k": dict(max_single=65536, num_warps=32),
+           "stream_l2": dict(evict=7), "single64k": dict(max_single=65536, num_warps=32),
            "persist": dict(wide_mode=3), "persist_8k": dict(wide_mode=3, persist_block=8192, persist_warps=8),
            "persist_lean": dict(wide_mode=3, persist_lean=True), "persist_smem": dict(wide_mode=3, persist_stages=3)}[mode]
     with config_override("cross_entropy", **cfg):

@@ -136,6 +136,28 @@ def piece_exp_scaled(x_raw, e, m_ps, ref, scale, LEAN: tl.constexpr):
 
 
 @triton.jit
+def load_hint(ptrs, mask, other, EV: tl.constexpr):
+    """tl.load with an L2 eviction hint: EV 0 none, 1 evict_last (the data is read again soon), 2 evict_first
+    (its last use).  The two-pass wide-row kernels' opt-in hints (softmax WIDE_EVICT, cross-entropy STREAM_EVICT)."""
+    if EV == 1:
+        v = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_last")
+    elif EV == 2:
+        v = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
+    else:
+        v = tl.load(ptrs, mask=mask, other=other)
+    return v
+
+
+@triton.jit
+def store_hint(ptrs, value, mask, STREAM: tl.constexpr):
+    """tl.store, as a streaming store (``.cs``, evict-first in L2) when STREAM."""
+    if STREAM:
+        tl.store(ptrs, value, mask=mask, cache_modifier=".cs")
+    else:
+        tl.store(ptrs, value, mask=mask)
+
+
+@triton.jit
 def wait_row(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     """Wait until the SPLITS slots at ROW_SLOTS are all published; returns (words [SPLITS_P2], valid lanes).
 
@@ -195,7 +217,7 @@ WAIT_CHUNK = tl.constexpr(32)
 
 
 @triton.jit(noinline=True)
-def wait_row_max_sum_call(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
+def wait_row_max_sum_call(ROW_SLOTS, SPLITS):
     """``wait_row_max_sum`` as a function call (not inlined): a row loop holding it has no nested loop, so
     Triton's software pipeliner takes it and issues the next rows' piece loads ahead by cp.async into shared
     memory while the program waits (with the wait inlined the pipeliner leaves the loop alone; sm_90 SASS:
@@ -213,7 +235,7 @@ def wait_row_max_sum_call(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
 
 
 @triton.jit(noinline=True)
-def wait_row_sum_call(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
+def wait_row_sum_call(ROW_SLOTS, SPLITS):
     """The sum of a row's ``pack_flagged`` words once all are published (a function call, as
     ``wait_row_max_sum_call``; WAIT_CHUNK words at a time)."""
     total = 0.0

@@ -51,8 +51,9 @@ Rows by width (``cross_entropy_config.py``):
   softmax), the second read of a piece from L2;
 * without a gradient: one streaming pass.
 
-* opt-in L2 hints and a capped row-looping grid for the stream (``STREAM_EVICT``, ``ROW_PROGRAMS``): measured
-  no gain (the second pass re-reads 77-88% of a 50K-262K row from DRAM by the counters, hints or not);
+* opt-in L2 hints for the stream (``STREAM_EVICT``): measured no gain (the second pass re-reads 77-88% of a
+  50K-262K row from DRAM by the counters, hints or not; a capped grid looping over the rows, tried in session 9,
+  lost and was removed);
 * opt-in (``WIDE_MODE`` 3, class-index targets without smoothing): ``_ce_fwd_persist_kernel``, persistent
   co-resident programs holding a piece of a row each in registers and exchanging (m, s) words
   (ops/_rowsync.py, the wide softmax's scheme): one read at any width, but measured slower than streaming
@@ -125,11 +126,13 @@ from ._library import FusedOp, Kernel
 from ._rowsync import (
     balanced_pieces,
     bind_persistent,
+    load_hint,
     load_piece,
     piece_exp_scaled,
     piece_ptrs,
     program_piece,
     publish_piece,
+    store_hint,
     wait_row_max_sum,
     wait_row_max_sum_call,
 )
@@ -203,14 +206,7 @@ def _ce_load_chunk(xb, c, row_ok, lim, sxc, EV: tl.constexpr = 0):
     prefetch of the chunk after the last (or before the first) costs no traffic.  EV: L2 eviction hint of
     the load (0 none, 1 evict_last: keep for the re-read, 2 evict_first: last use)."""
     cm = row_ok[:, None] & ((c >= 0) & (c < lim))[None, :]
-    ptrs = xb[:, None] + c[None, :].to(tl.int64) * sxc
-    if EV == 1:
-        x = tl.load(ptrs, mask=cm, other=-float("inf"), eviction_policy="evict_last")
-    elif EV == 2:
-        x = tl.load(ptrs, mask=cm, other=-float("inf"), eviction_policy="evict_first")
-    else:
-        x = tl.load(ptrs, mask=cm, other=-float("inf"))
-    return x
+    return load_hint(xb[:, None] + c[None, :].to(tl.int64) * sxc, cm, -float("inf"), EV)
 
 
 @triton.jit
@@ -360,10 +356,7 @@ def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, 
         g -= tl.where(c[None, :] == t[:, None], coef_t[:, None], 0.0)
         if SMOOTH:
             g -= (coef_b * (smoothing / (C * 1.0)))[:, None] * w
-    if STREAM_STORE:
-        tl.store(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), mask=cm, cache_modifier=".cs")
-    else:
-        tl.store(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), mask=cm)
+    store_hint(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), cm, STREAM_STORE)
 
 
 @triton.jit(do_not_specialize=["M", "C", "ignore_index"])
@@ -443,27 +436,6 @@ def _ce_fwd_kernel(
     LANE_MAX: tl.constexpr,  # streaming: running max per lane (no block reduction in pass 1)
     STAGES: tl.constexpr = 1,  # streaming: software-pipeline both chunk loops this deep (tl.range num_stages)
     EVICT: tl.constexpr = 0,  # streaming: L2 hints, bits: 1 pass-1 loads evict_last, 2 pass-2 loads evict_first, 4 .cs gradient stores
-    ROW_LOOP: tl.constexpr = False,  # the grid is capped (ROW_PROGRAMS): each program loops over row blocks
-):
-    """The cross-entropy kernel: row blocks of BLOCK_M rows, one per program, or (ROW_LOOP) a capped grid whose
-    programs walk the row blocks pid, pid + programs, ...: at most that many rows are in flight, so the rows
-    the streaming pass 2 re-reads stay in L2 (``cross_entropy_config.ROW_PROGRAMS``)."""
-    if ROW_LOOP:
-        for rb in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.num_programs(0), num_stages=1):
-            _ce_fwd_block(rb, X, T, W, LOSS, DX, DEN, RS, M, C, INNER, sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc, ignore_index, smoothing, inv_den, BLOCK_M, BLOCK_N, SINGLE, SOFT, HAS_WEIGHT, SMOOTH, HAS_GRAD, DEN_ON_DEVICE, HAS_ROW_SCALE, PREFETCH, REVERSE, LANE_MAX, STAGES, EVICT)
-    else:
-        _ce_fwd_block(tl.program_id(0), X, T, W, LOSS, DX, DEN, RS, M, C, INNER, sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc, ignore_index, smoothing, inv_den, BLOCK_M, BLOCK_N, SINGLE, SOFT, HAS_WEIGHT, SMOOTH, HAS_GRAD, DEN_ON_DEVICE, HAS_ROW_SCALE, PREFETCH, REVERSE, LANE_MAX, STAGES, EVICT)
-
-
-@triton.jit
-def _ce_fwd_block(
-    pid,  # the row block
-    X, T, W, LOSS, DX, DEN, RS, M, C, INNER, sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc,  # as in _ce_fwd_kernel
-    ignore_index, smoothing, inv_den,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, SOFT: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, HAS_GRAD: tl.constexpr, DEN_ON_DEVICE: tl.constexpr,
-    HAS_ROW_SCALE: tl.constexpr, PREFETCH: tl.constexpr, REVERSE: tl.constexpr, LANE_MAX: tl.constexpr,
-    STAGES: tl.constexpr, EVICT: tl.constexpr,
 ):
     """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient.
 
@@ -473,6 +445,7 @@ def _ce_fwd_block(
     LDGSTS only with tl.range num_stages >= 2)."""
     smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
     inv_den = tl.cast(inv_den, tl.float32)
+    pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     r64 = rows.to(tl.int64)
@@ -702,7 +675,7 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
     owner = t // PIECE == piece
     x_t = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxc, t), mask=owner, other=0.0).to(tl.float32)
     if CALL:  # (a call: the SMEM-pipelined row loop stays pipelined, see _rowsync.wait_row_max_sum_call)
-        m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
+        m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
     else:
         m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
     lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
@@ -1029,15 +1002,9 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                                  num_warps=get_override("cross_entropy", "split_warps", cfg.SPLIT_WARPS))
         else:
             plan.ints = base
-            blocks = triton.cdiv(M, block_m)
-            # Streaming rows: a capped grid looping over the row blocks bounds the rows in flight (their
-            # second read then comes from L2); 0 = one program per row block.
-            per_sm = 0 if single else int(get_override("cross_entropy", "row_programs", cfg.ROW_PROGRAMS))
-            programs = min(blocks, per_sm * _sm_count()) if per_sm > 0 else blocks
             plan.kernel = Kernel(
-                _ce_fwd_kernel, (programs,), check=None, BLOCK_M=block_m, BLOCK_N=block_n,
+                _ce_fwd_kernel, (triton.cdiv(M, block_m),), check=None, BLOCK_M=block_m, BLOCK_N=block_n,
                 EVICT=0 if single else int(get_override("cross_entropy", "evict", cfg.STREAM_EVICT)),
-                ROW_LOOP=programs < blocks,
                 SINGLE=single, **flags, HAS_GRAD=has_grad,
                 PREFETCH=int(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH if stages == 1 else 0)),
                 REVERSE=bool(get_override("cross_entropy", "reverse", cfg.STREAM_REVERSE)),
@@ -1048,13 +1015,6 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         _PLANS.clear()
     _PLANS[key] = plan
     return plan
-
-
-def _sm_count() -> int:
-    """Streaming multiprocessors of the current GPU (2 under the interpreter: the row loop is exercised)."""
-    if INTERPRET or not torch.cuda.is_available():
-        return 2
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 def _persist_kernels(plan: _Plan, pargs: tuple) -> tuple[Kernel, ...] | None:

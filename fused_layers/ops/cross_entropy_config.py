@@ -63,13 +63,11 @@ STREAM_REVERSE = 1
 STREAM_LANE_MAX = 0  # measured: the per-row max won (see above)
 # L2 hints of the streaming kernel (bits): 1 = pass-1 loads evict_last (keep the row for its re-read), 2 = pass-2
 # loads evict_first (its last use), 4 = the gradient stored as streaming (.cs) so it does not push out rows still
-# to be re-read.  ROW_PROGRAMS: programs per SM of a capped grid that loops over the rows (0 = one program per
-# row): bounds the rows in flight, (per SM x SMs) x row bytes, to what L2 holds, so pass 2 re-reads from L2.
-# H200, 2026-12-02 (issue10/run13_l2_hints/), fraction of copy at 32,000 / 50,304 / 128,256 / 262,144: hints 7
-# 0.63 / 0.65 / 0.64 / 0.64 (none: 0.63 / 0.64 / 0.64 / 0.64); capped at 1-3 programs per SM 0.39-0.61 (the
-# row loop takes 115 registers and too few bytes are in flight).  Both off.  (ncu: pass 2 re-reads 77-88% from DRAM.)
+# to be re-read.  H200, 2026-12-02 (issue10/run13_l2_hints/), fraction of copy at 32,000 / 50,304 / 128,256 /
+# 262,144: hints 7 0.63 / 0.65 / 0.64 / 0.64, none 0.63 / 0.64 / 0.64 / 0.64: off.  (ncu: pass 2 re-reads 77-88%
+# from DRAM either way.  A capped grid of 1-3 programs per SM looping over the rows, to keep the rows in flight
+# within L2, measured 0.39-0.61 and was removed.)
 STREAM_EVICT = 0
-ROW_PROGRAMS = 0
 # Persistent (WIDE_MODE 3, opt-in, ``_ce_fwd_persist_kernel``): element size -> (BLOCK_N columns per piece,
 # num_warps, most programs per SM).  Each program holds one piece of a row in registers (and the next row's
 # piece in flight); the SPLITS = ceil(C / BLOCK_N) programs of a row exchange their statistics

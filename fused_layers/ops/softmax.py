@@ -70,6 +70,7 @@ from ._library import FusedOp, Kernel
 from ._rowsync import (
     balanced_pieces,
     bind_persistent,
+    load_hint,
     load_piece,
     piece_exp_scaled,
     pack_flagged,
@@ -77,6 +78,7 @@ from ._rowsync import (
     program_piece,
     publish,
     publish_piece,
+    store_hint,
     unpack_pair,
     wait_row,
     wait_row_max_sum,
@@ -134,28 +136,6 @@ def _softmax_fwd_kernel(
 
 
 @triton.jit
-def _ld_hint(ptrs, mask, other, EV: tl.constexpr):
-    """tl.load with an L2 eviction hint: EV 0 none, 1 evict_last (the data is read again soon), 2 evict_first
-    (its last use)."""
-    if EV == 1:
-        v = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_last")
-    elif EV == 2:
-        v = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
-    else:
-        v = tl.load(ptrs, mask=mask, other=other)
-    return v
-
-
-@triton.jit
-def _st_hint(ptrs, value, mask, STREAM: tl.constexpr):
-    """tl.store, as a streaming store (``.cs``, evict-first in L2) when STREAM."""
-    if STREAM:
-        tl.store(ptrs, value, mask=mask, cache_modifier=".cs")
-    else:
-        tl.store(ptrs, value, mask=mask)
-
-
-@triton.jit
 def _softmax_fwd_wide_kernel(
     X,  # pointer to the input (see _softmax_fwd_kernel)
     Y,  # pointer to the output
@@ -190,7 +170,7 @@ def _softmax_fwd_wide_kernel(
         s_p = 0.0  # running sum of exp(x - m_p)
         for off in tl.range(start, end, BLOCK_N, num_stages=STAGES):
             c = off + cols
-            x = _ld_hint(base + c.to(tl.int64) * sxn, c < end, -float("inf"), EVICT & 1).to(tl.float32)
+            x = load_hint(base + c.to(tl.int64) * sxn, c < end, -float("inf"), EVICT & 1).to(tl.float32)
             m_new = tl.maximum(m_p, tl.max(x, axis=0))
             # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
             m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
@@ -226,9 +206,9 @@ def _softmax_fwd_wide_kernel(
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
-            x = _ld_hint(xb + c64 * sxn, cm, -float("inf"), EVICT & 2).to(tl.float32)
+            x = load_hint(xb + c64 * sxn, cm, -float("inf"), EVICT & 2).to(tl.float32)
             y = tl.exp2((x - m) * 1.4426950408889634) * inv_s
-            _st_hint(yb + c64 * syn, y.to(Y.dtype.element_ty), cm, (EVICT & 4) != 0)
+            store_hint(yb + c64 * syn, y.to(Y.dtype.element_ty), cm, (EVICT & 4) != 0)
 
 
 # ==================================================================================================
@@ -292,8 +272,8 @@ def _softmax_bwd_wide_kernel(
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
-            y = _ld_hint(yb + c64 * syn, cm, 0.0, EVICT & 1).to(tl.float32)
-            dy = _ld_hint(db + c64 * sdn, cm, 0.0, EVICT & 1).to(tl.float32)
+            y = load_hint(yb + c64 * syn, cm, 0.0, EVICT & 1).to(tl.float32)
+            dy = load_hint(db + c64 * sdn, cm, 0.0, EVICT & 1).to(tl.float32)
             acc += y * dy
         tl.store(DOT + g, tl.sum(acc, axis=0))
         tl.debug_barrier()
@@ -315,9 +295,9 @@ def _softmax_bwd_wide_kernel(
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
-            y = _ld_hint(yb + c64 * syn, cm, 0.0, EVICT & 2).to(tl.float32)
-            dy = _ld_hint(db + c64 * sdn, cm, 0.0, EVICT & 2).to(tl.float32)
-            _st_hint(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), cm, (EVICT & 4) != 0)
+            y = load_hint(yb + c64 * syn, cm, 0.0, EVICT & 2).to(tl.float32)
+            dy = load_hint(db + c64 * sdn, cm, 0.0, EVICT & 2).to(tl.float32)
+            store_hint(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), cm, (EVICT & 4) != 0)
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
@@ -362,7 +342,7 @@ def _softmax_fwd_persist_kernel(
             e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
             if PHASE != 0:
                 # (a call, so that the loop stays pipelined; all -inf row: m = -inf, NaN below as torch)
-                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS, SPLITS_P2)
+                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)
                 y = piece_exp_scaled(x, e, mps, m, 1.0 / s, LEAN)
                 tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
         return
@@ -420,7 +400,7 @@ def _softmax_bwd_persist_kernel(
             if PHASE != 1:
                 publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y * dy, axis=0)), r < M)
             if PHASE != 0:
-                dot = wait_row_sum_call(SLOTS + r * SPLITS, SPLITS, SPLITS_P2)
+                dot = wait_row_sum_call(SLOTS + r * SPLITS, SPLITS)
                 tl.store(piece_ptrs(DX, r, INNER, sgo, sgi, sgn, c64), (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
         return
     r = tl.cast(group, tl.int64)
