@@ -196,7 +196,8 @@ PERSIST_CANDIDATES = {
 PERSIST_CANDIDATES.update({
     f"smem_{block // 1024}k_w{warps}_st{st}": dict(persist_block=block, persist_warps=warps, persist_per_sm=16, persist_stages=st)
     for block, warps, st in ((4096, 4, 3), (4096, 4, 4), (2048, 4, 3), (2048, 4, 4), (4096, 8, 3), (8192, 8, 3),
-                             (4096, 4, 2), (2048, 4, 2), (8192, 8, 2), (8192, 4, 2))
+                             (4096, 4, 2), (2048, 4, 2), (8192, 8, 2), (8192, 4, 2),
+                             (4096, 4, 5), (4096, 4, 6), (8192, 4, 3), (8192, 4, 4))
 })
 SWEEP = {
     # one program per row, two passes, the second read from L2

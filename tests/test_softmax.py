@@ -116,6 +116,28 @@ def test_plan_shared_across_persist_flag(device):
             assert (a.persist is not None) == wide and b.persist is None
 
 
+def test_eager_single_block_limit(device):
+    """``persist_max_single_block`` (softmax_config.PERSIST_MAX_SINGLE_BLOCK): eager calls take the persistent
+    kernels from a narrower row on than traced ones, the traced plan stays single-block, the two plans are not
+    shared either way round, and both give the right softmax."""
+    from fused_layers.ops import softmax as sm
+
+    shape = torch.Size((5, 37))
+    st = (torch.empty(shape).stride(),)
+    with config_override("softmax", max_single_block=64, persist_max_single_block=16, wide_mode=2, persist_block=16):
+        for first in (True, False):  # whichever caller plans first
+            sm._PLANS.clear()
+            a = sm._plan(shape, st, torch.float32, 1, first)
+            b = sm._plan(shape, st, torch.float32, 1, not first)
+            eager, traced = (a, b) if first else (b, a)
+            assert eager.wide and eager.persist is not None and not traced.wide and traced.persist is None
+        x = torch.randn(shape, device=device) * 3
+        _check(x, -1)  # eager (persistent), backward included
+        assert any(p.persist is not None and p.kernel is not None for p in sm._PLANS.values())
+        with config_override("softmax", wide_mode=0):  # the limit applies only where wide rows go persistent
+            assert not sm._plan(shape, st, torch.float32, 1, True).wide
+
+
 @pytest.mark.parametrize("dim", [0, 1, -2, 2])
 def test_non_last_dim(dim, device):
     x = torch.randn(3, 11, 5, device=device)

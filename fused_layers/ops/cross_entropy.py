@@ -54,13 +54,14 @@ Rows by width (``cross_entropy_config.py``):
 * opt-in L2 hints for the stream (``STREAM_EVICT``): measured no gain (the second pass re-reads 77-88% of a
   50K-262K row from DRAM by the counters, hints or not; a capped grid looping over the rows, tried in session 9,
   lost and was removed);
-* opt-in (``WIDE_MODE`` 3, class-index targets without smoothing): ``_ce_fwd_persist_kernel``, persistent
-  co-resident programs holding a piece of a row each in registers and exchanging (m, s) words
-  (ops/_rowsync.py, the wide softmax's scheme): one read at any width, but measured slower than streaming
-  (0.51-0.54 of copy on the H200 against 0.63-0.65; cross_entropy_config.PERSIST).  Its SMEM-pipelined form
-  (``STAGES`` > 1: one row in registers, the next rows' pieces loaded ahead by cp.async while the program waits)
-  measured 0.68-0.74 at 32K-128K (H200, before the fix of its wait for rows of 64+ pieces: _rowsync.WAIT_CHUNK);
-  opt-in until a clean sweep (cross_entropy_config.PERSIST_STAGES).
+* ``WIDE_MODE`` 3 (the default of 16-bit logits with a gradient, class-index targets without smoothing, eager
+  calls; everything else streams): ``_ce_fwd_persist_kernel``, persistent co-resident programs holding a piece of
+  a row each and exchanging (m, s) words (ops/_rowsync.py, the wide softmax's scheme): one read at any width.
+  Its first form, the next rows' pieces held ahead in registers, measured slower than streaming (0.51-0.54 of
+  copy on the H200 against 0.63-0.65).  The SMEM-pipelined form (``STAGES`` > 1: one row in registers, the next
+  rows' pieces loaded ahead by cp.async while the program waits; the wait is a called function, so Triton
+  pipelines the row loop) measured 0.68 / 0.69 / 0.73 / 0.68 at 32K / 50K / 128K / 262K with 4 stages, against
+  the stream's 0.63 / 0.65 / 0.65 / 0.65 (cross_entropy_config.PERSIST_STAGES).
 
 (An earlier kernel holding the pieces of a row in registers across programs that wait for each other,
 non-persistent and without the cooperative launch, measured 0.53-0.58 of copy against 0.58-0.65 and
@@ -966,7 +967,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         # Wide rows with a gradient: 1 = stream (one program per row, two passes, the second from L2),
         # 2 = split (_ce_fwd_split_kernel: several programs per row).  Without a gradient the streaming
         # kernel is one pass.
-        wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE) if not single else 1
+        wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE.get(elem, 1)) if not single else 1
         if wide not in (1, 2, 3):
             raise ValueError(f"{_OP}: wide_mode {wide} does not exist (1 = stream, 2 = split, 3 = persistent)")
         base = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd) + (ignore_index,)

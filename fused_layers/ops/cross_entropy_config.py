@@ -30,7 +30,7 @@ sizes: Liger 0.27 / 0.26 / 0.44 / 0.49, torch.compile of ``F.cross_entropy(x.flo
   2 = split: pieces of ``PIECE`` columns streamed in chunks of ``SPLIT_BLOCK``, several programs per
   row, the second read of a piece from L2 (``_ce_fwd_split_kernel``); 3 = persistent (opt-in): the pieces of
   a row held in registers by co-resident programs that exchange their statistics (one read, one write;
-  ``PERSIST``).  Without a gradient, wide rows
+  ``PERSIST``; the default of 16-bit logits, eager calls: ``PERSIST_STAGES``).  Without a gradient, wide rows
   always stream (one pass).
 * ``LINEAR_CHUNK_BYTES``: the fused linear cross-entropy computes the logits of this many bytes at a
   time (rows = bytes / (V * element size), a multiple of 128 rows, at least 128).
@@ -40,7 +40,9 @@ sizes: Liger 0.27 / 0.26 / 0.44 / 0.49, torch.compile of ``F.cross_entropy(x.flo
 _SINGLE = {256: (16, 4), 512: (8, 4), 1024: (4, 4), 2048: (2, 8), 4096: (1, 8), 8192: (1, 8), 16384: (1, 16),
            32768: (1, 16), 65536: (1, 32)}
 MAX_SINGLE = 16384
-WIDE_MODE = 1
+# element size -> wide-row form (rows with a gradient, class-index targets, no smoothing; anything else streams):
+# 16-bit logits take the SMEM-pipelined persistent form (PERSIST / PERSIST_STAGES below), fp32 the stream.
+WIDE_MODE = {2: 3, 4: 1}
 # element size -> ((widest C, BLOCK_N, num_warps, STAGES), ...): the first entry with C <= widest C (None: any).
 # STAGES > 1 software-pipelines the chunk loops (tl.range num_stages: cp.async into shared memory; the
 # register prefetch is then off); a plain range loop (STAGES = 1) keeps at most STREAM_PREFETCH chunks in
@@ -77,14 +79,19 @@ STREAM_EVICT = 0
 #   targets loaded a row ahead, everything else the row needs loaded before the wait, x_t read by its owner
 #   (issue10/run10_depth/ce.log): 4K x 4 warps 0.52 / 0.51 / 0.54 / 0.51 (128 registers on sm_90);
 #   the stream in the same runs: 0.63 / 0.65 / 0.65 / 0.65.  So the default stays streaming.
-PERSIST = {2: (4096, 4, 8), 4: (4096, 8, 4)}
+PERSIST = {2: (4096, 4, 16), 4: (4096, 8, 4)}  # (16-bit: at most 16 per SM, as swept; occupancy binds first)
 # element size -> the persistent kernel's form: 1 = pieces held ahead in registers; > 1 = SMEM-pipelined (one row in
 # registers, the next STAGES - 1 rows' piece loads in flight by cp.async; softmax_config._PERSIST_STAGES).  H200,
 # 2026-12-02 (issue10/run13_smem_first/), 4K x 4 warps, 3 stages: 0.69 / 0.68 / 0.74 at 32K / 50K / 128K (the stream
 # 0.63 / 0.64 / 0.64), wrong rows at 262K before the wait fix (softmax_config._PERSIST_STAGES); after it (call 8, a
-# noisy run, issue10/run13_wait_chunk/) 0.65 / 0.65 / 0.68 / 0.64 against 0.63 / 0.65 / 0.65 / 0.65.  Opt-in until a
-# clean sweep (benchmarks/gpu_session14_a.sh).
-PERSIST_STAGES: dict = {}
+# noisy run, issue10/run13_wait_chunk/) 0.65 / 0.65 / 0.68 / 0.64 against 0.63 / 0.65 / 0.65 / 0.65.
+# Clean sweep, H200, 2026-12-02 session 10 (issue10/run14_sweep/ce.log, gpu_session14_a.sh), bf16, 32K / 50K / 128K / 262K:
+#   stream 4K w8 4 stages (the previous default)   0.63 / 0.65 / 0.65 / 0.65
+#   SMEM 4K x 4 warps, 3 stages                   0.65 / 0.65 / 0.68 / 0.63
+#   SMEM 4K x 4 warps, 4 stages (the default)     **0.68 / 0.69 / 0.73 / 0.68**
+#   SMEM 2K x 4 / 4K x 8 / 8K x 8 warps, 3 stages  0.44-0.58 / 0.50-0.56 / 0.54-0.60
+# (fp32 logits: not swept in this form; they stream.)
+PERSIST_STAGES = {2: 4}
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8

@@ -87,6 +87,7 @@ from ._rowsync import (
 )
 from .softmax_config import (  # noqa: F401
     MAX_SINGLE_BLOCK,
+    PERSIST_MAX_SINGLE_BLOCK,
     WIDE_MODE,
     WIDE_EVICT,
     WIDE_STAGES,
@@ -496,6 +497,16 @@ _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
 
 
+def _max_single_block(elem: int, direction: str, persist_ok: bool) -> int:
+    """The widest row (padded) a single-block program takes: MAX_SINGLE_BLOCK, or less where the persistent
+    kernels, which only eager calls take, beat the single block (softmax_config.PERSIST_MAX_SINGLE_BLOCK)."""
+    limit = get_override("softmax", "max_single_block", MAX_SINGLE_BLOCK)
+    if persist_ok and get_override("softmax", "wide_mode", WIDE_MODE.get((direction, elem), 0)) == 2:
+        limit = min(limit, get_override("softmax", "persist_max_single_block",
+                                        PERSIST_MAX_SINGLE_BLOCK.get((direction, elem), limit)))
+    return limit
+
+
 def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.dtype, dim: int,
           persist_ok: bool = False) -> _Plan:
     """Launch plan for inputs with ``strides`` (x; or y and dy) and a contiguous output.
@@ -514,15 +525,18 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         return _plan(concrete(shape), tuple(concrete(s) for s in strides), dtype, dim, persist_ok)
     if plan is not None:
         return plan
+    elem = dtype.itemsize
+    fwd = len(strides) == 1
+    n_pow2 = next_power_of_2(shape[dim] if len(shape) else 1)
+    wide = n_pow2 > _max_single_block(elem, "fwd" if fwd else "bwd", persist_ok)
     twin_key = key[:4] + (not persist_ok,) + key[5:]
     twin = _PLANS.get(twin_key)
-    if twin is not None and not twin.wide:
+    if twin is not None and not twin.wide and not wide:
         _PLANS[key] = twin
         return twin
     plan = _Plan()
     plan.cpp = {}  # (device, with backward) -> C++ fast-path handles, or False (ops/_cpp.py)
     plan.persist = plan.groups = plan.fallback = None
-    elem = dtype.itemsize
     views, plan.copy = [], []
     for st in strides:
         v = _row_strides(shape, st, dim)
@@ -533,10 +547,8 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     m = outer * inner
     out = _contiguous_strides(shape, dim)[2:]
     ins = tuple(x for v in views for x in v[2:])
-    n_pow2 = next_power_of_2(n)
-    fwd = len(strides) == 1
     plan.m = m
-    plan.wide = n_pow2 > get_override("softmax", "max_single_block", MAX_SINGLE_BLOCK)
+    plan.wide = wide
     if not plan.wide:
         block_m, warps = _single_block_config(n_pow2, elem, "fwd" if fwd else "bwd")
         plan.ints = (m, n, inner) + ins + out
@@ -570,8 +582,8 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = plan
-    if not plan.wide:
-        _PLANS[twin_key] = plan
+    if not plan.wide and n_pow2 <= _max_single_block(elem, "fwd" if fwd else "bwd", not persist_ok):
+        _PLANS[twin_key] = plan  # single block for either caller: one plan
     return plan
 
 
@@ -696,7 +708,7 @@ def _cpp_softmax_register(plan: "_Plan", x: torch.Tensor, dim: int, grad: bool) 
     handles, None while one is not compiled for these dtypes yet, False if unsupported."""
     specs = [(plan.kernel, (x.dtype, x.dtype), plan.ints, _cpp.roles(2, len(plan.ints)))]
     if grad:
-        bplan = _plan(x.shape, (x.stride(), x.stride()), x.dtype, dim)  # y and a contiguous dy
+        bplan = _plan(x.shape, (x.stride(), x.stride()), x.dtype, dim, type(x) in _PLAIN)  # y and a contiguous dy
         if bplan.wide or any(bplan.copy):
             return False
         specs.append((bplan.kernel, (x.dtype,) * 3, bplan.ints, _cpp.roles(3, len(bplan.ints))))
@@ -714,7 +726,7 @@ def _cpp_softmax(x: torch.Tensor, dim: int, grad: bool) -> torch.Tensor | None:
     Python path runs (not compiled yet, wide rows, a layout or alignment the bound kernels do not take)."""
     if not x.is_cuda or not x.is_contiguous() or x.data_ptr() & 15 or x.numel() == 0:
         return None
-    plan = _plan(x.shape, (x.stride(),), x.dtype, dim)
+    plan = _plan(x.shape, (x.stride(),), x.dtype, dim, type(x) in _PLAIN)  # (eager: wide rows as the Python path)
     if plan.wide or plan.copy[0]:
         return None
     handles = _cpp.plan_id(plan.cpp, (x.get_device(), grad), _cpp_softmax_register, plan, x, dim, grad)

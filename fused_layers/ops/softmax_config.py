@@ -25,6 +25,11 @@ _SINGLE_BLOCK = {
 # where 16 warps gave 0.87 in the table).
 _SINGLE_BLOCK_BWD_WARPS = {(4, 32768): 8}
 MAX_SINGLE_BLOCK = 32768  # wider rows take the wide (piece-wise, one launch) kernels
+# (direction, element size) -> a lower single-block limit for eager calls, whose wide rows take the persistent
+# kernels (WIDE_MODE 2): H200, 2026-12-02 session 10, bf16 forward at 32,768 columns: single block 0.72 of copy
+# (issue10/run14_defaults/sm.log), the SMEM-pipelined persistent form 0.80 (issue10/run14_sweep/sm.log).  The bf16
+# backward at 32K: single block 0.78-0.92, persistent 0.91 (two runs): kept.
+PERSIST_MAX_SINGLE_BLOCK = {("fwd", 2): 16384}
 # Wide rows: (BLOCK_N chunk, PIECE columns per piece, num_warps) by direction and element size; the
 # winners of the H200 sweep (benchmarks/results/softmax_h200.json, "sweep"; fraction of copy at 65,536 /
 # 262,144: fwd bf16 0.73 / 0.70, fp32 0.78 / 0.76; bwd bf16 0.75 / 0.73, fp32 0.75 / 0.77).
@@ -51,11 +56,13 @@ WIDE_EVICT = 0
 #   fp32 bwd  piece-wise 0.72 / 0.73 / 0.74   persistent 4K w4 **0.97 / 0.98 / 0.95**
 #   bf16 fwd  piece-wise 0.68 / 0.67 / 0.66   persistent best 0.71 / 0.69 / 0.67 (2K / 4K / 8K): within noise
 #   bf16 bwd  piece-wise 0.72 / 0.71 / 0.70   persistent best 0.80 / 0.73 / 0.68: not consistent
-# so fp32 wide rows are persistent, 16-bit ones piece-wise.  (The first, unpipelined persistent kernels,
-# issue10/run10_persist/: bf16 fwd 0.74 / 0.77 / 0.62 at 4K w4, fp32 fwd 0.88 / 0.86 / 0.78.)
-WIDE_MODE = {("fwd", 2): 0, ("bwd", 2): 0, ("fwd", 4): 2, ("bwd", 4): 2}
+# so fp32 wide rows are persistent; 16-bit ones were piece-wise until the SMEM-pipelined persistent form below won
+# (session 10).  (The first, unpipelined persistent kernels, issue10/run10_persist/: bf16 fwd 0.74 / 0.77 / 0.62 at
+# 4K w4, fp32 fwd 0.88 / 0.86 / 0.78.)
+WIDE_MODE = {("fwd", 2): 2, ("bwd", 2): 2, ("fwd", 4): 2, ("bwd", 4): 2}
 # Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM).
-_PERSIST = {("fwd", 2): (4096, 4, 8), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4096, 4, 8), ("bwd", 4): (4096, 4, 8)}
+# (16-bit: at most 16 per SM, as swept: the compiled binary's occupancy binds first.)
+_PERSIST = {("fwd", 2): (4096, 4, 16), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4096, 4, 16), ("bwd", 4): (4096, 4, 8)}
 # Persistent kernels' form, by (direction, element size): 1 = pieces held ahead in registers (three rows a program);
 # > 1 = the SMEM-pipelined form, one row in registers and the loads of the next STAGES - 1 rows in flight by cp.async
 # (the wait is a function call, so Triton pipelines the row loop).  Session 9's counters (issue10/run13_ncu): the
@@ -63,9 +70,14 @@ _PERSIST = {("fwd", 2): (4096, 4, 8), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (40
 # H200, 2026-12-02, 4K x 4 warps, 3 stages (issue10/run13_smem_first/sm.log), bf16 fwd / bwd: 0.79 / 0.90 at 32K,
 # 0.78 / 0.90 at 64K, 0.79 / 0.83 at 128K (piece-wise 0.68-0.72 / 0.70-0.71).  That first form gave wrong rows at
 # 64+ pieces a row (the called wait's shared memory; fixed: _rowsync.WAIT_CHUNK, right in every case of call 8,
-# issue10/run13_wait_chunk/, whose timings were noisy).  No entry until a clean sweep decides
-# (benchmarks/gpu_session14_a.sh): opt-in, config_override("softmax", wide_mode=2, persist_stages=S).
-_PERSIST_STAGES: dict = {}
+# issue10/run13_wait_chunk/, whose timings were noisy).  Clean sweep, H200, 2026-12-02 session 10
+# (issue10/run14_sweep/sm.log, gpu_session14_a.sh), fraction of copy at 32K / 64K / 128K / 256K columns:
+#   bf16 fwd  piece-wise 0.72 / 0.67 / 0.67 / 0.66   SMEM 4K x 4 warps x 3 stages **0.80 / 0.80 / 0.79 / 0.69**
+#   bf16 bwd  piece-wise 0.78 / 0.71 / 0.65 / 0.71   SMEM 4K x 4 warps x 3 stages **0.91 / 0.72 / 0.76 / 0.75**
+#   (4 stages 0.77-0.80 fwd / 0.55-0.85 bwd; 2K x 4, 4K x 8, 8K x 8 warps lower)
+#   fp32 fwd  register form 0.92 / 0.89 / 0.78 / 0.84   SMEM 4K x 4 x 3 0.87 / 0.88 / 0.84 / 0.80: kept
+#   fp32 bwd  register form 0.96 / 0.97 / 0.98 / 0.95   SMEM 0.87-0.95: kept
+_PERSIST_STAGES = {("fwd", 2): 3, ("bwd", 2): 3}
 
 
 def _single_block_config(n_pow2: int, elem: int, direction: str) -> tuple[int, int]:
