@@ -17,6 +17,9 @@ import pytest  # noqa: E402
 # Fresh inputs on every run, reproducible from the printed seed: FUSED_TEST_SEED=<n> pytest ...
 # The seed is in the header and, after a failure, in the failure report and the terminal summary.
 BASE_SEED = int(os.environ.get("FUSED_TEST_SEED", random.SystemRandom().randrange(2**31)))
+os.environ["FUSED_TEST_SEED"] = str(BASE_SEED)  # pytest-xdist workers (-n 2) inherit it: one seed for the run
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    torch.set_num_threads(1)  # one worker per core (the interpreter's numpy is single-threaded anyway)
 HAS_CUDA = torch.cuda.is_available()
 
 

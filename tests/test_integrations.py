@@ -172,8 +172,8 @@ def test_hf_norm_matches_library(path, _init, xd, wd, device):
 
 @needs_hf
 def test_llama_order_exact_in_float16():
-    """float16 rounds the same on the interpreter and the GPU: the Llama order is matched bit for bit
-    (multiplying before the cast, as nn.RMSNorm does, differs)."""
+    """float16 rounds the same on the interpreter and the GPU: the Llama order (cast, then multiply) is matched bit
+    for bit up to the last bit of rstd (multiplying before the cast, as nn.RMSNorm does, differs widely)."""
     cls = _import("transformers.models.llama.modeling_llama.LlamaRMSNorm")
     ref = cls(96).half()
     with torch.no_grad():
@@ -181,9 +181,14 @@ def test_llama_order_exact_in_float16():
     fused, _ = _twin(ref)
     x = torch.randn(16, 96, dtype=torch.float16) * 3
     yr, yf = ref(x), fused(x)
-    assert torch.equal(yr, yf)
+    # The kernel's fp32 sum of squares is ordered differently from torch's mean, so rstd can differ in its last
+    # bit and, rarely, an output by one half ulp-step (seen: 1 element of 1,536 for 1 seed of 12+).  The order of
+    # the multiply and the cast is what differs by hundreds of elements (the other order, below).
+    diff = yr != yf
+    assert diff.sum() <= 3, int(diff.sum())
+    torch.testing.assert_close(yf, yr, atol=0, rtol=torch.finfo(torch.float16).eps)
     w_first = F.rms_norm(x.float(), (96,), ref.weight.float(), 1e-6).half()
-    assert not torch.equal(w_first, yr)  # the test would catch the other order
+    assert (w_first != yr).sum() > 100  # the test catches the other order
 
 
 @needs_hf
