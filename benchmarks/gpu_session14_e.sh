@@ -8,7 +8,7 @@ source benchmarks/_gpu_env.sh
 timeout 60 python3 -c "from fused_layers.ops import _cpp; print('extension', _cpp.extension(wait=True) is not None)"
 for arm in stream default; do
   timeout 110 python3 -c "
-import runpy, sys
+import runpy, sys; sys.path.insert(0, 'benchmarks')
 from fused_layers.ops._common import config_override
 if '$arm' == 'stream':
     ctx = config_override('cross_entropy', wide_mode=1); ctx.__enter__()  # kept alive for the run
