@@ -207,6 +207,13 @@ def bwd_candidates(n: int, elem: int):
             dict(bwd_max_single=1024, bwd_chunk=ch, bwd_warps=wp, bwd_progs_per_sm=ps, bwd_stages=st)
             for ch, wp, ps, st in ((4096, 16, 1, 3), (2048, 8, 2, 3), (4096, 8, 2, 4), (2048, 8, 1, 4))
         ]
+        # the one-read persistent backward (bwd_persist: a row's pieces held by co-resident programs exchanging their
+        # partial row sums; eager calls; registers / shared memory by benchmarks/scan_norm_persist.py)
+        c += [
+            dict(bwd_max_single=1024, bwd_persist=1, bwd_persist_block=bl, bwd_persist_warps=wp, bwd_persist_per_sm=8,
+                 bwd_persist_stages=st)
+            for bl, wp, st in ((4096, 8, 3), (4096, 8, 4), (2048, 4, 3), (4096, 16, 3), (8192, 16, 3), (4096, 8, 1))
+        ]
     return _unique(c)
 
 

@@ -120,6 +120,56 @@ def test_wide_rows_pipelined(rms, n, device):
         _check(rms, (7, n), 1, torch.float32, device)
 
 
+
+PERSIST = dict(WIDE, bwd_persist=1, bwd_persist_block=16, bwd_persist_warps=1)  # 16-column pieces of wide rows
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [37, 16 * 20 + 5])  # 3 ragged pieces; 21 pieces (LayerNorm's 42 words: two wait chunks)
+def test_wide_rows_persistent_backward(rms, dtype, n, device):
+    """The one-read persistent backward (bwd_persist, _norm_bwd_persist_kernel: a row's pieces held by programs
+    that exchange their partial row sums; the SMEM-pipelined row loop) against float64: dx, dW, dB, with more
+    rows than row groups (the interpreter runs 3 groups) and without parameters."""
+    with config_override("layer_norm", **PERSIST, bwd_persist_stages=3):
+        ln_ops._BWD_PLANS.clear()
+        _check(rms, (7, n), 1, dtype, device)
+        plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
+        assert plans and all(p.persist["kernel"] is not None and p.persist["groups"] == 3 for p in plans)
+        if dtype == torch.float32:
+            _check(rms, (4, n), 1, dtype, device, affine=False)
+            _check(rms, (1, n), 1, dtype, device)  # one row, one group
+
+
+def test_wide_rows_persistent_backward_zero_grads_and_strided(device):
+    """dy = 0 on some rows (published partial sums of 0: the flagged words are never 0, so no wait hangs),
+    a row-strided x, and the unpipelined form (STAGES 1)."""
+    def dy_fn(dy):
+        dy[1:3] = 0.0
+        return dy
+
+    with config_override("layer_norm", **PERSIST, bwd_persist_stages=1):
+        _check(False, (5, 53), 1, torch.float32, device, dy_fn=dy_fn)
+        x = (torch.randn(6, 80, device=device) * 2)[:, 3:56].requires_grad_()  # row stride 80
+        w = torch.randn(53, device=device, requires_grad=True)
+        b = torch.randn(53, device=device, requires_grad=True)
+        dy = torch.randn(6, 53, device=device)
+        grads = torch.autograd.grad(fused_layer_norm(x, 53, w, b), (x, w, b), dy)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    grads64 = torch.autograd.grad(F.layer_norm(x64, (53,), w64, b64), (x64, w64, b64), dy.double())
+    for g, g64 in zip(grads, grads64):
+        torch.testing.assert_close(g.double(), g64, atol=1e-4, rtol=1e-4)
+
+
+def test_wide_rows_persistent_backward_traced_plan_is_two_pass():
+    """Only eager calls (real tensors) take the persistent kernel: the traced plan (persist_ok False) stays on the
+    two-pass kernels, and the persistent plan keeps that plan as its fallback."""
+    shape = torch.Size((4, 40))
+    with config_override("layer_norm", **PERSIST):
+        eager = ln_ops._bwd_plan(shape, (40, 1), (40, 1), torch.float32, 1, True, True, False, -1, persist_ok=True)
+        traced = ln_ops._bwd_plan(shape, (40, 1), (40, 1), torch.float32, 1, True, True, False, -1)
+    assert eager.persist is not None and eager.persist["splits"] == 3 and eager.fallback is traced
+    assert traced.persist is None and traced.stats_kernel is not None
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [1, 7, 257])
 def test_fused_stats_forward(dtype, n, device):
@@ -485,6 +535,34 @@ def test_gpu_param_grads_bitwise_deterministic(rms):
 def test_gpu_widths(rms, n, dtype):
     rows = max(3, min(257, (1 << 22) // n))
     _check(rms, (rows, n), 1, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("n", [16384, 40000, 65536])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("stages", [1, 3])
+def test_gpu_persistent_backward(rms, n, dtype, stages):
+    """The opt-in persistent wide-row backward on the GPU (co-resident programs, cooperative launch, the called
+    wait in a pipelined row loop): right against float64 with more rows than row groups, and bitwise the same
+    gradients run to run."""
+    cfg = dict(bwd_persist=1, bwd_persist_block=4096, bwd_persist_warps=8, bwd_persist_stages=stages, bwd_max_single=1024)
+    with config_override("layer_norm", **cfg):
+        ln_ops._BWD_PLANS.clear()
+        _check(rms, (1200, n), 1, dtype, "cuda")
+        plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
+        assert plans and all(p.persist["kernel"] is not None and 1 <= p.persist["groups"] < 1200 for p in plans)
+        x = torch.randn(300, n, device="cuda", dtype=dtype)
+        dy = torch.randn_like(x)
+        mod = (FusedRMSNorm if rms else FusedLayerNorm)(n, device="cuda")
+        outs = []
+        for _ in range(2):
+            mod.zero_grad(set_to_none=True)
+            xr = x.clone().requires_grad_(True)
+            mod(xr).backward(dy)
+            outs.append([xr.grad] + [p.grad.clone() for p in mod.parameters()])
+        for a, b in zip(*outs):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

@@ -246,6 +246,24 @@ def wait_row_sum_call(ROW_SLOTS, SPLITS):
     return total
 
 
+@triton.jit(noinline=True)
+def wait_row_two_sums_call(ROW_SLOTS, SPLITS):
+    """Two sums of a row once all its pieces have published two ``pack_flagged`` words each (piece p at
+    ROW_SLOTS + 2p, the first sum's partial, and + 2p + 1, the second's): a function call, as
+    ``wait_row_max_sum_call``, WAIT_CHUNK words (an even number: whole pieces) at a time.  The wide-row
+    norm backward's (sum g * xhat, sum g)."""
+    s1 = 0.0
+    s2 = 0.0
+    words_total = 2 * SPLITS
+    odd = (tl.arange(0, WAIT_CHUNK) % 2) == 1
+    for c0 in range(0, words_total, WAIT_CHUNK):
+        words, pm = wait_row(ROW_SLOTS + c0, tl.minimum(words_total - c0, WAIT_CHUNK), WAIT_CHUNK)
+        _flag, vals = unpack_pair(words)
+        s1 += tl.sum(tl.where(pm & ~odd, vals, 0.0), axis=0)
+        s2 += tl.sum(tl.where(pm & odd, vals, 0.0), axis=0)
+    return s1, s2
+
+
 # --------------------------------------------------------------------------------------------------
 # Host side: how many programs the GPU holds at once
 # --------------------------------------------------------------------------------------------------
@@ -343,5 +361,5 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
     return splits, piece
 
 
-__all__ = ["pack_pair", "pack_flagged", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "program_piece", "piece_ptrs", "load_piece", "persistent_groups",
+__all__ = ["pack_pair", "pack_flagged", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "program_piece", "piece_ptrs", "load_piece", "persistent_groups",
            "interpreter_groups", "programs_per_sm", "bind_persistent", "balanced_pieces"]

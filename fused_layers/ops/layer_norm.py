@@ -50,6 +50,14 @@ kernel computes (c1, c2) per row first (reads x, dy), then each of the G program
 chunks outside and its rows inside, writing dx and accumulating dW/dB per chunk (reads x, dy again).
 That costs one extra read of x and dy (5 N instead of 3 N elements per row).
 
+*Wide rows, one read* (opt-in, eager calls: ``bwd_persist``, layer_norm_config.BWD_PERSIST; not yet timed on a
+GPU): ``_norm_bwd_persist_kernel`` holds a row's pieces in co-resident programs (ops/_rowsync.py, the wide
+softmax's scheme).  Each publishes its piece's partials of sum(g * xhat) and sum(g) as flagged words, waits for
+the row's words (a called wait, so the row loop is software-pipelined: the next rows' pieces load by cp.async
+meanwhile), combines them in a fixed order and writes its piece of dx; dW / dB of its columns accumulate over
+its row group's rows and are written once as that group's partial row (then the same fixed-order reduce).
+3 N elements per row, deterministic.  Traced calls keep the two-pass kernels.
+
 Layout.  The normalized dims must form a unit-stride row and the leading dims must merge into one row
 stride; that covers contiguous tensors and row-strided views (slices, transposes of leading dims) with
 no copy.  Any other layout (e.g. a strided last dim) is copied to contiguous first (``_as_rows``).
@@ -90,6 +98,7 @@ import triton.language as tl
 
 from ._common import (
     SUPPORTED_DTYPES,
+    INTERPRET,
     FusedShapeError,
     check_float_dtype,
     check_same_device,
@@ -104,12 +113,22 @@ from ._common import (
 )
 from . import _cpp
 from ._library import FusedOp, Kernel
+from ._rowsync import (
+    balanced_pieces,
+    bind_persistent,
+    pack_flagged,
+    program_piece,
+    publish,
+    wait_row_sum_call,
+    wait_row_two_sums_call,
+)
 from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the table through this module)
     _TUNED,
     BWD_MAX_SINGLE,
     FWD_FUSED_STATS,
     FWD_MAX_SINGLE,
     _bwd_config,
+    _bwd_persist_config,
     _bwd_stages,
     _bwd_variants,
     _fwd_config,
@@ -497,6 +516,82 @@ def _norm_bwd_loop_kernel(
             tl.store(DBP + pid.to(tl.int64) * N + c, db_acc, mask=cm)
 
 
+@triton.jit(do_not_specialize=["GROUPS"])
+def _norm_bwd_persist_kernel(
+    X, DY, DX, W, STATS,  # as in _norm_bwd_kernel
+    PARTS,  # pointer to the float32 partials: [GROUPS, N] dW rows (if HAS_W), then [GROUPS, N] dB rows (if HAS_B)
+    SLOTS,  # pointer to int64 [M, SPLITS, NW], zeroed: each piece's published partial row sums (NW: 1 RMSNorm, 2 LayerNorm)
+    M, N, sx, sdy,
+    SPLITS, PIECE,  # pieces per row, columns per piece (the last piece may be shorter)
+    GROUPS,  # row groups: program g holds piece g % SPLITS of rows g // SPLITS, + GROUPS, ... (_rowsync.program_piece)
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # >= PIECE, a power of two
+    PHASE: tl.constexpr,  # 2 on the GPU; 0 (publish) then 1 (wait, write) under the interpreter (_rowsync)
+    CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_bwd_kernel
+    STAGES: tl.constexpr = 1,  # software pipelining of the row loop (the wait is a call, so the pipeliner takes it)
+):
+    """Wide-row backward in one read of x and dy (opt-in, ``bwd_persist``): the pieces of a row are held by
+    co-resident programs (ops/_rowsync.py, the wide softmax's scheme) that exchange their partial row sums.
+
+    Per row: the piece's partials of sum(g * xhat) (and LayerNorm's sum(g)) are published as flagged words;
+    the program waits for the row's words (a called wait: with STAGES > 1 the next rows' x / dy pieces are
+    loaded by cp.async while it waits), combines them in a fixed order -- every program of the row gets the
+    same c1, c2 -- and writes its piece of dx = rstd (g - xhat c1 - c2).  dW / dB of the piece's columns are
+    accumulated over the group's rows in registers and written once as partial row ``group``; the reduce
+    kernel sums the GROUPS rows in a fixed order.  Deterministic, no atomics on the gradients."""
+    MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
+    DWP, DBP = _parts_ptrs(PARTS, GROUPS, N, HAS_W)
+    piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
+    if HAS_W:
+        w = tl.load(W + c64, mask=cm, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_N], tl.float32)
+    db_acc = tl.zeros([BLOCK_N], tl.float32)
+    for row in tl.range(group, M, GROUPS, num_stages=STAGES):
+        r = tl.cast(row, tl.int64)
+        # 0 where masked: the identity of the row sums and of the column accumulators.
+        x = tl.load(X + r * sx + c64, mask=cm, other=0.0).to(tl.float32)
+        dy = tl.load(DY + r * sdy + c64, mask=cm, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + r)
+        if IS_RMS:
+            xhat = x * rstd
+        else:
+            mean = tl.load(MEAN + r)
+            xhat = tl.where(cm, (x - mean) * rstd, 0.0)
+        if HAS_W:
+            g = dy * w
+        else:
+            g = dy
+        if IS_RMS:
+            if PHASE != 1:  # publish this piece's partial of sum(g * xhat)
+                publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(g * xhat, axis=0)), r < M)
+            if PHASE != 0:
+                c1 = wait_row_sum_call(SLOTS + r * SPLITS, SPLITS) / N
+                dx = (g - xhat * c1) * rstd
+        else:
+            if PHASE != 1:  # two words: sum(g * xhat), sum(g)
+                slot = SLOTS + (r * SPLITS + piece) * 2
+                publish(slot, pack_flagged(tl.sum(g * xhat, axis=0)), r < M)
+                publish(slot + 1, pack_flagged(tl.sum(g, axis=0)), r < M)
+            if PHASE != 0:
+                s1, s2 = wait_row_two_sums_call(SLOTS + r * SPLITS * 2, SPLITS)
+                dx = (g - xhat * (s1 / N) - s2 / N) * rstd
+        if PHASE != 0:
+            tl.store(DX + r * N + c64, dx.to(DX.dtype.element_ty), mask=cm)
+            if HAS_W:
+                if CAST_BEFORE_W:  # dx above uses the exact xhat (the rounding passes gradients through)
+                    xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
+                dw_acc += dy * xhat
+            if HAS_B:
+                db_acc += dy
+    if PHASE != 0:  # every group has >= 1 row (GROUPS <= M): every partial row is written
+        if HAS_W:
+            tl.store(DWP + group.to(tl.int64) * N + c64, dw_acc, mask=cm)
+        if HAS_B:
+            tl.store(DBP + group.to(tl.int64) * N + c64, db_acc, mask=cm)
+
+
 @triton.jit
 def _norm_reduce_partials_kernel(
     PARTS,  # pointer to the float32 partials: [G, N] dW rows (if HAS_W), then [G, N] dB rows (if HAS_B)
@@ -614,7 +709,8 @@ class _FwdPlan:
 
 
 class _BwdPlan:
-    __slots__ = ("m", "n", "g", "copy_x", "copy_dy", "kernel", "ints", "nparts", "stats_kernel", "reduce_kernel")
+    __slots__ = ("m", "n", "g", "copy_x", "copy_dy", "kernel", "ints", "nparts", "stats_kernel", "reduce_kernel",
+                 "persist", "fallback")
 
 
 _FWD_PLANS: dict[tuple, _FwdPlan] = {}
@@ -657,13 +753,18 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
 
 
 def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int, ...], dtype: torch.dtype,
-              k: int, has_w: bool, has_b: bool, is_rms: bool, device_index: int, cast_before_w: bool = False) -> _BwdPlan:
-    key = (shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w, override_epoch())
+              k: int, has_w: bool, has_b: bool, is_rms: bool, device_index: int, cast_before_w: bool = False,
+              persist_ok: bool = False) -> _BwdPlan:
+    """Backward launch plan; cached per key.  ``persist_ok``: real tensors (eager), where wide rows may take the
+    persistent one-read kernel when configured (``_bwd_persist_config``; its grid comes from the compiled
+    binary's occupancy at the first call, ``plan.persist``); traced calls take the two-pass kernels."""
+    key = (shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w, persist_ok,
+           override_epoch())
     try:
         plan = _BWD_PLANS.get(key)
     except TypeError:  # symbolic sizes: plan for their values
         return _bwd_plan(concrete(shape), concrete(x_stride), concrete(dy_stride), dtype, k, has_w, has_b, is_rms,
-                         device_index, cast_before_w)
+                         device_index, cast_before_w, persist_ok)
     if plan is not None:
         return plan
     m, n, sx = _row_layout(shape, x_stride, k)
@@ -689,6 +790,16 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     if stages:
         meta["num_stages"] = stages
     plan.stats_kernel = None
+    plan.persist = plan.fallback = None
+    pcfg = None if single or not persist_ok else _bwd_persist_config(n_pow2, dtype.itemsize)
+    if pcfg is not None:  # the one-read persistent kernel; the two-pass plan is its fallback
+        pblock, pwarps, per_sm_p, pstages = pcfg
+        pblock = next_power_of_2(pblock)
+        splits, piece = balanced_pieces(n, pblock)
+        plan.persist = dict(per_sm=per_sm_p, splits=splits, piece=piece, kernel=None, groups=0, reduce=None,
+                            meta=dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, BLOCK_N=pblock, CAST_BEFORE_W=cast_before_w,
+                                      STAGES=max(1, pstages), num_warps=pwarps))
+        plan.fallback = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w)
     if single:
         acc_rows, pair_sum = _bwd_variants(n_pow2, dtype.itemsize, n, is_rms)
         plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), BLOCK_M=block, BLOCK_N=n_pow2,
@@ -698,16 +809,44 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
         plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), check=(0, 1, 3, 4), BLOCK_N=chunk, STAGES=max(1, stages), **meta)
         plan.stats_kernel = Kernel(_norm_bwd_rowstats_kernel, (m,), check=(0, 1, 2, 3), IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk,
                                    STAGES=max(1, stages), num_warps=warps)
-    plan.reduce_kernel = None
-    if has_w or has_b:
-        red_n = min(get_override(_CFG, "reduce_block_n", 256), n_pow2)
-        red_g = min(get_override(_CFG, "reduce_block_g", 32), next_power_of_2(g))
-        plan.reduce_kernel = Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(1, 2), HAS_W=has_w, HAS_B=has_b,
-                                    BLOCK_G=red_g, BLOCK_N=red_n, num_warps=4)
+    plan.reduce_kernel = _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None
     if len(_BWD_PLANS) >= _MAX_PLANS:
         _BWD_PLANS.clear()
     _BWD_PLANS[key] = plan
     return plan
+
+
+def _reduce_kernel(n: int, g: int, has_w: bool, has_b: bool) -> Kernel:
+    """The fixed-order sum of G partial rows of dW / dB (``_norm_reduce_partials_kernel``)."""
+    n_pow2 = next_power_of_2(n)
+    red_n = min(get_override(_CFG, "reduce_block_n", 256), n_pow2)
+    red_g = min(get_override(_CFG, "reduce_block_g", 32), next_power_of_2(g))
+    return Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(1, 2), HAS_W=has_w, HAS_B=has_b,
+                  BLOCK_G=red_g, BLOCK_N=red_n, num_warps=4)
+
+
+def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b: bool, is_rms: bool):
+    """Run the persistent backward of ``plan`` (binding it at its first call, ``_rowsync.bind_persistent``);
+    returns (partials buffer, G, reduce kernel), or None when not even one row group fits (the caller then
+    takes ``plan.fallback``)."""
+    p = plan.persist
+    m, n, sx, sdy = plan.m, plan.n, plan.ints[2], plan.ints[3]
+    slots = torch.zeros((m * p["splits"] * (1 if is_rms else 2),), dtype=torch.int64, device=x.device)
+    if p["kernel"] is None:
+        # the partials' size depends on GROUPS: bind with the statistics buffer (float32) in their place
+        args = (x, dy, dx, w, stats, stats, slots, m, n, sx, sdy, p["splits"], p["piece"])
+        bound = bind_persistent(_norm_bwd_persist_kernel, args, p["splits"], m, p["per_sm"], **p["meta"])
+        if bound is None:
+            return None
+        p["kernel"], p["groups"] = bound
+        if has_w or has_b:
+            p["reduce"] = _reduce_kernel(n, p["groups"], has_w, has_b)
+    groups = p["groups"]
+    nparts = (int(has_w) + int(has_b)) * groups * n
+    parts = torch.empty((nparts,), dtype=torch.float32, device=x.device) if nparts else stats
+    for kern in p["kernel"]:  # one launch on the GPU; phases 0 and 1 under the interpreter
+        kern(x, dy, dx, w, stats, parts, slots, m, n, sx, sdy, p["splits"], p["piece"], groups)
+    return parts, groups, p["reduce"]
 
 
 def norm_forward(
@@ -770,26 +909,37 @@ def norm_backward(
         return dx, dw, db
     if dy.dtype != x.dtype:
         dy = dy.to(x.dtype)
-    plan = _bwd_plan(x.shape, x.stride(), dy.stride(), x.dtype, k, has_w, has_b, is_rms, x.get_device(), cast_before_w)
+    persist_ok = type(x) in _PLAIN and type(dy) in _PLAIN and (INTERPRET or x.is_cuda)
+    plan = _bwd_plan(x.shape, x.stride(), dy.stride(), x.dtype, k, has_w, has_b, is_rms, x.get_device(), cast_before_w,
+                     persist_ok)
     if plan.copy_x:
         x = x.contiguous()
     if plan.copy_dy:
         dy = dy.contiguous()
     w = x if weight is None else weight.contiguous()
-    # Buffers of missing gradients are never dereferenced (constexpr HAS_W / HAS_B): pass stats.
-    parts = torch.empty((plan.nparts,), dtype=torch.float32, device=x.device) if plan.nparts else stats
-    if plan.stats_kernel is None:
-        plan.kernel(x, dy, dx, w, stats, parts, *plan.ints)
+    ran = _bwd_persist_launch(plan, x, dy, dx, w, stats, has_w, has_b, is_rms) if plan.persist is not None else None
+    if ran is not None:
+        parts, g, reduce_kernel = ran
     else:
-        m, n, sx, sdy, _ = plan.ints
-        cbuf = torch.empty((m, 2), dtype=torch.float32, device=x.device)
-        plan.stats_kernel(x, dy, w, stats, cbuf, m, n, sx, sdy)
-        plan.kernel(x, dy, dx, w, stats, parts, cbuf, *plan.ints)
+        plan = plan.fallback if plan.persist is not None else plan
+        # Buffers of missing gradients are never dereferenced (constexpr HAS_W / HAS_B): pass stats.
+        parts = torch.empty((plan.nparts,), dtype=torch.float32, device=x.device) if plan.nparts else stats
+        if plan.stats_kernel is None:
+            plan.kernel(x, dy, dx, w, stats, parts, *plan.ints)
+        else:
+            m, n, sx, sdy, _ = plan.ints
+            cbuf = torch.empty((m, 2), dtype=torch.float32, device=x.device)
+            plan.stats_kernel(x, dy, w, stats, cbuf, m, n, sx, sdy)
+            plan.kernel(x, dy, dx, w, stats, parts, cbuf, *plan.ints)
+        g, reduce_kernel = plan.g, plan.reduce_kernel
     dw = torch.empty(weight.shape, dtype=weight.dtype, device=x.device) if has_w else None
     db = torch.empty(bias.shape, dtype=bias.dtype, device=x.device) if has_b else None
-    if plan.reduce_kernel is not None:
-        plan.reduce_kernel(parts, dx if dw is None else dw, dx if db is None else db, plan.g, plan.n)
+    if reduce_kernel is not None:
+        reduce_kernel(parts, dx if dw is None else dw, dx if db is None else db, g, plan.n)
     return dx, dw, db
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 # ==================================================================================================

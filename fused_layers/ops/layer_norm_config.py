@@ -36,6 +36,14 @@ BWD_NARROW_PROGS_PER_SM = 4  # n_pow2 <= 1024
 BWD_CHUNK = 4096
 BWD_CHUNK_WARPS = 16
 BWD_CHUNK_PROGS_PER_SM = 1
+# Wide rows, eager calls: the one-read persistent backward (_norm_bwd_persist_kernel: a row's pieces held by
+# co-resident programs that exchange their partial row sums, ops/_rowsync.py), by (element size, width bucket):
+# (BLOCK_N columns per piece, num_warps, most programs per SM, STAGES).  Written in session 10 (2026-12-02) for the
+# 16K backward (two-pass kernels: 0.46-0.48 of copy, issue 9's target 0.85), checked on the interpreter only: no
+# entry until an H200 sweep decides (benchmarks/gpu_session15_a.sh).  Opt-in: config_override("layer_norm",
+# bwd_persist=1, bwd_persist_block=.., bwd_persist_warps=.., bwd_persist_per_sm=.., bwd_persist_stages=..).
+BWD_PERSIST: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+BWD_PERSIST_DEFAULT = (4096, 8, 4, 3)  # what bwd_persist=1 takes where the table has no entry
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -147,3 +155,13 @@ def _bwd_config(n_pow2: int, elem: int, n: int | None = None, is_rms: bool | Non
         per_sm = BWD_NARROW_PROGS_PER_SM if n_pow2 <= 1024 else BWD_PROGS_PER_SM
         return True, block_m, warps, ov("bwd_progs_per_sm", per_sm)
     return False, ov("bwd_chunk", BWD_CHUNK), ov("bwd_warps", BWD_CHUNK_WARPS), ov("bwd_progs_per_sm", BWD_CHUNK_PROGS_PER_SM)
+
+
+def _bwd_persist_config(n_pow2: int, elem: int) -> tuple[int, int, int, int] | None:
+    """(BLOCK_N piece, num_warps, programs per SM, STAGES) of the persistent wide-row backward, or None (off)."""
+    entry = BWD_PERSIST.get((elem, n_pow2))
+    if not get_override(_CFG, "bwd_persist", entry is not None):
+        return None
+    block, warps, per_sm, stages = entry or BWD_PERSIST_DEFAULT
+    return (get_override(_CFG, "bwd_persist_block", block), get_override(_CFG, "bwd_persist_warps", warps),
+            get_override(_CFG, "bwd_persist_per_sm", per_sm), get_override(_CFG, "bwd_persist_stages", stages))
