@@ -458,6 +458,25 @@ def _norm_bwd_rowstats_kernel(
 
 
 @triton.jit
+def _piece_xhat_g(X, DY, MEAN, RSTD, r, sx, sdy, c, cm, w, IS_RMS: tl.constexpr, HAS_W: tl.constexpr):
+    """Columns ``c`` (mask ``cm``) of row ``r`` for the wide-row backward kernels: (dy, xhat, g = w * dy, rstd), in
+    float32, 0 where masked (the identity of the row sums and of the column accumulators)."""
+    x = tl.load(X + r * sx + c, mask=cm, other=0.0).to(tl.float32)
+    dy = tl.load(DY + r * sdy + c, mask=cm, other=0.0).to(tl.float32)
+    rstd = tl.load(RSTD + r)
+    if IS_RMS:
+        xhat = x * rstd
+    else:
+        mean = tl.load(MEAN + r)
+        xhat = tl.where(cm, (x - mean) * rstd, 0.0)
+    if HAS_W:
+        g = dy * w
+    else:
+        g = dy
+    return dy, xhat, g, rstd
+
+
+@triton.jit
 def _norm_bwd_loop_kernel(
     X, DY, DX, W, STATS, PARTS,  # as in _norm_bwd_kernel
     C,  # pointer to float32 [M, 2] from _norm_bwd_rowstats_kernel
@@ -482,22 +501,13 @@ def _norm_bwd_loop_kernel(
         cm = c < N
         if HAS_W:
             w = tl.load(W + c, mask=cm, other=0.0).to(tl.float32)
+        else:
+            w = 0.0  # (unread)
         dw_acc = tl.zeros([BLOCK_N], tl.float32)
         db_acc = tl.zeros([BLOCK_N], tl.float32)
         for r64 in tl.range(row_start, row_end, num_stages=STAGES):
-            rstd = tl.load(RSTD + r64)
             c1 = tl.load(C + r64 * 2)
-            x = tl.load(X + r64 * sx + c, mask=cm, other=0.0).to(tl.float32)
-            dy = tl.load(DY + r64 * sdy + c, mask=cm, other=0.0).to(tl.float32)
-            if IS_RMS:
-                xhat = x * rstd
-            else:
-                mean = tl.load(MEAN + r64)
-                xhat = tl.where(cm, (x - mean) * rstd, 0.0)
-            if HAS_W:
-                g = dy * w
-            else:
-                g = dy
+            dy, xhat, g, rstd = _piece_xhat_g(X, DY, MEAN, RSTD, r64, sx, sdy, c, cm, w, IS_RMS, HAS_W)
             if IS_RMS:
                 dx = (g - xhat * c1) * rstd
             else:
@@ -546,23 +556,13 @@ def _norm_bwd_persist_kernel(
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
     if HAS_W:
         w = tl.load(W + c64, mask=cm, other=0.0).to(tl.float32)
+    else:
+        w = 0.0  # (unread)
     dw_acc = tl.zeros([BLOCK_N], tl.float32)
     db_acc = tl.zeros([BLOCK_N], tl.float32)
     for row in tl.range(group, M, GROUPS, num_stages=STAGES):
         r = tl.cast(row, tl.int64)
-        # 0 where masked: the identity of the row sums and of the column accumulators.
-        x = tl.load(X + r * sx + c64, mask=cm, other=0.0).to(tl.float32)
-        dy = tl.load(DY + r * sdy + c64, mask=cm, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + r)
-        if IS_RMS:
-            xhat = x * rstd
-        else:
-            mean = tl.load(MEAN + r)
-            xhat = tl.where(cm, (x - mean) * rstd, 0.0)
-        if HAS_W:
-            g = dy * w
-        else:
-            g = dy
+        dy, xhat, g, rstd = _piece_xhat_g(X, DY, MEAN, RSTD, r, sx, sdy, c64, cm, w, IS_RMS, HAS_W)
         if IS_RMS:
             if PHASE != 1:  # publish this piece's partial of sum(g * xhat)
                 publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(g * xhat, axis=0)), r < M)
