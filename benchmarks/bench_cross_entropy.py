@@ -289,7 +289,12 @@ SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
                                                                          stages=st, wide_evict=7)
                    for b, p, w, st in ((8192, 32768, 8, 4), (8192, 32768, 16, 4), (4096, 32768, 8, 6), (8192, 65536, 16, 4),
                                        (4096, 16384, 8, 4))},
-                **{f"persist_{n}": dict(wide_mode=2, **c) for n, c in PERSIST_CANDIDATES.items() if n not in ("2k_w2", "16k_w16")}}
+                **{f"persist_{n}": dict(wide_mode=2, **c) for n, c in PERSIST_CANDIDATES.items() if n not in ("2k_w2", "16k_w16")},
+                # the SMEM form with LAG (row k - 1 written after row k is published, re-read from L2: the wait off
+                # the critical path; session 10, not yet timed)
+                **{f"persist_smem_{b // 1024}k_w{w}_st{st}_lag": dict(wide_mode=2, persist_block=b, persist_warps=w,
+                                                                     persist_per_sm=16, persist_stages=st, persist_lag=True)
+                   for b, w, st in ((4096, 4, 2), (4096, 4, 3), (4096, 4, 4), (2048, 4, 3))}}
 
 
 def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32), only=None):

@@ -55,26 +55,27 @@ def test_streaming_multi_block(n, dtype, device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [17, 64, 100])
-@pytest.mark.parametrize("form", ["regs", "lean", "smem"])
+@pytest.mark.parametrize("form", ["regs", "lean", "smem", "smem_lag"])
 def test_wide_persistent(n, dtype, form, device):
     """Wide rows held in registers by persistent programs exchanging their partials (wide_mode=2,
     ops/_rowsync.py): forward statistics and the backward's dot; balanced ragged pieces; several rows per
     program (two launches on the interpreter).  Forms: pieces held ahead in registers, LEAN, and the
-    SMEM-pipelined form (persist_stages: one row in registers, the wait a function call)."""
+    SMEM-pipelined form (persist_stages: one row in registers, the wait a function call), and its LAG variant
+    (row k - 1 written after row k is published, from a second load)."""
     from fused_layers.ops import softmax as sm
 
-    lean, stages = "lean" in form, 3 if form.startswith("smem") else 1
+    lean, stages, lag = "lean" in form, 3 if form.startswith("smem") else 1, form == "smem_lag"
     if stages > 1 and n == 64:
         pytest.skip("the SMEM form: 17 and 100 columns cover its ragged pieces (CI time)")
     x = torch.randn(7, n, device=device, dtype=dtype) * 4
     with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_lean=lean,
-                         persist_stages=stages):
+                         persist_stages=stages, persist_lag=lag):
         sm._PLANS.clear()
         _check(x, -1)
         bound = [p for p in sm._PLANS.values() if p.persist is not None]
         assert len(bound) == 2 and all(p.kernel is not None and p.groups >= 1 for p in bound)  # fwd and bwd ran persistent
         assert [p.persist[2].get("LEAN", False) for p in bound].count(True) == (1 if lean else 0)  # the forward's form
-        assert all(p.persist[2].get("STAGES", 1) == stages for p in bound)
+        assert all(p.persist[2].get("STAGES", 1) == stages and p.persist[2].get("LAG", False) == lag for p in bound)
         _check(torch.randn(3, n, 5, device=device, dtype=dtype), 1)  # rows along a non-last dim
         _check(torch.randn(n, 6, device=device, dtype=dtype).t(), -1)  # strided rows
         x = x.float()
@@ -274,16 +275,17 @@ def test_gpu_widths(n, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [32768 + 1, 50304, 65536, 100003, 262144, 1048576])
-@pytest.mark.parametrize("block", [None, 8192, "lean", "smem"])
+@pytest.mark.parametrize("block", [None, 8192, "lean", "smem", "smem_lag"])
 def test_gpu_wide_persistent(n, dtype, block):
     """Persistent wide kernels on the GPU: co-resident programs really waiting on each other (cooperative
-    launch), more rows than row groups; the LEAN forward candidate."""
+    launch), more rows than row groups; the LEAN forward candidate, the SMEM form (the 16-bit default) and its
+    LAG candidate."""
     m = max(1, min(512, 2**24 // n))
     if block == "lean":
         over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_lean=True)
-    elif block == "smem":
-        # 2 stages: 3+ gave wrong rows at 64+ pieces a row on the H200 (session 9, benchmarks/diag_persist_smem.py)
-        over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_stages=3)
+    elif block in ("smem", "smem_lag"):
+        # (3 stages gave wrong rows at 64+ pieces a row before the called waits polled 32 words at a time, session 9)
+        over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_stages=3, persist_lag=block == "smem_lag")
     else:
         over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
     with config_override("softmax", **over):

@@ -74,6 +74,7 @@ from ._rowsync import (
     load_piece,
     piece_exp_scaled,
     pack_flagged,
+    publish_max_sum,
     piece_ptrs,
     program_piece,
     publish,
@@ -317,6 +318,7 @@ def _softmax_fwd_persist_kernel(
     LEAN: tl.constexpr = False,  # keep the statistics pass's exponentials (fp32) for the output: one
                                  # conversion and one exp2 per element (a bf16 candidate: fewer instructions)
     STAGES: tl.constexpr = 1,  # > 1: the SMEM-pipelined form (below)
+    LAG: tl.constexpr = False,  # with STAGES > 1: write row k - 1 (re-read from L2) after publishing row k
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
@@ -333,8 +335,29 @@ def _softmax_fwd_persist_kernel(
     waits for row k and writes it; ``tl.range(num_stages=STAGES)`` has Triton issue the piece loads of rows
     k + 1 .. k + STAGES - 1 ahead by cp.async into shared memory, so the loads stay in flight while the program
     waits, without the registers of the rows held ahead (session 9's counters: the register-held form keeps
-    about 32 KB in flight per SM at bf16, 55% of the DRAM peak, against 80% for fp32's 57 KB)."""
+    about 32 KB in flight per SM at bf16, 55% of the DRAM peak, against 80% for fp32's 57 KB).
+
+    LAG (opt-in with STAGES > 1, ``persist_lag``): iteration k publishes row k's statistics, then waits for row
+    k - 1 -- which every sibling published an iteration ago, so the wait should not spin -- and writes row
+    k - 1 from a second load of its piece, which L2 still holds (the rows in flight across the GPU are a few
+    MB): the DRAM reads stay one, the wait's latency leaves the critical path.  One iteration runs past the last
+    row (for its output); iteration 0 waits for its own row and writes nothing."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
+    if STAGES > 1 and LAG:
+        for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            # -inf where masked (and for the row past the end): the identity of max; exp(-inf - m) = 0 of the sum.
+            x = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
+            if PHASE != 1:
+                publish_max_sum(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+            if PHASE != 0:
+                rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))  # row k - 1 (iteration 0: row k, unwritten)
+                m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
+                live = cm & (c64 * 0 + row > group)
+                xp = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxn, c64), mask=live, other=-float("inf"))
+                y = piece_exp_scaled(xp, xp, 0.0, m, 1.0 / s, False)  # (all -inf row: m = -inf, NaN as torch)
+                tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=live)
+        return
     if STAGES > 1:
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
@@ -388,10 +411,27 @@ def _softmax_bwd_persist_kernel(
     BLOCK_N: tl.constexpr,
     PHASE: tl.constexpr,
     STAGES: tl.constexpr = 1,  # > 1: the SMEM-pipelined form, as in _softmax_fwd_persist_kernel
+    LAG: tl.constexpr = False,  # with STAGES > 1: as in _softmax_fwd_persist_kernel (row k - 1 re-read from L2)
 ):
     """Wide-row backward, one read of y and dy, pipelined as _softmax_fwd_persist_kernel: publish row k's
     partial dot, load row k + 1, wait for row k - 1 and write its dx = y * (dy - dot)."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
+    if STAGES > 1 and LAG:
+        for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            # 0 where masked (and for the row past the end): the identity of the sum.
+            y = load_piece(Y, r, M, INNER, syo, syi, syn, c64, cm, 0.0).to(tl.float32)
+            dy = load_piece(DY, r, M, INNER, sdo, sdi, sdn, c64, cm, 0.0).to(tl.float32)
+            if PHASE != 1:
+                publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y * dy, axis=0)), r < M)
+            if PHASE != 0:
+                rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))  # row k - 1 (iteration 0: row k, unwritten)
+                dot = wait_row_sum_call(SLOTS + rp * SPLITS, SPLITS)
+                live = cm & (c64 * 0 + row > group)
+                yp = tl.load(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), mask=live, other=0.0).to(tl.float32)
+                dyp = tl.load(piece_ptrs(DY, rp, INNER, sdo, sdi, sdn, c64), mask=live, other=0.0).to(tl.float32)
+                tl.store(piece_ptrs(DX, rp, INNER, sgo, sgi, sgn, c64), (yp * (dyp - dot)).to(DX.dtype.element_ty), mask=live)
+        return
     if STAGES > 1:  # one row in registers, the next rows' loads in flight in shared memory
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
@@ -568,6 +608,8 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         stages = int(get_override("softmax", "persist_stages", _PERSIST_STAGES.get(("fwd" if fwd else "bwd", elem), 1)))
         if stages > 1:  # the SMEM-pipelined form (else the key is left out: the register-pipelined kernel as before)
             meta["STAGES"] = stages
+            if get_override("softmax", "persist_lag", False):  # candidate, not a default (see the kernel)
+                meta["LAG"] = True
         plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm, meta)
         plan.fallback = _plan(shape, strides, dtype, dim, False)
     else:
