@@ -226,6 +226,11 @@ SWEEP = {
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
     # persistent, co-resident programs holding a piece each in registers, statistics exchanged (one read):
     **{f"persist_{n}": dict(wide_mode=3, **c) for n, c in PERSIST_CANDIDATES.items()},
+    # the SMEM form with LAG (row k - 1's loss and gradient after row k is published, its piece re-read from L2;
+    # session 10, not yet timed; sm_90 4K x 4 warps x 4 stages: 89 registers, 48 KB shared memory)
+    **{f"persist_smem_{b // 1024}k_w{w}_st{st}_lag": dict(wide_mode=3, persist_block=b, persist_warps=w, persist_per_sm=16,
+                                                         persist_stages=st, persist_lag=True)
+       for b, w, st in ((4096, 4, 2), (4096, 4, 3), (4096, 4, 4), (2048, 4, 3))},
 }
 for _c in SWEEP.values():  # a config without stages is a plain range loop (the bf16 default pipelines 4 deep)
     _c.setdefault("stages", 1)

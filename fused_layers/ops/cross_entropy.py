@@ -132,6 +132,7 @@ from ._rowsync import (
     piece_exp_scaled,
     piece_ptrs,
     program_piece,
+    publish_max_sum,
     publish_piece,
     store_hint,
     wait_row_max_sum,
@@ -654,9 +655,10 @@ def _ce_fwd_split_kernel(
 def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piece, start, cm, c64, C, INNER, sxo, sxi,
                     sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2: tl.constexpr,
                     BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr,
-                    HAS_ROW_SCALE: tl.constexpr, LEAN: tl.constexpr, CALL: tl.constexpr):
+                    HAS_ROW_SCALE: tl.constexpr, LEAN: tl.constexpr, CALL: tl.constexpr, live=True):
     """Row rp of ``_ce_fwd_persist_kernel`` once its piece (x_p; LEAN: e_p, mps_p) is published: wait for the
-    row's statistics, lse, the loss (written by the program owning the target t) and this piece's gradient."""
+    row's statistics, lse, the loss (written by the program owning the target t) and this piece's gradient.
+    ``live`` False (the LAG form's first iteration; its ``cm`` then masks every column): write no loss."""
     # What the row needs besides its statistics, loaded before the wait (their latency hides there).
     ign = t == ignore_index
     bad = (~ign) & ((t < 0) | (t >= C))
@@ -682,7 +684,7 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
     lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
     loss = tl.where(ign, 0.0, w_t * (lse - x_t))
     loss = tl.where(bad, float("nan"), loss) * scale
-    tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=owner)
+    tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=owner & live)
     if HAS_ROW_SCALE:
         scale = scale * rs
     scale = tl.where(bad, float("nan"), scale)
@@ -720,6 +722,8 @@ def _ce_fwd_persist_kernel(
                                  # conversion and one exp2 per element (candidate, as the softmax's LEAN)
     STAGES: tl.constexpr = 1,  # > 1: the SMEM-pipelined form (one row in registers; the next rows' loads in
                                # flight by cp.async, as _softmax_fwd_persist_kernel)
+    LAG: tl.constexpr = False,  # with STAGES > 1: row k - 1's loss and gradient after row k is published, its piece
+                                # re-read from L2 (candidate, as _softmax_fwd_persist_kernel's LAG)
 ):
     """Wide rows with class-index targets, one read: persistent co-resident programs, each holding one piece
     of a row in registers (ops/_rowsync.py), pipelined one row deep as ``_softmax_fwd_persist_kernel``.
@@ -732,6 +736,23 @@ def _ce_fwd_persist_kernel(
     """
     inv_den = tl.cast(inv_den, tl.float32)  # floats may arrive as float64
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, C, BLOCK_N)
+    if STAGES > 1 and LAG:  # one iteration past the last row (for its output); iteration 0 writes nothing
+        for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            # -inf where masked (and for the row past the end): the identity of max; exp(-inf - m) = 0 of the sum.
+            x = load_piece(X, r, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
+            if PHASE != 1:
+                publish_max_sum(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+            if PHASE != 0:
+                rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))  # row k - 1 (iteration 0: row k)
+                live = r > tl.cast(group, tl.int64)
+                cm_live = cm & (c64 * 0 + r > group)  # (a vector mask: the interpreter takes no vector & scalar)
+                t = tl.load(T + rp).to(tl.int64)
+                xp = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxc, c64), mask=cm_live, other=-float("inf"))
+                _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, xp, xp, 0.0, t, rp, piece, start, cm_live, c64, C, INNER, sxo,
+                                sxi, sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N,
+                                HAS_WEIGHT, DEN_ON_DEVICE, HAS_ROW_SCALE, False, True, live)
+        return
     if STAGES > 1:
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
@@ -989,6 +1010,8 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
             pstages = int(get_override("cross_entropy", "persist_stages", cfg.PERSIST_STAGES.get(elem, 1)))
             if pstages > 1:  # the SMEM-pipelined form (else the register form, its key left out as before)
                 plan.persist["STAGES"] = pstages
+                if get_override("cross_entropy", "persist_lag", False):  # candidate (see the kernel)
+                    plan.persist["LAG"] = True
             plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
                                   den_on_device, has_row_scale, has_grad, False)
         elif wide == 2 and has_grad:
