@@ -67,6 +67,8 @@ def test_wide_persistent(n, dtype, form, device):
     lean, stages, lag = "lean" in form, 3 if form.startswith("smem") else 1, form == "smem_lag"
     if stages > 1 and n == 64:
         pytest.skip("the SMEM form: 17 and 100 columns cover its ragged pieces (CI time)")
+    if lag and n == 17:
+        pytest.skip("the LAG variant: 100 columns (7 ragged pieces) cover it (CI time)")
     x = torch.randn(7, n, device=device, dtype=dtype) * 4
     with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_lean=lean,
                          persist_stages=stages, persist_lag=lag):
