@@ -92,6 +92,8 @@ PERSIST = {2: (4096, 4, 16), 4: (4096, 8, 4)}  # (16-bit: at most 16 per SM, as 
 #   SMEM 2K x 4 / 4K x 8 / 8K x 8 warps, 3 stages  0.44-0.58 / 0.50-0.56 / 0.54-0.60
 # (fp32 logits: not swept in this form; they stream.)
 PERSIST_STAGES = {2: 4}
+# (Candidate: config_override("cross_entropy", persist_lag=True), row k - 1's loss and gradient after row k is
+# published, its piece re-read from L2; session 10, not yet timed: benchmarks/gpu_session15_b.sh.)
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8

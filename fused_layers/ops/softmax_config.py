@@ -78,6 +78,9 @@ _PERSIST = {("fwd", 2): (4096, 4, 16), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4
 #   fp32 fwd  register form 0.92 / 0.89 / 0.78 / 0.84   SMEM 4K x 4 x 3 0.87 / 0.88 / 0.84 / 0.80: kept
 #   fp32 bwd  register form 0.96 / 0.97 / 0.98 / 0.95   SMEM 0.87-0.95: kept
 _PERSIST_STAGES = {("fwd", 2): 3, ("bwd", 2): 3}
+# (Candidate, not a default: config_override("softmax", persist_lag=True) writes row k - 1 after publishing row k,
+# from a second load of its piece (L2), so the wait leaves the critical path; written in session 10, not yet timed:
+# benchmarks/gpu_session15_a.sh.)
 
 
 def _single_block_config(n_pow2: int, elem: int, direction: str) -> tuple[int, int]:
