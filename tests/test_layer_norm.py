@@ -135,7 +135,11 @@ def test_wide_rows_persistent_backward(rms, dtype, n, device):
         ln_ops._BWD_PLANS.clear()
         _check(rms, (7, n), 1, dtype, device)
         plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
-        assert plans and all(p.persist["kernel"] is not None and p.persist["groups"] == 3 for p in plans)
+        # (the interpreter runs 3 row groups; a GPU as many as it holds, at most one per row)
+        from fused_layers.ops._common import INTERPRET
+
+        assert plans and all(p.persist["kernel"] is not None and p.persist["groups"] == (3 if INTERPRET else 7)
+                             for p in plans)
         if dtype == torch.float32:
             _check(rms, (4, n), 1, dtype, device, affine=False)
             _check(rms, (1, n), 1, dtype, device)  # one row, one group
