@@ -830,6 +830,8 @@ def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b:
     returns (partials buffer, G, reduce kernel), or None when not even one row group fits (the caller then
     takes ``plan.fallback``)."""
     p = plan.persist
+    if p.get("unfit"):
+        return None
     m, n, sx, sdy = plan.m, plan.n, plan.ints[2], plan.ints[3]
     slots = torch.zeros((m * p["splits"] * (1 if is_rms else 2),), dtype=torch.int64, device=x.device)
     if p["kernel"] is None:
@@ -837,6 +839,7 @@ def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b:
         args = (x, dy, dx, w, stats, stats, slots, m, n, sx, sdy, p["splits"], p["piece"])
         bound = bind_persistent(_norm_bwd_persist_kernel, args, p["splits"], m, p["per_sm"], **p["meta"])
         if bound is None:
+            p["unfit"] = True  # decided once per plan: later calls go straight to the fallback
             return None
         p["kernel"], p["groups"] = bound
         if has_w or has_b:
