@@ -3,7 +3,8 @@
     python benchmarks/bench_host.py --out benchmarks/results           # writes host_<gpu>.json / .md
 
 Method (issue 9): tiny inputs, so that GPU time is negligible and the CPU that issues the work is what is
-measured: (8, 768) bf16 for the norms and softmax, B1 H1 S128 D64 bf16 for attention.  After a warm-up,
+measured: (8, 768) bf16 for the norms and softmax, B1 H1 S128 D64 bf16 for attention, (8, 1000) and (8, 50304)
+bf16 logits for the cross-entropy (against ``F.cross_entropy`` on the same bf16 logits).  After a warm-up,
 N back-to-back calls with no synchronization in between, then one ``torch.cuda.synchronize()``; the
 wall time divided by N is the host cost per call.  "fwd" is a call with no input requiring grad (no
 autograd graph); "fwd+bwd" is ``y = op(x); y.backward(g)`` with x (and the parameters) requiring grad.
@@ -31,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from fused_layers import fused_attention, fused_layer_norm, fused_rms_norm, fused_softmax  # noqa: E402
+from fused_layers import fused_attention, fused_cross_entropy, fused_layer_norm, fused_rms_norm, fused_softmax  # noqa: E402
 from fused_layers.ops._library import Kernel  # noqa: E402
 
 
@@ -83,6 +84,11 @@ def cases(cpp: bool = False):
     q = torch.randn(1, 1, 128, 64, device=dev, dtype=dt)
     go = torch.randn_like(q)
     qg, kg, vg = (q.clone().requires_grad_() for _ in range(3))
+    # cross-entropy: (8, 1000) (single-block rows) and (8, 50304) (GPT-2's vocabulary: the wide rows' persistent
+    # kernel, as each chunk of the demo's linear cross-entropy takes it)
+    ce_in = {v: torch.randn(8, v, device=dev, dtype=dt) for v in (1000, 50304)}
+    ce_g = {v: t.clone().requires_grad_() for v, t in ce_in.items()}
+    ce_t = {v: torch.randint(0, v, (8,), device=dev) for v in ce_in}
     liger = liger_providers()
 
     def fb(f):
@@ -106,6 +112,12 @@ def cases(cpp: bool = False):
             "fwd": {"pytorch": lambda: torch.softmax(x, -1), "fused": lambda: fused_softmax(x, -1)},
             "fwd+bwd": {"pytorch": fb(lambda: torch.softmax(xg, -1)), "fused": fb(lambda: fused_softmax(xg, -1))},
         },
+        **{f"cross_entropy_{v}": {
+            "fwd": {"pytorch": lambda v=v: F.cross_entropy(ce_in[v], ce_t[v]),
+                    "fused": lambda v=v: fused_cross_entropy(ce_in[v], ce_t[v])},
+            "fwd+bwd": {"pytorch": lambda v=v: F.cross_entropy(ce_g[v], ce_t[v]).backward(),
+                        "fused": lambda v=v: fused_cross_entropy(ce_g[v], ce_t[v]).backward()},
+        } for v in ce_in},
         "attention": {
             "fwd": {"pytorch": lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
                     "fused": lambda: fused_attention(q, q, q, is_causal=True)},
