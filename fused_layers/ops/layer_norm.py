@@ -112,7 +112,7 @@ from ._common import (
     use_fallback,
 )
 from . import _cpp
-from ._library import FusedOp, Kernel
+from ._library import _PLAIN, FusedOp, Kernel
 from ._rowsync import (
     balanced_pieces,
     bind_persistent,
@@ -941,8 +941,6 @@ def norm_backward(
         reduce_kernel(parts, dx if dw is None else dw, dx if db is None else db, g, plan.n)
     return dx, dw, db
 
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 # ==================================================================================================
