@@ -212,8 +212,10 @@ def bwd_candidates(n: int, elem: int):
         c += [
             dict(bwd_max_single=1024, bwd_persist=1, bwd_persist_block=bl, bwd_persist_warps=wp, bwd_persist_per_sm=8,
                  bwd_persist_stages=st)
-            for bl, wp, st in ((4096, 8, 3), (4096, 8, 4), (2048, 4, 3), (4096, 16, 3), (8192, 16, 3), (4096, 8, 1))
+            for bl, wp, st in ((4096, 8, 3), (4096, 8, 4), (2048, 4, 3), (4096, 16, 3), (8192, 16, 3), (4096, 8, 1),
+                               (2048, 4, 4), (2048, 8, 3))
         ]
+        c.append(dict(bwd_persist=0))  # the two-pass kernels, where a BWD_PERSIST entry makes the default persistent
     return _unique(c)
 
 
