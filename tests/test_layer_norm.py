@@ -174,6 +174,19 @@ def test_wide_rows_persistent_backward_traced_plan_is_two_pass():
         traced = ln_ops._bwd_plan(shape, (40, 1), (40, 1), torch.float32, 1, True, True, False, -1)
     assert eager.persist is not None and eager.persist["splits"] == 3 and eager.fallback is traced
     assert traced.persist is None and traced.stats_kernel is not None
+
+
+@pytest.mark.parametrize("n", [40, 768])
+def test_backward_plan_without_persistent_kernel_is_shared(n):
+    """A row the persistent kernel does not take (narrow, or no BWD_PERSIST entry) has one backward plan for
+    eager and traced callers: the kernels the Python path compiles are the ones the C++ fast path registers
+    (it asks with persist_ok False; two plans left it never registered, issue9/run16_c)."""
+    shape = torch.Size((4, n))
+    eager = ln_ops._bwd_plan(shape, (n, 1), (n, 1), torch.bfloat16, 1, True, True, False, -1, persist_ok=True)
+    traced = ln_ops._bwd_plan(shape, (n, 1), (n, 1), torch.bfloat16, 1, True, True, False, -1)
+    assert eager is traced and eager.persist is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [1, 7, 257])
 def test_fused_stats_forward(dtype, n, device):
@@ -561,6 +574,18 @@ def test_gpu_persistent_backward(rms, n, dtype, stages):
         plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
         assert plans and all(p.persist["kernel"] is not None and 1 <= p.persist["groups"] < 1200 for p in plans)
         _assert_grads_bitwise_repeatable(rms, 300, n, dtype, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("n", [16384, 20011, 32768, 65536, 100003, 131072])
+def test_gpu_persistent_backward_defaults(rms, n):
+    """The BWD_PERSIST entries (bf16 16K-128K, adopted in session 11) with no override: the persistent plan is
+    taken, and the gradients are right against float64 on aligned and prime widths."""
+    ln_ops._BWD_PLANS.clear()
+    _check(rms, (600, n), 1, torch.bfloat16, "cuda")
+    plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
+    assert plans and all(p.persist["kernel"] is not None and 1 <= p.persist["groups"] < 600 for p in plans)
 
 
 @pytest.mark.gpu

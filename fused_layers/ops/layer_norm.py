@@ -792,6 +792,15 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     plan.stats_kernel = None
     plan.persist = plan.fallback = None
     pcfg = None if single or not persist_ok else _bwd_persist_config(n_pow2, dtype.itemsize)
+    if persist_ok and pcfg is None:
+        # No persistent kernel for this row: one plan whatever ``persist_ok`` says, so the kernels the Python path
+        # compiles are the ones the C++ fast path registers (``_cpp_register`` asks with persist_ok=False; with
+        # two plans its kernels were never compiled, it never registered, and every backward stayed on the
+        # Python path, paying a registration attempt per call: 241 us against 221 for LayerNorm fwd+bwd at
+        # (8, 768) bf16, issue9/run16_c host_h200.md).
+        plan = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w)
+        _BWD_PLANS[key] = plan
+        return plan
     if pcfg is not None:  # the one-read persistent kernel; the two-pass plan is its fallback
         pblock, pwarps, per_sm_p, pstages = pcfg
         pblock = next_power_of_2(pblock)

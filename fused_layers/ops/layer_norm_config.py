@@ -39,16 +39,21 @@ BWD_CHUNK_PROGS_PER_SM = 1
 # Wide rows, eager calls: the one-read persistent backward (_norm_bwd_persist_kernel: a row's pieces held by
 # co-resident programs that exchange their partial row sums, ops/_rowsync.py), by (element size, width bucket):
 # (BLOCK_N columns per piece, num_warps, most programs per SM, STAGES).  Written in session 10 (2026-12-02) for the
-# 16K backward (two-pass kernels: 0.46-0.48 of copy, issue 9's target 0.85).  H200 sweep, session 11, bf16, CUDA-graph
-# replay (issue9/run16_b norm_graph_*.txt; do_bench in issue10/run15_a ln/rms.log agrees on the order), LN / RMS
-# fraction of copy against the two-pass default: 16K 2048x4 warps x3 stages 0.65 / 0.72 (4096x8: 0.63 / 0.70;
-# two-pass 0.47 / 0.47); 64K 4096x8x3 0.55 / 0.63 (two-pass 0.39 / 0.42).  32K: the same 4096x8x3, confirmed in
-# run16_c.  Other widths and float32: no entry.  Opt-in elsewhere: config_override("layer_norm", bwd_persist=1,
-# bwd_persist_block=.., bwd_persist_warps=.., bwd_persist_per_sm=.., bwd_persist_stages=..).
+# 16K backward (two-pass kernels: 0.46-0.48 of copy, issue 9's target 0.85).  H200 sweeps of session 11, bf16,
+# CUDA-graph replay (issue9/run16_b, run16_c norm_*.txt; do_bench in issue10/run15_a agrees on the order), LN / RMS
+# fraction of copy, the entry against the two-pass kernels (bwd_persist=0) in the same run:
+#   16K  2048 x 4 warps x 3 stages   0.65 / 0.72   (two-pass 0.47 / 0.47)
+#   32K  2048 x 4 x 3                0.64 / 0.74   (0.44 / 0.45)
+#   64K  4096 x 8 x 3                0.54 / 0.63   (0.39 / 0.42)
+#   128K 8192 x 16 x 3               0.47 / 0.59   (0.33 / 0.37)
+# Still short of 0.85; 4 stages tied (within 0.01), 1 stage lost at every width.  float32: no entry (not swept).  Opt-in
+# elsewhere: config_override("layer_norm", bwd_persist=1, bwd_persist_block=.., bwd_persist_warps=..,
+# bwd_persist_per_sm=.., bwd_persist_stages=..); bwd_persist=0 turns an entry off.
 BWD_PERSIST: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (2, 16384): (2048, 4, 8, 3),
-    (2, 32768): (4096, 8, 8, 3),
+    (2, 32768): (2048, 4, 8, 3),
     (2, 65536): (4096, 8, 8, 3),
+    (2, 131072): (8192, 16, 8, 3),
 }
 BWD_PERSIST_DEFAULT = (4096, 8, 4, 3)  # what bwd_persist=1 takes where the table has no entry
 
