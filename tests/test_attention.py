@@ -208,6 +208,24 @@ def test_opcheck(device):
     torch.library.opcheck(attention_op.bwd_op, bwd_args, test_utils=("test_schema", "test_faketensor"))
 
 
+def test_cudnn_probe_is_a_compile_constant(monkeypatch):
+    """The device probe behind ``prefer_sdpa`` compiles with fullgraph=True while its cache is still empty (a
+    model compiled before any eager call): traced as code, cudnn_sdp_enabled() broke the graph in every
+    attention call (GPT-2 fused + compile 0.67-0.74x compiled SDPA, benchmarks/results/issue9/run16_f)."""
+    import fused_layers.ops.attention as attn_ops
+
+    monkeypatch.setattr(attn_ops, "_CUDNN_FASTER", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+    def f(x):
+        return x + 1 if attn_ops._cudnn_sdpa_available(0) else x - 1
+
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(3))
+    want = 1.0 if torch.backends.cuda.cudnn_sdp_enabled() else -1.0
+    assert out.tolist() == [want] * 3 and attn_ops._CUDNN_FASTER == {0: want > 0}
+
+
 @pytest.mark.slow
 def test_compile_fullgraph(device):
     q, k, v = _inputs(2, 2, 1, 17, 20, 16, device)
