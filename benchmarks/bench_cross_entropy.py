@@ -301,7 +301,13 @@ SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
                 # the critical path; session 10, not yet timed)
                 **{f"persist_smem_{b // 1024}k_w{w}_st{st}_lag": dict(wide_mode=2, persist_block=b, persist_warps=w,
                                                                      persist_per_sm=16, persist_stages=st, persist_lag=True)
-                   for b, w, st in ((4096, 4, 2), (4096, 4, 3), (4096, 4, 4), (2048, 4, 3))}}
+                   for b, w, st in ((4096, 4, 2), (4096, 4, 3), (4096, 4, 4), (2048, 4, 3))},
+                # the SMEM form with LEAN (the statistics pass's exponentials kept for the output: one exp2 a value
+                # instead of two; bf16 moves twice fp32's values per byte, and the forward at 0.80-0.84 of copy
+                # against fp32's 0.88-0.93 at 32K-64K may be the MUFU's share; session 11, not yet timed)
+                **{f"persist_smem_{b // 1024}k_w{w}_st{st}_lean": dict(wide_mode=2, persist_block=b, persist_warps=w,
+                                                                      persist_per_sm=16, persist_stages=st, persist_lean=True)
+                   for b, w, st in ((4096, 4, 3), (4096, 4, 4), (8192, 8, 3))}}
 
 
 def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32), only=None):

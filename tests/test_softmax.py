@@ -55,7 +55,7 @@ def test_streaming_multi_block(n, dtype, device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [17, 64, 100])
-@pytest.mark.parametrize("form", ["regs", "lean", "smem", "smem_lag"])
+@pytest.mark.parametrize("form", ["regs", "lean", "smem", "smem_lag", "smem_lean"])
 def test_wide_persistent(n, dtype, form, device):
     """Wide rows held in registers by persistent programs exchanging their partials (wide_mode=2,
     ops/_rowsync.py): forward statistics and the backward's dot; balanced ragged pieces; several rows per
@@ -67,8 +67,8 @@ def test_wide_persistent(n, dtype, form, device):
     lean, stages, lag = "lean" in form, 3 if form.startswith("smem") else 1, form == "smem_lag"
     if stages > 1 and n == 64:
         pytest.skip("the SMEM form: 17 and 100 columns cover its ragged pieces (CI time)")
-    if lag and n == 17:
-        pytest.skip("the LAG variant: 100 columns (7 ragged pieces) cover it (CI time)")
+    if (lag or form == "smem_lean") and n == 17:
+        pytest.skip("the LAG / SMEM+LEAN variants: 100 columns (7 ragged pieces) cover them (CI time)")
     x = torch.randn(7, n, device=device, dtype=dtype) * 4
     with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_lean=lean,
                          persist_stages=stages, persist_lag=lag):
@@ -277,7 +277,7 @@ def test_gpu_widths(n, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [32768 + 1, 50304, 65536, 100003, 262144, 1048576])
-@pytest.mark.parametrize("block", [None, 8192, "lean", "smem", "smem_lag"])
+@pytest.mark.parametrize("block", [None, 8192, "lean", "smem", "smem_lag", "smem_lean"])
 def test_gpu_wide_persistent(n, dtype, block):
     """Persistent wide kernels on the GPU: co-resident programs really waiting on each other (cooperative
     launch), more rows than row groups; the LEAN forward candidate, the SMEM form (the 16-bit default) and its
@@ -285,9 +285,10 @@ def test_gpu_wide_persistent(n, dtype, block):
     m = max(1, min(512, 2**24 // n))
     if block == "lean":
         over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_lean=True)
-    elif block in ("smem", "smem_lag"):
+    elif block in ("smem", "smem_lag", "smem_lean"):
         # (3 stages gave wrong rows at 64+ pieces a row before the called waits polled 32 words at a time, session 9)
-        over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_stages=3, persist_lag=block == "smem_lag")
+        over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_stages=3, persist_lag=block == "smem_lag",
+                    persist_lean=block == "smem_lean")
     else:
         over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
     with config_override("softmax", **over):
