@@ -215,6 +215,9 @@ def bwd_candidates(n: int, elem: int):
             for bl, wp, st in ((4096, 8, 3), (4096, 8, 4), (2048, 4, 3), (4096, 16, 3), (8192, 16, 3), (4096, 8, 1),
                                (2048, 4, 4), (2048, 8, 3))
         ]
+        # LayerNorm's two partial sums in one published word (bwd_persist_pack; session 11, not yet timed)
+        c += [dict(bwd_max_single=1024, bwd_persist=1, bwd_persist_block=bl, bwd_persist_warps=wp, bwd_persist_per_sm=8,
+                   bwd_persist_stages=3, bwd_persist_pack=1) for bl, wp in ((2048, 4), (4096, 8))]
         c.append(dict(bwd_persist=0))  # the two-pass kernels, where a BWD_PERSIST entry makes the default persistent
     return _unique(c)
 

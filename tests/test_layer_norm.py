@@ -145,6 +145,24 @@ def test_wide_rows_persistent_backward(rms, dtype, n, device):
             _check(rms, (1, n), 1, dtype, device)  # one row, one group
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_wide_rows_persistent_backward_packed_sums(dtype, device):
+    """LayerNorm's opt-in packed form (bwd_persist_pack: both partial sums in one word, _rowsync.pack_sums):
+    41 pieces a row (two wait chunks), rows whose dy is 0 (both sums 0: the word must still read as published,
+    a zero sum goes out as -0.0) and dy = 0 on one column only."""
+    def dy_fn(dy):
+        dy[1:3] = 0.0
+        dy[4, 0] = 0.0
+        return dy
+
+    with config_override("layer_norm", **PERSIST, bwd_persist_stages=3, bwd_persist_pack=1):
+        ln_ops._BWD_PLANS.clear()
+        _check(False, (7, 16 * 40 + 5), 1, dtype, device, dy_fn=dy_fn)
+        plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
+        assert plans and all(p.persist["meta"].get("PACK") for p in plans)
+        _check(False, (3, 37), 1, dtype, device, affine=False)
+
+
 def test_wide_rows_persistent_backward_zero_grads_and_strided(device):
     """dy = 0 on some rows (published partial sums of 0: the flagged words are never 0, so no wait hangs),
     a row-strided x, and the unpipelined form (STAGES 1)."""
@@ -574,6 +592,23 @@ def test_gpu_persistent_backward(rms, n, dtype, stages):
         plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
         assert plans and all(p.persist["kernel"] is not None and 1 <= p.persist["groups"] < 1200 for p in plans)
         _assert_grads_bitwise_repeatable(rms, 300, n, dtype, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [16384, 40000, 65536])
+def test_gpu_persistent_backward_packed_sums(n):
+    """LayerNorm's opt-in packed form (both partial sums in one word) on the GPU, zero-gradient rows included."""
+    def dy_fn(dy):
+        dy[5:9] = 0.0
+        return dy
+
+    with config_override("layer_norm", bwd_persist=1, bwd_persist_block=2048, bwd_persist_warps=4, bwd_persist_stages=3,
+                         bwd_max_single=1024, bwd_persist_pack=1):
+        ln_ops._BWD_PLANS.clear()
+        _check(False, (1200, n), 1, torch.bfloat16, "cuda", dy_fn=dy_fn)
+        plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
+        assert plans and all(p.persist["meta"].get("PACK") and p.persist["kernel"] is not None for p in plans)
+        _assert_grads_bitwise_repeatable(False, 300, n, torch.bfloat16, 2)
 
 
 @pytest.mark.gpu

@@ -72,6 +72,16 @@ def pack_flagged(a):
 
 
 @triton.jit
+def pack_sums(a, b):
+    """Two float32 partial sums as one never-zero int64 word: bits(a) high, bits(b) low, a zero b published as
+    -0.0 (bit 31 set: it sums as +0.0 does), so the word is its own flag.  The wide norm backward's opt-in packed
+    form (one publish and one polled word a piece instead of two ``pack_flagged`` words)."""
+    ua = a.to(tl.uint32, bitcast=True).to(tl.uint64)
+    ub = b.to(tl.uint32, bitcast=True).to(tl.uint64) | ((b == 0.0).to(tl.uint64) << 31)
+    return ((ua << 32) | ub).to(tl.int64, bitcast=True)
+
+
+@triton.jit
 def unpack_pair(v):
     """The float32 pair of words v (any shape): (high, low)."""
     u = v.to(tl.uint64, bitcast=True)
@@ -264,6 +274,20 @@ def wait_row_two_sums_call(ROW_SLOTS, SPLITS):
     return s1, s2
 
 
+@triton.jit(noinline=True)
+def wait_row_pair_sums_call(ROW_SLOTS, SPLITS):
+    """Two sums of a row once all its pieces have published one ``pack_sums`` word each (piece p at ROW_SLOTS + p):
+    a function call, as ``wait_row_max_sum_call``, WAIT_CHUNK words at a time, in a fixed order."""
+    s1 = 0.0
+    s2 = 0.0
+    for c0 in range(0, SPLITS, WAIT_CHUNK):
+        words, pm = wait_row(ROW_SLOTS + c0, tl.minimum(SPLITS - c0, WAIT_CHUNK), WAIT_CHUNK)
+        a, b = unpack_pair(words)
+        s1 += tl.sum(tl.where(pm, a, 0.0), axis=0)
+        s2 += tl.sum(tl.where(pm, b, 0.0), axis=0)
+    return s1, s2
+
+
 # --------------------------------------------------------------------------------------------------
 # Host side: how many programs the GPU holds at once
 # --------------------------------------------------------------------------------------------------
@@ -361,5 +385,5 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
     return splits, piece
 
 
-__all__ = ["pack_pair", "pack_flagged", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "program_piece", "piece_ptrs", "load_piece", "persistent_groups",
+__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "persistent_groups",
            "interpreter_groups", "programs_per_sm", "bind_persistent", "balanced_pieces"]

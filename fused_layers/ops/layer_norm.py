@@ -117,8 +117,10 @@ from ._rowsync import (
     balanced_pieces,
     bind_persistent,
     pack_flagged,
+    pack_sums,
     program_piece,
     publish,
+    wait_row_pair_sums_call,
     wait_row_sum_call,
     wait_row_two_sums_call,
 )
@@ -530,7 +532,8 @@ def _norm_bwd_loop_kernel(
 def _norm_bwd_persist_kernel(
     X, DY, DX, W, STATS,  # as in _norm_bwd_kernel
     PARTS,  # pointer to the float32 partials: [GROUPS, N] dW rows (if HAS_W), then [GROUPS, N] dB rows (if HAS_B)
-    SLOTS,  # pointer to int64 [M, SPLITS, NW], zeroed: each piece's published partial row sums (NW: 1 RMSNorm, 2 LayerNorm)
+    SLOTS,  # pointer to int64 [M, SPLITS, NW], zeroed: each piece's published partial row sums (NW: 1 RMSNorm, or
+            # LayerNorm with PACK; 2 LayerNorm)
     M, N, sx, sdy,
     SPLITS, PIECE,  # pieces per row, columns per piece (the last piece may be shorter)
     GROUPS,  # row groups: program g holds piece g % SPLITS of rows g // SPLITS, + GROUPS, ... (_rowsync.program_piece)
@@ -541,6 +544,8 @@ def _norm_bwd_persist_kernel(
     PHASE: tl.constexpr,  # 2 on the GPU; 0 (publish) then 1 (wait, write) under the interpreter (_rowsync)
     CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_bwd_kernel
     STAGES: tl.constexpr = 1,  # software pipelining of the row loop (the wait is a call, so the pipeliner takes it)
+    PACK: tl.constexpr = False,  # LayerNorm: both partial sums in one word (_rowsync.pack_sums): one publish, one
+                                 # polled word a piece (opt-in candidate, bwd_persist_pack)
 ):
     """Wide-row backward in one read of x and dy (opt-in, ``bwd_persist``): the pieces of a row are held by
     co-resident programs (ops/_rowsync.py, the wide softmax's scheme) that exchange their partial row sums.
@@ -569,6 +574,12 @@ def _norm_bwd_persist_kernel(
             if PHASE != 0:
                 c1 = wait_row_sum_call(SLOTS + r * SPLITS, SPLITS) / N
                 dx = (g - xhat * c1) * rstd
+        elif PACK:
+            if PHASE != 1:  # one word: (sum(g * xhat), sum(g))
+                publish(SLOTS + r * SPLITS + piece, pack_sums(tl.sum(g * xhat, axis=0), tl.sum(g, axis=0)), r < M)
+            if PHASE != 0:
+                s1, s2 = wait_row_pair_sums_call(SLOTS + r * SPLITS, SPLITS)
+                dx = (g - xhat * (s1 / N) - s2 / N) * rstd
         else:
             if PHASE != 1:  # two words: sum(g * xhat), sum(g)
                 slot = SLOTS + (r * SPLITS + piece) * 2
@@ -808,6 +819,8 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
         plan.persist = dict(per_sm=per_sm_p, splits=splits, piece=piece, kernel=None, groups=0, reduce=None,
                             meta=dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, BLOCK_N=pblock, CAST_BEFORE_W=cast_before_w,
                                       STAGES=max(1, pstages), num_warps=pwarps))
+        if not is_rms and get_override(_CFG, "bwd_persist_pack", False):  # candidate, not a default (see the kernel)
+            plan.persist["meta"]["PACK"] = True
         plan.fallback = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w)
     if single:
         acc_rows, pair_sum = _bwd_variants(n_pow2, dtype.itemsize, n, is_rms)
@@ -842,7 +855,8 @@ def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b:
     if p.get("unfit"):
         return None
     m, n, sx, sdy = plan.m, plan.n, plan.ints[2], plan.ints[3]
-    slots = torch.zeros((m * p["splits"] * (1 if is_rms else 2),), dtype=torch.int64, device=x.device)
+    words = 1 if is_rms or p["meta"].get("PACK") else 2  # per piece
+    slots = torch.zeros((m * p["splits"] * words,), dtype=torch.int64, device=x.device)
     if p["kernel"] is None:
         # the partials' size depends on GROUPS: bind with the statistics buffer (float32) in their place
         args = (x, dy, dx, w, stats, stats, slots, m, n, sx, sdy, p["splits"], p["piece"])
