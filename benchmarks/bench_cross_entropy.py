@@ -201,6 +201,15 @@ PERSIST_CANDIDATES.update({
                              (4096, 4, 2), (2048, 4, 2), (8192, 8, 2), (8192, 4, 2),
                              (4096, 4, 5), (4096, 4, 6), (8192, 4, 3), (8192, 4, 4))
 })
+# The SMEM form with LEAN (the statistics pass's exponentials kept for the output / gradient: one exp2 a value
+# instead of two; bf16 moves twice fp32's values per byte, and its forward at 0.80-0.84 of copy against fp32's
+# 0.88-0.93 at 32K-64K may be the MUFU's share; sm_90 MUFU count 103 against 134, same registers; session 11, not
+# yet timed): softmax (persist_*) and CE (persist_*) candidates alike.
+PERSIST_CANDIDATES.update({
+    f"smem_{block // 1024}k_w{warps}_st{st}_lean": dict(persist_block=block, persist_warps=warps, persist_per_sm=16,
+                                                       persist_stages=st, persist_lean=True)
+    for block, warps, st in ((4096, 4, 3), (4096, 4, 4), (8192, 8, 3))
+})
 SWEEP = {
     # one program per row, two passes, the second read from L2
     "stream_8k_w16_base": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=0, lane_max=0),  # run4's
@@ -301,13 +310,7 @@ SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
                 # the critical path; session 10, not yet timed)
                 **{f"persist_smem_{b // 1024}k_w{w}_st{st}_lag": dict(wide_mode=2, persist_block=b, persist_warps=w,
                                                                      persist_per_sm=16, persist_stages=st, persist_lag=True)
-                   for b, w, st in ((4096, 4, 2), (4096, 4, 3), (4096, 4, 4), (2048, 4, 3))},
-                # the SMEM form with LEAN (the statistics pass's exponentials kept for the output: one exp2 a value
-                # instead of two; bf16 moves twice fp32's values per byte, and the forward at 0.80-0.84 of copy
-                # against fp32's 0.88-0.93 at 32K-64K may be the MUFU's share; session 11, not yet timed)
-                **{f"persist_smem_{b // 1024}k_w{w}_st{st}_lean": dict(wide_mode=2, persist_block=b, persist_warps=w,
-                                                                      persist_per_sm=16, persist_stages=st, persist_lean=True)
-                   for b, w, st in ((4096, 4, 3), (4096, 4, 4), (8192, 8, 3))}}
+                   for b, w, st in ((4096, 4, 2), (4096, 4, 3), (4096, 4, 4), (2048, 4, 3))}}
 
 
 def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32), only=None):

@@ -73,9 +73,10 @@ PERSIST = dict(max_single=16, wide_mode=3, persist_block=16)  # persistent: 16-c
 PERSIST_LEAN = dict(PERSIST, persist_lean=True)  # the gradient from the statistics pass's exponentials
 PERSIST_SMEM = dict(PERSIST, persist_stages=3)  # SMEM-pipelined: one row in registers, the wait a function call
 PERSIST_SMEM_LAG = dict(PERSIST_SMEM, persist_lag=True)  # + row k - 1 written after row k is published (re-read)
+PERSIST_SMEM_LEAN = dict(PERSIST_SMEM, persist_lean=True)  # SMEM-pipelined with the LEAN gradient
 WIDE = {"split": SPLIT, "stream": STREAM, "stream_base": STREAM_BASE, "stream_pf2": STREAM_PF2, "stream_st3": STREAM_ST3,
         "stream_l2": STREAM_L2, "persist": PERSIST, "persist_lean": PERSIST_LEAN, "persist_smem": PERSIST_SMEM,
-        "persist_smem_lag": PERSIST_SMEM_LAG}
+        "persist_smem_lag": PERSIST_SMEM_LAG, "persist_smem_lean": PERSIST_SMEM_LEAN}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -144,7 +145,7 @@ def test_persistent_smem_many_pieces(device):
 
 
 @pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "persist",
-                                  "persist_lean", "persist_smem", "persist_smem_lag"])
+                                  "persist_lean", "persist_smem", "persist_smem_lag", "persist_smem_lean"])
 def test_split_rows_special_values_and_layouts(mode, device):
     x = torch.randn(6, 40, device=device)
     x[0, 3] = float("-inf")
@@ -406,7 +407,8 @@ def test_gpu_vocab_widths(c, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "split", "single64k",
-                                  "persist", "persist_8k", "persist_lean", "persist_smem", "persist_smem_lag"])
+                                  "persist", "persist_8k", "persist_lean", "persist_smem", "persist_smem_lag",
+                                  "persist_smem_lean"])
 @pytest.mark.parametrize("c", [32000, 50304, 262144])
 def test_gpu_wide_row_kernels(c, mode):
     """Every wide-row kernel (stream with/without prefetch and reversed pass, split, single block) at these
@@ -421,7 +423,8 @@ def test_gpu_wide_row_kernels(c, mode):
            "stream_l2": dict(evict=7), "single64k": dict(max_single=65536, num_warps=32),
            "persist": dict(wide_mode=3), "persist_8k": dict(wide_mode=3, persist_block=8192, persist_warps=8),
            "persist_lean": dict(wide_mode=3, persist_lean=True), "persist_smem": dict(wide_mode=3, persist_stages=3),
-           "persist_smem_lag": dict(wide_mode=3, persist_stages=4, persist_lag=True)}[mode]
+           "persist_smem_lag": dict(wide_mode=3, persist_stages=4, persist_lag=True),
+           "persist_smem_lean": dict(wide_mode=3, persist_stages=4, persist_lean=True)}[mode]
     with config_override("cross_entropy", **cfg):
         _check(x, t, label_smoothing=0.1)  # (smoothing streams: the persistent modes take the two checks below)
         _check(x, t)
