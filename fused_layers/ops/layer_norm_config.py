@@ -40,8 +40,8 @@ BWD_CHUNK_PROGS_PER_SM = 1
 # co-resident programs that exchange their partial row sums, ops/_rowsync.py), by (element size, width bucket):
 # (BLOCK_N columns per piece, num_warps, most programs per SM, STAGES).  Written in session 10 (2026-12-02) for the
 # 16K backward (two-pass kernels: 0.46-0.48 of copy, issue 9's target 0.85).  H200 sweeps of session 11, bf16,
-# CUDA-graph replay (issue9/run16_b, run16_c norm_*.txt; do_bench in issue10/run15_a agrees on the order), LN / RMS
-# fraction of copy, the entry against the two-pass kernels (bwd_persist=0) in the same run:
+# CUDA-graph replay (issue10/run16_b/norm_graph_*.txt, issue9/run16_c/norm_*.txt; do_bench in issue10/run15_a agrees
+# on the order), LN / RMS fraction of copy, the entry against the two-pass kernels (bwd_persist=0) in the same run:
 #   16K  2048 x 4 warps x 3 stages   0.65 / 0.72   (two-pass 0.47 / 0.47)
 #   32K  2048 x 4 x 3                0.64 / 0.74   (0.44 / 0.45)
 #   64K  4096 x 8 x 3                0.54 / 0.63   (0.39 / 0.42)
