@@ -26,3 +26,7 @@ import json, sys
 for line in sys.stdin:
     r = json.loads(line); c = r['cfg']; print(r['n'], c.get('bwd_persist', '-'), c.get('bwd_persist_block'), c.get('bwd_persist_warps'), c.get('bwd_persist_stages'), 'pack' if c.get('bwd_persist_pack') else '', round(r.get('frac', 0), 3))" | tee $OUT/pack_sweep.txt
 fi
+# Issue 10: the CE table with the graph-replay column (kernel-level fraction of copy beside the eager step), peers
+# in the same run.
+timeout 200 python3 benchmarks/bench_cross_entropy.py --out /tmp/cefull --skip-linear --skip-softmax > $OUT/ce_table.log 2>&1
+el "CE table exit $?"; cp /tmp/cefull/cross_entropy_h200.md $OUT/ 2>/dev/null; grep -E "^CE V" $OUT/ce_table.log
