@@ -194,6 +194,16 @@ def test_wide_rows_persistent_backward_traced_plan_is_two_pass():
     assert traced.persist is None and traced.stats_kernel is not None
 
 
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_wide_rows_default_persistent_backward(rms, device):
+    """The BWD_PERSIST defaults themselves (bf16, no override): a 16,401-wide row (bucket 32K: nine 2,048-column
+    pieces, the last ragged) takes the persistent plan, right against float64."""
+    ln_ops._BWD_PLANS.clear()
+    _check(rms, (4, 16401), 1, torch.bfloat16, device)
+    plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
+    assert plans and all(p.persist["splits"] == 9 and p.persist["kernel"] is not None for p in plans)
+
+
 @pytest.mark.parametrize("n", [40, 768])
 def test_backward_plan_without_persistent_kernel_is_shared(n):
     """A row the persistent kernel does not take (narrow, or no BWD_PERSIST entry) has one backward plan for
