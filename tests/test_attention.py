@@ -217,13 +217,14 @@ def test_cudnn_probe_is_a_compile_constant(monkeypatch):
     monkeypatch.setattr(attn_ops, "_CUDNN_FASTER", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
 
-    def f(x):
-        return x + 1 if attn_ops._cudnn_sdpa_available(0) else x - 1
+    def f(x):  # the device index from the tensor, as prefer_sdpa passes it (-1 on the CPU)
+        return x + 1 if attn_ops._cudnn_sdpa_available(x.get_device()) else x - 1
 
     torch._dynamo.reset()
-    out = torch.compile(f, fullgraph=True, backend="eager")(torch.zeros(3))
+    x = torch.zeros(3)
+    out = torch.compile(f, fullgraph=True, backend="eager")(x)
     want = 1.0 if torch.backends.cuda.cudnn_sdp_enabled() else -1.0
-    assert out.tolist() == [want] * 3 and attn_ops._CUDNN_FASTER == {0: want > 0}
+    assert out.tolist() == [want] * 3 and attn_ops._CUDNN_FASTER == {x.get_device(): want > 0}
 
 
 @pytest.mark.slow
