@@ -15,7 +15,7 @@ fi
 # Issue 9: LayerNorm's packed-sums candidate of the persistent backward (bwd_persist_pack: one published word a
 # piece instead of two; sm_90: 127 registers, one atomic instead of two): GPU tests, then the sweep beside the
 # BWD_PERSIST defaults (LN 0.65 / 0.64 / 0.54 at 16K / 32K / 64K; RMSNorm, one word already, 0.72 / 0.74 / 0.63).
-timeout 90 python3 -m pytest tests/test_layer_norm.py -q -m gpu -k "packed_sums" -p no:cacheprovider > $OUT/pack_tests.log 2>&1
+timeout 90 python3 -m pytest tests/test_layer_norm.py -q -m gpu -k "packed_sums or cuda_graph" -p no:cacheprovider > $OUT/pack_tests.log 2>&1
 el "pack GPU tests exit $?"; tail -1 $OUT/pack_tests.log
 if grep -q " passed" $OUT/pack_tests.log && ! grep -q "failed" $OUT/pack_tests.log; then
   timeout 120 python3 benchmarks/bench_norm.py --out /tmp/pk --ops ln --dtypes bf16 --widths 16384 --sweep \

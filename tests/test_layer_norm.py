@@ -634,6 +634,55 @@ def test_gpu_persistent_backward_defaults(rms, n):
 
 
 @pytest.mark.gpu
+def test_gpu_persistent_backward_in_cuda_graph_and_side_stream():
+    """The persistent (cooperative) backward, a default at bf16 16K since session 11: a whole LayerNorm
+    forward + backward captured in a CUDA graph and replayed on new inputs, and an eager backward while another
+    stream's matmuls occupy the GPU: the same gradients as eager, bitwise."""
+    n = 16384
+    mod = FusedLayerNorm(n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1024, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def step():
+        mod.weight.grad = mod.bias.grad = x.grad = None
+        mod(x).backward(dy)
+        return x.grad, mod.weight.grad, mod.bias.grad
+
+    ln_ops._BWD_PLANS.clear()
+    step()  # bind the plans outside the capture
+    assert any(p.persist is not None and p.persist["kernel"] is not None for p in ln_ops._BWD_PLANS.values())
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            mod(x).backward(dy)  # (the grads accumulate into the buffers the warm-up made)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+        dy.copy_(torch.randn_like(dy))
+    grads = [t.grad for t in (x, mod.weight, mod.bias)]
+    for t in grads:
+        t.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    got = [t.clone() for t in grads]
+    want = step()
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    other = torch.randn(8192, 8192, device="cuda")
+    with torch.cuda.stream(s):
+        for _ in range(4):
+            other = other @ other.t() * 1e-4  # keeps SMs busy on the side stream
+    busy = step()
+    torch.cuda.synchronize()
+    for a, b in zip(busy, want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 def test_gpu_autocast_and_mixed_match_torch(rms):
     ref = (nn.RMSNorm if rms else nn.LayerNorm)(256, device="cuda")
