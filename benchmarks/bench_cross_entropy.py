@@ -321,7 +321,11 @@ SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
                 # the critical path; session 10, not yet timed)
                 **{f"persist_smem_{b // 1024}k_w{w}_st{st}_lag": dict(wide_mode=2, persist_block=b, persist_warps=w,
                                                                      persist_per_sm=16, persist_stages=st, persist_lag=True)
-                   for b, w, st in ((4096, 4, 2), (4096, 4, 3), (4096, 4, 4), (2048, 4, 3))}}
+                   for b, w, st in ((4096, 4, 2), (4096, 4, 3), (4096, 4, 4), (2048, 4, 3))},
+                # DIAGNOSTIC, wrong output by design: the default SMEM form without the exchange between a row's
+                # pieces (each normalized by its own statistics): what the publish + wait costs (session 11)
+                "diag_nosync_smem_4k_w4_st3": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=16,
+                                                   persist_stages=3, persist_diag_nosync=True)}
 
 
 def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32), only=None):

@@ -274,6 +274,27 @@ def test_gpu_widths(n, dtype):
     _check(x, -1)
 
 
+def test_persistent_diag_nosync_normalizes_each_piece(device):
+    """The timing diagnostic persist_diag_nosync (no exchange between a row's pieces: wrong output by design) does
+    what it says: each 16-column piece of the output sums to 1 on its own; the backward uses each piece's own dot.
+    It is never a default."""
+    from fused_layers.ops import softmax as sm
+
+    x = torch.randn(5, 48, device=device)
+    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3,
+                         persist_diag_nosync=True):
+        sm._PLANS.clear()
+        y = sm.softmax_forward(x, 1)
+        dy = torch.randn_like(x)
+        dx = sm.softmax_backward(y, dy, 1)
+    yp, dyp = y.view(5, 3, 16), dy.view(5, 3, 16)
+    torch.testing.assert_close(yp.sum(-1), torch.ones(5, 3, device=device))
+    torch.testing.assert_close(dx.view(5, 3, 16), yp * (dyp - (yp * dyp).sum(-1, keepdim=True)))
+    sm._PLANS.clear()
+    assert not any(p.persist and p.persist[2].get("DIAG_NOSYNC") for p in sm._PLANS.values())
+    torch.testing.assert_close(fused_softmax(x, -1), torch.softmax(x, -1))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [32768 + 1, 50304, 65536, 100003, 262144, 1048576])

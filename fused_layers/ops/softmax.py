@@ -319,6 +319,9 @@ def _softmax_fwd_persist_kernel(
                                  # conversion and one exp2 per element (a bf16 candidate: fewer instructions)
     STAGES: tl.constexpr = 1,  # > 1: the SMEM-pipelined form (below)
     LAG: tl.constexpr = False,  # with STAGES > 1: write row k - 1 (re-read from L2) after publishing row k
+    DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG OUTPUT: with STAGES > 1, each piece normalized by
+                                        # its own statistics, no publish and no wait: the same loads, math and
+                                        # stores without the exchange, to time what the exchange costs
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
@@ -357,6 +360,18 @@ def _softmax_fwd_persist_kernel(
                 xp = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxn, c64), mask=live, other=-float("inf"))
                 y = piece_exp_scaled(xp, xp, 0.0, m, 1.0 / s, False)  # (all -inf row: m = -inf, NaN as torch)
                 tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=live)
+        return
+    if STAGES > 1 and DIAG_NOSYNC:  # (diagnostic: see the argument; never a default, output wrong)
+        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
+            if PHASE != 0:
+                xf = x.to(tl.float32)
+                m_p = tl.max(xf, axis=0)
+                m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)
+                s_p = tl.sum(tl.exp2((xf - m_ps) * 1.4426950408889634), axis=0)
+                y = piece_exp_scaled(x, x, 0.0, m_p, 1.0 / s_p, False)
+                tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
         return
     if STAGES > 1:
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
@@ -412,6 +427,8 @@ def _softmax_bwd_persist_kernel(
     PHASE: tl.constexpr,
     STAGES: tl.constexpr = 1,  # > 1: the SMEM-pipelined form, as in _softmax_fwd_persist_kernel
     LAG: tl.constexpr = False,  # with STAGES > 1: as in _softmax_fwd_persist_kernel (row k - 1 re-read from L2)
+    DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG OUTPUT: as in _softmax_fwd_persist_kernel (each
+                                        # piece's own partial dot, no publish, no wait)
 ):
     """Wide-row backward, one read of y and dy, pipelined as _softmax_fwd_persist_kernel: publish row k's
     partial dot, load row k + 1, wait for row k - 1 and write its dx = y * (dy - dot)."""
@@ -431,6 +448,15 @@ def _softmax_bwd_persist_kernel(
                 yp = tl.load(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), mask=live, other=0.0).to(tl.float32)
                 dyp = tl.load(piece_ptrs(DY, rp, INNER, sdo, sdi, sdn, c64), mask=live, other=0.0).to(tl.float32)
                 tl.store(piece_ptrs(DX, rp, INNER, sgo, sgi, sgn, c64), (yp * (dyp - dot)).to(DX.dtype.element_ty), mask=live)
+        return
+    if STAGES > 1 and DIAG_NOSYNC:  # (diagnostic: see the argument; never a default, output wrong)
+        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            y = tl.load(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), mask=cm, other=0.0).to(tl.float32)
+            dy = tl.load(piece_ptrs(DY, r, INNER, sdo, sdi, sdn, c64), mask=cm, other=0.0).to(tl.float32)
+            if PHASE != 0:
+                dot = tl.sum(y * dy, axis=0)
+                tl.store(piece_ptrs(DX, r, INNER, sgo, sgi, sgn, c64), (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
         return
     if STAGES > 1:  # one row in registers, the next rows' loads in flight in shared memory
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
@@ -610,6 +636,8 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
             meta["STAGES"] = stages
             if get_override("softmax", "persist_lag", False):  # candidate, not a default (see the kernel)
                 meta["LAG"] = True
+            if get_override("softmax", "persist_diag_nosync", False):  # diagnostic only: wrong output (the kernel)
+                meta["DIAG_NOSYNC"] = True
         plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm, meta)
         plan.fallback = _plan(shape, strides, dtype, dim, False)
     else:
