@@ -20,11 +20,11 @@ el "pack GPU tests exit $?"; tail -1 $OUT/pack_tests.log
 if grep -q " passed" $OUT/pack_tests.log && ! grep -q "failed" $OUT/pack_tests.log; then
   timeout 120 python3 benchmarks/bench_norm.py --out /tmp/pk --ops ln --dtypes bf16 --widths 16384 --sweep \
     --sweep-op ln --sweep-parts bwd --sweep-widths 16384,32768,65536 --budget 110 --sweep-budget 100 --sweep-dtypes bf16 \
-    --sweep-with bwd_persist_pack,bwd_persist --no-peers > /tmp/pk.log 2>&1
+    --sweep-with bwd_persist_pack,bwd_persist_diag_nosync --no-peers > /tmp/pk.log 2>&1
   el "pack sweep exit $?"; grep -E '"part": "bwd"' /tmp/pk.log | python3 -c "
 import json, sys
 for line in sys.stdin:
-    r = json.loads(line); c = r['cfg']; print(r['n'], c.get('bwd_persist', '-'), c.get('bwd_persist_block'), c.get('bwd_persist_warps'), c.get('bwd_persist_stages'), 'pack' if c.get('bwd_persist_pack') else '', round(r.get('frac', 0), 3))" | tee $OUT/pack_sweep.txt
+    r = json.loads(line); c = r['cfg']; print(r['n'], c.get('bwd_persist', '-'), c.get('bwd_persist_block'), c.get('bwd_persist_warps'), c.get('bwd_persist_stages'), 'pack' if c.get('bwd_persist_pack') else ('DIAG-nosync' if c.get('bwd_persist_diag_nosync') else ''), round(r.get('frac', 0), 3))" | tee $OUT/pack_sweep.txt
 fi
 # Issue 10: the CE table with the graph-replay column (kernel-level fraction of copy beside the eager step), peers
 # in the same run.

@@ -163,6 +163,30 @@ def test_wide_rows_persistent_backward_packed_sums(dtype, device):
         _check(False, (3, 37), 1, dtype, device, affine=False)
 
 
+def test_wide_rows_persistent_backward_diag_nosync(device):
+    """The timing diagnostic bwd_persist_diag_nosync (no exchange between a row's pieces: dx wrong by design) does
+    what it says: dx of each 16-column piece is the backward of that piece alone given the row's statistics, and
+    dW / dB (which need no row sums) stay right."""
+    n = 48
+    x = torch.randn(5, n, device=device, requires_grad=True)
+    w = torch.randn(n, device=device, requires_grad=True)
+    b = torch.randn(n, device=device, requires_grad=True)
+    dy = torch.randn(5, n, device=device)
+    with config_override("layer_norm", **PERSIST, bwd_persist_diag_nosync=1):
+        ln_ops._BWD_PLANS.clear()
+        dx, dw, db = torch.autograd.grad(fused_layer_norm(x, (n,), w, b), (x, w, b), dy)
+        assert any(p.persist is not None and p.persist["meta"].get("DIAG_NOSYNC") for p in ln_ops._BWD_PLANS.values())
+    x64 = x.detach().double()
+    mean, rstd = x64.mean(-1, keepdim=True), (x64.var(-1, unbiased=False, keepdim=True) + 1e-5).rsqrt()
+    xhat, g = (x64 - mean) * rstd, dy.double() * w.detach().double()
+    xh, gp = xhat.view(5, 3, 16), g.view(5, 3, 16)
+    want = (gp - xh * (gp * xh).sum(-1, keepdim=True) / n - gp.sum(-1, keepdim=True) / n) * rstd.view(5, 1, 1)
+    torch.testing.assert_close(dx.double().view(5, 3, 16), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(dw.double(), (dy.double() * xhat).sum(0), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(db.double(), dy.double().sum(0), atol=1e-4, rtol=1e-4)
+    ln_ops._BWD_PLANS.clear()
+
+
 def test_wide_rows_persistent_backward_zero_grads_and_strided(device):
     """dy = 0 on some rows (published partial sums of 0: the flagged words are never 0, so no wait hangs),
     a row-strided x, and the unpipelined form (STAGES 1)."""

@@ -546,6 +546,9 @@ def _norm_bwd_persist_kernel(
     STAGES: tl.constexpr = 1,  # software pipelining of the row loop (the wait is a call, so the pipeliner takes it)
     PACK: tl.constexpr = False,  # LayerNorm: both partial sums in one word (_rowsync.pack_sums): one publish, one
                                  # polled word a piece (opt-in candidate, bwd_persist_pack)
+    DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG dx: each piece's own partial sums (as if the row
+                                        # were the piece), no publish, no wait: the same loads, math and stores
+                                        # without the exchange, to time what it costs (bwd_persist_diag_nosync)
 ):
     """Wide-row backward in one read of x and dy (opt-in, ``bwd_persist``): the pieces of a row are held by
     co-resident programs (ops/_rowsync.py, the wide softmax's scheme) that exchange their partial row sums.
@@ -568,7 +571,12 @@ def _norm_bwd_persist_kernel(
     for row in tl.range(group, M, GROUPS, num_stages=STAGES):
         r = tl.cast(row, tl.int64)
         dy, xhat, g, rstd = _piece_xhat_g(X, DY, MEAN, RSTD, r, sx, sdy, c64, cm, w, IS_RMS, HAS_W)
-        if IS_RMS:
+        if DIAG_NOSYNC:  # (diagnostic: see the argument; never a default)
+            if IS_RMS:
+                dx = (g - xhat * (tl.sum(g * xhat, axis=0) / N)) * rstd
+            else:
+                dx = (g - xhat * (tl.sum(g * xhat, axis=0) / N) - tl.sum(g, axis=0) / N) * rstd
+        elif IS_RMS:
             if PHASE != 1:  # publish this piece's partial of sum(g * xhat)
                 publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(g * xhat, axis=0)), r < M)
             if PHASE != 0:
@@ -821,6 +829,8 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
                                       STAGES=max(1, pstages), num_warps=pwarps))
         if not is_rms and get_override(_CFG, "bwd_persist_pack", False):  # candidate, not a default (see the kernel)
             plan.persist["meta"]["PACK"] = True
+        if get_override(_CFG, "bwd_persist_diag_nosync", False):  # diagnostic only: wrong dx (see the kernel)
+            plan.persist["meta"]["DIAG_NOSYNC"] = True
         plan.fallback = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w)
     if single:
         acc_rows, pair_sum = _bwd_variants(n_pow2, dtype.itemsize, n, is_rms)
