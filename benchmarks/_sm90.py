@@ -29,6 +29,11 @@ def signature(fn, constexprs: dict, types: dict[str, str], ones=(), divisible=()
     Pointer arguments are 16-byte aligned, as torch allocations are, and so are the integers in
     ``divisible`` (multiples of 16, as the runtime specializes them)."""
     sig, cx, attrs = {}, dict(constexprs), {}
+    # A constexpr parameter left out takes its default, as a launch does (not a runtime i32: that compiled every
+    # constexpr-guarded branch into the binary and inflated registers and code; found in session 11).
+    for prm in getattr(fn, "params", ()):
+        if prm.is_constexpr and prm.name not in cx and getattr(prm, "has_default", False):
+            cx[prm.name] = prm.default
     for i, name in enumerate(fn.arg_names):
         if name in cx:
             sig[name] = "constexpr"

@@ -214,7 +214,8 @@ PERSIST_CANDIDATES.update({
 })
 # The SMEM form with LEAN (the statistics pass's exponentials kept for the output / gradient: one exp2 a value
 # instead of two; bf16 moves twice fp32's values per byte, and its forward at 0.80-0.84 of copy against fp32's
-# 0.88-0.93 at 32K-64K may be the MUFU's share; sm_90 MUFU count 103 against 134, same registers; session 11, not
+# 0.88-0.93 at 32K-64K may be the MUFU's share; sm_90 (Triton 3.6): softmax MUFU 38 against 69, the same 56 registers;
+# CE 110-112 registers against 72-96, so fewer programs an SM; session 11, not
 # yet timed): softmax (persist_*) and CE (persist_*) candidates alike.
 PERSIST_CANDIDATES.update({
     f"smem_{block // 1024}k_w{warps}_st{st}_lean": dict(persist_block=block, persist_warps=warps, persist_per_sm=16,
@@ -324,8 +325,12 @@ SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
                    for b, w, st in ((4096, 4, 2), (4096, 4, 3), (4096, 4, 4), (2048, 4, 3))},
                 # DIAGNOSTIC, wrong output by design: the default SMEM form without the exchange between a row's
                 # pieces (each normalized by its own statistics): what the publish + wait costs (session 11)
+                # (sm_90, Triton 3.6: the diagnostic compiles to 72 registers against the default's 56, so 7 programs
+                # an SM against 9: compare it with the default capped at 7, persist_smem_4k_w4_st3_ps7)
                 "diag_nosync_smem_4k_w4_st3": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=16,
-                                                   persist_stages=3, persist_diag_nosync=True)}
+                                                   persist_stages=3, persist_diag_nosync=True),
+                "persist_smem_4k_w4_st3_ps7": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=7,
+                                                   persist_stages=3)}
 
 
 def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32), only=None):

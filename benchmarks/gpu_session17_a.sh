@@ -14,5 +14,5 @@ el "compile GPU tests exit $?"; tail -2 $OUT/compile_tests.log; grep -E "^FAILED
 TORCH_LOGS="graph_breaks" timeout 200 python3 benchmarks/bench_e2e.py --out /tmp/e2e --variants fused_compile,compile_sdpa,fused,unfused_sdpa --rounds 3 --steps 8 --profile-steps 1 --tag _compile > $OUT/e2e_compile.log 2>&1
 el "e2e exit $?"; cp /tmp/e2e/e2e_h200_compile.md $OUT/ 2>/dev/null; grep -E "^\| (fused|compile|unfused)" /tmp/e2e/e2e_h200_compile.md
 echo "graph breaks: $(grep -c 'Graph break' $OUT/e2e_compile.log)"
-timeout 120 python3 benchmarks/bench_cross_entropy.py --out /tmp/sm --softmax-only --sweep-only =persist_smem_4k_w4_st3,=persist_smem_4k_w4_st3_lean,=persist_smem_4k_w4_st4_lean,=persist_smem_8k_w8_st3_lean,=diag_nosync_smem_4k_w4_st3 > $OUT/softmax_lean.log 2>&1
+timeout 120 python3 benchmarks/bench_cross_entropy.py --out /tmp/sm --softmax-only --sweep-only =persist_smem_4k_w4_st3,=persist_smem_4k_w4_st3_lean,=persist_smem_4k_w4_st4_lean,=persist_smem_8k_w8_st3_lean,=diag_nosync_smem_4k_w4_st3,=persist_smem_4k_w4_st3_ps7 > $OUT/softmax_lean.log 2>&1
 el "softmax lean sweep exit $?"; grep SOFTMAX $OUT/softmax_lean.log
