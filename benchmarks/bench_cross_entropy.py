@@ -330,7 +330,12 @@ SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
                 "diag_nosync_smem_4k_w4_st3": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=16,
                                                    persist_stages=3, persist_diag_nosync=True),
                 "persist_smem_4k_w4_st3_ps7": dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_per_sm=7,
-                                                   persist_stages=3)}
+                                                   persist_stages=3),
+                # PAIR (forward): two rows an exchange (sm_90, Triton 3.6: 4K x 8 warps 79 registers, 3 programs an
+                # SM; 2K x 4 warps 72, 7; 4K x 4 warps 124, 4 -- left out); session 11, not yet timed
+                **{f"persist_smem_{b // 1024}k_w{w}_st3_pair": dict(wide_mode=2, persist_block=b, persist_warps=w,
+                                                                   persist_per_sm=16, persist_stages=3, persist_pair=True)
+                   for b, w in ((4096, 8), (2048, 4))}}
 
 
 def bench_softmax_coop(copy_gbs, rep=40, dtypes=(torch.bfloat16, torch.float32), only=None):

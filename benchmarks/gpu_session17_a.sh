@@ -3,8 +3,7 @@
 # cuDNN probe is fixed (torch.compiler.assume_constant_result, commit "Fix: the cuDNN probe ..."): the compile GPU
 # tests (the reduce-overhead test now also at head dim 64 with the probe's cache empty), then GPT-2 small with
 # fused_compile FIRST in its process (run16_f: 50.8 ms step on 34.6 ms GPU, 0.67x compile_sdpa, 6 graph breaks at
-# ops/attention.py), with the graph-break log; then issue 10's softmax SMEM+LEAN candidates beside the default, and
-# the no-exchange diagnostic (diag_nosync_*: wrong output by design; default minus it = what the exchange costs).
+# ops/attention.py), with the graph-break log.  (The softmax candidates moved to gpu_session17_b.sh.)
 #   run: OUT=$OUT bash benchmarks/gpu_session17_a.sh   (carry .whl)
 set -u
 source benchmarks/_gpu_env.sh
@@ -14,5 +13,3 @@ el "compile GPU tests exit $?"; tail -2 $OUT/compile_tests.log; grep -E "^FAILED
 TORCH_LOGS="graph_breaks" timeout 200 python3 benchmarks/bench_e2e.py --out /tmp/e2e --variants fused_compile,compile_sdpa,fused,unfused_sdpa --rounds 3 --steps 8 --profile-steps 1 --tag _compile > $OUT/e2e_compile.log 2>&1
 el "e2e exit $?"; cp /tmp/e2e/e2e_h200_compile.md $OUT/ 2>/dev/null; grep -E "^\| (fused|compile|unfused)" /tmp/e2e/e2e_h200_compile.md
 echo "graph breaks: $(grep -c 'Graph break' $OUT/e2e_compile.log)"
-timeout 120 python3 benchmarks/bench_cross_entropy.py --out /tmp/sm --softmax-only --sweep-only =persist_smem_4k_w4_st3,=persist_smem_4k_w4_st3_lean,=persist_smem_4k_w4_st4_lean,=persist_smem_8k_w8_st3_lean,=diag_nosync_smem_4k_w4_st3,=persist_smem_4k_w4_st3_ps7 > $OUT/softmax_lean.log 2>&1
-el "softmax lean sweep exit $?"; grep SOFTMAX $OUT/softmax_lean.log

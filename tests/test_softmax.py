@@ -55,7 +55,7 @@ def test_streaming_multi_block(n, dtype, device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [17, 64, 100])
-@pytest.mark.parametrize("form", ["regs", "lean", "smem", "smem_lag", "smem_lean"])
+@pytest.mark.parametrize("form", ["regs", "lean", "smem", "smem_lag", "smem_lean", "smem_pair"])
 def test_wide_persistent(n, dtype, form, device):
     """Wide rows held in registers by persistent programs exchanging their partials (wide_mode=2,
     ops/_rowsync.py): forward statistics and the backward's dot; balanced ragged pieces; several rows per
@@ -67,17 +67,19 @@ def test_wide_persistent(n, dtype, form, device):
     lean, stages, lag = "lean" in form, 3 if form.startswith("smem") else 1, form == "smem_lag"
     if stages > 1 and n == 64:
         pytest.skip("the SMEM form: 17 and 100 columns cover its ragged pieces (CI time)")
-    if (lag or form == "smem_lean") and n == 17:
-        pytest.skip("the LAG / SMEM+LEAN variants: 100 columns (7 ragged pieces) cover them (CI time)")
+    if (lag or form in ("smem_lean", "smem_pair")) and n == 17:
+        pytest.skip("the LAG / SMEM+LEAN / PAIR variants: 100 columns (7 ragged pieces) cover them (CI time)")
+    pair = form == "smem_pair"  # (7 rows over 3 row groups: pairs with and without a second row)
     x = torch.randn(7, n, device=device, dtype=dtype) * 4
     with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_lean=lean,
-                         persist_stages=stages, persist_lag=lag):
+                         persist_stages=stages, persist_lag=lag, persist_pair=pair):
         sm._PLANS.clear()
         _check(x, -1)
         bound = [p for p in sm._PLANS.values() if p.persist is not None]
         assert len(bound) == 2 and all(p.kernel is not None and p.groups >= 1 for p in bound)  # fwd and bwd ran persistent
         assert [p.persist[2].get("LEAN", False) for p in bound].count(True) == (1 if lean else 0)  # the forward's form
         assert all(p.persist[2].get("STAGES", 1) == stages and p.persist[2].get("LAG", False) == lag for p in bound)
+        assert [p.persist[2].get("PAIR", False) for p in bound].count(True) == (1 if pair else 0)  # the forward's
         _check(torch.randn(3, n, 5, device=device, dtype=dtype), 1)  # rows along a non-last dim
         _check(torch.randn(n, 6, device=device, dtype=dtype).t(), -1)  # strided rows
         x = x.float()
@@ -298,7 +300,7 @@ def test_persistent_diag_nosync_normalizes_each_piece(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [32768 + 1, 50304, 65536, 100003, 262144, 1048576])
-@pytest.mark.parametrize("block", [None, 8192, "lean", "smem", "smem_lag", "smem_lean"])
+@pytest.mark.parametrize("block", [None, 8192, "lean", "smem", "smem_lag", "smem_lean", "smem_pair"])
 def test_gpu_wide_persistent(n, dtype, block):
     """Persistent wide kernels on the GPU: co-resident programs really waiting on each other (cooperative
     launch), more rows than row groups; the LEAN forward candidate, the SMEM form (the 16-bit default) and its
@@ -306,10 +308,10 @@ def test_gpu_wide_persistent(n, dtype, block):
     m = max(1, min(512, 2**24 // n))
     if block == "lean":
         over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_lean=True)
-    elif block in ("smem", "smem_lag", "smem_lean"):
+    elif block in ("smem", "smem_lag", "smem_lean", "smem_pair"):
         # (3 stages gave wrong rows at 64+ pieces a row before the called waits polled 32 words at a time, session 9)
         over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_stages=3, persist_lag=block == "smem_lag",
-                    persist_lean=block == "smem_lean")
+                    persist_lean=block == "smem_lean", persist_pair=block == "smem_pair")
     else:
         over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
     with config_override("softmax", **over):

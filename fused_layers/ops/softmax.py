@@ -322,6 +322,8 @@ def _softmax_fwd_persist_kernel(
     DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG OUTPUT: with STAGES > 1, each piece normalized by
                                         # its own statistics, no publish and no wait: the same loads, math and
                                         # stores without the exchange, to time what the exchange costs
+    PAIR: tl.constexpr = False,  # with STAGES > 1: two rows an iteration (rows k and k + GROUPS published, then
+                                 # both waited for), half the exchanges per byte (candidate, persist_pair)
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
@@ -360,6 +362,27 @@ def _softmax_fwd_persist_kernel(
                 xp = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxn, c64), mask=live, other=-float("inf"))
                 y = piece_exp_scaled(xp, xp, 0.0, m, 1.0 / s, False)  # (all -inf row: m = -inf, NaN as torch)
                 tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=live)
+        return
+    if STAGES > 1 and PAIR:
+        # PAIR: iteration k holds rows r = group + 2k GROUPS and r2 = r + GROUPS (the program's rows two at a time);
+        # both pieces are published before the first wait, so one exchange's latency serves two rows.
+        for row in tl.range(group, M, 2 * GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            r2 = r + GROUPS
+            ok2 = r2 < M
+            # -inf where masked (and for a second row past the end): the identity of max; exp(-inf - m) = 0 of the sum.
+            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
+            x2 = tl.load(piece_ptrs(X, r2, INNER, sxo, sxi, sxn, c64), mask=cm & (c64 * 0 + r2 < M), other=-float("inf"))
+            e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
+            e2, mps2 = publish_piece(x2.to(tl.float32), SLOTS + r2 * SPLITS + piece, ok2, PHASE != 1, LEAN)
+            if PHASE != 0:
+                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)
+                y = piece_exp_scaled(x, e, mps, m, 1.0 / s, LEAN)
+                tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
+                if ok2:
+                    m2, s2 = wait_row_max_sum_call(SLOTS + r2 * SPLITS, SPLITS)
+                    y2 = piece_exp_scaled(x2, e2, mps2, m2, 1.0 / s2, LEAN)
+                    tl.store(piece_ptrs(Y, r2, INNER, syo, syi, syn, c64), y2.to(Y.dtype.element_ty), mask=cm)
         return
     if STAGES > 1 and DIAG_NOSYNC:  # (diagnostic: see the argument; never a default, output wrong)
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
@@ -638,6 +661,8 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
                 meta["LAG"] = True
             if get_override("softmax", "persist_diag_nosync", False):  # diagnostic only: wrong output (the kernel)
                 meta["DIAG_NOSYNC"] = True
+            if fwd and get_override("softmax", "persist_pair", False):  # candidate, not a default (see the kernel)
+                meta["PAIR"] = True
         plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm, meta)
         plan.fallback = _plan(shape, strides, dtype, dim, False)
     else:
