@@ -250,7 +250,7 @@ SWEEP = {
     # persistent, co-resident programs holding a piece each in registers, statistics exchanged (one read):
     **{f"persist_{n}": dict(wide_mode=3, **c) for n, c in PERSIST_CANDIDATES.items()},
     # the SMEM form with LAG (row k - 1's loss and gradient after row k is published, its piece re-read from L2;
-    # session 10, not yet timed; sm_90 4K x 4 warps x 4 stages: 89 registers, 48 KB shared memory)
+    # session 10; timed in session 11: it lost, issue10/run16_b/ce.log)
     **{f"persist_smem_{b // 1024}k_w{w}_st{st}_lag": dict(wide_mode=3, persist_block=b, persist_warps=w, persist_per_sm=16,
                                                          persist_stages=st, persist_lag=True)
        for b, w, st in ((4096, 4, 2), (4096, 4, 3), (4096, 4, 4), (2048, 4, 3))},
@@ -319,7 +319,7 @@ SOFTMAX_COOP = {"default": {}, "piecewise": dict(wide_mode=0),
                                        (4096, 16384, 8, 4))},
                 **{f"persist_{n}": dict(wide_mode=2, **c) for n, c in PERSIST_CANDIDATES.items() if n not in ("2k_w2", "16k_w16")},
                 # the SMEM form with LAG (row k - 1 written after row k is published, re-read from L2: the wait off
-                # the critical path; session 10, not yet timed)
+                # the critical path; session 10; timed in session 11: it lost, issue10/run15_a/smlag.log)
                 **{f"persist_smem_{b // 1024}k_w{w}_st{st}_lag": dict(wide_mode=2, persist_block=b, persist_warps=w,
                                                                      persist_per_sm=16, persist_stages=st, persist_lag=True)
                    for b, w, st in ((4096, 4, 2), (4096, 4, 3), (4096, 4, 4), (2048, 4, 3))},

@@ -93,7 +93,8 @@ PERSIST = {2: (4096, 4, 16), 4: (4096, 8, 4)}  # (16-bit: at most 16 per SM, as 
 # (fp32 logits: not swept in this form; they stream.)
 PERSIST_STAGES = {2: 4}
 # (Candidate: config_override("cross_entropy", persist_lag=True), row k - 1's loss and gradient after row k is
-# published, its piece re-read from L2; session 10, not yet timed: benchmarks/gpu_session15_b.sh.)
+# published, its piece re-read from L2.  Timed in session 11: it lost, 0.37-0.59 of copy against 0.67-0.73:
+# issue10/run16_b/ce.log.)
 PIECE = {2: 16384, 4: 8192}  # element size -> columns per piece
 SPLIT_BLOCK = {2: 8192, 4: 4096}  # element size -> chunk columns inside a piece
 SPLIT_WARPS = 8

@@ -50,12 +50,12 @@ kernel computes (c1, c2) per row first (reads x, dy), then each of the G program
 chunks outside and its rows inside, writing dx and accumulating dW/dB per chunk (reads x, dy again).
 That costs one extra read of x and dy (5 N instead of 3 N elements per row).
 
-*Wide rows, one read* (opt-in, eager calls: ``bwd_persist``, layer_norm_config.BWD_PERSIST; not yet timed on a
-GPU): ``_norm_bwd_persist_kernel`` holds a row's pieces in co-resident programs (ops/_rowsync.py, the wide
-softmax's scheme).  Each publishes its piece's partials of sum(g * xhat) and sum(g) as flagged words, waits for
-the row's words (a called wait, so the row loop is software-pipelined: the next rows' pieces load by cp.async
-meanwhile), combines them in a fixed order and writes its piece of dx; dW / dB of its columns accumulate over
-its row group's rows and are written once as that group's partial row (then the same fixed-order reduce).
+*Wide rows, one read* (eager calls; bf16 16K-128K by default since session 11, layer_norm_config.BWD_PERSIST;
+``bwd_persist`` elsewhere): ``_norm_bwd_persist_kernel`` holds a row's pieces in co-resident programs (ops/_rowsync.py,
+the wide softmax's scheme).  Each publishes its piece's partials of sum(g * xhat) and sum(g) as flagged words, waits
+for the row's words (a called wait, so the row loop is software-pipelined: the next rows' pieces load by cp.async
+meanwhile), combines them in a fixed order and writes its piece of dx; dW / dB of its columns accumulate over its
+row group's rows and are written once as that group's partial row (then the same fixed-order reduce).
 3 N elements per row, deterministic.  Traced calls keep the two-pass kernels.
 
 Layout.  The normalized dims must form a unit-stride row and the leading dims must merge into one row
@@ -550,8 +550,9 @@ def _norm_bwd_persist_kernel(
                                         # were the piece), no publish, no wait: the same loads, math and stores
                                         # without the exchange, to time what it costs (bwd_persist_diag_nosync)
 ):
-    """Wide-row backward in one read of x and dy (opt-in, ``bwd_persist``): the pieces of a row are held by
-    co-resident programs (ops/_rowsync.py, the wide softmax's scheme) that exchange their partial row sums.
+    """Wide-row backward in one read of x and dy (layer_norm_config.BWD_PERSIST, ``bwd_persist``): the pieces of a
+    row are held by co-resident programs (ops/_rowsync.py, the wide softmax's scheme) that exchange their partial
+    row sums.
 
     Per row: the piece's partials of sum(g * xhat) (and LayerNorm's sum(g)) are published as flagged words;
     the program waits for the row's words (a called wait: with STAGES > 1 the next rows' x / dy pieces are
@@ -973,7 +974,6 @@ def norm_backward(
     if reduce_kernel is not None:
         reduce_kernel(parts, dx if dw is None else dw, dx if db is None else db, g, plan.n)
     return dx, dw, db
-
 
 
 # ==================================================================================================

@@ -79,8 +79,8 @@ _PERSIST = {("fwd", 2): (4096, 4, 16), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4
 #   fp32 bwd  register form 0.96 / 0.97 / 0.98 / 0.95   SMEM 0.87-0.95: kept
 _PERSIST_STAGES = {("fwd", 2): 3, ("bwd", 2): 3}
 # (Candidate, not a default: config_override("softmax", persist_lag=True) writes row k - 1 after publishing row k,
-# from a second load of its piece (L2), so the wait leaves the critical path; written in session 10, not yet timed:
-# benchmarks/gpu_session15_a.sh.)
+# from a second load of its piece (L2), so the wait leaves the critical path.  Timed in session 11: it lost, bf16
+# forward 0.52-0.70 against 0.69-0.80, the backward op 0.82 against 0.91 at 64K: issue10/run15_a, run16_b.)
 
 
 def _single_block_config(n_pow2: int, elem: int, direction: str) -> tuple[int, int]:
