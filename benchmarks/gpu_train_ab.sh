@@ -40,7 +40,7 @@ SWEEPS=${SWEEPS:-s1024_eager,s1024_compile,s4096_eager,s4096_compile}
 FO=${FUSED_ORDER:-false,true}
 want() { [[ ",$SWEEPS," == *",$1,"* ]]; }
 want s1024_eager && sweep s1024_eager 140 model.seq_len=1024 data.batch_size=16 fused=$FO model.attn_impl=reference,sdpa model.compile=false logger=wandb
-want s1024_compile && sweep s1024_compile 180 model.seq_len=1024 data.batch_size=16 fused=$FO model.attn_impl=sdpa model.compile=true logger=csv
+want s1024_compile && sweep s1024_compile ${S1024_COMPILE_LIMIT:-180} model.seq_len=1024 data.batch_size=16 fused=$FO model.attn_impl=sdpa model.compile=true logger=csv
 want s4096_eager && sweep s4096_eager 120 model.seq_len=4096 data.batch_size=4 fused=$FO model.attn_impl=reference,sdpa model.compile=false logger=csv
 left=$(( 450 - ($(date +%s) - T0) ))
 if ! want s4096_compile; then
