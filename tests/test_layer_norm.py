@@ -147,7 +147,7 @@ def test_wide_rows_persistent_backward(rms, dtype, n, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_wide_rows_persistent_backward_packed_sums(dtype, device):
-    """LayerNorm's opt-in packed form (bwd_persist_pack: both partial sums in one word, _rowsync.pack_sums):
+    """LayerNorm's packed form (bwd_persist_pack, the default since session 12: both partial sums in one word, _rowsync.pack_sums):
     41 pieces a row (two wait chunks), rows whose dy is 0 (both sums 0: the word must still read as published,
     a zero sum goes out as -0.0) and dy = 0 on one column only."""
     def dy_fn(dy):
@@ -161,6 +161,50 @@ def test_wide_rows_persistent_backward_packed_sums(dtype, device):
         plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
         assert plans and all(p.persist["meta"].get("PACK") for p in plans)
         _check(False, (3, 37), 1, dtype, device, affine=False)
+
+
+def test_wide_rows_persistent_backward_two_words(device):
+    """LayerNorm's two-word form of the persistent backward (bwd_persist_pack=0: the sums published separately; the
+    default packs them since session 12) stays right: ragged pieces, zero-gradient rows, without parameters."""
+    def dy_fn(dy):
+        dy[1] = 0.0
+        return dy
+
+    with config_override("layer_norm", **PERSIST, bwd_persist_stages=3, bwd_persist_pack=0):
+        ln_ops._BWD_PLANS.clear()
+        _check(False, (7, 37), 1, torch.float32, device, dy_fn=dy_fn)
+        plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
+        assert plans and not any(p.persist["meta"].get("PACK") for p in plans)
+        _check(False, (3, 37), 1, torch.float32, device, affine=False)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("shape", [dict(reduce_block_n=16, reduce_block_g=2, reduce_stages=2),
+                                   dict(reduce_block_n=256, reduce_block_g=32, reduce_warps=4, reduce_stages=1)],
+                         ids=["strips16", "old256"])
+def test_dw_db_reduce_shapes(rms, shape, device):
+    """The dW / dB partial sums (_norm_reduce_partials_kernel) in other shapes than the default: 16-column strips
+    over a ragged 53-wide row (4 programs, the last one 5 columns) looping over 4 partial rows 2 at a time
+    (pipelined), and the pre-session-12 shape (one 256-column strip, no pipelining)."""
+    with config_override("layer_norm", bwd_programs=5, bwd_block_m=1, **shape):
+        ln_ops._BWD_PLANS.clear()
+        _check(rms, (7, 53), 1, torch.float32, device)
+        plans = list(ln_ops._BWD_PLANS.values())
+        assert plans and all(p.g == 4 for p in plans)
+
+
+def test_dw_db_reduce_config():
+    """The reduce's default shape leaves most SMs a strip (at least REDUCE_PROGRAMS programs, or strips at their
+    narrowest) and tiles of REDUCE_TILE floats: GPT-2's 768 columns over 264 partial rows take 48 programs, not the
+    3 of the old 256-column strips."""
+    from fused_layers.ops import layer_norm_config as cfg
+
+    for n, g in ((768, 264), (1024, 264), (4096, 132), (8192, 132), (16384, 132), (131072, 66), (5, 3)):
+        block_n, block_g, _, _ = cfg._reduce_config(n, g)
+        programs = -(-n // block_n)
+        assert programs >= cfg.REDUCE_PROGRAMS or block_n == cfg.REDUCE_MIN_BLOCK_N or block_n >= n, (n, block_n)
+        assert block_n * block_g <= cfg.REDUCE_TILE and block_g <= max(1, 1 << (g - 1).bit_length()), (n, g, block_g)
+    assert cfg._reduce_config(768, 264)[0] == 16
 
 
 def test_wide_rows_persistent_backward_diag_nosync(device):

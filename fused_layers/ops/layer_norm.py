@@ -131,10 +131,12 @@ from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the t
     FWD_MAX_SINGLE,
     _bwd_config,
     _bwd_persist_config,
+    _bwd_persist_pack,
     _bwd_stages,
     _bwd_variants,
     _fwd_config,
     _fwd_stages,
+    _reduce_config,
     _sm_count,
 )
 
@@ -545,7 +547,7 @@ def _norm_bwd_persist_kernel(
     CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_bwd_kernel
     STAGES: tl.constexpr = 1,  # software pipelining of the row loop (the wait is a call, so the pipeliner takes it)
     PACK: tl.constexpr = False,  # LayerNorm: both partial sums in one word (_rowsync.pack_sums): one publish, one
-                                 # polled word a piece (opt-in candidate, bwd_persist_pack)
+                                 # polled word a piece (LayerNorm default: layer_norm_config.BWD_PERSIST_PACK)
     DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG dx: each piece's own partial sums (as if the row
                                         # were the piece), no publish, no wait: the same loads, math and stores
                                         # without the exchange, to time what it costs (bwd_persist_diag_nosync)
@@ -621,8 +623,12 @@ def _norm_reduce_partials_kernel(
     HAS_B: tl.constexpr,
     BLOCK_G: tl.constexpr,  # partial rows per loop iteration
     BLOCK_N: tl.constexpr,  # columns per program
+    STAGES: tl.constexpr = 1,  # software pipelining of the loop over G (tl.range num_stages: the next tiles in flight)
 ):
-    """Sum the G partial rows column-wise in a fixed order (deterministic), cast, store."""
+    """Sum the G partial rows column-wise in a fixed order (deterministic), cast, store.
+
+    The partials were just written (L2-resident) and are small, so this kernel is latency-bound: the grid is a
+    strip of BLOCK_N columns per program, narrow enough that most SMs take part (``_reduce_kernel``)."""
     DWP, DBP = _parts_ptrs(PARTS, G, N, HAS_W)
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -630,10 +636,11 @@ def _norm_reduce_partials_kernel(
     gs = tl.arange(0, BLOCK_G)
     dw = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
     db = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
-    for g0 in range(0, G, BLOCK_G):
+    for g0 in tl.range(0, G, BLOCK_G, num_stages=STAGES):
         g = g0 + gs
         mask = (g < G)[:, None] & col_ok[None, :]
         offs = g.to(tl.int64)[:, None] * N + cols[None, :]
+        # 0 is the identity of the sum
         if HAS_W:
             dw += tl.load(DWP + offs, mask=mask, other=0.0)
         if HAS_B:
@@ -828,7 +835,7 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
         plan.persist = dict(per_sm=per_sm_p, splits=splits, piece=piece, kernel=None, groups=0, reduce=None,
                             meta=dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, BLOCK_N=pblock, CAST_BEFORE_W=cast_before_w,
                                       STAGES=max(1, pstages), num_warps=pwarps))
-        if not is_rms and get_override(_CFG, "bwd_persist_pack", False):  # candidate, not a default (see the kernel)
+        if not is_rms and _bwd_persist_pack():  # both partial sums in one published word (see the kernel)
             plan.persist["meta"]["PACK"] = True
         if get_override(_CFG, "bwd_persist_diag_nosync", False):  # diagnostic only: wrong dx (see the kernel)
             plan.persist["meta"]["DIAG_NOSYNC"] = True
@@ -850,12 +857,11 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
 
 
 def _reduce_kernel(n: int, g: int, has_w: bool, has_b: bool) -> Kernel:
-    """The fixed-order sum of G partial rows of dW / dB (``_norm_reduce_partials_kernel``)."""
-    n_pow2 = next_power_of_2(n)
-    red_n = min(get_override(_CFG, "reduce_block_n", 256), n_pow2)
-    red_g = min(get_override(_CFG, "reduce_block_g", 32), next_power_of_2(g))
+    """The fixed-order sum of G partial rows of dW / dB (``_norm_reduce_partials_kernel``); its shape from
+    ``layer_norm_config._reduce_config`` (column strips narrow enough for most SMs to take part)."""
+    red_n, red_g, warps, stages = _reduce_config(n, g)
     return Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(1, 2), HAS_W=has_w, HAS_B=has_b,
-                  BLOCK_G=red_g, BLOCK_N=red_n, num_warps=4)
+                  BLOCK_G=red_g, BLOCK_N=red_n, STAGES=stages, num_warps=warps)
 
 
 def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b: bool, is_rms: bool):

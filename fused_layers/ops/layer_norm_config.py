@@ -56,6 +56,24 @@ BWD_PERSIST: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (2, 131072): (8192, 16, 8, 3),
 }
 BWD_PERSIST_DEFAULT = (4096, 8, 4, 3)  # what bwd_persist=1 takes where the table has no entry
+# LayerNorm's persistent backward publishes its two partial row sums packed in one word (PACK: one atomic and one
+# polled word a piece instead of two).  Session 12 sweep, bf16, CUDA-graph replay (issue10/run18_b/pack_sweep.txt):
+# 16K 0.653 against 0.638, 32K 0.655 against 0.632, 64K (4096 x 8) 0.587 against 0.563.  config_override
+# bwd_persist_pack=0 restores the two-word form.
+BWD_PERSIST_PACK = True
+
+# dW / dB: the G partial rows (one per backward program: a few hundred) of N float32 summed column-wise in a fixed
+# order by _norm_reduce_partials_kernel.  The partials were just written (L2-resident): the kernel is latency-bound
+# and wants many programs.  Strips of 256 columns gave the 768-wide rows of GPT-2 3 programs and 8 us a call (0.20 ms
+# of a 40 ms step, issue10/run14_e2e_cpp; about 7% of the bf16 2^26-element backward at 768-8192).  Now: strips as
+# wide as still leave REDUCE_PROGRAMS programs (REDUCE_MIN_BLOCK_N..256 columns), tiles of REDUCE_TILE floats,
+# the loop over G pipelined (REDUCE_STAGES).  config_override keys reduce_block_n, reduce_block_g, reduce_warps,
+# reduce_stages (the old shape: 256, 32, 4, 1).
+REDUCE_PROGRAMS = 128
+REDUCE_MIN_BLOCK_N = 16
+REDUCE_TILE = 4096
+REDUCE_WARPS = 8
+REDUCE_STAGES = 2
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -167,6 +185,23 @@ def _bwd_config(n_pow2: int, elem: int, n: int | None = None, is_rms: bool | Non
         per_sm = BWD_NARROW_PROGS_PER_SM if n_pow2 <= 1024 else BWD_PROGS_PER_SM
         return True, block_m, warps, ov("bwd_progs_per_sm", per_sm)
     return False, ov("bwd_chunk", BWD_CHUNK), ov("bwd_warps", BWD_CHUNK_WARPS), ov("bwd_progs_per_sm", BWD_CHUNK_PROGS_PER_SM)
+
+
+def _reduce_config(n: int, g: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N columns per program, BLOCK_G rows per iteration, num_warps, STAGES) of the dW / dB reduce over
+    ``g`` partial rows of ``n`` columns."""
+    n_pow2 = 1 << max(0, n - 1).bit_length()
+    block_n = 256
+    while block_n > REDUCE_MIN_BLOCK_N and -(-n // block_n) < REDUCE_PROGRAMS:
+        block_n //= 2
+    block_n = min(get_override(_CFG, "reduce_block_n", block_n), n_pow2)
+    block_g = min(get_override(_CFG, "reduce_block_g", max(1, REDUCE_TILE // block_n)), 1 << max(0, g - 1).bit_length())
+    return block_n, block_g, get_override(_CFG, "reduce_warps", REDUCE_WARPS), get_override(_CFG, "reduce_stages", REDUCE_STAGES)
+
+
+def _bwd_persist_pack() -> bool:
+    """LayerNorm's persistent backward: both partial row sums in one published word (see BWD_PERSIST_PACK)."""
+    return bool(get_override(_CFG, "bwd_persist_pack", BWD_PERSIST_PACK))
 
 
 def _bwd_persist_config(n_pow2: int, elem: int) -> tuple[int, int, int, int] | None:
