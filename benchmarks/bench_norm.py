@@ -224,8 +224,8 @@ def bwd_candidates(n: int, elem: int):
                       bwd_persist_stages=3, bwd_persist_diag_nosync=1))
         c.append(dict(bwd_persist=0))  # the two-pass kernels, where a BWD_PERSIST entry makes the default persistent
     # the dW / dB reduce's shape (any width, beside the width's own entry): the pre-session-12 shape (one 256-column
-    # strip a program: 3 programs at 768), and narrower strips / deeper pipelining than the default
-    # (layer_norm_config._reduce_config)
+    # strip a program: 3 programs at 768) and others around the default (16 x 128, 4 warps, 3 stages since session 12;
+    # layer_norm_config._reduce_config)
     c += [dict(reduce_block_n=bn, reduce_block_g=bg, reduce_warps=wp, reduce_stages=st)
           for bn, bg, wp, st in ((256, 32, 4, 1), (8, 256, 4, 2), (16, 256, 8, 2), (16, 128, 4, 3), (32, 128, 8, 2),
                                  (32, 128, 8, 1), (64, 64, 8, 2))]

@@ -194,17 +194,15 @@ def test_dw_db_reduce_shapes(rms, shape, device):
 
 
 def test_dw_db_reduce_config():
-    """The reduce's default shape leaves most SMs a strip (at least REDUCE_PROGRAMS programs, or strips at their
-    narrowest) and tiles of REDUCE_TILE floats: GPT-2's 768 columns over 264 partial rows take 48 programs, not the
-    3 of the old 256-column strips."""
+    """The reduce's default shape: REDUCE_BLOCK_N-column strips (GPT-2's 768 columns take 48 programs, not the 3 of
+    the old 256-column strips), tiles of at most REDUCE_TILE floats, no more rows a tile than partial rows."""
     from fused_layers.ops import layer_norm_config as cfg
 
-    for n, g in ((768, 264), (1024, 264), (4096, 132), (8192, 132), (16384, 132), (131072, 66), (5, 3)):
+    for n, g in ((768, 264), (1024, 264), (8192, 132), (131072, 66), (5, 3)):
         block_n, block_g, _, _ = cfg._reduce_config(n, g)
-        programs = -(-n // block_n)
-        assert programs >= cfg.REDUCE_PROGRAMS or block_n == cfg.REDUCE_MIN_BLOCK_N or block_n >= n, (n, block_n)
-        assert block_n * block_g <= cfg.REDUCE_TILE and block_g <= max(1, 1 << (g - 1).bit_length()), (n, g, block_g)
-    assert cfg._reduce_config(768, 264)[0] == 16
+        assert block_n == min(cfg.REDUCE_BLOCK_N, 1 << (n - 1).bit_length()), (n, block_n)
+        assert block_n * block_g <= cfg.REDUCE_TILE and block_g <= 1 << (g - 1).bit_length(), (n, g, block_g)
+    assert -(-768 // cfg._reduce_config(768, 264)[0]) == 48
 
 
 def test_wide_rows_persistent_backward_diag_nosync(device):

@@ -858,7 +858,7 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
 
 def _reduce_kernel(n: int, g: int, has_w: bool, has_b: bool) -> Kernel:
     """The fixed-order sum of G partial rows of dW / dB (``_norm_reduce_partials_kernel``); its shape from
-    ``layer_norm_config._reduce_config`` (column strips narrow enough for most SMs to take part)."""
+    ``layer_norm_config._reduce_config`` (16-column strips: many programs for a latency-bound sum)."""
     red_n, red_g, warps, stages = _reduce_config(n, g)
     return Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(1, 2), HAS_W=has_w, HAS_B=has_b,
                   BLOCK_G=red_g, BLOCK_N=red_n, STAGES=stages, num_warps=warps)

@@ -65,15 +65,17 @@ BWD_PERSIST_PACK = True
 # dW / dB: the G partial rows (one per backward program: a few hundred) of N float32 summed column-wise in a fixed
 # order by _norm_reduce_partials_kernel.  The partials were just written (L2-resident): the kernel is latency-bound
 # and wants many programs.  Strips of 256 columns gave the 768-wide rows of GPT-2 3 programs and 8 us a call (0.20 ms
-# of a 40 ms step, issue10/run14_e2e_cpp; about 7% of the bf16 2^26-element backward at 768-8192).  Now: strips as
-# wide as still leave REDUCE_PROGRAMS programs (REDUCE_MIN_BLOCK_N..256 columns), tiles of REDUCE_TILE floats,
-# the loop over G pipelined (REDUCE_STAGES).  config_override keys reduce_block_n, reduce_block_g, reduce_warps,
-# reduce_stages (the old shape: 256, 32, 4, 1).
-REDUCE_PROGRAMS = 128
-REDUCE_MIN_BLOCK_N = 16
-REDUCE_TILE = 4096
-REDUCE_WARPS = 8
-REDUCE_STAGES = 2
+# of a 40 ms step, issue10/run14_e2e_cpp).  Session 12 sweep of the reduce's shape, the LayerNorm backward of 2^26
+# elements (issue9/run18_e/reduce_sweep_*.txt; fraction of copy, old shape -> this one): bf16 graph replay 768 0.842 ->
+# 0.879, 1024 0.847 -> 0.865, 2048 0.838 -> 0.873, 4096 0.852 -> 0.871, 8192 0.838 -> 0.847, 16K (persistent) tie;
+# fp32 1024 / 4096 0.890 / 0.894 -> 0.911 / 0.915; do_bench 768 / 4096 / 8192 0.802 / 0.810 / 0.800 -> 0.834 / 0.826 /
+# 0.808; RMSNorm 768 / 4096 0.863 / 0.867 -> 0.892 / 0.898.  16-column strips (64-byte row segments) of REDUCE_TILE
+# floats, the loop over G pipelined (REDUCE_STAGES) won or tied at every width; 8-64 columns and 8 warps within 0.01.
+# config_override keys reduce_block_n, reduce_block_g, reduce_warps, reduce_stages (the old shape: 256, 32, 4, 1).
+REDUCE_BLOCK_N = 16
+REDUCE_TILE = 2048
+REDUCE_WARPS = 4
+REDUCE_STAGES = 3
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -190,11 +192,7 @@ def _bwd_config(n_pow2: int, elem: int, n: int | None = None, is_rms: bool | Non
 def _reduce_config(n: int, g: int) -> tuple[int, int, int, int]:
     """(BLOCK_N columns per program, BLOCK_G rows per iteration, num_warps, STAGES) of the dW / dB reduce over
     ``g`` partial rows of ``n`` columns."""
-    n_pow2 = 1 << max(0, n - 1).bit_length()
-    block_n = 256
-    while block_n > REDUCE_MIN_BLOCK_N and -(-n // block_n) < REDUCE_PROGRAMS:
-        block_n //= 2
-    block_n = min(get_override(_CFG, "reduce_block_n", block_n), n_pow2)
+    block_n = min(get_override(_CFG, "reduce_block_n", REDUCE_BLOCK_N), 1 << max(0, n - 1).bit_length())
     block_g = min(get_override(_CFG, "reduce_block_g", max(1, REDUCE_TILE // block_n)), 1 << max(0, g - 1).bit_length())
     return block_n, block_g, get_override(_CFG, "reduce_warps", REDUCE_WARPS), get_override(_CFG, "reduce_stages", REDUCE_STAGES)
 
