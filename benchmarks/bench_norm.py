@@ -218,6 +218,11 @@ def bwd_candidates(n: int, elem: int):
         # LayerNorm's two partial sums in one published word (bwd_persist_pack; session 11, not yet timed)
         c += [dict(bwd_max_single=1024, bwd_persist=1, bwd_persist_block=bl, bwd_persist_warps=wp, bwd_persist_per_sm=8,
                    bwd_persist_stages=3, bwd_persist_pack=1) for bl, wp in ((2048, 4), (4096, 8))]
+        # HOLD: publish row k, then wait for row k - 1 (published by every sibling an iteration ago) and write it
+        # from its pieces held in registers (bwd_persist_hold; session 12, not yet timed; sm_90: 2K x 4 warps 128
+        # registers as the default, 4K x 8 warps 166-172)
+        c += [dict(bwd_max_single=1024, bwd_persist=1, bwd_persist_block=bl, bwd_persist_warps=wp, bwd_persist_per_sm=8,
+                   bwd_persist_stages=st, bwd_persist_hold=1) for bl, wp, st in ((2048, 4, 3), (2048, 4, 2), (4096, 8, 3), (1024, 2, 3))]
         # DIAGNOSTIC, dx wrong by design: the 16K entry without the exchange between a row's pieces (what the
         # publish + wait costs; never a "best")
         c.append(dict(bwd_max_single=1024, bwd_persist=1, bwd_persist_block=2048, bwd_persist_warps=4, bwd_persist_per_sm=8,

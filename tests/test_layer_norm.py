@@ -163,6 +163,26 @@ def test_wide_rows_persistent_backward_packed_sums(dtype, device):
         _check(False, (3, 37), 1, dtype, device, affine=False)
 
 
+@pytest.mark.parametrize("rms,pack", [(False, 1), (False, 0), (True, 0)], ids=["ln_packed", "ln_two_words", "rms"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_wide_rows_persistent_backward_hold(rms, pack, dtype, device):
+    """The HOLD candidate of the persistent backward (bwd_persist_hold: publish row k, then wait for row k - 1 and
+    write its dx from its pieces held in registers): 7 rows over the interpreter's 3 row groups (3, 2 and 2 rows:
+    the iteration past the last row), ragged pieces, a zero-gradient row, no parameters, and one row (one group)."""
+    def dy_fn(dy):
+        dy[2] = 0.0
+        return dy
+
+    with config_override("layer_norm", **PERSIST, bwd_persist_stages=3, bwd_persist_hold=1, bwd_persist_pack=pack):
+        ln_ops._BWD_PLANS.clear()
+        _check(rms, (7, 16 * 2 + 5), 1, dtype, device, dy_fn=dy_fn)
+        plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
+        assert plans and all(p.persist["meta"].get("HOLD") and p.persist["kernel"] is not None for p in plans)
+        if dtype == torch.float32:
+            _check(rms, (5, 37), 1, dtype, device, affine=False)
+            _check(rms, (1, 37), 1, dtype, device)
+
+
 def test_wide_rows_persistent_backward_two_words(device):
     """LayerNorm's two-word form of the persistent backward (bwd_persist_pack=0: the sums published separately; the
     default packs them since session 12) stays right: ragged pieces, zero-gradient rows, without parameters."""
@@ -685,6 +705,26 @@ def test_gpu_persistent_backward_packed_sums(n):
         plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
         assert plans and all(p.persist["meta"].get("PACK") and p.persist["kernel"] is not None for p in plans)
         _assert_grads_bitwise_repeatable(False, 300, n, torch.bfloat16, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("n", [16384, 40000, 65536])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_gpu_persistent_backward_hold(rms, n, stages):
+    """The HOLD candidate (publish row k, then wait for row k - 1 and write it from registers) on the GPU: right
+    against float64 with more rows than row groups, zero-gradient rows, bitwise the same gradients run to run."""
+    def dy_fn(dy):
+        dy[5:9] = 0.0
+        return dy
+
+    with config_override("layer_norm", bwd_persist=1, bwd_persist_block=2048, bwd_persist_warps=4, bwd_persist_stages=stages,
+                         bwd_max_single=1024, bwd_persist_hold=1):
+        ln_ops._BWD_PLANS.clear()
+        _check(rms, (1200, n), 1, torch.bfloat16, "cuda", dy_fn=dy_fn)
+        plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
+        assert plans and all(p.persist["meta"].get("HOLD") and 1 <= p.persist["groups"] < 1200 for p in plans)
+        _assert_grads_bitwise_repeatable(rms, 300, n, torch.bfloat16, 2)
 
 
 @pytest.mark.gpu

@@ -465,8 +465,17 @@ def _norm_bwd_rowstats_kernel(
 def _piece_xhat_g(X, DY, MEAN, RSTD, r, sx, sdy, c, cm, w, IS_RMS: tl.constexpr, HAS_W: tl.constexpr):
     """Columns ``c`` (mask ``cm``) of row ``r`` for the wide-row backward kernels: (dy, xhat, g = w * dy, rstd), in
     float32, 0 where masked (the identity of the row sums and of the column accumulators)."""
-    x = tl.load(X + r * sx + c, mask=cm, other=0.0).to(tl.float32)
-    dy = tl.load(DY + r * sdy + c, mask=cm, other=0.0).to(tl.float32)
+    x = tl.load(X + r * sx + c, mask=cm, other=0.0)
+    dy = tl.load(DY + r * sdy + c, mask=cm, other=0.0)
+    return _xhat_g(x, dy, MEAN, RSTD, r, cm, w, IS_RMS, HAS_W)
+
+
+@triton.jit
+def _xhat_g(x, dy, MEAN, RSTD, r, cm, w, IS_RMS: tl.constexpr, HAS_W: tl.constexpr):
+    """(dy, xhat, g = w * dy, rstd) in float32 of a loaded piece (x, dy in the input's dtype, 0 where masked) of row
+    ``r`` (< M: its statistics are read)."""
+    x = x.to(tl.float32)
+    dy = dy.to(tl.float32)
     rstd = tl.load(RSTD + r)
     if IS_RMS:
         xhat = x * rstd
@@ -478,6 +487,37 @@ def _piece_xhat_g(X, DY, MEAN, RSTD, r, sx, sdy, c, cm, w, IS_RMS: tl.constexpr,
     else:
         g = dy
     return dy, xhat, g, rstd
+
+
+@triton.jit
+def _persist_publish(SLOTS, r, SPLITS, piece, g, xhat, live, IS_RMS: tl.constexpr, PACK: tl.constexpr):
+    """Publish this piece's partial row sums of row ``r`` (sum(g * xhat), and LayerNorm's sum(g)) when ``live``:
+    one flagged word (RMSNorm; LayerNorm with PACK) or two."""
+    if IS_RMS:
+        publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(g * xhat, axis=0)), live)
+    elif PACK:
+        publish(SLOTS + r * SPLITS + piece, pack_sums(tl.sum(g * xhat, axis=0), tl.sum(g, axis=0)), live)
+    else:
+        slot = SLOTS + (r * SPLITS + piece) * 2
+        publish(slot, pack_flagged(tl.sum(g * xhat, axis=0)), live)
+        publish(slot + 1, pack_flagged(tl.sum(g, axis=0)), live)
+
+
+@triton.jit
+def _persist_wait(SLOTS, r, SPLITS, N, IS_RMS: tl.constexpr, PACK: tl.constexpr):
+    """(c1, c2) = (sum(g * xhat) / N, sum(g) / N) of row ``r`` once every piece has published (c2 = 0: RMSNorm)."""
+    if IS_RMS:
+        c1 = wait_row_sum_call(SLOTS + r * SPLITS, SPLITS) / N
+        c2 = 0.0
+    elif PACK:
+        s1, s2 = wait_row_pair_sums_call(SLOTS + r * SPLITS, SPLITS)
+        c1 = s1 / N
+        c2 = s2 / N
+    else:
+        s1, s2 = wait_row_two_sums_call(SLOTS + r * SPLITS * 2, SPLITS)
+        c1 = s1 / N
+        c2 = s2 / N
+    return c1, c2
 
 
 @triton.jit
@@ -551,6 +591,8 @@ def _norm_bwd_persist_kernel(
     DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG dx: each piece's own partial sums (as if the row
                                         # were the piece), no publish, no wait: the same loads, math and stores
                                         # without the exchange, to time what it costs (bwd_persist_diag_nosync)
+    HOLD: tl.constexpr = False,  # row k - 1's pieces held in registers: publish row k, then wait for row k - 1 and
+                                 # write it (candidate, bwd_persist_hold; see below)
 ):
     """Wide-row backward in one read of x and dy (layer_norm_config.BWD_PERSIST, ``bwd_persist``): the pieces of a
     row are held by co-resident programs (ops/_rowsync.py, the wide softmax's scheme) that exchange their partial
@@ -561,7 +603,14 @@ def _norm_bwd_persist_kernel(
     loaded by cp.async while it waits), combines them in a fixed order -- every program of the row gets the
     same c1, c2 -- and writes its piece of dx = rstd (g - xhat c1 - c2).  dW / dB of the piece's columns are
     accumulated over the group's rows in registers and written once as partial row ``group``; the reduce
-    kernel sums the GROUPS rows in a fixed order.  Deterministic, no atomics on the gradients."""
+    kernel sums the GROUPS rows in a fixed order.  Deterministic, no atomics on the gradients.
+
+    HOLD (candidate): the wait leaves the critical path.  The no-exchange diagnostic ran 0.87-0.88 of copy where
+    the default runs 0.64-0.65 at 16K-64K (session 12, issue10/run18_b/pack_sweep.txt): a third of the time is the
+    publish + wait of each row.  With HOLD, iteration k loads and publishes row k, then waits for row k - 1 --
+    which every sibling published an iteration ago -- and writes row k - 1's dx from its x / dy pieces, held in
+    registers in the input's dtype since the last iteration (no re-read).  One iteration runs past the last row
+    (its loads masked, nothing published); iteration 0 waits for its own row and writes nothing."""
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
     DWP, DBP = _parts_ptrs(PARTS, GROUPS, N, HAS_W)
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
@@ -571,6 +620,40 @@ def _norm_bwd_persist_kernel(
         w = 0.0  # (unread)
     dw_acc = tl.zeros([BLOCK_N], tl.float32)
     db_acc = tl.zeros([BLOCK_N], tl.float32)
+    if HOLD:
+        xp = tl.zeros([BLOCK_N], X.dtype.element_ty)  # row k - 1's pieces (iteration 0: zeros, nothing written)
+        dyp = tl.zeros([BLOCK_N], DY.dtype.element_ty)
+        for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            live = r < M  # (the iteration past the last row loads nothing, publishes nothing)
+            lm = cm & (c64 * 0 + r < M)
+            # 0 where masked: the identity of the row sums and of the column accumulators
+            x_raw = tl.load(X + r * sx + c64, mask=lm, other=0.0)
+            dy_raw = tl.load(DY + r * sdy + c64, mask=lm, other=0.0)
+            if PHASE != 1:  # publish row k
+                # (past the last row: the last row's statistics on zero pieces, nothing published)
+                _dy, xhat, g, _rstd = _xhat_g(x_raw, dy_raw, MEAN, RSTD, tl.minimum(r, M - 1), cm, w, IS_RMS, HAS_W)
+                _persist_publish(SLOTS, r, SPLITS, piece, g, xhat, live, IS_RMS, PACK)
+            if PHASE != 0:  # wait for row k - 1 (iteration 0: row k itself) and write its dx from the held pieces
+                rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))
+                c1, c2 = _persist_wait(SLOTS, rp, SPLITS, N, IS_RMS, PACK)
+                dy, xhat, g, rstd = _xhat_g(xp, dyp, MEAN, RSTD, rp, cm, w, IS_RMS, HAS_W)
+                dx = (g - xhat * c1 - c2) * rstd
+                tl.store(DX + rp * N + c64, dx.to(DX.dtype.element_ty), mask=cm & (c64 * 0 + row > group))
+                if HAS_W:  # (iteration 0: dy = 0 adds nothing)
+                    if CAST_BEFORE_W:
+                        xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
+                    dw_acc += dy * xhat
+                if HAS_B:
+                    db_acc += dy
+            xp = x_raw
+            dyp = dy_raw
+        if PHASE != 0:
+            if HAS_W:
+                tl.store(DWP + group.to(tl.int64) * N + c64, dw_acc, mask=cm)
+            if HAS_B:
+                tl.store(DBP + group.to(tl.int64) * N + c64, db_acc, mask=cm)
+        return
     for row in tl.range(group, M, GROUPS, num_stages=STAGES):
         r = tl.cast(row, tl.int64)
         dy, xhat, g, rstd = _piece_xhat_g(X, DY, MEAN, RSTD, r, sx, sdy, c64, cm, w, IS_RMS, HAS_W)
@@ -579,26 +662,12 @@ def _norm_bwd_persist_kernel(
                 dx = (g - xhat * (tl.sum(g * xhat, axis=0) / N)) * rstd
             else:
                 dx = (g - xhat * (tl.sum(g * xhat, axis=0) / N) - tl.sum(g, axis=0) / N) * rstd
-        elif IS_RMS:
-            if PHASE != 1:  # publish this piece's partial of sum(g * xhat)
-                publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(g * xhat, axis=0)), r < M)
-            if PHASE != 0:
-                c1 = wait_row_sum_call(SLOTS + r * SPLITS, SPLITS) / N
-                dx = (g - xhat * c1) * rstd
-        elif PACK:
-            if PHASE != 1:  # one word: (sum(g * xhat), sum(g))
-                publish(SLOTS + r * SPLITS + piece, pack_sums(tl.sum(g * xhat, axis=0), tl.sum(g, axis=0)), r < M)
-            if PHASE != 0:
-                s1, s2 = wait_row_pair_sums_call(SLOTS + r * SPLITS, SPLITS)
-                dx = (g - xhat * (s1 / N) - s2 / N) * rstd
         else:
-            if PHASE != 1:  # two words: sum(g * xhat), sum(g)
-                slot = SLOTS + (r * SPLITS + piece) * 2
-                publish(slot, pack_flagged(tl.sum(g * xhat, axis=0)), r < M)
-                publish(slot + 1, pack_flagged(tl.sum(g, axis=0)), r < M)
+            if PHASE != 1:  # publish this piece's partial sums
+                _persist_publish(SLOTS, r, SPLITS, piece, g, xhat, r < M, IS_RMS, PACK)
             if PHASE != 0:
-                s1, s2 = wait_row_two_sums_call(SLOTS + r * SPLITS * 2, SPLITS)
-                dx = (g - xhat * (s1 / N) - s2 / N) * rstd
+                c1, c2 = _persist_wait(SLOTS, r, SPLITS, N, IS_RMS, PACK)
+                dx = (g - xhat * c1 - c2) * rstd
         if PHASE != 0:
             tl.store(DX + r * N + c64, dx.to(DX.dtype.element_ty), mask=cm)
             if HAS_W:
@@ -837,6 +906,8 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
                                       STAGES=max(1, pstages), num_warps=pwarps))
         if not is_rms and _bwd_persist_pack():  # both partial sums in one published word (see the kernel)
             plan.persist["meta"]["PACK"] = True
+        if get_override(_CFG, "bwd_persist_hold", False):  # candidate, not a default (see the kernel)
+            plan.persist["meta"]["HOLD"] = True
         if get_override(_CFG, "bwd_persist_diag_nosync", False):  # diagnostic only: wrong dx (see the kernel)
             plan.persist["meta"]["DIAG_NOSYNC"] = True
         plan.fallback = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w)
