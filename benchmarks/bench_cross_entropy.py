@@ -164,9 +164,19 @@ def bench_ce(vocabs, rep, copy_gbs, tuned=None):
                     # The same step by CUDA-graph replay: no host in the timing (the eager number above keeps
                     # what a training step pays, the few small launches around the main kernel included).
                     ms_graph = float("nan")
+                    del loss
                     if DEV == "cuda" and not name.startswith("liger"):  # (Liger's loss is not capture-safe)
+                        # A fresh leaf: its AccumulateGrad node is made on the capture stream.  With x's node, made
+                        # on the default stream by the eager calls above, the backward's accumulation ran there and
+                        # invalidated the capture (session 12, issue10/run18_b/ce_table.log), which also left the
+                        # CUDA generator unusable for the next width's torch.randn.
+                        xg = x.detach().requires_grad_()
+
+                        def step_graph(f=f, xg=xg):
+                            f(xg, t).backward()
+
                         try:
-                            ms_graph = _timing._graph_ms(step, [x], rep)
+                            ms_graph = _timing._graph_ms(step_graph, [xg], rep)
                         except Exception as e:  # noqa: BLE001 - a provider that cannot be captured
                             print(f"[{name} V={v}: no graph replay: {type(e).__name__}: {str(e)[:120]}]")
                             torch.cuda.synchronize()
