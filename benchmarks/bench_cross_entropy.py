@@ -232,6 +232,14 @@ PERSIST_CANDIDATES.update({
                                                        persist_stages=st, persist_lean=True)
     for block, warps, st in ((4096, 4, 3), (4096, 4, 4), (8192, 8, 3))
 })
+# The SMEM form with HOLD (softmax only: row k - 1 written after row k is published, from its piece held in registers;
+# session 12, not yet timed; sm_90 with Triton 3.6, bf16 fwd / bwd registers: 4K x 4 warps 128 / 128 against the
+# default's 56 / 119, 2K x 4 warps 64 / 80: benchmarks/results/issue9/hold_static_scan_sm90_triton36.txt).
+PERSIST_CANDIDATES.update({
+    f"smem_{block // 1024}k_w{warps}_st{st}_hold": dict(persist_block=block, persist_warps=warps, persist_per_sm=16,
+                                                       persist_stages=st, persist_hold=True)
+    for block, warps, st in ((4096, 4, 3), (4096, 8, 3), (2048, 4, 3))
+})
 SWEEP = {
     # one program per row, two passes, the second read from L2
     "stream_8k_w16_base": dict(wide_mode=1, block_n=8192, num_warps=16, prefetch=0, reverse=0, lane_max=0),  # run4's
@@ -258,7 +266,7 @@ SWEEP = {
     # several programs per row (pieces streamed), second read of a piece from L2
     "split_p16k_b8k_w8": dict(wide_mode=2, piece=16384, split_block=8192, split_warps=8),
     # persistent, co-resident programs holding a piece each in registers, statistics exchanged (one read):
-    **{f"persist_{n}": dict(wide_mode=3, **c) for n, c in PERSIST_CANDIDATES.items()},
+    **{f"persist_{n}": dict(wide_mode=3, **c) for n, c in PERSIST_CANDIDATES.items() if "persist_hold" not in c},  # (HOLD: softmax only)
     # the SMEM form with LAG (row k - 1's loss and gradient after row k is published, its piece re-read from L2;
     # session 10; timed in session 11: it lost, issue10/run16_b/ce.log)
     **{f"persist_smem_{b // 1024}k_w{w}_st{st}_lag": dict(wide_mode=3, persist_block=b, persist_warps=w, persist_per_sm=16,

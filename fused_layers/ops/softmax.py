@@ -324,6 +324,8 @@ def _softmax_fwd_persist_kernel(
                                         # stores without the exchange, to time what the exchange costs
     PAIR: tl.constexpr = False,  # with STAGES > 1: two rows an iteration (rows k and k + GROUPS published, then
                                  # both waited for), half the exchanges per byte (candidate, persist_pair)
+    HOLD: tl.constexpr = False,  # with STAGES > 1: as LAG, row k - 1 written after row k is published, but from its
+                                 # piece held in registers since the last iteration (candidate, persist_hold)
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
@@ -346,8 +348,29 @@ def _softmax_fwd_persist_kernel(
     k - 1 -- which every sibling published an iteration ago, so the wait should not spin -- and writes row
     k - 1 from a second load of its piece, which L2 still holds (the rows in flight across the GPU are a few
     MB): the DRAM reads stay one, the wait's latency leaves the critical path.  One iteration runs past the last
-    row (for its output); iteration 0 waits for its own row and writes nothing."""
+    row (for its output); iteration 0 waits for its own row and writes nothing.
+
+    HOLD (opt-in with STAGES > 1, ``persist_hold``): LAG's schedule with row k - 1's piece kept in registers (in the
+    input's dtype) instead of loaded again: no second read, one more piece of registers.  Session 12's no-exchange
+    diagnostic (issue10/run18_b/softmax_lean.log) puts the exchange's cost in the bf16 forward at 256K (0.76 without
+    it against 0.67-0.70) and the backward at 256K (0.86 against 0.75), not below 128K."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
+    if STAGES > 1 and HOLD:
+        xp = tl.full([BLOCK_N], -float("inf"), X.dtype.element_ty)  # row k - 1's piece (iteration 0: nothing written)
+        for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            # -inf where masked (and for the row past the end): the identity of max; exp(-inf - m) = 0 of the sum.
+            x = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
+            if PHASE != 1:
+                publish_max_sum(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+            if PHASE != 0:
+                rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))  # row k - 1 (iteration 0: row k, unwritten)
+                m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
+                live = cm & (c64 * 0 + row > group)
+                y = piece_exp_scaled(xp, xp, 0.0, m, 1.0 / s, False)  # (all -inf row: m = -inf, NaN as torch)
+                tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=live)
+            xp = x
+        return
     if STAGES > 1 and LAG:
         for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
@@ -452,10 +475,30 @@ def _softmax_bwd_persist_kernel(
     LAG: tl.constexpr = False,  # with STAGES > 1: as in _softmax_fwd_persist_kernel (row k - 1 re-read from L2)
     DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG OUTPUT: as in _softmax_fwd_persist_kernel (each
                                         # piece's own partial dot, no publish, no wait)
+    HOLD: tl.constexpr = False,  # with STAGES > 1: as in _softmax_fwd_persist_kernel (row k - 1 from registers)
 ):
     """Wide-row backward, one read of y and dy, pipelined as _softmax_fwd_persist_kernel: publish row k's
     partial dot, load row k + 1, wait for row k - 1 and write its dx = y * (dy - dot)."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
+    if STAGES > 1 and HOLD:
+        yp = tl.zeros([BLOCK_N], Y.dtype.element_ty)  # row k - 1's pieces (iteration 0: nothing written)
+        dyp = tl.zeros([BLOCK_N], DY.dtype.element_ty)
+        for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            # 0 where masked (and for the row past the end): the identity of the sum.
+            y = load_piece(Y, r, M, INNER, syo, syi, syn, c64, cm, 0.0)
+            dy = load_piece(DY, r, M, INNER, sdo, sdi, sdn, c64, cm, 0.0)
+            if PHASE != 1:
+                publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y.to(tl.float32) * dy.to(tl.float32), axis=0)), r < M)
+            if PHASE != 0:
+                rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))  # row k - 1 (iteration 0: row k, unwritten)
+                dot = wait_row_sum_call(SLOTS + rp * SPLITS, SPLITS)
+                live = cm & (c64 * 0 + row > group)
+                dx = yp.to(tl.float32) * (dyp.to(tl.float32) - dot)
+                tl.store(piece_ptrs(DX, rp, INNER, sgo, sgi, sgn, c64), dx.to(DX.dtype.element_ty), mask=live)
+            yp = y
+            dyp = dy
+        return
     if STAGES > 1 and LAG:
         for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
@@ -659,6 +702,8 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
             meta["STAGES"] = stages
             if get_override("softmax", "persist_lag", False):  # candidate, not a default (see the kernel)
                 meta["LAG"] = True
+            if get_override("softmax", "persist_hold", False):  # candidate, not a default (see the kernel)
+                meta["HOLD"] = True
             if get_override("softmax", "persist_diag_nosync", False):  # diagnostic only: wrong output (the kernel)
                 meta["DIAG_NOSYNC"] = True
             if fwd and get_override("softmax", "persist_pair", False):  # candidate, not a default (see the kernel)
