@@ -355,8 +355,8 @@ def _softmax_fwd_persist_kernel(
     diagnostic (issue10/run18_b/softmax_lean.log) puts the exchange's cost in the bf16 forward at 256K (0.76 without
     it against 0.67-0.70) and the backward at 256K (0.86 against 0.75), not below 128K."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
-    if STAGES > 1 and HOLD:
-        xp = tl.full([BLOCK_N], -float("inf"), X.dtype.element_ty)  # row k - 1's piece (iteration 0: nothing written)
+    if STAGES > 1 and (LAG or HOLD):
+        xh = tl.full([BLOCK_N], -float("inf"), X.dtype.element_ty)  # HOLD: row k - 1's piece (iteration 0: unwritten)
         for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
             # -inf where masked (and for the row past the end): the identity of max; exp(-inf - m) = 0 of the sum.
@@ -367,24 +367,14 @@ def _softmax_fwd_persist_kernel(
                 rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))  # row k - 1 (iteration 0: row k, unwritten)
                 m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
                 live = cm & (c64 * 0 + row > group)
+                if HOLD:  # from registers
+                    xp = xh
+                else:  # LAG: loaded again (L2)
+                    xp = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxn, c64), mask=live, other=-float("inf"))
                 y = piece_exp_scaled(xp, xp, 0.0, m, 1.0 / s, False)  # (all -inf row: m = -inf, NaN as torch)
                 tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=live)
-            xp = x
-        return
-    if STAGES > 1 and LAG:
-        for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            # -inf where masked (and for the row past the end): the identity of max; exp(-inf - m) = 0 of the sum.
-            x = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
-            if PHASE != 1:
-                publish_max_sum(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
-            if PHASE != 0:
-                rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))  # row k - 1 (iteration 0: row k, unwritten)
-                m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
-                live = cm & (c64 * 0 + row > group)
-                xp = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxn, c64), mask=live, other=-float("inf"))
-                y = piece_exp_scaled(xp, xp, 0.0, m, 1.0 / s, False)  # (all -inf row: m = -inf, NaN as torch)
-                tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=live)
+            if HOLD:
+                xh = x
         return
     if STAGES > 1 and PAIR:
         # PAIR: iteration k holds rows r = group + 2k GROUPS and r2 = r + GROUPS (the program's rows two at a time);
@@ -406,6 +396,105 @@ def _softmax_fwd_persist_kernel(
                     m2, s2 = wait_row_max_sum_call(SLOTS + r2 * SPLITS, SPLITS)
                     y2 = piece_exp_scaled(x2, e2, mps2, m2, 1.0 / s2, LEAN)
                     tl.store(piece_ptrs(Y, r2, INNER, syo, syi, syn, c64), y2.to(Y.dtype.element_ty), mask=cm)
+        return
+    if STAGES > 1 and DIAG_NOSYNC:  # (diagnostic: see the argument; never a default, output wrong)
+        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
+            if PHASE != 0:
+                xf = x.to(tl.float32)
+                m_p = tl.max(xf, axis=0)
+                m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)
+                s_p = tl.sum(tl.exp2((xf - m_ps) * 1.4426950408889634), axis=0)
+                y = piece_exp_scaled(x, x, 0.0, m_p, 1.0 / s_p, False)
+                tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
+        return
+    if STAGES > 1:
+        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
+            e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
+            if PHASE != 0:
+                # (a call, so that the loop stays pipelined; all -inf row: m = -inf, NaN below as torch)
+                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)
+                y = piece_exp_scaled(x, e, mps, m, 1.0 / s, LEAN)
+                tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
+        return
+    r = tl.cast(group, tl.int64)
+    # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+    # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
+    x_prev = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
+    e_prev, mps_prev = publish_piece(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
+    r = r + GROUPS
+    x_cur = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
+    # Rows k = 1, 2, ...: one iteration past the last row, for its output.
+    for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
+        r = tl.cast(row, tl.int64)
+        e_cur, mps_cur = publish_piece(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
+        rn = r + GROUPS  # row k + 1's piece is in flight from here on
+        x_next = load_piece(X, rn, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
+        if PHASE != 0:  # the output of row k - 1
+            rp = r - GROUPS
+            # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
+            m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
+            y = piece_exp_scaled(x_prev, e_prev, mps_prev, m, 1.0 / s, LEAN)
+            tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
+        if LEAN:
+            e_prev = e_cur
+            mps_prev = mps_cur
+        else:
+            x_prev = x_cur
+        x_cur = x_next
+
+
+@triton.jit(do_not_specialize=["GROUPS"])
+def _softmax_bwd_persist_kernel(
+    Y, DY, DX,  # saved output, incoming gradient, input gradient (written); strides below
+    M, N, INNER,
+    syo, syi, syn,
+    sdo, sdi, sdn,
+    sgo, sgi, sgn,
+    SPLITS, PIECE,
+    SLOTS,  # int64 [M * SPLITS], zeroed: each piece's published partial sum(y * dy)
+    GROUPS,
+    SPLITS_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PHASE: tl.constexpr,
+    STAGES: tl.constexpr = 1,  # > 1: the SMEM-pipelined form, as in _softmax_fwd_persist_kernel
+    LAG: tl.constexpr = False,  # with STAGES > 1: as in _softmax_fwd_persist_kernel (row k - 1 re-read from L2)
+    DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG OUTPUT: as in _softmax_fwd_persist_kernel (each
+                                        # piece's own partial dot, no publish, no wait)
+    HOLD: tl.constexpr = False,  # with STAGES > 1: as in _softmax_fwd_persist_kernel (row k - 1 from registers)
+):
+    """Wide-row backward, one read of y and dy, pipelined as _softmax_fwd_persist_kernel: publish row k's
+    partial dot, load row k + 1, wait for row k - 1 and write its dx = y * (dy - dot)."""
+    piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
+    if STAGES > 1 and (LAG or HOLD):
+        yh = tl.zeros([BLOCK_N], Y.dtype.element_ty)  # HOLD: row k - 1's pieces (iteration 0: nothing written)
+        dyh = tl.zeros([BLOCK_N], DY.dtype.element_ty)
+        for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            # 0 where masked (and for the row past the end): the identity of the sum.
+            y = load_piece(Y, r, M, INNER, syo, syi, syn, c64, cm, 0.0)
+            dy = load_piece(DY, r, M, INNER, sdo, sdi, sdn, c64, cm, 0.0)
+            if PHASE != 1:
+                publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y.to(tl.float32) * dy.to(tl.float32), axis=0)), r < M)
+            if PHASE != 0:
+                rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))  # row k - 1 (iteration 0: row k, unwritten)
+                dot = wait_row_sum_call(SLOTS + rp * SPLITS, SPLITS)
+                live = cm & (c64 * 0 + row > group)
+                if HOLD:  # from registers
+                    yp = yh
+                    dyp = dyh
+                else:  # LAG: loaded again (L2)
+                    yp = tl.load(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), mask=live, other=0.0)
+                    dyp = tl.load(piece_ptrs(DY, rp, INNER, sdo, sdi, sdn, c64), mask=live, other=0.0)
+                dx = yp.to(tl.float32) * (dyp.to(tl.float32) - dot)
+                tl.store(piece_ptrs(DX, rp, INNER, sgo, sgi, sgn, c64), dx.to(DX.dtype.element_ty), mask=live)
+            if HOLD:
+                yh = y
+                dyh = dy
         return
     if STAGES > 1 and DIAG_NOSYNC:  # (diagnostic: see the argument; never a default, output wrong)
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
