@@ -15,6 +15,7 @@ from conftest import TOL
 from fused_layers import FusedLayerNorm, FusedRMSNorm, fused_layer_norm, fused_rms_norm
 from fused_layers.ops import layer_norm as ln_ops
 from fused_layers.ops.layer_norm import config_override, layer_norm_reference, rms_norm_reference
+from fused_layers.ops import layer_norm_config as lnc
 
 WIDE = dict(fwd_max_single=16, bwd_max_single=16, fwd_chunk=16, bwd_chunk=16)  # chunked kernels at N > 16
 NARROW_TILES = dict(fwd_block_m=2, bwd_block_m=2, bwd_programs=3)  # several tiles and programs per call
@@ -282,12 +283,29 @@ def test_wide_rows_persistent_backward_traced_plan_is_two_pass():
 
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 def test_wide_rows_default_persistent_backward(rms, device):
-    """The BWD_PERSIST defaults themselves (bf16, no override): a 16,401-wide row (bucket 32K: nine 2,048-column
-    pieces, the last ragged) takes the persistent plan, right against float64."""
+    """The BWD_PERSIST defaults themselves (bf16, no override): a 16,401-wide row (bucket 32K) takes the persistent
+    plan, right against float64: LayerNorm nine 2,048-column pieces (the last ragged), RMSNorm the HOLD form
+    (BWD_PERSIST_HOLD) in 1,024-column pieces."""
     ln_ops._BWD_PLANS.clear()
     _check(rms, (4, 16401), 1, torch.bfloat16, device)
     plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
-    assert plans and all(p.persist["splits"] == 9 and p.persist["kernel"] is not None for p in plans)
+    splits, piece = (17, 1024) if rms else (9, 2048)
+    assert plans and all(p.persist["splits"] == splits and p.persist["meta"]["BLOCK_N"] == piece
+                         and bool(p.persist["meta"].get("HOLD")) == rms and p.persist["kernel"] is not None for p in plans)
+
+
+@pytest.mark.parametrize("n_pow2,rms,hold,piece", [(16384, False, False, 2048), (16384, True, True, 1024),
+                                                     (65536, False, True, 2048), (65536, True, True, 2048),
+                                                     (131072, True, False, 8192)])
+def test_persistent_backward_hold_table(n_pow2, rms, hold, piece):
+    """BWD_PERSIST_HOLD picks HOLD and its own piece shape per norm (session-13 sweep); config_override
+    bwd_persist_hold=0 falls back to BWD_PERSIST's entry, =1 turns HOLD on with it."""
+    block, _, _, _, got = lnc._bwd_persist_config(n_pow2, 2, rms)
+    assert (block, got) == (piece, hold)
+    with config_override("layer_norm", bwd_persist_hold=0):
+        assert lnc._bwd_persist_config(n_pow2, 2, rms)[0::4] == (lnc.BWD_PERSIST[(2, n_pow2)][0], False)
+    with config_override("layer_norm", bwd_persist_hold=1):
+        assert lnc._bwd_persist_config(n_pow2, 2, rms)[4] is True
 
 
 @pytest.mark.parametrize("n", [40, 768])

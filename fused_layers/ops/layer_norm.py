@@ -592,7 +592,7 @@ def _norm_bwd_persist_kernel(
                                         # were the piece), no publish, no wait: the same loads, math and stores
                                         # without the exchange, to time what it costs (bwd_persist_diag_nosync)
     HOLD: tl.constexpr = False,  # row k - 1's pieces held in registers: publish row k, then wait for row k - 1 and
-                                 # write it (candidate, bwd_persist_hold; see below)
+                                 # write it (layer_norm_config.BWD_PERSIST_HOLD; see below)
 ):
     """Wide-row backward in one read of x and dy (layer_norm_config.BWD_PERSIST, ``bwd_persist``): the pieces of a
     row are held by co-resident programs (ops/_rowsync.py, the wide softmax's scheme) that exchange their partial
@@ -605,7 +605,8 @@ def _norm_bwd_persist_kernel(
     accumulated over the group's rows in registers and written once as partial row ``group``; the reduce
     kernel sums the GROUPS rows in a fixed order.  Deterministic, no atomics on the gradients.
 
-    HOLD (candidate): the wait leaves the critical path.  The no-exchange diagnostic ran 0.87-0.88 of copy where
+    HOLD (the default where BWD_PERSIST_HOLD has an entry: RMSNorm 16K-64K, LayerNorm 64K; +0.04-0.11 of copy in the
+    session-13 sweep): the wait leaves the critical path.  The no-exchange diagnostic ran 0.87-0.88 of copy where
     the default runs 0.64-0.65 at 16K-64K (session 12, issue10/run18_b/pack_sweep.txt): a third of the time is the
     publish + wait of each row.  With HOLD, iteration k loads and publishes row k, then waits for row k - 1 --
     which every sibling published an iteration ago -- and writes row k - 1's dx from its x / dy pieces, held in
@@ -887,7 +888,7 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
         meta["num_stages"] = stages
     plan.stats_kernel = None
     plan.persist = plan.fallback = None
-    pcfg = None if single or not persist_ok else _bwd_persist_config(n_pow2, dtype.itemsize)
+    pcfg = None if single or not persist_ok else _bwd_persist_config(n_pow2, dtype.itemsize, is_rms)
     if persist_ok and pcfg is None:
         # No persistent kernel for this row: one plan whatever ``persist_ok`` says, so the kernels the Python path
         # compiles are the ones the C++ fast path registers (``_cpp_register`` asks with persist_ok=False; with
@@ -898,7 +899,7 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
         _BWD_PLANS[key] = plan
         return plan
     if pcfg is not None:  # the one-read persistent kernel; the two-pass plan is its fallback
-        pblock, pwarps, per_sm_p, pstages = pcfg
+        pblock, pwarps, per_sm_p, pstages, hold = pcfg
         pblock = next_power_of_2(pblock)
         splits, piece = balanced_pieces(n, pblock)
         plan.persist = dict(per_sm=per_sm_p, splits=splits, piece=piece, kernel=None, groups=0, reduce=None,
@@ -906,7 +907,7 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
                                       STAGES=max(1, pstages), num_warps=pwarps))
         if not is_rms and _bwd_persist_pack():  # both partial sums in one published word (see the kernel)
             plan.persist["meta"]["PACK"] = True
-        if get_override(_CFG, "bwd_persist_hold", False):  # candidate, not a default (see the kernel)
+        if hold:  # publish row k, write row k - 1 (see the kernel; BWD_PERSIST_HOLD)
             plan.persist["meta"]["HOLD"] = True
         if get_override(_CFG, "bwd_persist_diag_nosync", False):  # diagnostic only: wrong dx (see the kernel)
             plan.persist["meta"]["DIAG_NOSYNC"] = True

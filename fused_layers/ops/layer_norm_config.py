@@ -56,6 +56,22 @@ BWD_PERSIST: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (2, 131072): (8192, 16, 8, 3),
 }
 BWD_PERSIST_DEFAULT = (4096, 8, 4, 3)  # what bwd_persist=1 takes where the table has no entry
+# HOLD (see _norm_bwd_persist_kernel: publish row k, then wait for row k - 1 and write it from its pieces held in
+# registers, so the wait leaves the critical path), by (element size, width bucket, is_rms), with its own piece shape
+# (these entries replace BWD_PERSIST's there).  Session 13 sweep, bf16, CUDA-graph replay, fraction of copy, the same
+# run (benchmarks/results/issue9/run19_a/hold_sweep_{ln,rms}.txt):
+#   RMSNorm  16K  1024 x 2 warps  0.777 against the default's 0.732 (no-exchange diagnostic 0.877)
+#            32K  1024 x 2        0.769 against 0.730 (0.868)
+#            64K  2048 x 4        0.737 against 0.624 (0.868)
+#   LayerNorm 64K 2048 x 4        0.609 against 0.574 (0.889); at 16K / 32K HOLD lost (0.632 / 0.627 against 0.646 / 0.639)
+# config_override bwd_persist_hold=0 / 1 turns it off / on anywhere (with BWD_PERSIST's piece shape where this table
+# has no entry).
+BWD_PERSIST_HOLD: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
+    (2, 16384, True): (1024, 2, 8, 3),
+    (2, 32768, True): (1024, 2, 8, 3),
+    (2, 65536, True): (2048, 4, 8, 3),
+    (2, 65536, False): (2048, 4, 8, 3),
+}
 # LayerNorm's persistent backward publishes its two partial row sums packed in one word (PACK: one atomic and one
 # polled word a piece instead of two).  Session 12 sweep, bf16, CUDA-graph replay (issue10/run18_b/pack_sweep.txt):
 # 16K 0.653 against 0.638, 32K 0.655 against 0.632, 64K (4096 x 8) 0.587 against 0.563.  config_override
@@ -114,6 +130,10 @@ _TUNED: dict[tuple[int, int, str], dict[str, int]] = {
     (2, 32768, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 16, 'bwd_progs_per_sm': 1},  # 0.43 of copy
     (2, 2048, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 8, 'bwd_progs_per_sm': 2, 'bwd_stages': 4, 'bwd_max_single': 65536},  # 0.79 of copy (0.58 before)
     (2, 8192, "bwd"): {'bwd_block_m': 1, 'bwd_warps': 16, 'bwd_progs_per_sm': 1, 'bwd_stages': 3, 'bwd_max_single': 65536},  # 0.83 of copy (0.62 before)
+    # LayerNorm at 8192: the bucket's entry with the two row sums in one reduction, 0.861 against 0.849 (session 13,
+    # graph replay, issue9/run19_a/sweep_8k.log; every candidate at 8K within 0.84-0.86)
+    (2, 8192, "bwd_ln"): {'bwd_block_m': 1, 'bwd_warps': 16, 'bwd_progs_per_sm': 1, 'bwd_stages': 3, 'bwd_max_single': 65536,
+                          'bwd_pair_sum': 1},
     (4, 1024, "bwd"): {'bwd_block_m': 4, 'bwd_warps': 4, 'bwd_progs_per_sm': 2, 'bwd_stages': 2, 'bwd_max_single': 65536},  # 0.89 of copy (0.86 before)
     # 4096, both norms: 2 rows x 16 warps with one-row accumulators (and LayerNorm's pair sum): LayerNorm 0.75 -> 0.85,
     # RMSNorm 0.75 -> 0.87 (session 7, issue9/run9_norm_variants/, run9_rms_variants/)
@@ -202,11 +222,13 @@ def _bwd_persist_pack() -> bool:
     return bool(get_override(_CFG, "bwd_persist_pack", BWD_PERSIST_PACK))
 
 
-def _bwd_persist_config(n_pow2: int, elem: int) -> tuple[int, int, int, int] | None:
-    """(BLOCK_N piece, num_warps, programs per SM, STAGES) of the persistent wide-row backward, or None (off)."""
+def _bwd_persist_config(n_pow2: int, elem: int, is_rms: bool = False) -> tuple[int, int, int, int, bool] | None:
+    """(BLOCK_N piece, num_warps, programs per SM, STAGES, HOLD) of the persistent wide-row backward, or None (off)."""
     entry = BWD_PERSIST.get((elem, n_pow2))
     if not get_override(_CFG, "bwd_persist", entry is not None):
         return None
-    block, warps, per_sm, stages = entry or BWD_PERSIST_DEFAULT
+    held = BWD_PERSIST_HOLD.get((elem, n_pow2, bool(is_rms)))
+    hold = bool(get_override(_CFG, "bwd_persist_hold", held is not None))
+    block, warps, per_sm, stages = (held if hold and held is not None else entry) or BWD_PERSIST_DEFAULT
     return (get_override(_CFG, "bwd_persist_block", block), get_override(_CFG, "bwd_persist_warps", warps),
-            get_override(_CFG, "bwd_persist_per_sm", per_sm), get_override(_CFG, "bwd_persist_stages", stages))
+            get_override(_CFG, "bwd_persist_per_sm", per_sm), get_override(_CFG, "bwd_persist_stages", stages), hold)
