@@ -1,0 +1,145 @@
+"""Issue 13: the Gluon forward (fused_layers/ops/attention_gluon.py) beside the Triton forward, cuDNN and SDPA flash,
+H200, bf16, H = 16, B * S = 16,384, TFLOP/s of the forward (4 B H S^2 D, halved when causal), do_bench medians after a
+warm-up; correctness first (O and the base-2 LSE against float32, and the Triton backward fed the Gluon forward's O and
+LSE against float32 gradients).
+    python3 benchmarks/bench_attention_gluon.py --out DIR [--configs D:BM,BN,W,ST;...] [--seqlens 1024,4096,16384]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+import torch.nn.functional as F
+
+
+def reference(q, k, v, causal):
+    qf, kf, vf = (t.float() for t in (q, k, v))
+    s = qf @ kf.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        S = q.shape[2]
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    lse2 = torch.logsumexp(s, -1) / math.log(2.0)
+    return torch.softmax(s, -1) @ vf, lse2
+
+
+def check(ag, at, rows, D, S, causal, cfg):
+    torch.manual_seed(S + D + int(causal))
+    B, H = 2, 3
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = ag.attention_forward_gluon(q, k, v, causal, config=cfg)
+    ref, ref_lse = reference(q, k, v, causal)
+    err_o = (out.float() - ref).abs().max().item()
+    err_l = (lse - ref_lse).abs().max().item()
+    # the Triton backward on the Gluon forward's O and LSE, against float32 autograd
+    qr, kr, vr = (t.float().requires_grad_() for t in (q, k, v))
+    do = torch.randn_like(q)
+    F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal).backward(do.float())
+    dq, dk, dv = at.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, 1.0 / math.sqrt(D))
+    err_g = max((a.float() - b.grad).abs().max().item() / max(1.0, b.grad.abs().max().item()) for a, b in ((dq, qr), (dk, kr), (dv, vr)))
+    ok = err_o < 2e-2 and err_l < 1e-3 and err_g < 5e-2 and torch.isfinite(out).all().item()
+    rows.append(dict(kind="check", D=D, S=S, causal=causal, cfg=cfg, err_o=err_o, err_lse=err_l, err_grad=err_g, ok=ok))
+    print(json.dumps(rows[-1]), flush=True)
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seqlens", default="1024,4096,16384")
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--configs", default="", help="extra Gluon configs, e.g. '128:128,64,8,3;64:128,64,8,4'")
+    ap.add_argument("--budget", type=float, default=400.0)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    from triton.testing import do_bench
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from fused_layers.ops import attention as at
+    from fused_layers.ops import attention_gluon as ag
+
+    extra = {}
+    for part in filter(None, args.configs.split(";")):
+        d, c = part.split(":")
+        extra.setdefault(int(d), []).append(tuple(int(x) for x in c.split(",")))
+    dims = [int(d) for d in args.dims.split(",")]
+    seqlens = [int(s) for s in args.seqlens.split(",")]
+    rows = []
+    meta = dict(torch=torch.__version__, gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d %H:%M"))
+    import triton
+    meta["triton"] = triton.__version__
+    print(json.dumps(meta), flush=True)
+    bad = set()
+    for D in dims:
+        for cfg in [ag.CONFIGS[D]] + extra.get(D, []):
+            for S, causal in ((128, False), (384, True), (1024, True), (640, False)):
+                try:
+                    if not check(ag, at, rows, D, S, causal, cfg):
+                        bad.add((D, cfg))
+                except Exception as e:  # noqa: BLE001
+                    rows.append(dict(kind="check", D=D, S=S, causal=causal, cfg=cfg, error=repr(e)[:2000], ok=False))
+                    print(json.dumps(rows[-1]), flush=True)
+                    bad.add((D, cfg))
+    print(f"[{time.time() - t0:.0f}s] checks done; failing configs: {sorted(bad)}", flush=True)
+
+    def sdpa(backend):
+        def f(q, k, v, causal):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return f
+
+    for S in seqlens:
+        for D in dims:
+            for causal in (False, True):
+                if time.time() - t0 > args.budget:
+                    break
+                B, H = max(1, 16384 // S), 16
+                q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                flops = 4.0 * B * H * S * S * D / (2 if causal else 1)
+                fns = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION),
+                       "triton": lambda q, k, v, c: at.attention_forward(q, k, v, None, None, None, S, S, c, 1.0 / math.sqrt(D))}
+                for cfg in [ag.CONFIGS[D]] + extra.get(D, []):
+                    if (D, cfg) not in bad:
+                        fns["gluon " + ",".join(map(str, cfg))] = (lambda cfg_: lambda q, k, v, c: ag.attention_forward_gluon(q, k, v, c, config=cfg_))(cfg)
+                res = dict(kind="time", D=D, S=S, B=B, causal=causal)
+                with torch.no_grad():
+                    for name, fn in fns.items():
+                        try:
+                            fn(q, k, v, causal)
+                            torch.cuda.synchronize()
+                            ms = do_bench(lambda: fn(q, k, v, causal), warmup=25, rep=100, return_mode="median")
+                            res[name] = round(flops / ms / 1e9, 1)
+                        except Exception as e:  # noqa: BLE001
+                            res[name] = "x: " + repr(e)[:200]
+                rows.append(res)
+                print(json.dumps(res), flush=True)
+    with open(os.path.join(args.out, "attention_gluon.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    times = [r for r in rows if r["kind"] == "time"]
+    names = []
+    for r in times:
+        names += [n for n in r if n not in ("kind", "D", "S", "B", "causal") and n not in names]
+    lines = [f"# Gluon attention forward (issue 13): {meta}", "",
+             "TFLOP/s of the forward, bf16, H = 16, B * S = 16,384; do_bench medians. Ratio: best Gluon / cuDNN.", "",
+             "| D | S | causal | " + " | ".join(names) + " | gluon / cudnn | gluon / triton |",
+             "|---|---|---|" + "---|" * (len(names) + 2)]
+    for r in times:
+        g = [r[n] for n in names if n.startswith("gluon") and isinstance(r.get(n), float)]
+        best = max(g) if g else None
+        cud, tri = r.get("cudnn"), r.get("triton")
+        cells = [str(r.get(n, "-")) for n in names]
+        cells.append(f"{best / cud:.2f}" if best and isinstance(cud, float) else "-")
+        cells.append(f"{best / tri:.2f}" if best and isinstance(tri, float) else "-")
+        lines.append(f"| {r['D']} | {r['S']} | {int(r['causal'])} | " + " | ".join(cells) + " |")
+    with open(os.path.join(args.out, "attention_gluon.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

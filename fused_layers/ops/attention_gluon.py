@@ -1,0 +1,243 @@
+"""Hopper attention forward written in Gluon (Triton's explicit layout / shared-memory / barrier language): issue 13's
+FA3-style candidate.  GPU only (Gluon has no interpreter), sm_90, opt-in; not wired into ``fused_attention`` until it
+has beaten the Triton forward on the H200 (``benchmarks/bench_attention_gluon.py``).
+
+Why Gluon.  The Triton forward (ops/attention.py) reaches 0.67-0.93 of cuDNN's forward.  ncu (issue13/ncu/): cuDNN runs
+3 warpgroups at 73% SM busy, ours 2 warpgroups at 48%; Triton 3.6's pipeliner loads K / V with cp.async and waits for
+each Q K^T before its softmax, so a warpgroup's tensor cores idle while it exponentiates.  Triton's automatic warp
+specialization (``tl.range(warp_specialize=True)``) and TMA variants were measured slower (issue13/run6_variants/).
+Gluon states the schedule directly:
+
+  * Q, K, V tiles arrive by TMA into an NVMMA-swizzled ring of STAGES K / V buffers, one mbarrier per buffer and
+    operand (a Q K^T can start when its K has landed, before its V);
+  * intra-warpgroup overlap (FlashAttention-3, section 3.2): iteration j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}
+    as two asynchronous wgmma groups, waits for the first only (groups retire in order), and computes the softmax
+    of S_j while the tensor cores run P_{j-1} V_{j-1};
+  * P is the A operand of the second wgmma straight from registers (no shared-memory round trip);
+  * the epilogue reuses Q's buffer for O and stores it by TMA;
+  * causal: query blocks are launched heaviest first (the last block of each head first).
+
+Math (ops/attention.py's derivation): base 2 with the scale folded in, c = scale * log2(e);
+m_j = max(m_{j-1}, rowmax(S_j) c), alpha = exp2(m_{j-1} - m_j), P_j = exp2(S_j c - m_j), l_j = l_{j-1} alpha +
+rowsum(P_j), O_j = O_{j-1} alpha + P_j V_j; O = O_n / l_n and the base-2 log-sum-exp L = m_n + log2(l_n) (the Triton
+backward's LSE, so the two forwards are interchangeable).
+
+Scope of the candidate: (B, H, S, D) inputs with contiguous rows of D elements (any batch / head strides that give a
+2-D view of B*H*S rows), Sq == Sk, S a multiple of BLOCK_M and BLOCK_N, D in {64, 128}, bf16 / fp16, no mask, no
+dropout, no GQA.  ``supported`` says whether a call qualifies; the caller falls back to the Triton forward otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:  # Gluon: Triton >= 3.5 with the NVIDIA Hopper dialect
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    HAS_GLUON = True
+except Exception:  # pragma: no cover - depends on the installed Triton
+    HAS_GLUON = False
+
+LOG2E = 1.4426950408889634
+
+# (head dim) -> (BLOCK_M, BLOCK_N, num_warps, STAGES); shared memory: Q BLOCK_M x D + 2 x STAGES x BLOCK_N x D
+CONFIGS = {64: (128, 128, 8, 3), 128: (128, 128, 8, 2)}
+
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _scores_masked(s, q0, k0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+        """-inf where the key index k0 + c exceeds the query index q0 + r (causal, the diagonal block)."""
+        rows = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        cols = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+        keep = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
+        return gl.where(keep, s, -float("inf"))
+
+    @gluon.jit
+    def _attn_fwd_gluon_kernel(
+        q_desc,  # TMA descriptor of Q as (B*H*S, D), block (BLOCK_M, D)
+        k_desc,  # TMA descriptor of K as (B*H*S, D), block (BLOCK_N, D)
+        v_desc,  # TMA descriptor of V as (B*H*S, D), block (BLOCK_N, D)
+        o_desc,  # TMA descriptor of O as (B*H*S, D), block (BLOCK_M, D) (Q's layout)
+        LSE,  # fp32 (B*H, S) base-2 log-sum-exp, contiguous
+        qk_scale,  # scale * log2(e)
+        S,  # sequence length (queries = keys), a multiple of BLOCK_M and BLOCK_N
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        HEAD_D: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        STAGES: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        dtype: gl.constexpr = q_desc.dtype
+        n_qblocks = S // BLOCK_M
+        if CAUSAL:
+            pid_m = n_qblocks - 1 - gl.program_id(0)  # heaviest first: the diagonal's far end starts first
+        else:
+            pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        q_row = bh * S + pid_m * BLOCK_M  # first row of this query block in the (B*H*S, D) view
+        kv_row = bh * S  # first key row of this (batch, head)
+        if CAUSAL:
+            n_blocks = ((pid_m + 1) * BLOCK_M + BLOCK_N - 1) // BLOCK_N  # key blocks up to the diagonal
+        else:
+            n_blocks = S // BLOCK_N
+
+        # Register layouts: the wgmma accumulators (warps stacked along M: each warpgroup owns 64 query rows), and P
+        # as the register A operand of the P V wgmma.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, HEAD_D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        # Shared memory: Q (reused for O), a ring of STAGES K and V tiles, one mbarrier per buffer.
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        fence_async_shared()
+
+        # Step 1: Q, then the first STAGES key / value blocks (those that exist).
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+        for i in gl.static_range(STAGES):
+            live = i < n_blocks
+            mbarrier.expect(k_bars.index(i), k_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, 0], k_bars.index(i), k_smem.index(i), pred=live)
+            mbarrier.expect(v_bars.index(i), v_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i), pred=live)
+
+        # Step 2: block 0's scores and softmax (nothing to overlap with yet).
+        mbarrier.wait(q_bar, phase=0)
+        mbarrier.wait(k_bars.index(0), phase=0)
+        s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+        if CAUSAL:
+            if n_blocks == 1:
+                s = _scores_masked(s, pid_m * BLOCK_M, 0, BLOCK_M, BLOCK_N, s_layout)
+        m_i = gl.max(s, axis=1) * qk_scale
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
+        l_i = gl.sum(p, axis=1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
+
+        # Step 3: iteration j overlaps the softmax of block j with the P V wgmma of block j - 1.
+        for j in range(1, n_blocks):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_bars.index(slot), phase=(j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s, use_acc=False, is_async=True)
+            mbarrier.wait(v_bars.index(prev), phase=((j - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done; P_{j-1} V_{j-1} may still run
+            if CAUSAL:
+                if j == n_blocks - 1:
+                    s = _scores_masked(s, pid_m * BLOCK_M, j * BLOCK_N, BLOCK_M, BLOCK_N, s_layout)
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))  # P_{j-1} kept live until here
+            # block j - 1's K and V buffers are free: fetch block j - 1 + STAGES into them
+            nxt = j - 1 + STAGES
+            live = nxt < n_blocks
+            mbarrier.expect(k_bars.index(prev), k_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, 0], k_bars.index(prev), k_smem.index(prev), pred=live)
+            mbarrier.expect(v_bars.index(prev), v_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, 0], v_bars.index(prev), v_smem.index(prev), pred=live)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+        # Step 4: the last block's P V, then O = acc / l and L = m + log2(l).
+        last = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_bars.index(last), phase=((n_blocks - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+        l_o = gl.convert_layout(l_i, row_o)
+        out = acc / gl.expand_dims(l_o, 1)
+        lse = m_i + gl.log2(l_i)
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+        gl.store(LSE + bh.to(gl.int64) * S + rows, lse)
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+        q_smem.store(out.to(dtype))  # Q's buffer: every wgmma reading it has retired
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [q_row, 0], q_smem)
+        tma.store_wait(pendings=0)
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> str | None:
+    """None when this forward takes the call, else why not (the caller then runs the Triton forward)."""
+    if not HAS_GLUON:
+        return "no Gluon in this Triton"
+    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
+        return "not an sm_90 GPU"
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return "dtype must be bf16 or fp16 for q, k and v alike"
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        return "q, k, v must be (B, H, S, D) of one shape (no GQA, Sq == Sk)"
+    B, H, S, D = q.shape
+    if D not in CONFIGS:
+        return f"head dim {D} not in {sorted(CONFIGS)}"
+    bm, bn, _, _ = CONFIGS[D]
+    if S % bm or S % bn:
+        return f"sequence length {S} not a multiple of {bm} and {bn}"
+    for t in (q, k, v):
+        if t.stride(3) != 1 or t.stride(2) != D or t.stride(1) != S * D or t.stride(0) != H * S * D:
+            return "q, k, v must be contiguous (B, H, S, D)"
+        if t.data_ptr() % 16:
+            return "data must be 16-byte aligned"
+    return None
+
+
+def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                            scale: float | None = None, config: tuple | None = None):
+    """(O, LSE): O like q, LSE fp32 (B, H, S) base-2.  Raises ValueError when ``supported`` says no."""
+    why = supported(q, k, v, causal)
+    if why is not None:
+        raise ValueError(f"attention_forward_gluon: {why}")
+    B, H, S, D = q.shape
+    bm, bn, warps, stages = config or CONFIGS[D]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out = torch.empty_like(q)
+    lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
+    rows = B * H * S
+    q2, k2, v2, o2 = (t.view(rows, D) for t in (q, k, v, out))
+    q_desc = TensorDescriptor(q2, [rows, D], [D, 1], [bm, D], q_layout)
+    k_desc = TensorDescriptor(k2, [rows, D], [D, 1], [bn, D], kv_layout)
+    v_desc = TensorDescriptor(v2, [rows, D], [D, 1], [bn, D], kv_layout)
+    o_desc = TensorDescriptor(o2, [rows, D], [D, 1], [bm, D], q_layout)
+    grid = (S // bm, B * H)
+    _attn_fwd_gluon_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, S,
+                                 BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
+                                 num_warps=warps)
+    return out, lse
