@@ -1,0 +1,64 @@
+"""Issue 13's Gluon forward candidate (fused_layers/ops/attention_gluon.py): opt-in, GPU only (Gluon has no
+interpreter).  On the CPU: what it refuses and how it says so.  On an sm_90 GPU: O and the base-2 LSE against a float32
+reference on ragged block counts (one key block, several, causal diagonals), and the Triton backward fed its O / LSE
+against float32 gradients (the two forwards are interchangeable)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fused_layers.ops import attention as A
+from fused_layers.ops import attention_gluon as AG
+
+
+def test_refuses_what_it_does_not_take():
+    """``supported`` names why (CPU tensors here; on an sm_90 GPU the shape rules below), and the launcher raises
+    ValueError with that reason instead of a Triton trace."""
+    q = torch.randn(1, 2, 128, 64)
+    why = AG.supported(q, q, q, False)
+    assert why is not None
+    with pytest.raises(ValueError, match="attention_forward_gluon"):
+        AG.attention_forward_gluon(q, q, q, False)
+
+
+def _sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and AG.HAS_GLUON
+
+
+@pytest.mark.gpu
+def test_gpu_refusals():
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
+    assert AG.supported(q, q, q, True) is None
+    assert "multiple" in AG.supported(q[:, :, :200], q[:, :, :200], q[:, :, :200], True)
+    q96 = torch.randn(1, 2, 256, 96, device="cuda", dtype=torch.bfloat16)
+    assert "head dim" in AG.supported(q96, q96, q96, False)
+    assert "dtype" in AG.supported(q.float(), q.float(), q.float(), False)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, D) memory
+    assert "contiguous" in AG.supported(qt, qt, qt, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("S,causal", [(128, False), (128, True), (384, True), (640, False), (1024, True)])
+def test_gpu_forward_and_triton_backward(D, S, causal):
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    B, H = 2, 3
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = AG.attention_forward_gluon(q, k, v, causal)
+    qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
+    s = qf.detach() @ kf.detach().transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(s, -1) / math.log(2.0), atol=1e-3, rtol=1e-4)
+    ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal)
+    torch.testing.assert_close(out.float(), ref.detach(), atol=2e-2, rtol=2e-2)
+    do = torch.randn_like(q)
+    ref.backward(do.float())
+    grads = A.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, 1.0 / math.sqrt(D))
+    for g, t in zip(grads, (qf, kf, vf)):
+        torch.testing.assert_close(g.float(), t.grad, atol=5e-2 * max(1.0, t.grad.abs().max().item()), rtol=5e-2)
