@@ -361,3 +361,19 @@ def test_gpu_non_last_dim_and_strided():
     x = torch.randn(8, 4096, 33, device="cuda", dtype=torch.bfloat16)
     _check(x, 1)
     _check(torch.randn(512, 8192, device="cuda")[:, ::2], -1)
+
+
+@pytest.mark.parametrize("n,dtype,hold", [(131072, torch.bfloat16, True), (65536, torch.bfloat16, False),
+                                          (262144, torch.float32, False)])
+def test_persistent_backward_hold_default(n, dtype, hold):
+    """PERSIST_HOLD_MIN_N (session 13): the 16-bit backward's SMEM form takes HOLD above 64K columns, the forward and
+    fp32 never by default; persist_hold=0 turns it off (plans only: the kernels' results are tested above)."""
+    from fused_layers.ops import softmax as sm
+
+    shape, st = torch.Size((2, n)), (n, 1)
+    bwd = sm._plan(shape, (st, st), dtype, -1, persist_ok=True)
+    fwd = sm._plan(shape, (st,), dtype, -1, persist_ok=True)
+    assert bwd.persist is not None and bwd.persist[2].get("HOLD", False) == hold
+    assert fwd.persist is not None and not fwd.persist[2].get("HOLD", False)
+    with config_override("softmax", persist_hold=0):
+        assert not sm._plan(shape, (st, st), dtype, -1, persist_ok=True).persist[2].get("HOLD", False)

@@ -88,6 +88,7 @@ from ._rowsync import (
 )
 from .softmax_config import (  # noqa: F401
     MAX_SINGLE_BLOCK,
+    PERSIST_HOLD_MIN_N,
     PERSIST_MAX_SINGLE_BLOCK,
     WIDE_MODE,
     WIDE_EVICT,
@@ -325,7 +326,7 @@ def _softmax_fwd_persist_kernel(
     PAIR: tl.constexpr = False,  # with STAGES > 1: two rows an iteration (rows k and k + GROUPS published, then
                                  # both waited for), half the exchanges per byte (candidate, persist_pair)
     HOLD: tl.constexpr = False,  # with STAGES > 1: as LAG, row k - 1 written after row k is published, but from its
-                                 # piece held in registers since the last iteration (candidate, persist_hold)
+                                 # piece held in registers since the last iteration (persist_hold; lost forward)
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
@@ -350,7 +351,8 @@ def _softmax_fwd_persist_kernel(
     MB): the DRAM reads stay one, the wait's latency leaves the critical path.  One iteration runs past the last
     row (for its output); iteration 0 waits for its own row and writes nothing.
 
-    HOLD (opt-in with STAGES > 1, ``persist_hold``): LAG's schedule with row k - 1's piece kept in registers (in the
+    HOLD (with STAGES > 1, ``persist_hold``; the 16-bit backward's default above 64K columns, softmax_config.
+    PERSIST_HOLD_MIN_N: 0.87-0.89 of copy against 0.74-0.85 at 128K-256K; it lost in the forward): LAG's schedule with row k - 1's piece kept in registers (in the
     input's dtype) instead of loaded again: no second read, one more piece of registers.  Session 12's no-exchange
     diagnostic (issue10/run18_b/softmax_lean.log) puts the exchange's cost in the bf16 forward at 256K (0.76 without
     it against 0.67-0.70) and the backward at 256K (0.86 against 0.75), not below 128K."""
@@ -683,7 +685,8 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
             meta["STAGES"] = stages
             if get_override("softmax", "persist_lag", False):  # candidate, not a default (see the kernel)
                 meta["LAG"] = True
-            if get_override("softmax", "persist_hold", False):  # candidate, not a default (see the kernel)
+            hold_min = PERSIST_HOLD_MIN_N.get(("fwd" if fwd else "bwd", elem))
+            if get_override("softmax", "persist_hold", hold_min is not None and n >= hold_min):  # (PERSIST_HOLD_MIN_N)
                 meta["HOLD"] = True
             if get_override("softmax", "persist_diag_nosync", False):  # diagnostic only: wrong output (the kernel)
                 meta["DIAG_NOSYNC"] = True

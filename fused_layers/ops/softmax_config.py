@@ -78,6 +78,15 @@ _PERSIST = {("fwd", 2): (4096, 4, 16), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4
 #   fp32 fwd  register form 0.92 / 0.89 / 0.78 / 0.84   SMEM 4K x 4 x 3 0.87 / 0.88 / 0.84 / 0.80: kept
 #   fp32 bwd  register form 0.96 / 0.97 / 0.98 / 0.95   SMEM 0.87-0.95: kept
 _PERSIST_STAGES = {("fwd", 2): 3, ("bwd", 2): 3}
+# HOLD (LAG's schedule, row k - 1's piece from registers: see _softmax_bwd_persist_kernel) in the SMEM form, by
+# (direction, element size): the narrowest row it takes by default.  Session 13 sweep, H200, bf16, 4K x 4 warps x 3
+# stages, fraction of copy, do_bench (graph replay), HOLD against the default in the same run
+# (benchmarks/results/issue10/run19_c/softmax_hold.log):
+#   bwd  32K 0.889 (0.887) against 0.905 (0.956)    64K 0.892 (0.912) against 0.905 (0.956)
+#       128K **0.893 (0.930)** against 0.845 (0.881)  256K **0.867 (0.908)** against 0.744 (0.748)
+#   fwd  lost at every width (0.57-0.68 against 0.69-0.80): not taken.
+# config_override("softmax", persist_hold=0 / 1) turns it off / on at any width.
+PERSIST_HOLD_MIN_N = {("bwd", 2): 65537}
 # (Candidate, not a default: config_override("softmax", persist_lag=True) writes row k - 1 after publishing row k,
 # from a second load of its piece (L2), so the wait leaves the critical path.  Timed in session 11: it lost, bf16
 # forward 0.52-0.70 against 0.69-0.80, the backward op 0.82 against 0.91 at 64K: issue10/run15_a, run16_b.)
