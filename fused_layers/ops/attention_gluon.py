@@ -224,6 +224,11 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         raise ValueError(f"attention_forward_gluon: {why}")
     B, H, S, D = q.shape
     bm, bn, warps, stages = config or CONFIGS[D]
+    if stages < 2 or bm > bn or bm != 64 * (warps // 4) or warps % 4:
+        # (one stage deadlocks: block j + 1 is loaded into the only buffer after block j's P V; BLOCK_M > BLOCK_N
+        # would leave two masked key blocks on the causal diagonal, which the kernel does not mask)
+        raise ValueError(f"attention_forward_gluon: config {(bm, bn, warps, stages)} needs STAGES >= 2, BLOCK_M <= "
+                         "BLOCK_N and 16 query rows a warp (BLOCK_M = 16 x num_warps)")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out = torch.empty_like(q)
     lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
