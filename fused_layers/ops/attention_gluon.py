@@ -52,8 +52,17 @@ except Exception:  # pragma: no cover - depends on the installed Triton
 
 LOG2E = 1.4426950408889634
 
-# (head dim) -> (BLOCK_M, BLOCK_N, num_warps, STAGES); shared memory: Q BLOCK_M x D + 2 x STAGES x BLOCK_N x D
-CONFIGS = {64: (128, 128, 8, 3), 128: (128, 128, 8, 2)}
+# (head dim) -> (BLOCK_M, BLOCK_N, num_warps, STAGES); shared memory: Q BLOCK_M x D + 2 x STAGES x BLOCK_N x D.
+# One warpgroup of 64 query rows a CTA, so that several CTAs share an SM and one's softmax overlaps another's wgmma
+# (the scheduler's ping-pong): H200, session 13 (benchmarks/results/issue13/run19_g/), TFLOP/s of the forward at
+# S 1K / 4K / 16K, non-causal and causal, against the first form (128 rows, 8 warps, one CTA an SM):
+#   D128  64 x 64, 3 stages (112 KB: 2 CTAs an SM)   458 / 376 / 502 / 458 / 513 / 504   (first form 389-480 / 295-420)
+#         64 x 64 x 2 stages 387-452 / 320-422; 64 x 128 x 2 stages (144 KB: one CTA) 311-390 / 239-325
+#   D64   64 x 128, 3 stages (104 KB: 2 CTAs)        377-386 / 190-282 / 425-427 / 377-381 / 437-445 / 428-432
+#         64 x 64 x 4 stages 385 / 194-308 / 407 / 369-375 / 410-414 / 395; 64 x 128 x 2 stages 388-409 / 193-209 /
+#         440 / 327 / 423-427 / 344-347; 128 x 128 x 8 warps 316-318 / 196-229 / 366-369 / 314 / 384 / 369
+# (D64 S1024 causal spreads 190-308 run to run for every config: 4,096 short CTAs.)
+CONFIGS = {64: (64, 128, 4, 3), 128: (64, 64, 4, 3)}
 
 
 if HAS_GLUON:
