@@ -62,3 +62,44 @@ def test_gpu_forward_and_triton_backward(D, S, causal):
     grads = A.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, 1.0 / math.sqrt(D))
     for g, t in zip(grads, (qf, kf, vf)):
         torch.testing.assert_close(g.float(), t.grad, atol=5e-2 * max(1.0, t.grad.abs().max().item()), rtol=5e-2)
+
+
+def test_variant_off_the_gpu_runs_the_triton_forward(device):
+    """fwd_gluon=1 where the Gluon kernel cannot run (here: the interpreter / no sm_90) leaves every call on the
+    Triton kernels, with the same results."""
+    from fused_layers import fused_attention
+
+    q, k, v = (torch.randn(1, 2, 37, 16, device=device, requires_grad=True) for _ in range(3))
+    ref = fused_attention(q, k, v, is_causal=True)
+    with A.config_override("attention", fwd_gluon=1):
+        got = fused_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,S,causal", [(64, 256, True), (128, 640, False), (128, 1024, True)])
+def test_gpu_variant_through_fused_attention(D, S, causal, monkeypatch):
+    """fwd_gluon=1 through the public API: the Gluon forward runs (spied), the Triton backward uses its LSE, and
+    output and gradients match float32; a call it does not take (GQA) stays on the Triton forward."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from fused_layers import fused_attention
+
+    calls = []
+    orig = AG.attention_forward_gluon
+    monkeypatch.setattr(AG, "attention_forward_gluon", lambda *a, **kw: calls.append(1) or orig(*a, **kw))
+    q, k, v = (torch.randn(2, 4, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    with A.config_override("attention", fwd_gluon=1):
+        out = fused_attention(q, k, v, is_causal=causal)
+        do = torch.randn_like(out)
+        out.backward(do)
+        assert calls == [1]
+        kv = torch.randn(2, 2, S, D, device="cuda", dtype=torch.bfloat16)
+        fused_attention(q.detach(), kv, kv, is_causal=causal, enable_gqa=True)
+        assert calls == [1]
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal)
+    ref.backward(do.float())
+    torch.testing.assert_close(out.float(), ref.detach(), atol=2e-2, rtol=2e-2)
+    for t, r in ((q, qf), (k, kf), (v, vf)):
+        torch.testing.assert_close(t.grad.float(), r.grad, atol=5e-2 * max(1.0, r.grad.abs().max().item()), rtol=5e-2)

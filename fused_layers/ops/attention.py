@@ -959,6 +959,16 @@ def _tma_call_ok(q, do) -> bool:
     return True
 
 
+def _gluon_call_ok(q, k, v, causal: bool) -> bool:
+    """The Gluon forward (variant fwd_gluon) takes this call: plain tensors (not traced) that
+    attention_gluon.supported accepts (never under the interpreter: Gluon has none)."""
+    if INTERPRET or not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (q, k, v)):
+        return False
+    from . import attention_gluon  # (imported on first use: Gluon's import is not free)
+
+    return attention_gluon.supported(q, k, v, causal) is None
+
+
 _FWD_PLANS: dict[tuple, _FwdPlan] = {}
 _BWD_PLANS: dict[tuple, _BwdPlan] = {}
 _MAX_PLANS = 4096
@@ -1010,6 +1020,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: tor
     ``dropout_p`` > 0 drops attention probabilities (Philox, keyed by ``seed``, an int64 [1] tensor)."""
     varlen = cu_q is not None
     dropout = dropout_p > 0.0
+    if not varlen and kb is None and not dropout and _variant("fwd_gluon") and _gluon_call_ok(q, k, v, causal):
+        from . import attention_gluon
+
+        return attention_gluon.attention_forward_gluon(q, k, v, causal, scale)  # (candidate: attention_config)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, None if kb is None else kb.stride(),
            varlen, cu_q.shape[0] if varlen else 0, max_q, max_k, causal,
            _input_precision(q.dtype), dropout, override_epoch())

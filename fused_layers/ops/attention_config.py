@@ -141,8 +141,13 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # TestU01's BigCrush ("crush-resistant"; they keep 10 for a safety margin).  The mask is most of dropout's
 # cost (issue 11: +46-92% on attention's time at p = 0.1); 7 rounds do 30% less of its integer work.
 # Not yet timed: a candidate of benchmarks/bench_attention_dropout.py.
+# fwd_gluon (candidate, off): the forward of eager dense calls that ops/attention_gluon.py takes (bf16 / fp16 (B, H, S,
+# D) contiguous, D 64 / 128, Sq == Sk, S a multiple of its tiles, no mask, no dropout, no GQA) runs the Gluon kernel
+# (TMA ring, FA3's intra-warpgroup overlap); everything else, and every traced call, stays on the Triton kernels.
+# Session 13 (issue13/run19_g/): 1.05-1.30x of the Triton forward at D128, 1.01-1.11x at D64 (S 1K causal noisy).
+# Not on by default until the integrated path has run its GPU tests (tests/test_attention_gluon.py).
 _VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "dropout_rounds": 10, "fwd_fold_scale": 1,
-                             "bwd_dq_reduce": 0}
+                             "bwd_dq_reduce": 0, "fwd_gluon": 0}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")
