@@ -19,19 +19,21 @@ from fused_layers.ops import attention_gluon as ag
 print("triton", triton.__version__)
 fn = ag._attn_fwd_gluon_kernel
 for D, (bm, bn, warps, stages) in sorted(ag.CONFIGS.items()):
+  for persistent in (False, True):
     for causal in (False, True):
         ql = gl.NVMMASharedLayout.get_default_for([bm, D], gl.bfloat16)
         kl = gl.NVMMASharedLayout.get_default_for([bn, D], gl.bfloat16)
         sig = {"q_desc": f"tensordesc<bf16[{bm}, {D}],{ql!r}>", "k_desc": f"tensordesc<bf16[{bn}, {D}],{kl!r}>",
                "v_desc": f"tensordesc<bf16[{bn}, {D}],{kl!r}>", "o_desc": f"tensordesc<bf16[{bm}, {D}],{ql!r}>",
-               "LSE": "*fp32", "qk_scale": "fp32", "S": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-               "HEAD_D": "constexpr", "CAUSAL": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
-        cx = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages, num_warps=warps)
+               "LSE": "*fp32", "qk_scale": "fp32", "S": "i32", "BH": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+               "HEAD_D": "constexpr", "CAUSAL": "constexpr", "STAGES": "constexpr", "PERSISTENT": "constexpr",
+               "num_warps": "constexpr"}
+        cx = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages, PERSISTENT=persistent, num_warps=warps)
         attrs = {(4,): [["tt.divisibility", 16]], (6,): [["tt.divisibility", 16]]}
         try:
             k = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
         except Exception as e:  # noqa: BLE001
-            print(f"D{D} causal={int(causal)}: COMPILE FAILED: {str(e)[:3000]}")
+            print(f"D{D} causal={int(causal)} persistent={int(persistent)}: COMPILE FAILED: {str(e)[:3000]}")
             continue
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(k.asm["cubin"]); path = f.name
@@ -40,7 +42,7 @@ for D, (bm, bn, warps, stages) in sorted(ag.CONFIGS.items()):
         os.remove(path)
         m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
         ops = Counter(op.group(1) for op in map(_OPCODE.search, sass.splitlines()) if op)
-        print(f"D{D} causal={int(causal)} {bm}x{bn} w{warps} st{stages}: regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared} "
+        print(f"D{D} causal={int(causal)} persistent={int(persistent)} {bm}x{bn} w{warps} st{stages}: regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared} "
               f"HGMMA {ops.get('HGMMA', 0)} UTMALDG {ops.get('UTMALDG', 0)} UTMASTG {ops.get('UTMASTG', 0)} SYNCS {sum(v for o, v in ops.items() if o.startswith('SYNCS'))} "
               f"WARPGROUP {sum(v for o, v in ops.items() if o.startswith('WARPGROUP'))} MUFU {ops.get('MUFU', 0)} sass {sum(ops.values())}", flush=True)
         if os.environ.get("DUMP"):

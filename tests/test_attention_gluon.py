@@ -103,3 +103,22 @@ def test_gpu_variant_through_fused_attention(D, S, causal, monkeypatch):
     torch.testing.assert_close(out.float(), ref.detach(), atol=2e-2, rtol=2e-2)
     for t, r in ((q, qf), (k, kf), (v, vf)):
         torch.testing.assert_close(t.grad.float(), r.grad, atol=5e-2 * max(1.0, r.grad.abs().max().item()), rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("per_sm", [1, 2])
+def test_gpu_persistent_grid(D, causal, per_sm):
+    """The persistent grid (candidate): per_sm programs an SM walk the query blocks heaviest first, several blocks a
+    program (B4 H8 S1024: 512 to 256 blocks against 132-264 programs), the K / V ring's slots and mbarrier phases
+    carried across blocks; the same O and LSE as one program a block."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    q, k, v = (torch.randn(4, 8, 1024, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = AG.attention_forward_gluon(q, k, v, causal, per_sm=per_sm)
+    ref_out, ref_lse = AG.attention_forward_gluon(q, k, v, causal, per_sm=0)
+    torch.testing.assert_close(out, ref_out, atol=0, rtol=0)
+    torch.testing.assert_close(lse, ref_lse, atol=0, rtol=0)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

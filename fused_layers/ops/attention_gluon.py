@@ -63,6 +63,9 @@ LOG2E = 1.4426950408889634
 #         440 / 327 / 423-427 / 344-347; 128 x 128 x 8 warps 316-318 / 196-229 / 366-369 / 314 / 384 / 369
 # (D64 S1024 causal spreads 190-308 run to run for every config: 4,096 short CTAs.)
 CONFIGS = {64: (64, 128, 4, 3), 128: (64, 64, 4, 3)}
+# Persistent grid (programs an SM; 0 = one program a query block, what the table above measured).  Candidate, not
+# yet timed: aimed at the short causal cases (D64 S1,024 causal: 4,096 CTAs of 1-16 key blocks, 190-308 TFLOP/s).
+PERSISTENT_PER_SM = 0
 
 
 if HAS_GLUON:
@@ -76,28 +79,14 @@ if HAS_GLUON:
         return gl.where(keep, s, -float("inf"))
 
     @gluon.jit
-    def _attn_fwd_gluon_kernel(
-        q_desc,  # TMA descriptor of Q as (B*H*S, D), block (BLOCK_M, D)
-        k_desc,  # TMA descriptor of K as (B*H*S, D), block (BLOCK_N, D)
-        v_desc,  # TMA descriptor of V as (B*H*S, D), block (BLOCK_N, D)
-        o_desc,  # TMA descriptor of O as (B*H*S, D), block (BLOCK_M, D) (Q's layout)
-        LSE,  # fp32 (B*H, S) base-2 log-sum-exp, contiguous
-        qk_scale,  # scale * log2(e)
-        S,  # sequence length (queries = keys), a multiple of BLOCK_M and BLOCK_N
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        HEAD_D: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        STAGES: gl.constexpr,
-        num_warps: gl.constexpr,
-    ):
+    def _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, pid_m, bh, base, tile_phase,
+                       q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr,
+                       STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """One query block (pid_m, bh): the whole online softmax over its key blocks, O and LSE stored.  ``base``:
+        K / V blocks this program consumed before (ring slot of block j: (base + j) % STAGES, its mbarrier phase
+        ((base + j) // STAGES) & 1); ``tile_phase``: Q's mbarrier phase.  Returns the blocks consumed."""
         dtype: gl.constexpr = q_desc.dtype
-        n_qblocks = S // BLOCK_M
-        if CAUSAL:
-            pid_m = n_qblocks - 1 - gl.program_id(0)  # heaviest first: the diagonal's far end starts first
-        else:
-            pid_m = gl.program_id(0)
-        bh = gl.program_id(1)
         q_row = bh * S + pid_m * BLOCK_M  # first row of this query block in the (B*H*S, D) view
         kv_row = bh * S  # first key row of this (batch, head)
         if CAUSAL:
@@ -115,34 +104,23 @@ if HAS_GLUON:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-        # Shared memory: Q (reused for O), a ring of STAGES K and V tiles, one mbarrier per buffer.
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_bars.index(i), count=1)
-            mbarrier.init(v_bars.index(i), count=1)
-        fence_async_shared()
-
-        # Step 1: Q, then the first STAGES key / value blocks (those that exist).
+        # Step 1: Q, then the first STAGES key / value blocks (those that exist).  Every slot is free: the previous
+        # tile (persistent programs) waited for all its loads and wgmmas.
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
         for i in gl.static_range(STAGES):
             live = i < n_blocks
-            mbarrier.expect(k_bars.index(i), k_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, 0], k_bars.index(i), k_smem.index(i), pred=live)
-            mbarrier.expect(v_bars.index(i), v_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, 0], v_bars.index(i), v_smem.index(i), pred=live)
+            sl = (base + i) % STAGES
+            mbarrier.expect(k_bars.index(sl), k_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, 0], k_bars.index(sl), k_smem.index(sl), pred=live)
+            mbarrier.expect(v_bars.index(sl), v_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, 0], v_bars.index(sl), v_smem.index(sl), pred=live)
 
         # Step 2: block 0's scores and softmax (nothing to overlap with yet).
-        mbarrier.wait(q_bar, phase=0)
-        mbarrier.wait(k_bars.index(0), phase=0)
+        mbarrier.wait(q_bar, phase=tile_phase)
+        mbarrier.wait(k_bars.index(base % STAGES), phase=(base // STAGES) & 1)
         s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(base % STAGES).permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
         if CAUSAL:
             if n_blocks == 1:
@@ -155,11 +133,11 @@ if HAS_GLUON:
 
         # Step 3: iteration j overlaps the softmax of block j with the P V wgmma of block j - 1.
         for j in range(1, n_blocks):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_bars.index(slot), phase=(j // STAGES) & 1)
+            slot = (base + j) % STAGES
+            prev = (base + j - 1) % STAGES
+            mbarrier.wait(k_bars.index(slot), phase=((base + j) // STAGES) & 1)
             s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s, use_acc=False, is_async=True)
-            mbarrier.wait(v_bars.index(prev), phase=((j - 1) // STAGES) & 1)
+            mbarrier.wait(v_bars.index(prev), phase=((base + j - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done; P_{j-1} V_{j-1} may still run
             if CAUSAL:
@@ -182,23 +160,80 @@ if HAS_GLUON:
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
         # Step 4: the last block's P V, then O = acc / l and L = m + log2(l).
-        last = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_bars.index(last), phase=((n_blocks - 1) // STAGES) & 1)
-        o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        last = base + n_blocks - 1
+        mbarrier.wait(v_bars.index(last % STAGES), phase=(last // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
         acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         l_o = gl.convert_layout(l_i, row_o)
         out = acc / gl.expand_dims(l_o, 1)
         lse = m_i + gl.log2(l_i)
         rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
         gl.store(LSE + bh.to(gl.int64) * S + rows, lse)
+        q_smem.store(out.to(dtype))  # Q's buffer: every wgmma reading it has retired
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [q_row, 0], q_smem)
+        tma.store_wait(pendings=0)  # (before the next tile's Q lands in the same buffer)
+        return n_blocks
+
+    @gluon.jit
+    def _attn_fwd_gluon_kernel(
+        q_desc,  # TMA descriptor of Q as (B*H*S, D), block (BLOCK_M, D)
+        k_desc,  # TMA descriptor of K as (B*H*S, D), block (BLOCK_N, D)
+        v_desc,  # TMA descriptor of V as (B*H*S, D), block (BLOCK_N, D)
+        o_desc,  # TMA descriptor of O as (B*H*S, D), block (BLOCK_M, D) (Q's layout)
+        LSE,  # fp32 (B*H, S) base-2 log-sum-exp, contiguous
+        qk_scale,  # scale * log2(e)
+        S,  # sequence length (queries = keys), a multiple of BLOCK_M and BLOCK_N
+        BH,  # batch x heads
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        HEAD_D: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        STAGES: gl.constexpr,
+        PERSISTENT: gl.constexpr,  # a grid of a few programs an SM walking the query blocks heaviest first
+        num_warps: gl.constexpr,
+    ):
+        dtype: gl.constexpr = q_desc.dtype
+        # Shared memory: Q (reused for O), a ring of STAGES K and V tiles, one mbarrier per buffer.
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        fence_async_shared()
+        n_qblocks = S // BLOCK_M
+        if PERSISTENT:
+            # Tile t: query block t // BH from the far end of the diagonal (causal: heaviest first), head t % BH;
+            # round-robin over the programs, so every program starts on a heavy block and ends on light ones.
+            base = 0
+            tile_phase = 0
+            for t in range(gl.program_id(0), n_qblocks * BH, gl.num_programs(0)):
+                if CAUSAL:
+                    pid_m = n_qblocks - 1 - t // BH
+                else:
+                    pid_m = t // BH
+                used = _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, pid_m, t % BH, base, tile_phase,
+                                      q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
+                                      BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES, num_warps)
+                base += used
+                tile_phase ^= 1
+        else:
+            if CAUSAL:
+                pid_m = n_qblocks - 1 - gl.program_id(0)  # heaviest first: the diagonal's far end starts first
+            else:
+                pid_m = gl.program_id(0)
+            _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, pid_m, gl.program_id(1), 0, 0,
+                           q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
+                           BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES, num_warps)
         mbarrier.invalidate(q_bar)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_bars.index(i))
             mbarrier.invalidate(v_bars.index(i))
-        q_smem.store(out.to(dtype))  # Q's buffer: every wgmma reading it has retired
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [q_row, 0], q_smem)
-        tma.store_wait(pendings=0)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> str | None:
@@ -226,13 +261,16 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
 
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                            scale: float | None = None, config: tuple | None = None):
-    """(O, LSE): O like q, LSE fp32 (B, H, S) base-2.  Raises ValueError when ``supported`` says no."""
+                            scale: float | None = None, config: tuple | None = None, per_sm: int | None = None):
+    """(O, LSE): O like q, LSE fp32 (B, H, S) base-2.  Raises ValueError when ``supported`` says no.  ``per_sm``:
+    a persistent grid of that many programs an SM walking the query blocks heaviest first (candidate; default
+    PERSISTENT_PER_SM); 0 = one program a query block."""
     why = supported(q, k, v, causal)
     if why is not None:
         raise ValueError(f"attention_forward_gluon: {why}")
     B, H, S, D = q.shape
     bm, bn, warps, stages = config or CONFIGS[D]
+    per_sm = PERSISTENT_PER_SM if per_sm is None else int(per_sm)
     if stages < 2 or bm > bn or bm != 64 * (warps // 4) or warps % 4:
         # (one stage deadlocks: block j + 1 is loaded into the only buffer after block j's P V; BLOCK_M > BLOCK_N
         # would leave two masked key blocks on the causal diagonal, which the kernel does not mask)
@@ -250,8 +288,21 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     k_desc = TensorDescriptor(k2, [rows, D], [D, 1], [bn, D], kv_layout)
     v_desc = TensorDescriptor(v2, [rows, D], [D, 1], [bn, D], kv_layout)
     o_desc = TensorDescriptor(o2, [rows, D], [D, 1], [bm, D], q_layout)
-    grid = (S // bm, B * H)
-    _attn_fwd_gluon_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, S,
+    if per_sm:  # persistent: per_sm programs an SM (at most one a query block)
+        grid = (min(per_sm * _sm_count(q.device), (S // bm) * B * H), 1)
+    else:
+        grid = (S // bm, B * H)
+    _attn_fwd_gluon_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, S, B * H,
                                  BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
-                                 num_warps=warps)
+                                 PERSISTENT=bool(per_sm), num_warps=warps)
     return out, lse
+
+
+_SMS: dict = {}
+
+
+def _sm_count(device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
