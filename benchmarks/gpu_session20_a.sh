@@ -13,7 +13,7 @@ timeout 120 python3 -m pytest tests/test_attention_gluon.py -q -m gpu -n 4 -p no
 el "gluon GPU tests exit $?"; tail -1 $OUT/gluon_gpu_tests.log; grep -E "^FAILED|Error" $OUT/gluon_gpu_tests.log | head
 GLUON_CHECKS_FROM=2 timeout 150 python3 benchmarks/bench_attention_gluon.py --out $OUT --budget 120 --persistent 1,2 > $OUT/gluon.log 2>&1
 el "gluon bench exit $?"; grep -E "checks done|^\| " $OUT/gluon.log | head -30
-timeout 60 python3 -m pytest tests/test_layer_norm.py -q -m gpu -p no:cacheprovider -k "persistent_backward_hold and 65536" > $OUT/hold_tests.log 2>&1
+timeout 60 python3 -m pytest tests/test_layer_norm.py -q -m gpu -p no:cacheprovider -k "persistent_backward_hold and 131072" > $OUT/hold_tests.log 2>&1
 el "HOLD GPU tests exit $?"; tail -1 $OUT/hold_tests.log
 for op in ln rms; do
   timeout 50 python3 benchmarks/bench_norm.py --out /tmp/h_$op --ops $op --dtypes bf16 --widths 131072 --sweep --sweep-op $op --sweep-parts bwd \

@@ -727,16 +727,17 @@ def test_gpu_persistent_backward_packed_sums(n):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("n", [16384, 40000, 65536])
+@pytest.mark.parametrize("n,block,warps", [(16384, 2048, 4), (40000, 2048, 4), (65536, 2048, 4), (16384, 1024, 2),
+                                           (131072, 4096, 8)])
 @pytest.mark.parametrize("stages", [2, 3])
-def test_gpu_persistent_backward_hold(rms, n, stages):
+def test_gpu_persistent_backward_hold(rms, n, block, warps, stages):
     """The HOLD candidate (publish row k, then wait for row k - 1 and write it from registers) on the GPU: right
     against float64 with more rows than row groups, zero-gradient rows, bitwise the same gradients run to run."""
     def dy_fn(dy):
         dy[5:9] = 0.0
         return dy
 
-    with config_override("layer_norm", bwd_persist=1, bwd_persist_block=2048, bwd_persist_warps=4, bwd_persist_stages=stages,
+    with config_override("layer_norm", bwd_persist=1, bwd_persist_block=block, bwd_persist_warps=warps, bwd_persist_stages=stages,
                          bwd_max_single=1024, bwd_persist_hold=1):
         ln_ops._BWD_PLANS.clear()
         _check(rms, (1200, n), 1, torch.bfloat16, "cuda", dy_fn=dy_fn)
