@@ -28,11 +28,14 @@ def reference(q, k, v, causal):
     return torch.softmax(s, -1) @ vf, lse2
 
 
-def check(ag, at, rows, D, S, causal, cfg, per_sm=0):
+def check(ag, at, rows, D, S, causal, cfg, per_sm=0, ws=False):
     torch.manual_seed(S + D + int(causal))
     B, H = (4, 8) if per_sm else (2, 3)  # persistent: more query blocks than programs (several tiles a program)
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out, lse = ag.attention_forward_gluon(q, k, v, causal, config=cfg, per_sm=per_sm)
+    if ws:
+        out, lse = ag.attention_forward_gluon_ws(q, k, v, causal)
+    else:
+        out, lse = ag.attention_forward_gluon(q, k, v, causal, config=cfg, per_sm=per_sm)
     ref, ref_lse = reference(q, k, v, causal)
     err_o = (out.float() - ref).abs().max().item()
     err_l = (lse - ref_lse).abs().max().item()
@@ -43,7 +46,7 @@ def check(ag, at, rows, D, S, causal, cfg, per_sm=0):
     dq, dk, dv = at.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, 1.0 / math.sqrt(D))
     err_g = max((a.float() - b.grad).abs().max().item() / max(1.0, b.grad.abs().max().item()) for a, b in ((dq, qr), (dk, kr), (dv, vr)))
     ok = err_o < 2e-2 and err_l < 1e-3 and err_g < 5e-2 and torch.isfinite(out).all().item()
-    rows.append(dict(kind="check", D=D, S=S, causal=causal, cfg=cfg, per_sm=per_sm, err_o=err_o, err_lse=err_l, err_grad=err_g, ok=ok))
+    rows.append(dict(kind="check", D=D, S=S, causal=causal, cfg="ws" if ws else cfg, per_sm=per_sm, err_o=err_o, err_lse=err_l, err_grad=err_g, ok=ok))
     print(json.dumps(rows[-1]), flush=True)
     return ok
 
@@ -56,6 +59,7 @@ def main():
     ap.add_argument("--configs", default="", help="extra Gluon configs, e.g. '128:128,64,8,3;64:128,64,8,4'")
     ap.add_argument("--budget", type=float, default=400.0)
     ap.add_argument("--persistent", default="", help="programs an SM of the persistent grid to time beside, e.g. '1,2'")
+    ap.add_argument("--ws", action="store_true", help="also the warp-specialized ping-pong candidate (attention_forward_gluon_ws)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -96,6 +100,16 @@ def main():
                     rows.append(dict(kind="check", D=D, S=S, causal=causal, per_sm=ps, error=repr(e)[:2000], ok=False))
                     print(json.dumps(rows[-1]), flush=True)
                     bad.add((D, "p"))
+    if args.ws:
+        for D in dims:
+            for S, causal in ((128, False), (256, True), (1024, True), (768, False)):
+                try:
+                    if not check(ag, at, rows, D, S, causal, None, ws=True):
+                        bad.add((D, "ws"))
+                except Exception as e:  # noqa: BLE001
+                    rows.append(dict(kind="check", D=D, S=S, causal=causal, cfg="ws", error=repr(e)[:2000], ok=False))
+                    print(json.dumps(rows[-1]), flush=True)
+                    bad.add((D, "ws"))
     if any(b[1] == "p" for b in bad):
         args.persistent = ""  # (not timed when wrong)
     print(f"[{time.time() - t0:.0f}s] checks done; failing configs: {sorted(bad, key=str)}", flush=True)
@@ -121,6 +135,8 @@ def main():
                         for ps in [0] + [int(x) for x in filter(None, args.persistent.split(","))]:
                             name = "gluon " + ",".join(map(str, cfg)) + (f" p{ps}" if ps else "")
                             fns[name] = (lambda cfg_, ps_: lambda q, k, v, c: ag.attention_forward_gluon(q, k, v, c, config=cfg_, per_sm=ps_))(cfg, ps)
+                if args.ws and (D, "ws") not in bad:
+                    fns["gluon ws"] = lambda q, k, v, c: ag.attention_forward_gluon_ws(q, k, v, c)
                 res = dict(kind="time", D=D, S=S, B=B, causal=causal)
                 with torch.no_grad():
                     for name, fn in fns.items():

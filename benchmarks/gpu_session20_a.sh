@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Next session's first call (written in session 13, not yet run), < 6 min on one H200:
 #  1. issue 13: every Gluon GPU test (the fwd_gluon path through fused_attention, the persistent grid: not yet run);
-#  2. issue 13: the Gluon forward beside Triton / cuDNN / flash with the persistent grid (1 and 2 programs an SM) -- aimed
+#  2. issue 13: the Gluon forward beside Triton / cuDNN / flash with the persistent grid (1 and 2 programs an SM) and the
+#     warp-specialized ping-pong candidate (attention_forward_gluon_ws) -- the grid aimed
 #     at D64 S1K causal (190-308 TFLOP/s against cuDNN's 314);
 #  3. issue 9: RMSNorm / LayerNorm 128K HOLD at 4096 x 8 (0.708 against 0.578 for RMSNorm in one run, session 13) with
 #     its GPU test, to adopt.
@@ -11,7 +12,7 @@ FINAL=$OUT; OUT=$FINAL/r; mkdir -p $OUT
 source benchmarks/_gpu_env.sh
 timeout 120 python3 -m pytest tests/test_attention_gluon.py -q -m gpu -n 4 -p no:cacheprovider > $OUT/gluon_gpu_tests.log 2>&1
 el "gluon GPU tests exit $?"; tail -1 $OUT/gluon_gpu_tests.log; grep -E "^FAILED|Error" $OUT/gluon_gpu_tests.log | head
-GLUON_CHECKS_FROM=2 timeout 150 python3 benchmarks/bench_attention_gluon.py --out $OUT --budget 120 --persistent 1,2 > $OUT/gluon.log 2>&1
+GLUON_CHECKS_FROM=2 timeout 150 python3 benchmarks/bench_attention_gluon.py --out $OUT --budget 120 --persistent 1,2 --ws > $OUT/gluon.log 2>&1
 el "gluon bench exit $?"; grep -E "checks done|^\| " $OUT/gluon.log | head -30
 timeout 60 python3 -m pytest tests/test_layer_norm.py -q -m gpu -p no:cacheprovider -k "persistent_backward_hold and 131072" > $OUT/hold_tests.log 2>&1
 el "HOLD GPU tests exit $?"; tail -1 $OUT/hold_tests.log

@@ -48,3 +48,29 @@ for D, (bm, bn, warps, stages) in sorted(ag.CONFIGS.items()):
         if os.environ.get("DUMP"):
             open(f"/tmp/gluon_attn_D{D}_c{int(causal)}.sass", "w").write(sass)
             open(f"/tmp/gluon_attn_D{D}_c{int(causal)}.ttgir", "w").write(k.asm["ttgir"])
+
+# Candidate 2: the warp-specialized ping-pong (two consumer warpgroups, a producer warp; USETMAXREG = setmaxnreg)
+fn = ag._attn_fwd_gluon_ws_kernel
+for D, (bn, stages, cr, pr) in sorted(ag.WS_CONFIGS.items()):
+    for causal in (False, True):
+        ql = gl.NVMMASharedLayout.get_default_for([64, D], gl.bfloat16)
+        kl = gl.NVMMASharedLayout.get_default_for([bn, D], gl.bfloat16)
+        sig = {"q_desc": f"tensordesc<bf16[64, {D}],{ql!r}>", "k_desc": f"tensordesc<bf16[{bn}, {D}],{kl!r}>",
+               "v_desc": f"tensordesc<bf16[{bn}, {D}],{kl!r}>", "o_desc": f"tensordesc<bf16[64, {D}],{ql!r}>",
+               "LSE": "*fp32", "qk_scale": "fp32", "S": "i32", "BLOCK_N": "constexpr", "HEAD_D": "constexpr",
+               "CAUSAL": "constexpr", "STAGES": "constexpr", "CONSUMER_REGS": "constexpr", "PRODUCER_REGS": "constexpr",
+               "num_warps": "constexpr"}
+        cx = dict(BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages, CONSUMER_REGS=cr, PRODUCER_REGS=pr, num_warps=4)
+        attrs = {(4,): [["tt.divisibility", 16]], (6,): [["tt.divisibility", 16]]}
+        try:
+            k = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+        except Exception as e:
+            print(f"WS D{D} causal={int(causal)}: COMPILE FAILED: {str(e)[-3000:]}"); continue
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(k.asm["cubin"]); path = f.name
+        usage = subprocess.run([_CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+        sass = subprocess.run([_CUOBJDUMP, "-sass", path], capture_output=True, text=True).stdout
+        m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+        ops = Counter(op.group(1) for op in map(_OPCODE.search, sass.splitlines()) if op)
+        print(f"WS D{D} causal={int(causal)} N{bn} st{stages}: regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared} HGMMA {ops.get('HGMMA',0)} UTMALDG {ops.get('UTMALDG',0)} SYNCS {sum(v for o,v in ops.items() if o.startswith('SYNCS'))} USETMAXREG {ops.get('USETMAXREG',0)} sass {sum(ops.values())}", flush=True)
+        os.remove(path)

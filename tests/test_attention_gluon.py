@@ -122,3 +122,22 @@ def test_gpu_persistent_grid(D, causal, per_sm):
     torch.testing.assert_close(lse, ref_lse, atol=0, rtol=0)
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("S,causal", [(128, False), (128, True), (256, True), (768, False), (1024, True)])
+def test_gpu_warp_specialized_ping_pong(D, S, causal):
+    """Candidate 2 (two consumer warpgroups taking turns at the tensor cores, a producer warp; mbarrier ring with
+    ready / empty barriers): O and LSE against the one-warpgroup forward (same math, so close to it) and float32."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    if S % 128:
+        pytest.skip("128-row query tiles")
+    q, k, v = (torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = AG.attention_forward_gluon_ws(q, k, v, causal)
+    ref_out, ref_lse = AG.attention_forward_gluon(q, k, v, causal)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(out, ref_out, atol=2e-2, rtol=2e-2)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

@@ -236,6 +236,163 @@ if HAS_GLUON:
             mbarrier.invalidate(v_bars.index(i))
 
 
+    # ------------------------------------------------------------------------------------------------------------
+    # Candidate 2 (session 13, not yet run on a GPU): FlashAttention-3's warp-specialized ping-pong.  A CTA holds a
+    # query tile of 2 x 64 rows: two consumer warpgroups (the default partition and a 4-warp worker), each owning 64
+    # rows, and a 1-warp producer that keeps the K / V ring full by TMA (ready barriers: the TMA's byte count; empty
+    # barriers: one arrival from each consumer once its wgmmas that read the buffer have retired).  The consumers take
+    # turns at the tensor cores (turn barriers): consumer c waits for its turn, issues its S_j = Q K_j^T and
+    # O += P_{j-1} V_{j-1}, hands the turn over and runs its softmax while the other's matrix products run.
+    # ------------------------------------------------------------------------------------------------------------
+
+    @gluon.jit
+    def _ws_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, n_blocks,
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        for j in range(n_blocks):
+            slot = j % STAGES
+            if j >= STAGES:  # wait until both consumers are done with the block that used this slot
+                mbarrier.wait(k_empty.index(slot), phase=((j // STAGES) - 1) & 1)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+            if j >= STAGES:
+                mbarrier.wait(v_empty.index(slot), phase=((j // STAGES) - 1) & 1)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+
+    @gluon.jit
+    def _ws_consumer(q_desc, o_desc, LSE, qk_scale, S, bh, q0, n_blocks, q_smem, q_bar, k_smem, v_smem,
+                     k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
+                     FIRST: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                     CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+        """64 query rows from q0 (in the sequence) of head bh: the online softmax over the n_blocks key blocks,
+        taking turns with the other consumer at the tensor cores (FIRST: this one starts)."""
+        dtype: gl.constexpr = q_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        q_row = bh * S + q0
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+        if not FIRST:
+            mbarrier.arrive(other_turn)  # the first consumer goes first
+        mbarrier.wait(q_bar, phase=0)
+
+        # block 0 (its turn: issue S_0, hand over, then its softmax)
+        mbarrier.wait(my_turn, phase=0)
+        mbarrier.wait(k_ready.index(0), phase=0)
+        s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
+        mbarrier.arrive(other_turn)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(0))
+        if CAUSAL:
+            if BLOCK_N > q0 + 1:
+                s = _scores_masked(s, q0, 0, BLOCK_M, BLOCK_N, s_layout)
+        m_i = gl.max(s, axis=1) * qk_scale
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
+        l_i = gl.sum(p, axis=1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
+        for j in range(1, n_blocks):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(my_turn, phase=j & 1)
+            mbarrier.wait(k_ready.index(slot), phase=(j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), phase=((j - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            mbarrier.arrive(other_turn)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(slot))
+            if CAUSAL:
+                if (j + 1) * BLOCK_N > q0 + 1:  # a key block reaching past this consumer's first row
+                    s = _scores_masked(s, q0, j * BLOCK_N, BLOCK_M, BLOCK_N, s_layout)
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+            mbarrier.arrive(v_empty.index(prev))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        last = n_blocks - 1
+        mbarrier.wait(my_turn, phase=n_blocks & 1)
+        mbarrier.wait(v_ready.index(last % STAGES), phase=(last // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
+        mbarrier.arrive(other_turn)
+        acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+        mbarrier.arrive(v_empty.index(last % STAGES))
+        out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        rows = q0 + gl.arange(0, BLOCK_M, layout=row_s)
+        gl.store(LSE + bh.to(gl.int64) * S + rows, m_i + gl.log2(l_i))
+        q_smem.store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [q_row, 0], q_smem)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _attn_fwd_gluon_ws_kernel(
+        q_desc,  # TMA descriptor of Q as (B*H*S, D), block (64, D)
+        k_desc,  # TMA descriptor of K as (B*H*S, D), block (BLOCK_N, D)
+        v_desc,  # TMA descriptor of V as (B*H*S, D), block (BLOCK_N, D)
+        o_desc,  # TMA descriptor of O as (B*H*S, D), block (64, D)
+        LSE,  # fp32 (B*H, S) base-2 log-sum-exp, contiguous
+        qk_scale,  # scale * log2(e)
+        S,  # sequence length (queries = keys), a multiple of 128 and BLOCK_N
+        BLOCK_N: gl.constexpr,
+        HEAD_D: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        STAGES: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr,
+        num_warps: gl.constexpr,  # 4: the first consumer (the default partition)
+    ):
+        dtype: gl.constexpr = q_desc.dtype
+        BLOCK_M: gl.constexpr = 64  # rows a consumer
+        n_tiles = S // (2 * BLOCK_M)
+        if CAUSAL:
+            tile = n_tiles - 1 - gl.program_id(0)  # heaviest first
+            n_blocks = ((tile + 1) * 2 * BLOCK_M + BLOCK_N - 1) // BLOCK_N
+        else:
+            tile = gl.program_id(0)
+            n_blocks = S // BLOCK_N
+        bh = gl.program_id(1)
+        q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_bars.index(i), count=1)
+            mbarrier.init(turn.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer
+            mbarrier.init(v_empty.index(i), count=2)
+        fence_async_shared()
+        q0 = tile * 2 * BLOCK_M
+        gl.warp_specialize([
+            (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, q0, n_blocks, q_smem.index(0), q_bars.index(0),
+                            k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(0), turn.index(1),
+                            True, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
+            (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, q0 + BLOCK_M, n_blocks, q_smem.index(1), q_bars.index(1),
+                            k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(1), turn.index(0),
+                            False, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
+            (_ws_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bh * S, n_blocks,
+                            BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> str | None:
     """None when this forward takes the call, else why not (the caller then runs the Triton forward)."""
     if not HAS_GLUON:
@@ -306,3 +463,37 @@ def _sm_count(device) -> int:
     if idx not in _SMS:
         _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SMS[idx]
+
+
+# Candidate 2's shapes (head dim -> (BLOCK_N, STAGES, consumer registers, producer registers)); 128-row query tiles.
+WS_CONFIGS = {64: (128, 3, 232, 40), 128: (128, 2, 232, 40)}
+
+
+def attention_forward_gluon_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                               scale: float | None = None, config: tuple | None = None):
+    """Candidate 2 (warp-specialized ping-pong; see the kernel): (O, LSE) as attention_forward_gluon."""
+    why = supported(q, k, v, causal)
+    B, H, S, D = q.shape
+    if why is None and S % 128:
+        why = f"sequence length {S} not a multiple of 128"
+    if why is not None:
+        raise ValueError(f"attention_forward_gluon_ws: {why}")
+    bn, stages, cregs, pregs = config or WS_CONFIGS[D]
+    if stages < 2 or S % bn:
+        raise ValueError(f"attention_forward_gluon_ws: config {(bn, stages)} needs STAGES >= 2 and S a multiple of {bn}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out = torch.empty_like(q)
+    lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_layout = gl.NVMMASharedLayout.get_default_for([64, D], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
+    rows = B * H * S
+    q2, k2, v2, o2 = (t.view(rows, D) for t in (q, k, v, out))
+    q_desc = TensorDescriptor(q2, [rows, D], [D, 1], [64, D], q_layout)
+    k_desc = TensorDescriptor(k2, [rows, D], [D, 1], [bn, D], kv_layout)
+    v_desc = TensorDescriptor(v2, [rows, D], [D, 1], [bn, D], kv_layout)
+    o_desc = TensorDescriptor(o2, [rows, D], [D, 1], [64, D], q_layout)
+    _attn_fwd_gluon_ws_kernel[(S // 128, B * H)](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, S,
+                                                 BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
+                                                 CONSUMER_REGS=cregs, PRODUCER_REGS=pregs, num_warps=4)
+    return out, lse
