@@ -79,6 +79,33 @@ if HAS_GLUON:
         return gl.where(keep, s, -float("inf"))
 
     @gluon.jit
+    def _softmax_first(s, qk_scale):
+        """Block 0 of the online softmax (base 2, the scale folded in): (m, P, l)."""
+        m_i = gl.max(s, axis=1) * qk_scale
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
+        return m_i, p, gl.sum(p, axis=1)
+
+    @gluon.jit
+    def _softmax_next(s, m_i, l_i, qk_scale):
+        """Block j > 0: (m_j, alpha = exp2(m_{j-1} - m_j), P_j, l_j)."""
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        return m_new, alpha, p, l_i * alpha + gl.sum(p, axis=1)
+
+    @gluon.jit
+    def _store_out(acc, m_i, l_i, LSE, bh, S, q0, q_row, q_smem, o_desc, BLOCK_M: gl.constexpr,
+                   row_s: gl.constexpr, row_o: gl.constexpr):
+        """O = acc / l by TMA through Q's buffer (every wgmma reading it has retired); L = m + log2(l) for rows q0..."""
+        out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        rows = q0 + gl.arange(0, BLOCK_M, layout=row_s)
+        gl.store(LSE + bh.to(gl.int64) * S + rows, m_i + gl.log2(l_i))
+        q_smem.store(out.to(o_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [q_row, 0], q_smem)
+        tma.store_wait(pendings=0)  # (before a next tile's Q lands in the same buffer)
+
+    @gluon.jit
     def _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, pid_m, bh, base, tile_phase,
                        q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr,
@@ -125,9 +152,7 @@ if HAS_GLUON:
         if CAUSAL:
             if n_blocks == 1:
                 s = _scores_masked(s, pid_m * BLOCK_M, 0, BLOCK_M, BLOCK_N, s_layout)
-        m_i = gl.max(s, axis=1) * qk_scale
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
-        l_i = gl.sum(p, axis=1)
+        m_i, p, l_i = _softmax_first(s, qk_scale)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
 
@@ -143,11 +168,7 @@ if HAS_GLUON:
             if CAUSAL:
                 if j == n_blocks - 1:
                     s = _scores_masked(s, pid_m * BLOCK_M, j * BLOCK_N, BLOCK_M, BLOCK_N, s_layout)
-            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            m_i, alpha, p, l_i = _softmax_next(s, m_i, l_i, qk_scale)
             acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))  # P_{j-1} kept live until here
             # block j - 1's K and V buffers are free: fetch block j - 1 + STAGES into them
             nxt = j - 1 + STAGES
@@ -164,15 +185,7 @@ if HAS_GLUON:
         mbarrier.wait(v_bars.index(last % STAGES), phase=(last // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
         acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-        l_o = gl.convert_layout(l_i, row_o)
-        out = acc / gl.expand_dims(l_o, 1)
-        lse = m_i + gl.log2(l_i)
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
-        gl.store(LSE + bh.to(gl.int64) * S + rows, lse)
-        q_smem.store(out.to(dtype))  # Q's buffer: every wgmma reading it has retired
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [q_row, 0], q_smem)
-        tma.store_wait(pendings=0)  # (before the next tile's Q lands in the same buffer)
+        _store_out(acc, m_i, l_i, LSE, bh, S, pid_m * BLOCK_M, q_row, q_smem, o_desc, BLOCK_M, row_s, row_o)
         return n_blocks
 
     @gluon.jit
@@ -292,9 +305,7 @@ if HAS_GLUON:
         if CAUSAL:
             if BLOCK_N > q0 + 1:
                 s = _scores_masked(s, q0, 0, BLOCK_M, BLOCK_N, s_layout)
-        m_i = gl.max(s, axis=1) * qk_scale
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
-        l_i = gl.sum(p, axis=1)
+        m_i, p, l_i = _softmax_first(s, qk_scale)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
         for j in range(1, n_blocks):
@@ -311,11 +322,7 @@ if HAS_GLUON:
             if CAUSAL:
                 if (j + 1) * BLOCK_N > q0 + 1:  # a key block reaching past this consumer's first row
                     s = _scores_masked(s, q0, j * BLOCK_N, BLOCK_M, BLOCK_N, s_layout)
-            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            m_i, alpha, p, l_i = _softmax_next(s, m_i, l_i, qk_scale)
             acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
             mbarrier.arrive(v_empty.index(prev))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -327,13 +334,7 @@ if HAS_GLUON:
         mbarrier.arrive(other_turn)
         acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         mbarrier.arrive(v_empty.index(last % STAGES))
-        out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-        rows = q0 + gl.arange(0, BLOCK_M, layout=row_s)
-        gl.store(LSE + bh.to(gl.int64) * S + rows, m_i + gl.log2(l_i))
-        q_smem.store(out.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [q_row, 0], q_smem)
-        tma.store_wait(pendings=0)
+        _store_out(acc, m_i, l_i, LSE, bh, S, q0, q_row, q_smem, o_desc, BLOCK_M, row_s, row_o)
 
     @gluon.jit
     def _attn_fwd_gluon_ws_kernel(
