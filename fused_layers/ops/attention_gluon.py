@@ -450,9 +450,10 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         grid = (min(per_sm * _sm_count(q.device), (S // bm) * B * H), 1)
     else:
         grid = (S // bm, B * H)
-    _attn_fwd_gluon_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, S, B * H,
-                                 BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
-                                 PERSISTENT=bool(per_sm), num_warps=warps)
+    with torch.cuda.device(q.device):  # (Triton launches on the current device and its current stream)
+        _attn_fwd_gluon_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, S, B * H,
+                                     BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
+                                     PERSISTENT=bool(per_sm), num_warps=warps)
     return out, lse
 
 
@@ -494,7 +495,8 @@ def attention_forward_gluon_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     k_desc = TensorDescriptor(k2, [rows, D], [D, 1], [bn, D], kv_layout)
     v_desc = TensorDescriptor(v2, [rows, D], [D, 1], [bn, D], kv_layout)
     o_desc = TensorDescriptor(o2, [rows, D], [D, 1], [64, D], q_layout)
-    _attn_fwd_gluon_ws_kernel[(S // 128, B * H)](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, S,
-                                                 BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
-                                                 CONSUMER_REGS=cregs, PRODUCER_REGS=pregs, num_warps=4)
+    with torch.cuda.device(q.device):
+        _attn_fwd_gluon_ws_kernel[(S // 128, B * H)](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, S,
+                                                     BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
+                                                     CONSUMER_REGS=cregs, PRODUCER_REGS=pregs, num_warps=4)
     return out, lse
