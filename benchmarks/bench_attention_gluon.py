@@ -60,6 +60,9 @@ def main():
     ap.add_argument("--budget", type=float, default=400.0)
     ap.add_argument("--persistent", default="", help="programs an SM of the persistent grid to time beside, e.g. '1,2'")
     ap.add_argument("--ws", action="store_true", help="also the warp-specialized ping-pong candidate (attention_forward_gluon_ws)")
+    ap.add_argument("--bwd", action="store_true", help="also the backward: the Gluon dK / dV candidate (bwd_gluon_dkdv) "
+                    "beside the Triton backward and cuDNN's (fwd+bwd minus fwd), TFLOP/s of 2.5x the forward's FLOPs")
+    ap.add_argument("--dkdv-configs", default="", help="extra dK / dV configs, e.g. '128:64,64,4,2;128:32,128,8,3'")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -149,6 +152,8 @@ def main():
                             res[name] = "x: " + repr(e)[:200]
                 rows.append(res)
                 print(json.dumps(res), flush=True)
+    if args.bwd:
+        backward_table(args, rows, t0)
     with open(os.path.join(args.out, "attention_gluon.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     times = [r for r in rows if r["kind"] == "time"]
@@ -167,9 +172,85 @@ def main():
         cells.append(f"{best / cud:.2f}" if best and isinstance(cud, float) else "-")
         cells.append(f"{best / tri:.2f}" if best and isinstance(tri, float) else "-")
         lines.append(f"| {r['D']} | {r['S']} | {int(r['causal'])} | " + " | ".join(cells) + " |")
+    bwd = [r for r in rows if r["kind"] == "bwd"]
+    if bwd:
+        bnames = []
+        for r in bwd:
+            bnames += [n for n in r if n not in ("kind", "D", "S", "B", "causal") and not n.endswith(" err") and n not in bnames]
+        lines += ["", "Backward, TFLOP/s (2.5x the forward's FLOPs; ours: attention_backward with the delta preprocess and "
+                  "the dQ kernel; cuDNN: fwd+bwd minus fwd).", "",
+                  "| D | S | causal | " + " | ".join(bnames) + " |", "|---|---|---|" + "---|" * len(bnames)]
+        for r in bwd:
+            lines.append(f"| {r['D']} | {r['S']} | {int(r['causal'])} | " + " | ".join(str(r.get(n, "-")) for n in bnames) + " |")
     with open(os.path.join(args.out, "attention_gluon.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def backward_table(args, rows, t0):
+    """The backward, each variant timed alone on the same forward outputs (do_bench of attention_backward, which
+    includes the delta preprocess and the dQ kernel); cuDNN's as do_bench(fwd+bwd) - do_bench(fwd)."""
+    from triton.testing import do_bench
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from fused_layers.ops import attention as at
+    from fused_layers.ops import attention_gluon as ag
+
+    extra = {}
+    for part in filter(None, args.dkdv_configs.split(";")):
+        d, c = part.split(":")
+        extra.setdefault(int(d), []).append(tuple(int(x) for x in c.split(",")))
+    dims = [int(d) for d in args.dims.split(",")]
+    for S in [int(x) for x in args.seqlens.split(",")]:
+        for D in dims:
+            for causal in (False, True):
+                if time.time() - t0 > args.budget + 120:
+                    return
+                B, H = max(1, 16384 // S), 16
+                q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                scale = 1.0 / math.sqrt(D)
+                flops = 2.5 * 4.0 * B * H * S * S * D / (2 if causal else 1)
+                out, lse = at.attention_forward(q, k, v, None, None, None, S, S, causal, scale)
+                res = dict(kind="bwd", D=D, S=S, B=B, causal=causal)
+                ref = at.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, scale)
+                fns = {"triton": lambda: at.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, scale)}
+                for cfg in [ag.DKDV_CONFIGS[D]] + extra.get(D, []):
+                    def run(cfg_=cfg):
+                        dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+                        delta = (do.float() * out.float()).sum(-1)
+                        ag.attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal, scale, config=cfg_)
+                        return dk, dv
+                    name = "gluon dkdv " + ",".join(map(str, cfg))
+                    try:
+                        dk, dv = run()
+                        err = max((dk.float() - ref[1].float()).abs().max().item() / max(1.0, ref[1].float().abs().max().item()),
+                                  (dv.float() - ref[2].float()).abs().max().item() / max(1.0, ref[2].float().abs().max().item()))
+                        res[name + " err"] = err
+                        if err > 5e-2:
+                            res[name] = "x: wrong"
+                            continue
+                        with at.config_override("attention", bwd_gluon_dkdv=1):
+                            ag_cfg = ag.DKDV_CONFIGS[D]
+                            ag.DKDV_CONFIGS[D] = cfg
+                            try:
+                                fn = lambda: at.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, scale)  # noqa: E731
+                                fn()
+                                res[name] = round(flops / do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e9, 1)
+                            finally:
+                                ag.DKDV_CONFIGS[D] = ag_cfg
+                    except Exception as e:  # noqa: BLE001
+                        res[name] = "x: " + repr(e)[:200]
+                res["triton"] = round(flops / do_bench(fns["triton"], warmup=25, rep=100, return_mode="median") / 1e9, 1)
+                qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    f = lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)  # noqa: E731
+                    fb = lambda: torch.autograd.grad(f(), (qg, kg, vg), do)  # noqa: E731
+                    fb()
+                    with torch.no_grad():
+                        t_f = do_bench(f, warmup=25, rep=100, return_mode="median")
+                    t_fb = do_bench(fb, warmup=25, rep=100, return_mode="median")
+                res["cudnn"] = round(flops / (t_fb - t_f) / 1e9, 1)
+                rows.append(res)
+                print(json.dumps(res), flush=True)
 
 
 if __name__ == "__main__":

@@ -74,3 +74,33 @@ for D, (bn, stages, cr, pr) in sorted(ag.WS_CONFIGS.items()):
         ops = Counter(op.group(1) for op in map(_OPCODE.search, sass.splitlines()) if op)
         print(f"WS D{D} causal={int(causal)} N{bn} st{stages}: regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared} HGMMA {ops.get('HGMMA',0)} UTMALDG {ops.get('UTMALDG',0)} SYNCS {sum(v for o,v in ops.items() if o.startswith('SYNCS'))} USETMAXREG {ops.get('USETMAXREG',0)} sass {sum(ops.values())}", flush=True)
         os.remove(path)
+
+# The dK / dV candidate of the backward
+fn = ag._attn_bwd_dkdv_gluon_kernel
+for D, (bm, bn, warps, stages) in sorted(ag.DKDV_CONFIGS.items()):
+    for causal in (False, True):
+        ml = gl.NVMMASharedLayout.get_default_for([bm, D], gl.bfloat16)
+        nl = gl.NVMMASharedLayout.get_default_for([bn, D], gl.bfloat16)
+        sig = {"q_desc": f"tensordesc<bf16[{bm}, {D}],{ml!r}>", "do_desc": f"tensordesc<bf16[{bm}, {D}],{ml!r}>",
+               "k_desc": f"tensordesc<bf16[{bn}, {D}],{nl!r}>", "v_desc": f"tensordesc<bf16[{bn}, {D}],{nl!r}>",
+               "dk_desc": f"tensordesc<bf16[{bn}, {D}],{nl!r}>", "dv_desc": f"tensordesc<bf16[{bn}, {D}],{nl!r}>",
+               "LSE": "*fp32", "DELTA": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32", "S": "i32",
+               "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "HEAD_D": "constexpr", "CAUSAL": "constexpr",
+               "STAGES": "constexpr", "num_warps": "constexpr"}
+        cx = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages, num_warps=warps)
+        attrs = {(6,): [["tt.divisibility", 16]], (7,): [["tt.divisibility", 16]], (10,): [["tt.divisibility", 16]]}
+        try:
+            k = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+        except Exception as e:  # noqa: BLE001
+            print(f"DKDV D{D} causal={int(causal)}: COMPILE FAILED: {str(e)[-3000:]}")
+            continue
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(k.asm["cubin"]); path = f.name
+        usage = subprocess.run([_CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+        sass = subprocess.run([_CUOBJDUMP, "-sass", path], capture_output=True, text=True).stdout
+        os.remove(path)
+        m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+        ops = Counter(op.group(1) for op in map(_OPCODE.search, sass.splitlines()) if op)
+        print(f"DKDV D{D} causal={int(causal)} {bm}x{bn} w{warps} st{stages}: regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared} "
+              f"HGMMA {ops.get('HGMMA', 0)} UTMALDG {ops.get('UTMALDG', 0)} UTMASTG {ops.get('UTMASTG', 0)} LDS {ops.get('LDS', 0)} STS {ops.get('STS', 0)} "
+              f"STL {ops.get('STL', 0)} MUFU {ops.get('MUFU', 0)} sass {sum(ops.values())}", flush=True)

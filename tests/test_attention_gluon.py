@@ -141,3 +141,30 @@ def test_gpu_warp_specialized_ping_pong(D, S, causal):
     torch.testing.assert_close(out, ref_out, atol=2e-2, rtol=2e-2)
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("S,causal", [(128, False), (128, True), (384, True), (640, False), (1024, True)])
+def test_gpu_dkdv_kernel(D, S, causal, monkeypatch):
+    """The Gluon dK / dV candidate (bwd_gluon_dkdv) through fused_attention: it runs (spied), the Triton dQ kernel
+    after it; every gradient against float32 and against the default Triton backward."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from fused_layers import fused_attention
+
+    calls = []
+    orig = AG.attention_dkdv_gluon
+    monkeypatch.setattr(AG, "attention_dkdv_gluon", lambda *a, **kw: calls.append(1) or orig(*a, **kw))
+    q, k, v = (torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16)
+    ref_grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
+    with A.config_override("attention", bwd_gluon_dkdv=1):
+        grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
+    assert calls == [1]
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    f32 = torch.autograd.grad(F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal), (qf, kf, vf), do.float())
+    for g, r, t in zip(grads, ref_grads, f32):
+        tol = 5e-2 * max(1.0, t.abs().max().item())
+        torch.testing.assert_close(g.float(), t, atol=tol, rtol=5e-2)
+        torch.testing.assert_close(g.float(), r.float(), atol=tol, rtol=5e-2)

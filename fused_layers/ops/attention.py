@@ -1156,6 +1156,14 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     dscale = _dropout_scale(dropout_p) if dropout else 1.0
     dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints, q)
     dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)
+    if (not varlen and kb is None and not dropout and not plan.tuned and _variant("bwd_gluon_dkdv")
+            and _gluon_call_ok(q, k, v, causal)):
+        from . import attention_gluon  # (candidate: attention_config)
+
+        if attention_gluon.dkdv_supported(q, k, v, do, dk, dv, causal) is None:
+            attention_gluon.attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal, scale)
+            plan.dq(*dq_args)
+            return dq, dk, dv
     if plan.dkdv_dqr is not None and _tma_call_ok(q, do):
         # bwd_dq_reduce: dK, dV and the fp32 dQ in one kernel, then dQ cast into q's layout
         dqa = torch.zeros(plan.dqa_shape, dtype=torch.float32, device=q.device)

@@ -146,8 +146,11 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # (TMA ring, FA3's intra-warpgroup overlap); everything else, and every traced call, stays on the Triton kernels.
 # Session 13 (issue13/run19_g/): 1.05-1.30x of the Triton forward at D128, 1.01-1.11x at D64 (S 1K causal noisy).
 # Not on by default until the integrated path has run its GPU tests (tests/test_attention_gluon.py).
+# bwd_gluon_dkdv (candidate, off; written in session 13, not yet run on a GPU): the backward's dK / dV kernel in Gluon
+# (ops/attention_gluon.py: one warpgroup a CTA, a TMA ring of Q / dO, asynchronous wgmma groups overlapping the
+# elementwise work) for the calls the Gluon forward takes (and dO contiguous); the Triton dQ kernel runs after it.
 _VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "dropout_rounds": 10, "fwd_fold_scale": 1,
-                             "bwd_dq_reduce": 0, "fwd_gluon": 0}
+                             "bwd_dq_reduce": 0, "fwd_gluon": 0, "bwd_gluon_dkdv": 0}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")

@@ -394,6 +394,119 @@ if HAS_GLUON:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
+    # ------------------------------------------------------------------------------------------------------------
+    # Backward candidate (session 13, not yet run on a GPU): the dK / dV kernel in Gluon, the forward's recipe (one
+    # warpgroup a CTA, several CTAs an SM, a TMA ring, asynchronous wgmma groups overlapping the elementwise work);
+    # dQ stays with the Triton dQ kernel.  Per CTA: BLOCK_N keys of one head, K and V loaded once; per query block
+    # i (BLOCK_M rows): S^T = K Q_i^T and dP^T = V dO_i^T issued together, P^T = exp2(S^T c - L_i) while dP^T runs,
+    # dV += P^T dO_i issued, dS^T = P^T (dP^T - delta_i) while dV runs, dK += dS^T Q_i; dK scaled once at the end.
+    # ------------------------------------------------------------------------------------------------------------
+
+    @gluon.jit
+    def _attn_bwd_dkdv_gluon_kernel(
+        q_desc,  # TMA descriptor of Q as (B*H*S, D), block (BLOCK_M, D)
+        do_desc,  # TMA descriptor of dO as (B*H*S, D), block (BLOCK_M, D)
+        k_desc,  # TMA descriptor of K as (B*H*S, D), block (BLOCK_N, D)
+        v_desc,  # TMA descriptor of V as (B*H*S, D), block (BLOCK_N, D)
+        dk_desc,  # TMA descriptor of dK as (B*H*S, D), block (BLOCK_N, D) (K's layout)
+        dv_desc,  # TMA descriptor of dV as (B*H*S, D), block (BLOCK_N, D)
+        LSE,  # fp32 (B*H, S) base-2 log-sum-exp of the forward
+        DELTA,  # fp32 (B*H, S) rowsum(dO * O)
+        qk_scale,  # scale * log2(e)
+        sm_scale,  # scale (dK = scale dS^T Q)
+        S,  # sequence length (queries = keys), a multiple of BLOCK_M and BLOCK_N
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        HEAD_D: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        STAGES: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        dtype: gl.constexpr = q_desc.dtype
+        n0 = gl.program_id(0) * BLOCK_N  # first key of this block (causal: block 0, the heaviest, starts first)
+        bh = gl.program_id(1)
+        row0 = bh * S  # first row of this head in the (B*H*S, D) views
+        if CAUSAL:
+            i_start = n0 // BLOCK_M  # query blocks before it see none of these keys
+        else:
+            i_start = 0
+        n_iter = S // BLOCK_M - i_start
+
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])  # S^T, dP^T: [BLOCK_N, BLOCK_M]
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, HEAD_D, 16])  # dK, dV: [BLOCK_N, D]
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+        col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # a value per query (column of S^T)
+
+        k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_D], k_desc.layout)  # (dK at the end)
+        v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_D], v_desc.layout)  # (dV at the end)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # Q and dO of a slot
+        mbarrier.init(kv_bar, count=1)
+        for t in gl.static_range(STAGES):
+            mbarrier.init(bars.index(t), count=1)
+        fence_async_shared()
+
+        # K and V once; the first STAGES query blocks' Q and dO
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row0 + n0, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [row0 + n0, 0], kv_bar, v_smem)
+        for t in gl.static_range(STAGES):
+            live = t < n_iter
+            mbarrier.expect(bars.index(t), q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(q_desc, [row0 + (i_start + t) * BLOCK_M, 0], bars.index(t), q_smem.index(t), pred=live)
+            tma.async_copy_global_to_shared(do_desc, [row0 + (i_start + t) * BLOCK_M, 0], bars.index(t), do_smem.index(t), pred=live)
+
+        dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+        st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+        dpt = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+        keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+        mbarrier.wait(kv_bar, phase=0)
+        for t in range(n_iter):
+            slot = t % STAGES
+            q0 = (i_start + t) * BLOCK_M
+            cols = q0 + gl.arange(0, BLOCK_M, layout=col_layout)
+            lse = gl.load(LSE + bh.to(gl.int64) * S + cols)  # (issued before the waits: latency hidden)
+            delta = gl.load(DELTA + bh.to(gl.int64) * S + cols)
+            mbarrier.wait(bars.index(slot), phase=(t // STAGES) & 1)
+            q_t = q_smem.index(slot)
+            do_t = do_smem.index(slot)
+            st_tok = warpgroup_mma(k_smem, q_t.permute((1, 0)), st, use_acc=False, is_async=True)
+            dpt_tok = warpgroup_mma(v_smem, do_t.permute((1, 0)), dpt, use_acc=False, is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))  # S^T done; dP^T may still run
+            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+            if CAUSAL:
+                if q0 < n0 + BLOCK_N - 1:  # a block on the diagonal: keys after the query get nothing
+                    pt = gl.where(gl.expand_dims(keys, 1) <= gl.expand_dims(cols, 0), pt, 0.0)
+            pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+            dv_tok = warpgroup_mma(pt_op, do_t, dv, is_async=True)
+            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt_tok,))  # dP^T done; dV may still run
+            dst = pt * (dpt - gl.expand_dims(delta, 0))
+            dst_op = gl.convert_layout(dst.to(dtype), op_layout)
+            dk_tok = warpgroup_mma(dst_op, q_t, dk, is_async=True)
+            dv, dk, pt_done, dst_done = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, pt_op, dst_op))
+            # the slot's Q and dO are free: fetch query block t + STAGES into it
+            nxt = t + STAGES
+            live = nxt < n_iter
+            mbarrier.expect(bars.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(q_desc, [row0 + (i_start + nxt) * BLOCK_M, 0], bars.index(slot), q_smem.index(slot), pred=live)
+            tma.async_copy_global_to_shared(do_desc, [row0 + (i_start + nxt) * BLOCK_M, 0], bars.index(slot), do_smem.index(slot), pred=live)
+
+        mbarrier.invalidate(kv_bar)
+        for t in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(t))
+        k_smem.store((dk * sm_scale).to(dtype))  # K's and V's buffers: every wgmma reading them has retired
+        v_smem.store(dv.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dk_desc, [row0 + n0, 0], k_smem)
+        tma.async_copy_shared_to_global(dv_desc, [row0 + n0, 0], v_smem)
+        tma.store_wait(pendings=0)
+
+
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> str | None:
     """None when this forward takes the call, else why not (the caller then runs the Triton forward)."""
     if not HAS_GLUON:
@@ -500,3 +613,53 @@ def attention_forward_gluon_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                                      BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
                                                      CONSUMER_REGS=cregs, PRODUCER_REGS=pregs, num_warps=4)
     return out, lse
+
+
+# The dK / dV candidate's shapes: head dim -> (BLOCK_M queries a step, BLOCK_N keys a CTA, num_warps, STAGES).
+# D128 takes 32-query steps: dK and dV (64 registers each) plus S^T, dP^T and their bf16 operands stay under 255.
+DKDV_CONFIGS = {64: (64, 64, 4, 2), 128: (32, 64, 4, 3)}
+
+
+def dkdv_supported(q, k, v, do, dk, dv, causal: bool) -> str | None:
+    """None when the Gluon dK / dV kernel takes this backward (``supported`` for q, k, v, plus dO, dK, dV contiguous
+    (B, H, S, D) and S a multiple of its tiles)."""
+    why = supported(q, k, v, causal)
+    if why is not None:
+        return why
+    B, H, S, D = q.shape
+    bm, bn, _, _ = DKDV_CONFIGS[D]
+    if S % bm or S % bn:
+        return f"sequence length {S} not a multiple of {bm} and {bn}"
+    for t in (do, dk, dv):
+        if t.shape != q.shape or t.dtype != q.dtype or not t.is_contiguous() or t.data_ptr() % 16:
+            return "dO, dK, dV must be contiguous (B, H, S, D) like q"
+    return None
+
+
+def attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, config: tuple | None = None):
+    """dK and dV into ``dk``, ``dv`` (the Gluon candidate); ``lse`` the forward's base-2 LSE, ``delta`` rowsum(dO O),
+    both fp32 (B, H, S)."""
+    why = dkdv_supported(q, k, v, do, dk, dv, causal)
+    if why is not None:
+        raise ValueError(f"attention_dkdv_gluon: {why}")
+    B, H, S, D = q.shape
+    bm, bn, warps, stages = config or DKDV_CONFIGS[D]
+    if stages < 2 or bm > bn or S % bm or S % bn:
+        raise ValueError(f"attention_dkdv_gluon: config {(bm, bn, warps, stages)} needs STAGES >= 2, BLOCK_M <= BLOCK_N "
+                         f"and S a multiple of both")
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
+    n_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
+    rows = B * H * S
+    view = lambda t: t.view(rows, D)  # noqa: E731
+    q_desc = TensorDescriptor(view(q), [rows, D], [D, 1], [bm, D], m_layout)
+    do_desc = TensorDescriptor(view(do), [rows, D], [D, 1], [bm, D], m_layout)
+    k_desc = TensorDescriptor(view(k), [rows, D], [D, 1], [bn, D], n_layout)
+    v_desc = TensorDescriptor(view(v), [rows, D], [D, 1], [bn, D], n_layout)
+    dk_desc = TensorDescriptor(view(dk), [rows, D], [D, 1], [bn, D], n_layout)
+    dv_desc = TensorDescriptor(view(dv), [rows, D], [D, 1], [bn, D], n_layout)
+    with torch.cuda.device(q.device):
+        _attn_bwd_dkdv_gluon_kernel[(S // bn, B * H)](q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse, delta,
+                                                      scale * LOG2E, scale, S, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D,
+                                                      CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
+    return dk, dv
