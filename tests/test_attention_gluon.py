@@ -64,16 +64,20 @@ def test_gpu_forward_and_triton_backward(D, S, causal):
         torch.testing.assert_close(g.float(), t.grad, atol=5e-2 * max(1.0, t.grad.abs().max().item()), rtol=5e-2)
 
 
-def test_variant_off_the_gpu_runs_the_triton_forward(device):
-    """fwd_gluon=1 where the Gluon kernel cannot run (here: the interpreter / no sm_90) leaves every call on the
-    Triton kernels, with the same results."""
+def test_variants_off_the_gpu_run_the_triton_kernels(device):
+    """fwd_gluon=1 and bwd_gluon_dkdv=1 where the Gluon kernels cannot run (here: the interpreter / no sm_90) leave
+    every call on the Triton kernels, with the same results."""
     from fused_layers import fused_attention
 
     q, k, v = (torch.randn(1, 2, 37, 16, device=device, requires_grad=True) for _ in range(3))
     ref = fused_attention(q, k, v, is_causal=True)
-    with A.config_override("attention", fwd_gluon=1):
+    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+    with A.config_override("attention", fwd_gluon=1, bwd_gluon_dkdv=1):
         got = fused_attention(q, k, v, is_causal=True)
+        grads = torch.autograd.grad(got.sum(), (q, k, v))
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)
 
 
 @pytest.mark.gpu
