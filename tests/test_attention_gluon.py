@@ -23,6 +23,13 @@ def test_refuses_what_it_does_not_take():
         AG.attention_forward_gluon(q, q, q, False)
 
 
+def _spy(monkeypatch, name):
+    """A list that gets a 1 each time attention_gluon.<name> runs."""
+    calls, orig = [], getattr(AG, name)
+    monkeypatch.setattr(AG, name, lambda *a, **kw: calls.append(1) or orig(*a, **kw))
+    return calls
+
+
 def _sm90():
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and AG.HAS_GLUON
 
@@ -89,9 +96,7 @@ def test_gpu_variant_through_fused_attention(D, S, causal, monkeypatch):
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers import fused_attention
 
-    calls = []
-    orig = AG.attention_forward_gluon
-    monkeypatch.setattr(AG, "attention_forward_gluon", lambda *a, **kw: calls.append(1) or orig(*a, **kw))
+    calls = _spy(monkeypatch, "attention_forward_gluon")
     q, k, v = (torch.randn(2, 4, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     with A.config_override("attention", fwd_gluon=1):
         out = fused_attention(q, k, v, is_causal=causal)
@@ -157,9 +162,7 @@ def test_gpu_dkdv_kernel(D, S, causal, monkeypatch):
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers import fused_attention
 
-    calls = []
-    orig = AG.attention_dkdv_gluon
-    monkeypatch.setattr(AG, "attention_dkdv_gluon", lambda *a, **kw: calls.append(1) or orig(*a, **kw))
+    calls = _spy(monkeypatch, "attention_dkdv_gluon")
     q, k, v = (torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16)
     ref_grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
