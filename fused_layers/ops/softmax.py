@@ -352,8 +352,9 @@ def _softmax_fwd_persist_kernel(
     row (for its output); iteration 0 waits for its own row and writes nothing.
 
     HOLD (with STAGES > 1, ``persist_hold``; the 16-bit backward's default above 64K columns, softmax_config.
-    PERSIST_HOLD_MIN_N: 0.87-0.89 of copy against 0.74-0.85 at 128K-256K; it lost in the forward): LAG's schedule with row k - 1's piece kept in registers (in the
-    input's dtype) instead of loaded again: no second read, one more piece of registers.  Session 12's no-exchange
+    PERSIST_HOLD_MIN_N: 0.87-0.89 of copy against 0.74-0.85 at 128K-256K; it lost in the forward): LAG's schedule
+    with row k - 1's piece kept in registers (in the input's dtype) instead of loaded again: no second read, one
+    more piece of registers.  Session 12's no-exchange
     diagnostic (issue10/run18_b/softmax_lean.log) puts the exchange's cost in the bf16 forward at 256K (0.76 without
     it against 0.67-0.70) and the backward at 256K (0.86 against 0.75), not below 128K."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
