@@ -1,6 +1,11 @@
-"""Hopper attention forward written in Gluon (Triton's explicit layout / shared-memory / barrier language): issue 13's
-FA3-style candidate.  GPU only (Gluon has no interpreter), sm_90, opt-in; not wired into ``fused_attention`` until it
-has beaten the Triton forward on the H200 (``benchmarks/bench_attention_gluon.py``).
+"""Hopper attention kernels written in Gluon (Triton's explicit layout / shared-memory / barrier language): issue 13's
+FA3-style candidates.  GPU only (Gluon has no interpreter), sm_90, opt-in (attention_config variants ``fwd_gluon``
+and ``bwd_gluon_dkdv``; ``benchmarks/bench_attention_gluon.py`` times them beside the Triton kernels and cuDNN):
+
+  * ``attention_forward_gluon``: the forward (below), measured on the H200 in session 13: 1.05-1.30x the Triton
+    forward, 0.82-0.98 of cuDNN; its persistent grid (``per_sm``) is written, not yet run;
+  * ``attention_forward_gluon_ws``: candidate 2, FlashAttention-3's warp-specialized ping-pong (not yet run);
+  * ``attention_dkdv_gluon``: the backward's dK / dV kernel (not yet run); the Triton dQ kernel runs after it.
 
 Why Gluon.  The Triton forward (ops/attention.py) reaches 0.67-0.93 of cuDNN's forward.  ncu (issue13/ncu/): cuDNN runs
 3 warpgroups at 73% SM busy, ours 2 warpgroups at 48%; Triton 3.6's pipeliner loads K / V with cp.async and waits for
