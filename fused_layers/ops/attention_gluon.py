@@ -536,6 +536,15 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
     return None
 
 
+def _row_desc(t: torch.Tensor, block: int):
+    """TMA descriptor over a contiguous (B, H, S, D) tensor seen as (B*H*S, D) rows, ``block`` rows a tile, in the
+    NVMMA-swizzled layout the kernels allocate their shared buffers with."""
+    D = t.shape[-1]
+    rows = t.numel() // D
+    layout = gl.NVMMASharedLayout.get_default_for([block, D], gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16)
+    return TensorDescriptor(t.view(rows, D), [rows, D], [D, 1], [block, D], layout)
+
+
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                             scale: float | None = None, config: tuple | None = None, per_sm: int | None = None):
     """(O, LSE): O like q, LSE fp32 (B, H, S) base-2.  Raises ValueError when ``supported`` says no.  ``per_sm``:
@@ -555,15 +564,7 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out = torch.empty_like(q)
     lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
-    rows = B * H * S
-    q2, k2, v2, o2 = (t.view(rows, D) for t in (q, k, v, out))
-    q_desc = TensorDescriptor(q2, [rows, D], [D, 1], [bm, D], q_layout)
-    k_desc = TensorDescriptor(k2, [rows, D], [D, 1], [bn, D], kv_layout)
-    v_desc = TensorDescriptor(v2, [rows, D], [D, 1], [bn, D], kv_layout)
-    o_desc = TensorDescriptor(o2, [rows, D], [D, 1], [bm, D], q_layout)
+    q_desc, k_desc, v_desc, o_desc = _row_desc(q, bm), _row_desc(k, bn), _row_desc(v, bn), _row_desc(out, bm)
     if per_sm:  # persistent: per_sm programs an SM (at most one a query block)
         grid = (min(per_sm * _sm_count(q.device), (S // bm) * B * H), 1)
     else:
@@ -604,15 +605,7 @@ def attention_forward_gluon_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out = torch.empty_like(q)
     lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_layout = gl.NVMMASharedLayout.get_default_for([64, D], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
-    rows = B * H * S
-    q2, k2, v2, o2 = (t.view(rows, D) for t in (q, k, v, out))
-    q_desc = TensorDescriptor(q2, [rows, D], [D, 1], [64, D], q_layout)
-    k_desc = TensorDescriptor(k2, [rows, D], [D, 1], [bn, D], kv_layout)
-    v_desc = TensorDescriptor(v2, [rows, D], [D, 1], [bn, D], kv_layout)
-    o_desc = TensorDescriptor(o2, [rows, D], [D, 1], [64, D], q_layout)
+    q_desc, k_desc, v_desc, o_desc = _row_desc(q, 64), _row_desc(k, bn), _row_desc(v, bn), _row_desc(out, 64)
     with torch.cuda.device(q.device):
         _attn_fwd_gluon_ws_kernel[(S // 128, B * H)](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, S,
                                                      BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
@@ -652,17 +645,8 @@ def attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: f
     if stages < 2 or bm > bn or S % bm or S % bn:
         raise ValueError(f"attention_dkdv_gluon: config {(bm, bn, warps, stages)} needs STAGES >= 2, BLOCK_M <= BLOCK_N "
                          f"and S a multiple of both")
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
-    n_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
-    rows = B * H * S
-    view = lambda t: t.view(rows, D)  # noqa: E731
-    q_desc = TensorDescriptor(view(q), [rows, D], [D, 1], [bm, D], m_layout)
-    do_desc = TensorDescriptor(view(do), [rows, D], [D, 1], [bm, D], m_layout)
-    k_desc = TensorDescriptor(view(k), [rows, D], [D, 1], [bn, D], n_layout)
-    v_desc = TensorDescriptor(view(v), [rows, D], [D, 1], [bn, D], n_layout)
-    dk_desc = TensorDescriptor(view(dk), [rows, D], [D, 1], [bn, D], n_layout)
-    dv_desc = TensorDescriptor(view(dv), [rows, D], [D, 1], [bn, D], n_layout)
+    q_desc, do_desc = _row_desc(q, bm), _row_desc(do, bm)
+    k_desc, v_desc, dk_desc, dv_desc = (_row_desc(t, bn) for t in (k, v, dk, dv))
     with torch.cuda.device(q.device):
         _attn_bwd_dkdv_gluon_kernel[(S // bn, B * H)](q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse, delta,
                                                       scale * LOG2E, scale, S, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D,
