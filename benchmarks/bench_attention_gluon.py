@@ -28,12 +28,26 @@ def reference(q, k, v, causal):
     return torch.softmax(s, -1) @ vf, lse2
 
 
+def triton_only(at):
+    """Every Gluon variant off: the Triton kernels (the auto defaults would run Gluon on large calls)."""
+    return at.config_override("attention", fwd_gluon=0, bwd_gluon_dkdv=0, bwd_gluon_dq=0)
+
+
+def parse_configs(text):
+    """'D:a,b,c;D:...' -> {D: [(a, b, c), ...]}"""
+    out = {}
+    for part in filter(None, text.split(";")):
+        d, c = part.split(":")
+        out.setdefault(int(d), []).append(tuple(int(x) for x in c.split(",")))
+    return out
+
+
 def check(ag, at, rows, D, S, causal, cfg, per_sm=0, ws=False):
     torch.manual_seed(S + D + int(causal))
     B, H = (4, 8) if per_sm else (2, 3)  # persistent: more query blocks than programs (several tiles a program)
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     if ws:
-        out, lse = ag.attention_forward_gluon_ws(q, k, v, causal)
+        out, lse = ag.attention_forward_gluon_ws(q, k, v, causal, config=cfg)
     else:
         out, lse = ag.attention_forward_gluon(q, k, v, causal, config=cfg, per_sm=per_sm)
     ref, ref_lse = reference(q, k, v, causal)
@@ -43,10 +57,11 @@ def check(ag, at, rows, D, S, causal, cfg, per_sm=0, ws=False):
     qr, kr, vr = (t.float().requires_grad_() for t in (q, k, v))
     do = torch.randn_like(q)
     F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal).backward(do.float())
-    dq, dk, dv = at.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, 1.0 / math.sqrt(D))
+    with triton_only(at):
+        dq, dk, dv = at.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, 1.0 / math.sqrt(D))
     err_g = max((a.float() - b.grad).abs().max().item() / max(1.0, b.grad.abs().max().item()) for a, b in ((dq, qr), (dk, kr), (dv, vr)))
     ok = err_o < 2e-2 and err_l < 1e-3 and err_g < 5e-2 and torch.isfinite(out).all().item()
-    rows.append(dict(kind="check", D=D, S=S, causal=causal, cfg="ws" if ws else cfg, per_sm=per_sm, err_o=err_o, err_lse=err_l, err_grad=err_g, ok=ok))
+    rows.append(dict(kind="check", D=D, S=S, causal=causal, cfg=("ws", cfg) if ws else cfg, per_sm=per_sm, err_o=err_o, err_lse=err_l, err_grad=err_g, ok=ok))
     print(json.dumps(rows[-1]), flush=True)
     return ok
 
@@ -63,6 +78,8 @@ def main():
     ap.add_argument("--bwd", action="store_true", help="also the backward: the Gluon dK / dV candidate (bwd_gluon_dkdv) "
                     "beside the Triton backward and cuDNN's (fwd+bwd minus fwd), TFLOP/s of 2.5x the forward's FLOPs")
     ap.add_argument("--dkdv-configs", default="", help="extra dK / dV configs, e.g. '128:64,64,4,2;128:32,128,8,3'")
+    ap.add_argument("--ws-configs", default="", help="extra ping-pong configs (BLOCK_N, STAGES, regs, producer regs), e.g. '64:64,4,232,40'")
+    ap.add_argument("--dq-configs", default="", help="--bwd: also the Gluon dQ kernel after the Gluon dK / dV one, at DQ_CONFIGS and these")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -71,10 +88,8 @@ def main():
     from fused_layers.ops import attention as at
     from fused_layers.ops import attention_gluon as ag
 
-    extra = {}
-    for part in filter(None, args.configs.split(";")):
-        d, c = part.split(":")
-        extra.setdefault(int(d), []).append(tuple(int(x) for x in c.split(",")))
+    extra = parse_configs(args.configs)
+    extra_ws = parse_configs(args.ws_configs)
     dims = [int(d) for d in args.dims.split(",")]
     seqlens = [int(s) for s in args.seqlens.split(",")]
     rows = []
@@ -105,14 +120,17 @@ def main():
                     bad.add((D, "p"))
     if args.ws:
         for D in dims:
-            for S, causal in ((128, False), (256, True), (1024, True), (768, False)):
-                try:
-                    if not check(ag, at, rows, D, S, causal, None, ws=True):
-                        bad.add((D, "ws"))
-                except Exception as e:  # noqa: BLE001
-                    rows.append(dict(kind="check", D=D, S=S, causal=causal, cfg="ws", error=repr(e)[:2000], ok=False))
-                    print(json.dumps(rows[-1]), flush=True)
-                    bad.add((D, "ws"))
+            for cfg in [None] + extra_ws.get(D, []):
+                for S, causal in ((128, False), (256, True), (1024, True), (768, False)):
+                    if cfg is not None and S % cfg[0]:
+                        continue
+                    try:
+                        if not check(ag, at, rows, D, S, causal, cfg, ws=True):
+                            bad.add((D, "ws", cfg))
+                    except Exception as e:  # noqa: BLE001
+                        rows.append(dict(kind="check", D=D, S=S, causal=causal, cfg=("ws", cfg), error=repr(e)[:2000], ok=False))
+                        print(json.dumps(rows[-1]), flush=True)
+                        bad.add((D, "ws", cfg))
     if any(b[1] == "p" for b in bad):
         args.persistent = ""  # (not timed when wrong)
     print(f"[{time.time() - t0:.0f}s] checks done; failing configs: {sorted(bad, key=str)}", flush=True)
@@ -133,15 +151,18 @@ def main():
                 flops = 4.0 * B * H * S * S * D / (2 if causal else 1)
                 fns = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION),
                        "triton": lambda q, k, v, c: at.attention_forward(q, k, v, None, None, None, S, S, c, 1.0 / math.sqrt(D))}
+                # (the "triton" column runs with every Gluon variant off: see triton_only below)
                 for cfg in [ag.CONFIGS[D]] + extra.get(D, []):
                     if (D, cfg) not in bad:
                         for ps in [0] + [int(x) for x in filter(None, args.persistent.split(","))]:
                             name = "gluon " + ",".join(map(str, cfg)) + (f" p{ps}" if ps else "")
                             fns[name] = (lambda cfg_, ps_: lambda q, k, v, c: ag.attention_forward_gluon(q, k, v, c, config=cfg_, per_sm=ps_))(cfg, ps)
-                if args.ws and (D, "ws") not in bad:
-                    fns["gluon ws"] = lambda q, k, v, c: ag.attention_forward_gluon_ws(q, k, v, c)
+                for cfg in ([None] + extra_ws.get(D, [])) if args.ws else []:
+                    if (D, "ws", cfg) not in bad and (cfg is None or S % cfg[0] == 0):
+                        name = "gluon ws" + ("" if cfg is None else " " + ",".join(map(str, cfg)))
+                        fns[name] = (lambda cfg_: lambda q, k, v, c: ag.attention_forward_gluon_ws(q, k, v, c, config=cfg_))(cfg)
                 res = dict(kind="time", D=D, S=S, B=B, causal=causal)
-                with torch.no_grad():
+                with torch.no_grad(), triton_only(at):
                     for name, fn in fns.items():
                         try:
                             fn(q, k, v, causal)
@@ -189,17 +210,21 @@ def main():
 
 def backward_table(args, rows, t0):
     """The backward, each variant timed alone on the same forward outputs (do_bench of attention_backward, which
-    includes the delta preprocess and the dQ kernel); cuDNN's as do_bench(fwd+bwd) - do_bench(fwd)."""
+    includes the delta preprocess): "triton" every kernel Triton's; "gluon dkdv C" the Gluon dK / dV kernel at config C
+    and the Triton dQ kernel; "gluon dkdv+dq C" the Gluon dK / dV kernel (its default) and the Gluon dQ kernel at C.
+    cuDNN's as do_bench(fwd+bwd) - do_bench(fwd).  Each Gluon variant is checked against the Triton backward first."""
     from triton.testing import do_bench
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from fused_layers.ops import attention as at
     from fused_layers.ops import attention_gluon as ag
 
-    extra = {}
-    for part in filter(None, args.dkdv_configs.split(";")):
-        d, c = part.split(":")
-        extra.setdefault(int(d), []).append(tuple(int(x) for x in c.split(",")))
+    extra = parse_configs(args.dkdv_configs)
+    extra_dq = parse_configs(args.dq_configs)
     dims = [int(d) for d in args.dims.split(",")]
+
+    def rel_err(a, b):
+        return (a.float() - b.float()).abs().max().item() / max(1.0, b.float().abs().max().item())
+
     for S in [int(x) for x in args.seqlens.split(",")]:
         for D in dims:
             for causal in (False, True):
@@ -209,37 +234,31 @@ def backward_table(args, rows, t0):
                 q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 scale = 1.0 / math.sqrt(D)
                 flops = 2.5 * 4.0 * B * H * S * S * D / (2 if causal else 1)
-                out, lse = at.attention_forward(q, k, v, None, None, None, S, S, causal, scale)
-                res = dict(kind="bwd", D=D, S=S, B=B, causal=causal)
-                ref = at.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, scale)
-                fns = {"triton": lambda: at.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, scale)}
-                for cfg in [ag.DKDV_CONFIGS[D]] + extra.get(D, []):
-                    def run(cfg_=cfg):
-                        dq, dk, dv = (torch.empty_like(q) for _ in range(3))
-                        delta = (do.float() * out.float()).sum(-1)
-                        ag.attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal, scale, config=cfg_)
-                        return dk, dv
-                    name = "gluon dkdv " + ",".join(map(str, cfg))
+                bwd = lambda: at.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, scale)  # noqa: E731
+                with triton_only(at):
+                    out, lse = at.attention_forward(q, k, v, None, None, None, S, S, causal, scale)
+                    ref = bwd()
+                    res = dict(kind="bwd", D=D, S=S, B=B, causal=causal)
+                    res["triton"] = round(flops / do_bench(bwd, warmup=25, rep=100, return_mode="median") / 1e9, 1)
+                cands = [("gluon dkdv " + ",".join(map(str, c)), "DKDV_CONFIGS", c, 0) for c in [ag.DKDV_CONFIGS[D]] + extra.get(D, [])]
+                if args.dq_configs or D in extra_dq:
+                    cands += [("gluon dkdv+dq " + ",".join(map(str, c)), "DQ_CONFIGS", c, 1) for c in [ag.DQ_CONFIGS[D]] + extra_dq.get(D, [])]
+                for name, table, cfg, with_dq in cands:
+                    saved = getattr(ag, table)[D]
+                    getattr(ag, table)[D] = cfg
                     try:
-                        dk, dv = run()
-                        err = max((dk.float() - ref[1].float()).abs().max().item() / max(1.0, ref[1].float().abs().max().item()),
-                                  (dv.float() - ref[2].float()).abs().max().item() / max(1.0, ref[2].float().abs().max().item()))
-                        res[name + " err"] = err
-                        if err > 5e-2:
-                            res[name] = "x: wrong"
-                            continue
-                        with at.config_override("attention", bwd_gluon_dkdv=1):
-                            ag_cfg = ag.DKDV_CONFIGS[D]
-                            ag.DKDV_CONFIGS[D] = cfg
-                            try:
-                                fn = lambda: at.attention_backward(do, q, k, v, out, lse, None, None, None, S, S, causal, scale)  # noqa: E731
-                                fn()
-                                res[name] = round(flops / do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e9, 1)
-                            finally:
-                                ag.DKDV_CONFIGS[D] = ag_cfg
+                        with at.config_override("attention", bwd_gluon_dkdv=1, bwd_gluon_dq=with_dq):
+                            got = bwd()
+                            err = max(rel_err(a, b) for a, b in zip(got, ref))
+                            res[name + " err"] = err
+                            if err > 5e-2 or not all(torch.isfinite(g).all().item() for g in got):
+                                res[name] = "x: wrong"
+                                continue
+                            res[name] = round(flops / do_bench(bwd, warmup=25, rep=100, return_mode="median") / 1e9, 1)
                     except Exception as e:  # noqa: BLE001
                         res[name] = "x: " + repr(e)[:200]
-                res["triton"] = round(flops / do_bench(fns["triton"], warmup=25, rep=100, return_mode="median") / 1e9, 1)
+                    finally:
+                        getattr(ag, table)[D] = saved
                 qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     f = lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)  # noqa: E731

@@ -20,6 +20,7 @@ from fused_layers.ops import attention_gluon as ag
 
 print("triton", triton.__version__)
 DIV16 = [["tt.divisibility", 16]]
+GEO = {"H": "i32", "RB": "i32", "RH": "i32", "CH": "i32"}  # head origins (_head_origin)
 
 
 def desc(block, d):
@@ -56,8 +57,8 @@ def scan(label, fn, sig, cx, aligned, warps):
 for D, (bm, bn, warps, stages) in sorted(ag.CONFIGS.items()):
     for persistent in (False, True):
         for causal in (False, True):
-            sig = {"q_desc": desc(bm, D), "k_desc": desc(bn, D), "v_desc": desc(bn, D), "o_desc": desc(bm, D),
-                   "LSE": "*fp32", "qk_scale": "fp32", "S": "i32", "BH": "i32"}
+            sig = {"LSE": "*fp32", "q_desc": desc(bm, D), "k_desc": desc(bn, D), "v_desc": desc(bn, D),
+                   "o_desc": desc(bm, D), "qk_scale": "fp32", "S": "i32", "BH": "i32", **GEO}
             scan(f"D{D} causal={int(causal)} persistent={int(persistent)} {bm}x{bn} w{warps} st{stages}",
                  ag._attn_fwd_gluon_kernel, sig, dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages,
                                                       PERSISTENT=persistent, num_warps=warps), ("LSE", "S"), warps)
@@ -65,8 +66,8 @@ for D, (bm, bn, warps, stages) in sorted(ag.CONFIGS.items()):
 # Candidate 2: the warp-specialized ping-pong (two consumer warpgroups, a producer warp)
 for D, (bn, stages, cregs, pregs) in sorted(ag.WS_CONFIGS.items()):
     for causal in (False, True):
-        sig = {"q_desc": desc(64, D), "k_desc": desc(bn, D), "v_desc": desc(bn, D), "o_desc": desc(64, D),
-               "LSE": "*fp32", "qk_scale": "fp32", "S": "i32"}
+        sig = {"LSE": "*fp32", "q_desc": desc(64, D), "k_desc": desc(bn, D), "v_desc": desc(bn, D),
+               "o_desc": desc(64, D), "qk_scale": "fp32", "S": "i32", **GEO}
         scan(f"WS D{D} causal={int(causal)} N{bn} st{stages}", ag._attn_fwd_gluon_ws_kernel, sig,
              dict(BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages, CONSUMER_REGS=cregs, PRODUCER_REGS=pregs,
                   num_warps=4), ("LSE", "S"), 4)
@@ -74,9 +75,18 @@ for D, (bn, stages, cregs, pregs) in sorted(ag.WS_CONFIGS.items()):
 # The backward's dK / dV candidate
 for D, (bm, bn, warps, stages) in sorted(ag.DKDV_CONFIGS.items()):
     for causal in (False, True):
-        sig = {"q_desc": desc(bm, D), "do_desc": desc(bm, D), "k_desc": desc(bn, D), "v_desc": desc(bn, D),
-               "dk_desc": desc(bn, D), "dv_desc": desc(bn, D), "LSE": "*fp32", "DELTA": "*fp32", "qk_scale": "fp32",
-               "sm_scale": "fp32", "S": "i32"}
+        sig = {"LSE": "*fp32", "DELTA": "*fp32", "q_desc": desc(bm, D), "do_desc": desc(bm, D), "k_desc": desc(bn, D),
+               "v_desc": desc(bn, D), "dk_desc": desc(bn, D), "dv_desc": desc(bn, D), "qk_scale": "fp32",
+               "sm_scale": "fp32", "S": "i32", **GEO}
         scan(f"DKDV D{D} causal={int(causal)} {bm}x{bn} w{warps} st{stages}", ag._attn_bwd_dkdv_gluon_kernel, sig,
+             dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages, num_warps=warps),
+             ("LSE", "DELTA", "S"), warps)
+
+# The backward's dQ kernel (session 14), at its default and a D64 variant with 128-key steps
+for D, (bm, bn, warps, stages) in sorted(ag.DQ_CONFIGS.items()) + [(64, (64, 128, 4, 2)), (128, (64, 64, 4, 3))]:
+    for causal in (False, True):
+        sig = {"LSE": "*fp32", "DELTA": "*fp32", "q_desc": desc(bm, D), "do_desc": desc(bm, D), "k_desc": desc(bn, D),
+               "v_desc": desc(bn, D), "dq_desc": desc(bm, D), "qk_scale": "fp32", "sm_scale": "fp32", "S": "i32", **GEO}
+        scan(f"DQ D{D} causal={int(causal)} {bm}x{bn} w{warps} st{stages}", ag._attn_bwd_dq_gluon_kernel, sig,
              dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages, num_warps=warps),
              ("LSE", "DELTA", "S"), warps)

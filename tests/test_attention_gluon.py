@@ -21,6 +21,44 @@ def test_refuses_what_it_does_not_take():
     assert why is not None
     with pytest.raises(ValueError, match="attention_forward_gluon"):
         AG.attention_forward_gluon(q, q, q, False)
+    lse = torch.zeros(1, 2, 128)
+    with pytest.raises(ValueError, match="attention_dq_gluon"):
+        AG.attention_dq_gluon(q, q, q, q, lse, lse, torch.empty_like(q), False, 0.125)
+    with pytest.raises(ValueError, match="attention_dkdv_gluon"):
+        AG.attention_dkdv_gluon(q, q, q, q, lse, lse, torch.empty_like(q), torch.empty_like(q), False, 0.125)
+
+
+def test_auto_mode_takes_large_calls_where_the_kernel_won():
+    """Auto mode (the variants' default): the forward from GLUON_MIN_WORK up, the dK / dV kernel only at the head dims
+    and lengths of DKDV_MAX_S, the dQ kernel only where DQ_MAX_S lists it; small calls stay on the Triton kernels and
+    their C++ fast path (the Gluon launch is Python's)."""
+    def shape(B, H, S, D):
+        return torch.empty(B, H, S, D, device="meta")
+
+    big, small = shape(2, 16, 2048, 128), shape(1, 1, 128, 64)
+    assert 2 * 16 * 2048 * 2048 * 64 // 2 >= AG.GLUON_MIN_WORK
+    assert AG.auto_ok("fwd_gluon", big, True) and not AG.auto_ok("fwd_gluon", small, False)
+    assert AG.auto_ok("bwd_gluon_dkdv", big, True) == (128 in AG.DKDV_MAX_S)
+    long64 = shape(1, 16, 16384, 64)
+    assert AG.auto_ok("bwd_gluon_dkdv", long64, False) == (AG.DKDV_MAX_S.get(64, 0) is None or 16384 <= AG.DKDV_MAX_S[64])
+    assert AG.auto_ok("bwd_gluon_dq", big, False) == (128 in AG.DQ_MAX_S)
+
+
+def test_layouts_the_descriptors_read():
+    """_layout: head-major (contiguous (B, H, S, D)) and sequence-major ((B, S, H, D) memory, packed q / k / v
+    slices) views; anything else (D strided, heads not side by side, unaligned row stride) is None."""
+    B, H, S, D = 2, 3, 64, 16
+    x = torch.empty(B, H, S, D)
+    assert AG._layout(x, B, H, S, D) == (0, B * H * S, D, D)
+    t = torch.empty(B, S, H, D).transpose(1, 2)
+    assert AG._layout(t, B, H, S, D) == (1, B * S, H * D, H * D)
+    q = torch.empty(B, S, 3, H, D)[:, :, 0].transpose(1, 2)  # a slice of one packed projection
+    assert AG._layout(q, B, H, S, D) == (1, B * S, H * D, 3 * H * D)
+    assert AG._layout(torch.empty(B, H, S, 2 * D)[..., ::2], B, H, S, D) is None
+    assert AG._layout(torch.empty(B, S, D, H).permute(0, 3, 1, 2), B, H, S, D) is None
+    assert AG._layout(torch.empty(B, S, H * D + 4)[..., : H * D].view(B, S, H, D).transpose(1, 2), B, H, S, D) is None
+    one = torch.empty(1, S, 1, D).transpose(1, 2)  # size-1 dims: their strides do not matter
+    assert AG._layout(one, 1, 1, S, D) is not None
 
 
 def _spy(monkeypatch, name):
@@ -44,8 +82,11 @@ def test_gpu_refusals():
     q96 = torch.randn(1, 2, 256, 96, device="cuda", dtype=torch.bfloat16)
     assert "head dim" in AG.supported(q96, q96, q96, False)
     assert "dtype" in AG.supported(q.float(), q.float(), q.float(), False)
-    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, D) memory
-    assert "contiguous" in AG.supported(qt, qt, qt, False)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, D) memory: sequence-major, taken
+    assert AG.supported(qt, qt, qt, False) is None
+    assert "must all be" in AG.supported(q, qt, qt, False)  # one layout for the three
+    qs = torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16)[..., ::2]  # D not contiguous
+    assert "must all be" in AG.supported(qs, qs, qs, False)
 
 
 @pytest.mark.gpu
@@ -72,14 +113,14 @@ def test_gpu_forward_and_triton_backward(D, S, causal):
 
 
 def test_variants_off_the_gpu_run_the_triton_kernels(device):
-    """fwd_gluon=1 and bwd_gluon_dkdv=1 where the Gluon kernels cannot run (here: the interpreter / no sm_90) leave
+    """fwd_gluon=1, bwd_gluon_dkdv=1 and bwd_gluon_dq=1 where the Gluon kernels cannot run (here: the interpreter / no sm_90) leave
     every call on the Triton kernels, with the same results."""
     from fused_layers import fused_attention
 
     q, k, v = (torch.randn(1, 2, 37, 16, device=device, requires_grad=True) for _ in range(3))
     ref = fused_attention(q, k, v, is_causal=True)
     ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
-    with A.config_override("attention", fwd_gluon=1, bwd_gluon_dkdv=1):
+    with A.config_override("attention", fwd_gluon=1, bwd_gluon_dkdv=1, bwd_gluon_dq=1):
         got = fused_attention(q, k, v, is_causal=True)
         grads = torch.autograd.grad(got.sum(), (q, k, v))
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
@@ -165,8 +206,9 @@ def test_gpu_dkdv_kernel(D, S, causal, monkeypatch):
     calls = _spy(monkeypatch, "attention_dkdv_gluon")
     q, k, v = (torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16)
-    ref_grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
-    with A.config_override("attention", bwd_gluon_dkdv=1):
+    with A.config_override("attention", fwd_gluon=0, bwd_gluon_dkdv=0, bwd_gluon_dq=0):
+        ref_grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
+    with A.config_override("attention", bwd_gluon_dkdv=1, bwd_gluon_dq=0):
         grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
     assert calls == [1]
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
@@ -175,3 +217,101 @@ def test_gpu_dkdv_kernel(D, S, causal, monkeypatch):
         tol = 5e-2 * max(1.0, t.abs().max().item())
         torch.testing.assert_close(g.float(), t, atol=tol, rtol=5e-2)
         torch.testing.assert_close(g.float(), r.float(), atol=tol, rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("S,causal", [(128, False), (128, True), (384, True), (640, False), (1024, True)])
+def test_gpu_dq_kernel(D, S, causal, monkeypatch):
+    """The Gluon dQ kernel (bwd_gluon_dq) after the Gluon dK / dV kernel, through fused_attention: both run (spied);
+    every gradient against float32 and against the Triton backward (one key block, several, causal diagonals)."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from fused_layers import fused_attention
+
+    calls = _spy(monkeypatch, "attention_dq_gluon")
+    q, k, v = (torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16)
+    with A.config_override("attention", fwd_gluon=0, bwd_gluon_dkdv=0, bwd_gluon_dq=0):
+        ref_grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
+    with A.config_override("attention", bwd_gluon_dkdv=1, bwd_gluon_dq=1):
+        grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
+    assert calls == [1]
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    f32 = torch.autograd.grad(F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal), (qf, kf, vf), do.float())
+    for g, r, t in zip(grads, ref_grads, f32):
+        tol = 5e-2 * max(1.0, t.abs().max().item())
+        torch.testing.assert_close(g.float(), t, atol=tol, rtol=5e-2)
+        torch.testing.assert_close(g.float(), r.float(), atol=tol, rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,causal", [(64, False), (64, True), (128, False), (128, True)])
+def test_gpu_default_dispatch(D, causal, monkeypatch):
+    """The defaults (auto): a large call runs the Gluon forward FWD_KERNEL names and, where DKDV_MAX_S takes it, the
+    Gluon dK / dV kernel, with the right output and gradients; a small call (below GLUON_MIN_WORK) runs none."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from fused_layers import fused_attention
+
+    ws, plain = _spy(monkeypatch, "attention_forward_gluon_ws"), _spy(monkeypatch, "attention_forward_gluon")
+    dkdv = _spy(monkeypatch, "attention_dkdv_gluon")
+    B, H, S = 2, 16, 2048
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    assert AG.auto_ok("fwd_gluon", q, causal)
+    out = fused_attention(q, k, v, is_causal=causal)
+    do = torch.randn_like(out)
+    out.backward(do)
+    want_ws = AG.FWD_KERNEL[(D, causal)] == "ws"
+    assert (ws, plain) == (([1], []) if want_ws else ([], [1]))
+    assert dkdv == ([1] if AG.auto_ok("bwd_gluon_dkdv", q, causal) else [])
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal)
+    ref.backward(do.float())
+    torch.testing.assert_close(out.float(), ref.detach(), atol=2e-2, rtol=2e-2)
+    for t, r in ((q, qf), (k, kf), (v, vf)):
+        torch.testing.assert_close(t.grad.float(), r.grad, atol=5e-2 * max(1.0, r.grad.abs().max().item()), rtol=5e-2)
+    small = [torch.randn(1, 2, 256, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    fused_attention(*small, is_causal=causal).sum().backward()
+    assert len(ws) + len(plain) == 1 and len(dkdv) <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("mode", [1, 2])
+def test_gpu_sequence_major_layouts(D, causal, packed, mode, monkeypatch):
+    """q, k, v as models make them, read in place by sequence-major descriptors: the transposes of (B, S, H, D)
+    projections, or slices of one packed (B, S, 3, H, D) projection.  Both forwards (mode 1 one warpgroup, 2 the
+    ping-pong), the dK / dV and dQ kernels run (spied); the output is laid out like q; output and gradients against
+    float32."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from fused_layers import fused_attention
+
+    fwd = _spy(monkeypatch, "attention_forward_gluon_ws" if mode == 2 else "attention_forward_gluon")
+    dkdv, dq = _spy(monkeypatch, "attention_dkdv_gluon"), _spy(monkeypatch, "attention_dq_gluon")
+    B, H, S = 2, 3, 384
+    if packed:
+        leaves = [torch.randn(B, S, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)]
+        q, k, v = (t.transpose(1, 2) for t in leaves[0].unbind(2))
+    else:
+        leaves = [torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+        q, k, v = (t.transpose(1, 2) for t in leaves)
+    do = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    with A.config_override("attention", fwd_gluon=mode, bwd_gluon_dkdv=1, bwd_gluon_dq=1):
+        out = fused_attention(q, k, v, is_causal=causal)
+        out.backward(do)
+    assert (fwd, dkdv, dq) == ([1], [1], [1])
+    assert out.transpose(1, 2).is_contiguous()  # laid out like q: (B, S, H, D) memory
+    ref_leaves = [t.detach().float().requires_grad_() for t in leaves]
+    if packed:
+        rq, rk, rv = (t.transpose(1, 2) for t in ref_leaves[0].unbind(2))
+    else:
+        rq, rk, rv = (t.transpose(1, 2) for t in ref_leaves)
+    ref = F.scaled_dot_product_attention(rq, rk, rv, is_causal=causal)
+    ref.backward(do.float())
+    torch.testing.assert_close(out.float(), ref.detach(), atol=2e-2, rtol=2e-2)
+    for t, r in zip(leaves, ref_leaves):
+        torch.testing.assert_close(t.grad.float(), r.grad, atol=5e-2 * max(1.0, r.grad.abs().max().item()), rtol=5e-2)

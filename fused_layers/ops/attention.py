@@ -959,14 +959,18 @@ def _tma_call_ok(q, do) -> bool:
     return True
 
 
-def _gluon_call_ok(q, k, v, causal: bool) -> bool:
-    """The Gluon forward (variant fwd_gluon) takes this call: plain tensors (not traced) that
-    attention_gluon.supported accepts (never under the interpreter: Gluon has none)."""
-    if INTERPRET or not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (q, k, v)):
+def _gluon_call_ok(q, k, v, causal: bool, variant: str) -> bool:
+    """A Gluon kernel (attention_config variant ``variant``: -1 auto, 0 off, else forced on) takes this call: plain
+    tensors (not traced) that attention_gluon.supported accepts (never under the interpreter: Gluon has none); in
+    auto mode only where the kernel won and the call is large enough (attention_gluon.auto_ok)."""
+    mode = _variant(variant)
+    if not mode or INTERPRET or not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (q, k, v)):
         return False
     from . import attention_gluon  # (imported on first use: Gluon's import is not free)
 
-    return attention_gluon.supported(q, k, v, causal) is None
+    if attention_gluon.supported(q, k, v, causal) is not None:
+        return False
+    return mode > 0 or attention_gluon.auto_ok(variant, q, causal)
 
 
 _FWD_PLANS: dict[tuple, _FwdPlan] = {}
@@ -1020,10 +1024,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: tor
     ``dropout_p`` > 0 drops attention probabilities (Philox, keyed by ``seed``, an int64 [1] tensor)."""
     varlen = cu_q is not None
     dropout = dropout_p > 0.0
-    if not varlen and kb is None and not dropout and _variant("fwd_gluon") and _gluon_call_ok(q, k, v, causal):
-        from . import attention_gluon
+    if not varlen and kb is None and not dropout and _gluon_call_ok(q, k, v, causal, "fwd_gluon"):
+        from . import attention_gluon  # (attention_config: variant fwd_gluon)
 
-        return attention_gluon.attention_forward_gluon(q, k, v, causal, scale)  # (candidate: attention_config)
+        return attention_gluon.attention_forward_auto(q, k, v, causal, scale, _variant("fwd_gluon"))
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, None if kb is None else kb.stride(),
            varlen, cu_q.shape[0] if varlen else 0, max_q, max_k, causal,
            _input_precision(q.dtype), dropout, override_epoch())
@@ -1156,13 +1160,18 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     dscale = _dropout_scale(dropout_p) if dropout else 1.0
     dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints, q)
     dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)
-    if (not varlen and kb is None and not dropout and not plan.tuned and _variant("bwd_gluon_dkdv")
-            and _gluon_call_ok(q, k, v, causal)):
-        from . import attention_gluon  # (candidate: attention_config)
+    if (not varlen and kb is None and not dropout and not plan.tuned
+            and _gluon_call_ok(q, k, v, causal, "bwd_gluon_dkdv")):
+        from . import attention_gluon as ag  # (attention_config: variants bwd_gluon_dkdv, bwd_gluon_dq)
 
-        if attention_gluon.dkdv_supported(q, k, v, do, dk, dv, causal) is None:
-            attention_gluon.attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal, scale)
-            plan.dq(*dq_args)
+        D = q.shape[-1]
+        if ag._bwd_supported(q, k, v, do, (dk, dv), causal, ag.DKDV_CONFIGS[D][:2]) is None:  # (q, k, v: checked)
+            ag._dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, ag.DKDV_CONFIGS[D])
+            if (_variant("bwd_gluon_dq") and (_variant("bwd_gluon_dq") > 0 or ag.auto_ok("bwd_gluon_dq", q, causal))
+                    and ag._bwd_supported(q, k, v, do, (dq,), causal, ag.DQ_CONFIGS[D][:2]) is None):
+                ag._dq(q, k, v, do, lse, delta, dq, causal, scale, ag.DQ_CONFIGS[D])
+            else:
+                plan.dq(*dq_args)
             return dq, dk, dv
     if plan.dkdv_dqr is not None and _tma_call_ok(q, do):
         # bwd_dq_reduce: dK, dV and the fp32 dQ in one kernel, then dQ cast into q's layout

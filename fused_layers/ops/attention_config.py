@@ -141,16 +141,19 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # TestU01's BigCrush ("crush-resistant"; they keep 10 for a safety margin).  The mask is most of dropout's
 # cost (issue 11: +46-92% on attention's time at p = 0.1); 7 rounds do 30% less of its integer work.
 # Not yet timed: a candidate of benchmarks/bench_attention_dropout.py.
-# fwd_gluon (candidate, off): the forward of eager dense calls that ops/attention_gluon.py takes (bf16 / fp16 (B, H, S,
-# D) contiguous, D 64 / 128, Sq == Sk, S a multiple of its tiles, no mask, no dropout, no GQA) runs the Gluon kernel
-# (TMA ring, FA3's intra-warpgroup overlap); everything else, and every traced call, stays on the Triton kernels.
-# Session 13 (issue13/run19_g/): 1.05-1.30x of the Triton forward at D128, 1.01-1.11x at D64 (S 1K causal noisy).
-# Not on by default until the integrated path has run its GPU tests (tests/test_attention_gluon.py).
-# bwd_gluon_dkdv (candidate, off; written in session 13, not yet run on a GPU): the backward's dK / dV kernel in Gluon
-# (ops/attention_gluon.py: one warpgroup a CTA, a TMA ring of Q / dO, asynchronous wgmma groups overlapping the
-# elementwise work) for the calls the Gluon forward takes (and dO contiguous); the Triton dQ kernel runs after it.
+# fwd_gluon: the forward of eager dense calls that ops/attention_gluon.py takes (bf16 / fp16 (B, H, S, D) contiguous,
+# D 64 / 128, Sq == Sk, S a multiple of its tiles, no mask, no dropout, no GQA) runs a Gluon kernel (TMA ring, FA3's
+# intra-warpgroup overlap; the ping-pong of two consumer warpgroups); everything else, and every traced call, stays on
+# the Triton kernels.  -1 (default) = the kernel attention_gluon.FWD_KERNEL picks per (D, causal); 1 = the
+# one-warpgroup kernel; 2 = the ping-pong where S is a multiple of 128; 0 = off.  Session 14 (issue13/run20_a/): the
+# ping-pong 1.00-1.13x cuDNN at D128 S >= 4K (0.91-0.92 at S1K), 1.29-1.35x the Triton forward.
+# bwd_gluon_dkdv: the backward's dK / dV kernel in Gluon (one warpgroup a CTA, a TMA ring of Q / dO, asynchronous
+# wgmma groups overlapping the elementwise work) for the calls the Gluon forward takes (and dO contiguous).  -1
+# (default) = where attention_gluon.DKDV_MAX_S says it won (session 14: D128 1.08-1.17x the Triton backward; D64 only
+# to S 4K); 1 = always; 0 = off.
+# bwd_gluon_dq: the dQ kernel in Gluon after the Gluon dK / dV kernel (else the Triton dQ kernel).  Same values.
 _VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "dropout_rounds": 10, "fwd_fold_scale": 1,
-                             "bwd_dq_reduce": 0, "fwd_gluon": 0, "bwd_gluon_dkdv": 0}
+                             "bwd_dq_reduce": 0, "fwd_gluon": -1, "bwd_gluon_dkdv": -1, "bwd_gluon_dq": 0}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")

@@ -38,6 +38,8 @@ import math
 
 import torch
 
+from ._library import Kernel
+
 try:  # Gluon: Triton >= 3.5 with the NVIDIA Hopper dialect
     import triton
     from triton.experimental import gluon
@@ -76,6 +78,15 @@ PERSISTENT_PER_SM = 0
 if HAS_GLUON:
 
     @gluon.jit
+    def _head_origin(bh, H, RB, RH, CH):
+        """(first row, column) of head bh = b * H + h in the 2-D views the TMA descriptors see: row b * RB + h * RH,
+        column h * CH.  Head-major (B, H, S, D) contiguous: RB = H * S, RH = S, CH = 0 (rows B*H*S, D columns);
+        sequence-major ((B, S, H, D) memory, or q / k / v sliced from one packed projection): RB = S, RH = 0, CH = D
+        (rows B*S, a row holding every head)."""
+        h = bh % H
+        return (bh // H) * RB + h * RH, h * CH
+
+    @gluon.jit
     def _scores_masked(s, q0, k0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
         """-inf where the key index k0 + c exceeds the query index q0 + r (causal, the diagonal block)."""
         rows = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
@@ -99,7 +110,7 @@ if HAS_GLUON:
         return m_new, alpha, p, l_i * alpha + gl.sum(p, axis=1)
 
     @gluon.jit
-    def _store_out(acc, m_i, l_i, LSE, bh, S, q0, q_row, q_smem, o_desc, BLOCK_M: gl.constexpr,
+    def _store_out(acc, m_i, l_i, LSE, bh, S, q0, q_row, col0, q_smem, o_desc, BLOCK_M: gl.constexpr,
                    row_s: gl.constexpr, row_o: gl.constexpr):
         """O = acc / l by TMA through Q's buffer (every wgmma reading it has retired); L = m + log2(l) for rows q0..."""
         out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
@@ -107,11 +118,11 @@ if HAS_GLUON:
         gl.store(LSE + bh.to(gl.int64) * S + rows, m_i + gl.log2(l_i))
         q_smem.store(out.to(o_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [q_row, 0], q_smem)
+        tma.async_copy_shared_to_global(o_desc, [q_row, col0], q_smem)
         tma.store_wait(pendings=0)  # (before a next tile's Q lands in the same buffer)
 
     @gluon.jit
-    def _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, pid_m, bh, base, tile_phase,
+    def _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, pid_m, bh, base, tile_phase,
                        q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr,
                        STAGES: gl.constexpr, num_warps: gl.constexpr):
@@ -119,8 +130,9 @@ if HAS_GLUON:
         K / V blocks this program consumed before (ring slot of block j: (base + j) % STAGES, its mbarrier phase
         ((base + j) // STAGES) & 1); ``tile_phase``: Q's mbarrier phase.  Returns the blocks consumed."""
         dtype: gl.constexpr = q_desc.dtype
-        q_row = bh * S + pid_m * BLOCK_M  # first row of this query block in the (B*H*S, D) view
-        kv_row = bh * S  # first key row of this (batch, head)
+        row0, col0 = _head_origin(bh, H, RB, RH, CH)  # this (batch, head)'s first row and its column
+        q_row = row0 + pid_m * BLOCK_M  # first row of this query block
+        kv_row = row0  # first key row
         if CAUSAL:
             n_blocks = ((pid_m + 1) * BLOCK_M + BLOCK_N - 1) // BLOCK_N  # key blocks up to the diagonal
         else:
@@ -139,14 +151,14 @@ if HAS_GLUON:
         # Step 1: Q, then the first STAGES key / value blocks (those that exist).  Every slot is free: the previous
         # tile (persistent programs) waited for all its loads and wgmmas.
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+        tma.async_copy_global_to_shared(q_desc, [q_row, col0], q_bar, q_smem)
         for i in gl.static_range(STAGES):
             live = i < n_blocks
             sl = (base + i) % STAGES
             mbarrier.expect(k_bars.index(sl), k_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, 0], k_bars.index(sl), k_smem.index(sl), pred=live)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, col0], k_bars.index(sl), k_smem.index(sl), pred=live)
             mbarrier.expect(v_bars.index(sl), v_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, 0], v_bars.index(sl), v_smem.index(sl), pred=live)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, col0], v_bars.index(sl), v_smem.index(sl), pred=live)
 
         # Step 2: block 0's scores and softmax (nothing to overlap with yet).
         mbarrier.wait(q_bar, phase=tile_phase)
@@ -179,9 +191,9 @@ if HAS_GLUON:
             nxt = j - 1 + STAGES
             live = nxt < n_blocks
             mbarrier.expect(k_bars.index(prev), k_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, 0], k_bars.index(prev), k_smem.index(prev), pred=live)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, col0], k_bars.index(prev), k_smem.index(prev), pred=live)
             mbarrier.expect(v_bars.index(prev), v_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, 0], v_bars.index(prev), v_smem.index(prev), pred=live)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, col0], v_bars.index(prev), v_smem.index(prev), pred=live)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
@@ -190,19 +202,21 @@ if HAS_GLUON:
         mbarrier.wait(v_bars.index(last % STAGES), phase=(last // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
         acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-        _store_out(acc, m_i, l_i, LSE, bh, S, pid_m * BLOCK_M, q_row, q_smem, o_desc, BLOCK_M, row_s, row_o)
+        _store_out(acc, m_i, l_i, LSE, bh, S, pid_m * BLOCK_M, q_row, col0, q_smem, o_desc, BLOCK_M, row_s, row_o)
         return n_blocks
 
     @gluon.jit
     def _attn_fwd_gluon_kernel(
-        q_desc,  # TMA descriptor of Q as (B*H*S, D), block (BLOCK_M, D)
-        k_desc,  # TMA descriptor of K as (B*H*S, D), block (BLOCK_N, D)
-        v_desc,  # TMA descriptor of V as (B*H*S, D), block (BLOCK_N, D)
-        o_desc,  # TMA descriptor of O as (B*H*S, D), block (BLOCK_M, D) (Q's layout)
         LSE,  # fp32 (B*H, S) base-2 log-sum-exp, contiguous
+        q_desc,  # TMA descriptor of Q in its 2-D view (_head_origin), block (BLOCK_M, D)
+        k_desc,  # TMA descriptor of K in its 2-D view (_head_origin), block (BLOCK_N, D)
+        v_desc,  # TMA descriptor of V in its 2-D view (_head_origin), block (BLOCK_N, D)
+        o_desc,  # TMA descriptor of O in its 2-D view (_head_origin), block (BLOCK_M, D) (Q's layout)
         qk_scale,  # scale * log2(e)
         S,  # sequence length (queries = keys), a multiple of BLOCK_M and BLOCK_N
         BH,  # batch x heads
+        H,  # heads
+        RB, RH, CH,  # head origins in the descriptors' 2-D views (_head_origin)
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
         HEAD_D: gl.constexpr,
@@ -235,7 +249,7 @@ if HAS_GLUON:
                     pid_m = n_qblocks - 1 - t // BH
                 else:
                     pid_m = t // BH
-                used = _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, pid_m, t % BH, base, tile_phase,
+                used = _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, pid_m, t % BH, base, tile_phase,
                                       q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
                                       BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES, num_warps)
                 base += used
@@ -245,7 +259,7 @@ if HAS_GLUON:
                 pid_m = n_qblocks - 1 - gl.program_id(0)  # heaviest first: the diagonal's far end starts first
             else:
                 pid_m = gl.program_id(0)
-            _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, pid_m, gl.program_id(1), 0, 0,
+            _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, pid_m, gl.program_id(1), 0, 0,
                            q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
                            BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES, num_warps)
         mbarrier.invalidate(q_bar)
@@ -264,21 +278,21 @@ if HAS_GLUON:
     # ------------------------------------------------------------------------------------------------------------
 
     @gluon.jit
-    def _ws_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, n_blocks,
+    def _ws_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, col0, n_blocks,
                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
         for j in range(n_blocks):
             slot = j % STAGES
             if j >= STAGES:  # wait until both consumers are done with the block that used this slot
                 mbarrier.wait(k_empty.index(slot), phase=((j // STAGES) - 1) & 1)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, col0], k_ready.index(slot), k_smem.index(slot))
             if j >= STAGES:
                 mbarrier.wait(v_empty.index(slot), phase=((j // STAGES) - 1) & 1)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, col0], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
-    def _ws_consumer(q_desc, o_desc, LSE, qk_scale, S, bh, q0, n_blocks, q_smem, q_bar, k_smem, v_smem,
+    def _ws_consumer(q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0, n_blocks, q_smem, q_bar, k_smem, v_smem,
                      k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
                      FIRST: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                      CAUSAL: gl.constexpr, STAGES: gl.constexpr):
@@ -292,9 +306,9 @@ if HAS_GLUON:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        q_row = bh * S + q0
+        q_row = row0 + q0
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+        tma.async_copy_global_to_shared(q_desc, [q_row, col0], q_bar, q_smem)
         if not FIRST:
             mbarrier.arrive(other_turn)  # the first consumer goes first
         mbarrier.wait(q_bar, phase=0)
@@ -339,17 +353,19 @@ if HAS_GLUON:
         mbarrier.arrive(other_turn)
         acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         mbarrier.arrive(v_empty.index(last % STAGES))
-        _store_out(acc, m_i, l_i, LSE, bh, S, q0, q_row, q_smem, o_desc, BLOCK_M, row_s, row_o)
+        _store_out(acc, m_i, l_i, LSE, bh, S, q0, q_row, col0, q_smem, o_desc, BLOCK_M, row_s, row_o)
 
     @gluon.jit
     def _attn_fwd_gluon_ws_kernel(
-        q_desc,  # TMA descriptor of Q as (B*H*S, D), block (64, D)
-        k_desc,  # TMA descriptor of K as (B*H*S, D), block (BLOCK_N, D)
-        v_desc,  # TMA descriptor of V as (B*H*S, D), block (BLOCK_N, D)
-        o_desc,  # TMA descriptor of O as (B*H*S, D), block (64, D)
         LSE,  # fp32 (B*H, S) base-2 log-sum-exp, contiguous
+        q_desc,  # TMA descriptor of Q in its 2-D view (_head_origin), block (64, D)
+        k_desc,  # TMA descriptor of K in its 2-D view (_head_origin), block (BLOCK_N, D)
+        v_desc,  # TMA descriptor of V in its 2-D view (_head_origin), block (BLOCK_N, D)
+        o_desc,  # TMA descriptor of O in its 2-D view (_head_origin), block (64, D)
         qk_scale,  # scale * log2(e)
         S,  # sequence length (queries = keys), a multiple of 128 and BLOCK_N
+        H,  # heads
+        RB, RH, CH,  # head origins in the descriptors' 2-D views (_head_origin)
         BLOCK_N: gl.constexpr,
         HEAD_D: gl.constexpr,
         CAUSAL: gl.constexpr,
@@ -368,6 +384,7 @@ if HAS_GLUON:
             tile = gl.program_id(0)
             n_blocks = S // BLOCK_N
         bh = gl.program_id(1)
+        row0, col0 = _head_origin(bh, H, RB, RH, CH)
         q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
@@ -388,13 +405,13 @@ if HAS_GLUON:
         fence_async_shared()
         q0 = tile * 2 * BLOCK_M
         gl.warp_specialize([
-            (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, q0, n_blocks, q_smem.index(0), q_bars.index(0),
+            (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0, n_blocks, q_smem.index(0), q_bars.index(0),
                             k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(0), turn.index(1),
                             True, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
-            (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, q0 + BLOCK_M, n_blocks, q_smem.index(1), q_bars.index(1),
+            (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0 + BLOCK_M, n_blocks, q_smem.index(1), q_bars.index(1),
                             k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(1), turn.index(0),
                             False, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
-            (_ws_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bh * S, n_blocks,
+            (_ws_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, row0, col0, n_blocks,
                             BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -409,17 +426,19 @@ if HAS_GLUON:
 
     @gluon.jit
     def _attn_bwd_dkdv_gluon_kernel(
-        q_desc,  # TMA descriptor of Q as (B*H*S, D), block (BLOCK_M, D)
-        do_desc,  # TMA descriptor of dO as (B*H*S, D), block (BLOCK_M, D)
-        k_desc,  # TMA descriptor of K as (B*H*S, D), block (BLOCK_N, D)
-        v_desc,  # TMA descriptor of V as (B*H*S, D), block (BLOCK_N, D)
-        dk_desc,  # TMA descriptor of dK as (B*H*S, D), block (BLOCK_N, D) (K's layout)
-        dv_desc,  # TMA descriptor of dV as (B*H*S, D), block (BLOCK_N, D)
         LSE,  # fp32 (B*H, S) base-2 log-sum-exp of the forward
         DELTA,  # fp32 (B*H, S) rowsum(dO * O)
+        q_desc,  # TMA descriptor of Q in its 2-D view (_head_origin), block (BLOCK_M, D)
+        do_desc,  # TMA descriptor of dO in its 2-D view (_head_origin), block (BLOCK_M, D)
+        k_desc,  # TMA descriptor of K in its 2-D view (_head_origin), block (BLOCK_N, D)
+        v_desc,  # TMA descriptor of V in its 2-D view (_head_origin), block (BLOCK_N, D)
+        dk_desc,  # TMA descriptor of dK in its 2-D view (_head_origin), block (BLOCK_N, D) (K's layout)
+        dv_desc,  # TMA descriptor of dV in its 2-D view (_head_origin), block (BLOCK_N, D)
         qk_scale,  # scale * log2(e)
         sm_scale,  # scale (dK = scale dS^T Q)
         S,  # sequence length (queries = keys), a multiple of BLOCK_M and BLOCK_N
+        H,  # heads
+        RB, RH, CH,  # head origins in the descriptors' 2-D views (_head_origin)
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
         HEAD_D: gl.constexpr,
@@ -430,7 +449,7 @@ if HAS_GLUON:
         dtype: gl.constexpr = q_desc.dtype
         n0 = gl.program_id(0) * BLOCK_N  # first key of this block (causal: block 0, the heaviest, starts first)
         bh = gl.program_id(1)
-        row0 = bh * S  # first row of this head in the (B*H*S, D) views
+        row0, col0 = _head_origin(bh, H, RB, RH, CH)  # this head's first row and column in the 2-D views
         if CAUSAL:
             i_start = n0 // BLOCK_M  # query blocks before it see none of these keys
         else:
@@ -457,13 +476,13 @@ if HAS_GLUON:
 
         # K and V once; the first STAGES query blocks' Q and dO
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row0 + n0, 0], kv_bar, k_smem)
-        tma.async_copy_global_to_shared(v_desc, [row0 + n0, 0], kv_bar, v_smem)
+        tma.async_copy_global_to_shared(k_desc, [row0 + n0, col0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [row0 + n0, col0], kv_bar, v_smem)
         for t in gl.static_range(STAGES):
             live = t < n_iter
             mbarrier.expect(bars.index(t), q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(q_desc, [row0 + (i_start + t) * BLOCK_M, 0], bars.index(t), q_smem.index(t), pred=live)
-            tma.async_copy_global_to_shared(do_desc, [row0 + (i_start + t) * BLOCK_M, 0], bars.index(t), do_smem.index(t), pred=live)
+            tma.async_copy_global_to_shared(q_desc, [row0 + (i_start + t) * BLOCK_M, col0], bars.index(t), q_smem.index(t), pred=live)
+            tma.async_copy_global_to_shared(do_desc, [row0 + (i_start + t) * BLOCK_M, col0], bars.index(t), do_smem.index(t), pred=live)
 
         dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
@@ -498,8 +517,8 @@ if HAS_GLUON:
             nxt = t + STAGES
             live = nxt < n_iter
             mbarrier.expect(bars.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(q_desc, [row0 + (i_start + nxt) * BLOCK_M, 0], bars.index(slot), q_smem.index(slot), pred=live)
-            tma.async_copy_global_to_shared(do_desc, [row0 + (i_start + nxt) * BLOCK_M, 0], bars.index(slot), do_smem.index(slot), pred=live)
+            tma.async_copy_global_to_shared(q_desc, [row0 + (i_start + nxt) * BLOCK_M, col0], bars.index(slot), q_smem.index(slot), pred=live)
+            tma.async_copy_global_to_shared(do_desc, [row0 + (i_start + nxt) * BLOCK_M, col0], bars.index(slot), do_smem.index(slot), pred=live)
 
         mbarrier.invalidate(kv_bar)
         for t in gl.static_range(STAGES):
@@ -507,13 +526,188 @@ if HAS_GLUON:
         k_smem.store((dk * sm_scale).to(dtype))  # K's and V's buffers: every wgmma reading them has retired
         v_smem.store(dv.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(dk_desc, [row0 + n0, 0], k_smem)
-        tma.async_copy_shared_to_global(dv_desc, [row0 + n0, 0], v_smem)
+        tma.async_copy_shared_to_global(dk_desc, [row0 + n0, col0], k_smem)
+        tma.async_copy_shared_to_global(dv_desc, [row0 + n0, col0], v_smem)
+        tma.store_wait(pendings=0)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Backward, dQ (session 14): the Triton dQ kernel's work in Gluon, the dK / dV kernel's recipe turned around.  Per
+    # CTA: BLOCK_M queries of one head, Q and dO loaded once, a TMA ring of K / V blocks; per key block j:
+    # S_j = Q K_j^T and dP_j = dO V_j^T are issued, then dQ += dS_{j-1} K_{j-1} (the previous block's), so that the
+    # tensor cores run dP_j and dQ_{j-1} while P_j = exp2(S_j c - L) and dS_j = P_j (dP_j - delta) are computed.
+    # dQ is scaled once at the end and stored by TMA through Q's buffer.
+    # ------------------------------------------------------------------------------------------------------------
+
+    @gluon.jit
+    def _dq_probs(s, lse, qk_scale, q0, k0, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  layout: gl.constexpr):
+        """P = exp2(S c - L) of one key block from k0 (0 where a key comes after its query, causal)."""
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
+        if CAUSAL:
+            if k0 + BLOCK_N > q0 + 1:  # a key block reaching past this block's first query
+                rows = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+                cols = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+                p = gl.where(gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0), p, 0.0)
+        return p
+
+    @gluon.jit
+    def _attn_bwd_dq_gluon_kernel(
+        LSE,  # fp32 (B*H, S) base-2 log-sum-exp of the forward
+        DELTA,  # fp32 (B*H, S) rowsum(dO * O)
+        q_desc,  # TMA descriptor of Q in its 2-D view (_head_origin), block (BLOCK_M, D)
+        do_desc,  # TMA descriptor of dO in its 2-D view (_head_origin), block (BLOCK_M, D)
+        k_desc,  # TMA descriptor of K in its 2-D view (_head_origin), block (BLOCK_N, D)
+        v_desc,  # TMA descriptor of V in its 2-D view (_head_origin), block (BLOCK_N, D)
+        dq_desc,  # TMA descriptor of dQ in its 2-D view (_head_origin), block (BLOCK_M, D) (Q's layout)
+        qk_scale,  # scale * log2(e)
+        sm_scale,  # scale (dQ = scale dS K)
+        S,  # sequence length (queries = keys), a multiple of BLOCK_M and BLOCK_N
+        H,  # heads
+        RB, RH, CH,  # head origins in the descriptors' 2-D views (_head_origin)
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        HEAD_D: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        STAGES: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        dtype: gl.constexpr = q_desc.dtype
+        n_qblocks = S // BLOCK_M
+        if CAUSAL:
+            pid_m = n_qblocks - 1 - gl.program_id(0)  # heaviest first
+            n_blocks = ((pid_m + 1) * BLOCK_M + BLOCK_N - 1) // BLOCK_N  # key blocks up to the diagonal
+        else:
+            pid_m = gl.program_id(0)
+            n_blocks = S // BLOCK_N
+        bh = gl.program_id(1)
+        row0, col0 = _head_origin(bh, H, RB, RH, CH)  # this head's first row and column in the 2-D views
+        q0 = pid_m * BLOCK_M
+
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])  # S, dP: [BLOCK_M, BLOCK_N]
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, HEAD_D, 16])  # dQ: [BLOCK_M, D]
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)  # (dQ at the end)
+        do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(qdo_bar, count=1)
+        for t in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(t), count=1)
+            mbarrier.init(v_bars.index(t), count=1)
+        fence_async_shared()
+
+        # Step 1: Q and dO once; the first STAGES key / value blocks (those that exist).
+        mbarrier.expect(qdo_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row0 + q0, col0], qdo_bar, q_smem)
+        tma.async_copy_global_to_shared(do_desc, [row0 + q0, col0], qdo_bar, do_smem)
+        for t in gl.static_range(STAGES):
+            live = t < n_blocks
+            mbarrier.expect(k_bars.index(t), k_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(k_desc, [row0 + t * BLOCK_N, col0], k_bars.index(t), k_smem.index(t), pred=live)
+            mbarrier.expect(v_bars.index(t), v_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(v_desc, [row0 + t * BLOCK_N, col0], v_bars.index(t), v_smem.index(t), pred=live)
+        rows = q0 + gl.arange(0, BLOCK_M, layout=row_s)
+        lse = gl.load(LSE + bh.to(gl.int64) * S + rows)
+        delta = gl.load(DELTA + bh.to(gl.int64) * S + rows)
+
+        # Step 2: block 0's S, dP and dS (nothing to overlap with yet but dP with P).
+        s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        dp = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        mbarrier.wait(qdo_bar, phase=0)
+        mbarrier.wait(k_bars.index(0), phase=0)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(0), phase=0)
+        dp_tok = warpgroup_mma(do_smem, v_smem.index(0).permute((1, 0)), dp, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+        p = _dq_probs(s, lse, qk_scale, q0, 0, CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
+        ds_op = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), op_layout)
+        dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
+
+        # Step 3: iteration j issues S_j, dP_j, then dQ += dS_{j-1} K_{j-1}; P_j and dS_j run beside the last two.
+        for j in range(1, n_blocks):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_bars.index(slot), phase=(j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s, use_acc=False, is_async=True)
+            mbarrier.wait(v_bars.index(slot), phase=(j // STAGES) & 1)
+            dp_tok = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), dp, use_acc=False, is_async=True)
+            dq_tok = warpgroup_mma(ds_op, k_smem.index(prev), dq, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=2, deps=(s_tok,))  # S_j done; dP_j and dQ_{j-1} may run
+            p = _dq_probs(s, lse, qk_scale, q0, j * BLOCK_N, CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+            dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok,))  # dP_j done; dQ_{j-1} may run
+            ds = p * (dp - gl.expand_dims(delta, 1))
+            dq, ds_done = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
+            # block j - 1's K and V buffers are free (dP_{j-1} and dQ_{j-1} retired): fetch block j - 1 + STAGES
+            nxt = j - 1 + STAGES
+            live = nxt < n_blocks
+            mbarrier.expect(k_bars.index(prev), k_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(k_desc, [row0 + nxt * BLOCK_N, col0], k_bars.index(prev), k_smem.index(prev), pred=live)
+            mbarrier.expect(v_bars.index(prev), v_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(v_desc, [row0 + nxt * BLOCK_N, col0], v_bars.index(prev), v_smem.index(prev), pred=live)
+            ds_op = gl.convert_layout(ds.to(dtype), op_layout)
+
+        # Step 4: the last block's dQ, then dQ * scale by TMA through Q's buffer (every wgmma reading it has retired).
+        last = (n_blocks - 1) % STAGES
+        dq_tok = warpgroup_mma(ds_op, k_smem.index(last), dq, is_async=True)
+        dq, ds_done = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
+        mbarrier.invalidate(qdo_bar)
+        for t in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(t))
+            mbarrier.invalidate(v_bars.index(t))
+        q_smem.store((dq * sm_scale).to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dq_desc, [row0 + q0, col0], q_smem)
         tma.store_wait(pendings=0)
 
 
+def _layout(t: torch.Tensor, B: int, H: int, S: int, D: int):
+    """The 2-D view the TMA descriptors read ``t`` (B, H, S, D) through, or None: (kind, rows, width, row stride).
+    Kind 0, head-major: contiguous (B, H, S, D), rows B*H*S of D.  Kind 1, sequence-major: (B, S, H, D) memory
+    (the transpose of a (B, S, H*D) projection), also q / k / v sliced from one packed (B, S, 3*H*D) projection;
+    rows B*S of the heads side by side, any row stride that is a multiple of 16 bytes.  (Strides of size-1 dims do
+    not matter.)"""
+    sb, sh, ss, sd = t.stride()
+    if sd != 1:
+        return None
+    if ss == D and (H == 1 or sh == S * D) and (B == 1 or sb == H * S * D):
+        return 0, B * H * S, D, D
+    if (H == 1 or sh == D) and (B == 1 or sb == S * ss) and ss % 8 == 0 and ss >= H * D:
+        return 1, B * S, H * D, ss
+    return None
+
+
+def _origin(kind: int, H: int, S: int, D: int) -> tuple:
+    """(RB, RH, CH) of _head_origin for a layout kind."""
+    return (H * S, S, 0) if kind == 0 else (S, 0, D)
+
+
+_SUPPORTED: dict = {}
+
+
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> str | None:
-    """None when this forward takes the call, else why not (the caller then runs the Triton forward)."""
+    """None when the Gluon forward takes the call, else why not (the caller then runs the Triton forward).  Every
+    rule but the data's alignment depends on shapes, strides, dtypes and device only: cached (a call's host cost)."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device)
+    why = _SUPPORTED.get(key, 0)
+    if why == 0:
+        why = _supported(q, k, v)
+        if len(_SUPPORTED) > 4096:
+            _SUPPORTED.clear()
+        _SUPPORTED[key] = why
+    if why is None and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16:
+        return "data must be 16-byte aligned"
+    return why
+
+
+def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     if not HAS_GLUON:
         return "no Gluon in this Triton"
     if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
@@ -528,52 +722,104 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
     bm, bn, _, _ = CONFIGS[D]
     if S % bm or S % bn:
         return f"sequence length {S} not a multiple of {bm} and {bn}"
-    for t in (q, k, v):
-        if t.stride(3) != 1 or t.stride(2) != D or t.stride(1) != S * D or t.stride(0) != H * S * D:
-            return "q, k, v must be contiguous (B, H, S, D)"
-        if t.data_ptr() % 16:
-            return "data must be 16-byte aligned"
+    kinds = {None if lay is None else lay[0] for lay in (_layout(t, B, H, S, D) for t in (q, k, v))}
+    if None in kinds or len(kinds) != 1:
+        return ("q, k, v must all be contiguous (B, H, S, D), or all (B, S, H, D) in memory (heads side by side in a "
+                "row of 16-byte aligned stride)")
     return None
 
 
-def _row_desc(t: torch.Tensor, block: int):
-    """TMA descriptor over a contiguous (B, H, S, D) tensor seen as (B*H*S, D) rows, ``block`` rows a tile, in the
-    NVMMA-swizzled layout the kernels allocate their shared buffers with."""
-    D = t.shape[-1]
-    rows = t.numel() // D
-    layout = gl.NVMMASharedLayout.get_default_for([block, D], gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16)
-    return TensorDescriptor(t.view(rows, D), [rows, D], [D, 1], [block, D], layout)
+class _Launch:
+    """One call shape's launch: the kernel bound through ops/_library.Kernel (after the first call, Triton's launcher
+    directly: no JIT dispatch), its TMA descriptors made once (each call sets their ``base`` to its tensors: the
+    launcher encodes the tensor map from base.data_ptr()), and the layout of what it allocates."""
+
+    __slots__ = ("kernel", "descs", "ints", "out_stride")
+
+
+_LAUNCHES: dict = {}
+
+
+def _descs(tensors, blocks, kind: int, B: int, H: int, S: int, D: int) -> list:
+    """TMA descriptors over the 2-D views of ``tensors`` (``blocks`` rows a tile), NVMMA-swizzled as the kernels'
+    shared buffers."""
+    out = []
+    for t, block in zip(tensors, blocks):
+        _, rows, width, stride = _layout(t, B, H, S, D)
+        layout = gl.NVMMASharedLayout.get_default_for([block, D], gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16)
+        out.append(TensorDescriptor(t, [rows, width], [stride, 1], [block, D], layout))
+    return out
+
+
+def _fire(plan: _Launch, first, tensors, *scalars) -> None:
+    """Launch ``plan`` on this call's tensors (``first``: the leading tensor arguments)."""
+    for d, t in zip(plan.descs, tensors):
+        d.base = t
+    plan.kernel(*first, *plan.descs, *scalars, *plan.ints)
+
+
+def _seq_major_stride(B: int, H: int, S: int, D: int) -> tuple:
+    """Strides of a dense (B, S, H, D) buffer seen as (B, H, S, D)."""
+    return (S * H * D, D, H * D, 1)
+
+
+def _fwd_launch(q, k, v, causal: bool, ws: bool, config, per_sm: int) -> _Launch:
+    key = ("fwd", q.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, bool(causal), ws, config, per_sm)
+    plan = _LAUNCHES.get(key)
+    if plan is not None:
+        return plan
+    B, H, S, D = q.shape
+    kind = _layout(q, B, H, S, D)[0]
+    plan = _Launch()
+    plan.out_stride = _seq_major_stride(B, H, S, D) if kind == 1 else (H * S * D, S * D, D, 1)
+    out = torch.empty_strided(q.shape, plan.out_stride, dtype=q.dtype, device=q.device)
+    if ws:
+        bn, stages, cregs, pregs = config
+        plan.descs = _descs((q, k, v, out), (64, bn, bn, 64), kind, B, H, S, D)
+        plan.ints = (S, H, *_origin(kind, H, S, D))
+        plan.kernel = Kernel(_attn_fwd_gluon_ws_kernel, (S // 128, B * H), BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal),
+                             STAGES=stages, CONSUMER_REGS=cregs, PRODUCER_REGS=pregs, num_warps=4)
+    else:
+        bm, bn, warps, stages = config
+        plan.descs = _descs((q, k, v, out), (bm, bn, bn, bm), kind, B, H, S, D)
+        plan.ints = (S, B * H, H, *_origin(kind, H, S, D))
+        # persistent: per_sm programs an SM (at most one a query block); else one program a query block
+        grid = (min(per_sm * _sm_count(q.device), (S // bm) * B * H), 1) if per_sm else (S // bm, B * H)
+        plan.kernel = Kernel(_attn_fwd_gluon_kernel, grid, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal),
+                             STAGES=stages, PERSISTENT=bool(per_sm), num_warps=warps)
+    if len(_LAUNCHES) > 4096:
+        _LAUNCHES.clear()
+    _LAUNCHES[key] = plan
+    return plan
+
+
+def _forward(q, k, v, causal, scale, ws: bool, config, per_sm: int = 0):
+    plan = _fwd_launch(q, k, v, causal, ws, config, per_sm)
+    B, H, S, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out = torch.empty_strided(q.shape, plan.out_stride, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
+    _fire(plan, (lse,), (q, k, v, out), scale * LOG2E)
+    return out, lse
 
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                             scale: float | None = None, config: tuple | None = None, per_sm: int | None = None):
-    """(O, LSE): O like q, LSE fp32 (B, H, S) base-2.  Raises ValueError when ``supported`` says no.  ``per_sm``:
-    a persistent grid of that many programs an SM walking the query blocks heaviest first (candidate; default
-    PERSISTENT_PER_SM); 0 = one program a query block."""
+    """(O, LSE): O laid out like q (head-major or sequence-major), LSE fp32 (B, H, S) base-2.  Raises ValueError
+    when ``supported`` says no.  ``per_sm``: a persistent grid of that many programs an SM walking the query blocks
+    heaviest first (measured slower, session 14; default PERSISTENT_PER_SM = 0, one program a query block)."""
     why = supported(q, k, v, causal)
     if why is not None:
         raise ValueError(f"attention_forward_gluon: {why}")
-    B, H, S, D = q.shape
-    bm, bn, warps, stages = config or CONFIGS[D]
-    per_sm = PERSISTENT_PER_SM if per_sm is None else int(per_sm)
+    D = q.shape[-1]
+    bm, bn, warps, stages = config = tuple(config or CONFIGS[D])
     if stages < 2 or bm > bn or bm != 64 * (warps // 4) or warps % 4:
         # (one stage deadlocks: block j + 1 is loaded into the only buffer after block j's P V; BLOCK_M > BLOCK_N
         # would leave two masked key blocks on the causal diagonal, which the kernel does not mask)
         raise ValueError(f"attention_forward_gluon: config {(bm, bn, warps, stages)} needs STAGES >= 2, BLOCK_M <= "
                          "BLOCK_N and 16 query rows a warp (BLOCK_M = 16 x num_warps)")
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    out = torch.empty_like(q)
-    lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
-    q_desc, k_desc, v_desc, o_desc = _row_desc(q, bm), _row_desc(k, bn), _row_desc(v, bn), _row_desc(out, bm)
-    if per_sm:  # persistent: per_sm programs an SM (at most one a query block)
-        grid = (min(per_sm * _sm_count(q.device), (S // bm) * B * H), 1)
-    else:
-        grid = (S // bm, B * H)
-    with torch.cuda.device(q.device):  # (Triton launches on the current device and its current stream)
-        _attn_fwd_gluon_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, S, B * H,
-                                     BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
-                                     PERSISTENT=bool(per_sm), num_warps=warps)
-    return out, lse
+    per_sm = PERSISTENT_PER_SM if per_sm is None else int(per_sm)
+    return _forward(q, k, v, causal, scale, False, config, per_sm)
 
 
 _SMS: dict = {}
@@ -586,69 +832,178 @@ def _sm_count(device) -> int:
     return _SMS[idx]
 
 
-# Candidate 2's shapes (head dim -> (BLOCK_N, STAGES, consumer registers, producer registers)); 128-row query tiles.
-WS_CONFIGS = {64: (128, 3, 232, 40), 128: (128, 2, 232, 40)}
+# The ping-pong's shapes (head dim -> (BLOCK_N, STAGES, consumer registers, producer registers)); 128-row query tiles.
+# Session 14 (issue13/run21_a/, TFLOP/s at S 1K / 4K / 16K, non-causal / causal): D64 128 x 2 stages 366 / 253 / 448 /
+# 389 / 435 / 459 against 128 x 3 345 / 248 / 414 / 386 / 431 / 453 and 64 x 4 322 / 231 / 382 / 331 / 400 / 392;
+# D128 128 x 2 519 / 385 / 612 / 532 / 636 / 619 against 64 x 3 467 / 354 / 533 / 465 / 491 / 527 and 64 x 4
+# 473 / 355 / 540 / 465 / 557 / 483.
+WS_CONFIGS = {64: (128, 2, 232, 40), 128: (128, 2, 232, 40)}
 
 
 def attention_forward_gluon_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                                scale: float | None = None, config: tuple | None = None):
-    """Candidate 2 (warp-specialized ping-pong; see the kernel): (O, LSE) as attention_forward_gluon."""
+    """The warp-specialized ping-pong (see the kernel): (O, LSE) as attention_forward_gluon."""
     why = supported(q, k, v, causal)
-    B, H, S, D = q.shape
+    S = q.shape[2]
     if why is None and S % 128:
         why = f"sequence length {S} not a multiple of 128"
     if why is not None:
         raise ValueError(f"attention_forward_gluon_ws: {why}")
-    bn, stages, cregs, pregs = config or WS_CONFIGS[D]
+    config = tuple(config or WS_CONFIGS[q.shape[-1]])
+    bn, stages = config[:2]
     if stages < 2 or S % bn:
         raise ValueError(f"attention_forward_gluon_ws: config {(bn, stages)} needs STAGES >= 2 and S a multiple of {bn}")
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    out = torch.empty_like(q)
-    lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
-    q_desc, k_desc, v_desc, o_desc = _row_desc(q, 64), _row_desc(k, bn), _row_desc(v, bn), _row_desc(out, 64)
-    with torch.cuda.device(q.device):
-        _attn_fwd_gluon_ws_kernel[(S // 128, B * H)](q_desc, k_desc, v_desc, o_desc, lse, scale * LOG2E, S,
-                                                     BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
-                                                     CONSUMER_REGS=cregs, PRODUCER_REGS=pregs, num_warps=4)
-    return out, lse
+    return _forward(q, k, v, causal, scale, True, config)
 
 
-# The dK / dV candidate's shapes: head dim -> (BLOCK_M queries a step, BLOCK_N keys a CTA, num_warps, STAGES).
-# D128 takes 32-query steps: dK and dV (64 registers each) plus S^T, dP^T and their bf16 operands stay under 255.
-DKDV_CONFIGS = {64: (64, 64, 4, 2), 128: (32, 64, 4, 3)}
+# The dK / dV kernel's shapes: head dim -> (BLOCK_M queries a step, BLOCK_N keys a CTA, num_warps, STAGES).  Session
+# 14 (issue13/run20_a/, TFLOP/s of the whole backward at S 1K / 4K / 16K, non-causal / causal): D128 64 x 64 x 2
+# stages 375 / 291 / 438 / 383 / 454 / 437 against 32 x 64 x 3 stages 346 / 274 / 398 / 363 / 414 / 408 and
+# 32 x 128 x 8 warps 301-387 (Triton's backward 335 / 248 / 398 / 343 / 417 / 395).
+DKDV_CONFIGS = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2)}
 
 
-def dkdv_supported(q, k, v, do, dk, dv, causal: bool) -> str | None:
-    """None when the Gluon dK / dV kernel takes this backward (``supported`` for q, k, v, plus dO, dK, dV contiguous
-    (B, H, S, D) and S a multiple of its tiles)."""
-    why = supported(q, k, v, causal)
-    if why is not None:
-        return why
+def _bwd_supported(q, k, v, do, grads, causal: bool, tiles: tuple) -> str | None:
+    """After ``supported`` said yes for q, k, v: None when a Gluon backward kernel with (BLOCK_M, BLOCK_N) ``tiles``
+    takes the call (dO and the gradients it writes of q's shape, dtype and layout kind, S a multiple of both tiles)."""
     B, H, S, D = q.shape
-    bm, bn, _, _ = DKDV_CONFIGS[D]
+    bm, bn = tiles
     if S % bm or S % bn:
         return f"sequence length {S} not a multiple of {bm} and {bn}"
-    for t in (do, dk, dv):
-        if t.shape != q.shape or t.dtype != q.dtype or not t.is_contiguous() or t.data_ptr() % 16:
-            return "dO, dK, dV must be contiguous (B, H, S, D) like q"
+    kind = _layout(q, B, H, S, D)[0]
+    for t in (do, *grads):
+        lay = _layout(t, B, H, S, D) if t.shape == q.shape and t.dtype == q.dtype else None
+        if lay is None or lay[0] != kind or t.data_ptr() % 16:
+            return "dO and the gradients must have q's shape, dtype and layout (head-major or sequence-major)"
     return None
 
 
+def dkdv_supported(q, k, v, do, dk, dv, causal: bool) -> str | None:
+    """None when the Gluon dK / dV kernel takes this backward, else why not."""
+    why = supported(q, k, v, causal)
+    return why if why is not None else _bwd_supported(q, k, v, do, (dk, dv), causal, DKDV_CONFIGS[q.shape[-1]][:2])
+
+
+def _check_bwd_config(name: str, config: tuple, S: int) -> None:
+    bm, bn, warps, stages = config
+    if stages < 2 or bm > bn or S % bm or S % bn:
+        raise ValueError(f"{name}: config {config} needs STAGES >= 2, BLOCK_M <= BLOCK_N and S a multiple of both")
+
+
+def _bwd_launch(which: str, fn, q, k, v, do, grads, causal: bool, config: tuple) -> _Launch:
+    """The launch of a backward kernel: ``which`` "dkdv" (descriptors q, dO, K, V, dK, dV; a program per key block)
+    or "dq" (q, dO, K, V, dQ; a program per query block)."""
+    key = (which, q.shape, q.stride(), k.stride(), v.stride(), do.stride(), *(g.stride() for g in grads), q.dtype,
+           q.device, bool(causal), config)
+    plan = _LAUNCHES.get(key)
+    if plan is not None:
+        return plan
+    B, H, S, D = q.shape
+    bm, bn, warps, stages = config
+    kind = _layout(q, B, H, S, D)[0]
+    plan = _Launch()
+    plan.out_stride = None
+    blocks = (bm, bm, bn, bn, bn, bn) if which == "dkdv" else (bm, bm, bn, bn, bm)
+    plan.descs = _descs((q, do, k, v, *grads), blocks, kind, B, H, S, D)
+    plan.ints = (S, H, *_origin(kind, H, S, D))
+    grid = (S // (bn if which == "dkdv" else bm), B * H)
+    plan.kernel = Kernel(fn, grid, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
+                         num_warps=warps)
+    if len(_LAUNCHES) > 4096:
+        _LAUNCHES.clear()
+    _LAUNCHES[key] = plan
+    return plan
+
+
 def attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, config: tuple | None = None):
-    """dK and dV into ``dk``, ``dv`` (the Gluon candidate); ``lse`` the forward's base-2 LSE, ``delta`` rowsum(dO O),
-    both fp32 (B, H, S)."""
+    """dK and dV into ``dk``, ``dv`` (Gluon); ``lse`` the forward's base-2 LSE, ``delta`` rowsum(dO O), both fp32
+    (B, H, S) contiguous."""
     why = dkdv_supported(q, k, v, do, dk, dv, causal)
     if why is not None:
         raise ValueError(f"attention_dkdv_gluon: {why}")
-    B, H, S, D = q.shape
-    bm, bn, warps, stages = config or DKDV_CONFIGS[D]
-    if stages < 2 or bm > bn or S % bm or S % bn:
-        raise ValueError(f"attention_dkdv_gluon: config {(bm, bn, warps, stages)} needs STAGES >= 2, BLOCK_M <= BLOCK_N "
-                         f"and S a multiple of both")
-    q_desc, do_desc = _row_desc(q, bm), _row_desc(do, bm)
-    k_desc, v_desc, dk_desc, dv_desc = (_row_desc(t, bn) for t in (k, v, dk, dv))
-    with torch.cuda.device(q.device):
-        _attn_bwd_dkdv_gluon_kernel[(S // bn, B * H)](q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse, delta,
-                                                      scale * LOG2E, scale, S, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D,
-                                                      CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
+    config = tuple(config or DKDV_CONFIGS[q.shape[-1]])
+    _check_bwd_config("attention_dkdv_gluon", config, q.shape[2])
+    return _dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config)
+
+
+def _dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, config: tuple):
+    """attention_dkdv_gluon after its checks (ops/attention.py calls it once dkdv_supported said yes)."""
+    plan = _bwd_launch("dkdv", _attn_bwd_dkdv_gluon_kernel, q, k, v, do, (dk, dv), causal, config)
+    _fire(plan, (lse, delta), (q, do, k, v, dk, dv), scale * LOG2E, scale)
     return dk, dv
+
+
+# The dQ kernel's shapes: head dim -> (BLOCK_M queries a CTA, BLOCK_N keys a step, num_warps, STAGES).  Shared memory
+# Q + dO + 2 x STAGES x BLOCK_N x D: D128 64 x 64 x 2 stages is 96 KB (two CTAs an SM).
+DQ_CONFIGS = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2)}
+
+
+def dq_supported(q, k, v, do, dq, causal: bool) -> str | None:
+    """None when the Gluon dQ kernel takes this backward, else why not."""
+    why = supported(q, k, v, causal)
+    return why if why is not None else _bwd_supported(q, k, v, do, (dq,), causal, DQ_CONFIGS[q.shape[-1]][:2])
+
+
+def attention_dq_gluon(q, k, v, do, lse, delta, dq, causal: bool, scale: float, config: tuple | None = None):
+    """dQ into ``dq`` (Gluon); ``lse`` the forward's base-2 LSE, ``delta`` rowsum(dO O), both fp32 (B, H, S)."""
+    why = dq_supported(q, k, v, do, dq, causal)
+    if why is not None:
+        raise ValueError(f"attention_dq_gluon: {why}")
+    config = tuple(config or DQ_CONFIGS[q.shape[-1]])
+    _check_bwd_config("attention_dq_gluon", config, q.shape[2])
+    bm, _, warps, _ = config
+    if bm != 64 * (warps // 4) or warps % 4:
+        raise ValueError(f"attention_dq_gluon: config {config} needs 64 query rows a warpgroup")
+    return _dq(q, k, v, do, lse, delta, dq, causal, scale, config)
+
+
+def _dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float, config: tuple):
+    """attention_dq_gluon after its checks (ops/attention.py calls it once dq_supported said yes)."""
+    plan = _bwd_launch("dq", _attn_bwd_dq_gluon_kernel, q, k, v, do, (dq,), causal, config)
+    _fire(plan, (lse, delta), (q, do, k, v, dq), scale * LOG2E, scale)
+    return dq
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Which kernel takes a call by default (attention_config variants at -1, "auto"), from the H200 tables of session 14
+# (benchmarks/results/issue13/run20_a/, TFLOP/s at S 1K / 4K / 16K):
+#   forward, (head dim, causal) -> "ws" (the ping-pong; S a multiple of 128) or "plain" (one warpgroup a CTA):
+#     D128: ws 521 / 389 / 608 / 537 / 643 / 626 against plain 460 / 380 / 507 / 459 / 519 / 506;
+#     D64 non-causal: plain 386 / 433 / 445 against ws 344 / 411 / 432; D64 causal: ws 252 / 382 / 457 against
+#     plain 172-279 / 382-384 / 434.
+FWD_KERNEL = {(64, False): "plain", (64, True): "ws", (128, False): "ws", (128, True): "ws"}
+#   backward dK / dV: head dim -> the longest S it takes (None: all).  D128 the Gluon dK / dV + Triton dQ backward is
+#   1.08-1.17x the Triton backward at every S; D64 1.02-1.09x to S 4K (causal), a tie or 1-2 % behind at S 16K.
+DKDV_MAX_S = {64: 4096, 128: None}
+#   dQ: head dim -> the longest S it takes (None: all; absent: off).  Off: the Gluon dQ kernel after the Gluon dK / dV
+#   one (issue13/run21_a/) gained 2-4 % at D128 S 1K-4K non-causal, tied at 16K, and lost at D128 S1K causal (220
+#   against 289 TFLOP/s) and at D64 S1K (217 / 158 against 322 / 248).
+DQ_MAX_S: dict = {}
+# The smallest call auto mode takes: B * H * Sq * Sk * D (halved when causal).  The Gluon kernels launch from Python
+# (TensorDescriptor objects and Gluon's JIT launch, no C++ fast path), so a small call, where the host's cost per
+# launch is larger than the kernel, stays on the Triton kernels and the C++ fast path (issue 9's host-bound steps).
+# 2^32 is about 40 us of forward and 100 us of backward on the H200.
+GLUON_MIN_WORK = 2**32
+
+
+def auto_ok(variant: str, q: torch.Tensor, causal: bool) -> bool:
+    """Auto mode of ``variant`` (fwd_gluon, bwd_gluon_dkdv, bwd_gluon_dq) takes this (supported) call."""
+    B, H, S, D = q.shape
+    if B * H * S * S * D // (2 if causal else 1) < GLUON_MIN_WORK:
+        return False
+    if variant == "fwd_gluon":
+        return True
+    table = DKDV_MAX_S if variant == "bwd_gluon_dkdv" else DQ_MAX_S
+    if D not in table:
+        return False
+    return table[D] is None or S <= table[D]
+
+
+def attention_forward_auto(q, k, v, causal: bool, scale: float | None, mode: int = -1):
+    """The Gluon forward for a call ``supported`` took (not checked again here): ``mode`` -1 the kernel FWD_KERNEL picks, 1 the one-warpgroup kernel,
+    2 the ping-pong (where S is a multiple of 128, else the one-warpgroup kernel)."""
+    D, S = q.shape[-1], q.shape[2]
+    ws = mode == 2 or (mode < 0 and FWD_KERNEL.get((D, bool(causal))) == "ws")
+    if ws and S % max(128, WS_CONFIGS[D][0]) == 0:
+        return _forward(q, k, v, causal, scale, True, WS_CONFIGS[D])
+    return _forward(q, k, v, causal, scale, False, CONFIGS[D], PERSISTENT_PER_SM)
