@@ -1,11 +1,18 @@
-"""Hopper attention kernels written in Gluon (Triton's explicit layout / shared-memory / barrier language): issue 13's
-FA3-style candidates.  GPU only (Gluon has no interpreter), sm_90, opt-in (attention_config variants ``fwd_gluon``
-and ``bwd_gluon_dkdv``; ``benchmarks/bench_attention_gluon.py`` times them beside the Triton kernels and cuDNN):
+"""Hopper attention kernels written in Gluon (Triton's explicit layout / shared-memory / barrier language): issue 13.
+GPU only (Gluon has no interpreter), sm_90.  ops/attention.py runs them by default on large eager calls they take
+(attention_config variants ``fwd_gluon``, ``bwd_gluon_dkdv``, ``bwd_gluon_dq``; ``auto_ok`` and the tables at the end
+of this file); ``benchmarks/bench_attention_gluon.py`` times them beside the Triton kernels and cuDNN:
 
-  * ``attention_forward_gluon``: the forward (below), measured on the H200 in session 13: 1.05-1.30x the Triton
-    forward, 0.82-0.98 of cuDNN; its persistent grid (``per_sm``) is written, not yet run;
-  * ``attention_forward_gluon_ws``: candidate 2, FlashAttention-3's warp-specialized ping-pong (not yet run);
-  * ``attention_dkdv_gluon``: the backward's dK / dV kernel (not yet run); the Triton dQ kernel runs after it.
+  * ``attention_forward_gluon_ws``: FlashAttention-3's warp-specialized ping-pong (two consumer warpgroups, a TMA
+    producer warp), the default forward at D128 and D64 causal: 1.00-1.13x cuDNN at D128 S >= 4K (session 14);
+  * ``attention_forward_gluon``: one warpgroup a CTA (below), the default at D64 non-causal;
+  * ``attention_dkdv_gluon``: the backward's dK / dV kernel (the Triton dQ kernel runs after it);
+  * ``attention_dq_gluon``: a dQ kernel (opt-in: it did not beat the Triton one, session 14).
+
+q, k, v are read in place in two layouts (``_layout``): contiguous (B, H, S, D), and sequence-major ((B, S, H, D)
+memory, also slices of one packed (B, S, 3, H, D) projection); ``_head_origin`` maps a (batch, head) to its first row
+and column in the 2-D view a TMA descriptor sees.  Launches go through ops/_library.Kernel (bound once per call shape,
+then Triton's launcher directly), the descriptors made once per shape with their ``base`` set per call.
 
 Why Gluon.  The Triton forward (ops/attention.py) reaches 0.67-0.93 of cuDNN's forward.  ncu (issue13/ncu/): cuDNN runs
 3 warpgroups at 73% SM busy, ours 2 warpgroups at 48%; Triton 3.6's pipeliner loads K / V with cp.async and waits for
@@ -27,9 +34,9 @@ m_j = max(m_{j-1}, rowmax(S_j) c), alpha = exp2(m_{j-1} - m_j), P_j = exp2(S_j c
 rowsum(P_j), O_j = O_{j-1} alpha + P_j V_j; O = O_n / l_n and the base-2 log-sum-exp L = m_n + log2(l_n) (the Triton
 backward's LSE, so the two forwards are interchangeable).
 
-Scope of the candidate: (B, H, S, D) inputs with contiguous rows of D elements (any batch / head strides that give a
-2-D view of B*H*S rows), Sq == Sk, S a multiple of BLOCK_M and BLOCK_N, D in {64, 128}, bf16 / fp16, no mask, no
-dropout, no GQA.  ``supported`` says whether a call qualifies; the caller falls back to the Triton forward otherwise.
+Scope: (B, H, S, D) inputs in one of the two layouts above, Sq == Sk, S a multiple of BLOCK_M and BLOCK_N, D in
+{64, 128}, bf16 / fp16, no mask, no dropout, no GQA.  ``supported`` says whether a call qualifies; the caller falls
+back to the Triton kernels otherwise.
 """
 
 from __future__ import annotations
@@ -70,8 +77,8 @@ LOG2E = 1.4426950408889634
 #         440 / 327 / 423-427 / 344-347; 128 x 128 x 8 warps 316-318 / 196-229 / 366-369 / 314 / 384 / 369
 # (D64 S1024 causal spreads 190-308 run to run for every config: 4,096 short CTAs.)
 CONFIGS = {64: (64, 128, 4, 3), 128: (64, 64, 4, 3)}
-# Persistent grid (programs an SM; 0 = one program a query block, what the table above measured).  Candidate, not
-# yet timed: aimed at the short causal cases (D64 S1,024 causal: 4,096 CTAs of 1-16 key blocks, 190-308 TFLOP/s).
+# Persistent grid (programs an SM; 0 = one program a query block, what the table above measured).  Measured in
+# session 14 (issue13/run20_a/): 1 or 2 programs an SM ran at 0.5-0.9x of one program a block in every case.
 PERSISTENT_PER_SM = 0
 
 
@@ -269,8 +276,8 @@ if HAS_GLUON:
 
 
     # ------------------------------------------------------------------------------------------------------------
-    # Candidate 2 (session 13, not yet run on a GPU): FlashAttention-3's warp-specialized ping-pong.  A CTA holds a
-    # query tile of 2 x 64 rows: two consumer warpgroups (the default partition and a 4-warp worker), each owning 64
+    # The ping-pong (session 13; a default forward since session 14), FlashAttention-3's warp specialization.  A CTA
+    # holds a query tile of 2 x 64 rows: two consumer warpgroups (the default partition and a 4-warp worker), each owning 64
     # rows, and a 1-warp producer that keeps the K / V ring full by TMA (ready barriers: the TMA's byte count; empty
     # barriers: one arrival from each consumer once its wgmmas that read the buffer have retired).  The consumers take
     # turns at the tensor cores (turn barriers): consumer c waits for its turn, issues its S_j = Q K_j^T and
@@ -417,7 +424,7 @@ if HAS_GLUON:
 
 
     # ------------------------------------------------------------------------------------------------------------
-    # Backward candidate (session 13, not yet run on a GPU): the dK / dV kernel in Gluon, the forward's recipe (one
+    # Backward (session 13; default since session 14): the dK / dV kernel in Gluon, the forward's recipe (one
     # warpgroup a CTA, several CTAs an SM, a TMA ring, asynchronous wgmma groups overlapping the elementwise work);
     # dQ stays with the Triton dQ kernel.  Per CTA: BLOCK_N keys of one head, K and V loaded once; per query block
     # i (BLOCK_M rows): S^T = K Q_i^T and dP^T = V dO_i^T issued together, P^T = exp2(S^T c - L_i) while dP^T runs,

@@ -64,6 +64,8 @@ BWD_PERSIST_DEFAULT = (4096, 8, 4, 3)  # what bwd_persist=1 takes where the tabl
 #            32K  1024 x 2        0.769 against 0.730 (0.868)
 #            64K  2048 x 4        0.737 against 0.624 (0.868)
 #   LayerNorm 64K 2048 x 4        0.609 against 0.574 (0.889); at 16K / 32K HOLD lost (0.632 / 0.627 against 0.646 / 0.639)
+#   RMSNorm 128K  4096 x 8        0.708 against 0.578 (session 13), 0.711 against 0.578 again in session 14 with its
+#                 GPU test passing (issue9/run20_b/); LayerNorm 128K a tie (0.526 against 0.522): not taken
 # config_override bwd_persist_hold=0 / 1 turns it off / on anywhere (with BWD_PERSIST's piece shape where this table
 # has no entry).
 BWD_PERSIST_HOLD: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
@@ -71,6 +73,7 @@ BWD_PERSIST_HOLD: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (2, 32768, True): (1024, 2, 8, 3),
     (2, 65536, True): (2048, 4, 8, 3),
     (2, 65536, False): (2048, 4, 8, 3),
+    (2, 131072, True): (4096, 8, 8, 3),
 }
 # LayerNorm's persistent backward publishes its two partial row sums packed in one word (PACK: one atomic and one
 # polled word a piece instead of two).  Session 12 sweep, bf16, CUDA-graph replay (issue10/run18_b/pack_sweep.txt):
