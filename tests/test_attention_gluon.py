@@ -197,18 +197,24 @@ def test_gpu_warp_specialized_ping_pong(D, S, causal):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("S,causal", [(128, False), (128, True), (384, True), (640, False), (1024, True)])
 def test_gpu_dkdv_kernel(D, S, causal, monkeypatch):
-    """The Gluon dK / dV candidate (bwd_gluon_dkdv) through fused_attention: it runs (spied), the Triton dQ kernel
-    after it; every gradient against float32 and against the default Triton backward."""
+    """The Gluon dK / dV kernel (bwd_gluon_dkdv) through fused_attention: it runs (spied), the Triton dQ kernel
+    after it; every gradient against float32 and against the Triton backward."""
+    _check_backward_variant(D, S, causal, monkeypatch, "attention_dkdv_gluon", bwd_gluon_dkdv=1, bwd_gluon_dq=0)
+
+
+def _check_backward_variant(D, S, causal, monkeypatch, spied, **variants):
+    """fused_attention's gradients with ``variants`` on: the kernel ``spied`` runs once; every gradient against
+    float32 and against the Triton kernels (every Gluon variant off)."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers import fused_attention
 
-    calls = _spy(monkeypatch, "attention_dkdv_gluon")
+    calls = _spy(monkeypatch, spied)
     q, k, v = (torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16)
     with A.config_override("attention", fwd_gluon=0, bwd_gluon_dkdv=0, bwd_gluon_dq=0):
         ref_grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
-    with A.config_override("attention", bwd_gluon_dkdv=1, bwd_gluon_dq=0):
+    with A.config_override("attention", **variants):
         grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
     assert calls == [1]
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
@@ -223,26 +229,9 @@ def test_gpu_dkdv_kernel(D, S, causal, monkeypatch):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("S,causal", [(128, False), (128, True), (384, True), (640, False), (1024, True)])
 def test_gpu_dq_kernel(D, S, causal, monkeypatch):
-    """The Gluon dQ kernel (bwd_gluon_dq) after the Gluon dK / dV kernel, through fused_attention: both run (spied);
+    """The Gluon dQ kernel (bwd_gluon_dq) after the Gluon dK / dV kernel, through fused_attention: it runs (spied);
     every gradient against float32 and against the Triton backward (one key block, several, causal diagonals)."""
-    if not _sm90():
-        pytest.skip("needs an sm_90 GPU and Gluon")
-    from fused_layers import fused_attention
-
-    calls = _spy(monkeypatch, "attention_dq_gluon")
-    q, k, v = (torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    do = torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16)
-    with A.config_override("attention", fwd_gluon=0, bwd_gluon_dkdv=0, bwd_gluon_dq=0):
-        ref_grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
-    with A.config_override("attention", bwd_gluon_dkdv=1, bwd_gluon_dq=1):
-        grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
-    assert calls == [1]
-    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-    f32 = torch.autograd.grad(F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal), (qf, kf, vf), do.float())
-    for g, r, t in zip(grads, ref_grads, f32):
-        tol = 5e-2 * max(1.0, t.abs().max().item())
-        torch.testing.assert_close(g.float(), t, atol=tol, rtol=5e-2)
-        torch.testing.assert_close(g.float(), r.float(), atol=tol, rtol=5e-2)
+    _check_backward_variant(D, S, causal, monkeypatch, "attention_dq_gluon", bwd_gluon_dkdv=1, bwd_gluon_dq=1)
 
 
 @pytest.mark.gpu
