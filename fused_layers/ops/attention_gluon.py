@@ -763,6 +763,8 @@ def _fire(plan: _Launch, first, tensors, *scalars) -> None:
     for d, t in zip(plan.descs, tensors):
         d.base = t
     plan.kernel(*first, *plan.descs, *scalars, *plan.ints)
+    for d in plan.descs:  # (the tensor map was encoded at launch: hold no reference to this call's tensors)
+        d.base = None
 
 
 def _seq_major_stride(B: int, H: int, S: int, D: int) -> tuple:
