@@ -21,6 +21,7 @@ from fused_layers.ops import attention_gluon as ag
 print("triton", triton.__version__)
 DIV16 = [["tt.divisibility", 16]]
 GEO = {"H": "i32", "RB": "i32", "RH": "i32", "CH": "i32"}  # head origins (_head_origin)
+GEO_KV = {"G": "i32", "RBk": "i32", "RHk": "i32", "CHk": "i32"}  # the forwards' key / value heads (_kv_origin)
 
 
 def desc(block, d):
@@ -58,7 +59,7 @@ for D, (bm, bn, warps, stages) in sorted(ag.CONFIGS.items()):
     for persistent in (False, True):
         for causal in (False, True):
             sig = {"LSE": "*fp32", "q_desc": desc(bm, D), "k_desc": desc(bn, D), "v_desc": desc(bn, D),
-                   "o_desc": desc(bm, D), "qk_scale": "fp32", "S": "i32", "BH": "i32", **GEO}
+                   "o_desc": desc(bm, D), "qk_scale": "fp32", "S": "i32", "BH": "i32", **GEO, **GEO_KV}
             scan(f"D{D} causal={int(causal)} persistent={int(persistent)} {bm}x{bn} w{warps} st{stages}",
                  ag._attn_fwd_gluon_kernel, sig, dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages,
                                                       PERSISTENT=persistent, num_warps=warps), ("LSE", "S"), warps)
@@ -67,7 +68,7 @@ for D, (bm, bn, warps, stages) in sorted(ag.CONFIGS.items()):
 for D, (bn, stages, cregs, pregs) in sorted(ag.WS_CONFIGS.items()):
     for causal in (False, True):
         sig = {"LSE": "*fp32", "q_desc": desc(64, D), "k_desc": desc(bn, D), "v_desc": desc(bn, D),
-               "o_desc": desc(64, D), "qk_scale": "fp32", "S": "i32", **GEO}
+               "o_desc": desc(64, D), "qk_scale": "fp32", "S": "i32", **GEO, **GEO_KV}
         scan(f"WS D{D} causal={int(causal)} N{bn} st{stages}", ag._attn_fwd_gluon_ws_kernel, sig,
              dict(BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages, CONSUMER_REGS=cregs, PRODUCER_REGS=pregs,
                   num_warps=4), ("LSE", "S"), 4)

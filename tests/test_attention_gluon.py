@@ -132,7 +132,7 @@ def test_variants_off_the_gpu_run_the_triton_kernels(device):
 @pytest.mark.parametrize("D,S,causal", [(64, 256, True), (128, 640, False), (128, 1024, True)])
 def test_gpu_variant_through_fused_attention(D, S, causal, monkeypatch):
     """fwd_gluon=1 through the public API: the Gluon forward runs (spied), the Triton backward uses its LSE, and
-    output and gradients match float32; a call it does not take (GQA) stays on the Triton forward."""
+    output and gradients match float32; a call it does not take (a key-padding mask) stays on the Triton forward."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers import fused_attention
@@ -144,8 +144,8 @@ def test_gpu_variant_through_fused_attention(D, S, causal, monkeypatch):
         do = torch.randn_like(out)
         out.backward(do)
         assert calls == [1]
-        kv = torch.randn(2, 2, S, D, device="cuda", dtype=torch.bfloat16)
-        fused_attention(q.detach(), kv, kv, is_causal=causal, enable_gqa=True)
+        pad = torch.ones(2, 1, 1, S, device="cuda", dtype=torch.bool)
+        fused_attention(q.detach(), k.detach(), v.detach(), attn_mask=pad, is_causal=causal)
         assert calls == [1]
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
     ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal)
@@ -303,4 +303,42 @@ def test_gpu_sequence_major_layouts(D, causal, packed, mode, monkeypatch):
     ref.backward(do.float())
     torch.testing.assert_close(out.float(), ref.detach(), atol=2e-2, rtol=2e-2)
     for t, r in zip(leaves, ref_leaves):
+        torch.testing.assert_close(t.grad.float(), r.grad, atol=5e-2 * max(1.0, r.grad.abs().max().item()), rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("groups,seq_major", [(2, False), (4, True), (8, False)])
+def test_gpu_grouped_query_forward(D, causal, mode, groups, seq_major, monkeypatch):
+    """Grouped-query attention (k, v with H / groups heads): both Gluon forwards (mode 1 one warpgroup, 2 the
+    ping-pong) read each query head's key / value head in place (head-major or sequence-major), the Triton backward
+    follows (the Gluon backward kernels do not take GQA); output and gradients against float32 with the heads
+    repeated."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from fused_layers import fused_attention
+
+    fwd = _spy(monkeypatch, "attention_forward_gluon_ws" if mode == 2 else "attention_forward_gluon")
+    dkdv = _spy(monkeypatch, "attention_dkdv_gluon")
+    B, H, S = 2, 8, 384
+
+    def make(heads):
+        if seq_major:
+            return torch.randn(B, S, heads, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+        return torch.randn(B, heads, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    q, k, v = make(H), make(H // groups), make(H // groups)
+    with A.config_override("attention", fwd_gluon=mode, bwd_gluon_dkdv=1):
+        out = fused_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        do = torch.randn_like(out)
+        out.backward(do)
+    assert fwd == [1] and dkdv == []
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(qf, kf.repeat_interleave(groups, 1), vf.repeat_interleave(groups, 1),
+                                         is_causal=causal)
+    ref.backward(do.float())
+    torch.testing.assert_close(out.float(), ref.detach(), atol=2e-2, rtol=2e-2)
+    for t, r in ((q, qf), (k, kf), (v, vf)):
         torch.testing.assert_close(t.grad.float(), r.grad, atol=5e-2 * max(1.0, r.grad.abs().max().item()), rtol=5e-2)

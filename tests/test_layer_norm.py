@@ -296,9 +296,9 @@ def test_wide_rows_default_persistent_backward(rms, device):
 
 @pytest.mark.parametrize("n_pow2,rms,hold,piece", [(16384, False, False, 2048), (16384, True, True, 1024),
                                                      (65536, False, True, 2048), (65536, True, True, 2048),
-                                                     (131072, True, False, 8192)])
+                                                     (131072, True, True, 4096), (131072, False, False, 8192)])
 def test_persistent_backward_hold_table(n_pow2, rms, hold, piece):
-    """BWD_PERSIST_HOLD picks HOLD and its own piece shape per norm (session-13 sweep); config_override
+    """BWD_PERSIST_HOLD picks HOLD and its own piece shape per norm (session-13 / 14 sweeps); config_override
     bwd_persist_hold=0 falls back to BWD_PERSIST's entry, =1 turns HOLD on with it."""
     block, _, _, _, got = lnc._bwd_persist_config(n_pow2, 2, rms)
     assert (block, got) == (piece, hold)

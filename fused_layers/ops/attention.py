@@ -968,7 +968,7 @@ def _gluon_call_ok(q, k, v, causal: bool, variant: str) -> bool:
         return False
     from . import attention_gluon  # (imported on first use: Gluon's import is not free)
 
-    if attention_gluon.supported(q, k, v, causal) is not None:
+    if attention_gluon.supported(q, k, v, causal, gqa=variant == "fwd_gluon") is not None:  # (GQA: forwards only)
         return False
     return mode > 0 or attention_gluon.auto_ok(variant, q, causal)
 

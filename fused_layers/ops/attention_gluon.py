@@ -94,6 +94,13 @@ if HAS_GLUON:
         return (bh // H) * RB + h * RH, h * CH
 
     @gluon.jit
+    def _kv_origin(bh, H, G, RBk, RHk, CHk):
+        """(first row, column) of the key / value head that query head bh = b * H + h reads: b * (H / G) + h / G
+        (G query heads a key / value head: grouped-query attention; 1 otherwise), in K's and V's own 2-D views."""
+        hkv = H // G
+        return _head_origin((bh // H) * hkv + (bh % H) // G, hkv, RBk, RHk, CHk)
+
+    @gluon.jit
     def _scores_masked(s, q0, k0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
         """-inf where the key index k0 + c exceeds the query index q0 + r (causal, the diagonal block)."""
         rows = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
@@ -129,7 +136,8 @@ if HAS_GLUON:
         tma.store_wait(pendings=0)  # (before a next tile's Q lands in the same buffer)
 
     @gluon.jit
-    def _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, pid_m, bh, base, tile_phase,
+    def _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, G, RBk, RHk, CHk, pid_m, bh,
+                       base, tile_phase,
                        q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr,
                        STAGES: gl.constexpr, num_warps: gl.constexpr):
@@ -139,7 +147,7 @@ if HAS_GLUON:
         dtype: gl.constexpr = q_desc.dtype
         row0, col0 = _head_origin(bh, H, RB, RH, CH)  # this (batch, head)'s first row and its column
         q_row = row0 + pid_m * BLOCK_M  # first row of this query block
-        kv_row = row0  # first key row
+        kv_row, kv_col = _kv_origin(bh, H, G, RBk, RHk, CHk)  # its key / value head's first row and column
         if CAUSAL:
             n_blocks = ((pid_m + 1) * BLOCK_M + BLOCK_N - 1) // BLOCK_N  # key blocks up to the diagonal
         else:
@@ -163,9 +171,9 @@ if HAS_GLUON:
             live = i < n_blocks
             sl = (base + i) % STAGES
             mbarrier.expect(k_bars.index(sl), k_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, col0], k_bars.index(sl), k_smem.index(sl), pred=live)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kv_col], k_bars.index(sl), k_smem.index(sl), pred=live)
             mbarrier.expect(v_bars.index(sl), v_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, col0], v_bars.index(sl), v_smem.index(sl), pred=live)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kv_col], v_bars.index(sl), v_smem.index(sl), pred=live)
 
         # Step 2: block 0's scores and softmax (nothing to overlap with yet).
         mbarrier.wait(q_bar, phase=tile_phase)
@@ -198,9 +206,9 @@ if HAS_GLUON:
             nxt = j - 1 + STAGES
             live = nxt < n_blocks
             mbarrier.expect(k_bars.index(prev), k_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, col0], k_bars.index(prev), k_smem.index(prev), pred=live)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, kv_col], k_bars.index(prev), k_smem.index(prev), pred=live)
             mbarrier.expect(v_bars.index(prev), v_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, col0], v_bars.index(prev), v_smem.index(prev), pred=live)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, kv_col], v_bars.index(prev), v_smem.index(prev), pred=live)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
@@ -224,6 +232,8 @@ if HAS_GLUON:
         BH,  # batch x heads
         H,  # heads
         RB, RH, CH,  # head origins in the descriptors' 2-D views (_head_origin)
+        G,  # query heads a key / value head (grouped-query attention; 1 otherwise)
+        RBk, RHk, CHk,  # the key / value heads' origins in K's and V's views
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
         HEAD_D: gl.constexpr,
@@ -256,7 +266,8 @@ if HAS_GLUON:
                     pid_m = n_qblocks - 1 - t // BH
                 else:
                     pid_m = t // BH
-                used = _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, pid_m, t % BH, base, tile_phase,
+                used = _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, G, RBk, RHk, CHk, pid_m,
+                                      t % BH, base, tile_phase,
                                       q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
                                       BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES, num_warps)
                 base += used
@@ -266,7 +277,8 @@ if HAS_GLUON:
                 pid_m = n_qblocks - 1 - gl.program_id(0)  # heaviest first: the diagonal's far end starts first
             else:
                 pid_m = gl.program_id(0)
-            _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, pid_m, gl.program_id(1), 0, 0,
+            _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, G, RBk, RHk, CHk, pid_m,
+                           gl.program_id(1), 0, 0,
                            q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
                            BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES, num_warps)
         mbarrier.invalidate(q_bar)
@@ -285,18 +297,18 @@ if HAS_GLUON:
     # ------------------------------------------------------------------------------------------------------------
 
     @gluon.jit
-    def _ws_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, col0, n_blocks,
+    def _ws_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_blocks,
                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
         for j in range(n_blocks):
             slot = j % STAGES
             if j >= STAGES:  # wait until both consumers are done with the block that used this slot
                 mbarrier.wait(k_empty.index(slot), phase=((j // STAGES) - 1) & 1)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, col0], k_ready.index(slot), k_smem.index(slot))
+            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, kv_col], k_ready.index(slot), k_smem.index(slot))
             if j >= STAGES:
                 mbarrier.wait(v_empty.index(slot), phase=((j // STAGES) - 1) & 1)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, col0], v_ready.index(slot), v_smem.index(slot))
+            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, kv_col], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
     def _ws_consumer(q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0, n_blocks, q_smem, q_bar, k_smem, v_smem,
@@ -373,6 +385,8 @@ if HAS_GLUON:
         S,  # sequence length (queries = keys), a multiple of 128 and BLOCK_N
         H,  # heads
         RB, RH, CH,  # head origins in the descriptors' 2-D views (_head_origin)
+        G,  # query heads a key / value head (grouped-query attention; 1 otherwise)
+        RBk, RHk, CHk,  # the key / value heads' origins in K's and V's views
         BLOCK_N: gl.constexpr,
         HEAD_D: gl.constexpr,
         CAUSAL: gl.constexpr,
@@ -392,6 +406,7 @@ if HAS_GLUON:
             n_blocks = S // BLOCK_N
         bh = gl.program_id(1)
         row0, col0 = _head_origin(bh, H, RB, RH, CH)
+        kv_row, kv_col = _kv_origin(bh, H, G, RBk, RHk, CHk)
         q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
@@ -418,7 +433,7 @@ if HAS_GLUON:
             (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0 + BLOCK_M, n_blocks, q_smem.index(1), q_bars.index(1),
                             k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(1), turn.index(0),
                             False, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
-            (_ws_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, row0, col0, n_blocks,
+            (_ws_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_blocks,
                             BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -699,13 +714,15 @@ def _origin(kind: int, H: int, S: int, D: int) -> tuple:
 _SUPPORTED: dict = {}
 
 
-def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> str | None:
-    """None when the Gluon forward takes the call, else why not (the caller then runs the Triton forward).  Every
-    rule but the data's alignment depends on shapes, strides, dtypes and device only: cached (a call's host cost)."""
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device)
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, gqa: bool = False) -> str | None:
+    """None when the Gluon kernels take the call, else why not (the caller then runs the Triton kernels).  ``gqa``
+    (the forwards): k and v may have fewer heads than q (a divisor of its heads) and a layout of their own; the
+    backward kernels take neither.  Every rule but the data's alignment depends on shapes, strides, dtypes and
+    device only: cached (a call's host cost)."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device, gqa)
     why = _SUPPORTED.get(key, 0)
     if why == 0:
-        why = _supported(q, k, v)
+        why = _supported(q, k, v, gqa)
         if len(_SUPPORTED) > 4096:
             _SUPPORTED.clear()
         _SUPPORTED[key] = why
@@ -714,25 +731,30 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
     return why
 
 
-def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> str | None:
     if not HAS_GLUON:
         return "no Gluon in this Triton"
     if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
         return "not an sm_90 GPU"
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return "dtype must be bf16 or fp16 for q, k and v alike"
-    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
-        return "q, k, v must be (B, H, S, D) of one shape (no GQA, Sq == Sk)"
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        return "q, k, v must be (B, H, S, D), k and v of one shape"
     B, H, S, D = q.shape
+    HKV = k.shape[1]
+    if (k.shape[0], k.shape[2], k.shape[3]) != (B, S, D):
+        return "k, v must have q's batch, sequence length (Sq == Sk) and head dim"
+    if HKV != H and not (gqa and H % HKV == 0):
+        return ("k, v must have q's heads" if not gqa else f"q's heads ({H}) must be a multiple of k's and v's ({HKV})")
     if D not in CONFIGS:
         return f"head dim {D} not in {sorted(CONFIGS)}"
     bm, bn, _, _ = CONFIGS[D]
     if S % bm or S % bn:
         return f"sequence length {S} not a multiple of {bm} and {bn}"
-    kinds = {None if lay is None else lay[0] for lay in (_layout(t, B, H, S, D) for t in (q, k, v))}
-    if None in kinds or len(kinds) != 1:
+    lays = [_layout(q, B, H, S, D), _layout(k, B, HKV, S, D), _layout(v, B, HKV, S, D)]
+    if None in lays or lays[1][0] != lays[2][0] or (not gqa and lays[0][0] != lays[1][0]):
         return ("q, k, v must all be contiguous (B, H, S, D), or all (B, S, H, D) in memory (heads side by side in a "
-                "row of 16-byte aligned stride)")
+                "row of 16-byte aligned stride)" + (": k and v alike" if gqa else ""))
     return None
 
 
@@ -747,11 +769,12 @@ class _Launch:
 _LAUNCHES: dict = {}
 
 
-def _descs(tensors, blocks, kind: int, B: int, H: int, S: int, D: int) -> list:
-    """TMA descriptors over the 2-D views of ``tensors`` (``blocks`` rows a tile), NVMMA-swizzled as the kernels'
-    shared buffers."""
+def _descs(tensors, blocks) -> list:
+    """TMA descriptors over the 2-D views of ``tensors`` ((B, H, S, D), each with its own heads; ``blocks`` rows a
+    tile), NVMMA-swizzled as the kernels' shared buffers."""
     out = []
     for t, block in zip(tensors, blocks):
+        B, H, S, D = t.shape
         _, rows, width, stride = _layout(t, B, H, S, D)
         layout = gl.NVMMASharedLayout.get_default_for([block, D], gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16)
         out.append(TensorDescriptor(t, [rows, width], [stride, 1], [block, D], layout))
@@ -778,20 +801,22 @@ def _fwd_launch(q, k, v, causal: bool, ws: bool, config, per_sm: int) -> _Launch
     if plan is not None:
         return plan
     B, H, S, D = q.shape
-    kind = _layout(q, B, H, S, D)[0]
+    HKV = k.shape[1]
+    kind, kind_kv = _layout(q, B, H, S, D)[0], _layout(k, B, HKV, S, D)[0]
+    heads = (H, *_origin(kind, H, S, D), H // HKV, *_origin(kind_kv, HKV, S, D))
     plan = _Launch()
     plan.out_stride = _seq_major_stride(B, H, S, D) if kind == 1 else (H * S * D, S * D, D, 1)
     out = torch.empty_strided(q.shape, plan.out_stride, dtype=q.dtype, device=q.device)
     if ws:
         bn, stages, cregs, pregs = config
-        plan.descs = _descs((q, k, v, out), (64, bn, bn, 64), kind, B, H, S, D)
-        plan.ints = (S, H, *_origin(kind, H, S, D))
+        plan.descs = _descs((q, k, v, out), (64, bn, bn, 64))
+        plan.ints = (S, *heads)
         plan.kernel = Kernel(_attn_fwd_gluon_ws_kernel, (S // 128, B * H), BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal),
                              STAGES=stages, CONSUMER_REGS=cregs, PRODUCER_REGS=pregs, num_warps=4)
     else:
         bm, bn, warps, stages = config
-        plan.descs = _descs((q, k, v, out), (bm, bn, bn, bm), kind, B, H, S, D)
-        plan.ints = (S, B * H, H, *_origin(kind, H, S, D))
+        plan.descs = _descs((q, k, v, out), (bm, bn, bn, bm))
+        plan.ints = (S, B * H, *heads)
         # persistent: per_sm programs an SM (at most one a query block); else one program a query block
         grid = (min(per_sm * _sm_count(q.device), (S // bm) * B * H), 1) if per_sm else (S // bm, B * H)
         plan.kernel = Kernel(_attn_fwd_gluon_kernel, grid, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal),
@@ -817,7 +842,7 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     """(O, LSE): O laid out like q (head-major or sequence-major), LSE fp32 (B, H, S) base-2.  Raises ValueError
     when ``supported`` says no.  ``per_sm``: a persistent grid of that many programs an SM walking the query blocks
     heaviest first (measured slower, session 14; default PERSISTENT_PER_SM = 0, one program a query block)."""
-    why = supported(q, k, v, causal)
+    why = supported(q, k, v, causal, gqa=True)
     if why is not None:
         raise ValueError(f"attention_forward_gluon: {why}")
     D = q.shape[-1]
@@ -852,7 +877,7 @@ WS_CONFIGS = {64: (128, 2, 232, 40), 128: (128, 2, 232, 40)}
 def attention_forward_gluon_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                                scale: float | None = None, config: tuple | None = None):
     """The warp-specialized ping-pong (see the kernel): (O, LSE) as attention_forward_gluon."""
-    why = supported(q, k, v, causal)
+    why = supported(q, k, v, causal, gqa=True)
     S = q.shape[2]
     if why is None and S % 128:
         why = f"sequence length {S} not a multiple of 128"
@@ -913,7 +938,7 @@ def _bwd_launch(which: str, fn, q, k, v, do, grads, causal: bool, config: tuple)
     plan = _Launch()
     plan.out_stride = None
     blocks = (bm, bm, bn, bn, bn, bn) if which == "dkdv" else (bm, bm, bn, bn, bm)
-    plan.descs = _descs((q, do, k, v, *grads), blocks, kind, B, H, S, D)
+    plan.descs = _descs((q, do, k, v, *grads), blocks)
     plan.ints = (S, H, *_origin(kind, H, S, D))
     grid = (S // (bn if which == "dkdv" else bm), B * H)
     plan.kernel = Kernel(fn, grid, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
