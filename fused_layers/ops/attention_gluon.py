@@ -796,7 +796,8 @@ def _seq_major_stride(B: int, H: int, S: int, D: int) -> tuple:
 
 
 def _fwd_launch(q, k, v, causal: bool, ws: bool, config, per_sm: int) -> _Launch:
-    key = ("fwd", q.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, bool(causal), ws, config, per_sm)
+    key = ("fwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, bool(causal), ws, config,
+           per_sm)
     plan = _LAUNCHES.get(key)
     if plan is not None:
         return plan
