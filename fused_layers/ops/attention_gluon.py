@@ -742,6 +742,8 @@ def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> 
         return "q, k, v must be (B, H, S, D), k and v of one shape"
     B, H, S, D = q.shape
     HKV = k.shape[1]
+    if q.numel() == 0 or k.numel() == 0:
+        return "empty inputs"
     if (k.shape[0], k.shape[2], k.shape[3]) != (B, S, D):
         return "k, v must have q's batch, sequence length (Sq == Sk) and head dim"
     if HKV != H and not (gqa and H % HKV == 0):
