@@ -113,14 +113,14 @@ def test_gpu_forward_and_triton_backward(D, S, causal):
 
 
 def test_variants_off_the_gpu_run_the_triton_kernels(device):
-    """fwd_gluon=1, bwd_gluon_dkdv=1 and bwd_gluon_dq=1 where the Gluon kernels cannot run (here: the interpreter / no sm_90) leave
+    """fwd_gluon=1, bwd_gluon_dkdv=1, bwd_gluon_dq=1 and bwd_gluon_gqa=1 where the Gluon kernels cannot run (here: the interpreter / no sm_90) leave
     every call on the Triton kernels, with the same results."""
     from fused_layers import fused_attention
 
     q, k, v = (torch.randn(1, 2, 37, 16, device=device, requires_grad=True) for _ in range(3))
     ref = fused_attention(q, k, v, is_causal=True)
     ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
-    with A.config_override("attention", fwd_gluon=1, bwd_gluon_dkdv=1, bwd_gluon_dq=1):
+    with A.config_override("attention", fwd_gluon=1, bwd_gluon_dkdv=1, bwd_gluon_dq=1, bwd_gluon_gqa=1):
         got = fused_attention(q, k, v, is_causal=True)
         grads = torch.autograd.grad(got.sum(), (q, k, v))
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
@@ -311,11 +311,12 @@ def test_gpu_sequence_major_layouts(D, causal, packed, mode, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("groups,seq_major", [(2, False), (4, True), (8, False)])
-def test_gpu_grouped_query_forward(D, causal, mode, groups, seq_major, monkeypatch):
+@pytest.mark.parametrize("gluon_bwd", [False, True])
+def test_gpu_grouped_query_forward(D, causal, mode, groups, seq_major, gluon_bwd, monkeypatch):
     """Grouped-query attention (k, v with H / groups heads): both Gluon forwards (mode 1 one warpgroup, 2 the
-    ping-pong) read each query head's key / value head in place (head-major or sequence-major), the Triton backward
-    follows (the Gluon backward kernels do not take GQA); output and gradients against float32 with the heads
-    repeated."""
+    ping-pong) read each query head's key / value head in place (head-major or sequence-major); the backward is the
+    Triton one, or with bwd_gluon_gqa=1 the Gluon dK / dV kernel summing each key / value head's query heads (then the
+    Triton dQ kernel); output and gradients against float32 with the heads repeated."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers import fused_attention
@@ -330,11 +331,11 @@ def test_gpu_grouped_query_forward(D, causal, mode, groups, seq_major, monkeypat
         return torch.randn(B, heads, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
     q, k, v = make(H), make(H // groups), make(H // groups)
-    with A.config_override("attention", fwd_gluon=mode, bwd_gluon_dkdv=1):
+    with A.config_override("attention", fwd_gluon=mode, bwd_gluon_dkdv=1, bwd_gluon_gqa=int(gluon_bwd)):
         out = fused_attention(q, k, v, is_causal=causal, enable_gqa=True)
         do = torch.randn_like(out)
         out.backward(do)
-    assert fwd == [1] and dkdv == []
+    assert fwd == [1] and dkdv == ([1] if gluon_bwd else [])
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
     ref = F.scaled_dot_product_attention(qf, kf.repeat_interleave(groups, 1), vf.repeat_interleave(groups, 1),
                                          is_causal=causal)

@@ -968,7 +968,9 @@ def _gluon_call_ok(q, k, v, causal: bool, variant: str) -> bool:
         return False
     from . import attention_gluon  # (imported on first use: Gluon's import is not free)
 
-    if attention_gluon.supported(q, k, v, causal, gqa=variant == "fwd_gluon") is not None:  # (GQA: forwards only)
+    # GQA (and k / v in a layout of their own): the forwards; the dK / dV kernel with variant bwd_gluon_gqa
+    gqa = variant == "fwd_gluon" or (variant == "bwd_gluon_dkdv" and _variant("bwd_gluon_gqa") != 0)
+    if attention_gluon.supported(q, k, v, causal, gqa=gqa) is not None:
         return False
     return mode > 0 or attention_gluon.auto_ok(variant, q, causal)
 

@@ -447,6 +447,21 @@ if HAS_GLUON:
     # ------------------------------------------------------------------------------------------------------------
 
     @gluon.jit
+    def _dkdv_step(t, n_iter, i_start, bhq0, row0, col0, H, RB, RH, CH, BLOCK_M: gl.constexpr, GQA: gl.constexpr):
+        """Step t of a dK / dV program: query head bhq0 + t // n_iter (GQA; else bhq0, whose origin is row0, col0),
+        its query block i_start + t % n_iter.  Returns (row, column) of that block in Q's / dO's views, the query
+        head and the block's first query.  (Without GQA no per-step head arithmetic: D128 causal spills with it.)"""
+        if GQA:
+            g = t // n_iter
+            bhq = bhq0 + g
+            row0, col0 = _head_origin(bhq, H, RB, RH, CH)
+            q0 = (i_start + t - g * n_iter) * BLOCK_M
+        else:
+            bhq = bhq0
+            q0 = (i_start + t) * BLOCK_M
+        return row0 + q0, col0, bhq, q0
+
+    @gluon.jit
     def _attn_bwd_dkdv_gluon_kernel(
         LSE,  # fp32 (B*H, S) base-2 log-sum-exp of the forward
         DELTA,  # fp32 (B*H, S) rowsum(dO * O)
@@ -460,23 +475,29 @@ if HAS_GLUON:
         sm_scale,  # scale (dK = scale dS^T Q)
         S,  # sequence length (queries = keys), a multiple of BLOCK_M and BLOCK_N
         H,  # heads
-        RB, RH, CH,  # head origins in the descriptors' 2-D views (_head_origin)
+        RB, RH, CH,  # the query heads' origins in Q's and dO's 2-D views (_head_origin)
+        G,  # query heads a key / value head (grouped-query attention; 1 otherwise)
+        RBk, RHk, CHk,  # the key / value heads' origins in K's, V's, dK's and dV's views
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
         HEAD_D: gl.constexpr,
         CAUSAL: gl.constexpr,
         STAGES: gl.constexpr,
+        GQA: gl.constexpr,  # G > 1
         num_warps: gl.constexpr,
     ):
         dtype: gl.constexpr = q_desc.dtype
         n0 = gl.program_id(0) * BLOCK_N  # first key of this block (causal: block 0, the heaviest, starts first)
-        bh = gl.program_id(1)
-        row0, col0 = _head_origin(bh, H, RB, RH, CH)  # this head's first row and column in the 2-D views
+        bhk = gl.program_id(1)  # key / value head: b * (H / G) + its index
+        kv_row, kv_col = _head_origin(bhk, H // G, RBk, RHk, CHk)  # its first row and column in K's view
+        bhq0 = (bhk // (H // G)) * H + (bhk % (H // G)) * G  # the first of the G query heads that read it
+        row0, col0 = _head_origin(bhq0, H, RB, RH, CH)  # its origin in Q's / dO's views
         if CAUSAL:
             i_start = n0 // BLOCK_M  # query blocks before it see none of these keys
         else:
             i_start = 0
-        n_iter = S // BLOCK_M - i_start
+        n_iter = S // BLOCK_M - i_start  # query blocks a query head
+        n_total = G * n_iter  # ... over the G query heads, one after the other
 
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                             instr_shape=[16, BLOCK_M, 16])  # S^T, dP^T: [BLOCK_N, BLOCK_M]
@@ -498,13 +519,14 @@ if HAS_GLUON:
 
         # K and V once; the first STAGES query blocks' Q and dO
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row0 + n0, col0], kv_bar, k_smem)
-        tma.async_copy_global_to_shared(v_desc, [row0 + n0, col0], kv_bar, v_smem)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + n0, kv_col], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [kv_row + n0, kv_col], kv_bar, v_smem)
         for t in gl.static_range(STAGES):
-            live = t < n_iter
+            live = t < n_total
+            q_row, q_col, _, _ = _dkdv_step(t, n_iter, i_start, bhq0, row0, col0, H, RB, RH, CH, BLOCK_M, GQA)
             mbarrier.expect(bars.index(t), q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(q_desc, [row0 + (i_start + t) * BLOCK_M, col0], bars.index(t), q_smem.index(t), pred=live)
-            tma.async_copy_global_to_shared(do_desc, [row0 + (i_start + t) * BLOCK_M, col0], bars.index(t), do_smem.index(t), pred=live)
+            tma.async_copy_global_to_shared(q_desc, [q_row, q_col], bars.index(t), q_smem.index(t), pred=live)
+            tma.async_copy_global_to_shared(do_desc, [q_row, q_col], bars.index(t), do_smem.index(t), pred=live)
 
         dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
@@ -512,12 +534,12 @@ if HAS_GLUON:
         dpt = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
         keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
         mbarrier.wait(kv_bar, phase=0)
-        for t in range(n_iter):
+        for t in range(n_total):
             slot = t % STAGES
-            q0 = (i_start + t) * BLOCK_M
+            _, _, bhq, q0 = _dkdv_step(t, n_iter, i_start, bhq0, row0, col0, H, RB, RH, CH, BLOCK_M, GQA)
             cols = q0 + gl.arange(0, BLOCK_M, layout=col_layout)
-            lse = gl.load(LSE + bh.to(gl.int64) * S + cols)  # (issued before the waits: latency hidden)
-            delta = gl.load(DELTA + bh.to(gl.int64) * S + cols)
+            lse = gl.load(LSE + bhq.to(gl.int64) * S + cols)  # (issued before the waits: latency hidden)
+            delta = gl.load(DELTA + bhq.to(gl.int64) * S + cols)
             mbarrier.wait(bars.index(slot), phase=(t // STAGES) & 1)
             q_t = q_smem.index(slot)
             do_t = do_smem.index(slot)
@@ -537,10 +559,11 @@ if HAS_GLUON:
             dv, dk, pt_done, dst_done = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, pt_op, dst_op))
             # the slot's Q and dO are free: fetch query block t + STAGES into it
             nxt = t + STAGES
-            live = nxt < n_iter
+            live = nxt < n_total
+            q_row, q_col, _, _ = _dkdv_step(nxt, n_iter, i_start, bhq0, row0, col0, H, RB, RH, CH, BLOCK_M, GQA)
             mbarrier.expect(bars.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(q_desc, [row0 + (i_start + nxt) * BLOCK_M, col0], bars.index(slot), q_smem.index(slot), pred=live)
-            tma.async_copy_global_to_shared(do_desc, [row0 + (i_start + nxt) * BLOCK_M, col0], bars.index(slot), do_smem.index(slot), pred=live)
+            tma.async_copy_global_to_shared(q_desc, [q_row, q_col], bars.index(slot), q_smem.index(slot), pred=live)
+            tma.async_copy_global_to_shared(do_desc, [q_row, q_col], bars.index(slot), do_smem.index(slot), pred=live)
 
         mbarrier.invalidate(kv_bar)
         for t in gl.static_range(STAGES):
@@ -548,8 +571,8 @@ if HAS_GLUON:
         k_smem.store((dk * sm_scale).to(dtype))  # K's and V's buffers: every wgmma reading them has retired
         v_smem.store(dv.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(dk_desc, [row0 + n0, col0], k_smem)
-        tma.async_copy_shared_to_global(dv_desc, [row0 + n0, col0], v_smem)
+        tma.async_copy_shared_to_global(dk_desc, [kv_row + n0, kv_col], k_smem)
+        tma.async_copy_shared_to_global(dv_desc, [kv_row + n0, kv_col], v_smem)
         tma.store_wait(pendings=0)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -902,16 +925,21 @@ DKDV_CONFIGS = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2)}
 
 def _bwd_supported(q, k, v, do, grads, causal: bool, tiles: tuple) -> str | None:
     """After ``supported`` said yes for q, k, v: None when a Gluon backward kernel with (BLOCK_M, BLOCK_N) ``tiles``
-    takes the call (dO and the gradients it writes of q's shape, dtype and layout kind, S a multiple of both tiles)."""
+    takes the call: S a multiple of both tiles; dO of q's shape, dtype and layout kind; ``grads`` (dK, dV) of k's, or
+    (dQ,) of q's.  The dQ kernel reads K / V at q's heads and layout kind (no GQA); the dK / dV kernel has origins of
+    its own for the key / value heads."""
     B, H, S, D = q.shape
     bm, bn = tiles
     if S % bm or S % bn:
         return f"sequence length {S} not a multiple of {bm} and {bn}"
-    kind = _layout(q, B, H, S, D)[0]
-    for t in (do, *grads):
-        lay = _layout(t, B, H, S, D) if t.shape == q.shape and t.dtype == q.dtype else None
-        if lay is None or lay[0] != kind or t.data_ptr() % 16:
-            return "dO and the gradients must have q's shape, dtype and layout (head-major or sequence-major)"
+    kind, kind_kv = _layout(q, B, H, S, D)[0], _layout(k, B, k.shape[1], S, D)[0]
+    like = (k, kind_kv) if len(grads) == 2 else (q, kind)
+    if len(grads) == 1 and (k.shape != q.shape or kind_kv != kind):
+        return "the dQ kernel needs k, v of q's heads and layout (no GQA)"
+    for t, (ref, ref_kind) in zip((do, *grads), ((q, kind),) + (like,) * len(grads)):
+        lay = _layout(t, *ref.shape) if t.shape == ref.shape and t.dtype == q.dtype else None
+        if lay is None or lay[0] != ref_kind or t.data_ptr() % 16:
+            return "dO and the gradients must have q's (dO, dQ) or k's (dK, dV) shape, dtype and layout kind"
     return None
 
 
@@ -930,21 +958,25 @@ def _check_bwd_config(name: str, config: tuple, S: int) -> None:
 def _bwd_launch(which: str, fn, q, k, v, do, grads, causal: bool, config: tuple) -> _Launch:
     """The launch of a backward kernel: ``which`` "dkdv" (descriptors q, dO, K, V, dK, dV; a program per key block)
     or "dq" (q, dO, K, V, dQ; a program per query block)."""
-    key = (which, q.shape, q.stride(), k.stride(), v.stride(), do.stride(), *(g.stride() for g in grads), q.dtype,
-           q.device, bool(causal), config)
+    key = (which, q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), *(g.stride() for g in grads),
+           q.dtype, q.device, bool(causal), config)
     plan = _LAUNCHES.get(key)
     if plan is not None:
         return plan
     B, H, S, D = q.shape
     bm, bn, warps, stages = config
-    kind = _layout(q, B, H, S, D)[0]
+    HKV = k.shape[1]
+    kind, kind_kv = _layout(q, B, H, S, D)[0], _layout(k, B, HKV, S, D)[0]
     plan = _Launch()
     plan.out_stride = None
     blocks = (bm, bm, bn, bn, bn, bn) if which == "dkdv" else (bm, bm, bn, bn, bm)
     plan.descs = _descs((q, do, k, v, *grads), blocks)
     plan.ints = (S, H, *_origin(kind, H, S, D))
-    grid = (S // (bn if which == "dkdv" else bm), B * H)
-    plan.kernel = Kernel(fn, grid, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages,
+    if which == "dkdv":  # a program per key block of each key / value head, with their origins
+        plan.ints += (H // HKV, *_origin(kind_kv, HKV, S, D))
+    grid = (S // bn, B * HKV) if which == "dkdv" else (S // bm, B * H)
+    gqa = dict(GQA=HKV != H) if which == "dkdv" else {}
+    plan.kernel = Kernel(fn, grid, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages, **gqa,
                          num_warps=warps)
     if len(_LAUNCHES) > 4096:
         _LAUNCHES.clear()
