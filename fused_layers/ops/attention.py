@@ -1169,7 +1169,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         D = q.shape[-1]
         if ag._bwd_supported(q, k, v, do, (dk, dv), causal, ag.DKDV_CONFIGS[D][:2]) is None:  # (q, k, v: checked)
             ag._dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, ag.DKDV_CONFIGS[D])
-            if (_variant("bwd_gluon_dq") and (_variant("bwd_gluon_dq") > 0 or ag.auto_ok("bwd_gluon_dq", q, causal))
+            if (_gluon_call_ok(q, k, v, causal, "bwd_gluon_dq")
                     and ag._bwd_supported(q, k, v, do, (dq,), causal, ag.DQ_CONFIGS[D][:2]) is None):
                 ag._dq(q, k, v, do, lse, delta, dq, causal, scale, ag.DQ_CONFIGS[D])
             else:

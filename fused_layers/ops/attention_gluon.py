@@ -735,6 +735,15 @@ def _origin(kind: int, H: int, S: int, D: int) -> tuple:
 
 
 _SUPPORTED: dict = {}
+_MAX_CACHED = 4096
+
+
+def _remember(cache: dict, key, value):
+    """cache[key] = value, the cache emptied first when it holds _MAX_CACHED entries (shapes seen in a run are few)."""
+    if len(cache) >= _MAX_CACHED:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, gqa: bool = False) -> str | None:
@@ -745,10 +754,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, g
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device, gqa)
     why = _SUPPORTED.get(key, 0)
     if why == 0:
-        why = _supported(q, k, v, gqa)
-        if len(_SUPPORTED) > 4096:
-            _SUPPORTED.clear()
-        _SUPPORTED[key] = why
+        why = _remember(_SUPPORTED, key, _supported(q, k, v, gqa))
     if why is None and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16:
         return "data must be 16-byte aligned"
     return why
@@ -847,10 +853,7 @@ def _fwd_launch(q, k, v, causal: bool, ws: bool, config, per_sm: int) -> _Launch
         grid = (min(per_sm * _sm_count(q.device), (S // bm) * B * H), 1) if per_sm else (S // bm, B * H)
         plan.kernel = Kernel(_attn_fwd_gluon_kernel, grid, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal),
                              STAGES=stages, PERSISTENT=bool(per_sm), num_warps=warps)
-    if len(_LAUNCHES) > 4096:
-        _LAUNCHES.clear()
-    _LAUNCHES[key] = plan
-    return plan
+    return _remember(_LAUNCHES, key, plan)
 
 
 def _forward(q, k, v, causal, scale, ws: bool, config, per_sm: int = 0):
@@ -978,10 +981,7 @@ def _bwd_launch(which: str, fn, q, k, v, do, grads, causal: bool, config: tuple)
     gqa = dict(GQA=HKV != H) if which == "dkdv" else {}
     plan.kernel = Kernel(fn, grid, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages, **gqa,
                          num_warps=warps)
-    if len(_LAUNCHES) > 4096:
-        _LAUNCHES.clear()
-    _LAUNCHES[key] = plan
-    return plan
+    return _remember(_LAUNCHES, key, plan)
 
 
 def attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, config: tuple | None = None):
