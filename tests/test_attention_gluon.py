@@ -61,10 +61,23 @@ def test_layouts_the_descriptors_read():
     assert AG._layout(one, 1, 1, S, D) is not None
 
 
-def _spy(monkeypatch, name):
-    """A list that gets a 1 each time attention_gluon.<name> runs."""
+# What the spies watch: the launchers every path reaches (the public functions check, then call these; ops/attention.py
+# calls them directly once its own checks passed).  "ws" / "plain": the forward's two kernels.
+_SPIED = {"ws": ("_forward", lambda a: a[5]), "plain": ("_forward", lambda a: not a[5]),
+          "dkdv": ("_dkdv", None), "dq": ("_dq", None)}
+
+
+def _spy(monkeypatch, what):
+    """A list that gets a 1 each time the Gluon kernel ``what`` (a key of _SPIED) launches."""
+    name, when = _SPIED[what]
     calls, orig = [], getattr(AG, name)
-    monkeypatch.setattr(AG, name, lambda *a, **kw: calls.append(1) or orig(*a, **kw))
+
+    def spied(*a, **kw):
+        if when is None or when(a):
+            calls.append(1)
+        return orig(*a, **kw)
+
+    monkeypatch.setattr(AG, name, spied)
     return calls
 
 
@@ -137,7 +150,7 @@ def test_gpu_variant_through_fused_attention(D, S, causal, monkeypatch):
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers import fused_attention
 
-    calls = _spy(monkeypatch, "attention_forward_gluon")
+    calls = _spy(monkeypatch, "plain")
     q, k, v = (torch.randn(2, 4, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     with A.config_override("attention", fwd_gluon=1):
         out = fused_attention(q, k, v, is_causal=causal)
@@ -199,7 +212,7 @@ def test_gpu_warp_specialized_ping_pong(D, S, causal):
 def test_gpu_dkdv_kernel(D, S, causal, monkeypatch):
     """The Gluon dK / dV kernel (bwd_gluon_dkdv) through fused_attention: it runs (spied), the Triton dQ kernel
     after it; every gradient against float32 and against the Triton backward."""
-    _check_backward_variant(D, S, causal, monkeypatch, "attention_dkdv_gluon", bwd_gluon_dkdv=1, bwd_gluon_dq=0)
+    _check_backward_variant(D, S, causal, monkeypatch, "dkdv", bwd_gluon_dkdv=1, bwd_gluon_dq=0)
 
 
 def _check_backward_variant(D, S, causal, monkeypatch, spied, **variants):
@@ -231,31 +244,34 @@ def _check_backward_variant(D, S, causal, monkeypatch, spied, **variants):
 def test_gpu_dq_kernel(D, S, causal, monkeypatch):
     """The Gluon dQ kernel (bwd_gluon_dq) after the Gluon dK / dV kernel, through fused_attention: it runs (spied);
     every gradient against float32 and against the Triton backward (one key block, several, causal diagonals)."""
-    _check_backward_variant(D, S, causal, monkeypatch, "attention_dq_gluon", bwd_gluon_dkdv=1, bwd_gluon_dq=1)
+    _check_backward_variant(D, S, causal, monkeypatch, "dq", bwd_gluon_dkdv=1, bwd_gluon_dq=1)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D,causal", [(64, False), (64, True), (128, False), (128, True)])
-def test_gpu_default_dispatch(D, causal, monkeypatch):
+@pytest.mark.parametrize("groups", [1, 4])
+def test_gpu_default_dispatch(D, causal, groups, monkeypatch):
     """The defaults (auto): a large call runs the Gluon forward FWD_KERNEL names and, where DKDV_MAX_S takes it, the
-    Gluon dK / dV kernel, with the right output and gradients; a small call (below GLUON_MIN_WORK) runs none."""
+    Gluon dK / dV kernel (grouped-query attention too: bwd_gluon_gqa), with the right output and gradients; a small
+    call (below GLUON_MIN_WORK) runs none."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers import fused_attention
 
-    ws, plain = _spy(monkeypatch, "attention_forward_gluon_ws"), _spy(monkeypatch, "attention_forward_gluon")
-    dkdv = _spy(monkeypatch, "attention_dkdv_gluon")
+    ws, plain = _spy(monkeypatch, "ws"), _spy(monkeypatch, "plain")
+    dkdv = _spy(monkeypatch, "dkdv")
     B, H, S = 2, 16, 2048
-    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(B, h, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for h in (H, H // groups, H // groups))
     assert AG.auto_ok("fwd_gluon", q, causal)
-    out = fused_attention(q, k, v, is_causal=causal)
+    out = fused_attention(q, k, v, is_causal=causal, enable_gqa=groups > 1)
     do = torch.randn_like(out)
     out.backward(do)
     want_ws = AG.FWD_KERNEL[(D, causal)] == "ws"
     assert (ws, plain) == (([1], []) if want_ws else ([], [1]))
     assert dkdv == ([1] if AG.auto_ok("bwd_gluon_dkdv", q, causal) else [])
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal)
+    ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, enable_gqa=groups > 1)
     ref.backward(do.float())
     torch.testing.assert_close(out.float(), ref.detach(), atol=2e-2, rtol=2e-2)
     for t, r in ((q, qf), (k, kf), (v, vf)):
@@ -279,8 +295,8 @@ def test_gpu_sequence_major_layouts(D, causal, packed, mode, monkeypatch):
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers import fused_attention
 
-    fwd = _spy(monkeypatch, "attention_forward_gluon_ws" if mode == 2 else "attention_forward_gluon")
-    dkdv, dq = _spy(monkeypatch, "attention_dkdv_gluon"), _spy(monkeypatch, "attention_dq_gluon")
+    fwd = _spy(monkeypatch, "ws" if mode == 2 else "plain")
+    dkdv, dq = _spy(monkeypatch, "dkdv"), _spy(monkeypatch, "dq")
     B, H, S = 2, 3, 384
     if packed:
         leaves = [torch.randn(B, S, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)]
@@ -321,8 +337,8 @@ def test_gpu_grouped_query_forward(D, causal, mode, groups, seq_major, gluon_bwd
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers import fused_attention
 
-    fwd = _spy(monkeypatch, "attention_forward_gluon_ws" if mode == 2 else "attention_forward_gluon")
-    dkdv = _spy(monkeypatch, "attention_dkdv_gluon")
+    fwd = _spy(monkeypatch, "ws" if mode == 2 else "plain")
+    dkdv = _spy(monkeypatch, "dkdv")
     B, H, S = 2, 8, 384
 
     def make(heads):
