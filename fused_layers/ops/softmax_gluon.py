@@ -1,0 +1,214 @@
+r"""The wide-row softmax forward in Gluon with TMA (issue 10): a candidate, opt-in (``config_override("softmax",
+wide_mode=3)``) until the H200 says it wins.  GPU only (Gluon has no interpreter), sm_90.
+
+Why.  The Triton wide-row kernels (ops/softmax.py) reach 0.69-0.80 of the copy ceiling in bf16.  ncu (session 9,
+issue10/run13_ncu/): the register form keeps about 32 KB in flight per SM, 55% of the DRAM peak, and every byte in
+flight costs registers or cp.async slots that the threads issue themselves.  TMA moves a whole box per instruction
+from one thread into shared memory and signals an mbarrier when it has landed: the bytes in flight are bounded by
+shared memory (here 64 KB a CTA, two CTAs an SM), not by registers.
+
+Schedule (one warpgroup a CTA, a persistent grid of a few CTAs an SM, each walking rows pid, pid + G, ...).  Each
+row is cut into C = cdiv(N, CHUNK) chunks of CHUNK = SUB x BOX columns; a chunk arrives as SUB TMA boxes of
+(1, BOX) into one buffer of a ring of NBUF buffers (one mbarrier each).  The program's loads form one stream, in
+the order it consumes them: row r's chunks 0..C-1 (pass 1), the same chunks again (pass 2), then row r + 1's.
+The ring is refilled as soon as a buffer has been read into registers, so the next NBUF chunks are always in
+flight, across pass and row boundaries (no bubble between rows).  Pass 2 re-reads a chunk read one row earlier by
+this SM: from L2 while the SMs' rows in flight fit there (H200: 50 MB, 132 x 2 rows of 128 KB at 64K bf16).
+
+Math (online softmax, base 2): pass 1 keeps the running max m and sum s of a row over its chunks x_c,
+
+    m' = max(m, max(x_c)),    s' = s * 2^((m - m') log2 e) + sum 2^((x_c - m') log2 e),
+
+with m' = -inf read as 0 in the exponents (a row that starts with -inf and turns finite later never makes
+-inf - -inf); pass 2 writes y = 2^((x - m) log2 e) / s through a ring of NOUT output buffers, stored by TMA.
+Special values as torch.softmax: an all -inf row gives 0 / 0 = NaN; a NaN or +inf makes the row NaN.
+Columns beyond N in the last chunk: the TMA load fills zeros, which are masked to -inf; its store clips them.
+
+Scope: a 2-D (M, N) view with unit column stride, rows 16-byte aligned (row stride x element size a multiple of
+16), bf16 / fp16 / fp32.  ``supported`` says whether a call qualifies.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._library import Kernel
+
+try:  # Gluon: Triton >= 3.5 with the NVIDIA Hopper dialect
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    HAS_GLUON = True
+except Exception:  # pragma: no cover - depends on the installed Triton
+    HAS_GLUON = False
+
+LOG2E = 1.4426950408889634
+_LOG2E = gl.constexpr(LOG2E) if HAS_GLUON else LOG2E
+
+# (element size) -> (SUB boxes a chunk, BOX columns a box, NBUF load buffers, NOUT output buffers, num_warps, CTAs an
+# SM).  bf16: 16 x 256 = 4,096 columns (8 KB) a chunk, 8 in flight (64 KB) + 2 output (16 KB): two CTAs an SM.
+CONFIGS = {2: (16, 256, 8, 2, 4, 2), 4: (8, 256, 8, 2, 4, 2)}
+
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _issue(x_desc, ring, bars, j, total, C, pid, G, SUB: gl.constexpr, BOX: gl.constexpr, NBUF: gl.constexpr):
+        """Load j of this program's stream (if j < total) into ring buffer j % NBUF: row pid + (j // 2C) G, chunk
+        (j % 2C) % C (pass 1 and pass 2 read the same chunks), as SUB boxes of (1, BOX) on one mbarrier."""
+        live = j < total
+        slot = j % NBUF
+        r = j // (2 * C)
+        chunk = (j - r * 2 * C) % C
+        row = pid + r * G
+        col0 = chunk * (SUB * BOX)
+        bar = bars.index(slot)
+        buf = ring.index(slot)
+        mbarrier.expect(bar, SUB * x_desc.block_type.nbytes, pred=live)
+        for s in gl.static_range(SUB):
+            tma.async_copy_global_to_shared(x_desc, [row, col0 + s * BOX], bar, buf.slice(s, 1), pred=live)
+
+    @gluon.jit
+    def _softmax_fwd_tma_kernel(
+        x_desc,  # TMA descriptor of x, (M, N) with unit column stride, block (1, BOX)
+        y_desc,  # TMA descriptor of y, (M, N) contiguous, block (1, BOX)
+        M,  # rows
+        N,  # columns (the softmax dim)
+        SUB: gl.constexpr,  # boxes a chunk
+        BOX: gl.constexpr,  # columns a box (<= 256, TMA's limit)
+        NBUF: gl.constexpr,  # chunk buffers of the load ring (chunks in flight)
+        NOUT: gl.constexpr,  # chunk buffers of output (stores in flight)
+        VEC: gl.constexpr,  # elements a thread reads from shared memory at once (16 bytes)
+        num_warps: gl.constexpr,
+    ):
+        dtype: gl.constexpr = x_desc.dtype
+        CHUNK: gl.constexpr = SUB * BOX
+        # A chunk in registers: SUB rows of BOX columns, each warp a few rows, VEC contiguous columns a thread.
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
+
+        # Shared memory: the load ring, the output buffers, one mbarrier per load buffer.
+        ring = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], x_desc.layout)
+        outb = gl.allocate_shared_memory(dtype, [NOUT, SUB, BOX], y_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NBUF):
+            mbarrier.init(bars.index(i), count=1)
+        fence_async_shared()
+
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        C = gl.cdiv(N, CHUNK)
+        n_rows = gl.cdiv(M - pid, G)  # rows pid, pid + G, ... (the grid has at most M programs)
+        total = n_rows * 2 * C  # loads of this program: two passes over each of its rows
+
+        # Step 1: fill the ring.
+        for i in gl.static_range(NBUF):
+            _issue(x_desc, ring, bars, i, total, C, pid, G, SUB, BOX, NBUF)
+
+        cols = (gl.expand_dims(gl.arange(0, SUB, layout=gl.SliceLayout(1, layout)), 1) * BOX
+                + gl.expand_dims(gl.arange(0, BOX, layout=gl.SliceLayout(0, layout)), 0))
+        j = 0  # the next load of the stream to consume
+        o = 0  # output chunks stored so far
+        for r in range(n_rows):
+            row = pid + r * G
+            # Step 2 (pass 1): the row's running max and sum, chunk by chunk.
+            m = gl.to_tensor(-float("inf"))
+            s = gl.to_tensor(0.0)
+            for c in range(C):
+                slot = j % NBUF
+                mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
+                x = ring.index(slot).load(layout).to(gl.float32)
+                gl.thread_barrier()  # every warp has read the buffer: refill it
+                _issue(x_desc, ring, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF)
+                j += 1
+                x = gl.where(c * CHUNK + cols < N, x * _LOG2E, -float("inf"))
+                m_new = gl.maximum(m, gl.max(gl.max(x, axis=1), axis=0))
+                m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
+                s = s * gl.exp2(m - m_use) + gl.sum(gl.sum(gl.exp2(x - m_use), axis=1), axis=0)
+                m = m_new
+            m_use = gl.where(m == -float("inf"), 0.0, m)
+            inv = 1.0 / s
+            # Step 3 (pass 2): y = 2^(x log2 e - m) / s, stored by TMA from the output buffers.
+            for c in range(C):
+                slot = j % NBUF
+                mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
+                x = ring.index(slot).load(layout).to(gl.float32)
+                gl.thread_barrier()
+                _issue(x_desc, ring, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF)
+                j += 1
+                y = gl.exp2(x * _LOG2E - m_use) * inv
+                ob = outb.index(o % NOUT)
+                tma.store_wait(pendings=(NOUT - 1) * SUB)  # the stores that last read this buffer are done
+                gl.thread_barrier()
+                ob.store(y.to(dtype))
+                fence_async_shared()
+                gl.thread_barrier()  # every warp's part is written before the stores read it
+                for sb in gl.static_range(SUB):
+                    tma.async_copy_shared_to_global(y_desc, [row, c * CHUNK + sb * BOX], ob.slice(sb, 1))
+                o += 1
+        tma.store_wait(pendings=0)
+        for i in gl.static_range(NBUF):
+            mbarrier.invalidate(bars.index(i))
+
+
+def supported(x: torch.Tensor) -> str | None:
+    """None when the TMA forward takes ``x`` (2-D (M, N) rows), else why not."""
+    if not HAS_GLUON:
+        return "Gluon is not available in this Triton"
+    if not x.is_cuda or torch.cuda.get_device_capability(x.device)[0] != 9:
+        return "needs an sm_90 (Hopper) GPU"
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"dtype {x.dtype} not bf16 / fp16 / fp32"
+    if x.dim() != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        return "needs a non-empty 2-D (rows, columns) view"
+    if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % 16 or x.data_ptr() % 16:
+        return "rows must have unit column stride and start 16-byte aligned"
+    return None
+
+
+_LAUNCHES: dict = {}
+
+
+def _layout(dtype: torch.dtype):
+    bits = 32 if dtype == torch.float32 else 16
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
+
+
+def _plan(x: torch.Tensor, config: tuple):
+    key = (x.shape, x.stride(), x.dtype, x.device, config)
+    plan = _LAUNCHES.get(key)
+    if plan is not None:
+        return plan
+    M, N = x.shape
+    sub, box, nbuf, nout, warps, per_sm = config
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    lay = _layout(x.dtype)
+    descs = [TensorDescriptor(x, [M, N], [x.stride(0), 1], [1, box], lay),
+             TensorDescriptor(y, [M, N], [N, 1], [1, box], lay)]
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    kernel = Kernel(_softmax_fwd_tma_kernel, (min(M, per_sm * sms),), SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout,
+                    VEC=16 // x.element_size(), num_warps=warps)
+    plan = (kernel, descs)
+    if len(_LAUNCHES) >= 256:
+        _LAUNCHES.clear()
+    _LAUNCHES[key] = plan
+    return plan
+
+
+def softmax_forward_tma(x: torch.Tensor, config: tuple | None = None) -> torch.Tensor:
+    """y = softmax(x, dim=1) for a 2-D ``x`` that ``supported`` takes; y contiguous."""
+    why = supported(x)
+    if why is not None:
+        raise ValueError(f"softmax_forward_tma: {why}")
+    config = tuple(config or CONFIGS[x.element_size()])
+    sub, box, nbuf, nout = config[:4]
+    if box > 256 or (box * x.element_size()) % 16 or nbuf < 1 or nout < 1:
+        raise ValueError(f"softmax_forward_tma: config {config}: BOX <= 256 with 16-byte boxes, NBUF, NOUT >= 1")
+    kernel, descs = _plan(x, config)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    descs[0].base, descs[1].base = x, y
+    kernel(*descs, x.shape[0], x.shape[1])
+    descs[0].base = descs[1].base = None
+    return y

@@ -1,0 +1,62 @@
+"""Issue 10's TMA wide-row softmax forward (fused_layers/ops/softmax_gluon.py): GPU only (Gluon has no interpreter).
+On the CPU: what it refuses and how it says so.  On an sm_90 GPU: y against a float32 torch.softmax on ragged shapes
+(a last chunk with a partial box and whole boxes past N, one row, fewer rows than programs, several chunks and rows a
+program), strided rows, special values."""
+
+import pytest
+import torch
+
+from fused_layers.ops import softmax_gluon as SG
+
+
+def test_refuses_what_it_does_not_take():
+    """CPU tensors, wrong dtypes and unaligned rows get a ValueError naming the launcher and the reason."""
+    with pytest.raises(ValueError, match="softmax_forward_tma"):
+        SG.softmax_forward_tma(torch.randn(4, 64))
+    assert SG.supported(torch.randn(4, 64)) is not None
+
+
+def _sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and SG.HAS_GLUON
+
+
+def _check(x, y):
+    ref = torch.softmax(x.float(), dim=1)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 2e-3}[x.dtype]
+    torch.testing.assert_close(y.float(), ref, atol=tol * max(1.0, ref.abs().max().item()), rtol=tol, equal_nan=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("M,N", [(1, 4104), (5, 50304), (300, 32768), (7, 131336), (2, 262144), (1000, 8)])
+def test_gpu_matches_torch(M, N, dtype):
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    x = torch.randn(M, N, device="cuda", dtype=dtype) * 4
+    _check(x, SG.softmax_forward_tma(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [(16, 256, 8, 2, 4, 2), (8, 256, 4, 1, 4, 1), (4, 128, 12, 3, 4, 3), (32, 256, 4, 2, 8, 1)])
+def test_gpu_configs(config):
+    """Other ring depths, chunk shapes, warps and CTAs an SM (the sweep's candidates) give the same answer."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    x = torch.randn(523, 20000, device="cuda", dtype=torch.bfloat16) * 4
+    _check(x, SG.softmax_forward_tma(x, config))
+
+
+@pytest.mark.gpu
+def test_gpu_strided_rows_and_special_values():
+    """Rows of a wider buffer (16-byte aligned stride) read in place; an all -inf row gives NaN, a row with +inf or NaN
+    is NaN, a row of -inf then finite values and huge finite logits are exact, as torch.softmax."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    base = torch.randn(9, 40000, device="cuda", dtype=torch.bfloat16) * 4
+    x = base[:, 8:33008]
+    x[0] = -float("inf")
+    x[1, 5] = float("inf")
+    x[2, 30000] = float("nan")
+    x[3, :20000] = -float("inf")
+    x[4] = x[4] * 1e4
+    _check(x, SG.softmax_forward_tma(x))
