@@ -25,7 +25,10 @@ def main():
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--configs", default="")
     ap.add_argument("--elements", type=int, default=2**26)
+    ap.add_argument("--ce", action="store_true", help="cross-entropy instead: 8,192 rows, loss + gradient")
     args = ap.parse_args()
+    if args.ce:
+        return ce(args)
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";") if c] or [None]
     compiled = torch.compile(lambda t: torch.softmax(t, dim=-1))
     rows = []
@@ -55,6 +58,54 @@ def main():
                                       for k, v in line.items() if isinstance(v, dict)), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "softmax_gluon.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+def ce(args):
+    """Issue 10's cross-entropy table: 8,192 rows of bf16 logits, loss + gradient (one read, one write)."""
+    import torch.nn.functional as F
+
+    from fused_layers import fused_cross_entropy
+
+    configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";") if c] or [None]
+    rows = []
+    for n in (int(w) for w in args.widths.split(",")):
+        m = 8192
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 3
+        t = torch.randint(0, n, (m,), device="cuda")
+        xr = x.detach().requires_grad_()
+        nbytes = 2 * x.numel() * x.element_size()
+
+        def fused():
+            xr.grad = None
+            fused_cross_entropy(xr, t).backward()
+
+        def float_ref():
+            xr.grad = None
+            F.cross_entropy(xr.float(), t).backward()
+
+        cands = {"float": float_ref, "fused": fused}
+        for cfg in configs:
+            cands[f"tma{'' if cfg is None else list(cfg)}"] = (lambda c=cfg: SG.cross_entropy_tma(x, t, config=c))
+        line = {"n": n, "rows": m}
+        for name, fn in cands.items():
+            try:
+                t_ms = triton.testing.do_bench(fn, warmup=50, rep=200)
+                g_ms = triton.testing.do_bench_cudagraph(fn, rep=200)
+                line[name] = {"ms": t_ms, "graph_ms": g_ms, "frac": nbytes / t_ms / 1e-3 / COPY,
+                              "graph_frac": nbytes / g_ms / 1e-3 / COPY}
+            except Exception as e:  # noqa: BLE001
+                line[name] = {"error": str(e)[-300:]}
+        loss, grad = SG.cross_entropy_tma(x, t)
+        xf = x.float().requires_grad_()
+        ref = F.cross_entropy(xf, t)
+        ref.backward()
+        line["max_err"] = {"loss": abs(loss.float().item() - ref.item()), "grad": (grad.float() - xf.grad).abs().max().item()}
+        rows.append(line)
+        print("ce", n, " | ".join(f"{k} {v['frac']:.3f}/{v['graph_frac']:.3f}" if "frac" in v else f"{k} {v}"
+                                  for k, v in line.items() if isinstance(v, dict)), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "cross_entropy_gluon.json"), "w") as f:
         json.dump(rows, f, indent=1)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 15, call 3 (< 6 min, one H200): call 2's Gluon attention GPU tests (spies fixed, GQA dK / dV on by default),
-# then issue 10's TMA wide-row softmax forward (ops/softmax_gluon.py): its GPU tests, then its sweep beside the default
-# fused forward, torch.softmax and torch.compile.
+# then issue 10's TMA wide-row softmax forward and cross-entropy (ops/softmax_gluon.py): GPU tests, then sweeps beside
+# the default fused kernels, torch.softmax and torch.compile.
 #   run: OUT=$OUT bash benchmarks/gpu_session22_b.sh   (carry .whl)
 set -u
 FINAL=$OUT; OUT=$FINAL/r; mkdir -p $OUT
@@ -17,4 +17,7 @@ el "bf16 sweep exit $?"; cat $OUT/bf16.log | cut -c1-400; pack
 timeout 60 python3 benchmarks/bench_softmax_gluon.py --out $OUT/fp32 --dtypes fp32 --widths 32768,65536,262144 \
   --configs "8,256,8,2,4,2;4,256,8,2,4,3;8,256,12,2,4,1" > $OUT/fp32.log 2>&1
 el "fp32 sweep exit $?"; cat $OUT/fp32.log | cut -c1-400; pack
+timeout 60 python3 benchmarks/bench_softmax_gluon.py --out $OUT/ce --ce --widths 32000,50304,128256,262144 \
+  --configs "16,256,8,2,4,2;8,256,8,2,4,3;16,256,16,2,4,1" > $OUT/ce.log 2>&1
+el "CE exit $?"; cat $OUT/ce.log | cut -c1-400; pack
 rm -rf $OUT

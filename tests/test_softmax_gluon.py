@@ -60,3 +60,25 @@ def test_gpu_strided_rows_and_special_values():
     x[3, :20000] = -float("inf")
     x[4] = x[4] * 1e4
     _check(x, SG.softmax_forward_tma(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,C", [(1, 4104), (37, 32000), (5, 50304), (3, 128256)])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_gpu_cross_entropy(M, C, weighted, reduction):
+    """cross_entropy_tma's loss and gradient against F.cross_entropy on float32 logits, with ignored rows (one row in
+    three) and class weights."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    x = torch.randn(M, C, device="cuda", dtype=torch.bfloat16) * 3
+    t = torch.randint(0, C, (M,), device="cuda")
+    t[1::3] = -100
+    w = torch.rand(C, device="cuda") + 0.5 if weighted else None
+    loss, grad = SG.cross_entropy_tma(x, t, w, reduction=reduction)
+    xf = x.float().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(xf, t, weight=w, reduction=reduction)
+    ref.backward()
+    torch.testing.assert_close(loss.float(), ref.detach(), atol=2e-2 * max(1.0, ref.abs().item()), rtol=1e-2)
+    torch.testing.assert_close(grad.float(), xf.grad, atol=8e-3 * max(1e-6, xf.grad.abs().max().item()), rtol=2e-2,
+                               equal_nan=True)

@@ -47,6 +47,7 @@ except Exception:  # pragma: no cover - depends on the installed Triton
 
 LOG2E = 1.4426950408889634
 _LOG2E = gl.constexpr(LOG2E) if HAS_GLUON else LOG2E
+_LN2 = gl.constexpr(0.6931471805599453) if HAS_GLUON else 0.6931471805599453
 
 # (element size) -> (SUB boxes a chunk, BOX columns a box, NBUF load buffers, NOUT output buffers, num_warps, CTAs an
 # SM).  bf16: 16 x 256 = 4,096 columns (8 KB) a chunk, 8 in flight (64 KB) + 2 output (16 KB): two CTAs an SM.
@@ -153,6 +154,117 @@ if HAS_GLUON:
             mbarrier.invalidate(bars.index(i))
 
 
+    @gluon.jit
+    def _ce_fwd_tma_kernel(
+        X,  # logits (M, C), row stride sx: the target logits are read from it directly
+        T,  # int64 [M] class-index targets
+        W,  # [C] class weights, read when HAS_WEIGHT
+        DEN,  # float32 [2] (ops/cross_entropy.launch_den): [0] the weighted mean's denominator D, read when MEAN
+        LOSS,  # float32 [M] (written): each row's loss, divided by D when MEAN
+        x_desc,  # TMA descriptor of the logits, block (1, BOX)
+        g_desc,  # TMA descriptor of the gradient (M, C) contiguous, block (1, BOX)
+        M,  # rows
+        C,  # classes (the row width)
+        sx,  # the logits' row stride
+        ignore_index,
+        HAS_WEIGHT: gl.constexpr,
+        MEAN: gl.constexpr,
+        SUB: gl.constexpr,  # boxes a chunk
+        BOX: gl.constexpr,  # columns a box
+        NBUF: gl.constexpr,  # chunk buffers of the load ring
+        NOUT: gl.constexpr,  # chunk buffers of the gradient
+        VEC: gl.constexpr,  # elements a thread reads from shared memory at once
+        num_warps: gl.constexpr,
+    ):
+        """Cross-entropy with class-index targets (no label smoothing): loss and gradient in one stream, the
+        softmax forward's schedule (pass 1 the row's max and sum, pass 2 the gradient).  With
+        lse = m + ln s, w_t the target's weight (1 without weights) and D the mean's denominator (1 for sum):
+        loss = w_t (lse - x_t) / D and dx_j = w_t (p_j - [j = t]) / D, p_j = exp(x_j - lse); an ignored row
+        has loss 0 and gradient 0 * p (NaN where p is, as torch); an out-of-range target NaN (the caller raises
+        from launch_den's count)."""
+        dtype: gl.constexpr = x_desc.dtype
+        CHUNK: gl.constexpr = SUB * BOX
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
+        ring = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], x_desc.layout)
+        outb = gl.allocate_shared_memory(dtype, [NOUT, SUB, BOX], g_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NBUF):
+            mbarrier.init(bars.index(i), count=1)
+        fence_async_shared()
+
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        nc = gl.cdiv(C, CHUNK)
+        n_rows = gl.cdiv(M - pid, G)
+        total = n_rows * 2 * nc
+        for i in gl.static_range(NBUF):
+            _issue(x_desc, ring, bars, i, total, nc, pid, G, SUB, BOX, NBUF)
+        if MEAN:
+            scale = 1.0 / gl.load(DEN)
+        else:
+            scale = 1.0
+
+        cols = (gl.expand_dims(gl.arange(0, SUB, layout=gl.SliceLayout(1, layout)), 1) * BOX
+                + gl.expand_dims(gl.arange(0, BOX, layout=gl.SliceLayout(0, layout)), 0))
+        j = 0
+        o = 0
+        for r in range(n_rows):
+            row = pid + r * G
+            # The row's target, its weight and logit (read before any gradient of the row is written).
+            t = gl.load(T + row)
+            ign = t == ignore_index
+            bad = (t != ignore_index) & ((t < 0) | (t >= C))
+            tt = gl.where(ign | bad, 0, t)
+            x_t = gl.load(X + row.to(gl.int64) * sx + tt).to(gl.float32)
+            if HAS_WEIGHT:
+                w_t = gl.load(W + tt).to(gl.float32)
+            else:
+                w_t = 1.0
+            # Pass 1: running max and sum (base 2, log2 e folded in).
+            m = gl.to_tensor(-float("inf"))
+            s = gl.to_tensor(0.0)
+            for c in range(nc):
+                slot = j % NBUF
+                mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
+                x = ring.index(slot).load(layout).to(gl.float32)
+                gl.thread_barrier()
+                _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF)
+                j += 1
+                x = gl.where(c * CHUNK + cols < C, x * _LOG2E, -float("inf"))
+                m_new = gl.maximum(m, gl.max(gl.max(x, axis=1), axis=0))
+                m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
+                s = s * gl.exp2(m - m_use) + gl.sum(gl.sum(gl.exp2(x - m_use), axis=1), axis=0)
+                m = m_new
+            lse2 = gl.where(m == -float("inf"), 0.0, m) + gl.log2(s)  # base-2 lse (an all -inf row: -inf)
+            loss = gl.where(ign, 0.0, w_t * (lse2 * _LN2 - x_t))
+            loss = gl.where(bad, float("nan"), loss) * scale
+            gl.store(LOSS + row, loss)
+            coef = gl.where(ign, 0.0, w_t * scale)
+            coef = gl.where(bad, float("nan"), coef)
+            # Pass 2: dx = coef (p - [j = t]), stored by TMA.
+            for c in range(nc):
+                slot = j % NBUF
+                mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
+                x = ring.index(slot).load(layout).to(gl.float32)
+                gl.thread_barrier()
+                _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF)
+                j += 1
+                p = gl.exp2(x * _LOG2E - lse2)
+                g = coef * (p - gl.where(c * CHUNK + cols == tt, 1.0, 0.0))
+                ob = outb.index(o % NOUT)
+                tma.store_wait(pendings=(NOUT - 1) * SUB)
+                gl.thread_barrier()
+                ob.store(g.to(dtype))
+                fence_async_shared()
+                gl.thread_barrier()
+                for sb in gl.static_range(SUB):
+                    tma.async_copy_shared_to_global(g_desc, [row, c * CHUNK + sb * BOX], ob.slice(sb, 1))
+                o += 1
+        tma.store_wait(pendings=0)
+        for i in gl.static_range(NBUF):
+            mbarrier.invalidate(bars.index(i))
+
+
 def supported(x: torch.Tensor) -> str | None:
     """None when the TMA forward takes ``x`` (2-D (M, N) rows), else why not."""
     if not HAS_GLUON:
@@ -176,8 +288,10 @@ def _layout(dtype: torch.dtype):
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
 
 
-def _plan(x: torch.Tensor, config: tuple):
-    key = (x.shape, x.stride(), x.dtype, x.device, config)
+def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None):
+    """(bound kernel, [x descriptor, output descriptor]) for this shape: the softmax forward, or with ``ce`` =
+    (has weight, mean) the cross-entropy."""
+    key = (x.shape, x.stride(), x.dtype, x.device, config, ce)
     plan = _LAUNCHES.get(key)
     if plan is not None:
         return plan
@@ -188,8 +302,11 @@ def _plan(x: torch.Tensor, config: tuple):
     descs = [TensorDescriptor(x, [M, N], [x.stride(0), 1], [1, box], lay),
              TensorDescriptor(y, [M, N], [N, 1], [1, box], lay)]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    kernel = Kernel(_softmax_fwd_tma_kernel, (min(M, per_sm * sms),), SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout,
-                    VEC=16 // x.element_size(), num_warps=warps)
+    meta = dict(SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout, VEC=16 // x.element_size(), num_warps=warps)
+    if ce is None:
+        kernel = Kernel(_softmax_fwd_tma_kernel, (min(M, per_sm * sms),), **meta)
+    else:
+        kernel = Kernel(_ce_fwd_tma_kernel, (min(M, per_sm * sms),), HAS_WEIGHT=ce[0], MEAN=ce[1], **meta)
     plan = (kernel, descs)
     if len(_LAUNCHES) >= 256:
         _LAUNCHES.clear()
@@ -212,3 +329,33 @@ def softmax_forward_tma(x: torch.Tensor, config: tuple | None = None) -> torch.T
     kernel(*descs, x.shape[0], x.shape[1])
     descs[0].base = descs[1].base = None
     return y
+
+
+def cross_entropy_tma(x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                      ignore_index: int = -100, reduction: str = "mean", config: tuple | None = None):
+    """(loss, grad) of F.cross_entropy(x, target, weight, ignore_index, reduction) for 2-D logits ``x`` that
+    ``supported`` takes, class-index ``target`` (M,), reduction 'mean' or 'sum': the loss as a 0-d tensor in x's dtype
+    (float32 logits: float32), the gradient of the loss (upstream gradient 1) contiguous in x's dtype."""
+    why = supported(x)
+    if why is None and (target.dim() != 1 or target.shape[0] != x.shape[0] or target.is_floating_point()):
+        why = "target must be (rows,) class indices"
+    if why is None and reduction not in ("mean", "sum"):
+        why = f"reduction {reduction!r} not 'mean' / 'sum'"
+    if why is not None:
+        raise ValueError(f"cross_entropy_tma: {why}")
+    from .cross_entropy import _sum_kernel, check_target_flag, launch_den
+
+    M, C = x.shape
+    config = tuple(config or CONFIGS[x.element_size()])
+    t = target.contiguous().to(torch.int64)
+    den = launch_den(t, weight, M, C, ignore_index)
+    check_target_flag(den, C)
+    kernel, descs = _plan(x, config, (weight is not None, reduction == "mean"))
+    grad = torch.empty((M, C), dtype=x.dtype, device=x.device)
+    rows = torch.empty(M, dtype=torch.float32, device=x.device)
+    descs[0].base, descs[1].base = x, grad
+    kernel(x, t, weight if weight is not None else x, den, rows, *descs, M, C, x.stride(0), ignore_index)
+    descs[0].base = descs[1].base = None
+    loss = torch.empty((), dtype=x.dtype, device=x.device)
+    _sum_kernel()(rows, loss, M)
+    return loss, grad
