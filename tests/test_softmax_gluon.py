@@ -82,3 +82,40 @@ def test_gpu_cross_entropy(M, C, weighted, reduction):
     torch.testing.assert_close(loss.float(), ref.detach(), atol=2e-2 * max(1.0, ref.abs().item()), rtol=1e-2)
     torch.testing.assert_close(grad.float(), xf.grad, atol=8e-3 * max(1e-6, xf.grad.abs().max().item()), rtol=2e-2,
                                equal_nan=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_through_the_public_ops(dtype, monkeypatch):
+    """softmax_config.WIDE_MODE 3 and cross_entropy_config.WIDE_MODE 4 route fused_softmax (last dim, 3-D input) and
+    fused_cross_entropy (with its backward) through the TMA kernels (spied); a softmax over another dim and a
+    non-viewable layout stay on the Triton kernels; answers against float32 torch."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from fused_layers import fused_cross_entropy, fused_softmax
+    from fused_layers.ops import softmax as SM
+
+    calls = []
+    for name in ("softmax_forward_tma", "ce_launch"):
+        orig = getattr(SG, name)
+        monkeypatch.setattr(SG, name, lambda *a, _o=orig, _n=name, **kw: calls.append(_n) or _o(*a, **kw))
+    x = torch.randn(3, 5, 70000, device="cuda", dtype=dtype) * 4
+    with SM.config_override("softmax", wide_mode=3):
+        y = fused_softmax(x, -1)
+        assert calls == ["softmax_forward_tma"]
+        _check(x.reshape(15, -1), y.reshape(15, -1))
+        xt = x.transpose(0, 1)  # rows not viewable as (15, N) without a copy: the persistent kernels
+        torch.testing.assert_close(fused_softmax(xt, -1).float(), torch.softmax(xt.float(), -1), atol=1e-2, rtol=1e-2)
+        assert calls == ["softmax_forward_tma"]
+    logits = (torch.randn(64, 50304, device="cuda", dtype=dtype) * 3).requires_grad_()
+    t = torch.randint(0, 50304, (64,), device="cuda")
+    t[::5] = -100
+    with SM.config_override("cross_entropy", wide_mode=4):
+        loss = fused_cross_entropy(logits, t)
+        loss.backward()
+    assert calls[-1] == "ce_launch"
+    xf = logits.detach().float().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(xf, t)
+    ref.backward()
+    torch.testing.assert_close(loss.float(), ref.detach(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(logits.grad.float(), xf.grad, atol=1e-2 * xf.grad.abs().max().item(), rtol=2e-2)

@@ -925,7 +925,7 @@ class _Plan:
     the bound kernels (``_library.Kernel``) and their integer arguments."""
 
     __slots__ = ("copy_x", "copy_t", "ints", "M", "C", "splits", "piece", "kernel", "den_kernel", "persist",
-                 "groups", "fallback")
+                 "groups", "fallback", "tma")
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -970,6 +970,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
     plan.den_kernel = _den_kernel(has_weight) if den_on_device else None
     plan.splits = 0
     plan.persist = plan.groups = plan.fallback = None
+    plan.tma = False
     if M == 0 or C == 0:
         plan.kernel, plan.ints = None, ()
     else:
@@ -989,10 +990,14 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         # 2 = split (_ce_fwd_split_kernel: several programs per row).  Without a gradient the streaming
         # kernel is one pass.
         wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE.get(elem, 1)) if not single else 1
-        if wide not in (1, 2, 3):
-            raise ValueError(f"{_OP}: wide_mode {wide} does not exist (1 = stream, 2 = split, 3 = persistent)")
+        if wide not in (1, 2, 3, 4):
+            raise ValueError(f"{_OP}: wide_mode {wide} does not exist (1 = stream, 2 = split, 3 = persistent, "
+                             "4 = TMA)")
         base = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd) + (ignore_index,)
-        if wide == 3 and has_grad and persist_ok and not (soft or smooth):
+        # 4: the TMA kernel of ops/softmax_gluon.py where it takes the call (2-D logits with unit column stride on an
+        # sm_90 GPU, reduction mean / sum, no row scale: checked per call), else the persistent kernel (3).
+        plan.tma = wide == 4 and has_grad and persist_ok and not (soft or smooth or has_row_scale) and inner == 1
+        if wide in (3, 4) and has_grad and persist_ok and not (soft or smooth):
             # Persistent pieces held in registers (_ce_fwd_persist_kernel): balanced pieces of at most
             # BLOCK_N columns, 64-aligned starts.  The grid needs the compiled kernel's occupancy, so the
             # Kernel is made at the first launch (_persist_kernels); the streaming plan is its fallback.
@@ -1227,7 +1232,10 @@ def cross_entropy_forward(
     # kernel's writes sees).
     args = (input, t, weight if weight is not None else input, loss_rows, grad if grad is not None else input,
             den if mean_hard else input, row_scale if row_scale is not None else input)
-    if plan.persist is not None:
+    if (plan.tma and input.is_cuda and grad is not None and grad_out is None and loss_out is None
+            and reduction != "none" and _tma_launch(input, t, weight, ignore_index, den, mean_hard, loss_rows, grad)):
+        pass
+    elif plan.persist is not None:
         slots = torch.zeros(M * plan.splits, dtype=torch.int64, device=dev)
         pargs = (*args, slots, *plan.ints, inv_den, plan.splits, plan.piece)
         kernels = _persist_kernels(plan, pargs)
@@ -1252,6 +1260,16 @@ def cross_entropy_forward(
     if squeeze and grad is not None and grad_out is None:
         grad = grad.squeeze(0)
     return loss, grad
+
+
+def _tma_launch(x, t, weight, ignore_index, den, mean, loss_rows, grad) -> bool:
+    """WIDE_MODE 4: ops/softmax_gluon.ce_launch on 2-D logits; False where it declines them (the caller runs the
+    persistent kernel)."""
+    from . import softmax_gluon  # (imported on first use: Gluon's import is not free)
+
+    if x.dim() != 2 or t.dtype != torch.int64:
+        return False
+    return softmax_gluon.ce_launch(x, t, weight, ignore_index, den, mean, loss_rows, grad)
 
 
 def scale_grad_(grad: torch.Tensor, grad_output: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -606,7 +606,7 @@ def _contiguous_strides(shape: torch.Size, dim: int) -> tuple[int, ...]:
 class _Plan:
     """Everything a launch needs that depends only on shapes, strides, dtype and dim (cached)."""
 
-    __slots__ = ("copy", "wide", "kernel", "m", "splits", "ints", "cpp", "persist", "groups", "fallback")
+    __slots__ = ("copy", "wide", "kernel", "m", "splits", "ints", "cpp", "persist", "groups", "fallback", "tma")
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -617,7 +617,7 @@ def _max_single_block(elem: int, direction: str, persist_ok: bool) -> int:
     """The widest row (padded) a single-block program takes: MAX_SINGLE_BLOCK, or less where the persistent
     kernels, which only eager calls take, beat the single block (softmax_config.PERSIST_MAX_SINGLE_BLOCK)."""
     limit = get_override("softmax", "max_single_block", MAX_SINGLE_BLOCK)
-    if persist_ok and get_override("softmax", "wide_mode", WIDE_MODE.get((direction, elem), 0)) == 2:
+    if persist_ok and get_override("softmax", "wide_mode", WIDE_MODE.get((direction, elem), 0)) in (2, 3):
         limit = min(limit, get_override("softmax", "persist_max_single_block",
                                         PERSIST_MAX_SINGLE_BLOCK.get((direction, elem), limit)))
     return limit
@@ -653,6 +653,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     plan = _Plan()
     plan.cpp = {}  # (device, with backward) -> C++ fast-path handles, or False (ops/_cpp.py)
     plan.persist = plan.groups = plan.fallback = None
+    plan.tma = False
     views, plan.copy = [], []
     for st in strides:
         v = _row_strides(shape, st, dim)
@@ -671,7 +672,10 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.splits = 0
         fn = _softmax_fwd_kernel if fwd else _softmax_bwd_kernel
         plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
-    elif get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0)) == 2 and persist_ok:
+    elif get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0)) in (2, 3) and persist_ok:
+        # mode 3 (the forward): the TMA kernel of ops/softmax_gluon.py for rows it takes (softmax over the last dim
+        # of rows with unit column stride, on an sm_90 GPU; checked per call), else the persistent kernels.
+        plan.tma = fwd and inner == 1 and get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd", elem), 0)) == 3
         # persistent pieces in registers (_softmax_*_persist_kernel): kernels bound at the first call
         block, warps, per_sm = _persist_config(elem, "fwd" if fwd else "bwd")
         splits, piece = balanced_pieces(n, block)
@@ -737,6 +741,20 @@ def _persist_launch(plan: _Plan, tensors: tuple) -> bool:
     return True
 
 
+def _tma_forward(x: torch.Tensor, plan: _Plan) -> torch.Tensor | None:
+    """The TMA forward (softmax_config.WIDE_MODE 3) of a softmax over the last dim, or None where it does not take x
+    (then the persistent kernels run)."""
+    from . import softmax_gluon  # (imported on first use: Gluon's import is not free)
+
+    try:
+        x2 = x.view(plan.m, x.shape[-1])  # rows with unit column stride (no copy: a layout that needs one is declined)
+    except RuntimeError:
+        return None
+    if softmax_gluon.supported(x2) is not None:
+        return None
+    return softmax_gluon.softmax_forward_tma(x2).view(x.shape)
+
+
 def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Launch the softmax forward of ``x`` along ``dim`` (already normalized); returns a contiguous y.
 
@@ -747,6 +765,10 @@ def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     if x.numel() == 0:
         return y
     plan = _plan(x.shape, (x.stride(),), x.dtype, dim, type(x) in _PLAIN)
+    if plan.tma and x.is_cuda:
+        y2 = _tma_forward(x, plan)
+        if y2 is not None:
+            return y2
     if plan.copy[0]:
         x = x.contiguous()
     if plan.persist is not None and _persist_launch(plan, (x, y)):

@@ -331,11 +331,28 @@ def softmax_forward_tma(x: torch.Tensor, config: tuple | None = None) -> torch.T
     return y
 
 
+
+
+def ce_launch(x: torch.Tensor, t: torch.Tensor, weight: torch.Tensor | None, ignore_index: int, den: torch.Tensor,
+              mean: bool, rows: torch.Tensor, grad: torch.Tensor, config: tuple | None = None) -> bool:
+    """The TMA cross-entropy on checked arguments (ops/cross_entropy.py, WIDE_MODE 4): per-row losses into ``rows``
+    (float32 (M,), divided by den[0] when ``mean``), the gradient into ``grad`` ((M, C) contiguous, x's dtype); ``t``
+    int64 (M,) contiguous, ``den`` launch_den's.  False (nothing launched) where ``supported`` declines x."""
+    if supported(x) is not None:
+        return False
+    M, C = x.shape
+    kernel, descs = _plan(x, tuple(config or CONFIGS[x.element_size()]), (weight is not None, bool(mean)))
+    descs[0].base, descs[1].base = x, grad
+    kernel(x, t, weight if weight is not None else x, den, rows, *descs, M, C, x.stride(0), ignore_index)
+    descs[0].base = descs[1].base = None
+    return True
+
+
 def cross_entropy_tma(x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
                       ignore_index: int = -100, reduction: str = "mean", config: tuple | None = None):
     """(loss, grad) of F.cross_entropy(x, target, weight, ignore_index, reduction) for 2-D logits ``x`` that
-    ``supported`` takes, class-index ``target`` (M,), reduction 'mean' or 'sum': the loss as a 0-d tensor in x's dtype
-    (float32 logits: float32), the gradient of the loss (upstream gradient 1) contiguous in x's dtype."""
+    ``supported`` takes, class-index ``target`` (M,), reduction 'mean' or 'sum': the loss as a 0-d tensor in x's dtype,
+    the gradient of the loss (upstream gradient 1) contiguous in x's dtype."""
     why = supported(x)
     if why is None and (target.dim() != 1 or target.shape[0] != x.shape[0] or target.is_floating_point()):
         why = "target must be (rows,) class indices"
@@ -346,16 +363,12 @@ def cross_entropy_tma(x: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
     from .cross_entropy import _sum_kernel, check_target_flag, launch_den
 
     M, C = x.shape
-    config = tuple(config or CONFIGS[x.element_size()])
     t = target.contiguous().to(torch.int64)
     den = launch_den(t, weight, M, C, ignore_index)
     check_target_flag(den, C)
-    kernel, descs = _plan(x, config, (weight is not None, reduction == "mean"))
     grad = torch.empty((M, C), dtype=x.dtype, device=x.device)
     rows = torch.empty(M, dtype=torch.float32, device=x.device)
-    descs[0].base, descs[1].base = x, grad
-    kernel(x, t, weight if weight is not None else x, den, rows, *descs, M, C, x.stride(0), ignore_index)
-    descs[0].base = descs[1].base = None
+    ce_launch(x, t, weight, ignore_index, den, reduction == "mean", rows, grad, config)
     loss = torch.empty((), dtype=x.dtype, device=x.device)
     _sum_kernel()(rows, loss, M)
     return loss, grad
