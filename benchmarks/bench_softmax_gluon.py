@@ -26,6 +26,7 @@ def main():
     ap.add_argument("--configs", default="")
     ap.add_argument("--elements", type=int, default=2**26)
     ap.add_argument("--ce", action="store_true", help="cross-entropy instead: 8,192 rows, loss + gradient")
+    ap.add_argument("--bwd", action="store_true", help="the softmax backward instead (read y, dy; write dx)")
     args = ap.parse_args()
     if args.ce:
         return ce(args)
@@ -37,12 +38,24 @@ def main():
         for n in (int(w) for w in args.widths.split(",")):
             m = max(1, args.elements // n)
             x = torch.randn(m, n, device="cuda", dtype=dtype) * 4
-            ref = torch.softmax(x.float(), dim=-1)
-            nbytes = 2 * x.numel() * x.element_size()
-            cands = {"torch": lambda: torch.softmax(x, dim=-1), "compile": lambda: compiled(x),
-                     "fused": lambda: fused_softmax(x, -1)}
-            for cfg in configs:
-                cands[f"tma{'' if cfg is None else list(cfg)}"] = (lambda c=cfg: SG.softmax_forward_tma(x, c))
+            if args.bwd:
+                from fused_layers.ops.softmax import softmax_backward
+
+                y = torch.softmax(x.float(), dim=-1).to(dtype)
+                dy = torch.randn_like(y)
+                ref = torch._softmax_backward_data(dy.float(), y.float(), 1, torch.float32)
+                nbytes = 3 * x.numel() * x.element_size()
+                cands = {"torch": lambda: torch._softmax_backward_data(dy, y, 1, dtype),
+                         "fused": lambda: softmax_backward(y, dy, 1)}
+                for cfg in configs:
+                    cands[f"tma{'' if cfg is None else list(cfg)}"] = (lambda c=cfg: SG.softmax_backward_tma(y, dy, c))
+            else:
+                ref = torch.softmax(x.float(), dim=-1)
+                nbytes = 2 * x.numel() * x.element_size()
+                cands = {"torch": lambda: torch.softmax(x, dim=-1), "compile": lambda: compiled(x),
+                         "fused": lambda: fused_softmax(x, -1)}
+                for cfg in configs:
+                    cands[f"tma{'' if cfg is None else list(cfg)}"] = (lambda c=cfg: SG.softmax_forward_tma(x, c))
             line = {"dtype": dname, "rows": m, "n": n}
             for name, fn in cands.items():
                 try:
@@ -57,7 +70,7 @@ def main():
             print(dname, n, " | ".join(f"{k} {v['frac']:.3f}/{v['graph_frac']:.3f}" if "frac" in v else f"{k} ERR {v['error'][-120:]}"
                                       for k, v in line.items() if isinstance(v, dict)), flush=True)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "softmax_gluon.json"), "w") as f:
+    with open(os.path.join(args.out, "softmax_gluon_bwd.json" if args.bwd else "softmax_gluon.json"), "w") as f:
         json.dump(rows, f, indent=1)
 
 

@@ -20,4 +20,7 @@ el "fp32 sweep exit $?"; cat $OUT/fp32.log | cut -c1-400; pack
 timeout 60 python3 benchmarks/bench_softmax_gluon.py --out $OUT/ce --ce --widths 32000,50304,128256,262144 \
   --configs "16,256,8,2,4,2;8,256,8,2,4,3;16,256,16,2,4,1" > $OUT/ce.log 2>&1
 el "CE exit $?"; cat $OUT/ce.log | cut -c1-400; pack
+timeout 60 python3 benchmarks/bench_softmax_gluon.py --out $OUT/bwd --bwd --dtypes bf16 --widths 32768,65536,131072,262144 \
+  --configs "16,256,4,2,4,2;8,256,4,2,4,3;16,256,6,2,4,1" > $OUT/bwd.log 2>&1
+el "bwd exit $?"; cat $OUT/bwd.log | cut -c1-400; pack
 rm -rf $OUT

@@ -119,3 +119,18 @@ def test_gpu_through_the_public_ops(dtype, monkeypatch):
     ref.backward()
     torch.testing.assert_close(loss.float(), ref.detach(), atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(logits.grad.float(), xf.grad, atol=1e-2 * xf.grad.abs().max().item(), rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("M,N", [(1, 4104), (5, 50304), (300, 32768), (3, 262144)])
+def test_gpu_backward(M, N, dtype):
+    """softmax_backward_tma against torch's softmax backward in float32, y from a real softmax, dy random."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    y = torch.softmax(torch.randn(M, N, device="cuda") * 4, dim=1).to(dtype)
+    dy = torch.randn(M, N, device="cuda", dtype=dtype)
+    dx = SG.softmax_backward_tma(y, dy)
+    ref = torch._softmax_backward_data(dy.float(), y.float(), 1, torch.float32)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(dx.float(), ref, atol=tol * ref.abs().max().item(), rtol=tol)

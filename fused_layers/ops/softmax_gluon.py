@@ -265,6 +265,94 @@ if HAS_GLUON:
             mbarrier.invalidate(bars.index(i))
 
 
+    @gluon.jit
+    def _issue2(a_desc, b_desc, ring_a, ring_b, bars, j, total, C, pid, G, SUB: gl.constexpr, BOX: gl.constexpr,
+                NBUF: gl.constexpr):
+        """_issue for two streams read side by side (the backward's y and dy): one mbarrier for both chunks."""
+        live = j < total
+        slot = j % NBUF
+        r = j // (2 * C)
+        chunk = (j - r * 2 * C) % C
+        row = pid + r * G
+        col0 = chunk * (SUB * BOX)
+        bar = bars.index(slot)
+        buf_a = ring_a.index(slot)
+        buf_b = ring_b.index(slot)
+        mbarrier.expect(bar, SUB * (a_desc.block_type.nbytes + b_desc.block_type.nbytes), pred=live)
+        for s in gl.static_range(SUB):
+            tma.async_copy_global_to_shared(a_desc, [row, col0 + s * BOX], bar, buf_a.slice(s, 1), pred=live)
+            tma.async_copy_global_to_shared(b_desc, [row, col0 + s * BOX], bar, buf_b.slice(s, 1), pred=live)
+
+    @gluon.jit
+    def _softmax_bwd_tma_kernel(
+        y_desc,  # TMA descriptor of the forward's output y, (M, N) unit column stride, block (1, BOX)
+        dy_desc,  # TMA descriptor of the incoming gradient dy, (M, N) unit column stride, block (1, BOX)
+        dx_desc,  # TMA descriptor of dx, (M, N) contiguous, block (1, BOX)
+        M,  # rows
+        N,  # columns
+        SUB: gl.constexpr,
+        BOX: gl.constexpr,
+        NBUF: gl.constexpr,
+        NOUT: gl.constexpr,
+        VEC: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        """dx = y (dy - sum(y dy)) on the forward's schedule: pass 1 the row's dot, pass 2 dx (y and dy re-read)."""
+        dtype: gl.constexpr = y_desc.dtype
+        CHUNK: gl.constexpr = SUB * BOX
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
+        ring_y = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], y_desc.layout)
+        ring_d = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], dy_desc.layout)
+        outb = gl.allocate_shared_memory(dtype, [NOUT, SUB, BOX], dx_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NBUF):
+            mbarrier.init(bars.index(i), count=1)
+        fence_async_shared()
+
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        C = gl.cdiv(N, CHUNK)
+        n_rows = gl.cdiv(M - pid, G)
+        total = n_rows * 2 * C
+        for i in gl.static_range(NBUF):
+            _issue2(y_desc, dy_desc, ring_y, ring_d, bars, i, total, C, pid, G, SUB, BOX, NBUF)
+        j = 0
+        o = 0
+        for r in range(n_rows):
+            row = pid + r * G
+            dot = gl.to_tensor(0.0)
+            for c in range(C):  # pass 1 (columns past N load as zeros: they add nothing)
+                slot = j % NBUF
+                mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
+                y = ring_y.index(slot).load(layout).to(gl.float32)
+                dy = ring_d.index(slot).load(layout).to(gl.float32)
+                gl.thread_barrier()
+                _issue2(y_desc, dy_desc, ring_y, ring_d, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF)
+                j += 1
+                dot += gl.sum(gl.sum(y * dy, axis=1), axis=0)
+            for c in range(C):  # pass 2
+                slot = j % NBUF
+                mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
+                y = ring_y.index(slot).load(layout).to(gl.float32)
+                dy = ring_d.index(slot).load(layout).to(gl.float32)
+                gl.thread_barrier()
+                _issue2(y_desc, dy_desc, ring_y, ring_d, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF)
+                j += 1
+                dx = y * (dy - dot)
+                ob = outb.index(o % NOUT)
+                tma.store_wait(pendings=(NOUT - 1) * SUB)
+                gl.thread_barrier()
+                ob.store(dx.to(dtype))
+                fence_async_shared()
+                gl.thread_barrier()
+                for sb in gl.static_range(SUB):
+                    tma.async_copy_shared_to_global(dx_desc, [row, c * CHUNK + sb * BOX], ob.slice(sb, 1))
+                o += 1
+        tma.store_wait(pendings=0)
+        for i in gl.static_range(NBUF):
+            mbarrier.invalidate(bars.index(i))
+
+
 def supported(x: torch.Tensor) -> str | None:
     """None when the TMA forward takes ``x`` (2-D (M, N) rows), else why not."""
     if not HAS_GLUON:
@@ -372,3 +460,35 @@ def cross_entropy_tma(x: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
     loss = torch.empty((), dtype=x.dtype, device=x.device)
     _sum_kernel()(rows, loss, M)
     return loss, grad
+
+
+BWD_CONFIGS = {2: (16, 256, 4, 2, 4, 2), 4: (8, 256, 4, 2, 4, 2)}
+
+
+def softmax_backward_tma(y: torch.Tensor, dy: torch.Tensor, config: tuple | None = None) -> torch.Tensor:
+    """dx = y * (dy - sum(y * dy, dim=1)) for 2-D ``y``, ``dy`` of one shape and dtype that ``supported`` takes."""
+    why = supported(y) or supported(dy)
+    if why is None and (dy.shape != y.shape or dy.dtype != y.dtype):
+        why = "y and dy must have one shape and dtype"
+    if why is not None:
+        raise ValueError(f"softmax_backward_tma: {why}")
+    M, N = y.shape
+    sub, box, nbuf, nout, warps, per_sm = config = tuple(config or BWD_CONFIGS[y.element_size()])
+    key = ("bwd", y.shape, y.stride(), dy.stride(), y.dtype, y.device, config)
+    plan = _LAUNCHES.get(key)
+    if plan is None:
+        lay = _layout(y.dtype)
+        dx = torch.empty((M, N), dtype=y.dtype, device=y.device)
+        descs = [TensorDescriptor(y, [M, N], [y.stride(0), 1], [1, box], lay),
+                 TensorDescriptor(dy, [M, N], [dy.stride(0), 1], [1, box], lay),
+                 TensorDescriptor(dx, [M, N], [N, 1], [1, box], lay)]
+        sms = torch.cuda.get_device_properties(y.device).multi_processor_count
+        kernel = Kernel(_softmax_bwd_tma_kernel, (min(M, per_sm * sms),), SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout,
+                        VEC=16 // y.element_size(), num_warps=warps)
+        plan = _LAUNCHES[key] = (kernel, descs)
+    kernel, descs = plan
+    dx = torch.empty((M, N), dtype=y.dtype, device=y.device)
+    descs[0].base, descs[1].base, descs[2].base = y, dy, dx
+    kernel(*descs, M, N)
+    descs[0].base = descs[1].base = descs[2].base = None
+    return dx
