@@ -87,8 +87,8 @@ def test_gpu_cross_entropy(M, C, weighted, reduction):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_through_the_public_ops(dtype, monkeypatch):
-    """softmax_config.WIDE_MODE 3 and cross_entropy_config.WIDE_MODE 4 route fused_softmax (last dim, 3-D input) and
-    fused_cross_entropy (with its backward) through the TMA kernels (spied); a softmax over another dim and a
+    """softmax_config.WIDE_MODE 3 and cross_entropy_config.WIDE_MODE 4 route fused_softmax (last dim, 3-D input; forward
+    and backward) and fused_cross_entropy (with its backward) through the TMA kernels (spied); a softmax over another dim and a
     non-viewable layout stay on the Triton kernels; answers against float32 torch."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU and Gluon")
@@ -96,17 +96,23 @@ def test_gpu_through_the_public_ops(dtype, monkeypatch):
     from fused_layers.ops import softmax as SM
 
     calls = []
-    for name in ("softmax_forward_tma", "ce_launch"):
+    for name in ("softmax_forward_tma", "softmax_backward_tma", "ce_launch"):
         orig = getattr(SG, name)
         monkeypatch.setattr(SG, name, lambda *a, _o=orig, _n=name, **kw: calls.append(_n) or _o(*a, **kw))
-    x = torch.randn(3, 5, 70000, device="cuda", dtype=dtype) * 4
+    x = (torch.randn(3, 5, 70000, device="cuda", dtype=dtype) * 4).requires_grad_()
     with SM.config_override("softmax", wide_mode=3):
         y = fused_softmax(x, -1)
-        assert calls == ["softmax_forward_tma"]
-        _check(x.reshape(15, -1), y.reshape(15, -1))
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        assert calls == ["softmax_forward_tma", "softmax_backward_tma"]
+        _check(x.detach().reshape(15, -1), y.detach().reshape(15, -1))
+        xf = x.detach().float().requires_grad_()
+        torch.softmax(xf, -1).backward(dy.float())
+        torch.testing.assert_close(x.grad.float(), xf.grad, atol=1e-2 * xf.grad.abs().max().item(), rtol=1e-2)
+        x = x.detach()
         xt = x.transpose(0, 1)  # rows not viewable as (15, N) without a copy: the persistent kernels
         torch.testing.assert_close(fused_softmax(xt, -1).float(), torch.softmax(xt.float(), -1), atol=1e-2, rtol=1e-2)
-        assert calls == ["softmax_forward_tma"]
+        assert calls == ["softmax_forward_tma", "softmax_backward_tma"]
     logits = (torch.randn(64, 50304, device="cuda", dtype=dtype) * 3).requires_grad_()
     t = torch.randint(0, 50304, (64,), device="cuda")
     t[::5] = -100

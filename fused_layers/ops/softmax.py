@@ -673,9 +673,10 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         fn = _softmax_fwd_kernel if fwd else _softmax_bwd_kernel
         plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
     elif get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0)) in (2, 3) and persist_ok:
-        # mode 3 (the forward): the TMA kernel of ops/softmax_gluon.py for rows it takes (softmax over the last dim
-        # of rows with unit column stride, on an sm_90 GPU; checked per call), else the persistent kernels.
-        plan.tma = fwd and inner == 1 and get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd", elem), 0)) == 3
+        # mode 3: the TMA kernels of ops/softmax_gluon.py for rows they take (softmax over the last dim of rows with
+        # unit column stride, on an sm_90 GPU; checked per call), else the persistent kernels.
+        plan.tma = inner == 1 and get_override("softmax", "wide_mode",
+                                               WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0)) == 3
         # persistent pieces in registers (_softmax_*_persist_kernel): kernels bound at the first call
         block, warps, per_sm = _persist_config(elem, "fwd" if fwd else "bwd")
         splits, piece = balanced_pieces(n, block)
@@ -755,6 +756,19 @@ def _tma_forward(x: torch.Tensor, plan: _Plan) -> torch.Tensor | None:
     return softmax_gluon.softmax_forward_tma(x2).view(x.shape)
 
 
+def _tma_backward(y: torch.Tensor, dy: torch.Tensor, plan: _Plan) -> torch.Tensor | None:
+    """The TMA backward (WIDE_MODE 3) over the last dim, or None where it does not take y / dy."""
+    from . import softmax_gluon
+
+    try:
+        y2, dy2 = y.view(plan.m, y.shape[-1]), dy.view(plan.m, y.shape[-1])
+    except RuntimeError:
+        return None
+    if softmax_gluon.supported(y2) is not None or softmax_gluon.supported(dy2) is not None:
+        return None
+    return softmax_gluon.softmax_backward_tma(y2, dy2).view(y.shape)
+
+
 def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Launch the softmax forward of ``x`` along ``dim`` (already normalized); returns a contiguous y.
 
@@ -792,6 +806,10 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tenso
     if dy.dtype != y.dtype:
         dy = dy.to(y.dtype)
     plan = _plan(y.shape, (y.stride(), dy.stride()), y.dtype, dim, type(y) in _PLAIN and type(dy) in _PLAIN)
+    if plan.tma and y.is_cuda:
+        dx2 = _tma_backward(y, dy, plan)
+        if dx2 is not None:
+            return dx2
     if plan.copy[0]:
         y = y.contiguous()
     if plan.copy[1]:
