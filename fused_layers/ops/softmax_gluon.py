@@ -57,13 +57,15 @@ CONFIGS = {2: (16, 256, 8, 2, 4, 2), 4: (8, 256, 8, 2, 4, 2)}
 if HAS_GLUON:
 
     @gluon.jit
-    def _issue(x_desc, ring, bars, j, total, C, pid, G, SUB: gl.constexpr, BOX: gl.constexpr, NBUF: gl.constexpr):
+    def _issue(x_desc, ring, bars, j, total, C, pid, G, SUB: gl.constexpr, BOX: gl.constexpr, NBUF: gl.constexpr,
+               PASSES: gl.constexpr = 2):
         """Load j of this program's stream (if j < total) into ring buffer j % NBUF: row pid + (j // 2C) G, chunk
-        (j % 2C) % C (pass 1 and pass 2 read the same chunks), as SUB boxes of (1, BOX) on one mbarrier."""
+        (j % 2C) % C (pass 1 and pass 2 read the same chunks; PASSES = 1: each chunk once, HOLD), as SUB boxes of
+        (1, BOX) on one mbarrier."""
         live = j < total
         slot = j % NBUF
-        r = j // (2 * C)
-        chunk = (j - r * 2 * C) % C
+        r = j // (PASSES * C)
+        chunk = (j - r * PASSES * C) % C
         row = pid + r * G
         col0 = chunk * (SUB * BOX)
         bar = bars.index(slot)
@@ -84,6 +86,7 @@ if HAS_GLUON:
         NBUF: gl.constexpr,  # chunk buffers of the load ring (chunks in flight)
         NOUT: gl.constexpr,  # chunk buffers of output (stores in flight)
         VEC: gl.constexpr,  # elements a thread reads from shared memory at once (16 bytes)
+        HOLD: gl.constexpr,  # the row stays in the ring between the passes (one read; needs NBUF >= chunks a row)
         num_warps: gl.constexpr,
     ):
         dtype: gl.constexpr = x_desc.dtype
@@ -103,11 +106,12 @@ if HAS_GLUON:
         G = gl.num_programs(0)
         C = gl.cdiv(N, CHUNK)
         n_rows = gl.cdiv(M - pid, G)  # rows pid, pid + G, ... (the grid has at most M programs)
-        total = n_rows * 2 * C  # loads of this program: two passes over each of its rows
+        PASSES: gl.constexpr = 1 if HOLD else 2
+        total = n_rows * PASSES * C  # loads of this program: two passes over each of its rows (HOLD: one)
 
         # Step 1: fill the ring.
         for i in gl.static_range(NBUF):
-            _issue(x_desc, ring, bars, i, total, C, pid, G, SUB, BOX, NBUF)
+            _issue(x_desc, ring, bars, i, total, C, pid, G, SUB, BOX, NBUF, PASSES)
 
         cols = (gl.expand_dims(gl.arange(0, SUB, layout=gl.SliceLayout(1, layout)), 1) * BOX
                 + gl.expand_dims(gl.arange(0, BOX, layout=gl.SliceLayout(0, layout)), 0))
@@ -115,16 +119,18 @@ if HAS_GLUON:
         o = 0  # output chunks stored so far
         for r in range(n_rows):
             row = pid + r * G
-            # Step 2 (pass 1): the row's running max and sum, chunk by chunk.
+            # Step 2 (pass 1): the row's running max and sum, chunk by chunk.  HOLD (the row fits in the ring:
+            # NBUF >= C): the buffers are kept for pass 2, released only there.
             m = gl.to_tensor(-float("inf"))
             s = gl.to_tensor(0.0)
             for c in range(C):
-                slot = j % NBUF
-                mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
+                slot = (j + c * HOLD) % NBUF
+                mbarrier.wait(bars.index(slot), phase=((j + c * HOLD) // NBUF) & 1)
                 x = ring.index(slot).load(layout).to(gl.float32)
-                gl.thread_barrier()  # every warp has read the buffer: refill it
-                _issue(x_desc, ring, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF)
-                j += 1
+                if not HOLD:
+                    gl.thread_barrier()  # every warp has read the buffer: refill it
+                    _issue(x_desc, ring, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF, PASSES)
+                    j += 1
                 x = gl.where(c * CHUNK + cols < N, x * _LOG2E, -float("inf"))
                 m_new = gl.maximum(m, gl.max(gl.max(x, axis=1), axis=0))
                 m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
@@ -135,10 +141,11 @@ if HAS_GLUON:
             # Step 3 (pass 2): y = 2^(x log2 e - m) / s, stored by TMA from the output buffers.
             for c in range(C):
                 slot = j % NBUF
-                mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
+                if not HOLD:
+                    mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
                 x = ring.index(slot).load(layout).to(gl.float32)
                 gl.thread_barrier()
-                _issue(x_desc, ring, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF)
+                _issue(x_desc, ring, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF, PASSES)
                 j += 1
                 y = gl.exp2(x * _LOG2E - m_use) * inv
                 ob = outb.index(o % NOUT)
@@ -386,7 +393,7 @@ def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None):
     if plan is not None:
         return plan
     M, N = x.shape
-    sub, box, nbuf, nout, warps, per_sm = config
+    sub, box, nbuf, nout, warps, per_sm = config[:6]
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     lay = _layout(x.dtype)
     descs = [TensorDescriptor(x, [M, N], [x.stride(0), 1], [1, box], lay),
@@ -394,7 +401,8 @@ def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None):
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     meta = dict(SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout, VEC=16 // x.element_size(), num_warps=warps)
     if ce is None:
-        kernel = Kernel(_softmax_fwd_tma_kernel, (min(M, per_sm * sms),), **meta)
+        kernel = Kernel(_softmax_fwd_tma_kernel, (min(M, per_sm * sms),), HOLD=len(config) > 6 and bool(config[6]),
+                        **meta)
     else:
         kernel = Kernel(_ce_fwd_tma_kernel, (min(M, per_sm * sms),), HAS_WEIGHT=ce[0], MEAN=ce[1], **meta)
     plan = (kernel, descs)
@@ -413,6 +421,8 @@ def softmax_forward_tma(x: torch.Tensor, config: tuple | None = None) -> torch.T
     sub, box, nbuf, nout = config[:4]
     if box > 256 or (box * x.element_size()) % 16 or nbuf < 1 or nout < 1:
         raise ValueError(f"softmax_forward_tma: config {config}: BOX <= 256 with 16-byte boxes, NBUF, NOUT >= 1")
+    if len(config) > 6 and config[6] and nbuf * sub * box < x.shape[1]:
+        config = config[:6]  # HOLD needs the whole row in the ring: this row is too wide, stream it
     kernel, descs = _plan(x, config)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     descs[0].base, descs[1].base = x, y
