@@ -12,10 +12,10 @@ el "softmax gluon GPU tests exit $?"; tail -1 $OUT/softmax_gluon_tests.log; grep
 timeout 100 python3 -m pytest tests/test_attention_gluon.py -q -m gpu -n 4 -p no:cacheprovider -k "not persistent" > $OUT/gluon_gpu_tests.log 2>&1
 el "attention gluon GPU tests exit $?"; tail -1 $OUT/gluon_gpu_tests.log; grep -E "^FAILED|^E  " $OUT/gluon_gpu_tests.log | head -12; pack
 timeout 120 python3 benchmarks/bench_softmax_gluon.py --out $OUT/bf16 --dtypes bf16 \
-  --configs "16,256,8,2,4,2;8,256,8,2,4,3;16,256,16,2,4,1;16,256,4,2,4,3;16,256,8,2,4,2,1;16,256,16,2,4,1,1" > $OUT/bf16.log 2>&1
+  --configs "16,256,8,2,4,2;8,256,8,2,4,3;16,256,16,2,4,1;16,256,8,2,4,2,1;16,256,16,2,4,1,1;16,256,8,2,4,2,0,4;16,256,8,2,4,2,1,8;16,256,8,2,4,2,1,4" > $OUT/bf16.log 2>&1
 el "bf16 sweep exit $?"; cat $OUT/bf16.log | cut -c1-400; pack
 timeout 60 python3 benchmarks/bench_softmax_gluon.py --out $OUT/fp32 --dtypes fp32 --widths 32768,65536,262144 \
-  --configs "8,256,8,2,4,2;4,256,8,2,4,3;8,256,12,2,4,1" > $OUT/fp32.log 2>&1
+  --configs "8,256,8,2,4,2;4,256,8,2,4,3;8,256,8,2,4,2,1,8" > $OUT/fp32.log 2>&1
 el "fp32 sweep exit $?"; cat $OUT/fp32.log | cut -c1-400; pack
 timeout 60 python3 benchmarks/bench_softmax_gluon.py --out $OUT/ce --ce --widths 32000,50304,128256,262144 \
   --configs "16,256,8,2,4,2;8,256,8,2,4,3;16,256,16,2,4,1" > $OUT/ce.log 2>&1

@@ -34,15 +34,18 @@ def test_gpu_matches_torch(M, N, dtype):
         pytest.skip("needs an sm_90 GPU and Gluon")
     x = torch.randn(M, N, device="cuda", dtype=dtype) * 4
     _check(x, SG.softmax_forward_tma(x))
+    _check(x, SG.softmax_forward_tma(x, (8, 256, 8, 2, 4, 2, 1, 4)))  # split rows (and HOLD where a segment fits)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [(16, 256, 8, 2, 4, 2), (8, 256, 4, 1, 4, 1), (4, 128, 12, 3, 4, 3), (32, 256, 4, 2, 8, 1),
-                                    (16, 256, 8, 2, 4, 2, 1), (8, 256, 12, 2, 4, 2, 1)])
+                                    (16, 256, 8, 2, 4, 2, 1), (8, 256, 12, 2, 4, 2, 1), (16, 256, 8, 2, 4, 2, 0, 4),
+                                    (16, 256, 8, 2, 4, 2, 1, 2), (4, 256, 4, 2, 4, 2, 1, 8)])
 @pytest.mark.parametrize("N", [20000, 32768])
 def test_gpu_configs(config, N):
-    """Other ring depths, chunk shapes, warps and CTAs an SM (the sweep's candidates), and HOLD (a 7th entry of 1: the
-    row kept in the ring where it fits, else streamed) give the same answer."""
+    """Other ring depths, chunk shapes, warps and CTAs an SM (the sweep's candidates), HOLD (a 7th entry of 1: the
+    row kept in the ring where it fits, else streamed) and split rows (an 8th entry K: K programs a row exchanging
+    their (max, sum)) give the same answer."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU and Gluon")
     x = torch.randn(523, N, device="cuda", dtype=torch.bfloat16) * 4
@@ -50,7 +53,8 @@ def test_gpu_configs(config, N):
 
 
 @pytest.mark.gpu
-def test_gpu_strided_rows_and_special_values():
+@pytest.mark.parametrize("config", [None, (16, 256, 8, 2, 4, 2, 1, 4)])
+def test_gpu_strided_rows_and_special_values(config):
     """Rows of a wider buffer (16-byte aligned stride) read in place; an all -inf row gives NaN, a row with +inf or NaN
     is NaN, a row of -inf then finite values and huge finite logits are exact, as torch.softmax."""
     if not _sm90():
@@ -62,7 +66,8 @@ def test_gpu_strided_rows_and_special_values():
     x[2, 30000] = float("nan")
     x[3, :20000] = -float("inf")
     x[4] = x[4] * 1e4
-    _check(x, SG.softmax_forward_tma(x))
+    x[5, 20000:] = -float("inf")  # a segment of only -inf (split rows) in a finite row
+    _check(x, SG.softmax_forward_tma(x, config))
 
 
 @pytest.mark.gpu

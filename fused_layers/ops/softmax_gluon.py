@@ -58,16 +58,16 @@ if HAS_GLUON:
 
     @gluon.jit
     def _issue(x_desc, ring, bars, j, total, C, pid, G, SUB: gl.constexpr, BOX: gl.constexpr, NBUF: gl.constexpr,
-               PASSES: gl.constexpr = 2):
+               PASSES: gl.constexpr = 2, col_base=0):
         """Load j of this program's stream (if j < total) into ring buffer j % NBUF: row pid + (j // 2C) G, chunk
         (j % 2C) % C (pass 1 and pass 2 read the same chunks; PASSES = 1: each chunk once, HOLD), as SUB boxes of
-        (1, BOX) on one mbarrier."""
+        (1, BOX) on one mbarrier; ``col_base``: the first column of this program's segment (SPLIT)."""
         live = j < total
         slot = j % NBUF
         r = j // (PASSES * C)
         chunk = (j - r * PASSES * C) % C
         row = pid + r * G
-        col0 = chunk * (SUB * BOX)
+        col0 = col_base + chunk * (SUB * BOX)
         bar = bars.index(slot)
         buf = ring.index(slot)
         mbarrier.expect(bar, SUB * x_desc.block_type.nbytes, pred=live)
@@ -77,16 +77,20 @@ if HAS_GLUON:
     @gluon.jit
     def _softmax_fwd_tma_kernel(
         X,  # x's data (not read: the launch is bound on its dtype and alignment, ops/_library.Kernel)
+        STATS,  # int64 [M * K], zeroed (SPLIT): each segment's packed (max, sum) word, its own flag
         x_desc,  # TMA descriptor of x, (M, N) with unit column stride, block (1, BOX)
         y_desc,  # TMA descriptor of y, (M, N) contiguous, block (1, BOX)
         M,  # rows
         N,  # columns (the softmax dim)
+        K,  # segments a row (SPLIT; 1 otherwise)
+        SEG,  # columns a segment, a multiple of SUB x BOX (SPLIT)
         SUB: gl.constexpr,  # boxes a chunk
         BOX: gl.constexpr,  # columns a box (<= 256, TMA's limit)
         NBUF: gl.constexpr,  # chunk buffers of the load ring (chunks in flight)
         NOUT: gl.constexpr,  # chunk buffers of output (stores in flight)
         VEC: gl.constexpr,  # elements a thread reads from shared memory at once (16 bytes)
         HOLD: gl.constexpr,  # the row stays in the ring between the passes (one read; needs NBUF >= chunks a row)
+        SPLIT: gl.constexpr,  # a row split into K segments, one a program; the K programs exchange (max, sum)
         num_warps: gl.constexpr,
     ):
         dtype: gl.constexpr = x_desc.dtype
@@ -103,22 +107,32 @@ if HAS_GLUON:
         fence_async_shared()
 
         pid = gl.program_id(0)
-        G = gl.num_programs(0)
-        C = gl.cdiv(N, CHUNK)
-        n_rows = gl.cdiv(M - pid, G)  # rows pid, pid + G, ... (the grid has at most M programs)
+        if SPLIT:  # program pid: segment pid % K of the rows of group pid // K (K co-resident programs a row)
+            seg = pid % K
+            g = pid // K
+            G = gl.num_programs(0) // K
+            col_base = seg * SEG
+            C = gl.cdiv(gl.minimum(SEG, N - col_base), CHUNK)
+        else:
+            seg = 0
+            g = pid
+            G = gl.num_programs(0)
+            col_base = 0
+            C = gl.cdiv(N, CHUNK)
+        n_rows = gl.cdiv(M - g, G)  # rows g, g + G, ... (the grid has at most M groups)
         PASSES: gl.constexpr = 1 if HOLD else 2
         total = n_rows * PASSES * C  # loads of this program: two passes over each of its rows (HOLD: one)
 
         # Step 1: fill the ring.
         for i in gl.static_range(NBUF):
-            _issue(x_desc, ring, bars, i, total, C, pid, G, SUB, BOX, NBUF, PASSES)
+            _issue(x_desc, ring, bars, i, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base)
 
         cols = (gl.expand_dims(gl.arange(0, SUB, layout=gl.SliceLayout(1, layout)), 1) * BOX
                 + gl.expand_dims(gl.arange(0, BOX, layout=gl.SliceLayout(0, layout)), 0))
         j = 0  # the next load of the stream to consume
         o = 0  # output chunks stored so far
         for r in range(n_rows):
-            row = pid + r * G
+            row = g + r * G
             # Step 2 (pass 1): the row's running max and sum, chunk by chunk.  HOLD (the row fits in the ring:
             # NBUF >= C): the buffers are kept for pass 2, released only there.
             m = gl.to_tensor(-float("inf"))
@@ -129,13 +143,34 @@ if HAS_GLUON:
                 x = ring.index(slot).load(layout).to(gl.float32)
                 if not HOLD:
                     gl.thread_barrier()  # every warp has read the buffer: refill it
-                    _issue(x_desc, ring, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF, PASSES)
+                    _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base)
                     j += 1
-                x = gl.where(c * CHUNK + cols < N, x * _LOG2E, -float("inf"))
+                x = gl.where(col_base + c * CHUNK + cols < N, x * _LOG2E, -float("inf"))
                 m_new = gl.maximum(m, gl.max(gl.max(x, axis=1), axis=0))
                 m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
                 s = s * gl.exp2(m - m_use) + gl.sum(gl.sum(gl.exp2(x - m_use), axis=1), axis=0)
                 m = m_new
+            if SPLIT:
+                # Publish this segment's (max, sum) as one int64 word (bits of m high, of s low: never 0, since s >= 1
+                # where m is finite and m = -inf has bits), then combine the row's K words as they arrive.  The ring
+                # keeps loading pass 2's chunks meanwhile.
+                word = ((m.to(gl.uint32, bitcast=True).to(gl.uint64) << 32)
+                        | s.to(gl.uint32, bitcast=True).to(gl.uint64))
+                base = STATS + row.to(gl.int64) * K
+                gl.store(base + seg, word.to(gl.int64, bitcast=True))
+                m = gl.to_tensor(-float("inf"))
+                s = gl.to_tensor(0.0)
+                for k2 in range(K):
+                    w = gl.load(base + k2, volatile=True)
+                    while w == 0:
+                        w = gl.load(base + k2, volatile=True)
+                    u = w.to(gl.uint64, bitcast=True)
+                    mk = (u >> 32).to(gl.uint32).to(gl.float32, bitcast=True)
+                    sk = (u & 0xFFFFFFFF).to(gl.uint32).to(gl.float32, bitcast=True)
+                    m_new = gl.maximum(m, mk)
+                    m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
+                    s = s * gl.exp2(m - m_use) + sk * gl.exp2(mk - m_use)
+                    m = m_new
             m_use = gl.where(m == -float("inf"), 0.0, m)
             inv = 1.0 / s
             # Step 3 (pass 2): y = 2^(x log2 e - m) / s, stored by TMA from the output buffers.
@@ -145,7 +180,7 @@ if HAS_GLUON:
                     mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
                 x = ring.index(slot).load(layout).to(gl.float32)
                 gl.thread_barrier()
-                _issue(x_desc, ring, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF, PASSES)
+                _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base)
                 j += 1
                 y = gl.exp2(x * _LOG2E - m_use) * inv
                 ob = outb.index(o % NOUT)
@@ -155,7 +190,7 @@ if HAS_GLUON:
                 fence_async_shared()
                 gl.thread_barrier()  # every warp's part is written before the stores read it
                 for sb in gl.static_range(SUB):
-                    tma.async_copy_shared_to_global(y_desc, [row, c * CHUNK + sb * BOX], ob.slice(sb, 1))
+                    tma.async_copy_shared_to_global(y_desc, [row, col_base + c * CHUNK + sb * BOX], ob.slice(sb, 1))
                 o += 1
         tma.store_wait(pendings=0)
         for i in gl.static_range(NBUF):
@@ -385,10 +420,10 @@ def _layout(dtype: torch.dtype):
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
 
 
-def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None):
-    """(bound kernel, [x descriptor, output descriptor]) for this shape: the softmax forward, or with ``ce`` =
-    (has weight, mean) the cross-entropy."""
-    key = (x.shape, x.stride(), x.dtype, x.device, config, ce)
+def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None, split: tuple = (1, 0), hold: bool = False):
+    """(bound kernel, [x descriptor, output descriptor]) for this shape: the softmax forward (``split`` = (K segments a
+    row, SEG columns a segment), ``hold``), or with ``ce`` = (has weight, mean) the cross-entropy."""
+    key = (x.shape, x.stride(), x.dtype, x.device, config, ce, split, hold)
     plan = _LAUNCHES.get(key)
     if plan is not None:
         return plan
@@ -401,8 +436,9 @@ def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None):
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     meta = dict(SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout, VEC=16 // x.element_size(), num_warps=warps)
     if ce is None:
-        kernel = Kernel(_softmax_fwd_tma_kernel, (min(M, per_sm * sms),), HOLD=len(config) > 6 and bool(config[6]),
-                        **meta)
+        K = split[0]
+        grid = min(M, per_sm * sms // K) * K  # whole groups of K programs, all co-resident (checked by the caller)
+        kernel = Kernel(_softmax_fwd_tma_kernel, (grid,), HOLD=hold, SPLIT=K > 1, **meta)
     else:
         kernel = Kernel(_ce_fwd_tma_kernel, (min(M, per_sm * sms),), HAS_WEIGHT=ce[0], MEAN=ce[1], **meta)
     plan = (kernel, descs)
@@ -412,25 +448,44 @@ def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None):
     return plan
 
 
+# The most shared memory an SM gives its CTAs (H100 / H200: 228 KB, 1 KB of it reserved per CTA).
+_SMEM_PER_SM = 228 * 1024
+
+
 def softmax_forward_tma(x: torch.Tensor, config: tuple | None = None) -> torch.Tensor:
-    """y = softmax(x, dim=1) for a 2-D ``x`` that ``supported`` takes; y contiguous."""
+    """y = softmax(x, dim=1) for a 2-D ``x`` that ``supported`` takes; y contiguous.  ``config``: (SUB, BOX, NBUF,
+    NOUT, num_warps, CTAs an SM[, HOLD[, K]]): HOLD 1 keeps a row (segment) in the ring between the passes where it
+    fits; K > 1 splits each row into K segments streamed by K co-resident programs that exchange their (max, sum)."""
     why = supported(x)
     if why is not None:
         raise ValueError(f"softmax_forward_tma: {why}")
     config = tuple(config or CONFIGS[x.element_size()])
-    sub, box, nbuf, nout = config[:4]
+    sub, box, nbuf, nout, warps, per_sm = config[:6]
     if box > 256 or (box * x.element_size()) % 16 or nbuf < 1 or nout < 1:
         raise ValueError(f"softmax_forward_tma: config {config}: BOX <= 256 with 16-byte boxes, NBUF, NOUT >= 1")
-    if len(config) > 6 and config[6] and nbuf * sub * box < x.shape[1]:
-        config = config[:6]  # HOLD needs the whole row in the ring: this row is too wide, stream it
-    kernel, descs = _plan(x, config)
+    M, N = x.shape
+    chunk = sub * box
+    k_req = config[7] if len(config) > 7 else 1
+    seg = triton.cdiv(triton.cdiv(N, max(1, k_req)), chunk) * chunk
+    K = triton.cdiv(N, seg)  # every segment non-empty
+    if K > 1:
+        # The K programs of a row wait for each other: all must be resident at once.  Shared memory per CTA (ring,
+        # output buffers, about 2 KB of barriers and reduction scratch) and registers (<= 255 a thread) must fit
+        # per_sm CTAs an SM, and the grid is at most per_sm CTAs an SM.
+        smem = (nbuf + nout) * chunk * x.element_size() + 2048
+        if per_sm * (smem + 1024) > _SMEM_PER_SM or per_sm * warps > 8:
+            raise ValueError(f"softmax_forward_tma: config {config}: {per_sm} CTAs an SM do not fit for a split row")
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        if per_sm * sms < K:
+            raise ValueError(f"softmax_forward_tma: {K} segments a row need {K} co-resident programs")
+    hold = len(config) > 6 and bool(config[6]) and nbuf * chunk >= seg  # (else streamed: the row is too wide)
+    kernel, descs = _plan(x, config, None, (K, seg), hold)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    stats = torch.zeros(M * K if K > 1 else 1, dtype=torch.int64, device=x.device)
     descs[0].base, descs[1].base = x, y
-    kernel(x, *descs, x.shape[0], x.shape[1])
+    kernel(x, stats, *descs, M, N, K, seg)
     descs[0].base = descs[1].base = None
     return y
-
-
 
 
 def ce_launch(x: torch.Tensor, t: torch.Tensor, weight: torch.Tensor | None, ignore_index: int, den: torch.Tensor,
