@@ -7,7 +7,7 @@ set -u
 FINAL=$OUT; OUT=$FINAL/r; mkdir -p $OUT
 source benchmarks/_gpu_env.sh
 pack() { tar czf $FINAL/results.tgz -C $FINAL r; }
-timeout 60 python3 -m pytest tests/test_softmax_gluon.py -q -m gpu -n 4 -p no:cacheprovider > $OUT/softmax_gluon_tests.log 2>&1
+timeout 90 python3 -m pytest tests/test_softmax_gluon.py -q -m gpu -n 8 -p no:cacheprovider > $OUT/softmax_gluon_tests.log 2>&1
 el "softmax gluon GPU tests exit $?"; tail -1 $OUT/softmax_gluon_tests.log; grep -E "^FAILED|^E  " $OUT/softmax_gluon_tests.log | head -12; pack
 timeout 120 python3 benchmarks/bench_softmax_gluon.py --out $OUT/bf16 --dtypes bf16 \
   --configs "16,256,8,2,4,2;8,256,8,2,4,3;16,256,16,2,4,1;16,256,8,2,4,2,1;16,256,16,2,4,1,1;16,256,8,2,4,2,0,4;16,256,8,2,4,2,1,8;16,256,8,2,4,2,1,4" > $OUT/bf16.log 2>&1
