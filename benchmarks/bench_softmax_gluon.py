@@ -27,6 +27,7 @@ def main():
     ap.add_argument("--elements", type=int, default=2**26)
     ap.add_argument("--ce", action="store_true", help="cross-entropy instead: 8,192 rows, loss + gradient")
     ap.add_argument("--bwd", action="store_true", help="the softmax backward instead (read y, dy; write dx)")
+    ap.add_argument("--peers", default="torch,compile,fused", help="which peers to time beside the TMA kernels")
     args = ap.parse_args()
     if args.ce:
         return ce(args)
@@ -57,6 +58,8 @@ def main():
                 for cfg in configs:
                     cands[f"tma{'' if cfg is None else list(cfg)}"] = (lambda c=cfg: SG.softmax_forward_tma(x, c))
             line = {"dtype": dname, "rows": m, "n": n}
+            peers = set(args.peers.split(","))
+            cands = {k: v for k, v in cands.items() if k.startswith("tma") or k in peers}
             for name, fn in cands.items():
                 try:
                     err = (fn().float() - ref).abs().max().item()

@@ -17,8 +17,8 @@ for elem, ty in ((2, "bf16"), (4, "fp32")):
     sub, box, nbuf, nout, warps, per_sm = sg.CONFIGS[elem]
     lay = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8*elem, rank=2)
     d = f"tensordesc<{ty}[1, {box}],{lay!r}>"
-    sig = {"X": f"*{ty}", "STATS": "*i64", "x_desc": d, "y_desc": d, "M": "i32", "N": "i32", "K": "i32", "SEG": "i32"}
-    cx = dict(SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout, VEC=16 // elem, HOLD=elem == 2, SPLIT=True, num_warps=warps)
+    sig = {"X": f"*{ty}", "Y": f"*{ty}", "STATS": "*i64", "x_desc": d, "y_desc": d, "M": "i32", "N": "i32", "K": "i32", "SEG": "i32"}
+    cx = dict(SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout, VEC=16 // elem, HOLD=elem == 2, SPLIT=True, FLAT=False, STORE_TMA=True, num_warps=warps)
     sig.update({k: "constexpr" for k in cx})
     k = triton.compile(GluonASTSource(sg._softmax_fwd_tma_kernel, sig, cx, {}), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:

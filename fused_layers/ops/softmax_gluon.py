@@ -58,7 +58,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _issue(x_desc, ring, bars, j, total, C, pid, G, SUB: gl.constexpr, BOX: gl.constexpr, NBUF: gl.constexpr,
-               PASSES: gl.constexpr = 2, col_base=0):
+               PASSES: gl.constexpr = 2, col_base=0, FLAT: gl.constexpr = False, NB=0):
         """Load j of this program's stream (if j < total) into ring buffer j % NBUF: row pid + (j // 2C) G, chunk
         (j % 2C) % C (pass 1 and pass 2 read the same chunks; PASSES = 1: each chunk once, HOLD), as SUB boxes of
         (1, BOX) on one mbarrier; ``col_base``: the first column of this program's segment (SPLIT)."""
@@ -70,13 +70,18 @@ if HAS_GLUON:
         col0 = col_base + chunk * (SUB * BOX)
         bar = bars.index(slot)
         buf = ring.index(slot)
-        mbarrier.expect(bar, SUB * x_desc.block_type.nbytes, pred=live)
-        for s in gl.static_range(SUB):
-            tma.async_copy_global_to_shared(x_desc, [row, col0 + s * BOX], bar, buf.slice(s, 1), pred=live)
+        if FLAT:  # (diagnostic) one (SUB, BOX) box over the (M N / BOX, BOX) view: rows of N % (SUB BOX) == 0
+            mbarrier.expect(bar, x_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(x_desc, [row * NB + col0 // BOX, 0], bar, buf, pred=live)
+        else:
+            mbarrier.expect(bar, SUB * x_desc.block_type.nbytes, pred=live)
+            for s in gl.static_range(SUB):
+                tma.async_copy_global_to_shared(x_desc, [row, col0 + s * BOX], bar, buf.slice(s, 1), pred=live)
 
     @gluon.jit
     def _softmax_fwd_tma_kernel(
         X,  # x's data (not read: the launch is bound on its dtype and alignment, ops/_library.Kernel)
+        Y,  # y's data, (M, N) contiguous: written directly when not STORE_TMA (diagnostic)
         STATS,  # int64 [M * K], zeroed (SPLIT): each segment's packed (max, sum) word, its own flag
         x_desc,  # TMA descriptor of x, (M, N) with unit column stride, block (1, BOX)
         y_desc,  # TMA descriptor of y, (M, N) contiguous, block (1, BOX)
@@ -91,6 +96,8 @@ if HAS_GLUON:
         VEC: gl.constexpr,  # elements a thread reads from shared memory at once (16 bytes)
         HOLD: gl.constexpr,  # the row stays in the ring between the passes (one read; needs NBUF >= chunks a row)
         SPLIT: gl.constexpr,  # a row split into K segments, one a program; the K programs exchange (max, sum)
+        FLAT: gl.constexpr,  # (diagnostic) descriptors over the (M N / BOX, BOX) view, one box a chunk
+        STORE_TMA: gl.constexpr,  # y by TMA stores (else by plain stores from registers; diagnostic)
         num_warps: gl.constexpr,
     ):
         dtype: gl.constexpr = x_desc.dtype
@@ -120,12 +127,13 @@ if HAS_GLUON:
             col_base = 0
             C = gl.cdiv(N, CHUNK)
         n_rows = gl.cdiv(M - g, G)  # rows g, g + G, ... (the grid has at most M groups)
+        NB = N // BOX
         PASSES: gl.constexpr = 1 if HOLD else 2
         total = n_rows * PASSES * C  # loads of this program: two passes over each of its rows (HOLD: one)
 
         # Step 1: fill the ring.
         for i in gl.static_range(NBUF):
-            _issue(x_desc, ring, bars, i, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base)
+            _issue(x_desc, ring, bars, i, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT, NB)
 
         cols = (gl.expand_dims(gl.arange(0, SUB, layout=gl.SliceLayout(1, layout)), 1) * BOX
                 + gl.expand_dims(gl.arange(0, BOX, layout=gl.SliceLayout(0, layout)), 0))
@@ -143,7 +151,7 @@ if HAS_GLUON:
                 x = ring.index(slot).load(layout).to(gl.float32)
                 if not HOLD:
                     gl.thread_barrier()  # every warp has read the buffer: refill it
-                    _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base)
+                    _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT, NB)
                     j += 1
                 x = gl.where(col_base + c * CHUNK + cols < N, x * _LOG2E, -float("inf"))
                 m_new = gl.maximum(m, gl.max(gl.max(x, axis=1), axis=0))
@@ -180,18 +188,29 @@ if HAS_GLUON:
                     mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
                 x = ring.index(slot).load(layout).to(gl.float32)
                 gl.thread_barrier()
-                _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base)
+                _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT, NB)
                 j += 1
                 y = gl.exp2(x * _LOG2E - m_use) * inv
-                ob = outb.index(o % NOUT)
-                tma.store_wait(pendings=(NOUT - 1) * SUB)  # the stores that last read this buffer are done
-                gl.thread_barrier()
-                ob.store(y.to(dtype))
-                fence_async_shared()
-                gl.thread_barrier()  # every warp's part is written before the stores read it
-                for sb in gl.static_range(SUB):
-                    tma.async_copy_shared_to_global(y_desc, [row, col_base + c * CHUNK + sb * BOX], ob.slice(sb, 1))
-                o += 1
+                if STORE_TMA:
+                    ob = outb.index(o % NOUT)
+                    if FLAT:
+                        tma.store_wait(pendings=NOUT - 1)
+                    else:
+                        tma.store_wait(pendings=(NOUT - 1) * SUB)  # the stores that last read this buffer are done
+                    gl.thread_barrier()
+                    ob.store(y.to(dtype))
+                    fence_async_shared()
+                    gl.thread_barrier()  # every warp's part is written before the stores read it
+                    if FLAT:
+                        tma.async_copy_shared_to_global(y_desc, [row * NB + (col_base + c * CHUNK) // BOX, 0], ob)
+                    else:
+                        for sb in gl.static_range(SUB):
+                            tma.async_copy_shared_to_global(y_desc, [row, col_base + c * CHUNK + sb * BOX],
+                                                            ob.slice(sb, 1))
+                    o += 1
+                else:
+                    cc = col_base + c * CHUNK + cols
+                    gl.store(Y + row.to(gl.int64) * N + cc, y.to(dtype), mask=cc < N)
         tma.store_wait(pendings=0)
         for i in gl.static_range(NBUF):
             mbarrier.invalidate(bars.index(i))
@@ -420,10 +439,11 @@ def _layout(dtype: torch.dtype):
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
 
 
-def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None, split: tuple = (1, 0), hold: bool = False):
+def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None, split: tuple = (1, 0), hold: bool = False,
+          diag: tuple = (False, True)):
     """(bound kernel, [x descriptor, output descriptor]) for this shape: the softmax forward (``split`` = (K segments a
     row, SEG columns a segment), ``hold``), or with ``ce`` = (has weight, mean) the cross-entropy."""
-    key = (x.shape, x.stride(), x.dtype, x.device, config, ce, split, hold)
+    key = (x.shape, x.stride(), x.dtype, x.device, config, ce, split, hold, diag)
     plan = _LAUNCHES.get(key)
     if plan is not None:
         return plan
@@ -431,11 +451,16 @@ def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None, split: tuple 
     sub, box, nbuf, nout, warps, per_sm = config[:6]
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     lay = _layout(x.dtype)
-    descs = [TensorDescriptor(x, [M, N], [x.stride(0), 1], [1, box], lay),
-             TensorDescriptor(y, [M, N], [N, 1], [1, box], lay)]
+    if diag[0]:  # FLAT: x, y contiguous with N % (SUB BOX) == 0 (checked by the caller)
+        descs = [TensorDescriptor(x, [M * N // box, box], [box, 1], [sub, box], lay),
+                 TensorDescriptor(y, [M * N // box, box], [box, 1], [sub, box], lay)]
+    else:
+        descs = [TensorDescriptor(x, [M, N], [x.stride(0), 1], [1, box], lay),
+                 TensorDescriptor(y, [M, N], [N, 1], [1, box], lay)]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     meta = dict(SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout, VEC=16 // x.element_size(), num_warps=warps)
     if ce is None:
+        meta.update(FLAT=diag[0], STORE_TMA=diag[1])
         K = split[0]
         grid = min(M, per_sm * sms // K) * K  # whole groups of K programs, all co-resident (checked by the caller)
         kernel = Kernel(_softmax_fwd_tma_kernel, (grid,), HOLD=hold, SPLIT=K > 1, **meta)
@@ -479,11 +504,15 @@ def softmax_forward_tma(x: torch.Tensor, config: tuple | None = None) -> torch.T
         if per_sm * sms < K:
             raise ValueError(f"softmax_forward_tma: {K} segments a row need {K} co-resident programs")
     hold = len(config) > 6 and bool(config[6]) and nbuf * chunk >= seg  # (else streamed: the row is too wide)
-    kernel, descs = _plan(x, config, None, (K, seg), hold)
+    # (diagnostics, session 15: a 9th entry 1 = FLAT boxes where N % chunk == 0 and x is contiguous; a 10th 0 = plain
+    # stores of y instead of TMA stores)
+    flat = len(config) > 8 and bool(config[8]) and N % chunk == 0 and x.is_contiguous()
+    store_tma = not (len(config) > 9 and not config[9])
+    kernel, descs = _plan(x, config, None, (K, seg), hold, (flat, store_tma))
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     stats = torch.zeros(M * K if K > 1 else 1, dtype=torch.int64, device=x.device)
     descs[0].base, descs[1].base = x, y
-    kernel(x, stats, *descs, M, N, K, seg)
+    kernel(x, y, stats, *descs, M, N, K, seg)
     descs[0].base = descs[1].base = None
     return y
 
