@@ -70,7 +70,8 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     line[name] = {"error": str(e)[-300:]}
             rows.append(line)
-            print(dname, n, " | ".join(f"{k} {v['frac']:.3f}/{v['graph_frac']:.3f}" if "frac" in v else f"{k} ERR {v['error'][-120:]}"
+            print(dname, n, " | ".join(f"{k} {v['frac']:.3f}/{v['graph_frac']:.3f}{' WRONG' if v['max_err'] > 0.02 else ''}"
+                                      if "frac" in v else f"{k} ERR {v['error'][-120:]}"
                                       for k, v in line.items() if isinstance(v, dict)), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "softmax_gluon_bwd.json" if args.bwd else "softmax_gluon.json"), "w") as f:

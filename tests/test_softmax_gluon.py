@@ -40,12 +40,14 @@ def test_gpu_matches_torch(M, N, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [(16, 256, 8, 2, 4, 2), (8, 256, 4, 1, 4, 1), (4, 128, 12, 3, 4, 3), (32, 256, 4, 2, 8, 1),
                                     (16, 256, 8, 2, 4, 2, 1), (8, 256, 12, 2, 4, 2, 1), (16, 256, 8, 2, 4, 2, 0, 4),
-                                    (16, 256, 8, 2, 4, 2, 1, 2), (4, 256, 4, 2, 4, 2, 1, 8)])
-@pytest.mark.parametrize("N", [20000, 32768])
+                                    (16, 256, 8, 2, 4, 2, 1, 2), (4, 256, 4, 2, 4, 2, 1, 8), (16, 256, 8, 2, 4, 2, 0, 1, 1),
+                                    (32, 128, 8, 2, 4, 2, 0, 1, 1), (16, 256, 8, 2, 4, 2, 1, 4, 1), (16, 256, 8, 2, 4, 2, 0, 1, 1, 0)])
+@pytest.mark.parametrize("N", [20000, 32768, 50304])
 def test_gpu_configs(config, N):
     """Other ring depths, chunk shapes, warps and CTAs an SM (the sweep's candidates), HOLD (a 7th entry of 1: the
-    row kept in the ring where it fits, else streamed) and split rows (an 8th entry K: K programs a row exchanging
-    their (max, sum)) give the same answer."""
+    row kept in the ring where it fits, else streamed), split rows (an 8th entry K: K programs a row exchanging
+    their (max, sum)), FLAT (a 9th entry 1: one (1, SUB, BOX) box a chunk where N % BOX == 0) and plain stores (a
+    10th entry 0) give the same answer."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU and Gluon")
     x = torch.randn(523, N, device="cuda", dtype=torch.bfloat16) * 4

@@ -58,7 +58,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _issue(x_desc, ring, bars, j, total, C, pid, G, SUB: gl.constexpr, BOX: gl.constexpr, NBUF: gl.constexpr,
-               PASSES: gl.constexpr = 2, col_base=0, FLAT: gl.constexpr = False, NB=0):
+               PASSES: gl.constexpr = 2, col_base=0, FLAT: gl.constexpr = False):
         """Load j of this program's stream (if j < total) into ring buffer j % NBUF: row pid + (j // 2C) G, chunk
         (j % 2C) % C (pass 1 and pass 2 read the same chunks; PASSES = 1: each chunk once, HOLD), as SUB boxes of
         (1, BOX) on one mbarrier; ``col_base``: the first column of this program's segment (SPLIT)."""
@@ -70,13 +70,21 @@ if HAS_GLUON:
         col0 = col_base + chunk * (SUB * BOX)
         bar = bars.index(slot)
         buf = ring.index(slot)
-        if FLAT:  # (diagnostic) one (SUB, BOX) box over the (M N / BOX, BOX) view: rows of N % (SUB BOX) == 0
+        if FLAT:  # one (1, SUB, BOX) box over the (M, N / BOX, BOX) view (N % BOX == 0; sub-rows past N: OOB)
             mbarrier.expect(bar, x_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(x_desc, [row * NB + col0 // BOX, 0], bar, buf, pred=live)
+            tma.async_copy_global_to_shared(x_desc, [row, col0 // BOX, 0], bar, buf, pred=live)
         else:
             mbarrier.expect(bar, SUB * x_desc.block_type.nbytes, pred=live)
             for s in gl.static_range(SUB):
                 tma.async_copy_global_to_shared(x_desc, [row, col0 + s * BOX], bar, buf.slice(s, 1), pred=live)
+
+    @gluon.jit
+    def _chunk(buf, FLAT: gl.constexpr):
+        """A ring / output buffer as (SUB, BOX)."""
+        if FLAT:
+            return buf.reshape([buf.shape[1], buf.shape[2]])
+        else:
+            return buf
 
     @gluon.jit
     def _softmax_fwd_tma_kernel(
@@ -96,7 +104,7 @@ if HAS_GLUON:
         VEC: gl.constexpr,  # elements a thread reads from shared memory at once (16 bytes)
         HOLD: gl.constexpr,  # the row stays in the ring between the passes (one read; needs NBUF >= chunks a row)
         SPLIT: gl.constexpr,  # a row split into K segments, one a program; the K programs exchange (max, sum)
-        FLAT: gl.constexpr,  # (diagnostic) descriptors over the (M N / BOX, BOX) view, one box a chunk
+        FLAT: gl.constexpr,  # descriptors over the (M, N / BOX, BOX) view, one (1, SUB, BOX) box a chunk
         STORE_TMA: gl.constexpr,  # y by TMA stores (else by plain stores from registers; diagnostic)
         num_warps: gl.constexpr,
     ):
@@ -105,9 +113,14 @@ if HAS_GLUON:
         # A chunk in registers: SUB rows of BOX columns, each warp a few rows, VEC contiguous columns a thread.
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
 
-        # Shared memory: the load ring, the output buffers, one mbarrier per load buffer.
-        ring = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], x_desc.layout)
-        outb = gl.allocate_shared_memory(dtype, [NOUT, SUB, BOX], y_desc.layout)
+        # Shared memory: the load ring, the output buffers, one mbarrier per load buffer.  FLAT: buffers of one
+        # (1, SUB, BOX) box each.
+        if FLAT:
+            ring = gl.allocate_shared_memory(dtype, [NBUF, 1, SUB, BOX], x_desc.layout)
+            outb = gl.allocate_shared_memory(dtype, [NOUT, 1, SUB, BOX], y_desc.layout)
+        else:
+            ring = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], x_desc.layout)
+            outb = gl.allocate_shared_memory(dtype, [NOUT, SUB, BOX], y_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NBUF):
             mbarrier.init(bars.index(i), count=1)
@@ -127,13 +140,12 @@ if HAS_GLUON:
             col_base = 0
             C = gl.cdiv(N, CHUNK)
         n_rows = gl.cdiv(M - g, G)  # rows g, g + G, ... (the grid has at most M groups)
-        NB = N // BOX
         PASSES: gl.constexpr = 1 if HOLD else 2
         total = n_rows * PASSES * C  # loads of this program: two passes over each of its rows (HOLD: one)
 
         # Step 1: fill the ring.
         for i in gl.static_range(NBUF):
-            _issue(x_desc, ring, bars, i, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT, NB)
+            _issue(x_desc, ring, bars, i, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT)
 
         cols = (gl.expand_dims(gl.arange(0, SUB, layout=gl.SliceLayout(1, layout)), 1) * BOX
                 + gl.expand_dims(gl.arange(0, BOX, layout=gl.SliceLayout(0, layout)), 0))
@@ -148,10 +160,10 @@ if HAS_GLUON:
             for c in range(C):
                 slot = (j + c * HOLD) % NBUF
                 mbarrier.wait(bars.index(slot), phase=((j + c * HOLD) // NBUF) & 1)
-                x = ring.index(slot).load(layout).to(gl.float32)
+                x = _chunk(ring.index(slot), FLAT).load(layout).to(gl.float32)
                 if not HOLD:
                     gl.thread_barrier()  # every warp has read the buffer: refill it
-                    _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT, NB)
+                    _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT)
                     j += 1
                 x = gl.where(col_base + c * CHUNK + cols < N, x * _LOG2E, -float("inf"))
                 m_new = gl.maximum(m, gl.max(gl.max(x, axis=1), axis=0))
@@ -186,9 +198,9 @@ if HAS_GLUON:
                 slot = j % NBUF
                 if not HOLD:
                     mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
-                x = ring.index(slot).load(layout).to(gl.float32)
+                x = _chunk(ring.index(slot), FLAT).load(layout).to(gl.float32)
                 gl.thread_barrier()
-                _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT, NB)
+                _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT)
                 j += 1
                 y = gl.exp2(x * _LOG2E - m_use) * inv
                 if STORE_TMA:
@@ -198,11 +210,11 @@ if HAS_GLUON:
                     else:
                         tma.store_wait(pendings=(NOUT - 1) * SUB)  # the stores that last read this buffer are done
                     gl.thread_barrier()
-                    ob.store(y.to(dtype))
+                    _chunk(ob, FLAT).store(y.to(dtype))
                     fence_async_shared()
                     gl.thread_barrier()  # every warp's part is written before the stores read it
                     if FLAT:
-                        tma.async_copy_shared_to_global(y_desc, [row * NB + (col_base + c * CHUNK) // BOX, 0], ob)
+                        tma.async_copy_shared_to_global(y_desc, [row, (col_base + c * CHUNK) // BOX, 0], ob)
                     else:
                         for sb in gl.static_range(SUB):
                             tma.async_copy_shared_to_global(y_desc, [row, col_base + c * CHUNK + sb * BOX],
@@ -451,9 +463,10 @@ def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None, split: tuple 
     sub, box, nbuf, nout, warps, per_sm = config[:6]
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     lay = _layout(x.dtype)
-    if diag[0]:  # FLAT: x, y contiguous with N % (SUB BOX) == 0 (checked by the caller)
-        descs = [TensorDescriptor(x, [M * N // box, box], [box, 1], [sub, box], lay),
-                 TensorDescriptor(y, [M * N // box, box], [box, 1], [sub, box], lay)]
+    if diag[0]:  # FLAT: N % BOX == 0 (checked by the caller)
+        lay3 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * x.element_size(), rank=3)
+        descs = [TensorDescriptor(x, [M, N // box, box], [x.stride(0), box, 1], [1, sub, box], lay3),
+                 TensorDescriptor(y, [M, N // box, box], [N, box, 1], [1, sub, box], lay3)]
     else:
         descs = [TensorDescriptor(x, [M, N], [x.stride(0), 1], [1, box], lay),
                  TensorDescriptor(y, [M, N], [N, 1], [1, box], lay)]
@@ -504,9 +517,9 @@ def softmax_forward_tma(x: torch.Tensor, config: tuple | None = None) -> torch.T
         if per_sm * sms < K:
             raise ValueError(f"softmax_forward_tma: {K} segments a row need {K} co-resident programs")
     hold = len(config) > 6 and bool(config[6]) and nbuf * chunk >= seg  # (else streamed: the row is too wide)
-    # (diagnostics, session 15: a 9th entry 1 = FLAT boxes where N % chunk == 0 and x is contiguous; a 10th 0 = plain
-    # stores of y instead of TMA stores)
-    flat = len(config) > 8 and bool(config[8]) and N % chunk == 0 and x.is_contiguous()
+    # (session 15: a 9th entry 1 = FLAT, one (1, SUB, BOX) box a chunk where N % BOX == 0; a 10th 0 = plain stores of
+    # y instead of TMA stores, a diagnostic)
+    flat = len(config) > 8 and bool(config[8]) and N % box == 0
     store_tma = not (len(config) > 9 and not config[9])
     kernel, descs = _plan(x, config, None, (K, seg), hold, (flat, store_tma))
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
