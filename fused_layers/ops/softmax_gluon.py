@@ -87,6 +87,34 @@ if HAS_GLUON:
             return buf
 
     @gluon.jit
+    def _ring_barriers(NBUF: gl.constexpr):
+        """One initialized mbarrier per ring buffer."""
+        bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NBUF):
+            mbarrier.init(bars.index(i), count=1)
+        fence_async_shared()
+        return bars
+
+    @gluon.jit
+    def _store_chunk(desc, ob, v, row, col0, SUB: gl.constexpr, BOX: gl.constexpr, NOUT: gl.constexpr,
+                     FLAT: gl.constexpr = False):
+        """Store the chunk ``v`` (SUB x BOX values, columns col0...) of ``row`` by TMA through output buffer ``ob``,
+        once the stores that last read ``ob`` (NOUT chunks ago) are done with it."""
+        if FLAT:
+            tma.store_wait(pendings=NOUT - 1)
+        else:
+            tma.store_wait(pendings=(NOUT - 1) * SUB)
+        gl.thread_barrier()
+        _chunk(ob, FLAT).store(v.to(desc.dtype))
+        fence_async_shared()
+        gl.thread_barrier()  # every warp's part is written before the stores read it
+        if FLAT:
+            tma.async_copy_shared_to_global(desc, [row, col0 // BOX, 0], ob)
+        else:
+            for sb in gl.static_range(SUB):
+                tma.async_copy_shared_to_global(desc, [row, col0 + sb * BOX], ob.slice(sb, 1))
+
+    @gluon.jit
     def _softmax_fwd_tma_kernel(
         X,  # x's data (not read: the launch is bound on its dtype and alignment, ops/_library.Kernel)
         Y,  # y's data, (M, N) contiguous: written directly when not STORE_TMA (diagnostic)
@@ -121,10 +149,7 @@ if HAS_GLUON:
         else:
             ring = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], x_desc.layout)
             outb = gl.allocate_shared_memory(dtype, [NOUT, SUB, BOX], y_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NBUF):
-            mbarrier.init(bars.index(i), count=1)
-        fence_async_shared()
+        bars = _ring_barriers(NBUF)
 
         pid = gl.program_id(0)
         if SPLIT:  # program pid: segment pid % K of the rows of group pid // K (K co-resident programs a row)
@@ -204,21 +229,7 @@ if HAS_GLUON:
                 j += 1
                 y = gl.exp2(x * _LOG2E - m_use) * inv
                 if STORE_TMA:
-                    ob = outb.index(o % NOUT)
-                    if FLAT:
-                        tma.store_wait(pendings=NOUT - 1)
-                    else:
-                        tma.store_wait(pendings=(NOUT - 1) * SUB)  # the stores that last read this buffer are done
-                    gl.thread_barrier()
-                    _chunk(ob, FLAT).store(y.to(dtype))
-                    fence_async_shared()
-                    gl.thread_barrier()  # every warp's part is written before the stores read it
-                    if FLAT:
-                        tma.async_copy_shared_to_global(y_desc, [row, (col_base + c * CHUNK) // BOX, 0], ob)
-                    else:
-                        for sb in gl.static_range(SUB):
-                            tma.async_copy_shared_to_global(y_desc, [row, col_base + c * CHUNK + sb * BOX],
-                                                            ob.slice(sb, 1))
+                    _store_chunk(y_desc, outb.index(o % NOUT), y, row, col_base + c * CHUNK, SUB, BOX, NOUT, FLAT)
                     o += 1
                 else:
                     cc = col_base + c * CHUNK + cols
@@ -261,10 +272,7 @@ if HAS_GLUON:
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
         ring = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], x_desc.layout)
         outb = gl.allocate_shared_memory(dtype, [NOUT, SUB, BOX], g_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NBUF):
-            mbarrier.init(bars.index(i), count=1)
-        fence_async_shared()
+        bars = _ring_barriers(NBUF)
 
         pid = gl.program_id(0)
         G = gl.num_programs(0)
@@ -325,14 +333,7 @@ if HAS_GLUON:
                 j += 1
                 p = gl.exp2(x * _LOG2E - lse2)
                 g = coef * (p - gl.where(c * CHUNK + cols == tt, 1.0, 0.0))
-                ob = outb.index(o % NOUT)
-                tma.store_wait(pendings=(NOUT - 1) * SUB)
-                gl.thread_barrier()
-                ob.store(g.to(dtype))
-                fence_async_shared()
-                gl.thread_barrier()
-                for sb in gl.static_range(SUB):
-                    tma.async_copy_shared_to_global(g_desc, [row, c * CHUNK + sb * BOX], ob.slice(sb, 1))
+                _store_chunk(g_desc, outb.index(o % NOUT), g, row, c * CHUNK, SUB, BOX, NOUT)
                 o += 1
         tma.store_wait(pendings=0)
         for i in gl.static_range(NBUF):
@@ -379,10 +380,7 @@ if HAS_GLUON:
         ring_y = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], y_desc.layout)
         ring_d = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], dy_desc.layout)
         outb = gl.allocate_shared_memory(dtype, [NOUT, SUB, BOX], dx_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NBUF):
-            mbarrier.init(bars.index(i), count=1)
-        fence_async_shared()
+        bars = _ring_barriers(NBUF)
 
         pid = gl.program_id(0)
         G = gl.num_programs(0)
@@ -414,14 +412,7 @@ if HAS_GLUON:
                 _issue2(y_desc, dy_desc, ring_y, ring_d, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF)
                 j += 1
                 dx = y * (dy - dot)
-                ob = outb.index(o % NOUT)
-                tma.store_wait(pendings=(NOUT - 1) * SUB)
-                gl.thread_barrier()
-                ob.store(dx.to(dtype))
-                fence_async_shared()
-                gl.thread_barrier()
-                for sb in gl.static_range(SUB):
-                    tma.async_copy_shared_to_global(dx_desc, [row, c * CHUNK + sb * BOX], ob.slice(sb, 1))
+                _store_chunk(dx_desc, outb.index(o % NOUT), dx, row, c * CHUNK, SUB, BOX, NOUT)
                 o += 1
         tma.store_wait(pendings=0)
         for i in gl.static_range(NBUF):
