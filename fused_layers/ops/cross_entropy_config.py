@@ -30,8 +30,9 @@ sizes: Liger 0.27 / 0.26 / 0.44 / 0.49, torch.compile of ``F.cross_entropy(x.flo
   2 = split: pieces of ``PIECE`` columns streamed in chunks of ``SPLIT_BLOCK``, several programs per
   row, the second read of a piece from L2 (``_ce_fwd_split_kernel``); 3 = persistent (opt-in): the pieces of
   a row held in registers by co-resident programs that exchange their statistics (one read, one write;
-  ``PERSIST``; the default of 16-bit logits, eager calls: ``PERSIST_STAGES``).  Without a gradient, wide rows
-  always stream (one pass).
+  ``PERSIST``; the default of 16-bit logits, eager calls: ``PERSIST_STAGES``); 4 = TMA (opt-in, measured slower,
+  session 15: ops/softmax_gluon.py's cross-entropy on 2-D logits on an sm_90 GPU, else 3).  Without a gradient,
+  wide rows always stream (one pass).
 * ``LINEAR_CHUNK_BYTES``: the fused linear cross-entropy computes the logits of this many bytes at a
   time (rows = bytes / (V * element size), a multiple of 128 rows, at least 128).
 """

@@ -59,6 +59,9 @@ WIDE_EVICT = 0
 # so fp32 wide rows are persistent; 16-bit ones were piece-wise until the SMEM-pipelined persistent form below won
 # (session 10).  (The first, unpipelined persistent kernels, issue10/run10_persist/: bf16 fwd 0.74 / 0.77 / 0.62 at
 # 4K w4, fp32 fwd 0.88 / 0.86 / 0.78.)
+# Mode 3 (opt-in, config_override("softmax", wide_mode=3)): ops/softmax_gluon.py's TMA kernels for eager softmaxes
+# over the last dim on an sm_90 GPU, else mode 2.  Session 15 (issue10/run22_b/): correct, and slower everywhere (bf16
+# forward 0.19-0.37 of copy against 0.78-0.81, backward 0.21-0.39 against 0.90-0.93).
 WIDE_MODE = {("fwd", 2): 2, ("bwd", 2): 2, ("fwd", 4): 2, ("bwd", 4): 2}
 # Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM).
 # (16-bit: at most 16 per SM, as swept: the compiled binary's occupancy binds first.)
