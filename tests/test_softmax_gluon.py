@@ -76,16 +76,17 @@ def test_gpu_strided_rows_and_special_values(config):
 @pytest.mark.parametrize("M,C", [(1, 4104), (37, 32000), (5, 50304), (3, 128256)])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_gpu_cross_entropy(M, C, weighted, reduction):
+@pytest.mark.parametrize("config", [None, (16, 256, 8, 2, 4, 2, 0, 1, 1)])
+def test_gpu_cross_entropy(M, C, weighted, reduction, config):
     """cross_entropy_tma's loss and gradient against F.cross_entropy on float32 logits, with ignored rows (one row in
-    three) and class weights."""
+    three) and class weights; also FLAT boxes (where C % 256 == 0, else the (1, BOX) boxes)."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU and Gluon")
     x = torch.randn(M, C, device="cuda", dtype=torch.bfloat16) * 3
     t = torch.randint(0, C, (M,), device="cuda")
     t[1::3] = -100
     w = torch.rand(C, device="cuda") + 0.5 if weighted else None
-    loss, grad = SG.cross_entropy_tma(x, t, w, reduction=reduction)
+    loss, grad = SG.cross_entropy_tma(x, t, w, reduction=reduction, config=config)
     xf = x.float().requires_grad_()
     ref = torch.nn.functional.cross_entropy(xf, t, weight=w, reduction=reduction)
     ref.backward()
@@ -140,13 +141,15 @@ def test_gpu_through_the_public_ops(dtype, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("M,N", [(1, 4104), (5, 50304), (300, 32768), (3, 262144)])
-def test_gpu_backward(M, N, dtype):
-    """softmax_backward_tma against torch's softmax backward in float32, y from a real softmax, dy random."""
+@pytest.mark.parametrize("config", [None, (16, 256, 4, 2, 4, 2, 0, 1, 1)])
+def test_gpu_backward(M, N, dtype, config):
+    """softmax_backward_tma against torch's softmax backward in float32, y from a real softmax, dy random; also FLAT
+    boxes (where N % 256 == 0)."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU and Gluon")
     y = torch.softmax(torch.randn(M, N, device="cuda") * 4, dim=1).to(dtype)
     dy = torch.randn(M, N, device="cuda", dtype=dtype)
-    dx = SG.softmax_backward_tma(y, dy)
+    dx = SG.softmax_backward_tma(y, dy, config)
     ref = torch._softmax_backward_data(dy.float(), y.float(), 1, torch.float32)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(dx.float(), ref, atol=tol * ref.abs().max().item(), rtol=tol)

@@ -87,6 +87,14 @@ if HAS_GLUON:
             return buf
 
     @gluon.jit
+    def _buffers(desc, n: gl.constexpr, SUB: gl.constexpr, BOX: gl.constexpr, FLAT: gl.constexpr):
+        """``n`` chunk buffers of SUB x BOX for TMA through ``desc`` (FLAT: each one (1, SUB, BOX) box)."""
+        if FLAT:
+            return gl.allocate_shared_memory(desc.dtype, [n, 1, SUB, BOX], desc.layout)
+        else:
+            return gl.allocate_shared_memory(desc.dtype, [n, SUB, BOX], desc.layout)
+
+    @gluon.jit
     def _ring_barriers(NBUF: gl.constexpr):
         """One initialized mbarrier per ring buffer."""
         bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
@@ -143,12 +151,8 @@ if HAS_GLUON:
 
         # Shared memory: the load ring, the output buffers, one mbarrier per load buffer.  FLAT: buffers of one
         # (1, SUB, BOX) box each.
-        if FLAT:
-            ring = gl.allocate_shared_memory(dtype, [NBUF, 1, SUB, BOX], x_desc.layout)
-            outb = gl.allocate_shared_memory(dtype, [NOUT, 1, SUB, BOX], y_desc.layout)
-        else:
-            ring = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], x_desc.layout)
-            outb = gl.allocate_shared_memory(dtype, [NOUT, SUB, BOX], y_desc.layout)
+        ring = _buffers(x_desc, NBUF, SUB, BOX, FLAT)
+        outb = _buffers(y_desc, NOUT, SUB, BOX, FLAT)
         bars = _ring_barriers(NBUF)
 
         pid = gl.program_id(0)
@@ -259,6 +263,7 @@ if HAS_GLUON:
         NBUF: gl.constexpr,  # chunk buffers of the load ring
         NOUT: gl.constexpr,  # chunk buffers of the gradient
         VEC: gl.constexpr,  # elements a thread reads from shared memory at once
+        FLAT: gl.constexpr,  # one (1, SUB, BOX) box a chunk over (M, C / BOX, BOX) (the forward's FLAT)
         num_warps: gl.constexpr,
     ):
         """Cross-entropy with class-index targets (no label smoothing): loss and gradient in one stream, the
@@ -270,8 +275,8 @@ if HAS_GLUON:
         dtype: gl.constexpr = x_desc.dtype
         CHUNK: gl.constexpr = SUB * BOX
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
-        ring = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], x_desc.layout)
-        outb = gl.allocate_shared_memory(dtype, [NOUT, SUB, BOX], g_desc.layout)
+        ring = _buffers(x_desc, NBUF, SUB, BOX, FLAT)
+        outb = _buffers(g_desc, NOUT, SUB, BOX, FLAT)
         bars = _ring_barriers(NBUF)
 
         pid = gl.program_id(0)
@@ -280,7 +285,7 @@ if HAS_GLUON:
         n_rows = gl.cdiv(M - pid, G)
         total = n_rows * 2 * nc
         for i in gl.static_range(NBUF):
-            _issue(x_desc, ring, bars, i, total, nc, pid, G, SUB, BOX, NBUF)
+            _issue(x_desc, ring, bars, i, total, nc, pid, G, SUB, BOX, NBUF, 2, 0, FLAT)
         if MEAN:
             scale = 1.0 / gl.load(DEN)
         else:
@@ -308,9 +313,9 @@ if HAS_GLUON:
             for c in range(nc):
                 slot = j % NBUF
                 mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
-                x = ring.index(slot).load(layout).to(gl.float32)
+                x = _chunk(ring.index(slot), FLAT).load(layout).to(gl.float32)
                 gl.thread_barrier()
-                _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF)
+                _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF, 2, 0, FLAT)
                 j += 1
                 x = gl.where(c * CHUNK + cols < C, x * _LOG2E, -float("inf"))
                 m_new = gl.maximum(m, gl.max(gl.max(x, axis=1), axis=0))
@@ -327,13 +332,13 @@ if HAS_GLUON:
             for c in range(nc):
                 slot = j % NBUF
                 mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
-                x = ring.index(slot).load(layout).to(gl.float32)
+                x = _chunk(ring.index(slot), FLAT).load(layout).to(gl.float32)
                 gl.thread_barrier()
-                _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF)
+                _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF, 2, 0, FLAT)
                 j += 1
                 p = gl.exp2(x * _LOG2E - lse2)
                 g = coef * (p - gl.where(c * CHUNK + cols == tt, 1.0, 0.0))
-                _store_chunk(g_desc, outb.index(o % NOUT), g, row, c * CHUNK, SUB, BOX, NOUT)
+                _store_chunk(g_desc, outb.index(o % NOUT), g, row, c * CHUNK, SUB, BOX, NOUT, FLAT)
                 o += 1
         tma.store_wait(pendings=0)
         for i in gl.static_range(NBUF):
@@ -342,7 +347,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _issue2(a_desc, b_desc, ring_a, ring_b, bars, j, total, C, pid, G, SUB: gl.constexpr, BOX: gl.constexpr,
-                NBUF: gl.constexpr):
+                NBUF: gl.constexpr, FLAT: gl.constexpr = False):
         """_issue for two streams read side by side (the backward's y and dy): one mbarrier for both chunks."""
         live = j < total
         slot = j % NBUF
@@ -353,10 +358,15 @@ if HAS_GLUON:
         bar = bars.index(slot)
         buf_a = ring_a.index(slot)
         buf_b = ring_b.index(slot)
-        mbarrier.expect(bar, SUB * (a_desc.block_type.nbytes + b_desc.block_type.nbytes), pred=live)
-        for s in gl.static_range(SUB):
-            tma.async_copy_global_to_shared(a_desc, [row, col0 + s * BOX], bar, buf_a.slice(s, 1), pred=live)
-            tma.async_copy_global_to_shared(b_desc, [row, col0 + s * BOX], bar, buf_b.slice(s, 1), pred=live)
+        if FLAT:
+            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(a_desc, [row, col0 // BOX, 0], bar, buf_a, pred=live)
+            tma.async_copy_global_to_shared(b_desc, [row, col0 // BOX, 0], bar, buf_b, pred=live)
+        else:
+            mbarrier.expect(bar, SUB * (a_desc.block_type.nbytes + b_desc.block_type.nbytes), pred=live)
+            for s in gl.static_range(SUB):
+                tma.async_copy_global_to_shared(a_desc, [row, col0 + s * BOX], bar, buf_a.slice(s, 1), pred=live)
+                tma.async_copy_global_to_shared(b_desc, [row, col0 + s * BOX], bar, buf_b.slice(s, 1), pred=live)
 
     @gluon.jit
     def _softmax_bwd_tma_kernel(
@@ -371,15 +381,16 @@ if HAS_GLUON:
         NBUF: gl.constexpr,
         NOUT: gl.constexpr,
         VEC: gl.constexpr,
+        FLAT: gl.constexpr,  # one (1, SUB, BOX) box a chunk and stream (the forward's FLAT)
         num_warps: gl.constexpr,
     ):
         """dx = y (dy - sum(y dy)) on the forward's schedule: pass 1 the row's dot, pass 2 dx (y and dy re-read)."""
         dtype: gl.constexpr = y_desc.dtype
         CHUNK: gl.constexpr = SUB * BOX
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
-        ring_y = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], y_desc.layout)
-        ring_d = gl.allocate_shared_memory(dtype, [NBUF, SUB, BOX], dy_desc.layout)
-        outb = gl.allocate_shared_memory(dtype, [NOUT, SUB, BOX], dx_desc.layout)
+        ring_y = _buffers(y_desc, NBUF, SUB, BOX, FLAT)
+        ring_d = _buffers(dy_desc, NBUF, SUB, BOX, FLAT)
+        outb = _buffers(dx_desc, NOUT, SUB, BOX, FLAT)
         bars = _ring_barriers(NBUF)
 
         pid = gl.program_id(0)
@@ -388,7 +399,7 @@ if HAS_GLUON:
         n_rows = gl.cdiv(M - pid, G)
         total = n_rows * 2 * C
         for i in gl.static_range(NBUF):
-            _issue2(y_desc, dy_desc, ring_y, ring_d, bars, i, total, C, pid, G, SUB, BOX, NBUF)
+            _issue2(y_desc, dy_desc, ring_y, ring_d, bars, i, total, C, pid, G, SUB, BOX, NBUF, FLAT)
         j = 0
         o = 0
         for r in range(n_rows):
@@ -397,22 +408,22 @@ if HAS_GLUON:
             for c in range(C):  # pass 1 (columns past N load as zeros: they add nothing)
                 slot = j % NBUF
                 mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
-                y = ring_y.index(slot).load(layout).to(gl.float32)
-                dy = ring_d.index(slot).load(layout).to(gl.float32)
+                y = _chunk(ring_y.index(slot), FLAT).load(layout).to(gl.float32)
+                dy = _chunk(ring_d.index(slot), FLAT).load(layout).to(gl.float32)
                 gl.thread_barrier()
-                _issue2(y_desc, dy_desc, ring_y, ring_d, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF)
+                _issue2(y_desc, dy_desc, ring_y, ring_d, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF, FLAT)
                 j += 1
                 dot += gl.sum(gl.sum(y * dy, axis=1), axis=0)
             for c in range(C):  # pass 2
                 slot = j % NBUF
                 mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
-                y = ring_y.index(slot).load(layout).to(gl.float32)
-                dy = ring_d.index(slot).load(layout).to(gl.float32)
+                y = _chunk(ring_y.index(slot), FLAT).load(layout).to(gl.float32)
+                dy = _chunk(ring_d.index(slot), FLAT).load(layout).to(gl.float32)
                 gl.thread_barrier()
-                _issue2(y_desc, dy_desc, ring_y, ring_d, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF)
+                _issue2(y_desc, dy_desc, ring_y, ring_d, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF, FLAT)
                 j += 1
                 dx = y * (dy - dot)
-                _store_chunk(dx_desc, outb.index(o % NOUT), dx, row, c * CHUNK, SUB, BOX, NOUT)
+                _store_chunk(dx_desc, outb.index(o % NOUT), dx, row, c * CHUNK, SUB, BOX, NOUT, FLAT)
                 o += 1
         tma.store_wait(pendings=0)
         for i in gl.static_range(NBUF):
@@ -437,9 +448,18 @@ def supported(x: torch.Tensor) -> str | None:
 _LAUNCHES: dict = {}
 
 
-def _layout(dtype: torch.dtype):
+def _layout(dtype: torch.dtype, rank: int = 2):
     bits = 32 if dtype == torch.float32 else 16
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=rank)
+
+
+def _desc(t: torch.Tensor, sub: int, box: int, flat: bool):
+    """TMA descriptor of 2-D rows ``t``: boxes of (1, BOX) over (M, N), or FLAT boxes of (1, SUB, BOX) over the
+    (M, N / BOX, BOX) view (N % BOX == 0)."""
+    M, N = t.shape
+    if flat:
+        return TensorDescriptor(t, [M, N // box, box], [t.stride(0), box, 1], [1, sub, box], _layout(t.dtype, 3))
+    return TensorDescriptor(t, [M, N], [t.stride(0), 1], [1, box], _layout(t.dtype))
 
 
 def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None, split: tuple = (1, 0), hold: bool = False,
@@ -453,18 +473,11 @@ def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None, split: tuple 
     M, N = x.shape
     sub, box, nbuf, nout, warps, per_sm = config[:6]
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    lay = _layout(x.dtype)
-    if diag[0]:  # FLAT: N % BOX == 0 (checked by the caller)
-        lay3 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * x.element_size(), rank=3)
-        descs = [TensorDescriptor(x, [M, N // box, box], [x.stride(0), box, 1], [1, sub, box], lay3),
-                 TensorDescriptor(y, [M, N // box, box], [N, box, 1], [1, sub, box], lay3)]
-    else:
-        descs = [TensorDescriptor(x, [M, N], [x.stride(0), 1], [1, box], lay),
-                 TensorDescriptor(y, [M, N], [N, 1], [1, box], lay)]
+    descs = [_desc(x, sub, box, diag[0]), _desc(y, sub, box, diag[0])]  # (FLAT: N % BOX == 0, checked by the caller)
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    meta = dict(SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout, VEC=16 // x.element_size(), num_warps=warps)
+    meta = dict(SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout, VEC=16 // x.element_size(), FLAT=diag[0], num_warps=warps)
     if ce is None:
-        meta.update(FLAT=diag[0], STORE_TMA=diag[1])
+        meta.update(STORE_TMA=diag[1])
         K = split[0]
         grid = min(M, per_sm * sms // K) * K  # whole groups of K programs, all co-resident (checked by the caller)
         kernel = Kernel(_softmax_fwd_tma_kernel, (grid,), HOLD=hold, SPLIT=K > 1, **meta)
@@ -529,7 +542,9 @@ def ce_launch(x: torch.Tensor, t: torch.Tensor, weight: torch.Tensor | None, ign
     if supported(x) is not None:
         return False
     M, C = x.shape
-    kernel, descs = _plan(x, tuple(config or CONFIGS[x.element_size()]), (weight is not None, bool(mean)))
+    config = tuple(config or CONFIGS[x.element_size()])
+    flat = len(config) > 8 and bool(config[8]) and C % config[1] == 0  # (FLAT as the forward's)
+    kernel, descs = _plan(x, config, (weight is not None, bool(mean)), diag=(flat, True))
     descs[0].base, descs[1].base = x, grad
     kernel(x, t, weight if weight is not None else x, den, rows, *descs, M, C, x.stride(0), ignore_index)
     descs[0].base = descs[1].base = None
@@ -573,18 +588,17 @@ def softmax_backward_tma(y: torch.Tensor, dy: torch.Tensor, config: tuple | None
     if why is not None:
         raise ValueError(f"softmax_backward_tma: {why}")
     M, N = y.shape
-    sub, box, nbuf, nout, warps, per_sm = config = tuple(config or BWD_CONFIGS[y.element_size()])
-    key = ("bwd", y.shape, y.stride(), dy.stride(), y.dtype, y.device, config)
+    config = tuple(config or BWD_CONFIGS[y.element_size()])
+    sub, box, nbuf, nout, warps, per_sm = config[:6]
+    flat = len(config) > 8 and bool(config[8]) and N % box == 0  # (FLAT as the forward's)
+    key = ("bwd", y.shape, y.stride(), dy.stride(), y.dtype, y.device, config, flat)
     plan = _LAUNCHES.get(key)
     if plan is None:
-        lay = _layout(y.dtype)
         dx = torch.empty((M, N), dtype=y.dtype, device=y.device)
-        descs = [TensorDescriptor(y, [M, N], [y.stride(0), 1], [1, box], lay),
-                 TensorDescriptor(dy, [M, N], [dy.stride(0), 1], [1, box], lay),
-                 TensorDescriptor(dx, [M, N], [N, 1], [1, box], lay)]
+        descs = [_desc(y, sub, box, flat), _desc(dy, sub, box, flat), _desc(dx, sub, box, flat)]
         sms = torch.cuda.get_device_properties(y.device).multi_processor_count
         kernel = Kernel(_softmax_bwd_tma_kernel, (min(M, per_sm * sms),), SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout,
-                        VEC=16 // y.element_size(), num_warps=warps)
+                        VEC=16 // y.element_size(), FLAT=flat, num_warps=warps)
         plan = _LAUNCHES[key] = (kernel, descs)
     kernel, descs = plan
     dx = torch.empty((M, N), dtype=y.dtype, device=y.device)
