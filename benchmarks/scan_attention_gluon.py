@@ -8,14 +8,10 @@ import os, sys
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, "benchmarks"); sys.path.insert(0, ".")
 import warnings; warnings.filterwarnings("ignore")
-import re, subprocess, tempfile
-from collections import Counter
-
 import triton
-from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon import language as gl
-from _sm90 import _CUOBJDUMP, _OPCODE
+from _sm90 import compile_sm90
 from fused_layers.ops import attention_gluon as ag
 
 print("triton", triton.__version__)
@@ -35,20 +31,13 @@ def scan(label, fn, sig, cx, aligned, warps):
     attrs = {(names.index(a),): DIV16 for a in aligned}
     sig = {**sig, **{k: "constexpr" for k in cx}}
     try:
-        k = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+        r = compile_sm90(fn, sig, cx, attrs, warps, source=GluonASTSource)
     except Exception as e:  # noqa: BLE001
         print(f"{label}: COMPILE FAILED: {str(e)[-3000:]}")
         return
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(k.asm["cubin"])
-        path = f.name
-    usage = subprocess.run([_CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True).stdout
-    sass = subprocess.run([_CUOBJDUMP, "-sass", path], capture_output=True, text=True).stdout
-    os.remove(path)
-    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    ops = Counter(op.group(1) for op in map(_OPCODE.search, sass.splitlines()) if op)
+    ops = r["ops"]
     pick = lambda prefix: sum(v for o, v in ops.items() if o.startswith(prefix))  # noqa: E731
-    print(f"{label}: regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared} HGMMA {ops.get('HGMMA', 0)} "
+    print(f"{label}: regs {r['regs']} stack {r['stack_bytes']} smem {r['shared_bytes']} HGMMA {ops.get('HGMMA', 0)} "
           f"UTMALDG {ops.get('UTMALDG', 0)} UTMASTG {ops.get('UTMASTG', 0)} SYNCS {pick('SYNCS')} "
           f"USETMAXREG {ops.get('USETMAXREG', 0)} STL {ops.get('STL', 0)} MUFU {ops.get('MUFU', 0)} sass {sum(ops.values())}",
           flush=True)

@@ -9,17 +9,11 @@ import sys
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, ".")
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-from collections import Counter  # noqa: E402
-
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from _sm90 import _CUOBJDUMP, _OPCODE  # noqa: E402
+from _sm90 import compile_sm90  # noqa: E402
 from fused_layers.ops import softmax_gluon as sg  # noqa: E402
 
 print("triton", triton.__version__)
@@ -33,19 +27,12 @@ def desc(ty, bits, sub, box, flat):
 def scan(label, fn, sig, cx, warps):
     sig = {**sig, **{k: "constexpr" for k in cx}}
     try:
-        k = triton.compile(GluonASTSource(fn, sig, cx, {}), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+        r = compile_sm90(fn, sig, cx, {}, warps, source=GluonASTSource)
     except Exception as e:  # noqa: BLE001
         print(f"{label}: COMPILE FAILED: {str(e)[-1500:]}")
         return
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(k.asm["cubin"])
-        path = f.name
-    usage = subprocess.run([_CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True).stdout
-    sass = subprocess.run([_CUOBJDUMP, "-sass", path], capture_output=True, text=True).stdout
-    os.remove(path)
-    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    ops = Counter(op.group(1) for op in map(_OPCODE.search, sass.splitlines()) if op)
-    print(f"{label}: regs {m.group(1)} stack {m.group(2)} smem {k.metadata.shared} UTMALDG {ops.get('UTMALDG', 0)} "
+    ops = r["ops"]
+    print(f"{label}: regs {r['regs']} stack {r['stack_bytes']} smem {r['shared_bytes']} UTMALDG {ops.get('UTMALDG', 0)} "
           f"UTMASTG {ops.get('UTMASTG', 0)} MUFU {ops.get('MUFU', 0)} BAR {ops.get('BAR', 0)} STL {ops.get('STL', 0)}",
           flush=True)
 
