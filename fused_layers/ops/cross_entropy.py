@@ -1232,9 +1232,10 @@ def cross_entropy_forward(
     # kernel's writes sees).
     args = (input, t, weight if weight is not None else input, loss_rows, grad if grad is not None else input,
             den if mean_hard else input, row_scale if row_scale is not None else input)
-    if (plan.tma and input.is_cuda and grad is not None and grad_out is None and loss_out is None
-            and reduction != "none" and _tma_launch(input, t, weight, ignore_index, den, mean_hard, loss_rows, grad)):
-        pass
+    tma_done = (plan.tma and input.is_cuda and grad is not None and grad_out is None and loss_out is None
+                and reduction != "none" and _tma_launch(input, t, weight, ignore_index, den, mean_hard, loss_rows, grad))
+    if tma_done:
+        pass  # (WIDE_MODE 4: loss rows and gradient written)
     elif plan.persist is not None:
         slots = torch.zeros(M * plan.splits, dtype=torch.int64, device=dev)
         pargs = (*args, slots, *plan.ints, inv_den, plan.splits, plan.piece)

@@ -672,11 +672,11 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.splits = 0
         fn = _softmax_fwd_kernel if fwd else _softmax_bwd_kernel
         plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
-    elif get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0)) in (2, 3) and persist_ok:
+    elif (mode := get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0))) in (2, 3) \
+            and persist_ok:
         # mode 3: the TMA kernels of ops/softmax_gluon.py for rows they take (softmax over the last dim of rows with
         # unit column stride, on an sm_90 GPU; checked per call), else the persistent kernels.
-        plan.tma = inner == 1 and get_override("softmax", "wide_mode",
-                                               WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0)) == 3
+        plan.tma = inner == 1 and mode == 3
         # persistent pieces in registers (_softmax_*_persist_kernel): kernels bound at the first call
         block, warps, per_sm = _persist_config(elem, "fwd" if fwd else "bwd")
         splits, piece = balanced_pieces(n, block)
@@ -742,31 +742,20 @@ def _persist_launch(plan: _Plan, tensors: tuple) -> bool:
     return True
 
 
-def _tma_forward(x: torch.Tensor, plan: _Plan) -> torch.Tensor | None:
-    """The TMA forward (softmax_config.WIDE_MODE 3) of a softmax over the last dim, or None where it does not take x
-    (then the persistent kernels run)."""
+def _tma(plan: _Plan, *tensors: torch.Tensor) -> torch.Tensor | None:
+    """WIDE_MODE 3: the TMA kernel of ops/softmax_gluon.py over the last dim (forward for x, backward for y, dy), its
+    result in the input's shape; None where it does not take the tensors (then the persistent kernels run)."""
     from . import softmax_gluon  # (imported on first use: Gluon's import is not free)
 
-    try:
-        x2 = x.view(plan.m, x.shape[-1])  # rows with unit column stride (no copy: a layout that needs one is declined)
+    n = tensors[0].shape[-1]
+    try:  # rows with unit column stride (no copy: a layout that needs one is declined)
+        rows = [t.view(plan.m, n) for t in tensors]
     except RuntimeError:
         return None
-    if softmax_gluon.supported(x2) is not None:
+    if any(softmax_gluon.supported(r) is not None for r in rows):
         return None
-    return softmax_gluon.softmax_forward_tma(x2).view(x.shape)
-
-
-def _tma_backward(y: torch.Tensor, dy: torch.Tensor, plan: _Plan) -> torch.Tensor | None:
-    """The TMA backward (WIDE_MODE 3) over the last dim, or None where it does not take y / dy."""
-    from . import softmax_gluon
-
-    try:
-        y2, dy2 = y.view(plan.m, y.shape[-1]), dy.view(plan.m, y.shape[-1])
-    except RuntimeError:
-        return None
-    if softmax_gluon.supported(y2) is not None or softmax_gluon.supported(dy2) is not None:
-        return None
-    return softmax_gluon.softmax_backward_tma(y2, dy2).view(y.shape)
+    launch = softmax_gluon.softmax_forward_tma if len(rows) == 1 else softmax_gluon.softmax_backward_tma
+    return launch(*rows).view(tensors[0].shape)
 
 
 def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -780,7 +769,7 @@ def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
         return y
     plan = _plan(x.shape, (x.stride(),), x.dtype, dim, type(x) in _PLAIN)
     if plan.tma and x.is_cuda:
-        y2 = _tma_forward(x, plan)
+        y2 = _tma(plan, x)
         if y2 is not None:
             return y2
     if plan.copy[0]:
@@ -807,7 +796,7 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tenso
         dy = dy.to(y.dtype)
     plan = _plan(y.shape, (y.stride(), dy.stride()), y.dtype, dim, type(y) in _PLAIN and type(dy) in _PLAIN)
     if plan.tma and y.is_cuda:
-        dx2 = _tma_backward(y, dy, plan)
+        dx2 = _tma(plan, y, dy)
         if dx2 is not None:
             return dx2
     if plan.copy[0]:

@@ -87,6 +87,20 @@ if HAS_GLUON:
             return buf
 
     @gluon.jit
+    def _chunk_cols(SUB: gl.constexpr, BOX: gl.constexpr, layout: gl.constexpr):
+        """The column of each value of a chunk in registers, relative to the chunk's first column."""
+        return (gl.expand_dims(gl.arange(0, SUB, layout=gl.SliceLayout(1, layout)), 1) * BOX
+                + gl.expand_dims(gl.arange(0, BOX, layout=gl.SliceLayout(0, layout)), 0))
+
+    @gluon.jit
+    def _max_sum_step(x, m, s):
+        """The online softmax's step on a chunk ``x`` (base 2, masked columns -inf): the new running (max, sum), with
+        a max of -inf read as 0 in the exponents."""
+        m_new = gl.maximum(m, gl.max(gl.max(x, axis=1), axis=0))
+        m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
+        return m_new, s * gl.exp2(m - m_use) + gl.sum(gl.sum(gl.exp2(x - m_use), axis=1), axis=0)
+
+    @gluon.jit
     def _buffers(desc, n: gl.constexpr, SUB: gl.constexpr, BOX: gl.constexpr, FLAT: gl.constexpr):
         """``n`` chunk buffers of SUB x BOX for TMA through ``desc`` (FLAT: each one (1, SUB, BOX) box)."""
         if FLAT:
@@ -176,8 +190,7 @@ if HAS_GLUON:
         for i in gl.static_range(NBUF):
             _issue(x_desc, ring, bars, i, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT)
 
-        cols = (gl.expand_dims(gl.arange(0, SUB, layout=gl.SliceLayout(1, layout)), 1) * BOX
-                + gl.expand_dims(gl.arange(0, BOX, layout=gl.SliceLayout(0, layout)), 0))
+        cols = _chunk_cols(SUB, BOX, layout)
         j = 0  # the next load of the stream to consume
         o = 0  # output chunks stored so far
         for r in range(n_rows):
@@ -194,11 +207,7 @@ if HAS_GLUON:
                     gl.thread_barrier()  # every warp has read the buffer: refill it
                     _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT)
                     j += 1
-                x = gl.where(col_base + c * CHUNK + cols < N, x * _LOG2E, -float("inf"))
-                m_new = gl.maximum(m, gl.max(gl.max(x, axis=1), axis=0))
-                m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
-                s = s * gl.exp2(m - m_use) + gl.sum(gl.sum(gl.exp2(x - m_use), axis=1), axis=0)
-                m = m_new
+                m, s = _max_sum_step(gl.where(col_base + c * CHUNK + cols < N, x * _LOG2E, -float("inf")), m, s)
             if SPLIT:
                 # Publish this segment's (max, sum) as one int64 word (bits of m high, of s low: never 0, since s >= 1
                 # where m is finite and m = -inf has bits), then combine the row's K words as they arrive.  The ring
@@ -291,8 +300,7 @@ if HAS_GLUON:
         else:
             scale = 1.0
 
-        cols = (gl.expand_dims(gl.arange(0, SUB, layout=gl.SliceLayout(1, layout)), 1) * BOX
-                + gl.expand_dims(gl.arange(0, BOX, layout=gl.SliceLayout(0, layout)), 0))
+        cols = _chunk_cols(SUB, BOX, layout)
         j = 0
         o = 0
         for r in range(n_rows):
@@ -317,11 +325,7 @@ if HAS_GLUON:
                 gl.thread_barrier()
                 _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF, 2, 0, FLAT)
                 j += 1
-                x = gl.where(c * CHUNK + cols < C, x * _LOG2E, -float("inf"))
-                m_new = gl.maximum(m, gl.max(gl.max(x, axis=1), axis=0))
-                m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
-                s = s * gl.exp2(m - m_use) + gl.sum(gl.sum(gl.exp2(x - m_use), axis=1), axis=0)
-                m = m_new
+                m, s = _max_sum_step(gl.where(c * CHUNK + cols < C, x * _LOG2E, -float("inf")), m, s)
             lse2 = gl.where(m == -float("inf"), 0.0, m) + gl.log2(s)  # base-2 lse (an all -inf row: -inf)
             loss = gl.where(ign, 0.0, w_t * (lse2 * _LN2 - x_t))
             loss = gl.where(bad, float("nan"), loss) * scale
