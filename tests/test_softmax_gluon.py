@@ -41,12 +41,14 @@ def test_gpu_matches_torch(M, N, dtype):
 @pytest.mark.parametrize("config", [(16, 256, 8, 2, 4, 2), (8, 256, 4, 1, 4, 1), (4, 128, 12, 3, 4, 3), (32, 256, 4, 2, 8, 1),
                                     (16, 256, 8, 2, 4, 2, 1), (8, 256, 12, 2, 4, 2, 1), (16, 256, 8, 2, 4, 2, 0, 4),
                                     (16, 256, 8, 2, 4, 2, 1, 2), (4, 256, 4, 2, 4, 2, 1, 8), (16, 256, 8, 2, 4, 2, 0, 1, 1),
-                                    (32, 128, 8, 2, 4, 2, 0, 1, 1), (16, 256, 8, 2, 4, 2, 1, 4, 1), (16, 256, 8, 2, 4, 2, 0, 1, 1, 0)])
+                                    (32, 128, 8, 2, 4, 2, 0, 1, 1), (16, 256, 8, 2, 4, 2, 1, 4, 1), (16, 256, 8, 2, 4, 2, 0, 1, 1, 0),
+                                    (16, 256, 8, 2, 8, 2, 0, 1, 1), (4, 256, 8, 2, 8, 2, 0, 1, 1), (16, 256, 8, 2, 4, 2, 2),
+                                    (16, 256, 8, 2, 4, 2, 2, 1, 1), (32, 256, 4, 2, 4, 2, 2, 1, 1), (16, 256, 8, 2, 4, 2, 2, 4, 1)])
 @pytest.mark.parametrize("N", [20000, 32768, 50304])
 def test_gpu_configs(config, N):
     """Other ring depths, chunk shapes, warps and CTAs an SM (the sweep's candidates), HOLD (a 7th entry of 1: the
-    row kept in the ring where it fits, else streamed), split rows (an 8th entry K: K programs a row exchanging
-    their (max, sum)), FLAT (a 9th entry 1: one (1, SUB, BOX) box a chunk where N % BOX == 0) and plain stores (a
+    row kept in the ring where it fits, else streamed; 2: the same in three passes, max / sum / y), split rows (an
+    8th entry K: K programs a row exchanging their (max, sum)), FLAT (a 9th entry 1: one (1, SUB, BOX) box a chunk where N % BOX == 0) and plain stores (a
     10th entry 0) give the same answer."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU and Gluon")
@@ -55,7 +57,8 @@ def test_gpu_configs(config, N):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [None, (16, 256, 8, 2, 4, 2, 1, 4)])
+@pytest.mark.parametrize("config", [None, (16, 256, 8, 2, 4, 2, 1, 4), (16, 256, 10, 2, 4, 2, 1),
+                                    (16, 256, 10, 2, 4, 2, 2), (16, 256, 8, 2, 4, 2, 2, 4)])
 def test_gpu_strided_rows_and_special_values(config):
     """Rows of a wider buffer (16-byte aligned stride) read in place; an all -inf row gives NaN, a row with +inf or NaN
     is NaN, a row of -inf then finite values and huge finite logits are exact, as torch.softmax."""
@@ -141,7 +144,7 @@ def test_gpu_through_the_public_ops(dtype, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("M,N", [(1, 4104), (5, 50304), (300, 32768), (3, 262144)])
-@pytest.mark.parametrize("config", [None, (16, 256, 4, 2, 4, 2, 0, 1, 1)])
+@pytest.mark.parametrize("config", [None, (16, 256, 4, 2, 4, 2, 0, 1, 1), (16, 256, 4, 2, 8, 2, 0, 1, 1)])
 def test_gpu_backward(M, N, dtype, config):
     """softmax_backward_tma against torch's softmax backward in float32, y from a real softmax, dy random; also FLAT
     boxes (where N % 256 == 0)."""

@@ -15,14 +15,19 @@ The ring is refilled as soon as a buffer has been read into registers, so the ne
 flight, across pass and row boundaries (no bubble between rows).  Pass 2 re-reads a chunk read one row earlier by
 this SM: from L2 while the SMs' rows in flight fit there (H200: 50 MB, 132 x 2 rows of 128 KB at 64K bf16).
 
-Math (online softmax, base 2): pass 1 keeps the running max m and sum s of a row over its chunks x_c,
+Math (online softmax, base 2): pass 1 keeps a running max m (base-2 units, as rounded: m = fl(max(x) log2 e)) and
+sum s for each group of VEC values a thread holds (no shuffle, no cross-warp reduction a chunk), over the chunks x_c,
 
-    m' = max(m, max(x_c)),    s' = s * 2^((m - m') log2 e) + sum 2^((x_c - m') log2 e),
+    m' = max(m, fl(max(x_c) log2 e)),    s' = s * 2^(m - m') + sum 2^(x_c log2 e - m'),
 
-with m' = -inf read as 0 in the exponents (a row that starts with -inf and turns finite later never makes
--inf - -inf); pass 2 writes y = 2^((x - m) log2 e) / s through a ring of NOUT output buffers, stored by TMA.
-Special values as torch.softmax: an all -inf row gives 0 / 0 = NaN; a NaN or +inf makes the row NaN.
-Columns beyond N in the last chunk: the TMA load fills zeros, which are masked to -inf; its store clips them.
+the last exponent one FMA; m' = -inf is read as 0 in the exponents (a group that starts with -inf and turns finite
+never makes -inf - -inf).  Once a row, the groups combine: M = max m_i, S = sum s_i 2^(m_i - M).  Pass 2 writes
+y = 2^(x log2 e - b), b = M + log2 S (one FMA and one exp2 a value), through a ring of NOUT output buffers stored by
+TMA.  Keeping m as rounded makes the rescale 2^(m - m') exactly 1 where the max did not move; a fused
+x log2 e - fl(m log2 e) there drifts by the rounding of m at every chunk (one value 4 % off at logits near 4e4,
+session 16).  HOLD 2 runs three passes over a held row instead: its max (in the loaded dtype), the sum with no
+rescaling, then y.  Special values as torch.softmax: an all -inf row gives NaN (S = 0); a NaN or +inf makes the row
+NaN.  Columns beyond N in the last chunk: the TMA load fills zeros, which are masked to -inf; its store clips them.
 
 Scope: a 2-D (M, N) view with unit column stride, rows 16-byte aligned (row stride x element size a multiple of
 16), bf16 / fp16 / fp32.  ``supported`` says whether a call qualifies.
@@ -93,12 +98,43 @@ if HAS_GLUON:
                 + gl.expand_dims(gl.arange(0, BOX, layout=gl.SliceLayout(0, layout)), 0))
 
     @gluon.jit
-    def _max_sum_step(x, m, s):
-        """The online softmax's step on a chunk ``x`` (base 2, masked columns -inf): the new running (max, sum), with
-        a max of -inf read as 0 in the exponents."""
-        m_new = gl.maximum(m, gl.max(gl.max(x, axis=1), axis=0))
+    def _groups(x, VEC: gl.constexpr, L3: gl.constexpr):
+        """A chunk (SUB, BOX) in registers as (SUB, BOX / VEC, VEC): each thread's VEC contiguous values on the last
+        axis (L3), so that a reduction over that axis stays inside the thread."""
+        return gl.convert_layout(gl.reshape(x, [x.shape[0], x.shape[1] // VEC, VEC]), L3)
+
+    @gluon.jit
+    def _max_keep(a, b):
+        """Max as a reduction's combine (gl.max and gl.maximum promote bf16 to fp32; a select keeps the loaded dtype).
+        A NaN may or may not win: the row's sum is NaN either way."""
+        return gl.where(a > b, a, b)
+
+    @gluon.jit
+    def _group_stats(SUB: gl.constexpr, G: gl.constexpr, L3: gl.constexpr):
+        """Running (max, sum) a value group at the start of a row: (-inf, 0), shape (SUB, G) in SliceLayout(2, L3)."""
+        lay: gl.constexpr = gl.SliceLayout(2, L3)
+        return gl.full([SUB, G], -float("inf"), gl.float32, layout=lay), gl.zeros([SUB, G], gl.float32, layout=lay)
+
+    @gluon.jit
+    def _max_sum_step(x, m, s, VEC: gl.constexpr, L3: gl.constexpr):
+        """The online softmax's step on a chunk ``x`` (SUB x BOX, natural units, masked columns -inf), per group of
+        VEC values a thread holds: the running (max, sum) of each group, no shuffle and no cross-warp reduction (the
+        groups are combined once a row, ``_row_max_sum``).  The max is kept in base-2 units as rounded, m = fl(max(x)
+        log2 e), so that a rescale 2^(m - m') is exact (1 where the max did not move: a fused x log2 e - m' would
+        drift by the rounding of m' at every chunk); each value's term 2^(x log2 e - m') is one FMA (pass 2 computes
+        its numerator the same way).  A max of -inf is read as 0 in the exponents."""
+        x3 = _groups(x, VEC, L3)
+        m_new = gl.maximum(m, gl.max(x3, axis=2) * _LOG2E)
         m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
-        return m_new, s * gl.exp2(m - m_use) + gl.sum(gl.sum(gl.exp2(x - m_use), axis=1), axis=0)
+        return m_new, s * gl.exp2(m - m_use) + gl.sum(gl.exp2(x3 * _LOG2E - gl.expand_dims(m_use, 2)), axis=2)
+
+    @gluon.jit
+    def _row_max_sum(m, s):
+        """The row's (max, sum), base 2, from its groups' running ones: M = max m_i, S = sum s_i 2^(m_i - M), with M =
+        -inf read as 0 (an all -inf row: S = 0, and y = 0 / 0 = NaN as torch)."""
+        m_row = gl.max(gl.max(m, axis=1), axis=0)
+        m_use = gl.where(m_row == -float("inf"), 0.0, m_row)
+        return m_row, gl.sum(gl.sum(s * gl.exp2(m - m_use), axis=1), axis=0)
 
     @gluon.jit
     def _buffers(desc, n: gl.constexpr, SUB: gl.constexpr, BOX: gl.constexpr, FLAT: gl.constexpr):
@@ -152,7 +188,8 @@ if HAS_GLUON:
         NBUF: gl.constexpr,  # chunk buffers of the load ring (chunks in flight)
         NOUT: gl.constexpr,  # chunk buffers of output (stores in flight)
         VEC: gl.constexpr,  # elements a thread reads from shared memory at once (16 bytes)
-        HOLD: gl.constexpr,  # the row stays in the ring between the passes (one read; needs NBUF >= chunks a row)
+        HOLD: gl.constexpr,  # 1: the row stays in the ring between the passes (one read; needs NBUF >= chunks a row);
+        # 2: the same, with three passes over it (max, sum, y) instead of the online (max, sum)
         SPLIT: gl.constexpr,  # a row split into K segments, one a program; the K programs exchange (max, sum)
         FLAT: gl.constexpr,  # descriptors over the (M, N / BOX, BOX) view, one (1, SUB, BOX) box a chunk
         STORE_TMA: gl.constexpr,  # y by TMA stores (else by plain stores from registers; diagnostic)
@@ -162,6 +199,8 @@ if HAS_GLUON:
         CHUNK: gl.constexpr = SUB * BOX
         # A chunk in registers: SUB rows of BOX columns, each warp a few rows, VEC contiguous columns a thread.
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
+        # The same chunk as (SUB, BOX / VEC, VEC) groups of VEC values a thread (pass 1's running statistics).
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, VEC], [1, 32, 1], [num_warps, 1, 1], [2, 1, 0])
 
         # Shared memory: the load ring, the output buffers, one mbarrier per load buffer.  FLAT: buffers of one
         # (1, SUB, BOX) box each.
@@ -184,6 +223,7 @@ if HAS_GLUON:
             C = gl.cdiv(N, CHUNK)
         n_rows = gl.cdiv(M - g, G)  # rows g, g + G, ... (the grid has at most M groups)
         PASSES: gl.constexpr = 1 if HOLD else 2
+        HELD: gl.constexpr = 1 if HOLD else 0
         total = n_rows * PASSES * C  # loads of this program: two passes over each of its rows (HOLD: one)
 
         # Step 1: fill the ring.
@@ -197,17 +237,44 @@ if HAS_GLUON:
             row = g + r * G
             # Step 2 (pass 1): the row's running max and sum, chunk by chunk.  HOLD (the row fits in the ring:
             # NBUF >= C): the buffers are kept for pass 2, released only there.
-            m = gl.to_tensor(-float("inf"))
-            s = gl.to_tensor(0.0)
-            for c in range(C):
-                slot = (j + c * HOLD) % NBUF
-                mbarrier.wait(bars.index(slot), phase=((j + c * HOLD) // NBUF) & 1)
-                x = _chunk(ring.index(slot), FLAT).load(layout).to(gl.float32)
-                if not HOLD:
-                    gl.thread_barrier()  # every warp has read the buffer: refill it
-                    _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT)
-                    j += 1
-                m, s = _max_sum_step(gl.where(col_base + c * CHUNK + cols < N, x * _LOG2E, -float("inf")), m, s)
+            if HOLD == 2:
+                # Three passes over the held row (session 16): its max alone, on the values as loaded (bf16 pairs
+                # need no conversion), then the sum of 2^(x log2 e - m log2 e) with no rescaling, then y.  More shared
+                # memory reads, fewer instructions a value than the online (max, sum) step.
+                mx = gl.full([SUB, BOX // VEC], -float("inf"), dtype, layout=gl.SliceLayout(2, L3))
+                for c in range(C):
+                    slot = (j + c) % NBUF
+                    mbarrier.wait(bars.index(slot), phase=((j + c) // NBUF) & 1)
+                    xr = _chunk(ring.index(slot), FLAT).load(layout)
+                    if col_base + (c + 1) * CHUNK > N:  # the last chunk: columns past N masked to -inf
+                        xr = gl.where(col_base + c * CHUNK + cols < N, xr, -float("inf"))
+                    mx = _max_keep(mx, gl.reduce(_groups(xr, VEC, L3), 2, _max_keep))
+                m_row = gl.max(gl.max(mx, axis=1), axis=0).to(gl.float32)
+                m_use = gl.where(m_row == -float("inf"), 0.0, m_row) * _LOG2E
+                sg = gl.zeros([SUB, BOX // VEC], gl.float32, layout=gl.SliceLayout(2, L3))
+                for c in range(C):
+                    x = _chunk(ring.index((j + c) % NBUF), FLAT).load(layout).to(gl.float32)
+                    if col_base + (c + 1) * CHUNK > N:
+                        x = gl.where(col_base + c * CHUNK + cols < N, x, -float("inf"))
+                    sg += gl.sum(gl.exp2(_groups(x, VEC, L3) * _LOG2E - m_use), axis=2)
+                m = m_row * _LOG2E
+                s = gl.sum(gl.sum(sg, axis=1), axis=0)
+            else:
+                m, s = _group_stats(SUB, BOX // VEC, L3)
+                for c in range(C):
+                    slot = (j + c * HELD) % NBUF
+                    mbarrier.wait(bars.index(slot), phase=((j + c * HELD) // NBUF) & 1)
+                    x = _chunk(ring.index(slot), FLAT).load(layout).to(gl.float32)
+                    if not HOLD:
+                        gl.thread_barrier()  # every warp has read the buffer: refill it
+                        _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT)
+                        j += 1
+                    if col_base + (c + 1) * CHUNK <= N:  # a whole chunk: no mask
+                        m, s = _max_sum_step(x, m, s, VEC, L3)
+                    else:  # the row's last chunk: columns past N (loaded as zeros) masked to -inf
+                        x = gl.where(col_base + c * CHUNK + cols < N, x, -float("inf"))
+                        m, s = _max_sum_step(x, m, s, VEC, L3)
+                m, s = _row_max_sum(m, s)
             if SPLIT:
                 # Publish this segment's (max, sum) as one int64 word (bits of m high, of s low: never 0, since s >= 1
                 # where m is finite and m = -inf has bits), then combine the row's K words as they arrive.  The ring
@@ -229,9 +296,11 @@ if HAS_GLUON:
                     m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
                     s = s * gl.exp2(m - m_use) + sk * gl.exp2(mk - m_use)
                     m = m_new
-            m_use = gl.where(m == -float("inf"), 0.0, m)
-            inv = 1.0 / s
-            # Step 3 (pass 2): y = 2^(x log2 e - m) / s, stored by TMA from the output buffers.
+            # y = 2^(x log2 e - b), b = m + log2 s (one FMA and one exp2 a value); an all -inf row (s = 0): NaN, as
+            # 0 / 0.
+            b = gl.where(m == -float("inf"), 0.0, m) + gl.log2(s)
+            b = gl.where(s == 0.0, float("nan"), b)
+            # Step 3 (pass 2): y = 2^(x log2 e - b), stored by TMA from the output buffers.
             for c in range(C):
                 slot = j % NBUF
                 if not HOLD:
@@ -240,7 +309,7 @@ if HAS_GLUON:
                 gl.thread_barrier()
                 _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT)
                 j += 1
-                y = gl.exp2(x * _LOG2E - m_use) * inv
+                y = gl.exp2(x * _LOG2E - b)
                 if STORE_TMA:
                     _store_chunk(y_desc, outb.index(o % NOUT), y, row, col_base + c * CHUNK, SUB, BOX, NOUT, FLAT)
                     o += 1
@@ -284,6 +353,7 @@ if HAS_GLUON:
         dtype: gl.constexpr = x_desc.dtype
         CHUNK: gl.constexpr = SUB * BOX
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, VEC], [1, 32, 1], [num_warps, 1, 1], [2, 1, 0])
         ring = _buffers(x_desc, NBUF, SUB, BOX, FLAT)
         outb = _buffers(g_desc, NOUT, SUB, BOX, FLAT)
         bars = _ring_barriers(NBUF)
@@ -316,8 +386,7 @@ if HAS_GLUON:
             else:
                 w_t = 1.0
             # Pass 1: running max and sum (base 2, log2 e folded in).
-            m = gl.to_tensor(-float("inf"))
-            s = gl.to_tensor(0.0)
+            m, s = _group_stats(SUB, BOX // VEC, L3)
             for c in range(nc):
                 slot = j % NBUF
                 mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
@@ -325,7 +394,11 @@ if HAS_GLUON:
                 gl.thread_barrier()
                 _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF, 2, 0, FLAT)
                 j += 1
-                m, s = _max_sum_step(gl.where(c * CHUNK + cols < C, x * _LOG2E, -float("inf")), m, s)
+                if (c + 1) * CHUNK <= C:
+                    m, s = _max_sum_step(x, m, s, VEC, L3)
+                else:
+                    m, s = _max_sum_step(gl.where(c * CHUNK + cols < C, x, -float("inf")), m, s, VEC, L3)
+            m, s = _row_max_sum(m, s)
             lse2 = gl.where(m == -float("inf"), 0.0, m) + gl.log2(s)  # base-2 lse (an all -inf row: -inf)
             loss = gl.where(ign, 0.0, w_t * (lse2 * _LN2 - x_t))
             loss = gl.where(bad, float("nan"), loss) * scale
@@ -392,6 +465,7 @@ if HAS_GLUON:
         dtype: gl.constexpr = y_desc.dtype
         CHUNK: gl.constexpr = SUB * BOX
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, VEC], [1, 32, 1], [num_warps, 1, 1], [2, 1, 0])
         ring_y = _buffers(y_desc, NBUF, SUB, BOX, FLAT)
         ring_d = _buffers(dy_desc, NBUF, SUB, BOX, FLAT)
         outb = _buffers(dx_desc, NOUT, SUB, BOX, FLAT)
@@ -408,7 +482,7 @@ if HAS_GLUON:
         o = 0
         for r in range(n_rows):
             row = pid + r * G
-            dot = gl.to_tensor(0.0)
+            dot = gl.zeros([SUB, BOX // VEC], gl.float32, layout=gl.SliceLayout(2, L3))  # per group, as the forward's
             for c in range(C):  # pass 1 (columns past N load as zeros: they add nothing)
                 slot = j % NBUF
                 mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
@@ -417,7 +491,8 @@ if HAS_GLUON:
                 gl.thread_barrier()
                 _issue2(y_desc, dy_desc, ring_y, ring_d, bars, j + NBUF, total, C, pid, G, SUB, BOX, NBUF, FLAT)
                 j += 1
-                dot += gl.sum(gl.sum(y * dy, axis=1), axis=0)
+                dot += gl.sum(_groups(y * dy, VEC, L3), axis=2)
+            dot = gl.sum(gl.sum(dot, axis=1), axis=0)
             for c in range(C):  # pass 2
                 slot = j % NBUF
                 mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
@@ -524,7 +599,8 @@ def softmax_forward_tma(x: torch.Tensor, config: tuple | None = None) -> torch.T
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         if per_sm * sms < K:
             raise ValueError(f"softmax_forward_tma: {K} segments a row need {K} co-resident programs")
-    hold = len(config) > 6 and bool(config[6]) and nbuf * chunk >= seg  # (else streamed: the row is too wide)
+    # HOLD (1 or 2, three passes over the held row) where the row (segment) fits the ring, else streamed
+    hold = int(config[6]) if len(config) > 6 and nbuf * chunk >= seg else 0
     # (session 15: a 9th entry 1 = FLAT, one (1, SUB, BOX) box a chunk where N % BOX == 0; a 10th 0 = plain stores of
     # y instead of TMA stores, a diagnostic)
     flat = len(config) > 8 and bool(config[8]) and N % box == 0
