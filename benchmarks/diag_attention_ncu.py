@@ -3,7 +3,8 @@ Warm-up (Triton JIT, cuDNN plan) happens outside the profiled range; then, insid
 torch.cuda.profiler.start()/stop(), one forward+backward of ours and one of cuDNN SDPA per case.
     ncu --clock-control none --profile-from-start off --section ... python benchmarks/diag_attention_ncu.py
 Cases: D128 S4096 non-causal (ours/cuDNN fwd 0.75, bwd 0.81) and D64 S1024 causal (0.81 / 0.96), bf16, H16,
-B*S = 16384 (the bench_attention table)."""
+B*S = 16384 (the bench_attention table).  Other cases: ``python benchmarks/diag_attention_ncu.py 64,1024,1 128,1024,0``
+(D,S,causal each)."""
 import sys, pathlib
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch
@@ -12,6 +13,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from fused_layers.ops.attention import fused_attention
 
 CASES = [(128, 4096, False), (64, 1024, True)]
+if len(sys.argv) > 1:
+    CASES = [(int(d), int(n), bool(int(c))) for d, n, c in (a.split(",") for a in sys.argv[1:])]
 
 def make(D, S):
     B = 16384 // S

@@ -18,6 +18,6 @@ timeout ${NCU_LIMIT:-330} $NCU --clock-control none --profile-from-start off --t
   --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
   --section WarpStateStats --section MemoryWorkloadAnalysis \
   $M \
-  --csv --page details --log-file $OUT/ncu_attention.csv python3 benchmarks/diag_attention_ncu.py > $OUT/ncu_attention.log 2>&1
+  --csv --page details --log-file $OUT/ncu_attention.csv python3 benchmarks/diag_attention_ncu.py ${NCU_CASES:-} > $OUT/ncu_attention.log 2>&1
 echo "ncu exit $?"; tail -5 $OUT/ncu_attention.log; wc -l $OUT/ncu_attention.csv
 grep -E "Kernel Name|^\"" $OUT/ncu_attention.csv | awk -F'","' '{print $5}' | sort | uniq -c | head -20

@@ -1,13 +1,18 @@
 """Summarise benchmarks/gpu_attention_ncu.sh's Nsight Compute CSV (details page) into one markdown table.
     python benchmarks/ncu_summary.py benchmarks/results/issue13/ncu/ncu_attention.csv > .../ncu_attention.md
-Kernels come in launch order: per case (diag_attention_ncu.CASES) ours fwd, preprocess, dK/dV, dQ, then
-cuDNN fwd, bwd.  Matmul FLOPs each kernel does (B*H*S^2*D units, halved when causal): fwd 4 (QK^T, PV);
+Kernels come in launch order: per case (diag_attention_ncu.CASES, or the NCU_CASES the device script passed, in
+the environment) ours (fwd, preprocess, dK/dV, dQ: Triton or Gluon kernels), then cuDNN's; a case ends where a
+kernel of ours follows one of cuDNN's.  Matmul FLOPs each kernel does (B*H*S^2*D units, halved when causal): fwd 4 (QK^T, PV);
 our dK/dV 8 (QK^T again, dV += P^T dO, dP = dO V^T, dK += dS^T Q); our dQ 6 (QK^T, dO V^T again, dQ = dS K);
 cuDNN bwd 10 (one pass: dQ accumulated across key blocks).  'useful' TFLOP/s counts the standard
 4 (fwd) / 10 (bwd) of FlashAttention accounting over the whole pass, so recomputation shows as a loss."""
 import csv, io, sys
 
+import os
+
 CASES = [(128, 4096, False), (64, 1024, True)]
+if os.environ.get("NCU_CASES"):
+    CASES = [(int(d), int(n), bool(int(c))) for d, n, c in (a.split(",") for a in os.environ["NCU_CASES"].split())]
 H, TOKENS = 16, 16384
 
 
@@ -33,22 +38,32 @@ def num(k, m):
 
 def main(path):
     ks = load(path)
-    per_case = len(ks) // len(CASES)
+    groups, prev_cudnn = [], True
+    for k in ks:
+        is_cudnn = "cudnn" in k["name"]
+        if not is_cudnn and prev_cudnn:
+            groups.append([])
+        groups[-1].append(k)
+        prev_cudnn = is_cudnn
     print("| case | kernel | us | matmul TFLOP/s (own FLOPs) | SM busy % | issue slots busy % | gmma inst % of peak | "
           "warp cycles / issued inst | occupancy achieved / theor. % | regs/thread | smem/block KiB | block limit (regs, smem) | L2 hit % | DRAM % |")
     print("|" + "---|" * 14)
     for c, (D, S, causal) in enumerate(CASES):
         B = TOKENS // S
         unit = B * H * S * S * D * (0.5 if causal else 1.0)
-        group = ks[c * per_case:(c + 1) * per_case]
+        group = groups[c] if c < len(groups) else []
         totals = {}
         for k in group:
             n = k["name"]
-            short = ("cudnn " + ("fwd" if "fprop" in n else "bwd")) if "cudnn" in n else n.replace("_attn_", "").replace("_kernel", "")
-            flops = {"fwd": 4, "cudnn fwd": 4, "bwd_dkdv": 8, "bwd_dq": 6, "cudnn bwd": 10}.get(short, 0) * unit
-            us = num(k, "Duration") / 1e3
             who = "cudnn" if "cudnn" in n else "ours"
-            part = "fwd" if short.endswith("fwd") else "bwd"
+            short = ("cudnn " + ("fwd" if "fprop" in n else "bwd")) if who == "cudnn" else n.replace("_attn_", "").replace("_kernel", "")
+            part = "fwd" if ("fwd" in short or "fprop" in n) else "bwd"
+            if who == "cudnn":
+                units = 4 if part == "fwd" else (10 if "bprop" in n else 0)
+            else:  # our forwards (Triton or Gluon), dK / dV (recomputes QK^T), dQ (recomputes QK^T and dO V^T)
+                units = 4 if part == "fwd" else 8 if "dkdv" in short else 6 if "dq" in short else 0
+            flops = units * unit
+            us = num(k, "Duration") / 1e3
             totals[(who, part)] = totals.get((who, part), 0.0) + us
             tf = f"{flops / us / 1e6:.0f}" if flops else "-"
             print(f"| D{D} S{S} {'causal' if causal else 'non-causal'} | {short} | {us:.0f} | {tf} | {num(k, 'Compute (SM) Throughput'):.0f} | "
