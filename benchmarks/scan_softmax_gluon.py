@@ -42,7 +42,7 @@ for flat in (False, True):
         sub, box, nbuf, nout, warps, _ = sg.CONFIGS[elem]
         d = desc(ty, 8 * elem, sub, box, flat)
         base = dict(SUB=sub, BOX=box, NBUF=nbuf, NOUT=nout, VEC=16 // elem, FLAT=flat, num_warps=warps)
-        for hold, split in ((0, False), (1, True), (2, False)):
+        for hold, split in ((False, False), (True, True)):
             scan(f"fwd {ty} flat={int(flat)} hold={int(hold)} split={int(split)}", sg._softmax_fwd_tma_kernel,
                  {"X": f"*{ty}", "Y": f"*{ty}", "STATS": "*i64", "x_desc": d, "y_desc": d, "M": "i32", "N": "i32",
                   "K": "i32", "SEG": "i32"}, dict(base, HOLD=hold, SPLIT=split, STORE_TMA=True), warps)

@@ -25,8 +25,8 @@ never makes -inf - -inf).  Once a row, the groups combine: M = max m_i, S = sum 
 y = 2^(x log2 e - b), b = M + log2 S (one FMA and one exp2 a value), through a ring of NOUT output buffers stored by
 TMA.  Keeping m as rounded makes the rescale 2^(m - m') exactly 1 where the max did not move; a fused
 x log2 e - fl(m log2 e) there drifts by the rounding of m at every chunk (one value 4 % off at logits near 4e4,
-session 16).  HOLD 2 runs three passes over a held row instead: its max (in the loaded dtype), the sum with no
-rescaling, then y.  Special values as torch.softmax: an all -inf row gives NaN (S = 0); a NaN or +inf makes the row
+session 16).  (Also measured in session 16 and removed: three passes over a held row, max / sum / y, 0.72 of copy
+against the online form's 0.77 at 32K.)  Special values as torch.softmax: an all -inf row gives NaN (S = 0); a NaN or +inf makes the row
 NaN.  Columns beyond N in the last chunk: the TMA load fills zeros, which are masked to -inf; its store clips them.
 
 Scope: a 2-D (M, N) view with unit column stride, rows 16-byte aligned (row stride x element size a multiple of
@@ -104,12 +104,6 @@ if HAS_GLUON:
         return gl.convert_layout(gl.reshape(x, [x.shape[0], x.shape[1] // VEC, VEC]), L3)
 
     @gluon.jit
-    def _max_keep(a, b):
-        """Max as a reduction's combine (gl.max and gl.maximum promote bf16 to fp32; a select keeps the loaded dtype).
-        A NaN may or may not win: the row's sum is NaN either way."""
-        return gl.where(a > b, a, b)
-
-    @gluon.jit
     def _group_stats(SUB: gl.constexpr, G: gl.constexpr, L3: gl.constexpr):
         """Running (max, sum) a value group at the start of a row: (-inf, 0), shape (SUB, G) in SliceLayout(2, L3)."""
         lay: gl.constexpr = gl.SliceLayout(2, L3)
@@ -127,6 +121,14 @@ if HAS_GLUON:
         m_new = gl.maximum(m, gl.max(x3, axis=2) * _LOG2E)
         m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
         return m_new, s * gl.exp2(m - m_use) + gl.sum(gl.exp2(x3 * _LOG2E - gl.expand_dims(m_use, 2)), axis=2)
+
+    @gluon.jit
+    def _max_sum_chunk(x, m, s, col0, cols, N, CHUNK: gl.constexpr, VEC: gl.constexpr, L3: gl.constexpr):
+        """``_max_sum_step`` on the chunk of columns col0.. (``cols`` relative to col0): a row's last chunk, reaching
+        past N (loaded as zeros), is masked to -inf first; a whole chunk needs no mask."""
+        if col0 + CHUNK > N:
+            x = gl.where(col0 + cols < N, x, -float("inf"))
+        return _max_sum_step(x, m, s, VEC, L3)
 
     @gluon.jit
     def _row_max_sum(m, s):
@@ -188,8 +190,7 @@ if HAS_GLUON:
         NBUF: gl.constexpr,  # chunk buffers of the load ring (chunks in flight)
         NOUT: gl.constexpr,  # chunk buffers of output (stores in flight)
         VEC: gl.constexpr,  # elements a thread reads from shared memory at once (16 bytes)
-        HOLD: gl.constexpr,  # 1: the row stays in the ring between the passes (one read; needs NBUF >= chunks a row);
-        # 2: the same, with three passes over it (max, sum, y) instead of the online (max, sum)
+        HOLD: gl.constexpr,  # the row stays in the ring between the passes (one read; needs NBUF >= chunks a row)
         SPLIT: gl.constexpr,  # a row split into K segments, one a program; the K programs exchange (max, sum)
         FLAT: gl.constexpr,  # descriptors over the (M, N / BOX, BOX) view, one (1, SUB, BOX) box a chunk
         STORE_TMA: gl.constexpr,  # y by TMA stores (else by plain stores from registers; diagnostic)
@@ -237,44 +238,17 @@ if HAS_GLUON:
             row = g + r * G
             # Step 2 (pass 1): the row's running max and sum, chunk by chunk.  HOLD (the row fits in the ring:
             # NBUF >= C): the buffers are kept for pass 2, released only there.
-            if HOLD == 2:
-                # Three passes over the held row (session 16): its max alone, on the values as loaded (bf16 pairs
-                # need no conversion), then the sum of 2^(x log2 e - m log2 e) with no rescaling, then y.  More shared
-                # memory reads, fewer instructions a value than the online (max, sum) step.
-                mx = gl.full([SUB, BOX // VEC], -float("inf"), dtype, layout=gl.SliceLayout(2, L3))
-                for c in range(C):
-                    slot = (j + c) % NBUF
-                    mbarrier.wait(bars.index(slot), phase=((j + c) // NBUF) & 1)
-                    xr = _chunk(ring.index(slot), FLAT).load(layout)
-                    if col_base + (c + 1) * CHUNK > N:  # the last chunk: columns past N masked to -inf
-                        xr = gl.where(col_base + c * CHUNK + cols < N, xr, -float("inf"))
-                    mx = _max_keep(mx, gl.reduce(_groups(xr, VEC, L3), 2, _max_keep))
-                m_row = gl.max(gl.max(mx, axis=1), axis=0).to(gl.float32)
-                m_use = gl.where(m_row == -float("inf"), 0.0, m_row) * _LOG2E
-                sg = gl.zeros([SUB, BOX // VEC], gl.float32, layout=gl.SliceLayout(2, L3))
-                for c in range(C):
-                    x = _chunk(ring.index((j + c) % NBUF), FLAT).load(layout).to(gl.float32)
-                    if col_base + (c + 1) * CHUNK > N:
-                        x = gl.where(col_base + c * CHUNK + cols < N, x, -float("inf"))
-                    sg += gl.sum(gl.exp2(_groups(x, VEC, L3) * _LOG2E - m_use), axis=2)
-                m = m_row * _LOG2E
-                s = gl.sum(gl.sum(sg, axis=1), axis=0)
-            else:
-                m, s = _group_stats(SUB, BOX // VEC, L3)
-                for c in range(C):
-                    slot = (j + c * HELD) % NBUF
-                    mbarrier.wait(bars.index(slot), phase=((j + c * HELD) // NBUF) & 1)
-                    x = _chunk(ring.index(slot), FLAT).load(layout).to(gl.float32)
-                    if not HOLD:
-                        gl.thread_barrier()  # every warp has read the buffer: refill it
-                        _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT)
-                        j += 1
-                    if col_base + (c + 1) * CHUNK <= N:  # a whole chunk: no mask
-                        m, s = _max_sum_step(x, m, s, VEC, L3)
-                    else:  # the row's last chunk: columns past N (loaded as zeros) masked to -inf
-                        x = gl.where(col_base + c * CHUNK + cols < N, x, -float("inf"))
-                        m, s = _max_sum_step(x, m, s, VEC, L3)
-                m, s = _row_max_sum(m, s)
+            m, s = _group_stats(SUB, BOX // VEC, L3)
+            for c in range(C):
+                slot = (j + c * HELD) % NBUF
+                mbarrier.wait(bars.index(slot), phase=((j + c * HELD) // NBUF) & 1)
+                x = _chunk(ring.index(slot), FLAT).load(layout).to(gl.float32)
+                if not HOLD:
+                    gl.thread_barrier()  # every warp has read the buffer: refill it
+                    _issue(x_desc, ring, bars, j + NBUF, total, C, g, G, SUB, BOX, NBUF, PASSES, col_base, FLAT)
+                    j += 1
+                m, s = _max_sum_chunk(x, m, s, col_base + c * CHUNK, cols, N, CHUNK, VEC, L3)
+            m, s = _row_max_sum(m, s)
             if SPLIT:
                 # Publish this segment's (max, sum) as one int64 word (bits of m high, of s low: never 0, since s >= 1
                 # where m is finite and m = -inf has bits), then combine the row's K words as they arrive.  The ring
@@ -394,10 +368,7 @@ if HAS_GLUON:
                 gl.thread_barrier()
                 _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF, 2, 0, FLAT)
                 j += 1
-                if (c + 1) * CHUNK <= C:
-                    m, s = _max_sum_step(x, m, s, VEC, L3)
-                else:
-                    m, s = _max_sum_step(gl.where(c * CHUNK + cols < C, x, -float("inf")), m, s, VEC, L3)
+                m, s = _max_sum_chunk(x, m, s, c * CHUNK, cols, C, CHUNK, VEC, L3)
             m, s = _row_max_sum(m, s)
             lse2 = gl.where(m == -float("inf"), 0.0, m) + gl.log2(s)  # base-2 lse (an all -inf row: -inf)
             loss = gl.where(ign, 0.0, w_t * (lse2 * _LN2 - x_t))
@@ -599,8 +570,7 @@ def softmax_forward_tma(x: torch.Tensor, config: tuple | None = None) -> torch.T
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         if per_sm * sms < K:
             raise ValueError(f"softmax_forward_tma: {K} segments a row need {K} co-resident programs")
-    # HOLD (1 or 2, three passes over the held row) where the row (segment) fits the ring, else streamed
-    hold = int(config[6]) if len(config) > 6 and nbuf * chunk >= seg else 0
+    hold = len(config) > 6 and bool(config[6]) and nbuf * chunk >= seg  # (else streamed: the row is too wide)
     # (session 15: a 9th entry 1 = FLAT, one (1, SUB, BOX) box a chunk where N % BOX == 0; a 10th 0 = plain stores of
     # y instead of TMA stores, a diagnostic)
     flat = len(config) > 8 and bool(config[8]) and N % box == 0
