@@ -71,6 +71,8 @@ def test_wide_persistent(n, dtype, form, device):
         pytest.skip("the LAG / SMEM+LEAN / PAIR / HOLD variants: 100 columns (7 ragged pieces) cover them (CI time)")
     if form != "regs" and dtype == torch.float16:
         pytest.skip("fp16 loads and stores: the regs form covers them; the other forms share its I/O (CI time)")
+    if form not in ("regs", "smem") and dtype == torch.float32:
+        pytest.skip("the opt-in variants in bf16; their float32 path runs in the special-value part below (CI time)")
     pair = form == "smem_pair"  # (7 rows over 3 row groups: pairs with and without a second row)
     x = torch.randn(7, n, device=device, dtype=dtype) * 4
     with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_lean=lean,
