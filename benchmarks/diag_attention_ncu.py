@@ -7,14 +7,16 @@ B*S = 16384 (the bench_attention table).  Other cases: ``python benchmarks/diag_
 (D,S,causal each)."""
 import sys, pathlib
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from fused_layers.ops.attention import fused_attention
 
-CASES = [(128, 4096, False), (64, 1024, True)]
+from ncu_summary import CASES, parse_cases  # (the summary's defaults, so the two agree)
+
 if len(sys.argv) > 1:
-    CASES = [(int(d), int(n), bool(int(c))) for d, n, c in (a.split(",") for a in sys.argv[1:])]
+    CASES = parse_cases(sys.argv[1:])
 
 def make(D, S):
     B = 16384 // S

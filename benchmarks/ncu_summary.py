@@ -6,13 +6,15 @@ kernel of ours follows one of cuDNN's.  Matmul FLOPs each kernel does (B*H*S^2*D
 our dK/dV 8 (QK^T again, dV += P^T dO, dP = dO V^T, dK += dS^T Q); our dQ 6 (QK^T, dO V^T again, dQ = dS K);
 cuDNN bwd 10 (one pass: dQ accumulated across key blocks).  'useful' TFLOP/s counts the standard
 4 (fwd) / 10 (bwd) of FlashAttention accounting over the whole pass, so recomputation shows as a loss."""
-import csv, io, sys
+import csv, io, os, sys
 
-import os
 
-CASES = [(128, 4096, False), (64, 1024, True)]
-if os.environ.get("NCU_CASES"):
-    CASES = [(int(d), int(n), bool(int(c))) for d, n, c in (a.split(",") for a in os.environ["NCU_CASES"].split())]
+def parse_cases(items):
+    """Cases as (D, S, causal) from "D,S,causal" strings (causal 0 / 1)."""
+    return [(int(d), int(n), bool(int(c))) for d, n, c in (a.split(",") for a in items)]
+
+
+CASES = parse_cases(os.environ["NCU_CASES"].split()) if os.environ.get("NCU_CASES") else [(128, 4096, False), (64, 1024, True)]
 H, TOKENS = 16, 16384
 
 

@@ -224,7 +224,6 @@ if HAS_GLUON:
             C = gl.cdiv(N, CHUNK)
         n_rows = gl.cdiv(M - g, G)  # rows g, g + G, ... (the grid has at most M groups)
         PASSES: gl.constexpr = 1 if HOLD else 2
-        HELD: gl.constexpr = 1 if HOLD else 0
         total = n_rows * PASSES * C  # loads of this program: two passes over each of its rows (HOLD: one)
 
         # Step 1: fill the ring.
@@ -240,8 +239,8 @@ if HAS_GLUON:
             # NBUF >= C): the buffers are kept for pass 2, released only there.
             m, s = _group_stats(SUB, BOX // VEC, L3)
             for c in range(C):
-                slot = (j + c * HELD) % NBUF
-                mbarrier.wait(bars.index(slot), phase=((j + c * HELD) // NBUF) & 1)
+                slot = (j + c * HOLD) % NBUF
+                mbarrier.wait(bars.index(slot), phase=((j + c * HOLD) // NBUF) & 1)
                 x = _chunk(ring.index(slot), FLAT).load(layout).to(gl.float32)
                 if not HOLD:
                     gl.thread_barrier()  # every warp has read the buffer: refill it
