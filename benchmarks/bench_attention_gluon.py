@@ -125,7 +125,8 @@ def main():
                     if cfg is not None and S % cfg[0]:
                         continue
                     try:
-                        if not check(ag, at, rows, D, S, causal, cfg, ws=True):
+                        persist = cfg[4] if cfg is not None and len(cfg) > 4 else 0  # (more tiles than programs)
+                        if not check(ag, at, rows, D, S, causal, cfg, per_sm=persist, ws=True):
                             bad.add((D, "ws", cfg))
                     except Exception as e:  # noqa: BLE001
                         rows.append(dict(kind="check", D=D, S=S, causal=causal, cfg=("ws", cfg), error=repr(e)[:2000], ok=False))

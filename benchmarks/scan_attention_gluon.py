@@ -54,13 +54,15 @@ for D, (bm, bn, warps, stages) in sorted(ag.CONFIGS.items()):
                                                       PERSISTENT=persistent, num_warps=warps), ("LSE", "S"), warps)
 
 # Candidate 2: the warp-specialized ping-pong (two consumer warpgroups, a producer warp)
+# (persistent=1: one program an SM walking the tiles, the next tile's Q and K / V fetched under the current one)
 for D, (bn, stages, cregs, pregs) in sorted(ag.WS_CONFIGS.items()):
-    for causal in (False, True):
-        sig = {"LSE": "*fp32", "q_desc": desc(64, D), "k_desc": desc(bn, D), "v_desc": desc(bn, D),
-               "o_desc": desc(64, D), "qk_scale": "fp32", "S": "i32", **GEO, **GEO_KV}
-        scan(f"WS D{D} causal={int(causal)} N{bn} st{stages}", ag._attn_fwd_gluon_ws_kernel, sig,
-             dict(BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages, CONSUMER_REGS=cregs, PRODUCER_REGS=pregs,
-                  num_warps=4), ("LSE", "S"), 4)
+    for persistent in (False, True):
+        for causal in (False, True):
+            sig = {"LSE": "*fp32", "q_desc": desc(64, D), "k_desc": desc(bn, D), "v_desc": desc(bn, D),
+                   "o_desc": desc(64, D), "qk_scale": "fp32", "S": "i32", "BH": "i32", **GEO, **GEO_KV}
+            scan(f"WS D{D} causal={int(causal)} persistent={int(persistent)} N{bn} st{stages}", ag._attn_fwd_gluon_ws_kernel,
+                 sig, dict(BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages, CONSUMER_REGS=cregs, PRODUCER_REGS=pregs,
+                           PERSISTENT=persistent, num_warps=4), ("LSE", "S"), 4)
 
 # The backward's dK / dV candidate
 for D, (bm, bn, warps, stages) in sorted(ag.DKDV_CONFIGS.items()):

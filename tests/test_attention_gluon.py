@@ -208,6 +208,29 @@ def test_gpu_warp_specialized_ping_pong(D, S, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("S,causal", [(128, False), (256, True), (384, True), (768, False), (1024, True)])
+@pytest.mark.parametrize("programs", [1, -3, -1])
+@pytest.mark.parametrize("groups", [1, 3])
+def test_gpu_warp_specialized_persistent(D, S, causal, programs, groups):
+    """The ping-pong on a persistent grid (one program an SM, or -n: n programs in all, so each walks many tiles and
+    its ring, turn and Q phases run on across tiles of different lengths and heads): bit-identical to one program a
+    tile (the same operations in the same order), and against float32; grouped-query heads too."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    q = torch.randn(2, 3 * groups, S, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 3, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    base = AG.WS_CONFIGS[D][:4]
+    out, lse = AG.attention_forward_gluon_ws(q, k, v, causal, config=base + (programs,))
+    ref_out, ref_lse = AG.attention_forward_gluon_ws(q, k, v, causal, config=base)
+    torch.testing.assert_close(out, ref_out, atol=0, rtol=0)
+    torch.testing.assert_close(lse, ref_lse, atol=0, rtol=0)
+    kf, vf = (t.float().repeat_interleave(groups, dim=1) for t in (k, v))
+    ref = F.scaled_dot_product_attention(q.float(), kf, vf, is_causal=causal)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("S,causal", [(128, False), (128, True), (384, True), (640, False), (1024, True)])
 def test_gpu_dkdv_kernel(D, S, causal, monkeypatch):
     """The Gluon dK / dV kernel (bwd_gluon_dkdv) through fused_attention: it runs (spied), the Triton dQ kernel

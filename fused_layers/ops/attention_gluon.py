@@ -124,16 +124,19 @@ if HAS_GLUON:
         return m_new, alpha, p, l_i * alpha + gl.sum(p, axis=1)
 
     @gluon.jit
-    def _store_out(acc, m_i, l_i, LSE, bh, S, q0, q_row, col0, q_smem, o_desc, BLOCK_M: gl.constexpr,
-                   row_s: gl.constexpr, row_o: gl.constexpr):
-        """O = acc / l by TMA through Q's buffer (every wgmma reading it has retired); L = m + log2(l) for rows q0..."""
+    def _store_out(acc, m_i, l_i, LSE, bh, S, q0, q_row, col0, o_smem, o_desc, BLOCK_M: gl.constexpr,
+                   row_s: gl.constexpr, row_o: gl.constexpr, DRAIN: gl.constexpr = True):
+        """O = acc / l by TMA through ``o_smem`` (Q's buffer, every wgmma reading it retired, or a buffer of its own);
+        L = m + log2(l) for rows q0...  DRAIN: wait for the store here (before a next tile's Q lands in Q's buffer);
+        else the caller waits before it writes ``o_smem`` again (the store runs under the next tile)."""
         out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
         rows = q0 + gl.arange(0, BLOCK_M, layout=row_s)
         gl.store(LSE + bh.to(gl.int64) * S + rows, m_i + gl.log2(l_i))
-        q_smem.store(out.to(o_desc.dtype))
+        o_smem.store(out.to(o_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [q_row, col0], q_smem)
-        tma.store_wait(pendings=0)  # (before a next tile's Q lands in the same buffer)
+        tma.async_copy_shared_to_global(o_desc, [q_row, col0], o_smem)
+        if DRAIN:
+            tma.store_wait(pendings=0)
 
     @gluon.jit
     def _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, G, RBk, RHk, CHk, pid_m, bh,
@@ -297,27 +300,34 @@ if HAS_GLUON:
     # ------------------------------------------------------------------------------------------------------------
 
     @gluon.jit
-    def _ws_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_blocks,
+    def _ws_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_blocks, c0,
                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """One query tile's n_blocks K / V blocks into the ring; ``c0``: blocks this program loaded before (block j
+        goes to slot (c0 + j) % STAGES, the ring's (c0 + j) // STAGES-th use of it)."""
         for j in range(n_blocks):
-            slot = j % STAGES
-            if j >= STAGES:  # wait until both consumers are done with the block that used this slot
-                mbarrier.wait(k_empty.index(slot), phase=((j // STAGES) - 1) & 1)
+            c = c0 + j
+            slot = c % STAGES
+            if c >= STAGES:  # wait until both consumers are done with the block that used this slot
+                mbarrier.wait(k_empty.index(slot), phase=((c // STAGES) - 1) & 1)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, kv_col], k_ready.index(slot), k_smem.index(slot))
-            if j >= STAGES:
-                mbarrier.wait(v_empty.index(slot), phase=((j // STAGES) - 1) & 1)
+            if c >= STAGES:
+                mbarrier.wait(v_empty.index(slot), phase=((c // STAGES) - 1) & 1)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, kv_col], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
-    def _ws_consumer(q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0, n_blocks, q_smem, q_bar, k_smem, v_smem,
-                     k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
-                     FIRST: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                     CAUSAL: gl.constexpr, STAGES: gl.constexpr):
-        """64 query rows from q0 (in the sequence) of head bh: the online softmax over the n_blocks key blocks,
-        taking turns with the other consumer at the tensor cores (FIRST: this one starts)."""
-        dtype: gl.constexpr = q_desc.dtype
+    def _ws_consumer_tile(o_desc, LSE, qk_scale, S, bh, q_row, col0, q0, n_blocks, c0, T0, q_smem, o_smem, k_smem, v_smem,
+                          k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
+                          q_desc, q_bar, nq_row, nq_col, has_next,
+                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr,
+                          STAGES: gl.constexpr, PERSISTENT: gl.constexpr):
+        """64 query rows from q0 (in the sequence) of head bh, their Q landed in q_smem: the online softmax over the
+        n_blocks key blocks, taking turns with the other consumer at the tensor cores.  ``c0``: key blocks this program
+        consumed before (ring slot and phase as the producer's); ``T0``: turns this consumer took before.
+        PERSISTENT: once the last wgmma reading Q retired, fetch the next tile's Q (rows nq_row.., column nq_col;
+        ``has_next``) into q_smem, and store O through ``o_smem`` without waiting for it."""
+        dtype: gl.constexpr = o_desc.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -325,21 +335,15 @@ if HAS_GLUON:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        q_row = row0 + q0
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row, col0], q_bar, q_smem)
-        if not FIRST:
-            mbarrier.arrive(other_turn)  # the first consumer goes first
-        mbarrier.wait(q_bar, phase=0)
 
         # block 0 (its turn: issue S_0, hand over, then its softmax)
-        mbarrier.wait(my_turn, phase=0)
-        mbarrier.wait(k_ready.index(0), phase=0)
+        mbarrier.wait(my_turn, phase=T0 & 1)
+        mbarrier.wait(k_ready.index(c0 % STAGES), phase=(c0 // STAGES) & 1)
         s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(c0 % STAGES).permute((1, 0)), s, use_acc=False, is_async=True)
         mbarrier.arrive(other_turn)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(0))
+        mbarrier.arrive(k_empty.index(c0 % STAGES))
         if CAUSAL:
             if BLOCK_N > q0 + 1:
                 s = _scores_masked(s, q0, 0, BLOCK_M, BLOCK_N, s_layout)
@@ -347,12 +351,13 @@ if HAS_GLUON:
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
         for j in range(1, n_blocks):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(my_turn, phase=j & 1)
-            mbarrier.wait(k_ready.index(slot), phase=(j // STAGES) & 1)
+            c = c0 + j
+            slot = c % STAGES
+            prev = (c - 1) % STAGES
+            mbarrier.wait(my_turn, phase=(T0 + j) & 1)
+            mbarrier.wait(k_ready.index(slot), phase=(c // STAGES) & 1)
             s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s, use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), phase=((j - 1) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), phase=((c - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             mbarrier.arrive(other_turn)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
@@ -365,14 +370,99 @@ if HAS_GLUON:
             mbarrier.arrive(v_empty.index(prev))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-        last = n_blocks - 1
-        mbarrier.wait(my_turn, phase=n_blocks & 1)
+        last = c0 + n_blocks - 1
+        mbarrier.wait(my_turn, phase=(T0 + n_blocks) & 1)
         mbarrier.wait(v_ready.index(last % STAGES), phase=(last // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
         mbarrier.arrive(other_turn)
         acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         mbarrier.arrive(v_empty.index(last % STAGES))
-        _store_out(acc, m_i, l_i, LSE, bh, S, q0, q_row, col0, q_smem, o_desc, BLOCK_M, row_s, row_o)
+        if PERSISTENT:
+            # Q's buffer is free: the next tile's Q lands under this epilogue; O leaves through a buffer of its own,
+            # once the previous tile's O has left it
+            mbarrier.expect(q_bar, q_desc.block_type.nbytes, pred=has_next)
+            tma.async_copy_global_to_shared(q_desc, [nq_row, nq_col], q_bar, q_smem, pred=has_next)
+            tma.store_wait(pendings=0)
+        _store_out(acc, m_i, l_i, LSE, bh, S, q0, q_row, col0, o_smem, o_desc, BLOCK_M, row_s, row_o, not PERSISTENT)
+
+    @gluon.jit
+    def _ws_consumer(q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0, n_blocks, q_smem, q_bar, k_smem, v_smem,
+                     k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
+                     FIRST: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                     CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+        """One program's one query tile (FIRST: this consumer starts); O leaves through Q's buffer."""
+        q_row = row0 + q0
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, col0], q_bar, q_smem)
+        if not FIRST:
+            mbarrier.arrive(other_turn)  # the first consumer goes first
+        mbarrier.wait(q_bar, phase=0)
+        _ws_consumer_tile(o_desc, LSE, qk_scale, S, bh, q_row, col0, q0, n_blocks, 0, 0, q_smem, q_smem, k_smem, v_smem,
+                          k_ready, v_ready, k_empty, v_empty, my_turn, other_turn, q_desc, q_bar, 0, 0, False,
+                          BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES, False)
+
+    @gluon.jit
+    def _ws_tile_of(t, n_tiles, BH, S, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Persistent tile t -> (query tile of 128 rows, head, key blocks).  Causal: the query tiles heaviest first
+        across all heads (t // BH from the diagonal's far end), so the round-robin hands every program one tile of each
+        weight class in turn (balanced within a tile); else head-major (a head's tiles run together: K / V from L2)."""
+        if CAUSAL:
+            tile = n_tiles - 1 - t // BH
+            bh = t % BH
+            n_blocks = ((tile + 1) * 128 + BLOCK_N - 1) // BLOCK_N
+        else:
+            tile = t % n_tiles
+            bh = t // n_tiles
+            n_blocks = S // BLOCK_N
+        return tile, bh, n_blocks
+
+    @gluon.jit
+    def _ws_producer_persistent(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, S, BH, H, G,
+                                RBk, RHk, CHk, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """The producer of a persistent program: every tile's key blocks through one ring, running ahead across tiles."""
+        n_tiles = S // 128
+        c = 0
+        for t in range(gl.program_id(0), n_tiles * BH, gl.num_programs(0)):
+            tile, bh, n_blocks = _ws_tile_of(t, n_tiles, BH, S, CAUSAL, BLOCK_N)
+            kv_row, kv_col = _kv_origin(bh, H, G, RBk, RHk, CHk)
+            _ws_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_blocks, c,
+                         BLOCK_N, STAGES)
+            c += n_blocks
+
+    @gluon.jit
+    def _ws_consumer_persistent(q_desc, o_desc, LSE, qk_scale, S, BH, H, RB, RH, CH, q_smem, o_smem, q_bar, k_smem, v_smem,
+                                k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
+                                FIRST: gl.constexpr, HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                HEAD_D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+        """A consumer of a persistent program: rows HALF.. HALF + 63 of each of its tiles; ring position, turns and Q's
+        phase carried across tiles, each tile's Q fetched under the previous tile's epilogue."""
+        n_tiles = S // 128
+        total = n_tiles * BH
+        step = gl.num_programs(0)
+        tile, bh, n_blocks = _ws_tile_of(gl.program_id(0), n_tiles, BH, S, CAUSAL, BLOCK_N)
+        row0, col0 = _head_origin(bh, H, RB, RH, CH)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row0 + tile * 128 + HALF, col0], q_bar, q_smem)
+        if not FIRST:
+            mbarrier.arrive(other_turn)  # the first consumer goes first
+        c = 0
+        turns = 0
+        q_phase = 0
+        for t in range(gl.program_id(0), total, step):
+            tile, bh, n_blocks = _ws_tile_of(t, n_tiles, BH, S, CAUSAL, BLOCK_N)
+            row0, col0 = _head_origin(bh, H, RB, RH, CH)
+            q0 = tile * 128 + HALF
+            ntile, nbh, nblocks_unused = _ws_tile_of(t + step, n_tiles, BH, S, CAUSAL, BLOCK_N)
+            nrow0, ncol0 = _head_origin(nbh, H, RB, RH, CH)
+            mbarrier.wait(q_bar, phase=q_phase)
+            _ws_consumer_tile(o_desc, LSE, qk_scale, S, bh, row0 + q0, col0, q0, n_blocks, c, turns, q_smem, o_smem, k_smem,
+                              v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
+                              q_desc, q_bar, nrow0 + ntile * 128 + HALF, ncol0, t + step < total,
+                              BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES, True)
+            c += n_blocks
+            turns += n_blocks + 1
+            q_phase ^= 1
+        tma.store_wait(pendings=0)
 
     @gluon.jit
     def _attn_fwd_gluon_ws_kernel(
@@ -383,6 +473,7 @@ if HAS_GLUON:
         o_desc,  # TMA descriptor of O in its 2-D view (_head_origin), block (64, D)
         qk_scale,  # scale * log2(e)
         S,  # sequence length (queries = keys), a multiple of 128 and BLOCK_N
+        BH,  # batch x heads
         H,  # heads
         RB, RH, CH,  # head origins in the descriptors' 2-D views (_head_origin)
         G,  # query heads a key / value head (grouped-query attention; 1 otherwise)
@@ -393,20 +484,11 @@ if HAS_GLUON:
         STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
+        PERSISTENT: gl.constexpr,  # a grid of one program an SM walking the tiles (_ws_tile_of); else one a tile
         num_warps: gl.constexpr,  # 4: the first consumer (the default partition)
     ):
         dtype: gl.constexpr = q_desc.dtype
         BLOCK_M: gl.constexpr = 64  # rows a consumer
-        n_tiles = S // (2 * BLOCK_M)
-        if CAUSAL:
-            tile = n_tiles - 1 - gl.program_id(0)  # heaviest first
-            n_blocks = ((tile + 1) * 2 * BLOCK_M + BLOCK_N - 1) // BLOCK_N
-        else:
-            tile = gl.program_id(0)
-            n_blocks = S // BLOCK_N
-        bh = gl.program_id(1)
-        row0, col0 = _head_origin(bh, H, RB, RH, CH)
-        kv_row, kv_col = _kv_origin(bh, H, G, RBk, RHk, CHk)
         q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
@@ -425,17 +507,42 @@ if HAS_GLUON:
             mbarrier.init(k_empty.index(i), count=2)  # one arrival from each consumer
             mbarrier.init(v_empty.index(i), count=2)
         fence_async_shared()
-        q0 = tile * 2 * BLOCK_M
-        gl.warp_specialize([
-            (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0, n_blocks, q_smem.index(0), q_bars.index(0),
-                            k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(0), turn.index(1),
-                            True, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
-            (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0 + BLOCK_M, n_blocks, q_smem.index(1), q_bars.index(1),
-                            k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(1), turn.index(0),
-                            False, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
-            (_ws_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_blocks,
-                            BLOCK_N, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        if PERSISTENT:
+            o_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], o_desc.layout)
+            gl.warp_specialize([
+                (_ws_consumer_persistent, (q_desc, o_desc, LSE, qk_scale, S, BH, H, RB, RH, CH, q_smem.index(0),
+                                           o_smem.index(0), q_bars.index(0), k_smem, v_smem, k_ready, v_ready, k_empty,
+                                           v_empty, turn.index(0), turn.index(1),
+                                           True, 0, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
+                (_ws_consumer_persistent, (q_desc, o_desc, LSE, qk_scale, S, BH, H, RB, RH, CH, q_smem.index(1),
+                                           o_smem.index(1), q_bars.index(1), k_smem, v_smem, k_ready, v_ready, k_empty,
+                                           v_empty, turn.index(1), turn.index(0),
+                                           False, BLOCK_M, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
+                (_ws_producer_persistent, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, S, BH, H, G,
+                                           RBk, RHk, CHk, BLOCK_N, STAGES, CAUSAL)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            n_tiles = S // (2 * BLOCK_M)
+            if CAUSAL:
+                tile = n_tiles - 1 - gl.program_id(0)  # heaviest first
+                n_blocks = ((tile + 1) * 2 * BLOCK_M + BLOCK_N - 1) // BLOCK_N
+            else:
+                tile = gl.program_id(0)
+                n_blocks = S // BLOCK_N
+            bh = gl.program_id(1)
+            row0, col0 = _head_origin(bh, H, RB, RH, CH)
+            kv_row, kv_col = _kv_origin(bh, H, G, RBk, RHk, CHk)
+            q0 = tile * 2 * BLOCK_M
+            gl.warp_specialize([
+                (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0, n_blocks, q_smem.index(0), q_bars.index(0),
+                                k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(0), turn.index(1),
+                                True, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
+                (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0 + BLOCK_M, n_blocks, q_smem.index(1), q_bars.index(1),
+                                k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(1), turn.index(0),
+                                False, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
+                (_ws_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_blocks,
+                                0, BLOCK_N, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
     # ------------------------------------------------------------------------------------------------------------
@@ -840,11 +947,18 @@ def _fwd_launch(q, k, v, causal: bool, ws: bool, config, per_sm: int) -> _Launch
     plan.out_stride = _seq_major_stride(B, H, S, D) if kind == 1 else (H * S * D, S * D, D, 1)
     out = torch.empty_strided(q.shape, plan.out_stride, dtype=q.dtype, device=q.device)
     if ws:
-        bn, stages, cregs, pregs = config
+        bn, stages, cregs, pregs = config[:4]
+        persist = config[4] if len(config) > 4 else 0
         plan.descs = _descs((q, k, v, out), (64, bn, bn, 64))
-        plan.ints = (S, *heads)
-        plan.kernel = Kernel(_attn_fwd_gluon_ws_kernel, (S // 128, B * H), BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal),
-                             STAGES=stages, CONSUMER_REGS=cregs, PRODUCER_REGS=pregs, num_warps=4)
+        plan.ints = (S, B * H, *heads)
+        tiles = (S // 128) * B * H
+        # persistent: `persist` programs an SM (a negative value: that many programs in all, a test's way to give each
+        # program many tiles), at most one a tile; else one program a 128-row query tile
+        grid = ((min(persist * _sm_count(q.device) if persist > 0 else -persist, tiles), 1) if persist
+                else (S // 128, B * H))
+        plan.kernel = Kernel(_attn_fwd_gluon_ws_kernel, grid, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal),
+                             STAGES=stages, CONSUMER_REGS=cregs, PRODUCER_REGS=pregs, PERSISTENT=bool(persist),
+                             num_warps=4)
     else:
         bm, bn, warps, stages = config
         plan.descs = _descs((q, k, v, out), (bm, bn, bn, bm))
@@ -914,8 +1028,9 @@ def attention_forward_gluon_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise ValueError(f"attention_forward_gluon_ws: {why}")
     config = tuple(config or WS_CONFIGS[q.shape[-1]])
     bn, stages = config[:2]
-    if stages < 2 or S % bn:
-        raise ValueError(f"attention_forward_gluon_ws: config {(bn, stages)} needs STAGES >= 2 and S a multiple of {bn}")
+    if stages < 2 or S % bn or len(config) not in (4, 5):
+        raise ValueError(f"attention_forward_gluon_ws: config {config} needs (BLOCK_N, STAGES >= 2, consumer registers, "
+                         f"producer registers[, persistent programs an SM]) with S a multiple of BLOCK_N ({bn})")
     return _forward(q, k, v, causal, scale, True, config)
 
 
