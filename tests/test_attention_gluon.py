@@ -28,6 +28,21 @@ def test_refuses_what_it_does_not_take():
         AG.attention_dkdv_gluon(q, q, q, q, lse, lse, torch.empty_like(q), torch.empty_like(q), False, 0.125)
 
 
+def test_forward_kernel_choice():
+    """fwd_kernel: auto mode takes the persistent ping-pong up to FWD_PERSIST_MAX_S, else the kernel FWD_KERNEL names;
+    the ping-pong forms only where S is a multiple of 128 (else the one-warpgroup kernel); explicit modes win."""
+    for (D, causal), top in AG.FWD_PERSIST_MAX_S.items():
+        assert AG.fwd_kernel(D, top, causal) == "ws_persistent"
+        above = "ws" if AG.FWD_KERNEL[(D, causal)] == "ws" else "plain"
+        assert AG.fwd_kernel(D, 2 * top, causal) == above
+    assert AG.fwd_kernel(128, 16384, True) == ("ws_persistent" if AG.FWD_PERSIST_MAX_S.get((128, True), 0) >= 16384
+                                               else "ws")
+    assert AG.fwd_kernel(64, 1024 + 64, True, mode=3) == "plain"  # not a multiple of 128
+    assert AG.fwd_kernel(64, 1024, False, mode=3) == "ws_persistent"
+    assert AG.fwd_kernel(64, 1024, False, mode=2) == "ws"
+    assert AG.fwd_kernel(128, 1024, False, mode=1) == "plain"
+
+
 def test_auto_mode_takes_large_calls_where_the_kernel_won():
     """Auto mode (the variants' default): the forward from GLUON_MIN_WORK up, the dK / dV kernel only at the head dims
     and lengths of DKDV_MAX_S, the dQ kernel only where DQ_MAX_S lists it; small calls stay on the Triton kernels and
@@ -62,8 +77,10 @@ def test_layouts_the_descriptors_read():
 
 
 # What the spies watch: the launchers every path reaches (the public functions check, then call these; ops/attention.py
-# calls them directly once its own checks passed).  "ws" / "plain": the forward's two kernels.
+# calls them directly once its own checks passed).  "ws" / "plain": the forward's two kernels; "ws_persistent": the
+# ping-pong on a persistent grid (its config's fifth entry).
 _SPIED = {"ws": ("_forward", lambda a: a[5]), "plain": ("_forward", lambda a: not a[5]),
+          "ws_persistent": ("_forward", lambda a: a[5] and len(a[6]) > 4 and a[6][4] != 0),
           "dkdv": ("_dkdv", None), "dq": ("_dq", None)}
 
 
@@ -281,7 +298,7 @@ def test_gpu_default_dispatch(D, causal, groups, monkeypatch):
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers import fused_attention
 
-    ws, plain = _spy(monkeypatch, "ws"), _spy(monkeypatch, "plain")
+    ws, plain, persistent = _spy(monkeypatch, "ws"), _spy(monkeypatch, "plain"), _spy(monkeypatch, "ws_persistent")
     dkdv = _spy(monkeypatch, "dkdv")
     B, H, S = 2, 16, 2048
     q, k, v = (torch.randn(B, h, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -290,8 +307,9 @@ def test_gpu_default_dispatch(D, causal, groups, monkeypatch):
     out = fused_attention(q, k, v, is_causal=causal, enable_gqa=groups > 1)
     do = torch.randn_like(out)
     out.backward(do)
-    want_ws = AG.FWD_KERNEL[(D, causal)] == "ws"
+    want_ws = AG.fwd_kernel(D, S, causal) != "plain"
     assert (ws, plain) == (([1], []) if want_ws else ([], [1]))
+    assert persistent == ([1] if AG.fwd_kernel(D, S, causal) == "ws_persistent" else [])
     assert dkdv == ([1] if AG.auto_ok("bwd_gluon_dkdv", q, causal) else [])
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
     ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, enable_gqa=groups > 1)

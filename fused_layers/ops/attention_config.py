@@ -144,8 +144,9 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # fwd_gluon: the forward of eager dense calls that ops/attention_gluon.py takes (bf16 / fp16 (B, H, S, D) contiguous,
 # D 64 / 128, Sq == Sk, S a multiple of its tiles, no mask, no dropout, no GQA) runs a Gluon kernel (TMA ring, FA3's
 # intra-warpgroup overlap; the ping-pong of two consumer warpgroups); everything else, and every traced call, stays on
-# the Triton kernels.  -1 (default) = the kernel attention_gluon.FWD_KERNEL picks per (D, causal); 1 = the
-# one-warpgroup kernel; 2 = the ping-pong where S is a multiple of 128; 0 = off.  Session 14 (issue13/run20_a/): the
+# the Triton kernels.  -1 (default) = the kernel attention_gluon.fwd_kernel picks per (D, causal, S) (FWD_KERNEL,
+# FWD_PERSIST_MAX_S); 1 = the one-warpgroup kernel; 2 = the ping-pong where S is a multiple of 128; 3 = the ping-pong on
+# a persistent grid (one program an SM), same condition; 0 = off.  Session 14 (issue13/run20_a/): the
 # ping-pong 1.00-1.13x cuDNN at D128 S >= 4K (0.91-0.92 at S1K), 1.29-1.35x the Triton forward.
 # bwd_gluon_dkdv: the backward's dK / dV kernel in Gluon (one warpgroup a CTA, a TMA ring of Q / dO, asynchronous
 # wgmma groups overlapping the elementwise work) for the calls the Gluon forward takes (and dO contiguous).  -1

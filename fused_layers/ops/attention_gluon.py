@@ -4,7 +4,8 @@ GPU only (Gluon has no interpreter), sm_90.  ops/attention.py runs them by defau
 of this file); ``benchmarks/bench_attention_gluon.py`` times them beside the Triton kernels and cuDNN:
 
   * ``attention_forward_gluon_ws``: FlashAttention-3's warp-specialized ping-pong (two consumer warpgroups, a TMA
-    producer warp), the default forward at D128 and D64 causal: 1.00-1.13x cuDNN at D128 S >= 4K (session 14);
+    producer warp), the default forward at D128 and D64 causal: 1.00-1.13x cuDNN at D128 S >= 4K (session 14); on a
+    persistent grid (one program an SM, session 17) the default for short rows (``FWD_PERSIST_MAX_S``);
   * ``attention_forward_gluon``: one warpgroup a CTA (below), the default at D64 non-causal;
   * ``attention_dkdv_gluon``: the backward's dK / dV kernel (the Triton dQ kernel runs after it);
   * ``attention_dq_gluon``: a dQ kernel (opt-in: it did not beat the Triton one, session 14).
@@ -1156,6 +1157,12 @@ def _dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float, config: tuple):
 #     D64 non-causal: plain 386 / 433 / 445 against ws 344 / 411 / 432; D64 causal: ws 252 / 382 / 457 against
 #     plain 172-279 / 382-384 / 434.
 FWD_KERNEL = {(64, False): "plain", (64, True): "ws", (128, False): "ws", (128, True): "ws"}
+#   the ping-pong on a persistent grid (one program an SM, WS_CONFIGS + (1,)) instead, for S up to (head dim, causal)
+#   -> S here (session 17, issue13/run24_b/ws/attention_gluon.md, TFLOP/s at S 1K / 4K / 16K, persistent against the
+#   kernel FWD_KERNEL names): D64 404 / 448 / 450 against plain 382 / 433 / 449; D64 causal 285 / 399 / 428 against
+#   ws 250 / 385 / 457; D128 588 / 593 / 595 against ws 531 / 603 / 636; D128 causal 367 / 501 / 552 against ws 391 /
+#   533 / 622 (not taken).  Short rows win: a tile's prologue and epilogue overlap the next tile's loads.
+FWD_PERSIST_MAX_S = {(64, False): 4096, (64, True): 4096, (128, False): 1024}
 #   backward dK / dV: head dim -> the longest S it takes (None: all).  D128 the Gluon dK / dV + Triton dQ backward is
 #   1.08-1.17x the Triton backward at every S; D64 1.02-1.09x to S 4K (causal), a tie or 1-2 % behind at S 16K.
 DKDV_MAX_S = {64: 4096, 128: None}
@@ -1183,11 +1190,24 @@ def auto_ok(variant: str, q: torch.Tensor, causal: bool) -> bool:
     return table[D] is None or S <= table[D]
 
 
+def fwd_kernel(D: int, S: int, causal: bool, mode: int = -1) -> str:
+    """The forward kernel ``mode`` (fwd_gluon's value: -1 auto, 1 one warpgroup, 2 the ping-pong, 3 the ping-pong on a
+    persistent grid) takes for a (supported) call: "plain", "ws" or "ws_persistent".  The ping-pong needs S a multiple
+    of 128 and of its key tile; elsewhere the one-warpgroup kernel runs."""
+    key = (D, bool(causal))
+    if mode < 0:
+        mode = 3 if S <= FWD_PERSIST_MAX_S.get(key, 0) else (2 if FWD_KERNEL.get(key) == "ws" else 1)
+    if mode >= 2 and S % max(128, WS_CONFIGS[D][0]) == 0:
+        return "ws_persistent" if mode == 3 else "ws"
+    return "plain"
+
+
 def attention_forward_auto(q, k, v, causal: bool, scale: float | None, mode: int = -1):
-    """The Gluon forward for a call ``supported`` took (not checked again here): ``mode`` -1 the kernel FWD_KERNEL picks, 1 the one-warpgroup kernel,
-    2 the ping-pong (where S is a multiple of 128, else the one-warpgroup kernel)."""
+    """The Gluon forward for a call ``supported`` took (not checked again here), the kernel ``fwd_kernel`` names."""
     D, S = q.shape[-1], q.shape[2]
-    ws = mode == 2 or (mode < 0 and FWD_KERNEL.get((D, bool(causal))) == "ws")
-    if ws and S % max(128, WS_CONFIGS[D][0]) == 0:
+    kind = fwd_kernel(D, S, causal, mode)
+    if kind == "ws_persistent":
+        return _forward(q, k, v, causal, scale, True, WS_CONFIGS[D] + (1,))
+    if kind == "ws":
         return _forward(q, k, v, causal, scale, True, WS_CONFIGS[D])
     return _forward(q, k, v, causal, scale, False, CONFIGS[D], PERSISTENT_PER_SM)
