@@ -1161,8 +1161,12 @@ FWD_KERNEL = {(64, False): "plain", (64, True): "ws", (128, False): "ws", (128, 
 #   -> S here (session 17, issue13/run24_b/ws/attention_gluon.md, TFLOP/s at S 1K / 4K / 16K, persistent against the
 #   kernel FWD_KERNEL names): D64 404 / 448 / 450 against plain 382 / 433 / 449; D64 causal 285 / 399 / 428 against
 #   ws 250 / 385 / 457; D128 588 / 593 / 595 against ws 531 / 603 / 636; D128 causal 367 / 501 / 552 against ws 391 /
-#   533 / 622 (not taken).  Short rows win: a tile's prologue and epilogue overlap the next tile's loads.
-FWD_PERSIST_MAX_S = {(64, False): 4096, (64, True): 4096, (128, False): 1024}
+#   533 / 622 (not taken).  Short rows win: a tile's prologue and epilogue overlap the next tile's loads.  Two more runs
+#   at S 1K / 4K (run24_c/ws, run24_d/ws): D64 408 / 449 and 405 / 442 against plain 384 / 433 and 382 / 431; D128 S1K
+#   613 and 585 against ws 531 and 525; D64 causal S1K 285 and 285 against ws 254 and 253, but S4K 381 and 377 against
+#   ws 383 and 390 (a tie over three runs: D64 causal stops at 2K).  Deeper rings (D64 128-key x 3 stages, 64 x 4;
+#   D128 64 x 4) tied or lost (run24_d).
+FWD_PERSIST_MAX_S = {(64, False): 4096, (64, True): 2048, (128, False): 1024}
 #   backward dK / dV: head dim -> the longest S it takes (None: all).  D128 the Gluon dK / dV + Triton dQ backward is
 #   1.08-1.17x the Triton backward at every S; D64 1.02-1.09x to S 4K (causal), a tie or 1-2 % behind at S 16K.
 DKDV_MAX_S = {64: 4096, 128: None}
