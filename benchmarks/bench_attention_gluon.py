@@ -79,6 +79,8 @@ def main():
                     "beside the Triton backward and cuDNN's (fwd+bwd minus fwd), TFLOP/s of 2.5x the forward's FLOPs")
     ap.add_argument("--dkdv-configs", default="", help="extra dK / dV configs, e.g. '128:64,64,4,2;128:32,128,8,3'")
     ap.add_argument("--ws-configs", default="", help="extra ping-pong configs (BLOCK_N, STAGES, regs, producer regs), e.g. '64:64,4,232,40'")
+    ap.add_argument("--fused-dq", action="store_true", help="--bwd: also the dK / dV kernel computing dQ by atomics "
+                    "(bwd_gluon_fused_dq)")
     ap.add_argument("--dq-configs", default="", help="--bwd: also the Gluon dQ kernel after the Gluon dK / dV one, at DQ_CONFIGS and these")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -260,6 +262,19 @@ def backward_table(args, rows, t0):
                         res[name] = "x: " + repr(e)[:200]
                     finally:
                         getattr(ag, table)[D] = saved
+                if args.fused_dq:  # the dK / dV kernel also computing dQ by atomics (bwd_gluon_fused_dq), no dQ kernel
+                    name = "gluon fused dq"
+                    try:
+                        with at.config_override("attention", bwd_gluon_dkdv=1, bwd_gluon_fused_dq=1):
+                            got = bwd()
+                            err = max(rel_err(a, b) for a, b in zip(got, ref))
+                            res[name + " err"] = err
+                            if err > 5e-2 or not all(torch.isfinite(g).all().item() for g in got):
+                                res[name] = "x: wrong"
+                            else:
+                                res[name] = round(flops / do_bench(bwd, warmup=25, rep=100, return_mode="median") / 1e9, 1)
+                    except Exception as e:  # noqa: BLE001
+                        res[name] = "x: " + repr(e)[:200]
                 qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     f = lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)  # noqa: E731

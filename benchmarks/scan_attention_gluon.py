@@ -67,13 +67,14 @@ for D, (bn, stages, cregs, pregs) in sorted(ag.WS_CONFIGS.items()):
 # The backward's dK / dV candidate
 for D, (bm, bn, warps, stages) in sorted(ag.DKDV_CONFIGS.items()):
     for causal in (False, True):
-        sig = {"LSE": "*fp32", "DELTA": "*fp32", "q_desc": desc(bm, D), "do_desc": desc(bm, D), "k_desc": desc(bn, D),
-               "v_desc": desc(bn, D), "dk_desc": desc(bn, D), "dv_desc": desc(bn, D), "qk_scale": "fp32",
-               "sm_scale": "fp32", "S": "i32", **GEO, **GEO_KV}
-        for gqa in (False, True):
-            scan(f"DKDV D{D} causal={int(causal)} gqa={int(gqa)} {bm}x{bn} w{warps} st{stages}", ag._attn_bwd_dkdv_gluon_kernel,
-                 sig, dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages, GQA=gqa, num_warps=warps),
-                 ("LSE", "DELTA", "S"), warps)
+        sig = {"LSE": "*fp32", "DELTA": "*fp32", "DQ": "*fp32", "q_desc": desc(bm, D), "do_desc": desc(bm, D),
+               "k_desc": desc(bn, D), "v_desc": desc(bn, D), "dk_desc": desc(bn, D), "dv_desc": desc(bn, D),
+               "qk_scale": "fp32", "sm_scale": "fp32", "S": "i32", **GEO, **GEO_KV}
+        for gqa, fused in ((False, False), (True, False), (False, True)):
+            scan(f"DKDV D{D} causal={int(causal)} gqa={int(gqa)} fused_dq={int(fused)} {bm}x{bn} w{warps} st{stages}",
+                 ag._attn_bwd_dkdv_gluon_kernel, sig, dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=causal, STAGES=stages,
+                                                          GQA=gqa, FUSED_DQ=fused, num_warps=warps),
+                 ("LSE", "DELTA", "DQ", "S"), warps)
 
 # The backward's dQ kernel (session 14), at its default and a D64 variant with 128-key steps
 for D, (bm, bn, warps, stages) in sorted(ag.DQ_CONFIGS.items()) + [(64, (64, 128, 4, 2)), (128, (64, 64, 4, 3))]:

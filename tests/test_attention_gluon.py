@@ -281,6 +281,39 @@ def _check_backward_variant(D, S, causal, monkeypatch, spied, **variants):
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("S,causal", [(128, False), (128, True), (384, True), (640, False), (1024, True)])
+def test_gpu_fused_dq(D, S, causal, monkeypatch):
+    """bwd_gluon_fused_dq: the dK / dV kernel also accumulates dQ (atomics into fp32), no dQ kernel runs; every
+    gradient against float32 and the Triton backward."""
+    _check_backward_variant(D, S, causal, monkeypatch, "dkdv", bwd_gluon_dkdv=1, bwd_gluon_fused_dq=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_fused_dq_grouped_and_sequence_major(causal):
+    """bwd_gluon_fused_dq with grouped-query heads (each program adds into the dQ rows of its G query heads) and q / k
+    / v in the sequence-major layout (the fp32 buffer is head-major; dQ is cast back into q's layout)."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from fused_layers import fused_attention
+
+    B, S, H, G, D = 2, 512, 6, 3, 64
+    q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+    k, v = (torch.randn(B, S, H // G, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+            for _ in range(2))
+    do = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
+    with A.config_override("attention", bwd_gluon_dkdv=1, bwd_gluon_fused_dq=1):
+        grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal, enable_gqa=True), (q, k, v), do)
+    assert grads[0].stride() == q.stride()
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, enable_gqa=True)
+    for g, r in zip(grads, torch.autograd.grad(ref, (qf, kf, vf), do.float())):
+        tol = 5e-2 * max(1.0, r.abs().max().item())
+        torch.testing.assert_close(g.float(), r, atol=tol, rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("S,causal", [(128, False), (128, True), (384, True), (640, False), (1024, True)])
 def test_gpu_dq_kernel(D, S, causal, monkeypatch):
     """The Gluon dQ kernel (bwd_gluon_dq) after the Gluon dK / dV kernel, through fused_attention: it runs (spied);
     every gradient against float32 and against the Triton backward (one key block, several, causal diagonals)."""

@@ -1168,6 +1168,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
         D = q.shape[-1]
         if ag._bwd_supported(q, k, v, do, (dk, dv), causal, ag.DKDV_CONFIGS[D][:2]) is None:  # (q, k, v: checked)
+            if ag.fused_dq_ok(q, causal, _variant("bwd_gluon_fused_dq")):
+                # dQ too, by atomics into a zeroed fp32 buffer: no dQ kernel (bwd_gluon_fused_dq)
+                dqa = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+                ag._dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, ag.DKDV_CONFIGS[D], dqa)
+                dq.copy_(dqa)
+                return dq, dk, dv
             ag._dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, ag.DKDV_CONFIGS[D])
             if (_gluon_call_ok(q, k, v, causal, "bwd_gluon_dq")
                     and ag._bwd_supported(q, k, v, do, (dq,), causal, ag.DQ_CONFIGS[D][:2]) is None):

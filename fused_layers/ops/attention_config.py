@@ -157,9 +157,13 @@ def _config(kind: str, block_d: int, causal: bool, dtype: torch.dtype) -> dict |
 # its key / value head) and k / v in a layout of their own, wherever bwd_gluon_dkdv takes the call.  -1 (default) /
 # 1 = on, 0 = off.  Session 15 (issue13/run22_d/): the table's GQA case (Hq32 Hkv8 B4 S4096 D128 causal) backward 382
 # TFLOP/s against 340 on the Triton kernels (Flex 340, cuDNN 455).
+# bwd_gluon_fused_dq: wherever the Gluon dK / dV kernel runs, it also computes dQ (dS through shared memory, dQ_i = dS_i
+# K by wgmma, added into a zeroed fp32 buffer by atomics), so no dQ kernel runs (5 matmul passes instead of 7, as
+# cuDNN's backward), then dQ is cast into q's layout.  -1 = where attention_gluon.FUSED_DQ_MAX_S says it won, 1 = always,
+# 0 = off (default until timed; session 17).
 _VARIANTS: dict[str, int] = {"bwd_tma": -1, "dropout_bits": 8, "dropout_rounds": 10, "fwd_fold_scale": 1,
                              "bwd_dq_reduce": 0, "fwd_gluon": -1, "bwd_gluon_dkdv": -1, "bwd_gluon_dq": 0,
-                             "bwd_gluon_gqa": -1}
+                             "bwd_gluon_gqa": -1, "bwd_gluon_fused_dq": 0}
 if os.environ.get("FUSED_LAYERS_ATTENTION_VARIANTS"):
     for _kv in os.environ["FUSED_LAYERS_ATTENTION_VARIANTS"].split(","):
         _n, _, _val = _kv.partition("=")

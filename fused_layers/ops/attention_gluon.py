@@ -573,6 +573,7 @@ if HAS_GLUON:
     def _attn_bwd_dkdv_gluon_kernel(
         LSE,  # fp32 (B*H, S) base-2 log-sum-exp of the forward
         DELTA,  # fp32 (B*H, S) rowsum(dO * O)
+        DQ,  # (FUSED_DQ) fp32 (B*H, S, D) contiguous, zeroed: scale * dQ accumulated by atomics; else unused
         q_desc,  # TMA descriptor of Q in its 2-D view (_head_origin), block (BLOCK_M, D)
         do_desc,  # TMA descriptor of dO in its 2-D view (_head_origin), block (BLOCK_M, D)
         k_desc,  # TMA descriptor of K in its 2-D view (_head_origin), block (BLOCK_N, D)
@@ -592,6 +593,7 @@ if HAS_GLUON:
         CAUSAL: gl.constexpr,
         STAGES: gl.constexpr,
         GQA: gl.constexpr,  # G > 1
+        FUSED_DQ: gl.constexpr,  # also dQ_i += scale dS_i K (dS^T through shared memory), added into DQ by atomics
         num_warps: gl.constexpr,
     ):
         dtype: gl.constexpr = q_desc.dtype
@@ -636,6 +638,12 @@ if HAS_GLUON:
             tma.async_copy_global_to_shared(q_desc, [q_row, q_col], bars.index(t), q_smem.index(t), pred=live)
             tma.async_copy_global_to_shared(do_desc, [q_row, q_col], bars.index(t), do_smem.index(t), pred=live)
 
+        if FUSED_DQ:
+            ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M],
+                                                gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+            dq_t = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=kv_layout)
+            dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, kv_layout))
+            dq_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
         dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
         st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
@@ -664,7 +672,18 @@ if HAS_GLUON:
             dst = pt * (dpt - gl.expand_dims(delta, 0))
             dst_op = gl.convert_layout(dst.to(dtype), op_layout)
             dk_tok = warpgroup_mma(dst_op, q_t, dk, is_async=True)
-            dv, dk, pt_done, dst_done = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, pt_op, dst_op))
+            if FUSED_DQ:
+                # dQ_i = dS_i K: dS^T to shared memory, read back transposed as the A operand (K is B as it lies)
+                ds_smem.store(dst.to(dtype))
+                fence_async_shared()
+                gl.thread_barrier()
+                dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_t, use_acc=False, is_async=True)
+                dv, dk, dq_t, pt_done, dst_done = warpgroup_mma_wait(num_outstanding=0,
+                                                                     deps=(dv_tok, dk_tok, dq_tok, pt_op, dst_op))
+                dq_ptr = DQ + gl.expand_dims((bhq.to(gl.int64) * S + q0 + dq_rows) * HEAD_D, 1) + gl.expand_dims(dq_cols, 0)
+                gl.atomic_add(dq_ptr, dq_t * sm_scale, sem="relaxed")
+            else:
+                dv, dk, pt_done, dst_done = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, pt_op, dst_op))
             # the slot's Q and dO are free: fetch query block t + STAGES into it
             nxt = t + STAGES
             live = nxt < n_total
@@ -1074,11 +1093,11 @@ def _check_bwd_config(name: str, config: tuple, S: int) -> None:
         raise ValueError(f"{name}: config {config} needs STAGES >= 2, BLOCK_M <= BLOCK_N and S a multiple of both")
 
 
-def _bwd_launch(which: str, fn, q, k, v, do, grads, causal: bool, config: tuple) -> _Launch:
-    """The launch of a backward kernel: ``which`` "dkdv" (descriptors q, dO, K, V, dK, dV; a program per key block)
-    or "dq" (q, dO, K, V, dQ; a program per query block)."""
+def _bwd_launch(which: str, fn, q, k, v, do, grads, causal: bool, config: tuple, fused_dq: bool = False) -> _Launch:
+    """The launch of a backward kernel: ``which`` "dkdv" (descriptors q, dO, K, V, dK, dV; a program per key block;
+    ``fused_dq``: also dQ by atomics) or "dq" (q, dO, K, V, dQ; a program per query block)."""
     key = (which, q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), *(g.stride() for g in grads),
-           q.dtype, q.device, bool(causal), config)
+           q.dtype, q.device, bool(causal), config, fused_dq)
     plan = _LAUNCHES.get(key)
     if plan is not None:
         return plan
@@ -1094,27 +1113,32 @@ def _bwd_launch(which: str, fn, q, k, v, do, grads, causal: bool, config: tuple)
     if which == "dkdv":  # a program per key block of each key / value head, with their origins
         plan.ints += (H // HKV, *_origin(kind_kv, HKV, S, D))
     grid = (S // bn, B * HKV) if which == "dkdv" else (S // bm, B * H)
-    gqa = dict(GQA=HKV != H) if which == "dkdv" else {}
+    gqa = dict(GQA=HKV != H, FUSED_DQ=bool(fused_dq)) if which == "dkdv" else {}
     plan.kernel = Kernel(fn, grid, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages, **gqa,
                          num_warps=warps)
     return _remember(_LAUNCHES, key, plan)
 
 
-def attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, config: tuple | None = None):
+def attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, config: tuple | None = None,
+                         dq_acc: torch.Tensor | None = None):
     """dK and dV into ``dk``, ``dv`` (Gluon); ``lse`` the forward's base-2 LSE, ``delta`` rowsum(dO O), both fp32
-    (B, H, S) contiguous."""
+    (B, H, S) contiguous.  ``dq_acc``: a zeroed fp32 (B, H, S, D) contiguous buffer that also receives dQ (added by
+    atomics from every key block's program: the backward in one kernel, no dQ kernel)."""
     why = dkdv_supported(q, k, v, do, dk, dv, causal)
+    if why is None and dq_acc is not None and (dq_acc.dtype != torch.float32 or dq_acc.shape != q.shape
+                                               or not dq_acc.is_contiguous() or dq_acc.device != q.device):
+        why = "dq_acc must be a contiguous float32 tensor of q's shape on q's device"
     if why is not None:
         raise ValueError(f"attention_dkdv_gluon: {why}")
     config = tuple(config or DKDV_CONFIGS[q.shape[-1]])
     _check_bwd_config("attention_dkdv_gluon", config, q.shape[2])
-    return _dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config)
+    return _dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc)
 
 
-def _dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, config: tuple):
+def _dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, config: tuple, dq_acc=None):
     """attention_dkdv_gluon after its checks (ops/attention.py calls it once dkdv_supported said yes)."""
-    plan = _bwd_launch("dkdv", _attn_bwd_dkdv_gluon_kernel, q, k, v, do, (dk, dv), causal, config)
-    _fire(plan, (lse, delta), (q, do, k, v, dk, dv), scale * LOG2E, scale)
+    plan = _bwd_launch("dkdv", _attn_bwd_dkdv_gluon_kernel, q, k, v, do, (dk, dv), causal, config, dq_acc is not None)
+    _fire(plan, (lse, delta, lse if dq_acc is None else dq_acc), (q, do, k, v, dk, dv), scale * LOG2E, scale)
     return dk, dv
 
 
@@ -1174,6 +1198,19 @@ DKDV_MAX_S = {64: 4096, 128: None}
 #   one (issue13/run21_a/) gained 2-4 % at D128 S 1K-4K non-causal, tied at 16K, and lost at D128 S1K causal (220
 #   against 289 TFLOP/s) and at D64 S1K (217 / 158 against 322 / 248).
 DQ_MAX_S: dict = {}
+#   dQ inside the dK / dV kernel (bwd_gluon_fused_dq): (head dim, causal) -> the longest S auto mode takes it for
+#   (absent: not in auto mode).  Not yet timed (session 17).
+FUSED_DQ_MAX_S: dict = {}
+
+
+def fused_dq_ok(q: torch.Tensor, causal: bool, mode: int) -> bool:
+    """The dK / dV kernel also computes dQ (variant bwd_gluon_fused_dq = ``mode``) for this call, which the Gluon dK /
+    dV kernel takes."""
+    if mode <= 0:
+        return mode < 0 and q.shape[2] <= FUSED_DQ_MAX_S.get((q.shape[-1], bool(causal)), 0)
+    return True
+
+
 # The smallest call auto mode takes: B * H * Sq * Sk * D (halved when causal).  The Gluon kernels launch from Python
 # (TensorDescriptor objects and Gluon's JIT launch, no C++ fast path), so a small call, where the host's cost per
 # launch is larger than the kernel, stays on the Triton kernels and the C++ fast path (issue 9's host-bound steps).
