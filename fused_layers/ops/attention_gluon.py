@@ -1199,7 +1199,10 @@ DKDV_MAX_S = {64: 4096, 128: None}
 #   against 289 TFLOP/s) and at D64 S1K (217 / 158 against 322 / 248).
 DQ_MAX_S: dict = {}
 #   dQ inside the dK / dV kernel (bwd_gluon_fused_dq): (head dim, causal) -> the longest S auto mode takes it for
-#   (absent: not in auto mode).  Not yet timed (session 17).
+#   (absent: not in auto mode).  Empty: session 17 (issue13/run24_e/bwd/attention_gluon.md) measured it at 0.68-0.88x
+#   of the split backward in every case (D64 S1K causal 214 against 244 TFLOP/s, D128 S16K causal 283 against 442);
+#   the atomics alone, with the dK / dV kernel's grid and nothing else to do, take 0.42-0.86 of cuDNN's whole backward
+#   (diag_dq_atomics.py, run24_e/atomics/).  Correct (GPU tests); D128 also spills (21-30 stores).
 FUSED_DQ_MAX_S: dict = {}
 
 
