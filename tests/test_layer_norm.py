@@ -870,3 +870,73 @@ def test_rms_variant_backward_with_one_row_accumulators(cast_before_w, device):
     torch.testing.assert_close(y.double(), y64, atol=0.05, rtol=0.02)
     torch.testing.assert_close(gx.double(), gx64, atol=0.1, rtol=0.05)
     torch.testing.assert_close(gw.double(), gw64, atol=0.3, rtol=0.05)
+
+
+# --------------------------------------------------------------------------------------------------
+# The Gluon row backward (ops/layer_norm_gluon.py, opt-in bwd_gluon; session 17): GPU only (Gluon has no interpreter)
+# --------------------------------------------------------------------------------------------------
+def _gluon_ok():
+    from fused_layers.ops import layer_norm_gluon as lg
+
+    return torch.cuda.is_available() and lg.HAS_GLUON and torch.cuda.get_device_capability()[0] == 9
+
+
+def test_gluon_row_backward_refuses_what_it_does_not_take():
+    """``supported`` names why (here: CPU tensors; on an sm_90 GPU the width, dtype and alignment rules)."""
+    from fused_layers.ops import layer_norm_gluon as lg
+
+    x = torch.randn(4, 16384)
+    assert lg.supported(x, x, None) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("n,dtype", [(16384, torch.bfloat16), (8192, torch.bfloat16), (4096, torch.float32),
+                                     (8192, torch.float16)], ids=str)
+@pytest.mark.parametrize("rows", [1, 131, 600])
+def test_gpu_gluon_row_backward(rms, n, dtype, rows, monkeypatch):
+    """bwd_gluon=1: the Gluon row backward runs (spied) and every gradient matches float64, for fewer rows than SMs
+    (one row; 131), several rows a program, with and without the weight / bias, fp32 weights under bf16 x."""
+    if not _gluon_ok():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from fused_layers.ops import layer_norm_gluon as lg
+
+    calls = []
+    orig = lg.norm_backward_rows
+    monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    with config_override("layer_norm", bwd_gluon=1):
+        ln_ops._BWD_PLANS.clear()
+        _check(rms, (rows, n), 1, dtype, "cuda")
+        assert calls, "the Gluon row backward did not run"
+        _check(rms, (rows, n), 1, dtype, "cuda", affine=False)
+        if dtype == torch.bfloat16:
+            _check(rms, (rows, n), 1, dtype, "cuda", param_dtype=torch.float32)
+            _check(rms, (2, rows, n // 4, 4), 2, dtype, "cuda")  # two normalized dims
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_row_backward_falls_back():
+    """Where the Gluon row backward does not apply (a width not a multiple of 4,096, a strided row, CAST_BEFORE_W),
+    bwd_gluon=1 leaves the call to the Triton kernels: right answers."""
+    if not _gluon_ok():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    with config_override("layer_norm", bwd_gluon=1):
+        _check(False, (64, 16384 + 256), 1, torch.bfloat16, "cuda")
+        _check(True, (64, 20011), 1, torch.bfloat16, "cuda")
+        _check(False, (64, 16384), 1, torch.bfloat16, "cuda", make_x=lambda s, d, dev: torch.randn(
+            s[0], 2 * s[1], dtype=d, device=dev)[:, ::2] * 2 + 0.5)
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_row_backward_deterministic():
+    """The same inputs give bitwise the same gradients (fixed-order reduce, no atomics)."""
+    if not _gluon_ok():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    mod = FusedLayerNorm(16384, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(512, 16384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    with config_override("layer_norm", bwd_gluon=1):
+        first = torch.autograd.grad(mod(x), (x, mod.weight, mod.bias), dy)
+        again = torch.autograd.grad(mod(x), (x, mod.weight, mod.bias), dy)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)

@@ -130,6 +130,7 @@ from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the t
     FWD_FUSED_STATS,
     FWD_MAX_SINGLE,
     _bwd_config,
+    _bwd_gluon,
     _bwd_persist_config,
     _bwd_persist_pack,
     _bwd_stages,
@@ -807,7 +808,7 @@ class _FwdPlan:
 
 class _BwdPlan:
     __slots__ = ("m", "n", "g", "copy_x", "copy_dy", "kernel", "ints", "nparts", "stats_kernel", "reduce_kernel",
-                 "persist", "fallback")
+                 "persist", "fallback", "gluon_reduce")
 
 
 _FWD_PLANS: dict[tuple, _FwdPlan] = {}
@@ -867,6 +868,7 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     m, n, sx = _row_layout(shape, x_stride, k)
     _, _, sdy = _row_layout(shape, dy_stride, k)
     plan = _BwdPlan()
+    plan.gluon_reduce = None  # (G, reduce kernel) of the Gluon row backward, set at its first call
     plan.m, plan.n, plan.copy_x, plan.copy_dy = m, n, sx is None, sdy is None
     sx = n if sx is None else sx
     sdy = n if sdy is None else sdy
@@ -964,6 +966,23 @@ def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b:
     return parts, groups, p["reduce"]
 
 
+def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has_b: bool, is_rms: bool,
+                      cast_before_w: bool):
+    """The Gluon row backward (ops/layer_norm_gluon.py, one CTA an SM) where it takes the call: (partials, G, reduce
+    kernel) as ``_bwd_persist_launch``; None where it does not (the caller then runs the Triton kernels)."""
+    from . import layer_norm_gluon as lg
+
+    m, n = plan.m, plan.n
+    x2, dy2 = x.view(m, n) if x.is_contiguous() else None, dy.view(m, n) if dy.is_contiguous() else None
+    w = weight.contiguous().view(-1) if has_w else None
+    if x2 is None or dy2 is None or lg.supported(x2, dy2, w, cast_before_w) is not None:
+        return None
+    parts, g = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, _sm_count(x.get_device()))
+    if plan.gluon_reduce is None or plan.gluon_reduce[0] != g:
+        plan.gluon_reduce = (g, _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None)
+    return parts, g, plan.gluon_reduce[1]
+
+
 def norm_forward(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -1032,7 +1051,11 @@ def norm_backward(
     if plan.copy_dy:
         dy = dy.contiguous()
     w = x if weight is None else weight.contiguous()
-    ran = _bwd_persist_launch(plan, x, dy, dx, w, stats, has_w, has_b, is_rms) if plan.persist is not None else None
+    ran = None
+    if persist_ok and not INTERPRET and _bwd_gluon(x.element_size(), next_power_of_2(plan.n), is_rms):
+        ran = _bwd_gluon_launch(plan, x, dy, dx, weight, stats, has_w, has_b, is_rms, cast_before_w)
+    if ran is None and plan.persist is not None:
+        ran = _bwd_persist_launch(plan, x, dy, dx, w, stats, has_w, has_b, is_rms)
     if ran is not None:
         parts, g, reduce_kernel = ran
     else:

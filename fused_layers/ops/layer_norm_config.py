@@ -75,6 +75,13 @@ BWD_PERSIST_HOLD: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (2, 65536, False): (2048, 4, 8, 3),
     (2, 131072, True): (4096, 8, 8, 3),
 }
+# The Gluon row backward (ops/layer_norm_gluon.py: one 16-warp CTA an SM, a whole row in shared memory by TMA, read
+# twice from there, no exchange between programs), by (element size, width bucket, is_rms): True where it is the
+# default for eager calls it takes.  Written in session 17 for the 16K backward (LayerNorm 0.65 / RMSNorm 0.78 of copy
+# with the persistent kernels, target 0.85); sm_90 scan (benchmarks/results/issue9/norm_gluon_static_scan_sm90_triton36.txt):
+# bf16 16K LayerNorm 128 registers with 9 spill stores, RMSNorm 103, none.  Not yet timed on a GPU: empty.
+# config_override("layer_norm", bwd_gluon=1 / 0) turns it on / off wherever it applies.
+BWD_GLUON: dict[tuple[int, int, bool], bool] = {}
 # LayerNorm's persistent backward publishes its two partial row sums packed in one word (PACK: one atomic and one
 # polled word a piece instead of two).  Session 12 sweep, bf16, CUDA-graph replay (issue10/run18_b/pack_sweep.txt):
 # 16K 0.653 against 0.638, 32K 0.655 against 0.632, 64K (4096 x 8) 0.587 against 0.563.  config_override
@@ -235,3 +242,9 @@ def _bwd_persist_config(n_pow2: int, elem: int, is_rms: bool = False) -> tuple[i
     block, warps, per_sm, stages = (held if hold and held is not None else entry) or BWD_PERSIST_DEFAULT
     return (get_override(_CFG, "bwd_persist_block", block), get_override(_CFG, "bwd_persist_warps", warps),
             get_override(_CFG, "bwd_persist_per_sm", per_sm), get_override(_CFG, "bwd_persist_stages", stages), hold)
+
+
+def _bwd_gluon(elem: int, n_pow2: int, is_rms: bool) -> bool:
+    """Whether the Gluon row backward (ops/layer_norm_gluon.py) takes an eager call it supports: BWD_GLUON, then
+    config_override bwd_gluon."""
+    return bool(get_override(_CFG, "bwd_gluon", BWD_GLUON.get((elem, n_pow2, is_rms), False)))

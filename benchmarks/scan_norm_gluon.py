@@ -1,0 +1,54 @@
+"""sm_90 static compile (no GPU) of the Gluon row backward of the norms (fused_layers/ops/layer_norm_gluon.py) with the
+GPU machine's Triton (3.6, a venv of its own): registers, spills, shared memory, SASS counts.
+    /tmp/v36/bin/python benchmarks/scan_norm_gluon.py > benchmarks/results/issue9/norm_gluon_static_scan_sm90_triton36.txt
+"""
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, "benchmarks")
+sys.path.insert(0, ".")
+import warnings  # noqa: E402
+
+warnings.filterwarnings("ignore")
+import triton  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from _sm90 import compile_sm90  # noqa: E402
+from fused_layers.ops import layer_norm_gluon as lg  # noqa: E402
+
+print("triton", triton.__version__)
+DIV16 = [["tt.divisibility", 16]]
+
+
+def desc(dtype, block):
+    bits = 32 if dtype == "fp32" else 16
+    lay = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=len(block))
+    return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{lay!r}>"
+
+
+for N in (16384, 8192, 4096):
+    R = N // lg.BOX
+    for dt in ("bf16", "fp32"):
+        for is_rms, has_w, has_b in ((False, True, True), (True, True, False), (False, False, False)):
+            if dt == "fp32" and N > 8192:
+                continue  # (fp32 16K: 2 x 128 KB of ring does not fit; supported() refuses it)
+            sig = {"DX": f"*{dt}", "W": f"*{dt}", "STATS": "*fp32", "PARTS": "*fp32", "x_desc": desc(dt, [1, R, 256]),
+                   "dy_desc": desc(dt, [1, R, 256]), "w_desc": desc(dt, [R, 256]) if has_w else desc(dt, [1, R, 256]),
+                   "M": "i32", "N": "i32"}
+            cx = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, R=R, VEC=16 // (4 if dt == "fp32" else 2),
+                      STAGES=lg.STAGES, num_warps=lg.WARPS)
+            names = list(sig)
+            attrs = {(names.index(a),): DIV16 for a in ("DX", "W", "STATS", "PARTS", "N")}
+            label = f"N{N} {dt} {'rms' if is_rms else 'ln'} w={int(has_w)} b={int(has_b)}"
+            try:
+                r = compile_sm90(lg._norm_bwd_rows_gluon_kernel, {**sig, **{k: "constexpr" for k in cx}}, cx, attrs,
+                                 lg.WARPS, source=GluonASTSource)
+            except Exception as e:  # noqa: BLE001
+                print(f"{label}: COMPILE FAILED: {str(e)[-2500:]}", flush=True)
+                continue
+            ops = r["ops"]
+            print(f"{label}: regs {r['regs']} stack {r['stack_bytes']} smem {r['shared_bytes']} "
+                  f"UTMALDG {ops.get('UTMALDG', 0)} LDS {sum(v for o, v in ops.items() if o.startswith('LDS'))} "
+                  f"STG {sum(v for o, v in ops.items() if o.startswith('STG'))} BAR {ops.get('BAR', 0)} "
+                  f"STL {ops.get('STL', 0)} sass {sum(ops.values())}", flush=True)

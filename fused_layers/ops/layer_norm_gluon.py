@@ -1,0 +1,302 @@
+r"""LayerNorm / RMSNorm backward for rows of up to 16,384 columns in Gluon (sm_90): issue 9's 16K backward.
+
+The Triton kernels at 16K (ops/layer_norm.py) either read x and dy twice (the two-pass form, 0.47 of the copy ceiling)
+or split each row across co-resident programs that exchange their partial row sums through global flags (the persistent
+form, 0.65 LayerNorm / 0.78 RMSNorm; with no exchange at all, a wrong-answer diagnostic, 0.88-0.89: the exchange is the
+cost).  A row does not fit one program's registers together with the dW / dB accumulators of its columns.
+
+Here a row lives in shared memory instead.  One CTA of 16 warps an SM, persistent over rows pid, pid + G, ...:
+
+  * each row's x and dy arrive whole by TMA (one (1, R, 256) box each over the (M, N / 256, 256) view) into a ring of
+    STAGES row buffers, so the next rows are in flight while one is worked on (64 KB a stage at bf16 16K);
+  * pass 1 reads the row from shared memory, a slice of W (num_warps, 256) at a time, and sums g * xhat and g
+    (g = w dy, xhat = (x - mean) rstd, mean / rstd saved by the forward) into per-thread partials, then one CTA-wide
+    reduction gives c1 = sum(g xhat) / N and c2 = sum(g) / N (RMSNorm: c2 = 0);
+  * pass 2 reads it again and writes dx = rstd (g - xhat c1 - c2) from registers (16-byte stores), and adds dy * xhat
+    and dy into register accumulators of the thread's columns (REPS slices of (num_warps, 256): 8 values a thread and
+    slice; named dw0..dw3 / db0..db3, since a register tensor cannot be indexed by a slice number);
+  * W is loaded once into shared memory; at the end each CTA writes its dW / dB partial row, and layer_norm's
+    fixed-order reduce (_norm_reduce_partials_kernel) sums the G rows: deterministic, no atomics, no exchange.
+
+x and dy are read from DRAM once, dx written once.  Scope: bf16 / fp16 / fp32 x, N a multiple of 256 with R = N / 256
+sub-rows a multiple of num_warps and at most 4 x num_warps (16K at 16 warps), 16-byte aligned rows, W in x's dtype or
+float32, no CAST_BEFORE_W.  Opt-in (layer_norm_config.BWD_GLUON): not yet timed on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._library import Kernel
+
+try:  # Gluon: Triton >= 3.5 with the NVIDIA Hopper dialect
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    HAS_GLUON = True
+except Exception:  # pragma: no cover - depends on the installed Triton
+    HAS_GLUON = False
+
+BOX = 256  # columns a TMA box row (TMA's limit)
+WARPS = 16
+STAGES = 2
+
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _slice_sums(xs, dys, ws, mean, rstd, s1, s2, layout: gl.constexpr, IS_RMS: gl.constexpr,
+                    HAS_W: gl.constexpr):
+        """Pass 1 over one (num_warps, 256) slice: s1 += g * xhat, s2 += g (per thread)."""
+        x = xs.load(layout).to(gl.float32)
+        dy = dys.load(layout).to(gl.float32)
+        if IS_RMS:
+            xhat = x * rstd
+        else:
+            xhat = (x - mean) * rstd
+        if HAS_W:
+            g = dy * ws.load(layout).to(gl.float32)
+        else:
+            g = dy
+        return s1 + g * xhat, s2 + g
+
+    @gluon.jit
+    def _slice_dx(xs, dys, ws, mean, rstd, c1, c2, dw, db, DX, offs, layout: gl.constexpr, IS_RMS: gl.constexpr,
+                  HAS_W: gl.constexpr, HAS_B: gl.constexpr):
+        """Pass 2 over one slice: dx stored at DX + offs; returns the slice's dW / dB accumulators plus dy xhat, dy."""
+        x = xs.load(layout).to(gl.float32)
+        dy = dys.load(layout).to(gl.float32)
+        if IS_RMS:
+            xhat = x * rstd
+        else:
+            xhat = (x - mean) * rstd
+        if HAS_W:
+            g = dy * ws.load(layout).to(gl.float32)
+        else:
+            g = dy
+        if IS_RMS:
+            dx = (g - xhat * c1) * rstd
+        else:
+            dx = (g - xhat * c1 - c2) * rstd
+        gl.store(DX + offs, dx.to(DX.dtype.element_ty))
+        if HAS_W:
+            dw = dw + dy * xhat
+        if HAS_B:
+            db = db + dy
+        return dw, db
+
+    @gluon.jit
+    def _store_parts(DWP, DBP, pid, N, offs, dw, db, HAS_W: gl.constexpr, HAS_B: gl.constexpr):
+        """One slice of this program's dW / dB partial rows."""
+        if HAS_W:
+            gl.store(DWP + pid.to(gl.int64) * N + offs, dw)
+        if HAS_B:
+            gl.store(DBP + pid.to(gl.int64) * N + offs, db)
+
+    @gluon.jit
+    def _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i, n_rows, pid, G, STAGES: gl.constexpr):
+        """Row i of this program (row pid + i G), if it has one, into ring slot i % STAGES: x and dy on one mbarrier."""
+        live = i < n_rows
+        slot = i % STAGES
+        row = pid + i * G
+        bar = bars.index(slot)
+        mbarrier.expect(bar, x_desc.block_type.nbytes + dy_desc.block_type.nbytes, pred=live)
+        tma.async_copy_global_to_shared(x_desc, [row, 0, 0], bar, x_ring.index(slot), pred=live)
+        tma.async_copy_global_to_shared(dy_desc, [row, 0, 0], bar, dy_ring.index(slot), pred=live)
+
+    @gluon.jit
+    def _norm_bwd_rows_gluon_kernel(
+        DX,  # dx, (M, N) contiguous, x's dtype (written)
+        W,  # weight [N] (not read: W arrives by w_desc; HAS_W)
+        STATS,  # float32 statistics of the forward: LayerNorm means at [0, M) and 1/std at [M, 2M); RMSNorm 1/std at [0, M)
+        PARTS,  # float32 partials: [G, N] dW rows (HAS_W), then [G, N] dB rows (HAS_B); G = the grid
+        x_desc,  # TMA descriptor of x over its (M, N / 256, 256) view (row stride sx), box (1, R, 256): a whole row
+        dy_desc,  # TMA descriptor of dy, the same
+        w_desc,  # TMA descriptor of the weight over its (N / 256, 256) view, box (R, 256) (HAS_W; else x_desc)
+        M,  # rows
+        N,  # columns, R * 256
+        IS_RMS: gl.constexpr,
+        HAS_W: gl.constexpr,
+        HAS_B: gl.constexpr,
+        R: gl.constexpr,  # sub-rows of 256 a row; REPS = R / num_warps slices of (num_warps, 256)
+        VEC: gl.constexpr,  # elements a thread reads at once (16 bytes)
+        STAGES: gl.constexpr,  # rows in the ring
+        num_warps: gl.constexpr,
+    ):
+        REPS: gl.constexpr = R // num_warps
+        dtype: gl.constexpr = x_desc.dtype
+        # A slice in registers: num_warps sub-rows of 256 columns, a warp a sub-row, VEC contiguous columns a thread.
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
+        if IS_RMS:
+            RSTD = STATS
+        else:
+            RSTD = STATS + M
+        if HAS_W:
+            DBP = PARTS + gl.num_programs(0).to(gl.int64) * N
+        else:
+            DBP = PARTS
+
+        # Shared memory: the row ring (x and dy, one mbarrier a slot) and the weight.
+        x_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], x_desc.layout)
+        dy_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], dy_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        if HAS_W:
+            w_smem = gl.allocate_shared_memory(w_desc.dtype, [R, 256], w_desc.layout)
+            w_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(w_bar, count=1)
+        fence_async_shared()
+
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        n_rows = gl.cdiv(M - pid, G)  # rows pid, pid + G, ... (the grid has at most M programs)
+
+        # Step 1: the weight once, the first STAGES rows.
+        if HAS_W:
+            mbarrier.expect(w_bar, w_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(w_desc, [0, 0], w_bar, w_smem)
+        for s in gl.static_range(STAGES):
+            _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, s, n_rows, pid, G, STAGES)
+        if HAS_W:
+            mbarrier.wait(w_bar, phase=0)
+            ws = w_smem
+        else:
+            ws = x_ring.index(0).reshape([R, 256])  # (never read: HAS_W is False)
+
+        # Each thread's columns of slice k: k * num_warps * 256 + (its sub-row) * 256 + (its columns).
+        offs = (gl.expand_dims(gl.arange(0, num_warps, layout=gl.SliceLayout(1, layout)), 1) * 256
+                + gl.expand_dims(gl.arange(0, 256, layout=gl.SliceLayout(0, layout)), 0))
+        SL: gl.constexpr = num_warps * 256  # columns a slice
+        dw0 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
+        dw1 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
+        dw2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
+        dw3 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
+        db0 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
+        db1 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
+        db2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
+        db3 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
+
+        for i in range(n_rows):
+            row = pid + i * G
+            slot = i % STAGES
+            rstd = gl.load(RSTD + row)  # (issued before the wait: latency hidden)
+            if IS_RMS:
+                mean = 0.0
+            else:
+                mean = gl.load(STATS + row)
+            mbarrier.wait(bars.index(slot), phase=(i // STAGES) & 1)
+            xb = x_ring.index(slot).reshape([R, 256])
+            dyb = dy_ring.index(slot).reshape([R, 256])
+
+            # Step 2 (pass 1): the row sums.  0 is the identity of both.
+            s1 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
+            s2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
+            for k in gl.static_range(REPS):
+                s1, s2 = _slice_sums(xb.slice(k * num_warps, num_warps), dyb.slice(k * num_warps, num_warps),
+                                     ws.slice(k * num_warps, num_warps), mean, rstd, s1, s2, layout, IS_RMS, HAS_W)
+            c1 = gl.sum(gl.sum(s1, axis=1), axis=0) / N
+            c2 = gl.sum(gl.sum(s2, axis=1), axis=0) / N
+
+            # Step 3 (pass 2): dx, and the dW / dB accumulators of this thread's columns.
+            dxp = DX + row.to(gl.int64) * N + offs
+            dw0, db0 = _slice_dx(xb.slice(0, num_warps), dyb.slice(0, num_warps), ws.slice(0, num_warps), mean, rstd,
+                                 c1, c2, dw0, db0, dxp, 0, layout, IS_RMS, HAS_W, HAS_B)
+            if REPS > 1:
+                dw1, db1 = _slice_dx(xb.slice(num_warps, num_warps), dyb.slice(num_warps, num_warps),
+                                     ws.slice(num_warps, num_warps), mean, rstd, c1, c2, dw1, db1, dxp, SL, layout,
+                                     IS_RMS, HAS_W, HAS_B)
+            if REPS > 2:
+                dw2, db2 = _slice_dx(xb.slice(2 * num_warps, num_warps), dyb.slice(2 * num_warps, num_warps),
+                                     ws.slice(2 * num_warps, num_warps), mean, rstd, c1, c2, dw2, db2, dxp, 2 * SL,
+                                     layout, IS_RMS, HAS_W, HAS_B)
+            if REPS > 3:
+                dw3, db3 = _slice_dx(xb.slice(3 * num_warps, num_warps), dyb.slice(3 * num_warps, num_warps),
+                                     ws.slice(3 * num_warps, num_warps), mean, rstd, c1, c2, dw3, db3, dxp, 3 * SL,
+                                     layout, IS_RMS, HAS_W, HAS_B)
+
+            # Step 4: every warp has read the slot: fetch row i + STAGES into it.
+            gl.thread_barrier()
+            _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i + STAGES, n_rows, pid, G, STAGES)
+
+        # Step 5: this program's partial rows of dW and dB.
+        _store_parts(PARTS, DBP, pid, N, offs, dw0, db0, HAS_W, HAS_B)
+        if REPS > 1:
+            _store_parts(PARTS, DBP, pid, N, offs + SL, dw1, db1, HAS_W, HAS_B)
+        if REPS > 2:
+            _store_parts(PARTS, DBP, pid, N, offs + 2 * SL, dw2, db2, HAS_W, HAS_B)
+        if REPS > 3:
+            _store_parts(PARTS, DBP, pid, N, offs + 3 * SL, dw3, db3, HAS_W, HAS_B)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
+        if HAS_W:
+            mbarrier.invalidate(w_bar)
+
+
+def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_before_w: bool = False) -> str | None:
+    """None when the Gluon row backward takes (M, N) rows ``x`` / ``dy`` (unit column stride), else why not."""
+    if not HAS_GLUON:
+        return "no Gluon in this Triton"
+    if not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9):
+        return "not an sm_90 GPU"
+    if cast_before_w:
+        return "CAST_BEFORE_W is not implemented here"
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or dy.dtype != x.dtype:
+        return "x and dy must share a dtype of bf16, fp16 or fp32"
+    M, N = x.shape
+    R = N // BOX
+    if M == 0 or N % BOX or R % WARPS or R > 4 * WARPS:
+        return f"width {N} must be a multiple of {BOX * WARPS} up to {4 * BOX * WARPS}"
+    for t in (x, dy):
+        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            return "rows must have unit column stride and 16-byte aligned starts"
+    if w is not None and (w.dtype not in (x.dtype, torch.float32) or not w.is_contiguous() or w.data_ptr() % 16):
+        return "the weight must be contiguous, 16-byte aligned, in x's dtype or float32"
+    ring = STAGES * 2 * N * x.element_size() + (N * w.element_size() if w is not None else 0)
+    if ring > 220 * 1024:
+        return f"the ring and the weight ({ring} bytes) do not fit in shared memory"
+    return None
+
+
+def _layout(dtype: torch.dtype, rank: int):
+    bits = 32 if dtype == torch.float32 else 16
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=rank)
+
+
+_PLANS: dict = {}
+
+
+def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
+                       has_b: bool, is_rms: bool, programs: int) -> tuple[torch.Tensor, int]:
+    """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
+    one an SM; at most M), for rows ``supported`` took.  Returns (partials, G) for layer_norm's fixed-order reduce."""
+    M, N = x.shape
+    G = max(1, min(programs, M))
+    key = (x.shape, x.stride(), dy.stride(), x.dtype, None if w is None else w.dtype, has_b, is_rms, x.device, G)
+    plan = _PLANS.get(key)
+    R = N // BOX
+    if plan is None:
+        descs = []
+        for t in (x, dy):
+            descs.append(TensorDescriptor(t, [M, R, BOX], [t.stride(0), BOX, 1], [1, R, BOX], _layout(t.dtype, 3)))
+        if w is not None:
+            descs.append(TensorDescriptor(w, [R, BOX], [BOX, 1], [R, BOX], _layout(w.dtype, 2)))
+        kernel = Kernel(_norm_bwd_rows_gluon_kernel, (G,), IS_RMS=is_rms, HAS_W=w is not None, HAS_B=has_b, R=R,
+                        VEC=16 // x.element_size(), STAGES=STAGES, num_warps=WARPS)
+        plan = _PLANS[key] = (kernel, descs)
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+            _PLANS[key] = plan
+    kernel, descs = plan
+    tensors = (x, dy) if w is None else (x, dy, w)
+    for d, t in zip(descs, tensors):
+        d.base = t
+    nparts = (int(w is not None) + int(has_b)) * G * N
+    parts = torch.empty((nparts,), dtype=torch.float32, device=x.device) if nparts else stats
+    wd = descs[2] if w is not None else descs[0]
+    kernel(dx, x if w is None else w, stats, parts, descs[0], descs[1], wd, M, N)
+    for d in descs:
+        d.base = None
+    return parts, G
