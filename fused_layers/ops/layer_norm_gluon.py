@@ -47,9 +47,8 @@ STAGES = 2
 if HAS_GLUON:
 
     @gluon.jit
-    def _slice_sums(xs, dys, ws, mean, rstd, s1, s2, layout: gl.constexpr, IS_RMS: gl.constexpr,
-                    HAS_W: gl.constexpr):
-        """Pass 1 over one (num_warps, 256) slice: s1 += g * xhat, s2 += g (per thread)."""
+    def _slice_terms(xs, dys, ws, mean, rstd, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr):
+        """One (num_warps, 256) slice of the row from shared memory: (dy, xhat, g = w dy) in float32."""
         x = xs.load(layout).to(gl.float32)
         dy = dys.load(layout).to(gl.float32)
         if IS_RMS:
@@ -60,22 +59,20 @@ if HAS_GLUON:
             g = dy * ws.load(layout).to(gl.float32)
         else:
             g = dy
+        return dy, xhat, g
+
+    @gluon.jit
+    def _slice_sums(xs, dys, ws, mean, rstd, s1, s2, layout: gl.constexpr, IS_RMS: gl.constexpr,
+                    HAS_W: gl.constexpr):
+        """Pass 1 over one slice: s1 += g * xhat, s2 += g (per thread)."""
+        dy, xhat, g = _slice_terms(xs, dys, ws, mean, rstd, layout, IS_RMS, HAS_W)
         return s1 + g * xhat, s2 + g
 
     @gluon.jit
     def _slice_dx(xs, dys, ws, mean, rstd, c1, c2, dw, db, DX, offs, layout: gl.constexpr, IS_RMS: gl.constexpr,
                   HAS_W: gl.constexpr, HAS_B: gl.constexpr):
         """Pass 2 over one slice: dx stored at DX + offs; returns the slice's dW / dB accumulators plus dy xhat, dy."""
-        x = xs.load(layout).to(gl.float32)
-        dy = dys.load(layout).to(gl.float32)
-        if IS_RMS:
-            xhat = x * rstd
-        else:
-            xhat = (x - mean) * rstd
-        if HAS_W:
-            g = dy * ws.load(layout).to(gl.float32)
-        else:
-            g = dy
+        dy, xhat, g = _slice_terms(xs, dys, ws, mean, rstd, layout, IS_RMS, HAS_W)
         if IS_RMS:
             dx = (g - xhat * c1) * rstd
         else:
