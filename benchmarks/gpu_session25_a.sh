@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 18, call 1 (< 6 min, one H200).  Written at the end of session 17 (no device time left).  Issue 9: the Gluon
+# Session 18, call 1 (< 7 min, one H200).  Written at the end of session 17 (no device time left).  Issue 9: the Gluon
 # row backward of the norms (fused_layers/ops/layer_norm_gluon.py; opt-in bwd_gluon): one 16-warp CTA an SM, a whole
 # row of x and dy in shared memory by TMA (2-row ring), read twice from there, no exchange between programs.  sm_90
 # scan: bf16 16K LayerNorm 128 registers with 9 spill stores, RMSNorm 103 with none.
@@ -26,4 +26,9 @@ for op in ln rms; do
     --no-peers > $OUT/gluon_sweep_$op.log 2>&1
   el "$op gluon sweep exit $?"; summ $OUT/gluon_sweep_$op.log | tee $OUT/gluon_sweep_$op.txt; pack
 done
+# 3. Issue 10: the TMA softmax forward holding rows in one 16-warp (or 8-warp) CTA an SM: 4 warps a scheduler where session
+#    16's ncu found 2 (0.53 issued a cycle), the ring two rows deep at 32K (16 chunks, 144 KB), 1.8 rows at 50,304.
+timeout 70 python3 benchmarks/bench_softmax_gluon.py --out $OUT/fwd16 --dtypes bf16 --widths 32768,50304 --peers fused \
+  --configs "16,256,8,1,4,3,1,1,1;16,256,16,2,16,1,1,1,1;16,256,16,2,8,1,1,1,1;16,256,24,2,16,1,1,1,1" > $OUT/fwd16.log 2>&1
+el "tma fwd exit $?"; cut -c1-700 $OUT/fwd16.log; pack
 rm -rf $OUT
