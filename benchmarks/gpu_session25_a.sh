@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 18, call 1 (< 7 min, one H200).  Written at the end of session 17 (no device time left).  Issue 9: the Gluon
+# Session 18, call 1 (< 9 min, one H200; split it if the first start comes late).  Written at the end of session 17 (no device time left).  Issue 9: the Gluon
 # row backward of the norms (fused_layers/ops/layer_norm_gluon.py; opt-in bwd_gluon): one 16-warp CTA an SM, a whole
 # row of x and dy in shared memory by TMA (2-row ring), read twice from there, no exchange between programs.  sm_90
 # scan: bf16 16K LayerNorm 128 registers with 9 spill stores, RMSNorm 103 with none.
@@ -31,4 +31,11 @@ done
 timeout 70 python3 benchmarks/bench_softmax_gluon.py --out $OUT/fwd16 --dtypes bf16 --widths 32768,50304 --peers fused \
   --configs "16,256,8,1,4,3,1,1,1;16,256,16,2,16,1,1,1,1;16,256,16,2,8,1,1,1,1;16,256,24,2,16,1,1,1,1" > $OUT/fwd16.log 2>&1
 el "tma fwd exit $?"; cut -c1-700 $OUT/fwd16.log; pack
+#    The cross-entropy with the same HOLD (new in session 17: the row kept in the ring between the passes where it fits;
+#    sm_90: streamed form's SASS unchanged), after its GPU tests (HOLD configs added to test_gpu_cross_entropy).
+timeout 60 python3 -m pytest tests/test_softmax_gluon.py -q -m gpu -n 6 -p no:cacheprovider -k "cross_entropy" > $OUT/ce_tests.log 2>&1
+el "ce tests exit $?"; tail -1 $OUT/ce_tests.log; grep -E "^FAILED|^E  " $OUT/ce_tests.log | head -6
+timeout 70 python3 benchmarks/bench_softmax_gluon.py --out $OUT/ce16 --ce --dtypes bf16 --widths 32000,50304 --peers fused \
+  --configs "16,256,8,2,4,2,0,1,1;16,256,16,2,16,1,1,1,1;16,256,24,2,16,1,1,1,1;16,256,16,2,8,1,1,1,1" > $OUT/ce16.log 2>&1
+el "tma ce exit $?"; cut -c1-700 $OUT/ce16.log; pack
 rm -rf $OUT

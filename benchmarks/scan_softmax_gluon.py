@@ -46,9 +46,11 @@ for flat in (False, True):
             scan(f"fwd {ty} flat={int(flat)} hold={int(hold)} split={int(split)}", sg._softmax_fwd_tma_kernel,
                  {"X": f"*{ty}", "Y": f"*{ty}", "STATS": "*i64", "x_desc": d, "y_desc": d, "M": "i32", "N": "i32",
                   "K": "i32", "SEG": "i32"}, dict(base, HOLD=hold, SPLIT=split, STORE_TMA=True), warps)
-        scan(f"ce {ty} flat={int(flat)}", sg._ce_fwd_tma_kernel,
-             {"X": f"*{ty}", "T": "*i64", "W": "*fp32", "DEN": "*fp32", "LOSS": "*fp32", "x_desc": d, "g_desc": d,
-              "M": "i32", "C": "i32", "sx": "i32", "ignore_index": "i32"}, dict(base, HAS_WEIGHT=True, MEAN=True), warps)
+        for hold in (False, True):
+            scan(f"ce {ty} flat={int(flat)} hold={int(hold)}", sg._ce_fwd_tma_kernel,
+                 {"X": f"*{ty}", "T": "*i64", "W": "*fp32", "DEN": "*fp32", "LOSS": "*fp32", "x_desc": d, "g_desc": d,
+                  "M": "i32", "C": "i32", "sx": "i32", "ignore_index": "i32"},
+                 dict(base, HAS_WEIGHT=True, MEAN=True, HOLD=hold), warps)
         sub, box, nbuf, nout, warps, _ = sg.BWD_CONFIGS[elem]
         d = desc(ty, 8 * elem, sub, box, flat)
         scan(f"bwd {ty} flat={int(flat)}", sg._softmax_bwd_tma_kernel,

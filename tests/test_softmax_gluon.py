@@ -78,10 +78,11 @@ def test_gpu_strided_rows_and_special_values(config):
 @pytest.mark.parametrize("M,C", [(1, 4104), (37, 32000), (5, 50304), (3, 128256)])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-@pytest.mark.parametrize("config", [None, (16, 256, 8, 2, 4, 2, 0, 1, 1)])
+@pytest.mark.parametrize("config", [None, (16, 256, 8, 2, 4, 2, 0, 1, 1), (16, 256, 16, 2, 16, 1, 1, 1, 1)])
 def test_gpu_cross_entropy(M, C, weighted, reduction, config):
     """cross_entropy_tma's loss and gradient against F.cross_entropy on float32 logits, with ignored rows (one row in
-    three) and class weights; also FLAT boxes (where C % 256 == 0, else the (1, BOX) boxes)."""
+    three) and class weights; also FLAT boxes (where C % 256 == 0, else the (1, BOX) boxes) and HOLD in one 16-warp CTA
+    an SM (the row kept in the ring where it fits: 4,104 and 32,000; streamed at 50,304 and 128,256)."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU and Gluon")
     x = torch.randn(M, C, device="cuda", dtype=torch.bfloat16) * 3

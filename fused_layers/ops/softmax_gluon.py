@@ -315,10 +315,11 @@ if HAS_GLUON:
         NOUT: gl.constexpr,  # chunk buffers of the gradient
         VEC: gl.constexpr,  # elements a thread reads from shared memory at once
         FLAT: gl.constexpr,  # one (1, SUB, BOX) box a chunk over (M, C / BOX, BOX) (the forward's FLAT)
+        HOLD: gl.constexpr,  # the row stays in the ring between the passes (one read; needs NBUF >= chunks a row)
         num_warps: gl.constexpr,
     ):
         """Cross-entropy with class-index targets (no label smoothing): loss and gradient in one stream, the
-        softmax forward's schedule (pass 1 the row's max and sum, pass 2 the gradient).  With
+        softmax forward's schedule (pass 1 the row's max and sum, pass 2 the gradient; HOLD as the forward's).  With
         lse = m + ln s, w_t the target's weight (1 without weights) and D the mean's denominator (1 for sum):
         loss = w_t (lse - x_t) / D and dx_j = w_t (p_j - [j = t]) / D, p_j = exp(x_j - lse); an ignored row
         has loss 0 and gradient 0 * p (NaN where p is, as torch); an out-of-range target NaN (the caller raises
@@ -335,9 +336,10 @@ if HAS_GLUON:
         G = gl.num_programs(0)
         nc = gl.cdiv(C, CHUNK)
         n_rows = gl.cdiv(M - pid, G)
-        total = n_rows * 2 * nc
+        PASSES: gl.constexpr = 1 if HOLD else 2
+        total = n_rows * PASSES * nc
         for i in gl.static_range(NBUF):
-            _issue(x_desc, ring, bars, i, total, nc, pid, G, SUB, BOX, NBUF, 2, 0, FLAT)
+            _issue(x_desc, ring, bars, i, total, nc, pid, G, SUB, BOX, NBUF, PASSES, 0, FLAT)
         if MEAN:
             scale = 1.0 / gl.load(DEN)
         else:
@@ -361,12 +363,17 @@ if HAS_GLUON:
             # Pass 1: running max and sum (base 2, log2 e folded in).
             m, s = _group_stats(SUB, BOX // VEC, L3)
             for c in range(nc):
-                slot = j % NBUF
-                mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
+                if HOLD:  # chunk c of the row sits in load j + c (its buffers are kept for pass 2, released there)
+                    jc = j + c
+                else:
+                    jc = j
+                slot = jc % NBUF
+                mbarrier.wait(bars.index(slot), phase=(jc // NBUF) & 1)
                 x = _chunk(ring.index(slot), FLAT).load(layout).to(gl.float32)
-                gl.thread_barrier()
-                _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF, 2, 0, FLAT)
-                j += 1
+                if not HOLD:
+                    gl.thread_barrier()
+                    _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF, PASSES, 0, FLAT)
+                    j += 1
                 m, s = _max_sum_chunk(x, m, s, c * CHUNK, cols, C, CHUNK, VEC, L3)
             m, s = _row_max_sum(m, s)
             lse2 = gl.where(m == -float("inf"), 0.0, m) + gl.log2(s)  # base-2 lse (an all -inf row: -inf)
@@ -378,10 +385,11 @@ if HAS_GLUON:
             # Pass 2: dx = coef (p - [j = t]), stored by TMA.
             for c in range(nc):
                 slot = j % NBUF
-                mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
+                if not HOLD:
+                    mbarrier.wait(bars.index(slot), phase=(j // NBUF) & 1)
                 x = _chunk(ring.index(slot), FLAT).load(layout).to(gl.float32)
                 gl.thread_barrier()
-                _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF, 2, 0, FLAT)
+                _issue(x_desc, ring, bars, j + NBUF, total, nc, pid, G, SUB, BOX, NBUF, PASSES, 0, FLAT)
                 j += 1
                 p = gl.exp2(x * _LOG2E - lse2)
                 g = coef * (p - gl.where(c * CHUNK + cols == tt, 1.0, 0.0))
@@ -531,7 +539,7 @@ def _plan(x: torch.Tensor, config: tuple, ce: tuple | None = None, split: tuple 
         grid = min(M, per_sm * sms // K) * K  # whole groups of K programs, all co-resident (checked by the caller)
         kernel = Kernel(_softmax_fwd_tma_kernel, (grid,), HOLD=hold, SPLIT=K > 1, **meta)
     else:
-        kernel = Kernel(_ce_fwd_tma_kernel, (min(M, per_sm * sms),), HAS_WEIGHT=ce[0], MEAN=ce[1], **meta)
+        kernel = Kernel(_ce_fwd_tma_kernel, (min(M, per_sm * sms),), HAS_WEIGHT=ce[0], MEAN=ce[1], HOLD=hold, **meta)
     plan = (kernel, descs)
     if len(_LAUNCHES) >= 256:
         _LAUNCHES.clear()
@@ -593,7 +601,9 @@ def ce_launch(x: torch.Tensor, t: torch.Tensor, weight: torch.Tensor | None, ign
     M, C = x.shape
     config = tuple(config or CONFIGS[x.element_size()])
     flat = len(config) > 8 and bool(config[8]) and C % config[1] == 0  # (FLAT as the forward's)
-    kernel, descs = _plan(x, config, (weight is not None, bool(mean)), diag=(flat, True))
+    # HOLD (a 7th entry 1, as the forward's): the row kept in the ring between the passes where it fits, else streamed
+    hold = len(config) > 6 and bool(config[6]) and config[2] * config[0] * config[1] >= C
+    kernel, descs = _plan(x, config, (weight is not None, bool(mean)), hold=hold, diag=(flat, True))
     descs[0].base, descs[1].base = x, grad
     kernel(x, t, weight if weight is not None else x, den, rows, *descs, M, C, x.stride(0), ignore_index)
     descs[0].base = descs[1].base = None
