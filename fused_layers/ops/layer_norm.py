@@ -1052,7 +1052,8 @@ def norm_backward(
         dy = dy.contiguous()
     w = x if weight is None else weight.contiguous()
     ran = None
-    if persist_ok and not INTERPRET and _bwd_gluon(x.element_size(), next_power_of_2(plan.n), is_rms):
+    if persist_ok and plan.n >= 4096 and not INTERPRET and _bwd_gluon(x.element_size(), next_power_of_2(plan.n), is_rms):
+        # (the Gluon row backward takes widths from 4,096: narrower rows skip the table lookup)
         ran = _bwd_gluon_launch(plan, x, dy, dx, weight, stats, has_w, has_b, is_rms, cast_before_w)
     if ran is None and plan.persist is not None:
         ran = _bwd_persist_launch(plan, x, dy, dx, w, stats, has_w, has_b, is_rms)
