@@ -808,7 +808,7 @@ class _FwdPlan:
 
 class _BwdPlan:
     __slots__ = ("m", "n", "g", "copy_x", "copy_dy", "kernel", "ints", "nparts", "stats_kernel", "reduce_kernel",
-                 "persist", "fallback", "gluon_reduce")
+                 "persist", "fallback", "gluon")
 
 
 _FWD_PLANS: dict[tuple, _FwdPlan] = {}
@@ -868,7 +868,7 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     m, n, sx = _row_layout(shape, x_stride, k)
     _, _, sdy = _row_layout(shape, dy_stride, k)
     plan = _BwdPlan()
-    plan.gluon_reduce = None  # (G, reduce kernel) of the Gluon row backward, set at its first call
+    plan.gluon = None  # the Gluon row backward: decided at the first eager call (False, or (G, its reduce kernel))
     plan.m, plan.n, plan.copy_x, plan.copy_dy = m, n, sx is None, sdy is None
     sx = n if sx is None else sx
     sdy = n if sdy is None else sdy
@@ -973,14 +973,20 @@ def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has
     from . import layer_norm_gluon as lg
 
     m, n = plan.m, plan.n
+    if plan.gluon is None:  # once per plan (plans are keyed on the config-override epoch): the table, the width
+        plan.gluon = n >= 4096 and not INTERPRET and _bwd_gluon(x.element_size(), next_power_of_2(n), is_rms)
+        if plan.gluon:
+            g = min(_sm_count(x.get_device()), m)
+            plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None)
+    if plan.gluon is False:
+        return None
     x2, dy2 = x.view(m, n) if x.is_contiguous() else None, dy.view(m, n) if dy.is_contiguous() else None
     w = weight.contiguous().view(-1) if has_w else None
     if x2 is None or dy2 is None or lg.supported(x2, dy2, w, cast_before_w) is not None:
         return None
-    parts, g = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, _sm_count(x.get_device()))
-    if plan.gluon_reduce is None or plan.gluon_reduce[0] != g:
-        plan.gluon_reduce = (g, _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None)
-    return parts, g, plan.gluon_reduce[1]
+    g, reduce_kernel = plan.gluon
+    parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g)
+    return parts, g, reduce_kernel
 
 
 def norm_forward(
@@ -1052,8 +1058,7 @@ def norm_backward(
         dy = dy.contiguous()
     w = x if weight is None else weight.contiguous()
     ran = None
-    if persist_ok and plan.n >= 4096 and not INTERPRET and _bwd_gluon(x.element_size(), next_power_of_2(plan.n), is_rms):
-        # (the Gluon row backward takes widths from 4,096: narrower rows skip the table lookup)
+    if persist_ok and plan.gluon is not False:
         ran = _bwd_gluon_launch(plan, x, dy, dx, weight, stats, has_w, has_b, is_rms, cast_before_w)
     if ran is None and plan.persist is not None:
         ran = _bwd_persist_launch(plan, x, dy, dx, w, stats, has_w, has_b, is_rms)
