@@ -181,6 +181,7 @@ def bwd_candidates(n: int, elem: int):
                 c.append(dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_stages=st, bwd_max_single=65536, **v))
     elif n <= 8192:
         c.append(dict(bwd_gluon=1))  # the Gluon row backward (see below; from 4,096 columns)
+        c += [dict(bwd_gluon=1, bwd_gluon_stages=st, bwd_gluon_db_smem=db) for st, db in ((2, 1), (3, 1), (4, 0))]
         for bm, wp, per_sm in ((1, 8, 2), (1, 8, 4), (1, 16, 1), (1, 16, 2), (2, 16, 2)):
             if n * bm <= 16384:
                 c.append(dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_max_single=65536))
@@ -230,8 +231,10 @@ def bwd_candidates(n: int, elem: int):
                       bwd_persist_stages=3, bwd_persist_diag_nosync=1))
         c.append(dict(bwd_persist=0))  # the two-pass kernels, where a BWD_PERSIST entry makes the default persistent
         # the Gluon row backward (ops/layer_norm_gluon.py: a whole row in shared memory by TMA, one CTA an SM; session
-        # 17, not yet timed; where it does not apply the call runs the default)
+        # 17; where it does not apply the call runs the default), and its session-18 variants: a 3-row ring, dB in
+        # shared memory (with LayerNorm's two row sums in one reduction)
         c.append(dict(bwd_gluon=1))
+        c += [dict(bwd_gluon=1, bwd_gluon_stages=st, bwd_gluon_db_smem=db) for st, db in ((2, 1), (3, 0))]
     # the dW / dB reduce's shape (any width, beside the width's own entry): the pre-session-12 shape (one 256-column
     # strip a program: 3 programs at 768) and others around the default (16 x 128, 4 warps, 3 stages since session 12;
     # layer_norm_config._reduce_config)

@@ -751,9 +751,15 @@ def test_gpu_persistent_backward_hold(rms, n, block, warps, stages):
 @pytest.mark.parametrize("n", [16384, 20011, 32768, 65536, 100003, 131072])
 def test_gpu_persistent_backward_defaults(rms, n):
     """The BWD_PERSIST entries (bf16 16K-128K, adopted in session 11) with no override: the persistent plan is
-    taken, and the gradients are right against float64 on aligned and prime widths."""
+    taken, and the gradients are right against float64 on aligned and prime widths.  Where a BWD_GLUON entry
+    (session 18: RMSNorm 16K) takes the width, the Gluon row backward runs instead."""
+    from fused_layers.ops import layer_norm_config as lc
+
     ln_ops._BWD_PLANS.clear()
     _check(rms, (600, n), 1, torch.bfloat16, "cuda")
+    if n % 4096 == 0 and lc.BWD_GLUON.get((2, n, rms)) and _gluon_ok():
+        assert any(p.gluon for p in ln_ops._BWD_PLANS.values())
+        return
     plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
     assert plans and all(p.persist["kernel"] is not None and 1 <= p.persist["groups"] < 600 for p in plans)
 
@@ -912,6 +918,28 @@ def test_gpu_gluon_row_backward(rms, n, dtype, rows, monkeypatch):
         if dtype == torch.bfloat16:
             _check(rms, (rows, n), 1, dtype, "cuda", param_dtype=torch.float32)
             _check(rms, (2, rows, n // 4, 4), 2, dtype, "cuda")  # two normalized dims
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("n,stages,db_smem", [(16384, 2, 1), (16384, 3, 0), (8192, 2, 1), (8192, 3, 1), (8192, 4, 0)],
+                         ids=str)
+def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, monkeypatch):
+    """The variants the sweep tries (bwd_gluon_stages: rows in the ring; bwd_gluon_db_smem: dB accumulated in shared
+    memory, LayerNorm's two row sums in one reduction): right against float64, one row and several a program."""
+    if not _gluon_ok():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from fused_layers.ops import layer_norm_gluon as lg
+
+    calls = []
+    orig = lg.norm_backward_rows
+    monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(a[-2:]) or orig(*a, **k))
+    with config_override("layer_norm", bwd_gluon=1, bwd_gluon_stages=stages, bwd_gluon_db_smem=db_smem):
+        ln_ops._BWD_PLANS.clear()
+        for rows in (1, 600):
+            _check(rms, (rows, n), 1, torch.bfloat16, "cuda")
+        assert calls and calls[0] == (stages, bool(db_smem)), calls
+        _check(rms, (300, n), 1, torch.bfloat16, "cuda", affine=False)
 
 
 @pytest.mark.gpu

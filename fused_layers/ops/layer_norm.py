@@ -974,18 +974,19 @@ def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has
 
     m, n = plan.m, plan.n
     if plan.gluon is None:  # once per plan (plans are keyed on the config-override epoch): the table, the width
-        plan.gluon = n >= 4096 and not INTERPRET and _bwd_gluon(x.element_size(), next_power_of_2(n), is_rms)
-        if plan.gluon:
+        variant = None if n < 4096 or INTERPRET else _bwd_gluon(x.element_size(), next_power_of_2(n), is_rms)
+        plan.gluon = False
+        if variant is not None:
             g = min(_sm_count(x.get_device()), m)
-            plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None)
+            plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None, *variant)
     if plan.gluon is False:
         return None
+    g, reduce_kernel, stages, db_smem = plan.gluon
     x2, dy2 = x.view(m, n) if x.is_contiguous() else None, dy.view(m, n) if dy.is_contiguous() else None
     w = weight.contiguous().view(-1) if has_w else None
-    if x2 is None or dy2 is None or lg.supported(x2, dy2, w, cast_before_w) is not None:
+    if x2 is None or dy2 is None or lg.supported(x2, dy2, w, cast_before_w, stages, db_smem and has_b) is not None:
         return None
-    g, reduce_kernel = plan.gluon
-    parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g)
+    parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g, stages, db_smem)
     return parts, g, reduce_kernel
 
 

@@ -79,9 +79,16 @@ BWD_PERSIST_HOLD: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 # twice from there, no exchange between programs), by (element size, width bucket, is_rms): True where it is the
 # default for eager calls it takes.  Written in session 17 for the 16K backward (LayerNorm 0.65 / RMSNorm 0.78 of copy
 # with the persistent kernels, target 0.85); sm_90 scan (benchmarks/results/issue9/norm_gluon_static_scan_sm90_triton36.txt):
-# bf16 16K LayerNorm 128 registers with 9 spill stores, RMSNorm 103, none.  Not yet timed on a GPU: empty.
-# config_override("layer_norm", bwd_gluon=1 / 0) turns it on / off wherever it applies.
-BWD_GLUON: dict[tuple[int, int, bool], bool] = {}
+# bf16 16K LayerNorm 128 registers with 9 spill stores, RMSNorm 103, none.  Each entry: (rows in the shared-memory
+# ring, dB accumulated in shared memory instead of registers).  Session 18 sweep, bf16, graph replay
+# (issue9/run25_a/gluon_sweep_*.txt; fraction of copy, Gluon against the default): RMSNorm 16K 0.862 against the
+# persistent kernel's 0.786 (taken); 8K 0.871 / 0.887, 4K 0.709 / 0.898; LayerNorm 16K 0.670 / 0.651, 8K 0.773 / 0.860,
+# 4K 0.539 / 0.872 (per-row synchronisation dominates short rows).
+# config_override("layer_norm", bwd_gluon=1 / 0) turns it on / off wherever it applies; bwd_gluon_stages and
+# bwd_gluon_db_smem set its variant.
+BWD_GLUON: dict[tuple[int, int, bool], tuple[int, bool]] = {
+    (2, 16384, True): (2, False),
+}
 # LayerNorm's persistent backward publishes its two partial row sums packed in one word (PACK: one atomic and one
 # polled word a piece instead of two).  Session 12 sweep, bf16, CUDA-graph replay (issue10/run18_b/pack_sweep.txt):
 # 16K 0.653 against 0.638, 32K 0.655 against 0.632, 64K (4096 x 8) 0.587 against 0.563.  config_override
@@ -244,7 +251,11 @@ def _bwd_persist_config(n_pow2: int, elem: int, is_rms: bool = False) -> tuple[i
             get_override(_CFG, "bwd_persist_per_sm", per_sm), get_override(_CFG, "bwd_persist_stages", stages), hold)
 
 
-def _bwd_gluon(elem: int, n_pow2: int, is_rms: bool) -> bool:
-    """Whether the Gluon row backward (ops/layer_norm_gluon.py) takes an eager call it supports: BWD_GLUON, then
-    config_override bwd_gluon."""
-    return bool(get_override(_CFG, "bwd_gluon", BWD_GLUON.get((elem, n_pow2, is_rms), False)))
+def _bwd_gluon(elem: int, n_pow2: int, is_rms: bool) -> tuple[int, bool] | None:
+    """(ring rows, dB in shared memory) where the Gluon row backward (ops/layer_norm_gluon.py) takes an eager call it
+    supports, else None: BWD_GLUON, then config_override bwd_gluon / bwd_gluon_stages / bwd_gluon_db_smem."""
+    entry = BWD_GLUON.get((elem, n_pow2, is_rms))
+    if not get_override(_CFG, "bwd_gluon", entry is not None):
+        return None
+    stages, db_smem = entry or (2, False)
+    return (int(get_override(_CFG, "bwd_gluon_stages", stages)), bool(get_override(_CFG, "bwd_gluon_db_smem", db_smem)))

@@ -41,10 +41,16 @@ except Exception:  # pragma: no cover - depends on the installed Triton
 
 BOX = 256  # columns a TMA box row (TMA's limit)
 WARPS = 16
-STAGES = 2
+STAGES = 2  # rows in the ring by default (layer_norm_config.BWD_GLUON gives each width its own)
+SMEM_BYTES = 227 * 1024 - 1024  # sm_90's shared memory a CTA, less the barriers and the reductions' scratch
 
 
 if HAS_GLUON:
+
+    @gluon.jit
+    def _add_pair(a0, a1, b0, b1):
+        """Combine function of a reduction of two values at once (gl.reduce over a tuple): one cross-warp exchange."""
+        return a0 + b0, a1 + b1
 
     @gluon.jit
     def _slice_terms(xs, dys, ws, mean, rstd, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr):
@@ -69,9 +75,10 @@ if HAS_GLUON:
         return s1 + g * xhat, s2 + g
 
     @gluon.jit
-    def _slice_dx(xs, dys, ws, mean, rstd, c1, c2, dw, db, DX, offs, layout: gl.constexpr, IS_RMS: gl.constexpr,
-                  HAS_W: gl.constexpr, HAS_B: gl.constexpr):
-        """Pass 2 over one slice: dx stored at DX + offs; returns the slice's dW / dB accumulators plus dy xhat, dy."""
+    def _slice_dx(xs, dys, ws, mean, rstd, c1, c2, dw, db, dbs, DX, offs, layout: gl.constexpr, IS_RMS: gl.constexpr,
+                  HAS_W: gl.constexpr, HAS_B: gl.constexpr, DB_SMEM: gl.constexpr):
+        """Pass 2 over one slice: dx stored at DX + offs; returns the slice's dW / dB accumulators plus dy xhat, dy
+        (DB_SMEM: dB accumulates in the shared-memory slice ``dbs`` instead, each thread its own elements)."""
         dy, xhat, g = _slice_terms(xs, dys, ws, mean, rstd, layout, IS_RMS, HAS_W)
         if IS_RMS:
             dx = (g - xhat * c1) * rstd
@@ -81,15 +88,21 @@ if HAS_GLUON:
         if HAS_W:
             dw = dw + dy * xhat
         if HAS_B:
-            db = db + dy
+            if DB_SMEM:
+                dbs.store(dbs.load(layout) + dy)
+            else:
+                db = db + dy
         return dw, db
 
     @gluon.jit
-    def _store_parts(DWP, DBP, pid, N, offs, dw, db, HAS_W: gl.constexpr, HAS_B: gl.constexpr):
+    def _store_parts(DWP, DBP, pid, N, offs, dw, db, dbs, layout: gl.constexpr, HAS_W: gl.constexpr,
+                     HAS_B: gl.constexpr, DB_SMEM: gl.constexpr):
         """One slice of this program's dW / dB partial rows."""
         if HAS_W:
             gl.store(DWP + pid.to(gl.int64) * N + offs, dw)
         if HAS_B:
+            if DB_SMEM:
+                db = dbs.load(layout)
             gl.store(DBP + pid.to(gl.int64) * N + offs, db)
 
     @gluon.jit
@@ -120,6 +133,7 @@ if HAS_GLUON:
         R: gl.constexpr,  # sub-rows of 256 a row; REPS = R / num_warps slices of (num_warps, 256)
         VEC: gl.constexpr,  # elements a thread reads at once (16 bytes)
         STAGES: gl.constexpr,  # rows in the ring
+        DB_SMEM: gl.constexpr,  # dB accumulates in shared memory (R, 256) float32, not registers (HAS_B)
         num_warps: gl.constexpr,
     ):
         REPS: gl.constexpr = R // num_warps
@@ -145,6 +159,13 @@ if HAS_GLUON:
             w_smem = gl.allocate_shared_memory(w_desc.dtype, [R, 256], w_desc.layout)
             w_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
             mbarrier.init(w_bar, count=1)
+        if HAS_B and DB_SMEM:
+            db_smem = gl.allocate_shared_memory(gl.float32, [R, 256],
+                                                gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+            for k in gl.static_range(REPS):
+                db_smem.slice(k * num_warps, num_warps).store(gl.zeros([num_warps, 256], gl.float32, layout=layout))
+        else:
+            db_smem = x_ring.index(0).reshape([R, 256])  # (never read: no dB in shared memory)
         fence_async_shared()
 
         pid = gl.program_id(0)
@@ -194,46 +215,56 @@ if HAS_GLUON:
             for k in gl.static_range(REPS):
                 s1, s2 = _slice_sums(xb.slice(k * num_warps, num_warps), dyb.slice(k * num_warps, num_warps),
                                      ws.slice(k * num_warps, num_warps), mean, rstd, s1, s2, layout, IS_RMS, HAS_W)
-            c1 = gl.sum(gl.sum(s1, axis=1), axis=0) / N
-            c2 = gl.sum(gl.sum(s2, axis=1), axis=0) / N
+            if IS_RMS:
+                c1 = gl.sum(gl.sum(s1, axis=1), axis=0) / N
+                c2 = 0.0
+            elif not DB_SMEM:  # (two reductions: the paired one spills with dB in registers, sm_90 scan)
+                c1 = gl.sum(gl.sum(s1, axis=1), axis=0) / N
+                c2 = gl.sum(gl.sum(s2, axis=1), axis=0) / N
+            else:  # both sums in one reduction: one cross-warp exchange (and barrier) a row, not two
+                s1, s2 = gl.reduce((s1, s2), 1, _add_pair)
+                s1, s2 = gl.reduce((s1, s2), 0, _add_pair)
+                c1 = s1 / N
+                c2 = s2 / N
 
             # Step 3 (pass 2): dx, and the dW / dB accumulators of this thread's columns.
             dxp = DX + row.to(gl.int64) * N + offs
             dw0, db0 = _slice_dx(xb.slice(0, num_warps), dyb.slice(0, num_warps), ws.slice(0, num_warps), mean, rstd,
-                                 c1, c2, dw0, db0, dxp, 0, layout, IS_RMS, HAS_W, HAS_B)
+                                 c1, c2, dw0, db0, db_smem.slice(0, num_warps), dxp, 0, layout, IS_RMS, HAS_W, HAS_B,
+                                 DB_SMEM)
             if REPS > 1:
                 dw1, db1 = _slice_dx(xb.slice(num_warps, num_warps), dyb.slice(num_warps, num_warps),
-                                     ws.slice(num_warps, num_warps), mean, rstd, c1, c2, dw1, db1, dxp, SL, layout,
-                                     IS_RMS, HAS_W, HAS_B)
+                                     ws.slice(num_warps, num_warps), mean, rstd, c1, c2, dw1, db1, db_smem.slice(num_warps, num_warps), dxp, SL,
+                                     layout, IS_RMS, HAS_W, HAS_B, DB_SMEM)
             if REPS > 2:
                 dw2, db2 = _slice_dx(xb.slice(2 * num_warps, num_warps), dyb.slice(2 * num_warps, num_warps),
-                                     ws.slice(2 * num_warps, num_warps), mean, rstd, c1, c2, dw2, db2, dxp, 2 * SL,
-                                     layout, IS_RMS, HAS_W, HAS_B)
+                                     ws.slice(2 * num_warps, num_warps), mean, rstd, c1, c2, dw2, db2, db_smem.slice(2 * num_warps, num_warps), dxp,
+                                     2 * SL, layout, IS_RMS, HAS_W, HAS_B, DB_SMEM)
             if REPS > 3:
                 dw3, db3 = _slice_dx(xb.slice(3 * num_warps, num_warps), dyb.slice(3 * num_warps, num_warps),
-                                     ws.slice(3 * num_warps, num_warps), mean, rstd, c1, c2, dw3, db3, dxp, 3 * SL,
-                                     layout, IS_RMS, HAS_W, HAS_B)
+                                     ws.slice(3 * num_warps, num_warps), mean, rstd, c1, c2, dw3, db3, db_smem.slice(3 * num_warps, num_warps), dxp,
+                                     3 * SL, layout, IS_RMS, HAS_W, HAS_B, DB_SMEM)
 
             # Step 4: every warp has read the slot: fetch row i + STAGES into it.
             gl.thread_barrier()
             _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i + STAGES, n_rows, pid, G, STAGES)
 
         # Step 5: this program's partial rows of dW and dB.
-        _store_parts(PARTS, DBP, pid, N, offs, dw0, db0, HAS_W, HAS_B)
-        if REPS > 1:
-            _store_parts(PARTS, DBP, pid, N, offs + SL, dw1, db1, HAS_W, HAS_B)
-        if REPS > 2:
-            _store_parts(PARTS, DBP, pid, N, offs + 2 * SL, dw2, db2, HAS_W, HAS_B)
-        if REPS > 3:
-            _store_parts(PARTS, DBP, pid, N, offs + 3 * SL, dw3, db3, HAS_W, HAS_B)
+        for k in gl.static_range(REPS):  # (a static index: dw{k} / db{k} picked at compile time)
+            dw = dw0 if k == 0 else (dw1 if k == 1 else (dw2 if k == 2 else dw3))
+            db = db0 if k == 0 else (db1 if k == 1 else (db2 if k == 2 else db3))
+            _store_parts(PARTS, DBP, pid, N, offs + k * SL, dw, db, db_smem.slice(k * num_warps, num_warps), layout,
+                         HAS_W, HAS_B, DB_SMEM)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
         if HAS_W:
             mbarrier.invalidate(w_bar)
 
 
-def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_before_w: bool = False) -> str | None:
-    """None when the Gluon row backward takes (M, N) rows ``x`` / ``dy`` (unit column stride), else why not."""
+def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_before_w: bool = False,
+              stages: int = STAGES, db_smem: bool = False) -> str | None:
+    """None when the Gluon row backward takes (M, N) rows ``x`` / ``dy`` (unit column stride) with a ring of
+    ``stages`` rows (and dB in shared memory: ``db_smem``), else why not."""
     if not HAS_GLUON:
         return "no Gluon in this Triton"
     if not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9):
@@ -251,8 +282,8 @@ def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_be
             return "rows must have unit column stride and 16-byte aligned starts"
     if w is not None and (w.dtype not in (x.dtype, torch.float32) or not w.is_contiguous() or w.data_ptr() % 16):
         return "the weight must be contiguous, 16-byte aligned, in x's dtype or float32"
-    ring = STAGES * 2 * N * x.element_size() + (N * w.element_size() if w is not None else 0)
-    if ring > 220 * 1024:
+    ring = stages * 2 * N * x.element_size() + (N * w.element_size() if w is not None else 0) + (4 * N if db_smem else 0)
+    if ring > SMEM_BYTES:
         return f"the ring and the weight ({ring} bytes) do not fit in shared memory"
     return None
 
@@ -266,12 +297,16 @@ _PLANS: dict = {}
 
 
 def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
-                       has_b: bool, is_rms: bool, programs: int) -> tuple[torch.Tensor, int]:
+                       has_b: bool, is_rms: bool, programs: int, stages: int = STAGES,
+                       db_smem: bool = False) -> tuple[torch.Tensor, int]:
     """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
-    one an SM; at most M), for rows ``supported`` took.  Returns (partials, G) for layer_norm's fixed-order reduce."""
+    one an SM; at most M), for rows ``supported`` took (with the same ``stages`` and ``db_smem``).  Returns
+    (partials, G) for layer_norm's fixed-order reduce."""
     M, N = x.shape
     G = max(1, min(programs, M))
-    key = (x.shape, x.stride(), dy.stride(), x.dtype, None if w is None else w.dtype, has_b, is_rms, x.device, G)
+    db_smem = bool(db_smem and has_b)
+    key = (x.shape, x.stride(), dy.stride(), x.dtype, None if w is None else w.dtype, has_b, is_rms, x.device, G,
+           stages, db_smem)
     plan = _PLANS.get(key)
     R = N // BOX
     if plan is None:
@@ -281,7 +316,7 @@ def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: t
         if w is not None:
             descs.append(TensorDescriptor(w, [R, BOX], [BOX, 1], [R, BOX], _layout(w.dtype, 2)))
         kernel = Kernel(_norm_bwd_rows_gluon_kernel, (G,), IS_RMS=is_rms, HAS_W=w is not None, HAS_B=has_b, R=R,
-                        VEC=16 // x.element_size(), STAGES=STAGES, num_warps=WARPS)
+                        VEC=16 // x.element_size(), STAGES=stages, DB_SMEM=db_smem, num_warps=WARPS)
         plan = _PLANS[key] = (kernel, descs)
         if len(_PLANS) > 256:
             _PLANS.clear()
