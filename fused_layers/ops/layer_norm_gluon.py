@@ -9,10 +9,11 @@ Here a row lives in shared memory instead.  One CTA of 16 warps an SM, persisten
 
   * each row's x and dy arrive whole by TMA (one (1, R, 256) box each over the (M, N / 256, 256) view) into a ring of
     STAGES row buffers, so the next rows are in flight while one is worked on (64 KB a stage at bf16 16K);
-  * pass 1 reads the row from shared memory, a slice of W (num_warps, 256) at a time, and sums g * xhat and g
-    (g = w dy, xhat = (x - mean) rstd, mean / rstd saved by the forward) into per-thread partials, then one CTA-wide
-    reduction gives c1 = sum(g xhat) / N and c2 = sum(g) / N (RMSNorm: c2 = 0);
-  * pass 2 reads it again and writes dx = rstd (g - xhat c1 - c2) from registers (16-byte stores), and adds dy * xhat
+  * pass 1 reads the row from shared memory, a slice of W (num_warps, 256) at a time, and sums g * xc and g
+    (g = w dy, xc = x - mean, mean / rstd saved by the forward; RMSNorm: xc = x) into per-thread partials, then one
+    CTA-wide reduction gives c1 = sum(g xhat) / N = rstd sum(g xc) / N and c2 = sum(g) / N (RMSNorm: c2 = 0);
+  * pass 2 reads it again and writes dx = rstd (g - xhat c1 - c2) = (g - xhat c1) rstd - c2 rstd (two FMAs) from
+    registers (16-byte stores), xhat = xc rstd, and adds dy * xhat
     and dy into register accumulators of the thread's columns (REPS slices of (num_warps, 256): 8 values a thread and
     slice; named dw0..dw3 / db0..db3, since a register tensor cannot be indexed by a slice number);
   * W is loaded once into shared memory; at the end each CTA writes its dW / dB partial row, and layer_norm's
@@ -53,37 +54,41 @@ if HAS_GLUON:
         return a0 + b0, a1 + b1
 
     @gluon.jit
-    def _slice_terms(xs, dys, ws, mean, rstd, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr):
-        """One (num_warps, 256) slice of the row from shared memory: (dy, xhat, g = w dy) in float32."""
+    def _slice_terms(xs, dys, ws, mean, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr):
+        """One (num_warps, 256) slice of the row from shared memory: (dy, xc = x - mean, g = w dy) in float32."""
         x = xs.load(layout).to(gl.float32)
         dy = dys.load(layout).to(gl.float32)
         if IS_RMS:
-            xhat = x * rstd
+            xc = x
         else:
-            xhat = (x - mean) * rstd
+            xc = x - mean
         if HAS_W:
             g = dy * ws.load(layout).to(gl.float32)
         else:
             g = dy
-        return dy, xhat, g
+        return dy, xc, g
 
     @gluon.jit
-    def _slice_sums(xs, dys, ws, mean, rstd, s1, s2, layout: gl.constexpr, IS_RMS: gl.constexpr,
-                    HAS_W: gl.constexpr):
-        """Pass 1 over one slice: s1 += g * xhat, s2 += g (per thread)."""
-        dy, xhat, g = _slice_terms(xs, dys, ws, mean, rstd, layout, IS_RMS, HAS_W)
-        return s1 + g * xhat, s2 + g
+    def _slice_sums(xs, dys, ws, mean, s1, s2, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr):
+        """Pass 1 over one slice: s1 += g * xc, s2 += g (per thread; rstd is applied to the row sum, one multiply a
+        row instead of one a value)."""
+        dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W)
+        if IS_RMS:
+            return s1 + g * xc, s2
+        return s1 + g * xc, s2 + g
 
     @gluon.jit
-    def _slice_dx(xs, dys, ws, mean, rstd, c1, c2, dw, db, dbs, DX, offs, layout: gl.constexpr, IS_RMS: gl.constexpr,
-                  HAS_W: gl.constexpr, HAS_B: gl.constexpr, DB_SMEM: gl.constexpr):
-        """Pass 2 over one slice: dx stored at DX + offs; returns the slice's dW / dB accumulators plus dy xhat, dy
-        (DB_SMEM: dB accumulates in the shared-memory slice ``dbs`` instead, each thread its own elements)."""
-        dy, xhat, g = _slice_terms(xs, dys, ws, mean, rstd, layout, IS_RMS, HAS_W)
+    def _slice_dx(xs, dys, ws, mean, rstd, c1, c2r, dw, db, dbs, DX, offs, layout: gl.constexpr,
+                  IS_RMS: gl.constexpr, HAS_W: gl.constexpr, HAS_B: gl.constexpr, DB_SMEM: gl.constexpr):
+        """Pass 2 over one slice: dx = (g - xhat c1) rstd - c2 rstd (c2r = c2 rstd; two FMAs) stored at DX + offs;
+        returns the slice's dW / dB accumulators plus dy xhat, dy (DB_SMEM: dB accumulates in the shared-memory slice
+        ``dbs`` instead, each thread its own elements)."""
+        dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W)
+        xhat = xc * rstd
         if IS_RMS:
             dx = (g - xhat * c1) * rstd
         else:
-            dx = (g - xhat * c1 - c2) * rstd
+            dx = (g - xhat * c1) * rstd - c2r
         gl.store(DX + offs, dx.to(DX.dtype.element_ty))
         if HAS_W:
             dw = dw + dy * xhat
@@ -214,36 +219,40 @@ if HAS_GLUON:
             s2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
             for k in gl.static_range(REPS):
                 s1, s2 = _slice_sums(xb.slice(k * num_warps, num_warps), dyb.slice(k * num_warps, num_warps),
-                                     ws.slice(k * num_warps, num_warps), mean, rstd, s1, s2, layout, IS_RMS, HAS_W)
+                                     ws.slice(k * num_warps, num_warps), mean, s1, s2, layout, IS_RMS, HAS_W)
+            # c1 = sum(g xhat) / N = rstd sum(g xc) / N; c2r = rstd sum(g) / N (LayerNorm)
             if IS_RMS:
-                c1 = gl.sum(gl.sum(s1, axis=1), axis=0) / N
-                c2 = 0.0
+                c1 = gl.sum(gl.sum(s1, axis=1), axis=0) * (rstd / N)
+                c2r = 0.0
             elif not DB_SMEM:  # (two reductions: the paired one spills with dB in registers, sm_90 scan)
-                c1 = gl.sum(gl.sum(s1, axis=1), axis=0) / N
-                c2 = gl.sum(gl.sum(s2, axis=1), axis=0) / N
+                c1 = gl.sum(gl.sum(s1, axis=1), axis=0) * (rstd / N)
+                c2r = gl.sum(gl.sum(s2, axis=1), axis=0) * (rstd / N)
             else:  # both sums in one reduction: one cross-warp exchange (and barrier) a row, not two
                 s1, s2 = gl.reduce((s1, s2), 1, _add_pair)
                 s1, s2 = gl.reduce((s1, s2), 0, _add_pair)
-                c1 = s1 / N
-                c2 = s2 / N
+                c1 = s1 * (rstd / N)
+                c2r = s2 * (rstd / N)
 
             # Step 3 (pass 2): dx, and the dW / dB accumulators of this thread's columns.
             dxp = DX + row.to(gl.int64) * N + offs
             dw0, db0 = _slice_dx(xb.slice(0, num_warps), dyb.slice(0, num_warps), ws.slice(0, num_warps), mean, rstd,
-                                 c1, c2, dw0, db0, db_smem.slice(0, num_warps), dxp, 0, layout, IS_RMS, HAS_W, HAS_B,
-                                 DB_SMEM)
+                                 c1, c2r, dw0, db0, db_smem.slice(0, num_warps), dxp, 0, layout, IS_RMS, HAS_W,
+                                 HAS_B, DB_SMEM)
             if REPS > 1:
-                dw1, db1 = _slice_dx(xb.slice(num_warps, num_warps), dyb.slice(num_warps, num_warps),
-                                     ws.slice(num_warps, num_warps), mean, rstd, c1, c2, dw1, db1, db_smem.slice(num_warps, num_warps), dxp, SL,
-                                     layout, IS_RMS, HAS_W, HAS_B, DB_SMEM)
+                k1: gl.constexpr = num_warps
+                dw1, db1 = _slice_dx(xb.slice(k1, num_warps), dyb.slice(k1, num_warps), ws.slice(k1, num_warps), mean,
+                                     rstd, c1, c2r, dw1, db1, db_smem.slice(k1, num_warps), dxp, SL, layout, IS_RMS,
+                                     HAS_W, HAS_B, DB_SMEM)
             if REPS > 2:
-                dw2, db2 = _slice_dx(xb.slice(2 * num_warps, num_warps), dyb.slice(2 * num_warps, num_warps),
-                                     ws.slice(2 * num_warps, num_warps), mean, rstd, c1, c2, dw2, db2, db_smem.slice(2 * num_warps, num_warps), dxp,
-                                     2 * SL, layout, IS_RMS, HAS_W, HAS_B, DB_SMEM)
+                k2: gl.constexpr = 2 * num_warps
+                dw2, db2 = _slice_dx(xb.slice(k2, num_warps), dyb.slice(k2, num_warps), ws.slice(k2, num_warps), mean,
+                                     rstd, c1, c2r, dw2, db2, db_smem.slice(k2, num_warps), dxp, 2 * SL, layout, IS_RMS,
+                                     HAS_W, HAS_B, DB_SMEM)
             if REPS > 3:
-                dw3, db3 = _slice_dx(xb.slice(3 * num_warps, num_warps), dyb.slice(3 * num_warps, num_warps),
-                                     ws.slice(3 * num_warps, num_warps), mean, rstd, c1, c2, dw3, db3, db_smem.slice(3 * num_warps, num_warps), dxp,
-                                     3 * SL, layout, IS_RMS, HAS_W, HAS_B, DB_SMEM)
+                k3: gl.constexpr = 3 * num_warps
+                dw3, db3 = _slice_dx(xb.slice(k3, num_warps), dyb.slice(k3, num_warps), ws.slice(k3, num_warps), mean,
+                                     rstd, c1, c2r, dw3, db3, db_smem.slice(k3, num_warps), dxp, 3 * SL, layout, IS_RMS,
+                                     HAS_W, HAS_B, DB_SMEM)
 
             # Step 4: every warp has read the slot: fetch row i + STAGES into it.
             gl.thread_barrier()
