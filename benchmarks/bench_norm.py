@@ -182,6 +182,7 @@ def bwd_candidates(n: int, elem: int):
     elif n <= 8192:
         c.append(dict(bwd_gluon=1))  # the Gluon row backward (see below; from 4,096 columns)
         c += [dict(bwd_gluon=1, bwd_gluon_stages=st, bwd_gluon_db_smem=db) for st, db in ((2, 1), (3, 1), (4, 0))]
+        c += [dict(bwd_gluon=1, bwd_gluon_w_f32=1), dict(bwd_gluon=1, bwd_gluon_warps=32)]
         for bm, wp, per_sm in ((1, 8, 2), (1, 8, 4), (1, 16, 1), (1, 16, 2), (2, 16, 2)):
             if n * bm <= 16384:
                 c.append(dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_max_single=65536))
@@ -235,6 +236,9 @@ def bwd_candidates(n: int, elem: int):
         # shared memory (with LayerNorm's two row sums in one reduction)
         c.append(dict(bwd_gluon=1))
         c += [dict(bwd_gluon=1, bwd_gluon_stages=st, bwd_gluon_db_smem=db) for st, db in ((2, 1), (3, 0))]
+        # ... CTAs of 32 warps, the weight held as float32 in shared memory (one conversion, not one a read)
+        c += [dict(bwd_gluon=1, bwd_gluon_warps=wp, bwd_gluon_w_f32=wf, bwd_gluon_db_smem=db)
+              for wp, wf, db in ((16, 1, 0), (32, 0, 0), (32, 0, 1), (32, 1, 0))]
     # the dW / dB reduce's shape (any width, beside the width's own entry): the pre-session-12 shape (one 256-column
     # strip a program: 3 programs at 768) and others around the default (16 x 128, 4 warps, 3 stages since session 12;
     # layer_norm_config._reduce_config)

@@ -27,27 +27,32 @@ def desc(dtype, block):
     return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{lay!r}>"
 
 
-# (N, dtype, is_rms, has_w, has_b, ring rows, dB in shared memory): the default form over widths / dtypes / affine
-# forms, then the variants of session 18 (3-row ring, dB in shared memory) where they fit
-CASES = [(N, dt, *f, lg.STAGES, False) for N in (16384, 8192, 4096) for dt in ("bf16", "fp32")
+# (N, dtype, is_rms, has_w, has_b, ring rows, dB in shared memory, warps, weight as float32): the default form over
+# widths / dtypes / affine forms, then the variants of session 18 where they fit
+CASES = [(N, dt, *f, lg.STAGES, False, lg.WARPS, False) for N in (16384, 8192, 4096) for dt in ("bf16", "fp32")
          for f in ((False, True, True), (True, True, False), (False, False, False))
          if not (dt == "fp32" and N > 8192)]  # (fp32 16K: 2 x 128 KB of ring does not fit; supported() refuses it)
-CASES += [(16384, "bf16", False, True, True, 2, True), (16384, "bf16", False, True, True, 3, False),
-          (16384, "bf16", True, True, False, 3, False), (8192, "bf16", False, True, True, 3, True),
-          (8192, "bf16", False, True, True, 2, True), (8192, "bf16", False, True, True, 4, False)]
-for N, dt, is_rms, has_w, has_b, stages, db_smem in CASES:
+LN, RMS = (False, True, True), (True, True, False)
+CASES += [(16384, "bf16", *LN, 2, True, 16, False), (16384, "bf16", *LN, 3, False, 16, False),
+          (16384, "bf16", *RMS, 3, False, 16, False), (8192, "bf16", *LN, 3, True, 16, False),
+          (8192, "bf16", *LN, 2, True, 16, False), (8192, "bf16", *LN, 4, False, 16, False),
+          (16384, "bf16", *LN, 2, False, 16, True), (16384, "bf16", *RMS, 2, False, 16, True),
+          (16384, "bf16", *LN, 2, False, 32, False), (16384, "bf16", *LN, 2, True, 32, False),
+          (16384, "bf16", *RMS, 2, False, 32, False), (16384, "bf16", *LN, 2, False, 32, True),
+          (16384, "bf16", *RMS, 2, False, 32, True), (8192, "bf16", *LN, 2, False, 16, True)]
+for N, dt, is_rms, has_w, has_b, stages, db_smem, warps, w_f32 in CASES:
     R = N // lg.BOX
     sig = {"DX": f"*{dt}", "W": f"*{dt}", "STATS": "*fp32", "PARTS": "*fp32", "x_desc": desc(dt, [1, R, 256]),
            "dy_desc": desc(dt, [1, R, 256]), "w_desc": desc(dt, [R, 256]) if has_w else desc(dt, [1, R, 256]),
            "M": "i32", "N": "i32"}
     cx = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, R=R, VEC=16 // (4 if dt == "fp32" else 2),
-              STAGES=stages, DB_SMEM=db_smem, num_warps=lg.WARPS)
+              STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, num_warps=warps)
     names = list(sig)
     attrs = {(names.index(a),): DIV16 for a in ("DX", "W", "STATS", "PARTS", "N")}
-    label = f"N{N} {dt} {'rms' if is_rms else 'ln'} w={int(has_w)} b={int(has_b)} stages={stages} db_smem={int(db_smem)}"
+    label = f"N{N} {dt} {'rms' if is_rms else 'ln'} w={int(has_w)} b={int(has_b)} stages={stages} db_smem={int(db_smem)} warps={warps} w_f32={int(w_f32)}"
     try:
         r = compile_sm90(lg._norm_bwd_rows_gluon_kernel, {**sig, **{k: "constexpr" for k in cx}}, cx, attrs,
-                         lg.WARPS, source=GluonASTSource)
+                         warps, source=GluonASTSource)
     except Exception as e:  # noqa: BLE001
         print(f"{label}: COMPILE FAILED: {str(e)[-2500:]}", flush=True)
         continue

@@ -981,12 +981,15 @@ def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has
             plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None, *variant)
     if plan.gluon is False:
         return None
-    g, reduce_kernel, stages, db_smem = plan.gluon
+    g, reduce_kernel, stages, db_smem, warps, w_f32 = plan.gluon
     x2, dy2 = x.view(m, n) if x.is_contiguous() else None, dy.view(m, n) if dy.is_contiguous() else None
     w = weight.contiguous().view(-1) if has_w else None
-    if x2 is None or dy2 is None or lg.supported(x2, dy2, w, cast_before_w, stages, db_smem and has_b) is not None:
+    if x2 is None or dy2 is None:
         return None
-    parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g, stages, db_smem)
+    if lg.supported(x2, dy2, w, cast_before_w, stages, db_smem and has_b, warps, w_f32) is not None:
+        return None
+    parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g, stages, db_smem, warps,
+                                     w_f32)
     return parts, g, reduce_kernel
 
 

@@ -83,11 +83,15 @@ BWD_PERSIST_HOLD: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 # ring, dB accumulated in shared memory instead of registers).  Session 18 sweep, bf16, graph replay
 # (issue9/run25_a/gluon_sweep_*.txt; fraction of copy, Gluon against the default): RMSNorm 16K 0.862 against the
 # persistent kernel's 0.786 (taken); 8K 0.871 / 0.887, 4K 0.709 / 0.898; LayerNorm 16K 0.670 / 0.651, 8K 0.773 / 0.860,
-# 4K 0.539 / 0.872 (per-row synchronisation dominates short rows).
+# 4K 0.539 / 0.872 (per-row synchronisation dominates short rows).  Call 3 (issue9/run25_c), after rstd moved onto
+# the row sums and dx into two FMAs (LayerNorm SASS 1192 -> 1136 a row loop): LayerNorm 16K 0.769 against 0.650
+# (taken), RMSNorm 16K 0.859-0.881.  ncu there: LayerNorm 53.6 M instructions against RMSNorm's 41.9 M at the same
+# ~0.45 issued a cycle per scheduler (4 warps each): instruction-bound.
 # config_override("layer_norm", bwd_gluon=1 / 0) turns it on / off wherever it applies; bwd_gluon_stages and
-# bwd_gluon_db_smem set its variant.
-BWD_GLUON: dict[tuple[int, int, bool], tuple[int, bool]] = {
-    (2, 16384, True): (2, False),
+# bwd_gluon_db_smem, bwd_gluon_warps, bwd_gluon_w_f32 set its variant (the entry's four fields).
+BWD_GLUON: dict[tuple[int, int, bool], tuple[int, bool, int, bool]] = {
+    (2, 16384, True): (2, False, 16, False),
+    (2, 16384, False): (2, False, 16, False),
 }
 # LayerNorm's persistent backward publishes its two partial row sums packed in one word (PACK: one atomic and one
 # polled word a piece instead of two).  Session 12 sweep, bf16, CUDA-graph replay (issue10/run18_b/pack_sweep.txt):
@@ -251,11 +255,13 @@ def _bwd_persist_config(n_pow2: int, elem: int, is_rms: bool = False) -> tuple[i
             get_override(_CFG, "bwd_persist_per_sm", per_sm), get_override(_CFG, "bwd_persist_stages", stages), hold)
 
 
-def _bwd_gluon(elem: int, n_pow2: int, is_rms: bool) -> tuple[int, bool] | None:
-    """(ring rows, dB in shared memory) where the Gluon row backward (ops/layer_norm_gluon.py) takes an eager call it
-    supports, else None: BWD_GLUON, then config_override bwd_gluon / bwd_gluon_stages / bwd_gluon_db_smem."""
+def _bwd_gluon(elem: int, n_pow2: int, is_rms: bool) -> tuple[int, bool, int, bool] | None:
+    """(ring rows, dB in shared memory, warps, weight held as float32) where the Gluon row backward
+    (ops/layer_norm_gluon.py) takes an eager call it supports, else None: BWD_GLUON, then config_override bwd_gluon /
+    bwd_gluon_stages / bwd_gluon_db_smem / bwd_gluon_warps / bwd_gluon_w_f32."""
     entry = BWD_GLUON.get((elem, n_pow2, is_rms))
     if not get_override(_CFG, "bwd_gluon", entry is not None):
         return None
-    stages, db_smem = entry or (2, False)
-    return (int(get_override(_CFG, "bwd_gluon_stages", stages)), bool(get_override(_CFG, "bwd_gluon_db_smem", db_smem)))
+    stages, db_smem, warps, w_f32 = entry or (2, False, 16, False)
+    return (int(get_override(_CFG, "bwd_gluon_stages", stages)), bool(get_override(_CFG, "bwd_gluon_db_smem", db_smem)),
+            int(get_override(_CFG, "bwd_gluon_warps", warps)), bool(get_override(_CFG, "bwd_gluon_w_f32", w_f32)))

@@ -124,7 +124,7 @@ if HAS_GLUON:
     @gluon.jit
     def _norm_bwd_rows_gluon_kernel(
         DX,  # dx, (M, N) contiguous, x's dtype (written)
-        W,  # weight [N] (not read: W arrives by w_desc; HAS_W)
+        W,  # weight [N] (read by W_F32 only; else W arrives by w_desc; HAS_W)
         STATS,  # float32 statistics of the forward: LayerNorm means at [0, M) and 1/std at [M, 2M); RMSNorm 1/std at [0, M)
         PARTS,  # float32 partials: [G, N] dW rows (HAS_W), then [G, N] dB rows (HAS_B); G = the grid
         x_desc,  # TMA descriptor of x over its (M, N / 256, 256) view (row stride sx), box (1, R, 256): a whole row
@@ -139,6 +139,7 @@ if HAS_GLUON:
         VEC: gl.constexpr,  # elements a thread reads at once (16 bytes)
         STAGES: gl.constexpr,  # rows in the ring
         DB_SMEM: gl.constexpr,  # dB accumulates in shared memory (R, 256) float32, not registers (HAS_B)
+        W_F32: gl.constexpr,  # the weight held in shared memory as float32 (converted once, not at every read; HAS_W)
         num_warps: gl.constexpr,
     ):
         REPS: gl.constexpr = R // num_warps
@@ -160,7 +161,7 @@ if HAS_GLUON:
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
             mbarrier.init(bars.index(s), count=1)
-        if HAS_W:
+        if HAS_W and not W_F32:
             w_smem = gl.allocate_shared_memory(w_desc.dtype, [R, 256], w_desc.layout)
             w_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
             mbarrier.init(w_bar, count=1)
@@ -177,22 +178,26 @@ if HAS_GLUON:
         G = gl.num_programs(0)
         n_rows = gl.cdiv(M - pid, G)  # rows pid, pid + G, ... (the grid has at most M programs)
 
-        # Step 1: the weight once, the first STAGES rows.
-        if HAS_W:
-            mbarrier.expect(w_bar, w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(w_desc, [0, 0], w_bar, w_smem)
-        for s in gl.static_range(STAGES):
-            _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, s, n_rows, pid, G, STAGES)
-        if HAS_W:
-            mbarrier.wait(w_bar, phase=0)
-            ws = w_smem
-        else:
-            ws = x_ring.index(0).reshape([R, 256])  # (never read: HAS_W is False)
-
         # Each thread's columns of slice k: k * num_warps * 256 + (its sub-row) * 256 + (its columns).
         offs = (gl.expand_dims(gl.arange(0, num_warps, layout=gl.SliceLayout(1, layout)), 1) * 256
                 + gl.expand_dims(gl.arange(0, 256, layout=gl.SliceLayout(0, layout)), 0))
         SL: gl.constexpr = num_warps * 256  # columns a slice
+
+        # Step 1: the weight once, the first STAGES rows.
+        if HAS_W and not W_F32:
+            mbarrier.expect(w_bar, w_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(w_desc, [0, 0], w_bar, w_smem)
+        for s in gl.static_range(STAGES):
+            _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, s, n_rows, pid, G, STAGES)
+        if HAS_W and W_F32:  # each thread converts the columns it reads later: no exchange between threads
+            ws = gl.allocate_shared_memory(gl.float32, [R, 256], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+            for k in gl.static_range(REPS):
+                ws.slice(k * num_warps, num_warps).store(gl.load(W + k * SL + offs).to(gl.float32))
+        elif HAS_W:
+            mbarrier.wait(w_bar, phase=0)
+            ws = w_smem
+        else:
+            ws = x_ring.index(0).reshape([R, 256])  # (never read: HAS_W is False)
         dw0 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
         dw1 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
         dw2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
@@ -266,14 +271,15 @@ if HAS_GLUON:
                          HAS_W, HAS_B, DB_SMEM)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
-        if HAS_W:
+        if HAS_W and not W_F32:
             mbarrier.invalidate(w_bar)
 
 
 def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_before_w: bool = False,
-              stages: int = STAGES, db_smem: bool = False) -> str | None:
+              stages: int = STAGES, db_smem: bool = False, warps: int = WARPS, w_f32: bool = False) -> str | None:
     """None when the Gluon row backward takes (M, N) rows ``x`` / ``dy`` (unit column stride) with a ring of
-    ``stages`` rows (and dB in shared memory: ``db_smem``), else why not."""
+    ``stages`` rows, dB in shared memory (``db_smem``), CTAs of ``warps`` warps and the weight held as float32
+    (``w_f32``), else why not."""
     if not HAS_GLUON:
         return "no Gluon in this Triton"
     if not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9):
@@ -284,14 +290,15 @@ def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_be
         return "x and dy must share a dtype of bf16, fp16 or fp32"
     M, N = x.shape
     R = N // BOX
-    if M == 0 or N % BOX or R % WARPS or R > 4 * WARPS:
-        return f"width {N} must be a multiple of {BOX * WARPS} up to {4 * BOX * WARPS}"
+    if M == 0 or N % BOX or R % warps or R > 4 * warps:
+        return f"width {N} must be a multiple of {BOX * warps} up to {4 * BOX * warps}"
     for t in (x, dy):
         if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
             return "rows must have unit column stride and 16-byte aligned starts"
     if w is not None and (w.dtype not in (x.dtype, torch.float32) or not w.is_contiguous() or w.data_ptr() % 16):
         return "the weight must be contiguous, 16-byte aligned, in x's dtype or float32"
-    ring = stages * 2 * N * x.element_size() + (N * w.element_size() if w is not None else 0) + (4 * N if db_smem else 0)
+    w_bytes = 0 if w is None else N * (4 if w_f32 else w.element_size())
+    ring = stages * 2 * N * x.element_size() + w_bytes + (4 * N if db_smem else 0)
     if ring > SMEM_BYTES:
         return f"the ring and the weight ({ring} bytes) do not fit in shared memory"
     return None
@@ -306,16 +313,17 @@ _PLANS: dict = {}
 
 
 def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
-                       has_b: bool, is_rms: bool, programs: int, stages: int = STAGES,
-                       db_smem: bool = False) -> tuple[torch.Tensor, int]:
+                       has_b: bool, is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False,
+                       warps: int = WARPS, w_f32: bool = False) -> tuple[torch.Tensor, int]:
     """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
-    one an SM; at most M), for rows ``supported`` took (with the same ``stages`` and ``db_smem``).  Returns
+    one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``).  Returns
     (partials, G) for layer_norm's fixed-order reduce."""
     M, N = x.shape
     G = max(1, min(programs, M))
     db_smem = bool(db_smem and has_b)
+    w_f32 = bool(w_f32 and w is not None)
     key = (x.shape, x.stride(), dy.stride(), x.dtype, None if w is None else w.dtype, has_b, is_rms, x.device, G,
-           stages, db_smem)
+           stages, db_smem, warps, w_f32)
     plan = _PLANS.get(key)
     R = N // BOX
     if plan is None:
@@ -325,7 +333,8 @@ def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: t
         if w is not None:
             descs.append(TensorDescriptor(w, [R, BOX], [BOX, 1], [R, BOX], _layout(w.dtype, 2)))
         kernel = Kernel(_norm_bwd_rows_gluon_kernel, (G,), IS_RMS=is_rms, HAS_W=w is not None, HAS_B=has_b, R=R,
-                        VEC=16 // x.element_size(), STAGES=stages, DB_SMEM=db_smem, num_warps=WARPS)
+                        VEC=16 // x.element_size(), STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32,
+                        num_warps=warps)
         plan = _PLANS[key] = (kernel, descs)
         if len(_PLANS) > 256:
             _PLANS.clear()
