@@ -29,7 +29,7 @@ for op in ln rms; do
   el "$op sweep exit $?"; summ $OUT/sweep_$op.log | tee $OUT/sweep_$op.txt; pack
 done
 for t in eager graph; do
-  TIMING=$t timeout 60 python3 benchmarks/bench_norm.py --out $OUT/table_$t --ops ln,rms --dtypes bf16 --widths 8192,16384 > $OUT/table_$t.log 2>&1
+  TIMING=$t timeout 60 python3 benchmarks/bench_norm.py --out $OUT/table_$t --ops ln,rms --dtypes bf16 --widths 8192,16384 --no-peers > $OUT/table_$t.log 2>&1
   el "table $t exit $?"; summ $OUT/table_$t.log | tee $OUT/table_$t.txt; pack
 done
 rm -rf $OUT
