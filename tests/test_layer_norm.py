@@ -699,7 +699,8 @@ def test_gpu_persistent_backward(rms, n, dtype, stages):
     """The opt-in persistent wide-row backward on the GPU (co-resident programs, cooperative launch, the called
     wait in a pipelined row loop): right against float64 with more rows than row groups, and bitwise the same
     gradients run to run."""
-    cfg = dict(bwd_persist=1, bwd_persist_block=4096, bwd_persist_warps=8, bwd_persist_stages=stages, bwd_max_single=1024)
+    cfg = dict(bwd_persist=1, bwd_persist_block=4096, bwd_persist_warps=8, bwd_persist_stages=stages, bwd_max_single=1024,
+               bwd_gluon=0)
     with config_override("layer_norm", **cfg):
         ln_ops._BWD_PLANS.clear()
         _check(rms, (1200, n), 1, dtype, "cuda")
@@ -716,7 +717,7 @@ def test_gpu_persistent_backward_packed_sums(n):
         dy[5:9] = 0.0
         return dy
 
-    with config_override("layer_norm", bwd_persist=1, bwd_persist_block=2048, bwd_persist_warps=4, bwd_persist_stages=3,
+    with config_override("layer_norm", bwd_gluon=0, bwd_persist=1, bwd_persist_block=2048, bwd_persist_warps=4, bwd_persist_stages=3,
                          bwd_max_single=1024, bwd_persist_pack=1):
         ln_ops._BWD_PLANS.clear()
         _check(False, (1200, n), 1, torch.bfloat16, "cuda", dy_fn=dy_fn)
@@ -737,7 +738,7 @@ def test_gpu_persistent_backward_hold(rms, n, block, warps, stages):
         dy[5:9] = 0.0
         return dy
 
-    with config_override("layer_norm", bwd_persist=1, bwd_persist_block=block, bwd_persist_warps=warps, bwd_persist_stages=stages,
+    with config_override("layer_norm", bwd_gluon=0, bwd_persist=1, bwd_persist_block=block, bwd_persist_warps=warps, bwd_persist_stages=stages,
                          bwd_max_single=1024, bwd_persist_hold=1):
         ln_ops._BWD_PLANS.clear()
         _check(rms, (1200, n), 1, torch.bfloat16, "cuda", dy_fn=dy_fn)
@@ -765,10 +766,19 @@ def test_gpu_persistent_backward_defaults(rms, n):
 
 
 @pytest.mark.gpu
-def test_gpu_persistent_backward_in_cuda_graph_and_side_stream():
-    """The persistent (cooperative) backward, a default at bf16 16K since session 11: a whole LayerNorm
-    forward + backward captured in a CUDA graph and replayed on new inputs, and an eager backward while another
-    stream's matmuls occupy the GPU: the same gradients as eager, bitwise."""
+@pytest.mark.parametrize("gluon", [0, 1], ids=["persistent", "gluon"])
+def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
+    """The one-CTA-an-SM backwards at bf16 16K (the persistent cooperative kernel, the default from session 11; the
+    Gluon row backward, the default from session 18): a whole LayerNorm forward + backward captured in a CUDA graph
+    and replayed on new inputs, and an eager backward while another stream's matmuls occupy the GPU: the same
+    gradients as eager, bitwise."""
+    if gluon and not _gluon_ok():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    with config_override("layer_norm", bwd_gluon=gluon):
+        _graph_and_side_stream(bool(gluon))
+
+
+def _graph_and_side_stream(gluon: bool):
     n = 16384
     mod = FusedLayerNorm(n, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(1024, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -781,7 +791,10 @@ def test_gpu_persistent_backward_in_cuda_graph_and_side_stream():
 
     ln_ops._BWD_PLANS.clear()
     step()  # bind the plans outside the capture
-    assert any(p.persist is not None and p.persist["kernel"] is not None for p in ln_ops._BWD_PLANS.values())
+    if gluon:
+        assert any(p.gluon for p in ln_ops._BWD_PLANS.values())
+    else:
+        assert any(p.persist is not None and p.persist["kernel"] is not None for p in ln_ops._BWD_PLANS.values())
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
