@@ -392,6 +392,42 @@ def test_gpu_softmax_fast_call(cpp_on):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("pdtype,affine", [(torch.bfloat16, "wb"), (torch.float32, "wb"), (torch.bfloat16, "none")],
+                         ids=["bf16", "fp32params", "none"])
+def test_gpu_cpp_node_gluon_row_backward(rms, pdtype, affine, cpp_on):
+    """bf16 16K rows, whose backward is the Gluon row backward (ops/layer_norm_gluon.py: device-side TMA descriptors,
+    plain pointer arguments): the C++ node launches it and its reduce, right against float64, also for a
+    non-contiguous dy (made contiguous in C++)."""
+    from fused_layers.ops import layer_norm_gluon as lg
+
+    if not (lg.HAS_GLUON and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    n, dev, dtype = 16384, "cuda", torch.bfloat16
+    x = (torch.randn(300, n, device=dev) * 2 + 0.5).to(dtype).requires_grad_()
+    w = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine != "none" else None
+    b = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine == "wb" and not rms else None
+    ours = (lambda x, w, b: fused_rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: fused_layer_norm(x, (n,), w, b, 1e-5))
+    ref = (lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5))
+    with ln_ops.config_override("layer_norm", bwd_gluon=1):
+        for it in range(4):  # the first call runs the Python path (compiles), later ones the C++ node
+            dy = torch.randn(300, n, device=dev, dtype=dtype)
+            if it == 3:
+                dy = torch.randn(n, 300, device=dev, dtype=dtype).t()  # non-contiguous
+            got = _ref(ours, x, w, b, dy)
+            d64 = [None if t is None else t.detach().double().requires_grad_() for t in (x, w, b)]
+            want = _ref(ref, *d64, dy.double())
+            for g, r in zip(got, want):
+                tol = dict(atol=3e-2, rtol=3e-2) if g is got[0] else dict(atol=0.5, rtol=5e-2)
+                torch.testing.assert_close(g.double(), r, **tol)
+        assert _used_cpp(x, w, b, 1, rms), "the C++ node never ran"
+        assert got[0].grad_fn.name() == "FusedNormBackward", got[0].grad_fn
+        plan = ln_ops._bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, 1, w is not None, b is not None, rms,
+                                x.get_device(), False)
+        assert plan.gluon, "the Gluon row backward did not take the plan"
+
+
+@pytest.mark.gpu
 def test_gpu_wide_rows_stay_on_the_python_path(cpp_on):
     n = 65536  # chunked (wide-row) kernels: not on the C++ path
     x = torch.randn(4, n, device="cuda", requires_grad=True)

@@ -70,6 +70,19 @@ def _wrap_triton(fn):
     return wrap_triton(fn)
 
 
+def ensure_triton_allocator() -> None:
+    """Device-side tensor descriptors live in a per-launch global scratch buffer that Triton asks its
+    allocator for: install a torch one when none is set (Triton's default raises)."""
+    try:
+        from triton.runtime import _allocation
+
+        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+            return
+    except Exception:  # noqa: BLE001  (another Triton layout: set ours)
+        pass
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
 def _hooks_idle() -> bool:
     """True when no launch hook (a profiler such as proton) is installed: then a launch passes no metadata."""
     enter = _RUNTIME.launch_enter_hook

@@ -111,7 +111,7 @@ from ._common import (
     warn_once,
 )
 from . import _cpp
-from ._library import FusedOp, Kernel
+from ._library import FusedOp, Kernel, ensure_triton_allocator
 from .attention_config import (  # noqa: F401
     _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _dropout_bits, _dropout_code, _use_bwd_tma, _variant,
 )
@@ -912,17 +912,7 @@ def _tma_strides_ok(stride, elem_size: int) -> bool:
     return stride[-1] == 1 and all((s * elem_size) % 16 == 0 for s in stride[:-1])
 
 
-def _ensure_allocator() -> None:
-    """Device-side tensor descriptors live in a per-launch global scratch buffer that Triton asks its
-    allocator for: install a torch one when none is set (Triton's default raises)."""
-    try:
-        from triton.runtime import _allocation
-
-        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-            return
-    except Exception:  # noqa: BLE001  (another Triton layout: set ours)
-        pass
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+_ensure_allocator = ensure_triton_allocator  # (moved to ops/_library.py: the norms' Gluon backward uses it too)
 
 
 _VARIANT_FAILURES: list[str] = []  # variants disabled after a failed first launch (read by the GPU sweep)

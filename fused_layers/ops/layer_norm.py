@@ -966,22 +966,32 @@ def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b:
     return parts, groups, p["reduce"]
 
 
+def _gluon_plan(plan: _BwdPlan, x: torch.Tensor, has_w: bool, has_b: bool, is_rms: bool):
+    """The Gluon row backward's part of a backward plan, decided once per plan (plans are keyed on the
+    config-override epoch): False where it does not take the plan's width / dtype (BWD_GLUON, bwd_gluon), else
+    (G, its reduce kernel, ring rows, dB in shared memory, warps, weight as float32)."""
+    if plan.gluon is None:
+        m, n = plan.m, plan.n
+        variant = None if n < 4096 or INTERPRET or not x.is_cuda else _bwd_gluon(
+            x.element_size(), next_power_of_2(n), is_rms)
+        plan.gluon = False
+        if variant is not None:
+            g = min(_sm_count(x.get_device()), m)
+            plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None, *variant)
+    return plan.gluon
+
+
 def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has_b: bool, is_rms: bool,
                       cast_before_w: bool):
     """The Gluon row backward (ops/layer_norm_gluon.py, one CTA an SM) where it takes the call: (partials, G, reduce
     kernel) as ``_bwd_persist_launch``; None where it does not (the caller then runs the Triton kernels)."""
     from . import layer_norm_gluon as lg
 
-    m, n = plan.m, plan.n
-    if plan.gluon is None:  # once per plan (plans are keyed on the config-override epoch): the table, the width
-        variant = None if n < 4096 or INTERPRET else _bwd_gluon(x.element_size(), next_power_of_2(n), is_rms)
-        plan.gluon = False
-        if variant is not None:
-            g = min(_sm_count(x.get_device()), m)
-            plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None, *variant)
-    if plan.gluon is False:
+    gplan = _gluon_plan(plan, x, has_w, has_b, is_rms)
+    if gplan is False:
         return None
-    g, reduce_kernel, stages, db_smem, warps, w_f32 = plan.gluon
+    m, n = plan.m, plan.n
+    g, reduce_kernel, stages, db_smem, warps, w_f32 = gplan
     x2, dy2 = x.view(m, n) if x.is_contiguous() else None, dy.view(m, n) if dy.is_contiguous() else None
     w = weight.contiguous().view(-1) if has_w else None
     if x2 is None or dy2 is None:
@@ -1272,6 +1282,24 @@ def _validate(op: str, x, normalized_shape, weight, bias) -> tuple[tuple[int, ..
 _SCALAR_TYPE = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}  # c10::ScalarType codes
 
 
+def _gluon_cpp_spec(bplan, x, weight, has_w, has_b, is_rms, cast_before_w):
+    """(kernel, G, reduce kernel) of the Gluon row backward where it takes this plan's contiguous, aligned rows
+    (what the C++ fast path passes: dy made contiguous there), else None."""
+    gplan = _gluon_plan(bplan, x, has_w, has_b, is_rms)
+    if gplan is False:
+        return None
+    from . import layer_norm_gluon as lg
+
+    g, reduce_kernel, stages, db_smem, warps, w_f32 = gplan
+    x2 = x.view(bplan.m, bplan.n)
+    w = weight.contiguous().view(-1) if has_w else None
+    if lg.supported(x2, x2, w, cast_before_w, stages, db_smem and has_b, warps, w_f32) is not None:
+        return None
+    kernel = lg.bwd_kernel(bplan.m, bplan.n, bplan.n, bplan.n, x.dtype, None if w is None else w.dtype, has_b, is_rms,
+                           g, stages, db_smem, warps, w_f32)
+    return kernel, kernel.grid[0], reduce_kernel
+
+
 def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, out_dtype=None):
     """Register the plan's kernels with the C++ fast path (the forward; with ``grad`` also the backward and
     the dW/dB reduce): the norm plan id, None while a kernel has not been compiled for these dtypes yet,
@@ -1287,13 +1315,24 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
         return False
     # The forward's statistics pointer is a float32 buffer, or x itself when no statistics are stored.
     specs = [(plan.kernel, (xd, yd, wd, bd, f32 if grad else xd), plan.ints, _cpp.roles(5, len(plan.ints), 1))]
+    nparts = 0
     if grad:
         bplan = _bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev, cast_before_w)
-        if bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
+        gspec = _gluon_cpp_spec(bplan, x, weight, has_w, has_b, is_rms, cast_before_w)
+        if gspec is not None:  # the Gluon row backward (its kernel takes the Triton kernels' arguments)
+            kernel, g, reduce_kernel = gspec
+            m, n = bplan.m, bplan.n
+            specs.append((kernel, (xd, xd, xd, wd, f32, f32), (m, n, n, n), _cpp.roles(6, 4)))
+            if reduce_kernel is not None:
+                specs.append((reduce_kernel, (f32, wd, bd), (g, n), _cpp.roles(3, 2)))
+            nparts = (int(has_w) + int(has_b)) * g * n
+        elif bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
             return False
-        specs.append((bplan.kernel, (xd, xd, xd, wd, f32, f32), bplan.ints, _cpp.roles(6, len(bplan.ints))))
-        if bplan.reduce_kernel is not None:
-            specs.append((bplan.reduce_kernel, (f32, wd, bd), (bplan.g, bplan.n), _cpp.roles(3, 2)))
+        else:
+            specs.append((bplan.kernel, (xd, xd, xd, wd, f32, f32), bplan.ints, _cpp.roles(6, len(bplan.ints))))
+            if bplan.reduce_kernel is not None:
+                specs.append((bplan.reduce_kernel, (f32, wd, bd), (bplan.g, bplan.n), _cpp.roles(3, 2)))
+            nparts = bplan.nparts
     handles = _cpp.register_all(dev, *specs)
     if not handles:
         return handles
@@ -1301,7 +1340,7 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
         nid = _cpp.register_plan("register_norm", handles[0], -1, -1, 0, 0, ycode)
     else:
         red = handles[2] if len(handles) > 2 else -1
-        nid = _cpp.register_plan("register_norm", handles[0], handles[1], red, plan.nstats, bplan.nparts, ycode)
+        nid = _cpp.register_plan("register_norm", handles[0], handles[1], red, plan.nstats, nparts, ycode)
     if type(nid) is int and (out_dtype is None or out_dtype == torch.float32):
         # The F.layer_norm / F.rms_norm call of this shape (or fused_rms_norm_variant's: flags 4 / 8) now runs
         # in one C++ call (norm_fast, rms_variant_fast).

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import torch
 
-from ._library import Kernel
+from ._library import Kernel, ensure_triton_allocator
 
 try:  # Gluon: Triton >= 3.5 with the NVIDIA Hopper dialect
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     HAS_GLUON = True
 except Exception:  # pragma: no cover - depends on the installed Triton
@@ -123,15 +122,16 @@ if HAS_GLUON:
 
     @gluon.jit
     def _norm_bwd_rows_gluon_kernel(
+        X,  # x, (M, N) rows of stride sx (unit column stride, 16-byte aligned rows): read by TMA
+        DY,  # dy, (M, N) rows of stride sdy, the same
         DX,  # dx, (M, N) contiguous, x's dtype (written)
-        W,  # weight [N] (read by W_F32 only; else W arrives by w_desc; HAS_W)
+        W,  # weight [N] in x's dtype or float32 (HAS_W; else any pointer)
         STATS,  # float32 statistics of the forward: LayerNorm means at [0, M) and 1/std at [M, 2M); RMSNorm 1/std at [0, M)
         PARTS,  # float32 partials: [G, N] dW rows (HAS_W), then [G, N] dB rows (HAS_B); G = the grid
-        x_desc,  # TMA descriptor of x over its (M, N / 256, 256) view (row stride sx), box (1, R, 256): a whole row
-        dy_desc,  # TMA descriptor of dy, the same
-        w_desc,  # TMA descriptor of the weight over its (N / 256, 256) view, box (R, 256) (HAS_W; else x_desc)
         M,  # rows
         N,  # columns, R * 256
+        sx,  # x's row stride (elements)
+        sdy,  # dy's row stride (elements)
         IS_RMS: gl.constexpr,
         HAS_W: gl.constexpr,
         HAS_B: gl.constexpr,
@@ -140,10 +140,21 @@ if HAS_GLUON:
         STAGES: gl.constexpr,  # rows in the ring
         DB_SMEM: gl.constexpr,  # dB accumulates in shared memory (R, 256) float32, not registers (HAS_B)
         W_F32: gl.constexpr,  # the weight held in shared memory as float32 (converted once, not at every read; HAS_W)
+        X_BITS: gl.constexpr,  # bits of an x element (16 / 32)
+        W_BITS: gl.constexpr,  # bits of a weight element
         num_warps: gl.constexpr,
     ):
         REPS: gl.constexpr = R // num_warps
-        dtype: gl.constexpr = x_desc.dtype
+        # TMA descriptors made on the device (one a CTA, in Triton's global scratch): the kernel takes plain
+        # pointers, so the C++ fast path (ops/_cpp.py) launches it as it does the Triton kernels.  x and dy over
+        # their (M, N / 256, 256) views, box (1, R, 256): a whole row; the weight over (N / 256, 256), box (R, 256).
+        XL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=X_BITS, rank=3)
+        x_desc = tma.make_tensor_descriptor(X, [M, R, 256], [sx, 256, 1], [1, R, 256], XL)
+        dy_desc = tma.make_tensor_descriptor(DY, [M, R, 256], [sdy, 256, 1], [1, R, 256], XL)
+        WL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=W_BITS, rank=2)
+        if HAS_W and not W_F32:
+            w_desc = tma.make_tensor_descriptor(W, [R, 256], [256, 1], [R, 256], WL)
+        dtype: gl.constexpr = X.dtype.element_ty
         # A slice in registers: num_warps sub-rows of 256 columns, a warp a sub-row, VEC contiguous columns a thread.
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
         if IS_RMS:
@@ -156,13 +167,13 @@ if HAS_GLUON:
             DBP = PARTS
 
         # Shared memory: the row ring (x and dy, one mbarrier a slot) and the weight.
-        x_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], x_desc.layout)
-        dy_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], dy_desc.layout)
+        x_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], XL)
+        dy_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], XL)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
             mbarrier.init(bars.index(s), count=1)
         if HAS_W and not W_F32:
-            w_smem = gl.allocate_shared_memory(w_desc.dtype, [R, 256], w_desc.layout)
+            w_smem = gl.allocate_shared_memory(W.dtype.element_ty, [R, 256], WL)
             w_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
             mbarrier.init(w_bar, count=1)
         if HAS_B and DB_SMEM:
@@ -304,49 +315,43 @@ def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_be
     return None
 
 
-def _layout(dtype: torch.dtype, rank: int):
-    bits = 32 if dtype == torch.float32 else 16
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=rank)
+_KERNELS: dict = {}
 
 
-_PLANS: dict = {}
+def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: torch.dtype | None, has_b: bool,
+               is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False, warps: int = WARPS,
+               w_f32: bool = False) -> Kernel:
+    """The launch plan (a ``Kernel``: grid, constexprs) of the row backward of (M, N) rows of row strides sx / sdy
+    over ``programs`` CTAs (at most one an SM; at most M), for rows ``supported`` took with the same variant.  One
+    object a plan: layer_norm's eager path launches it and the C++ fast path registers its binary."""
+    G = max(1, min(programs, M))
+    db_smem = bool(db_smem and has_b)
+    w_f32 = bool(w_f32 and w_dtype is not None)
+    key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        if len(_KERNELS) > 256:
+            _KERNELS.clear()
+        bits = torch.finfo(dtype).bits
+        kernel = _KERNELS[key] = Kernel(
+            _norm_bwd_rows_gluon_kernel, (G,), IS_RMS=is_rms, HAS_W=w_dtype is not None, HAS_B=has_b, R=N // BOX,
+            VEC=16 * 8 // bits, STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits,
+            W_BITS=torch.finfo(w_dtype).bits if w_dtype is not None else bits, num_warps=warps)
+    return kernel
 
 
 def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
                        has_b: bool, is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False,
                        warps: int = WARPS, w_f32: bool = False) -> tuple[torch.Tensor, int]:
     """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
-    one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``).  Returns
-    (partials, G) for layer_norm's fixed-order reduce."""
+    one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``).
+    Returns (partials, G) for layer_norm's fixed-order reduce."""
     M, N = x.shape
-    G = max(1, min(programs, M))
-    db_smem = bool(db_smem and has_b)
-    w_f32 = bool(w_f32 and w is not None)
-    key = (x.shape, x.stride(), dy.stride(), x.dtype, None if w is None else w.dtype, has_b, is_rms, x.device, G,
-           stages, db_smem, warps, w_f32)
-    plan = _PLANS.get(key)
-    R = N // BOX
-    if plan is None:
-        descs = []
-        for t in (x, dy):
-            descs.append(TensorDescriptor(t, [M, R, BOX], [t.stride(0), BOX, 1], [1, R, BOX], _layout(t.dtype, 3)))
-        if w is not None:
-            descs.append(TensorDescriptor(w, [R, BOX], [BOX, 1], [R, BOX], _layout(w.dtype, 2)))
-        kernel = Kernel(_norm_bwd_rows_gluon_kernel, (G,), IS_RMS=is_rms, HAS_W=w is not None, HAS_B=has_b, R=R,
-                        VEC=16 // x.element_size(), STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32,
-                        num_warps=warps)
-        plan = _PLANS[key] = (kernel, descs)
-        if len(_PLANS) > 256:
-            _PLANS.clear()
-            _PLANS[key] = plan
-    kernel, descs = plan
-    tensors = (x, dy) if w is None else (x, dy, w)
-    for d, t in zip(descs, tensors):
-        d.base = t
+    kernel = bwd_kernel(M, N, x.stride(0), dy.stride(0), x.dtype, None if w is None else w.dtype, has_b, is_rms,
+                        programs, stages, db_smem, warps, w_f32)
+    G = kernel.grid[0]
     nparts = (int(w is not None) + int(has_b)) * G * N
     parts = torch.empty((nparts,), dtype=torch.float32, device=x.device) if nparts else stats
-    wd = descs[2] if w is not None else descs[0]
-    kernel(dx, x if w is None else w, stats, parts, descs[0], descs[1], wd, M, N)
-    for d in descs:
-        d.base = None
+    ensure_triton_allocator()
+    kernel(x, dy, dx, x if w is None else w, stats, parts, M, N, x.stride(0), dy.stride(0))
     return parts, G
