@@ -766,7 +766,7 @@ def test_gpu_persistent_backward_defaults(rms, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gluon", [0, 1], ids=["persistent", "gluon"])
+@pytest.mark.parametrize("gluon", [0, 1, 2], ids=["persistent", "gluon", "gluon_device_desc"])
 def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
     """The one-CTA-an-SM backwards at bf16 16K (the persistent cooperative kernel, the default from session 11; the
     Gluon row backward, the default from session 18): a whole LayerNorm forward + backward captured in a CUDA graph
@@ -774,7 +774,7 @@ def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
     gradients as eager, bitwise."""
     if gluon and not _gluon_ok():
         pytest.skip("needs an sm_90 GPU and Gluon")
-    with config_override("layer_norm", bwd_gluon=gluon):
+    with config_override("layer_norm", bwd_gluon=int(gluon > 0), bwd_gluon_device_desc=int(gluon == 2)):
         _graph_and_side_stream(bool(gluon))
 
 
@@ -935,11 +935,12 @@ def test_gpu_gluon_row_backward(rms, n, dtype, rows, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("n,stages,db_smem,warps,w_f32", [
-    (16384, 2, 1, 16, 0), (16384, 3, 0, 16, 0), (8192, 2, 1, 16, 0), (8192, 3, 1, 16, 0), (8192, 4, 0, 16, 0),
-    (16384, 2, 0, 16, 1), (8192, 2, 0, 16, 1), (16384, 2, 0, 32, 0), (16384, 2, 1, 32, 0), (16384, 2, 0, 32, 1),
-    (8192, 2, 0, 32, 0)], ids=str)
-def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, warps, w_f32, monkeypatch):
+@pytest.mark.parametrize("n,stages,db_smem,warps,w_f32,device_desc", [
+    (16384, 2, 1, 16, 0, 0), (16384, 3, 0, 16, 0, 0), (8192, 2, 1, 16, 0, 0), (8192, 3, 1, 16, 0, 0),
+    (8192, 4, 0, 16, 0, 0), (16384, 2, 0, 16, 1, 0), (8192, 2, 0, 16, 1, 0), (16384, 2, 0, 32, 0, 0),
+    (16384, 2, 1, 32, 0, 0), (16384, 2, 0, 32, 1, 0), (8192, 2, 0, 32, 0, 0), (16384, 2, 0, 16, 0, 1),
+    (8192, 2, 0, 16, 1, 1)], ids=str)
+def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, warps, w_f32, device_desc, monkeypatch):
     """The variants the sweep tries (bwd_gluon_stages: rows in the ring; bwd_gluon_db_smem: dB accumulated in shared
     memory, LayerNorm's two row sums in one reduction; bwd_gluon_warps; bwd_gluon_w_f32: the weight held as float32):
     right against float64, one row and several a program, bf16 and float32 weights, no weight."""
@@ -949,13 +950,13 @@ def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, warps, w_f32, 
 
     calls = []
     orig = lg.norm_backward_rows
-    monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(a[-4:]) or orig(*a, **k))
+    monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(a[-5:]) or orig(*a, **k))
     with config_override("layer_norm", bwd_gluon=1, bwd_gluon_stages=stages, bwd_gluon_db_smem=db_smem,
-                         bwd_gluon_warps=warps, bwd_gluon_w_f32=w_f32):
+                         bwd_gluon_warps=warps, bwd_gluon_w_f32=w_f32, bwd_gluon_device_desc=device_desc):
         ln_ops._BWD_PLANS.clear()
         for rows in (1, 600):
             _check(rms, (rows, n), 1, torch.bfloat16, "cuda")
-        assert calls and calls[0] == (stages, bool(db_smem), warps, bool(w_f32)), calls
+        assert calls and calls[0] == (stages, bool(db_smem), warps, bool(w_f32), bool(device_desc)), calls
         _check(rms, (300, n), 1, torch.bfloat16, "cuda", param_dtype=torch.float32)
         _check(rms, (300, n), 1, torch.bfloat16, "cuda", affine=False)
 

@@ -969,7 +969,7 @@ def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b:
 def _gluon_plan(plan: _BwdPlan, x: torch.Tensor, has_w: bool, has_b: bool, is_rms: bool):
     """The Gluon row backward's part of a backward plan, decided once per plan (plans are keyed on the
     config-override epoch): False where it does not take the plan's width / dtype (BWD_GLUON, bwd_gluon), else
-    (G, its reduce kernel, ring rows, dB in shared memory, warps, weight as float32)."""
+    (G, its reduce kernel, ring rows, dB in shared memory, warps, weight as float32, device-side descriptors)."""
     if plan.gluon is None:
         m, n = plan.m, plan.n
         variant = None if n < 4096 or INTERPRET or not x.is_cuda else _bwd_gluon(
@@ -991,7 +991,7 @@ def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has
     if gplan is False:
         return None
     m, n = plan.m, plan.n
-    g, reduce_kernel, stages, db_smem, warps, w_f32 = gplan
+    g, reduce_kernel, stages, db_smem, warps, w_f32, device_desc = gplan
     x2, dy2 = x.view(m, n) if x.is_contiguous() else None, dy.view(m, n) if dy.is_contiguous() else None
     w = weight.contiguous().view(-1) if has_w else None
     if x2 is None or dy2 is None:
@@ -999,7 +999,7 @@ def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has
     if lg.supported(x2, dy2, w, cast_before_w, stages, db_smem and has_b, warps, w_f32) is not None:
         return None
     parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g, stages, db_smem, warps,
-                                     w_f32)
+                                     w_f32, device_desc)
     return parts, g, reduce_kernel
 
 
@@ -1284,19 +1284,19 @@ _SCALAR_TYPE = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}  # c10::
 
 def _gluon_cpp_spec(bplan, x, weight, has_w, has_b, is_rms, cast_before_w):
     """(kernel, G, reduce kernel) of the Gluon row backward where it takes this plan's contiguous, aligned rows
-    (what the C++ fast path passes: dy made contiguous there), else None."""
+    (what the C++ fast path passes: dy made contiguous there) with device-side descriptors, else None."""
     gplan = _gluon_plan(bplan, x, has_w, has_b, is_rms)
-    if gplan is False:
+    if gplan is False or not gplan[-1]:  # (host descriptors: a launch the C++ path cannot make)
         return None
     from . import layer_norm_gluon as lg
 
-    g, reduce_kernel, stages, db_smem, warps, w_f32 = gplan
+    g, reduce_kernel, stages, db_smem, warps, w_f32, _ = gplan
     x2 = x.view(bplan.m, bplan.n)
     w = weight.contiguous().view(-1) if has_w else None
     if lg.supported(x2, x2, w, cast_before_w, stages, db_smem and has_b, warps, w_f32) is not None:
         return None
     kernel = lg.bwd_kernel(bplan.m, bplan.n, bplan.n, bplan.n, x.dtype, None if w is None else w.dtype, has_b, is_rms,
-                           g, stages, db_smem, warps, w_f32)
+                           g, stages, db_smem, warps, w_f32, True)
     return kernel, kernel.grid[0], reduce_kernel
 
 

@@ -21,7 +21,17 @@ Here a row lives in shared memory instead.  One CTA of 16 warps an SM, persisten
 
 x and dy are read from DRAM once, dx written once.  Scope: bf16 / fp16 / fp32 x, N a multiple of 256 with R = N / 256
 sub-rows a multiple of num_warps and at most 4 x num_warps (16K at 16 warps), 16-byte aligned rows, W in x's dtype or
-float32, no CAST_BEFORE_W.  Opt-in (layer_norm_config.BWD_GLUON): not yet timed on a GPU.
+float32, no CAST_BEFORE_W.
+
+Variants (layer_norm_config.BWD_GLUON per width, config_override bwd_gluon_*): the ring's depth, dB accumulated in
+shared memory, 32-warp CTAs, the weight held as float32, and device-side TMA descriptors (DEVICE_DESC: the launch
+takes pointers and ints only, so the C++ fast path can launch it; written after session 18's last device call).
+
+Measured (H200, bf16, 2^26 elements, CUDA-graph replay; benchmarks/results/issue9/run25_c, run25_d): LayerNorm 16K
+0.77 of copy against the persistent kernel's 0.65, RMSNorm 16K 0.86-0.89 against 0.79: the default at bf16 16K.
+ncu (run25_c): instruction-bound, ~0.45 issued a cycle per scheduler with 4 warps each.  At 4K / 8K it loses to
+the Triton kernels (per-row synchronisation).  Eager calls at 16K are host-bound (the Python autograd.Function:
+do_bench 0.14-0.22) until DEVICE_DESC's C++ launch is verified.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ try:  # Gluon: Triton >= 3.5 with the NVIDIA Hopper dialect
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     HAS_GLUON = True
 except Exception:  # pragma: no cover - depends on the installed Triton
@@ -132,6 +143,9 @@ if HAS_GLUON:
         N,  # columns, R * 256
         sx,  # x's row stride (elements)
         sdy,  # dy's row stride (elements)
+        x_desc,  # host TMA descriptor of x over its (M, N / 256, 256) view, box (1, R, 256) (None: DEVICE_DESC)
+        dy_desc,  # host TMA descriptor of dy, the same (None: DEVICE_DESC)
+        w_desc,  # host TMA descriptor of the weight over (N / 256, 256), box (R, 256) (HAS_W; else x_desc; None: DEVICE_DESC)
         IS_RMS: gl.constexpr,
         HAS_W: gl.constexpr,
         HAS_B: gl.constexpr,
@@ -142,18 +156,19 @@ if HAS_GLUON:
         W_F32: gl.constexpr,  # the weight held in shared memory as float32 (converted once, not at every read; HAS_W)
         X_BITS: gl.constexpr,  # bits of an x element (16 / 32)
         W_BITS: gl.constexpr,  # bits of a weight element
+        DEVICE_DESC: gl.constexpr,  # make the TMA descriptors here from X / DY / W (x_desc, dy_desc, w_desc None)
         num_warps: gl.constexpr,
     ):
         REPS: gl.constexpr = R // num_warps
-        # TMA descriptors made on the device (one a CTA, in Triton's global scratch): the kernel takes plain
-        # pointers, so the C++ fast path (ops/_cpp.py) launches it as it does the Triton kernels.  x and dy over
-        # their (M, N / 256, 256) views, box (1, R, 256): a whole row; the weight over (N / 256, 256), box (R, 256).
         XL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=X_BITS, rank=3)
-        x_desc = tma.make_tensor_descriptor(X, [M, R, 256], [sx, 256, 1], [1, R, 256], XL)
-        dy_desc = tma.make_tensor_descriptor(DY, [M, R, 256], [sdy, 256, 1], [1, R, 256], XL)
         WL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=W_BITS, rank=2)
-        if HAS_W and not W_F32:
-            w_desc = tma.make_tensor_descriptor(W, [R, 256], [256, 1], [R, 256], WL)
+        if DEVICE_DESC:
+            # Descriptors made on the device (one a CTA, in Triton's global scratch): the launch takes pointers and
+            # ints only, so the C++ fast path (ops/_cpp.py) launches it as it does the Triton kernels.
+            x_desc = tma.make_tensor_descriptor(X, [M, R, 256], [sx, 256, 1], [1, R, 256], XL)
+            dy_desc = tma.make_tensor_descriptor(DY, [M, R, 256], [sdy, 256, 1], [1, R, 256], XL)
+            if HAS_W and not W_F32:
+                w_desc = tma.make_tensor_descriptor(W, [R, 256], [256, 1], [R, 256], WL)
         dtype: gl.constexpr = X.dtype.element_ty
         # A slice in registers: num_warps sub-rows of 256 columns, a warp a sub-row, VEC contiguous columns a thread.
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [num_warps, 1], [1, 0])
@@ -315,43 +330,72 @@ def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_be
     return None
 
 
+def _layout(dtype: torch.dtype, rank: int):
+    bits = 32 if dtype == torch.float32 else 16
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=rank)
+
+
 _KERNELS: dict = {}
 
 
 def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: torch.dtype | None, has_b: bool,
                is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False, warps: int = WARPS,
-               w_f32: bool = False) -> Kernel:
+               w_f32: bool = False, device_desc: bool = False) -> Kernel:
     """The launch plan (a ``Kernel``: grid, constexprs) of the row backward of (M, N) rows of row strides sx / sdy
     over ``programs`` CTAs (at most one an SM; at most M), for rows ``supported`` took with the same variant.  One
-    object a plan: layer_norm's eager path launches it and the C++ fast path registers its binary."""
+    object a plan.  ``device_desc``: the kernel makes its TMA descriptors and takes pointers and ints only (then the
+    C++ fast path can register its binary); else the launch passes host descriptors (``norm_backward_rows``)."""
     G = max(1, min(programs, M))
     db_smem = bool(db_smem and has_b)
     w_f32 = bool(w_f32 and w_dtype is not None)
-    key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32)
+    key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32, device_desc)
     kernel = _KERNELS.get(key)
     if kernel is None:
         if len(_KERNELS) > 256:
             _KERNELS.clear()
         bits = torch.finfo(dtype).bits
+        descs = dict(x_desc=None, dy_desc=None, w_desc=None) if device_desc else {}
         kernel = _KERNELS[key] = Kernel(
-            _norm_bwd_rows_gluon_kernel, (G,), IS_RMS=is_rms, HAS_W=w_dtype is not None, HAS_B=has_b, R=N // BOX,
-            VEC=16 * 8 // bits, STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits,
-            W_BITS=torch.finfo(w_dtype).bits if w_dtype is not None else bits, num_warps=warps)
+            _norm_bwd_rows_gluon_kernel, (G,), **descs, IS_RMS=is_rms, HAS_W=w_dtype is not None, HAS_B=has_b,
+            R=N // BOX, VEC=16 * 8 // bits, STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits,
+            W_BITS=torch.finfo(w_dtype).bits if w_dtype is not None else bits, DEVICE_DESC=device_desc,
+            num_warps=warps)
     return kernel
+
+
+_DESCS: dict = {}  # host descriptors a plan (their base pointer swapped in at each call)
 
 
 def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
                        has_b: bool, is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False,
-                       warps: int = WARPS, w_f32: bool = False) -> tuple[torch.Tensor, int]:
+                       warps: int = WARPS, w_f32: bool = False, device_desc: bool = False) -> tuple[torch.Tensor, int]:
     """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
     one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``).
     Returns (partials, G) for layer_norm's fixed-order reduce."""
     M, N = x.shape
     kernel = bwd_kernel(M, N, x.stride(0), dy.stride(0), x.dtype, None if w is None else w.dtype, has_b, is_rms,
-                        programs, stages, db_smem, warps, w_f32)
+                        programs, stages, db_smem, warps, w_f32, device_desc)
     G = kernel.grid[0]
     nparts = (int(w is not None) + int(has_b)) * G * N
     parts = torch.empty((nparts,), dtype=torch.float32, device=x.device) if nparts else stats
-    ensure_triton_allocator()
-    kernel(x, dy, dx, x if w is None else w, stats, parts, M, N, x.stride(0), dy.stride(0))
+    wp = x if w is None else w
+    if device_desc:
+        ensure_triton_allocator()
+        kernel(x, dy, dx, wp, stats, parts, M, N, x.stride(0), dy.stride(0))
+        return parts, G
+    descs = _DESCS.get(kernel)
+    if descs is None:
+        R = N // BOX
+        descs = [TensorDescriptor(t, [M, R, BOX], [t.stride(0), BOX, 1], [1, R, BOX], _layout(t.dtype, 3))
+                 for t in (x, dy)]
+        descs.append(TensorDescriptor(w, [R, BOX], [BOX, 1], [R, BOX], _layout(w.dtype, 2)) if w is not None
+                     else descs[0])
+        if len(_DESCS) > 256:
+            _DESCS.clear()
+        _DESCS[kernel] = descs
+    for d, t in zip(descs, (x, dy, wp)):
+        d.base = t
+    kernel(x, dy, dx, wp, stats, parts, M, N, x.stride(0), dy.stride(0), *descs)
+    for d in descs:
+        d.base = None
     return parts, G
