@@ -34,7 +34,8 @@ def per_call_us(fn, reps=400):
 
 for op, N in (("ln", 16384), ("rms", 16384), ("ln", 8192)):
     mod = (FusedLayerNorm if op == "ln" else FusedRMSNorm)(N, device="cuda", dtype=torch.bfloat16)
-    for cfg in ((dict(bwd_gluon=0), dict(bwd_gluon=1)) if N == 16384 else (dict(bwd_gluon=0),)):
+    dd = int(os.environ.get("DEVICE_DESC", "0"))  # the Gluon backward with device-side descriptors (C++ path)
+    for cfg in ((dict(bwd_gluon=0), dict(bwd_gluon=1, bwd_gluon_device_desc=dd)) if N == 16384 else (dict(bwd_gluon=0),)):
         with config_override("layer_norm", **cfg):
             x = torch.randn(8, N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             dy = torch.randn_like(x)
