@@ -40,9 +40,12 @@ CASES += [(16384, "bf16", *LN, 2, True, 16, False), (16384, "bf16", *LN, 3, Fals
           (16384, "bf16", *LN, 2, False, 32, False), (16384, "bf16", *LN, 2, True, 32, False),
           (16384, "bf16", *RMS, 2, False, 32, False), (16384, "bf16", *LN, 2, False, 32, True),
           (16384, "bf16", *RMS, 2, False, 32, True), (8192, "bf16", *LN, 2, False, 16, True)]
-CASES = [c + (False,) for c in CASES] + [(16384, "bf16", *LN, 2, False, 16, False, True),
-                                         (16384, "bf16", *RMS, 2, False, 16, False, True)]
-for N, dt, is_rms, has_w, has_b, stages, db_smem, warps, w_f32, device_desc in CASES:
+CASES = [c + (False, False) for c in CASES] + [(16384, "bf16", *LN, 2, False, 16, False, True, False),
+                                                (16384, "bf16", *RMS, 2, False, 16, False, True, False),
+                                                (16384, "bf16", *LN, 2, False, 16, False, False, True),
+                                                (16384, "bf16", *RMS, 2, False, 16, False, False, True),
+                                                (8192, "bf16", *LN, 2, False, 16, False, False, True)]
+for N, dt, is_rms, has_w, has_b, stages, db_smem, warps, w_f32, device_desc, smem_sums in CASES:
     R = N // lg.BOX
     sig = {"X": f"*{dt}", "DY": f"*{dt}", "DX": f"*{dt}", "W": f"*{dt}", "STATS": "*fp32", "PARTS": "*fp32",
            "M": "i32", "N": "i32", "sx": "i32", "sdy": "i32"}
@@ -53,11 +56,11 @@ for N, dt, is_rms, has_w, has_b, stages, db_smem, warps, w_f32, device_desc in C
                    w_desc=desc(dt, [R, 256]) if has_w else desc(dt, [1, R, 256]))
     bits = 32 if dt == "fp32" else 16
     cx = dict(**(dict(x_desc=None, dy_desc=None, w_desc=None) if device_desc else {}), IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, R=R, VEC=16 // (4 if dt == "fp32" else 2),
-              STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits, W_BITS=bits, DEVICE_DESC=device_desc,
+              STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits, W_BITS=bits, DEVICE_DESC=device_desc, SMEM_SUMS=smem_sums,
               num_warps=warps)
     names = list(sig)
     attrs = {(names.index(a),): DIV16 for a in ("X", "DY", "DX", "W", "STATS", "PARTS", "N", "sx", "sdy")}
-    label = f"N{N} {dt} {'rms' if is_rms else 'ln'} w={int(has_w)} b={int(has_b)} stages={stages} db_smem={int(db_smem)} warps={warps} w_f32={int(w_f32)} device_desc={int(device_desc)}"
+    label = f"N{N} {dt} {'rms' if is_rms else 'ln'} w={int(has_w)} b={int(has_b)} stages={stages} db_smem={int(db_smem)} warps={warps} w_f32={int(w_f32)} device_desc={int(device_desc)} smem_sums={int(smem_sums)}"
     try:
         r = compile_sm90(lg._norm_bwd_rows_gluon_kernel, {**sig, **{k: "constexpr" for k in cx}}, cx, attrs,
                          warps, source=GluonASTSource)

@@ -935,28 +935,30 @@ def test_gpu_gluon_row_backward(rms, n, dtype, rows, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("n,stages,db_smem,warps,w_f32,device_desc", [
-    (16384, 2, 1, 16, 0, 0), (16384, 3, 0, 16, 0, 0), (8192, 2, 1, 16, 0, 0), (8192, 3, 1, 16, 0, 0),
-    (8192, 4, 0, 16, 0, 0), (16384, 2, 0, 16, 1, 0), (8192, 2, 0, 16, 1, 0), (16384, 2, 0, 32, 0, 0),
-    (16384, 2, 1, 32, 0, 0), (16384, 2, 0, 32, 1, 0), (8192, 2, 0, 32, 0, 0), (16384, 2, 0, 16, 0, 1),
-    (8192, 2, 0, 16, 1, 1)], ids=str)
-def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, warps, w_f32, device_desc, monkeypatch):
-    """The variants the sweep tries (bwd_gluon_stages: rows in the ring; bwd_gluon_db_smem: dB accumulated in shared
-    memory, LayerNorm's two row sums in one reduction; bwd_gluon_warps; bwd_gluon_w_f32: the weight held as float32):
-    right against float64, one row and several a program, bf16 and float32 weights, no weight."""
+@pytest.mark.parametrize("n,stages,db_smem,warps,w_f32,extra", [
+    (16384, 2, 1, 16, 0, ""), (16384, 3, 0, 16, 0, ""), (8192, 2, 1, 16, 0, ""), (8192, 3, 1, 16, 0, ""),
+    (8192, 4, 0, 16, 0, ""), (16384, 2, 0, 16, 1, ""), (8192, 2, 0, 16, 1, ""), (16384, 2, 0, 32, 0, ""),
+    (16384, 2, 1, 32, 0, ""), (16384, 2, 0, 32, 1, ""), (8192, 2, 0, 32, 0, ""), (16384, 2, 0, 16, 0, "device_desc"),
+    (8192, 2, 0, 16, 1, "device_desc"), (16384, 2, 0, 16, 0, "smem_sums"), (8192, 2, 1, 16, 0, "smem_sums")], ids=str)
+def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, warps, w_f32, extra, monkeypatch):
+    """The variants the sweep tries (layer_norm_config.GluonVariant's fields as bwd_gluon_<field>: rows in the ring,
+    dB accumulated in shared memory, warps, the weight held as float32, device-side descriptors, the row sums through
+    one shared buffer): right against float64, one row and several a program, bf16 and float32 weights, no weight."""
     if not _gluon_ok():
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers.ops import layer_norm_gluon as lg
 
     calls = []
     orig = lg.norm_backward_rows
-    monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(a[-5:]) or orig(*a, **k))
+    monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(a[-6:]) or orig(*a, **k))
+    flags = {f"bwd_gluon_{extra}": 1} if extra else {}
     with config_override("layer_norm", bwd_gluon=1, bwd_gluon_stages=stages, bwd_gluon_db_smem=db_smem,
-                         bwd_gluon_warps=warps, bwd_gluon_w_f32=w_f32, bwd_gluon_device_desc=device_desc):
+                         bwd_gluon_warps=warps, bwd_gluon_w_f32=w_f32, **flags):
         ln_ops._BWD_PLANS.clear()
         for rows in (1, 600):
             _check(rms, (rows, n), 1, torch.bfloat16, "cuda")
-        assert calls and calls[0] == (stages, bool(db_smem), warps, bool(w_f32), bool(device_desc)), calls
+        want = (stages, bool(db_smem), warps, bool(w_f32), extra == "device_desc", extra == "smem_sums")
+        assert calls and tuple(calls[0]) == want, calls
         _check(rms, (300, n), 1, torch.bfloat16, "cuda", param_dtype=torch.float32)
         _check(rms, (300, n), 1, torch.bfloat16, "cuda", affine=False)
 

@@ -969,7 +969,7 @@ def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b:
 def _gluon_plan(plan: _BwdPlan, x: torch.Tensor, has_w: bool, has_b: bool, is_rms: bool):
     """The Gluon row backward's part of a backward plan, decided once per plan (plans are keyed on the
     config-override epoch): False where it does not take the plan's width / dtype (BWD_GLUON, bwd_gluon), else
-    (G, its reduce kernel, ring rows, dB in shared memory, warps, weight as float32, device-side descriptors)."""
+    (G, its reduce kernel, its form: layer_norm_config.GluonVariant)."""
     if plan.gluon is None:
         m, n = plan.m, plan.n
         variant = None if n < 4096 or INTERPRET or not x.is_cuda else _bwd_gluon(
@@ -977,7 +977,7 @@ def _gluon_plan(plan: _BwdPlan, x: torch.Tensor, has_w: bool, has_b: bool, is_rm
         plan.gluon = False
         if variant is not None:
             g = min(_sm_count(x.get_device()), m)
-            plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None, *variant)
+            plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None, variant)
     return plan.gluon
 
 
@@ -991,15 +991,14 @@ def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has
     if gplan is False:
         return None
     m, n = plan.m, plan.n
-    g, reduce_kernel, stages, db_smem, warps, w_f32, device_desc = gplan
+    g, reduce_kernel, v = gplan
     x2, dy2 = x.view(m, n) if x.is_contiguous() else None, dy.view(m, n) if dy.is_contiguous() else None
     w = weight.contiguous().view(-1) if has_w else None
     if x2 is None or dy2 is None:
         return None
-    if lg.supported(x2, dy2, w, cast_before_w, stages, db_smem and has_b, warps, w_f32) is not None:
+    if lg.supported(x2, dy2, w, cast_before_w, v.stages, v.db_smem and has_b, v.warps, v.w_f32) is not None:
         return None
-    parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g, stages, db_smem, warps,
-                                     w_f32, device_desc)
+    parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g, *v)
     return parts, g, reduce_kernel
 
 
@@ -1286,17 +1285,17 @@ def _gluon_cpp_spec(bplan, x, weight, has_w, has_b, is_rms, cast_before_w):
     """(kernel, G, reduce kernel) of the Gluon row backward where it takes this plan's contiguous, aligned rows
     (what the C++ fast path passes: dy made contiguous there) with device-side descriptors, else None."""
     gplan = _gluon_plan(bplan, x, has_w, has_b, is_rms)
-    if gplan is False or not gplan[-1]:  # (host descriptors: a launch the C++ path cannot make)
+    if gplan is False or not gplan[-1].device_desc:  # (host descriptors: a launch the C++ path cannot make)
         return None
     from . import layer_norm_gluon as lg
 
-    g, reduce_kernel, stages, db_smem, warps, w_f32, _ = gplan
+    g, reduce_kernel, v = gplan
     x2 = x.view(bplan.m, bplan.n)
     w = weight.contiguous().view(-1) if has_w else None
-    if lg.supported(x2, x2, w, cast_before_w, stages, db_smem and has_b, warps, w_f32) is not None:
+    if lg.supported(x2, x2, w, cast_before_w, v.stages, v.db_smem and has_b, v.warps, v.w_f32) is not None:
         return None
     kernel = lg.bwd_kernel(bplan.m, bplan.n, bplan.n, bplan.n, x.dtype, None if w is None else w.dtype, has_b, is_rms,
-                           g, stages, db_smem, warps, w_f32, True)
+                           g, *v)
     return kernel, kernel.grid[0], reduce_kernel
 
 

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ._common import get_override
@@ -87,15 +89,28 @@ BWD_PERSIST_HOLD: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 # the row sums and dx into two FMAs (LayerNorm SASS 1192 -> 1136 a row loop): LayerNorm 16K 0.769 against 0.650
 # (taken), RMSNorm 16K 0.859-0.881.  ncu there: LayerNorm 53.6 M instructions against RMSNorm's 41.9 M at the same
 # ~0.45 issued a cycle per scheduler (4 warps each): instruction-bound.
-# config_override("layer_norm", bwd_gluon=1 / 0) turns it on / off wherever it applies; bwd_gluon_stages and
-# bwd_gluon_db_smem, bwd_gluon_warps, bwd_gluon_w_f32, bwd_gluon_device_desc set its variant (the entry's five fields).
-# device_desc (written after the session's last device call, not yet run on a GPU): the kernel makes its TMA
-# descriptors from pointers, so the C++ fast path registers it (layer_norm._gluon_cpp_spec).  Session 18 call 7
-# (issue9/run25_f/diag_norm_host_prof.txt): at 16K every norm call runs the Python autograd.Function (110 us of
-# host a forward, 260 us a backward): do_bench of fwd+bwd minus fwd 0.14-0.22 of copy, host-bound.
-BWD_GLUON: dict[tuple[int, int, bool], tuple[int, bool, int, bool, bool]] = {
-    (2, 16384, True): (2, False, 16, False, False),
-    (2, 16384, False): (2, False, 16, False, False),
+# config_override("layer_norm", bwd_gluon=1 / 0) turns it on / off wherever it applies; bwd_gluon_<field> sets a
+# field of its form (GluonVariant).  Written after the session's last device call, not yet run on a GPU:
+# - device_desc: the kernel makes its TMA descriptors from pointers, so the C++ fast path registers it
+#   (layer_norm._gluon_cpp_spec).  Session 18 call 7 (issue9/run25_f/diag_norm_host_prof.txt): at 16K every norm
+#   call runs the Python autograd.Function (110 us of host a forward, 260 us a backward): do_bench of fwd+bwd minus
+#   fwd 0.14-0.22 of copy, host-bound.
+# - smem_sums: LayerNorm 16K's row-loop barriers 11 -> 7 and no spills, for 4 % more instructions (sm_90 SASS).
+class GluonVariant(NamedTuple):
+    """A form of the Gluon row backward (ops/layer_norm_gluon.py); each field has a config_override key
+    ``bwd_gluon_<field>``."""
+
+    stages: int = 2  # rows in the shared-memory ring
+    db_smem: bool = False  # dB accumulated in shared memory (LayerNorm's two row sums then in one reduction)
+    warps: int = 16  # warps a CTA
+    w_f32: bool = False  # the weight held in shared memory as float32
+    device_desc: bool = False  # TMA descriptors made on the device: the C++ fast path can launch it
+    smem_sums: bool = False  # the row sums' cross-warp step through one buffer and one barrier a row
+
+
+BWD_GLUON: dict[tuple[int, int, bool], GluonVariant] = {
+    (2, 16384, True): GluonVariant(),
+    (2, 16384, False): GluonVariant(),
 }
 # LayerNorm's persistent backward publishes its two partial row sums packed in one word (PACK: one atomic and one
 # polled word a piece instead of two).  Session 12 sweep, bf16, CUDA-graph replay (issue10/run18_b/pack_sweep.txt):
@@ -259,14 +274,11 @@ def _bwd_persist_config(n_pow2: int, elem: int, is_rms: bool = False) -> tuple[i
             get_override(_CFG, "bwd_persist_per_sm", per_sm), get_override(_CFG, "bwd_persist_stages", stages), hold)
 
 
-def _bwd_gluon(elem: int, n_pow2: int, is_rms: bool) -> tuple[int, bool, int, bool, bool] | None:
-    """(ring rows, dB in shared memory, warps, weight held as float32, device-side descriptors) where the Gluon row
-    backward (ops/layer_norm_gluon.py) takes an eager call it supports, else None: BWD_GLUON, then config_override
-    bwd_gluon / bwd_gluon_stages / bwd_gluon_db_smem / bwd_gluon_warps / bwd_gluon_w_f32 / bwd_gluon_device_desc."""
+def _bwd_gluon(elem: int, n_pow2: int, is_rms: bool) -> GluonVariant | None:
+    """The form of the Gluon row backward (ops/layer_norm_gluon.py) that takes an eager call it supports, else None:
+    BWD_GLUON, then config_override bwd_gluon and bwd_gluon_<field> (GluonVariant's fields)."""
     entry = BWD_GLUON.get((elem, n_pow2, is_rms))
     if not get_override(_CFG, "bwd_gluon", entry is not None):
         return None
-    stages, db_smem, warps, w_f32, device_desc = entry or (2, False, 16, False, False)
-    return (int(get_override(_CFG, "bwd_gluon_stages", stages)), bool(get_override(_CFG, "bwd_gluon_db_smem", db_smem)),
-            int(get_override(_CFG, "bwd_gluon_warps", warps)), bool(get_override(_CFG, "bwd_gluon_w_f32", w_f32)),
-            bool(get_override(_CFG, "bwd_gluon_device_desc", device_desc)))
+    entry = entry or GluonVariant()
+    return GluonVariant(*(type(v)(get_override(_CFG, f"bwd_gluon_{k}", v)) for k, v in entry._asdict().items()))

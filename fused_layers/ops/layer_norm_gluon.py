@@ -157,6 +157,7 @@ if HAS_GLUON:
         X_BITS: gl.constexpr,  # bits of an x element (16 / 32)
         W_BITS: gl.constexpr,  # bits of a weight element
         DEVICE_DESC: gl.constexpr,  # make the TMA descriptors here from X / DY / W (x_desc, dy_desc, w_desc None)
+        SMEM_SUMS: gl.constexpr,  # the row sums' cross-warp step through one shared buffer and one barrier a row
         num_warps: gl.constexpr,
     ):
         REPS: gl.constexpr = R // num_warps
@@ -180,6 +181,11 @@ if HAS_GLUON:
             DBP = PARTS + gl.num_programs(0).to(gl.int64) * N
         else:
             DBP = PARTS
+
+        # SMEM_SUMS: the warps' row-sum partials, read whole by every thread (layout ALL: each thread all of them).
+        ALL: gl.constexpr = gl.BlockedLayout([num_warps], [32], [num_warps], [0])
+        sums1 = gl.allocate_shared_memory(gl.float32, [num_warps], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        sums2 = gl.allocate_shared_memory(gl.float32, [num_warps], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
         # Shared memory: the row ring (x and dy, one mbarrier a slot) and the weight.
         x_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], XL)
@@ -252,7 +258,20 @@ if HAS_GLUON:
                 s1, s2 = _slice_sums(xb.slice(k * num_warps, num_warps), dyb.slice(k * num_warps, num_warps),
                                      ws.slice(k * num_warps, num_warps), mean, s1, s2, layout, IS_RMS, HAS_W)
             # c1 = sum(g xhat) / N = rstd sum(g xc) / N; c2r = rstd sum(g) / N (LayerNorm)
-            if IS_RMS:
+            if SMEM_SUMS:
+                # Each warp's sums (a warp a sub-row: intra-warp shuffles), then one exchange for both: every warp
+                # writes its two partials, one barrier, every thread reads all 2 x num_warps and adds them.  The
+                # buffer is written again only after the next step-4 barrier, so no second barrier is needed.
+                sums1.store(gl.sum(s1, axis=1))
+                if not IS_RMS:
+                    sums2.store(gl.sum(s2, axis=1))
+                gl.thread_barrier()
+                c1 = gl.sum(sums1.load(ALL), axis=0) * (rstd / N)
+                if IS_RMS:
+                    c2r = 0.0
+                else:
+                    c2r = gl.sum(sums2.load(ALL), axis=0) * (rstd / N)
+            elif IS_RMS:
                 c1 = gl.sum(gl.sum(s1, axis=1), axis=0) * (rstd / N)
                 c2r = 0.0
             elif not DB_SMEM:  # (two reductions: the paired one spills with dB in registers, sm_90 scan)
@@ -340,7 +359,7 @@ _KERNELS: dict = {}
 
 def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: torch.dtype | None, has_b: bool,
                is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False, warps: int = WARPS,
-               w_f32: bool = False, device_desc: bool = False) -> Kernel:
+               w_f32: bool = False, device_desc: bool = False, smem_sums: bool = False) -> Kernel:
     """The launch plan (a ``Kernel``: grid, constexprs) of the row backward of (M, N) rows of row strides sx / sdy
     over ``programs`` CTAs (at most one an SM; at most M), for rows ``supported`` took with the same variant.  One
     object a plan.  ``device_desc``: the kernel makes its TMA descriptors and takes pointers and ints only (then the
@@ -348,7 +367,7 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
     G = max(1, min(programs, M))
     db_smem = bool(db_smem and has_b)
     w_f32 = bool(w_f32 and w_dtype is not None)
-    key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32, device_desc)
+    key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32, device_desc, smem_sums)
     kernel = _KERNELS.get(key)
     if kernel is None:
         if len(_KERNELS) > 256:
@@ -359,7 +378,7 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
             _norm_bwd_rows_gluon_kernel, (G,), **descs, IS_RMS=is_rms, HAS_W=w_dtype is not None, HAS_B=has_b,
             R=N // BOX, VEC=16 * 8 // bits, STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits,
             W_BITS=torch.finfo(w_dtype).bits if w_dtype is not None else bits, DEVICE_DESC=device_desc,
-            num_warps=warps)
+            SMEM_SUMS=smem_sums, num_warps=warps)
     return kernel
 
 
@@ -368,13 +387,15 @@ _DESCS: dict = {}  # host descriptors a plan (their base pointer swapped in at e
 
 def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
                        has_b: bool, is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False,
-                       warps: int = WARPS, w_f32: bool = False, device_desc: bool = False) -> tuple[torch.Tensor, int]:
+                       warps: int = WARPS, w_f32: bool = False, device_desc: bool = False,
+                       smem_sums: bool = False) -> tuple[torch.Tensor, int]:
     """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
-    one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``).
+    one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``;
+    the fields of layer_norm_config.GluonVariant in order).
     Returns (partials, G) for layer_norm's fixed-order reduce."""
     M, N = x.shape
     kernel = bwd_kernel(M, N, x.stride(0), dy.stride(0), x.dtype, None if w is None else w.dtype, has_b, is_rms,
-                        programs, stages, db_smem, warps, w_f32, device_desc)
+                        programs, stages, db_smem, warps, w_f32, device_desc, smem_sums)
     G = kernel.grid[0]
     nparts = (int(w is not None) + int(has_b)) * G * N
     parts = torch.empty((nparts,), dtype=torch.float32, device=x.device) if nparts else stats
