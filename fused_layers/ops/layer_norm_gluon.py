@@ -145,7 +145,8 @@ if HAS_GLUON:
         sdy,  # dy's row stride (elements)
         x_desc,  # host TMA descriptor of x over its (M, N / 256, 256) view, box (1, R, 256) (None: DEVICE_DESC)
         dy_desc,  # host TMA descriptor of dy, the same (None: DEVICE_DESC)
-        w_desc,  # host TMA descriptor of the weight over (N / 256, 256), box (R, 256) (HAS_W; else x_desc; None: DEVICE_DESC)
+        w_desc,  # host TMA descriptor of the weight over (N / 256, 256), box (R, 256) (HAS_W; else x_desc;
+        #          None: DEVICE_DESC)
         IS_RMS: gl.constexpr,
         HAS_W: gl.constexpr,
         HAS_B: gl.constexpr,
@@ -184,8 +185,9 @@ if HAS_GLUON:
 
         # SMEM_SUMS: the warps' row-sum partials, read whole by every thread (layout ALL: each thread all of them).
         ALL: gl.constexpr = gl.BlockedLayout([num_warps], [32], [num_warps], [0])
-        sums1 = gl.allocate_shared_memory(gl.float32, [num_warps], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        sums2 = gl.allocate_shared_memory(gl.float32, [num_warps], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        if SMEM_SUMS:
+            sums1 = gl.allocate_shared_memory(gl.float32, [num_warps], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+            sums2 = gl.allocate_shared_memory(gl.float32, [num_warps], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
         # Shared memory: the row ring (x and dy, one mbarrier a slot) and the weight.
         x_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], XL)
