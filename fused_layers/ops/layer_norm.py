@@ -1317,7 +1317,10 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
     nparts = 0
     if grad:
         bplan = _bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev, cast_before_w)
-        gspec = _gluon_cpp_spec(bplan, x, weight, has_w, has_b, is_rms, cast_before_w)
+        # The Gluon launch is decided on the eager (persist_ok) plan: the one whose reduce kernel the Python
+        # path compiled (a plan of its own per key: the other plan's reduce Kernel is never launched).
+        gspec = _gluon_cpp_spec(_bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev,
+                                          cast_before_w, True), x, weight, has_w, has_b, is_rms, cast_before_w)
         if gspec is not None:  # the Gluon row backward (its kernel takes the Triton kernels' arguments)
             kernel, g, reduce_kernel = gspec
             m, n = bplan.m, bplan.n
