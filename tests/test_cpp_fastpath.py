@@ -172,6 +172,31 @@ def test_extension_builds():
         ext.pack_for_test("pp", [], 0, [16], [])
     with pytest.raises(RuntimeError, match="left over"):
         ext.pack_for_test("p", [], 0, [16, 32], [])
+    # A host TMA descriptor ('T', the Gluon norm backward's x / dy / w): passed by its own 128-byte storage, then
+    # the shape (i32) and strides (i64) Triton's launcher passes after it.
+    slots = ext.pack_for_test("pTiilTil", [7, 3, 5, 9, 8], 0, [0x7F0000001000], [])
+    assert slots == [0x7F0000001000, -1000, 7, 3, 5, -1001, 9, 8]
+
+
+def test_tma_specs_and_kinds():
+    """The C++ registration of a kernel with host TMA descriptors (Triton's TensorDescriptor arguments): the
+    kinds Triton's launcher expands them to, and the driver-order spec the extension encodes each launch from."""
+    from types import SimpleNamespace
+
+    sig = {"X": "*bf16", "M": "i32", "N": "constexpr", "x_desc": "tensordesc<bf16[1, 64, 256],NVMMASharedLayout(...)>",
+           "w_desc": "tensordesc<fp32[64, 256],NVMMASharedLayout(...)>"}
+    compiled = SimpleNamespace(src=SimpleNamespace(signature=sig))
+    fn = SimpleNamespace(arg_names=list(sig))
+    assert _cpp._kinds(compiled, fn, "pii" + "dd") == "pi-" + "Tiiilll" + "Tiill"
+    assert _cpp._kinds(compiled, fn, "pidd") is None  # a descriptor where an int is expected
+    md = SimpleNamespace(tensordesc_meta=[
+        dict(swizzle=0, elem_size=2, elem_type=10, block_size=[1, 64, 256], fp4_padded=False),
+        dict(swizzle=3, elem_size=4, elem_type=7, block_size=[64, 256], fp4_padded=False)])
+    specs = _cpp._tma_specs(md, ((0, [300, 64, 256], [16384, 256, 1]), (3, [64, 256], [256, 1])))
+    # [ptr, CUtensorMapDataType (bf16: 9), rank, swizzle, dims innermost first, byte strides, box innermost first]
+    assert specs == [[0, 9, 3, 0, 256, 64, 300, 512, 32768, 256, 64, 1], [3, 7, 2, 3, 256, 64, 1024, 256, 64]]
+    assert _cpp._tma_specs(md, ((0, [300, 64, 256], [16384, 256, 1]),)) is None  # one spec a descriptor
+    assert _cpp._tma_specs(md, ((0, [300, 64, 256], [16384, 256, 2]), (3, [64, 256], [256, 1]))) is None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -395,10 +420,11 @@ def test_gpu_softmax_fast_call(cpp_on):
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("pdtype,affine", [(torch.bfloat16, "wb"), (torch.float32, "wb"), (torch.bfloat16, "none")],
                          ids=["bf16", "fp32params", "none"])
-def test_gpu_cpp_node_gluon_row_backward(rms, pdtype, affine, cpp_on):
-    """bf16 16K rows through the Gluon row backward with device-side TMA descriptors (bwd_gluon_device_desc: plain
-    pointer arguments): the C++ node launches it and its reduce, right against float64, also for a non-contiguous
-    dy (made contiguous in C++)."""
+@pytest.mark.parametrize("device_desc", [0, 1], ids=["host_desc", "device_desc"])
+def test_gpu_cpp_node_gluon_row_backward(rms, pdtype, affine, device_desc, cpp_on):
+    """bf16 16K rows through the Gluon row backward: the C++ node launches it and its reduce, right against
+    float64, also for a non-contiguous dy (made contiguous in C++).  Host descriptors (the default form: the C++
+    launch encodes them at each call) and device-side ones (bwd_gluon_device_desc: pointer arguments only)."""
     from fused_layers.ops import layer_norm_gluon as lg
 
     if not (lg.HAS_GLUON and torch.cuda.get_device_capability()[0] == 9):
@@ -409,7 +435,7 @@ def test_gpu_cpp_node_gluon_row_backward(rms, pdtype, affine, cpp_on):
     b = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine == "wb" and not rms else None
     ours = (lambda x, w, b: fused_rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: fused_layer_norm(x, (n,), w, b, 1e-5))
     ref = (lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5))
-    with ln_ops.config_override("layer_norm", bwd_gluon=1, bwd_gluon_device_desc=1):
+    with ln_ops.config_override("layer_norm", bwd_gluon=1, bwd_gluon_device_desc=device_desc):
         for it in range(4):  # the first call runs the Python path (compiles), later ones the C++ node
             dy = torch.randn(300, n, device=dev, dtype=dtype)
             if it == 3:
@@ -423,7 +449,7 @@ def test_gpu_cpp_node_gluon_row_backward(rms, pdtype, affine, cpp_on):
         assert _used_cpp(x, w, b, 1, rms), "the C++ node never ran"
         assert got[0].grad_fn.name() == "FusedNormBackward", got[0].grad_fn
         plan = ln_ops._bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, 1, w is not None, b is not None, rms,
-                                x.get_device(), False)
+                                x.get_device(), False, True)  # the eager plan (persist_ok)
         assert plan.gluon, "the Gluon row backward did not take the plan"
 
 

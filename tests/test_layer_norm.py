@@ -951,7 +951,7 @@ def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, warps, w_f32, 
     calls = []
     orig = lg.norm_backward_rows
     monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(a[-6:]) or orig(*a, **k))
-    flags = {f"bwd_gluon_{extra}": 1} if extra else {}
+    flags = dict(bwd_gluon_device_desc=int(extra == "device_desc"), bwd_gluon_smem_sums=int(extra == "smem_sums"))
     with config_override("layer_norm", bwd_gluon=1, bwd_gluon_stages=stages, bwd_gluon_db_smem=db_smem,
                          bwd_gluon_warps=warps, bwd_gluon_w_f32=w_f32, **flags):
         ln_ops._BWD_PLANS.clear()

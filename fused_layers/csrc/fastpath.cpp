@@ -10,8 +10,10 @@
 // Kernels: the Python side compiles every kernel through Triton as before (the first call of a plan runs
 // the Python path), then registers each compiled kernel: its CUfunction (already loaded by Triton, with
 // its shared-memory attribute set), grid, threads, dynamic shared memory, and the kinds of its runtime
-// parameters (pointer / i32 / i64 / fp32, or '-' for an int Triton specialized into a constant).  A launch
-// fills the parameters in the kernel's order, then null pointers for Triton's scratch parameters.
+// parameters (pointer / i32 / i64 / fp32, '-' for an int Triton specialized into a constant, or 'T' for a
+// host TMA descriptor: a 128-byte CUtensorMap the launch encodes from one of the call's pointers, as
+// Triton's launcher does for a TensorDescriptor argument).  A launch fills the parameters in the kernel's
+// order, then the pointers of Triton's scratch parameters.
 //
 // The CUDA driver is opened at run time (dlopen libcuda.so.1, as Triton's own launcher does); cuda.h comes
 // from Triton's package.  Built on first use by torch.utils.cpp_extension (fused_layers/ops/_cpp.py).
@@ -24,6 +26,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -124,6 +127,10 @@ typedef CUresult (*PFN_CtxGetCurrent)(CUcontext*);
 typedef CUresult (*PFN_CtxSetCurrent)(CUcontext);
 typedef CUresult (*PFN_DeviceGet)(CUdevice*, int);
 typedef CUresult (*PFN_PrimaryCtxRetain)(CUcontext*, CUdevice);
+typedef CUresult (*PFN_TensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                             const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                             CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                             CUtensorMapFloatOOBfill);
 
 struct Driver {
   PFN_Launch launch = nullptr;
@@ -132,6 +139,7 @@ struct Driver {
   PFN_CtxSetCurrent ctx_set = nullptr;
   PFN_DeviceGet device_get = nullptr;
   PFN_PrimaryCtxRetain primary_retain = nullptr;
+  PFN_TensorMapEncodeTiled encode_tiled = nullptr;  // CUDA >= 12 (host TMA descriptors, kind 'T')
 };
 
 Driver& driver() {
@@ -146,6 +154,7 @@ Driver& driver() {
     d.ctx_set = (PFN_CtxSetCurrent)dlsym(h, "cuCtxSetCurrent");
     d.device_get = (PFN_DeviceGet)dlsym(h, "cuDeviceGet");
     d.primary_retain = (PFN_PrimaryCtxRetain)dlsym(h, "cuDevicePrimaryCtxRetain");
+    d.encode_tiled = (PFN_TensorMapEncodeTiled)dlsym(h, "cuTensorMapEncodeTiled");
     TORCH_CHECK(d.launch && d.ctx_get && d.ctx_set && d.device_get && d.primary_retain,
                 "fused_layers C++ fast path: libcuda lacks an entry point it needs");
   });
@@ -155,6 +164,19 @@ Driver& driver() {
 void check(CUresult r, const char* what) {
   TORCH_CHECK(r == CUDA_SUCCESS, "fused_layers C++ fast path: ", what, " failed (CUresult ", (int)r, ")");
 }
+
+// A host TMA descriptor parameter ('T'): everything but the base address is fixed by the plan; the launch
+// encodes it with the call's pointer `ptr` as Triton's fill_tma_descriptor does (no interleave, L2 promotion
+// 128 B, no OOB fill).  Sizes in the driver's order (innermost first); strides in bytes (rank - 1 of them).
+struct TmaSpec {
+  int ptr;                            // index of the base among the call's pointers
+  CUtensorMapDataType dtype;
+  cuuint32_t rank;
+  CUtensorMapSwizzle swizzle;
+  cuuint64_t dims[5], strides[4];
+  cuuint32_t box[5];
+};
+constexpr size_t kMaxTma = 4;
 
 // One kernel at one launch plan.
 struct Launch {
@@ -167,6 +189,7 @@ struct Launch {
   std::vector<int64_t> ints;  // the plan's fixed integer arguments, in order (constants included)
   int extra;                  // Triton's trailing scratch pointers (null unless scratch_bytes)
   int64_t scratch_bytes;      // global scratch of the whole grid (device-side TMA descriptors); 0: none
+  std::vector<TmaSpec> tmas;  // the 'T' parameters, in order
 };
 
 std::vector<Launch> g_launches;
@@ -177,10 +200,15 @@ std::mutex g_mutex;  // registration only (launches read entries that are never 
 // trailing scratch pointers null.  Returns the parameter count.
 template <typename PtrIt, typename FltIt>
 size_t pack(const Launch& L, PtrIt p, PtrIt p_end, FltIt f, FltIt f_end, uint64_t* store, void** params,
-            const void* scratch = nullptr) {
+            const void* scratch = nullptr, CUtensorMap* maps = nullptr) {
   size_t np = 0;
-  size_t ii = 0;
+  size_t ii = 0, ti = 0;
   for (char k : L.kinds) {
+    if (k == 'T') {  // the descriptor itself is the parameter (128 bytes, encoded by `launch`)
+      TORCH_CHECK(maps != nullptr && ti < L.tmas.size(), "fused_layers C++ fast path: no TMA descriptor to pass");
+      params[np++] = &maps[ti++];
+      continue;
+    }
     switch (k) {
       case 'p':
         TORCH_CHECK(p != p_end, "fused_layers C++ fast path: too few pointers for the kernel");
@@ -237,8 +265,18 @@ void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initi
   at::Tensor scratch;  // freed after the launch: the caching allocator reuses it only in stream order
   if (L.scratch_bytes > 0)
     scratch = at::empty({L.scratch_bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, (c10::DeviceIndex)L.device));
+  alignas(64) CUtensorMap maps[kMaxTma];  // (register_launch refused plans with more)
+  for (size_t t = 0; t < L.tmas.size(); ++t) {
+    const TmaSpec& T = L.tmas[t];
+    TORCH_CHECK(T.ptr >= 0 && (size_t)T.ptr < ptrs.size(), "fused_layers C++ fast path: TMA base out of range");
+    const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
+    check(d.encode_tiled(&maps[t], T.dtype, T.rank, const_cast<void*>(ptrs.begin()[T.ptr]), T.dims, T.strides, T.box,
+                         ones, CU_TENSOR_MAP_INTERLEAVE_NONE, T.swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+          "cuTensorMapEncodeTiled");
+  }
   pack(L, ptrs.begin(), ptrs.end(), floats.begin(), floats.end(), store, params,
-       scratch.defined() ? scratch.data_ptr() : nullptr);
+       scratch.defined() ? scratch.data_ptr() : nullptr, maps);
 #ifdef FL_HAVE_C10_CUDA
   // The function belongs to its device's context: make that device current (a model on cuda:1 called
   // while cuda:0 is current), as aten's kernels do for their tensors.
@@ -274,18 +312,26 @@ int64_t param_count(int64_t function) {
   return n;
 }
 
-// The slots `launch` would pass for these arguments (tests: the packing, without a GPU).
+// The slots `launch` would pass for these arguments (tests: the packing, without a GPU); a 'T' parameter (a
+// TMA descriptor, passed by its own storage) shows as -1000 - its index.
 std::vector<int64_t> pack_for_test(const std::string& kinds, std::vector<int64_t> ints, int64_t extra,
                                    std::vector<int64_t> ptrs, std::vector<double> floats) {
-  Launch L{nullptr, 0, {1, 1, 1}, 32, 0, kinds, std::move(ints), (int)extra, 0};
+  Launch L{nullptr, 0, {1, 1, 1}, 32, 0, kinds, std::move(ints), (int)extra, 0, {}};
   TORCH_CHECK(kinds.size() + extra <= kMaxParams, "too many parameters");
+  L.tmas.resize((size_t)std::count(kinds.begin(), kinds.end(), 'T'));
+  TORCH_CHECK(L.tmas.size() <= kMaxTma, "too many TMA descriptors");
   uint64_t store[kMaxParams];
   void* params[kMaxParams];
+  CUtensorMap maps[kMaxTma];
   std::vector<const void*> p;
   for (int64_t v : ptrs) p.push_back((const void*)(uintptr_t)v);
-  size_t np = pack(L, p.begin(), p.end(), floats.begin(), floats.end(), store, params);
+  size_t np = pack(L, p.begin(), p.end(), floats.begin(), floats.end(), store, params, nullptr, maps);
   std::vector<int64_t> out;
-  for (size_t i = 0; i < np; ++i) {
+  for (size_t i = 0, t = 0; i < np; ++i) {
+    if (t < L.tmas.size() && params[i] == &maps[t]) {
+      out.push_back(-1000 - (int64_t)t++);
+      continue;
+    }
     TORCH_CHECK(params[i] == &store[i], "parameter pointers out of order");
     out.push_back((int64_t)store[i]);
   }
@@ -293,10 +339,31 @@ std::vector<int64_t> pack_for_test(const std::string& kinds, std::vector<int64_t
 }
 
 // Register a compiled kernel at one plan; returns its handle.
+// `tmas`: one entry per 'T' in `kinds`, [ptr, CUtensorMapDataType, rank, swizzle, dims (rank, innermost
+// first), byte strides (rank - 1), box (rank)].
 int64_t register_launch(int64_t function, int64_t device, std::vector<int64_t> grid, int64_t threads, int64_t shared,
-                        const std::string& kinds, std::vector<int64_t> ints, int64_t extra, int64_t scratch_bytes) {
+                        const std::string& kinds, std::vector<int64_t> ints, int64_t extra, int64_t scratch_bytes,
+                        std::vector<std::vector<int64_t>> tmas) {
   TORCH_CHECK(scratch_bytes == 0 || extra >= 1, "a kernel with global scratch takes a scratch pointer");
   TORCH_CHECK(grid.size() == 3, "grid must have 3 entries");
+  TORCH_CHECK(tmas.size() == (size_t)std::count(kinds.begin(), kinds.end(), 'T') && tmas.size() <= kMaxTma,
+              "fused_layers C++ fast path: one TMA spec per 'T' parameter, at most ", kMaxTma);
+  std::vector<TmaSpec> specs;
+  for (const auto& v : tmas) {
+    TORCH_CHECK(v.size() >= 4, "fused_layers C++ fast path: a TMA spec is [ptr, dtype, rank, swizzle, ...]");
+    const int64_t rank = v[2];
+    TORCH_CHECK(1 <= rank && rank <= 5 && v.size() == (size_t)(4 + 3 * rank - 1), "fused_layers C++ fast path: bad TMA spec");
+    TORCH_CHECK(driver().encode_tiled != nullptr, "fused_layers C++ fast path: this driver lacks cuTensorMapEncodeTiled");
+    TmaSpec T{};
+    T.ptr = (int)v[0];
+    T.dtype = (CUtensorMapDataType)v[1];
+    T.rank = (cuuint32_t)rank;
+    T.swizzle = (CUtensorMapSwizzle)v[3];
+    for (int64_t i = 0; i < rank; ++i) T.dims[i] = (cuuint64_t)v[4 + i];
+    for (int64_t i = 0; i + 1 < rank; ++i) T.strides[i] = (cuuint64_t)v[4 + rank + i];
+    for (int64_t i = 0; i < rank; ++i) T.box[i] = (cuuint32_t)v[4 + 2 * rank - 1 + i];
+    specs.push_back(T);
+  }
   // Checked here, where Python falls back to its own path, never at launch time inside a training step.
   TORCH_CHECK(kinds.size() + (size_t)extra <= kMaxParams, "fused_layers C++ fast path: too many kernel parameters");
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -304,7 +371,7 @@ int64_t register_launch(int64_t function, int64_t device, std::vector<int64_t> g
   TORCH_CHECK(g_launches.size() < g_launches.capacity(), "fused_layers C++ fast path: too many launch plans");
   g_launches.push_back(Launch{(CUfunction)(uintptr_t)function, (int)device,
                               {(unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2]}, (unsigned)threads,
-                              (unsigned)shared, kinds, std::move(ints), (int)extra, scratch_bytes});
+                              (unsigned)shared, kinds, std::move(ints), (int)extra, scratch_bytes, std::move(specs)});
   return (int64_t)g_launches.size() - 1;
 }
 
@@ -753,7 +820,9 @@ void clear_fast() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("param_count", &param_count);
   m.def("pack_for_test", &pack_for_test);
-  m.def("register_launch", &register_launch);
+  m.def("register_launch", &register_launch, py::arg("function"), py::arg("device"), py::arg("grid"), py::arg("threads"),
+        py::arg("shared"), py::arg("kinds"), py::arg("ints"), py::arg("extra"), py::arg("scratch_bytes"),
+        py::arg("tmas") = std::vector<std::vector<int64_t>>{});
   m.def("register_norm", &register_norm);
   m.def("norm_apply", &norm_apply);
   m.def("norm_infer", &norm_infer);

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 import warnings
@@ -170,11 +171,13 @@ def fast_call(fn_name: str, *args: Any) -> Any:
         return None
 
 
-def roles(n_ptrs: int, n_ints: int, n_floats: int = 0, floats_first: bool = False, tail_ptrs: int = 0) -> str:
-    """The runtime arguments of a launch, in the kernel's order: 'p' pointer, 'i' int, 'f' float.  Most
-    kernels take pointers, ints, floats; attention's take pointers, floats, ints (and one more pointer)."""
+def roles(n_ptrs: int, n_ints: int, n_floats: int = 0, floats_first: bool = False, tail_ptrs: int = 0,
+          descs: int = 0) -> str:
+    """The runtime arguments of a launch, in the kernel's order: 'p' pointer, 'i' int, 'f' float, 'd' a host
+    TMA descriptor (TensorDescriptor; see ``register``).  Most kernels take pointers, ints, floats; attention's
+    take pointers, floats, ints (and one more pointer); the Gluon norm backward pointers, ints, descriptors."""
     mid = "f" * n_floats + "i" * n_ints if floats_first else "i" * n_ints + "f" * n_floats
-    return "p" * n_ptrs + mid + "p" * tail_ptrs
+    return "p" * n_ptrs + mid + "p" * tail_ptrs + "d" * descs
 
 
 def _kinds(compiled: Any, fn: Any, roles: str) -> str | None:
@@ -188,7 +191,13 @@ def _kinds(compiled: Any, fn: Any, roles: str) -> str | None:
     out = []
     for name, role in zip(names, roles):
         ty = sig.get(name)
-        if role == "p":
+        if role == "d":  # Triton's launcher expands a TensorDescriptor: the CUtensorMap, its shape, its strides
+            m = re.match(r"tensordesc<[^[>]*\[([^]]*)\]", ty) if isinstance(ty, str) else None
+            if m is None:
+                return None
+            ndim = m.group(1).count(",") + 1
+            out.append("T" + "i" * ndim + "l" * ndim)
+        elif role == "p":
             if not isinstance(ty, str) or not ty.startswith("*"):
                 return None
             out.append("p")
@@ -227,23 +236,53 @@ def _is_compiled(kernel: Any, key: tuple) -> bool:
 
 
 def register_all(device: int, *specs: tuple) -> list | bool | None:
-    """Register several kernels of one plan, each spec ``(kernel, dtypes by argument position, ints, role)``:
+    """Register several kernels of one plan, each spec ``(kernel, dtypes by argument position, ints, role)``
+    or ``(..., role, tmas)`` (host TMA descriptors, see ``register``):
     their handles; None if one of them is not compiled for these dtypes yet (nothing is registered: the Python
     path runs, compiles, and the next call tries again); False if one cannot be launched from C++."""
     keys = [kernel.aligned_key(device, dtypes) for kernel, dtypes, _, _ in specs]
     if not all(_is_compiled(spec[0], key) for spec, key in zip(specs, keys)):
         return None
-    handles = [register(kernel, key, device, ints, role) for (kernel, _, ints, role), key in zip(specs, keys)]
+    handles = [register(spec[0], key, device, spec[2], spec[3], *spec[4:]) for spec, key in zip(specs, keys)]
     if any(h is None for h in handles):  # the extension is still building: the next call tries again
         return None
     return False if any(h == UNSUPPORTED for h in handles) else handles
 
 
-def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str) -> int | None:
+# Triton's device-side TMA element-type codes -> the driver's CUtensorMapDataType (triton/backends/nvidia/driver.py)
+_TMA_DTYPE_DEVICE_TO_HOST = {8: 10, 9: 8, 10: 9}
+
+
+def _tma_specs(md: Any, tmas: tuple) -> list | None:
+    """The extension's TMA specs (``register_launch``) of a kernel's host descriptors: ``tmas`` gives each 'd'
+    argument's (index of its base among the launch's pointers, shape, strides) as a TensorDescriptor's
+    (outermost first, in elements); the rest (box, swizzle, element type) from Triton's ``tensordesc_meta``.
+    None where they cannot be described."""
+    metas = getattr(md, "tensordesc_meta", None)
+    if not metas or len(metas) != len(tmas):
+        return None
+    out = []
+    for (ptr, shape, strides), meta in zip(tmas, metas):
+        if not isinstance(meta, dict):
+            return None
+        box, rank, esize = list(meta["block_size"]), len(shape), int(meta["elem_size"])
+        if meta.get("fp4_padded") or len(box) != rank or len(strides) != rank or strides[-1] != 1:
+            return None
+        dtype = _TMA_DTYPE_DEVICE_TO_HOST.get(int(meta["elem_type"]), int(meta["elem_type"]))
+        out.append([int(ptr), dtype, rank, int(meta["swizzle"]), *map(int, reversed(shape)),
+                    *(esize * int(s) for s in reversed(strides[:-1])), *map(int, reversed(box))])
+    return out
+
+
+def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str, tmas: tuple = ()) -> int | None:
     """Register ``kernel``'s compiled binary for the tensors of ``key`` (``Kernel``'s device / dtype /
     alignment key) with the extension, for launches whose runtime arguments have ``role`` (see ``roles``) and
     whose ints are ``ints``: its handle; None if it was not compiled for that key yet (the Python path runs
-    once more); ``UNSUPPORTED`` if this launch cannot be made from C++."""
+    once more); ``UNSUPPORTED`` if this launch cannot be made from C++.
+
+    ``tmas``: for each 'd' (a host TMA descriptor, as Triton's TensorDescriptor), (index of its base among the
+    launch's pointers, shape, strides), fixed by the plan: the extension encodes the descriptor at each launch
+    (cuTensorMapEncodeTiled, as Triton's launcher does) and passes its shape and strides after it."""
     ext = extension()
     if ext is None:
         return None if building() else UNSUPPORTED
@@ -260,11 +299,23 @@ def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str) -> in
     cluster = getattr(md, "cluster_dims", (1, 1, 1))
     if cluster and tuple(cluster) not in ((1, 1, 1), (0, 0, 0)):
         return UNSUPPORTED
-    if role.count("i") != len(ints):
+    if role.count("i") != len(ints) or role.count("d") != len(tmas):
         return UNSUPPORTED
     kinds = _kinds(compiled, kernel.fn, role)
     if kinds is None:
         return UNSUPPORTED
+    specs = _tma_specs(md, tmas) if tmas else []
+    if specs is None:
+        return UNSUPPORTED
+    if tmas:  # the descriptors' shapes and strides follow each of them: the ints in the kernel's order
+        it, di, full = iter(ints), iter(tmas), []
+        for r in role:
+            if r == "i":
+                full.append(next(it))
+            elif r == "d":
+                _, shape, strides = next(di)
+                full += [*shape, *strides]
+        ints = full
     runtime = len(kinds) - kinds.count("-")
     function = int(compiled.function)
     extra = ext.param_count(function) - runtime  # Triton's trailing scratch pointers (0-2 by version)
@@ -272,7 +323,7 @@ def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str) -> in
         return UNSUPPORTED
     try:
         return ext.register_launch(function, device, list(kernel.grid), 32 * md.num_warps, md.shared, kinds,
-                                   [int(v) for v in ints], extra, scratch_bytes)
+                                   [int(v) for v in ints], extra, scratch_bytes, specs)
     except RuntimeError:  # the registry is full (a run with very many distinct shapes): the Python path
         return UNSUPPORTED
 

@@ -1282,21 +1282,23 @@ _SCALAR_TYPE = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}  # c10::
 
 
 def _gluon_cpp_spec(bplan, x, weight, has_w, has_b, is_rms, cast_before_w):
-    """(kernel, G, reduce kernel) of the Gluon row backward where it takes this plan's contiguous, aligned rows
-    (what the C++ fast path passes: dy made contiguous there) with device-side descriptors, else None."""
+    """(kernel, G, reduce kernel, TMA descriptors) of the Gluon row backward where it takes this plan's contiguous,
+    aligned rows (what the C++ fast path passes: dy made contiguous there), else None.  The descriptors: for the
+    host-descriptor form, the (pointer index, shape, strides) of x, dy and w that the C++ launch encodes at each
+    call (``_cpp.register``); none for the device-descriptor form (``device_desc``: pointers and ints only)."""
     gplan = _gluon_plan(bplan, x, has_w, has_b, is_rms)
-    if gplan is False or not gplan[-1].device_desc:  # (host descriptors: a launch the C++ path cannot make)
+    if gplan is False:
         return None
     from . import layer_norm_gluon as lg
 
     g, reduce_kernel, v = gplan
-    x2 = x.view(bplan.m, bplan.n)
+    m, n = bplan.m, bplan.n
+    x2 = x.view(m, n)
     w = weight.contiguous().view(-1) if has_w else None
     if lg.supported(x2, x2, w, cast_before_w, v.stages, v.db_smem and has_b, v.warps, v.w_f32) is not None:
         return None
-    kernel = lg.bwd_kernel(bplan.m, bplan.n, bplan.n, bplan.n, x.dtype, None if w is None else w.dtype, has_b, is_rms,
-                           g, *v)
-    return kernel, kernel.grid[0], reduce_kernel
+    kernel = lg.bwd_kernel(m, n, n, n, x.dtype, None if w is None else w.dtype, has_b, is_rms, g, *v)
+    return kernel, kernel.grid[0], reduce_kernel, () if v.device_desc else lg.cpp_descriptors(m, n, has_w)
 
 
 def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, out_dtype=None):
@@ -1322,9 +1324,9 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
         gspec = _gluon_cpp_spec(_bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev,
                                           cast_before_w, True), x, weight, has_w, has_b, is_rms, cast_before_w)
         if gspec is not None:  # the Gluon row backward (its kernel takes the Triton kernels' arguments)
-            kernel, g, reduce_kernel = gspec
+            kernel, g, reduce_kernel, tmas = gspec
             m, n = bplan.m, bplan.n
-            specs.append((kernel, (xd, xd, xd, wd, f32, f32), (m, n, n, n), _cpp.roles(6, 4)))
+            specs.append((kernel, (xd, xd, xd, wd, f32, f32), (m, n, n, n), _cpp.roles(6, 4, descs=len(tmas)), tmas))
             if reduce_kernel is not None:
                 specs.append((reduce_kernel, (f32, wd, bd), (g, n), _cpp.roles(3, 2)))
             nparts = (int(has_w) + int(has_b)) * g * n

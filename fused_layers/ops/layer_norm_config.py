@@ -90,12 +90,14 @@ BWD_PERSIST_HOLD: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 # (taken), RMSNorm 16K 0.859-0.881.  ncu there: LayerNorm 53.6 M instructions against RMSNorm's 41.9 M at the same
 # ~0.45 issued a cycle per scheduler (4 warps each): instruction-bound.
 # config_override("layer_norm", bwd_gluon=1 / 0) turns it on / off wherever it applies; bwd_gluon_<field> sets a
-# field of its form (GluonVariant).  Written after the session's last device call, not yet run on a GPU:
-# - device_desc: the kernel makes its TMA descriptors from pointers, so the C++ fast path registers it
-#   (layer_norm._gluon_cpp_spec).  Session 18 call 7 (issue9/run25_f/diag_norm_host_prof.txt): at 16K every norm
-#   call runs the Python autograd.Function (110 us of host a forward, 260 us a backward): do_bench of fwd+bwd minus
-#   fwd 0.14-0.22 of copy, host-bound.
-# - smem_sums: LayerNorm 16K's row-loop barriers 11 -> 7 and no spills, for 4 % more instructions (sm_90 SASS).
+# field of its form (GluonVariant).  Session 19 (issue9/run26_a, run26_b; bf16 16K, graph replay, two runs each):
+# - smem_sums (the row sums' cross-warp step through one buffer, one barrier a row; sm_90 LayerNorm row loop 11 -> 7
+#   barriers, no spills): LayerNorm 0.795-0.796 against 0.769-0.770 (taken); RMSNorm 0.815-0.820 against 0.873 (not).
+# - device_desc (descriptors made on the device: a pointers-and-ints launch): LayerNorm 0.750-0.755, RMSNorm 0.810-0.813;
+#   with smem_sums 0.792-0.793 / 0.793.  Device-made descriptors carry no L2 promotion (the host ones 128 B) and are
+#   read from global memory.  Not taken: the C++ fast path now launches the host-descriptor form itself (it encodes
+#   the descriptors at each call, ops/_cpp.py register, kind 'T'), which is what took 16K out of the Python path:
+#   do_bench fwd+bwd minus fwd 0.19 -> 0.73 (LayerNorm), 0.28 -> 0.84 (RMSNorm) with device_desc (run26_b).
 class GluonVariant(NamedTuple):
     """A form of the Gluon row backward (ops/layer_norm_gluon.py); each field has a config_override key
     ``bwd_gluon_<field>``."""
@@ -110,7 +112,7 @@ class GluonVariant(NamedTuple):
 
 BWD_GLUON: dict[tuple[int, int, bool], GluonVariant] = {
     (2, 16384, True): GluonVariant(),
-    (2, 16384, False): GluonVariant(),
+    (2, 16384, False): GluonVariant(smem_sums=True),
 }
 # LayerNorm's persistent backward publishes its two partial row sums packed in one word (PACK: one atomic and one
 # polled word a piece instead of two).  Session 12 sweep, bf16, CUDA-graph replay (issue10/run18_b/pack_sweep.txt):

@@ -387,6 +387,15 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
 _DESCS: dict = {}  # host descriptors a plan (their base pointer swapped in at each call)
 
 
+def cpp_descriptors(M: int, N: int, has_w: bool) -> tuple:
+    """The host descriptors ``norm_backward_rows`` passes, for the C++ fast path (ops/_cpp.py ``register``): per
+    descriptor (index of its base among the kernel's pointers X, DY, DX, W, ...; shape; strides) for contiguous
+    (M, N) rows.  Without a weight the third is x's again (never read: HAS_W is compiled in)."""
+    R = N // BOX
+    rows = ([M, R, BOX], [N, BOX, 1])
+    return ((0, *rows), (1, *rows), (3, [R, BOX], [BOX, 1]) if has_w else (0, *rows))
+
+
 def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
                        has_b: bool, is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False,
                        warps: int = WARPS, w_f32: bool = False, device_desc: bool = False,
