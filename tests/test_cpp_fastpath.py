@@ -197,6 +197,9 @@ def test_tma_specs_and_kinds():
     assert specs == [[0, 9, 3, 0, 256, 64, 300, 512, 32768, 256, 64, 1], [3, 7, 2, 3, 256, 64, 1024, 256, 64]]
     assert _cpp._tma_specs(md, ((0, [300, 64, 256], [16384, 256, 1]),)) is None  # one spec a descriptor
     assert _cpp._tma_specs(md, ((0, [300, 64, 256], [16384, 256, 2]), (3, [64, 256], [256, 1]))) is None
+    # register_all takes specs with and without descriptors; a kernel not compiled yet: None (the Python path runs)
+    k = SimpleNamespace(aligned_key=lambda dev, dtypes: (dev, *dtypes), compiled=lambda key: None)
+    assert _cpp.register_all(0, (k, (torch.float32,), (4,), "pi"), (k, (torch.float32,), (), "pd", ((0, [4], [1]),))) is None
 
 
 # --------------------------------------------------------------------------------------------------

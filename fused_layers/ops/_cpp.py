@@ -240,7 +240,7 @@ def register_all(device: int, *specs: tuple) -> list | bool | None:
     or ``(..., role, tmas)`` (host TMA descriptors, see ``register``):
     their handles; None if one of them is not compiled for these dtypes yet (nothing is registered: the Python
     path runs, compiles, and the next call tries again); False if one cannot be launched from C++."""
-    keys = [kernel.aligned_key(device, dtypes) for kernel, dtypes, _, _ in specs]
+    keys = [spec[0].aligned_key(device, spec[1]) for spec in specs]
     if not all(_is_compiled(spec[0], key) for spec, key in zip(specs, keys)):
         return None
     handles = [register(spec[0], key, device, spec[2], spec[3], *spec[4:]) for spec, key in zip(specs, keys)]
