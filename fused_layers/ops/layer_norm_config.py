@@ -94,10 +94,11 @@ BWD_PERSIST_HOLD: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 # - smem_sums (the row sums' cross-warp step through one buffer, one barrier a row; sm_90 LayerNorm row loop 11 -> 7
 #   barriers, no spills): LayerNorm 0.795-0.796 against 0.769-0.770 (taken); RMSNorm 0.815-0.820 against 0.873 (not).
 # - device_desc (descriptors made on the device: a pointers-and-ints launch): LayerNorm 0.750-0.755, RMSNorm 0.810-0.813;
-#   with smem_sums 0.792-0.793 / 0.793.  Device-made descriptors carry no L2 promotion (the host ones 128 B) and are
-#   read from global memory.  Not taken: the C++ fast path now launches the host-descriptor form itself (it encodes
+#   with smem_sums 0.792-0.793 / 0.793 (not profiled; device-made descriptors carry no L2 promotion, the host ones
+#   128 B, and are read from global memory).  Not taken: the C++ fast path now launches the host-descriptor form itself (it encodes
 #   the descriptors at each call, ops/_cpp.py register, kind 'T'), which is what took 16K out of the Python path:
-#   do_bench fwd+bwd minus fwd 0.19 -> 0.73 (LayerNorm), 0.28 -> 0.84 (RMSNorm) with device_desc (run26_b).
+#   do_bench fwd+bwd minus fwd 0.19 -> 0.73 (LayerNorm), 0.28 -> 0.84 (RMSNorm) with device_desc (run26_b), and
+#   0.48 -> 0.78 / 0.45 -> 0.87 with the default host-descriptor form through C++ (run26_c; run26_f: 0.79 / 0.86).
 class GluonVariant(NamedTuple):
     """A form of the Gluon row backward (ops/layer_norm_gluon.py); each field has a config_override key
     ``bwd_gluon_<field>``."""

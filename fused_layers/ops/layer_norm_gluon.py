@@ -24,14 +24,17 @@ sub-rows a multiple of num_warps and at most 4 x num_warps (16K at 16 warps), 16
 float32, no CAST_BEFORE_W.
 
 Variants (layer_norm_config.BWD_GLUON per width, config_override bwd_gluon_*): the ring's depth, dB accumulated in
-shared memory, 32-warp CTAs, the weight held as float32, and device-side TMA descriptors (DEVICE_DESC: the launch
-takes pointers and ints only, so the C++ fast path can launch it; written after session 18's last device call).
+shared memory, 32-warp CTAs, the weight held as float32, device-side TMA descriptors (DEVICE_DESC: the launch takes
+pointers and ints only) and the row sums' cross-warp step through one shared buffer (SMEM_SUMS: LayerNorm's default).
 
-Measured (H200, bf16, 2^26 elements, CUDA-graph replay; benchmarks/results/issue9/run25_c, run25_d): LayerNorm 16K
-0.77 of copy against the persistent kernel's 0.65, RMSNorm 16K 0.86-0.89 against 0.79: the default at bf16 16K.
-ncu (run25_c): instruction-bound, ~0.45 issued a cycle per scheduler with 4 warps each.  At 4K / 8K it loses to
-the Triton kernels (per-row synchronisation).  Eager calls at 16K are host-bound (the Python autograd.Function:
-do_bench 0.14-0.22) until DEVICE_DESC's C++ launch is verified.
+Measured (H200, bf16, 2^26 elements; benchmarks/results/issue9/run25_c .. run26_f): graph replay LayerNorm 16K 0.79
+(SMEM_SUMS; 0.77 without) against the persistent kernel's 0.65, RMSNorm 16K 0.87-0.90 against 0.79: the default at
+bf16 16K.  ncu (run25_c): instruction-bound, ~0.45 issued a cycle per scheduler with 4 warps each.  At 4K / 8K it
+loses to the Triton kernels (per-row synchronisation).  Eager calls go through the C++ fast path (ops/_cpp.py), which
+encodes the three host descriptors at each launch (cuTensorMapEncodeTiled, as Triton's launcher does): do_bench of
+fwd+bwd minus fwd LayerNorm 0.78-0.79, RMSNorm 0.86-0.87 (0.14-0.28 on the Python path).  DEVICE_DESC is slower by
+graph replay (RMSNorm 0.81; not profiled: device-made descriptors carry no L2 promotion, the host ones 128 B, and
+are read from global memory).
 """
 
 from __future__ import annotations
