@@ -246,6 +246,9 @@ def bwd_candidates(n: int, elem: int):
         c.append(dict(bwd_gluon=1, bwd_gluon_device_desc=1))  # device-side descriptors (the C++ fast path's form)
         c.append(dict(bwd_gluon=1, bwd_gluon_smem_sums=1))  # the row sums through one buffer, one barrier a row
         c.append(dict(bwd_gluon=1, bwd_gluon_device_desc=1, bwd_gluon_smem_sums=1))  # both
+        # the mean folded into the row sums and xhat (LayerNorm: one op a value fewer a pass; session 19), on top of
+        # the LayerNorm 16K default (smem_sums) and without it
+        c += [dict(bwd_gluon=1, bwd_gluon_fold_mean=1), dict(bwd_gluon=1, bwd_gluon_fold_mean=1, bwd_gluon_smem_sums=0)]
     # the dW / dB reduce's shape (any width, beside the width's own entry): the pre-session-12 shape (one 256-column
     # strip a program: 3 programs at 768) and others around the default (16 x 128, 4 warps, 3 stages since session 12;
     # layer_norm_config._reduce_config)

@@ -45,7 +45,12 @@ CASES = [c + (False, False) for c in CASES] + [(16384, "bf16", *LN, 2, False, 16
                                                 (16384, "bf16", *LN, 2, False, 16, False, False, True),
                                                 (16384, "bf16", *RMS, 2, False, 16, False, False, True),
                                                 (8192, "bf16", *LN, 2, False, 16, False, False, True)]
-for N, dt, is_rms, has_w, has_b, stages, db_smem, warps, w_f32, device_desc, smem_sums in CASES:
+CASES = [c + (False,) for c in CASES] + [(16384, "bf16", *LN, 2, False, 16, False, False, True, True),  # session 19
+                                         (16384, "bf16", *LN, 2, False, 16, False, False, False, True)]
+if os.environ.get("SCAN_ONLY") == "fold_mean":
+    CASES = [c for c in CASES if c[:3] == (16384, "bf16", False) and c[4] and not (c[6] or c[8] or c[9]) and c[5] == 2
+             and c[7] == 16]
+for N, dt, is_rms, has_w, has_b, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean in CASES:
     R = N // lg.BOX
     sig = {"X": f"*{dt}", "DY": f"*{dt}", "DX": f"*{dt}", "W": f"*{dt}", "STATS": "*fp32", "PARTS": "*fp32",
            "M": "i32", "N": "i32", "sx": "i32", "sdy": "i32"}
@@ -56,11 +61,11 @@ for N, dt, is_rms, has_w, has_b, stages, db_smem, warps, w_f32, device_desc, sme
                    w_desc=desc(dt, [R, 256]) if has_w else desc(dt, [1, R, 256]))
     bits = 32 if dt == "fp32" else 16
     cx = dict(**(dict(x_desc=None, dy_desc=None, w_desc=None) if device_desc else {}), IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, R=R, VEC=16 // (4 if dt == "fp32" else 2),
-              STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits, W_BITS=bits, DEVICE_DESC=device_desc, SMEM_SUMS=smem_sums,
+              STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits, W_BITS=bits, DEVICE_DESC=device_desc, SMEM_SUMS=smem_sums, FOLD_MEAN=fold_mean,
               num_warps=warps)
     names = list(sig)
     attrs = {(names.index(a),): DIV16 for a in ("X", "DY", "DX", "W", "STATS", "PARTS", "N", "sx", "sdy")}
-    label = f"N{N} {dt} {'rms' if is_rms else 'ln'} w={int(has_w)} b={int(has_b)} stages={stages} db_smem={int(db_smem)} warps={warps} w_f32={int(w_f32)} device_desc={int(device_desc)} smem_sums={int(smem_sums)}"
+    label = f"N{N} {dt} {'rms' if is_rms else 'ln'} w={int(has_w)} b={int(has_b)} stages={stages} db_smem={int(db_smem)} warps={warps} w_f32={int(w_f32)} device_desc={int(device_desc)} smem_sums={int(smem_sums)} fold_mean={int(fold_mean)}"
     try:
         r = compile_sm90(lg._norm_bwd_rows_gluon_kernel, {**sig, **{k: "constexpr" for k in cx}}, cx, attrs,
                          warps, source=GluonASTSource)

@@ -109,6 +109,7 @@ class GluonVariant(NamedTuple):
     w_f32: bool = False  # the weight held in shared memory as float32
     device_desc: bool = False  # TMA descriptors made on the device: the C++ fast path can launch it
     smem_sums: bool = False  # the row sums' cross-warp step through one buffer and one barrier a row
+    fold_mean: bool = False  # LayerNorm: the mean folded into the row sums and xhat (one op a value fewer a pass)
 
 
 BWD_GLUON: dict[tuple[int, int, bool], GluonVariant] = {

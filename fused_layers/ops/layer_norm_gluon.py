@@ -67,11 +67,13 @@ if HAS_GLUON:
         return a0 + b0, a1 + b1
 
     @gluon.jit
-    def _slice_terms(xs, dys, ws, mean, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr):
-        """One (num_warps, 256) slice of the row from shared memory: (dy, xc = x - mean, g = w dy) in float32."""
+    def _slice_terms(xs, dys, ws, mean, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr,
+                     CENTER: gl.constexpr = True):
+        """One (num_warps, 256) slice of the row from shared memory: (dy, xc = x - mean, g = w dy) in float32
+        (CENTER False: x itself, the mean folded in by the caller)."""
         x = xs.load(layout).to(gl.float32)
         dy = dys.load(layout).to(gl.float32)
-        if IS_RMS:
+        if IS_RMS or not CENTER:
             xc = x
         else:
             xc = x - mean
@@ -82,22 +84,29 @@ if HAS_GLUON:
         return dy, xc, g
 
     @gluon.jit
-    def _slice_sums(xs, dys, ws, mean, s1, s2, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr):
+    def _slice_sums(xs, dys, ws, mean, s1, s2, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr,
+                    FOLD_MEAN: gl.constexpr = False):
         """Pass 1 over one slice: s1 += g * xc, s2 += g (per thread; rstd is applied to the row sum, one multiply a
-        row instead of one a value)."""
-        dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W)
+        row instead of one a value).  FOLD_MEAN: s1 += g * x (the caller subtracts mean * sum(g), as aten's CUDA
+        LayerNorm backward does): one subtraction a value fewer."""
+        dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W, not FOLD_MEAN)
         if IS_RMS:
             return s1 + g * xc, s2
         return s1 + g * xc, s2 + g
 
     @gluon.jit
     def _slice_dx(xs, dys, ws, mean, rstd, c1, c2r, dw, db, dbs, DX, offs, layout: gl.constexpr,
-                  IS_RMS: gl.constexpr, HAS_W: gl.constexpr, HAS_B: gl.constexpr, DB_SMEM: gl.constexpr):
+                  IS_RMS: gl.constexpr, HAS_W: gl.constexpr, HAS_B: gl.constexpr, DB_SMEM: gl.constexpr,
+                  FOLD_MEAN: gl.constexpr = False):
         """Pass 2 over one slice: dx = (g - xhat c1) rstd - c2 rstd (c2r = c2 rstd; two FMAs) stored at DX + offs;
         returns the slice's dW / dB accumulators plus dy xhat, dy (DB_SMEM: dB accumulates in the shared-memory slice
-        ``dbs`` instead, each thread its own elements)."""
-        dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W)
-        xhat = xc * rstd
+        ``dbs`` instead, each thread its own elements).  FOLD_MEAN: ``mean`` is mean * rstd and xhat = x rstd - it
+        (one FMA)."""
+        dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W, not FOLD_MEAN)
+        if FOLD_MEAN and not IS_RMS:
+            xhat = xc * rstd - mean
+        else:
+            xhat = xc * rstd
         if IS_RMS:
             dx = (g - xhat * c1) * rstd
         else:
@@ -162,6 +171,7 @@ if HAS_GLUON:
         W_BITS: gl.constexpr,  # bits of a weight element
         DEVICE_DESC: gl.constexpr,  # make the TMA descriptors here from X / DY / W (x_desc, dy_desc, w_desc None)
         SMEM_SUMS: gl.constexpr,  # the row sums' cross-warp step through one shared buffer and one barrier a row
+        FOLD_MEAN: gl.constexpr,  # LayerNorm: the mean folded into the row sums and xhat (one op a value fewer a pass)
         num_warps: gl.constexpr,
     ):
         REPS: gl.constexpr = R // num_warps
@@ -261,7 +271,8 @@ if HAS_GLUON:
             s2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
             for k in gl.static_range(REPS):
                 s1, s2 = _slice_sums(xb.slice(k * num_warps, num_warps), dyb.slice(k * num_warps, num_warps),
-                                     ws.slice(k * num_warps, num_warps), mean, s1, s2, layout, IS_RMS, HAS_W)
+                                     ws.slice(k * num_warps, num_warps), mean, s1, s2, layout, IS_RMS, HAS_W,
+                                     FOLD_MEAN)
             # c1 = sum(g xhat) / N = rstd sum(g xc) / N; c2r = rstd sum(g) / N (LayerNorm)
             if SMEM_SUMS:
                 # Each warp's sums (a warp a sub-row: intra-warp shuffles), then one exchange for both: every warp
@@ -287,27 +298,32 @@ if HAS_GLUON:
                 s1, s2 = gl.reduce((s1, s2), 0, _add_pair)
                 c1 = s1 * (rstd / N)
                 c2r = s2 * (rstd / N)
+            if FOLD_MEAN and not IS_RMS:
+                # s1 summed g x: rstd / N sum(g xc) = rstd / N (sum(g x) - mean sum(g)) = c1 - mean c2r.  Pass 2 then
+                # takes mean rstd for its xhat = x rstd - mean rstd.
+                c1 = c1 - mean * c2r
+                mean = mean * rstd
 
             # Step 3 (pass 2): dx, and the dW / dB accumulators of this thread's columns.
             dxp = DX + row.to(gl.int64) * N + offs
             dw0, db0 = _slice_dx(xb.slice(0, num_warps), dyb.slice(0, num_warps), ws.slice(0, num_warps), mean, rstd,
                                  c1, c2r, dw0, db0, db_smem.slice(0, num_warps), dxp, 0, layout, IS_RMS, HAS_W,
-                                 HAS_B, DB_SMEM)
+                                 HAS_B, DB_SMEM, FOLD_MEAN)
             if REPS > 1:
                 k1: gl.constexpr = num_warps
                 dw1, db1 = _slice_dx(xb.slice(k1, num_warps), dyb.slice(k1, num_warps), ws.slice(k1, num_warps), mean,
                                      rstd, c1, c2r, dw1, db1, db_smem.slice(k1, num_warps), dxp, SL, layout, IS_RMS,
-                                     HAS_W, HAS_B, DB_SMEM)
+                                     HAS_W, HAS_B, DB_SMEM, FOLD_MEAN)
             if REPS > 2:
                 k2: gl.constexpr = 2 * num_warps
                 dw2, db2 = _slice_dx(xb.slice(k2, num_warps), dyb.slice(k2, num_warps), ws.slice(k2, num_warps), mean,
                                      rstd, c1, c2r, dw2, db2, db_smem.slice(k2, num_warps), dxp, 2 * SL, layout, IS_RMS,
-                                     HAS_W, HAS_B, DB_SMEM)
+                                     HAS_W, HAS_B, DB_SMEM, FOLD_MEAN)
             if REPS > 3:
                 k3: gl.constexpr = 3 * num_warps
                 dw3, db3 = _slice_dx(xb.slice(k3, num_warps), dyb.slice(k3, num_warps), ws.slice(k3, num_warps), mean,
                                      rstd, c1, c2r, dw3, db3, db_smem.slice(k3, num_warps), dxp, 3 * SL, layout, IS_RMS,
-                                     HAS_W, HAS_B, DB_SMEM)
+                                     HAS_W, HAS_B, DB_SMEM, FOLD_MEAN)
 
             # Step 4: every warp has read the slot: fetch row i + STAGES into it.
             gl.thread_barrier()
@@ -364,7 +380,7 @@ _KERNELS: dict = {}
 
 def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: torch.dtype | None, has_b: bool,
                is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False, warps: int = WARPS,
-               w_f32: bool = False, device_desc: bool = False, smem_sums: bool = False) -> Kernel:
+               w_f32: bool = False, device_desc: bool = False, smem_sums: bool = False, fold_mean: bool = False) -> Kernel:
     """The launch plan (a ``Kernel``: grid, constexprs) of the row backward of (M, N) rows of row strides sx / sdy
     over ``programs`` CTAs (at most one an SM; at most M), for rows ``supported`` took with the same variant.  One
     object a plan.  ``device_desc``: the kernel makes its TMA descriptors and takes pointers and ints only (then the
@@ -372,7 +388,9 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
     G = max(1, min(programs, M))
     db_smem = bool(db_smem and has_b)
     w_f32 = bool(w_f32 and w_dtype is not None)
-    key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32, device_desc, smem_sums)
+    fold_mean = bool(fold_mean and not is_rms)
+    key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32, device_desc, smem_sums,
+           fold_mean)
     kernel = _KERNELS.get(key)
     if kernel is None:
         if len(_KERNELS) > 256:
@@ -383,7 +401,7 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
             _norm_bwd_rows_gluon_kernel, (G,), **descs, IS_RMS=is_rms, HAS_W=w_dtype is not None, HAS_B=has_b,
             R=N // BOX, VEC=16 * 8 // bits, STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits,
             W_BITS=torch.finfo(w_dtype).bits if w_dtype is not None else bits, DEVICE_DESC=device_desc,
-            SMEM_SUMS=smem_sums, num_warps=warps)
+            SMEM_SUMS=smem_sums, FOLD_MEAN=fold_mean, num_warps=warps)
     return kernel
 
 
@@ -402,14 +420,14 @@ def cpp_descriptors(M: int, N: int, has_w: bool) -> tuple:
 def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
                        has_b: bool, is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False,
                        warps: int = WARPS, w_f32: bool = False, device_desc: bool = False,
-                       smem_sums: bool = False) -> tuple[torch.Tensor, int]:
+                       smem_sums: bool = False, fold_mean: bool = False) -> tuple[torch.Tensor, int]:
     """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
     one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``;
     the fields of layer_norm_config.GluonVariant in order).
     Returns (partials, G) for layer_norm's fixed-order reduce."""
     M, N = x.shape
     kernel = bwd_kernel(M, N, x.stride(0), dy.stride(0), x.dtype, None if w is None else w.dtype, has_b, is_rms,
-                        programs, stages, db_smem, warps, w_f32, device_desc, smem_sums)
+                        programs, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean)
     G = kernel.grid[0]
     nparts = (int(w is not None) + int(has_b)) * G * N
     parts = torch.empty((nparts,), dtype=torch.float32, device=x.device) if nparts else stats
