@@ -114,7 +114,7 @@ class GluonVariant(NamedTuple):
 
 BWD_GLUON: dict[tuple[int, int, bool], GluonVariant] = {
     (2, 16384, True): GluonVariant(),
-    (2, 16384, False): GluonVariant(smem_sums=True),
+    (2, 16384, False): GluonVariant(smem_sums=True, fold_mean=True),
 }
 # LayerNorm's persistent backward publishes its two partial row sums packed in one word (PACK: one atomic and one
 # polled word a piece instead of two).  Session 12 sweep, bf16, CUDA-graph replay (issue10/run18_b/pack_sweep.txt):
