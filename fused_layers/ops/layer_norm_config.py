@@ -99,6 +99,9 @@ BWD_PERSIST_HOLD: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 #   the descriptors at each call, ops/_cpp.py register, kind 'T'), which is what took 16K out of the Python path:
 #   do_bench fwd+bwd minus fwd 0.19 -> 0.73 (LayerNorm), 0.28 -> 0.84 (RMSNorm) with device_desc (run26_b), and
 #   0.48 -> 0.78 / 0.45 -> 0.87 with the default host-descriptor form through C++ (run26_c; run26_f: 0.79 / 0.86).
+# - fold_mean (LayerNorm: s1 sums g x and c1 takes - mean c2r, as aten's CUDA LayerNorm backward; xhat = x rstd - mean
+#   rstd, one FMA; sm_90 row loop 1176 -> 1112): on top of smem_sums 0.814 against 0.800 in the same run (taken; 6 GPU
+#   tests against float64 and the C++ / graph tests at the new default passed), without smem_sums 0.776 (run26_h).
 class GluonVariant(NamedTuple):
     """A form of the Gluon row backward (ops/layer_norm_gluon.py); each field has a config_override key
     ``bwd_gluon_<field>``."""

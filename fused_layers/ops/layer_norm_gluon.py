@@ -25,10 +25,12 @@ float32, no CAST_BEFORE_W.
 
 Variants (layer_norm_config.BWD_GLUON per width, config_override bwd_gluon_*): the ring's depth, dB accumulated in
 shared memory, 32-warp CTAs, the weight held as float32, device-side TMA descriptors (DEVICE_DESC: the launch takes
-pointers and ints only) and the row sums' cross-warp step through one shared buffer (SMEM_SUMS: LayerNorm's default).
+pointers and ints only), the row sums' cross-warp step through one shared buffer (SMEM_SUMS) and the mean folded
+into the row sums and xhat (FOLD_MEAN: pass 1 sums g x, c1 = rstd / N (sum(g x) - mean sum(g)) as aten's CUDA
+LayerNorm backward does; pass 2 xhat = x rstd - mean rstd, one FMA).  LayerNorm 16K's default takes the last two.
 
-Measured (H200, bf16, 2^26 elements; benchmarks/results/issue9/run25_c .. run26_f): graph replay LayerNorm 16K 0.79
-(SMEM_SUMS; 0.77 without) against the persistent kernel's 0.65, RMSNorm 16K 0.87-0.90 against 0.79: the default at
+Measured (H200, bf16, 2^26 elements; benchmarks/results/issue9/run25_c .. run26_h): graph replay LayerNorm 16K 0.81
+(SMEM_SUMS + FOLD_MEAN; 0.77 with neither) against the persistent kernel's 0.65, RMSNorm 16K 0.87-0.90 against 0.79: the default at
 bf16 16K.  ncu (run25_c): instruction-bound, ~0.45 issued a cycle per scheduler with 4 warps each.  At 4K / 8K it
 loses to the Triton kernels (per-row synchronisation).  Eager calls go through the C++ fast path (ops/_cpp.py), which
 encodes the three host descriptors at each launch (cuTensorMapEncodeTiled, as Triton's launcher does): do_bench of
