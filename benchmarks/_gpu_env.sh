@@ -6,3 +6,12 @@ if ls .whl/liger_kernel*.whl > /dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+# summ LOG: the bench_norm table rows of LOG (op, dtype, width, config, provider, fwd / bwd fraction of copy).
+summ() { python3 -c "
+import json, sys
+for line in open(sys.argv[1]):
+    if not line.startswith('{') or '\"cfg\"' not in line: continue
+    r = json.loads(line); c = r['cfg']
+    if 'bwd_frac' in r:
+        print('TABLE', r['op'], r['dtype'], r['n'], c, r.get('provider'), 'fwd', round(r['fwd_frac'], 3), 'bwd', round(r['bwd_frac'], 3))
+" $1; }

@@ -9,14 +9,6 @@
 #   run: OUT=$OUT bash benchmarks/gpu_session26_c.sh   (carry .whl)
 set -u
 source benchmarks/_gpu_env.sh
-summ() { python3 -c "
-import json, sys
-for line in open(sys.argv[1]):
-    if not line.startswith('{') or '\"cfg\"' not in line: continue
-    r = json.loads(line); c = r['cfg']
-    if 'bwd_frac' in r:
-        print('TABLE', r['op'], r['dtype'], r['n'], c, r.get('provider'), 'fwd', round(r['fwd_frac'], 3), 'bwd', round(r['bwd_frac'], 3))
-" $1; }
 timeout 130 python3 -m pytest tests/test_cpp_fastpath.py tests/test_layer_norm.py -q -m gpu -n 8 -p no:cacheprovider \
   -k "gluon or cpp_node or cuda_graph or extension_builds or persistent_backward_defaults" > $OUT/tests.log 2>&1
 el "tests exit $?"; tail -1 $OUT/tests.log; grep -E "^FAILED|^E  " $OUT/tests.log | head -10

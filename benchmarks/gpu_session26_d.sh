@@ -8,14 +8,6 @@
 #   run: OUT=$OUT bash benchmarks/gpu_session26_d.sh   (carry .whl)
 set -u
 source benchmarks/_gpu_env.sh
-summ() { python3 -c "
-import json, sys
-for line in open(sys.argv[1]):
-    if not line.startswith('{') or '\"cfg\"' not in line: continue
-    r = json.loads(line); c = r['cfg']
-    if 'bwd_frac' in r:
-        print('TABLE', r['op'], r['dtype'], r['n'], c, r.get('provider'), 'fwd', round(r['fwd_frac'], 3), 'bwd', round(r['bwd_frac'], 3))
-" $1; }
 for t in eager graph; do
   TIMING=$t timeout 60 python3 benchmarks/bench_norm.py --out $OUT/table_$t --ops ln,rms --dtypes bf16 --widths 8192,16384 --no-peers > $OUT/table_$t.log 2>&1
   el "table $t exit $?"; summ $OUT/table_$t.log | tee $OUT/table_$t.txt
