@@ -981,23 +981,35 @@ def _gluon_plan(plan: _BwdPlan, x: torch.Tensor, has_w: bool, has_b: bool, is_rm
     return plan.gluon
 
 
+def _gluon_take(plan: _BwdPlan, x, x2, dy2, weight, has_w: bool, has_b: bool, is_rms: bool, cast_before_w: bool):
+    """(G, reduce kernel, form, flat weight) where the Gluon row backward takes the (M, N) rows ``x2`` / ``dy2`` of
+    ``plan``, else None: its plan (``_gluon_plan``), then what ``layer_norm_gluon.supported`` checks."""
+    from . import layer_norm_gluon as lg
+
+    gplan = _gluon_plan(plan, x, has_w, has_b, is_rms)
+    if gplan is False:
+        return None
+    g, reduce_kernel, v = gplan
+    w = weight.contiguous().view(-1) if has_w else None
+    if lg.supported(x2, dy2, w, cast_before_w, v.stages, v.db_smem and has_b, v.warps, v.w_f32) is not None:
+        return None
+    return g, reduce_kernel, v, w
+
+
 def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has_b: bool, is_rms: bool,
                       cast_before_w: bool):
     """The Gluon row backward (ops/layer_norm_gluon.py, one CTA an SM) where it takes the call: (partials, G, reduce
     kernel) as ``_bwd_persist_launch``; None where it does not (the caller then runs the Triton kernels)."""
     from . import layer_norm_gluon as lg
 
-    gplan = _gluon_plan(plan, x, has_w, has_b, is_rms)
-    if gplan is False:
-        return None
     m, n = plan.m, plan.n
-    g, reduce_kernel, v = gplan
-    x2, dy2 = x.view(m, n) if x.is_contiguous() else None, dy.view(m, n) if dy.is_contiguous() else None
-    w = weight.contiguous().view(-1) if has_w else None
-    if x2 is None or dy2 is None:
+    if not (x.is_contiguous() and dy.is_contiguous()):
         return None
-    if lg.supported(x2, dy2, w, cast_before_w, v.stages, v.db_smem and has_b, v.warps, v.w_f32) is not None:
+    x2, dy2 = x.view(m, n), dy.view(m, n)
+    took = _gluon_take(plan, x, x2, dy2, weight, has_w, has_b, is_rms, cast_before_w)
+    if took is None:
         return None
+    g, reduce_kernel, v, w = took
     parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g, *v)
     return parts, g, reduce_kernel
 
@@ -1286,17 +1298,14 @@ def _gluon_cpp_spec(bplan, x, weight, has_w, has_b, is_rms, cast_before_w):
     aligned rows (what the C++ fast path passes: dy made contiguous there), else None.  The descriptors: for the
     host-descriptor form, the (pointer index, shape, strides) of x, dy and w that the C++ launch encodes at each
     call (``_cpp.register``); none for the device-descriptor form (``device_desc``: pointers and ints only)."""
-    gplan = _gluon_plan(bplan, x, has_w, has_b, is_rms)
-    if gplan is False:
-        return None
     from . import layer_norm_gluon as lg
 
-    g, reduce_kernel, v = gplan
     m, n = bplan.m, bplan.n
     x2 = x.view(m, n)
-    w = weight.contiguous().view(-1) if has_w else None
-    if lg.supported(x2, x2, w, cast_before_w, v.stages, v.db_smem and has_b, v.warps, v.w_f32) is not None:
+    took = _gluon_take(bplan, x, x2, x2, weight, has_w, has_b, is_rms, cast_before_w)
+    if took is None:
         return None
+    g, reduce_kernel, v, w = took
     kernel = lg.bwd_kernel(m, n, n, n, x.dtype, None if w is None else w.dtype, has_b, is_rms, g, *v)
     return kernel, kernel.grid[0], reduce_kernel, () if v.device_desc else lg.cpp_descriptors(m, n, has_w)
 

@@ -410,13 +410,19 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
 _DESCS: dict = {}  # host descriptors a plan (their base pointer swapped in at each call)
 
 
-def cpp_descriptors(M: int, N: int, has_w: bool) -> tuple:
-    """The host descriptors ``norm_backward_rows`` passes, for the C++ fast path (ops/_cpp.py ``register``): per
-    descriptor (index of its base among the kernel's pointers X, DY, DX, W, ...; shape; strides) for contiguous
-    (M, N) rows.  Without a weight the third is x's again (never read: HAS_W is compiled in)."""
+def descriptor_layouts(M: int, N: int, sx: int, sdy: int, has_w: bool) -> tuple:
+    """The kernel's three host descriptors (x_desc, dy_desc, w_desc) over (M, N) rows of row strides sx / sdy: per
+    descriptor (index of its base among the kernel's pointers X, DY, DX, W, ...; shape; strides; box).  Built into
+    TensorDescriptors by ``norm_backward_rows``, encoded by the C++ fast path from the same layouts (ops/_cpp.py
+    ``register``).  Without a weight the third is x's again (never read: HAS_W is compiled in)."""
     R = N // BOX
-    rows = ([M, R, BOX], [N, BOX, 1])
-    return ((0, *rows), (1, *rows), (3, [R, BOX], [BOX, 1]) if has_w else (0, *rows))
+    x_l = (0, [M, R, BOX], [sx, BOX, 1], [1, R, BOX])
+    return x_l, (1, [M, R, BOX], [sdy, BOX, 1], [1, R, BOX]), (3, [R, BOX], [BOX, 1], [R, BOX]) if has_w else x_l
+
+
+def cpp_descriptors(M: int, N: int, has_w: bool) -> tuple:
+    """``descriptor_layouts`` of contiguous rows as the C++ fast path takes them: (pointer index, shape, strides)."""
+    return tuple(lay[:3] for lay in descriptor_layouts(M, N, N, N, has_w))
 
 
 def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
@@ -440,11 +446,9 @@ def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: t
         return parts, G
     descs = _DESCS.get(kernel)
     if descs is None:
-        R = N // BOX
-        descs = [TensorDescriptor(t, [M, R, BOX], [t.stride(0), BOX, 1], [1, R, BOX], _layout(t.dtype, 3))
-                 for t in (x, dy)]
-        descs.append(TensorDescriptor(w, [R, BOX], [BOX, 1], [R, BOX], _layout(w.dtype, 2)) if w is not None
-                     else descs[0])
+        ptrs = (x, dy, dx, wp)
+        descs = [TensorDescriptor(ptrs[i], shape, strides, box, _layout(ptrs[i].dtype, len(shape)))
+                 for i, shape, strides, box in descriptor_layouts(M, N, x.stride(0), dy.stride(0), w is not None)]
         if len(_DESCS) > 256:
             _DESCS.clear()
         _DESCS[kernel] = descs
