@@ -140,6 +140,20 @@ REDUCE_TILE = 2048
 REDUCE_WARPS = 4
 REDUCE_STAGES = 3
 
+# dW / dB reduced inside the single-block backward (eager calls): the last programs of its grid to finish sum the partial
+# rows (layer_norm._fused_reduce_tail) instead of _norm_reduce_partials_kernel, a launch of its own.  Written in session
+# 20: the do_bench loop's timeline (issue9/run27_a/diag_norm_timeline.txt, LayerNorm 1K bf16) showed the row kernel
+# alone at 0.871 of copy and the backward at 0.832: the reduce took 2.6 us and the gap before it 1.1-1.5 us (7.1 us at
+# 16K).  REDUCE_SLICES_PER_SM: programs that reduce, per SM (capped at G; at most half the SMs, so that waiting programs
+# never hold every slot the grid could use); a tile spans all G partial rows (up to FUSED_REDUCE_MAX_G) and
+# FUSED_REDUCE_TILE floats; config_override keys bwd_fused_reduce (0 / 1), bwd_reduce_slices, bwd_reduce_n,
+# bwd_reduce_stages.
+BWD_FUSED_REDUCE = True
+FUSED_REDUCE_SLICES_FRAC = 0.5
+FUSED_REDUCE_MAX_G = 1024
+FUSED_REDUCE_TILE = 16  # floats a thread per tile
+FUSED_REDUCE_STAGES = 2
+
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -289,3 +303,17 @@ def _bwd_gluon(elem: int, n_pow2: int, is_rms: bool) -> GluonVariant | None:
         return None
     entry = entry or GluonVariant()
     return GluonVariant(*(type(v)(get_override(_CFG, f"bwd_gluon_{k}", v)) for k, v in entry._asdict().items()))
+
+
+def _fused_reduce_config(n: int, g: int, warps: int, sm: int, interpret: bool) -> tuple[int, int, int, int] | None:
+    """(SLICES, RED_G, RED_N, RED_STAGES) of the fused dW / dB reduce of the single-block backward (``g`` programs of
+    ``warps`` warps, rows ``n`` wide, ``sm`` SMs), or None where it is off (then _norm_reduce_partials_kernel runs).
+    Under the interpreter programs run one after another: one reducer, the last program, which waits for nobody."""
+    if not get_override(_CFG, "bwd_fused_reduce", BWD_FUSED_REDUCE) or g > FUSED_REDUCE_MAX_G:
+        return None
+    red_g = 1 << max(0, g - 1).bit_length()
+    red_n = get_override(_CFG, "bwd_reduce_n", max(2, min(64, FUSED_REDUCE_TILE * 32 * warps // red_g)))
+    red_n = min(red_n, 1 << max(0, n - 1).bit_length())
+    slices = 1 if interpret else get_override(_CFG, "bwd_reduce_slices", max(1, int(sm * FUSED_REDUCE_SLICES_FRAC)))
+    slices = max(1, min(slices, g, -(-n // red_n)))
+    return slices, red_g, red_n, get_override(_CFG, "bwd_reduce_stages", FUSED_REDUCE_STAGES)
