@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Its sweep script, benchmarks/sweep_fused_reduce.py, and the fused reduce itself are in commit 035e402; reverted after
+# this call: slower by both measures. The script is now benchmarks/sweep_norm_tiles.py.)
 # Session 20, call 2 (< 9 min, one H200).  Issue 9: dW / dB reduced inside the single-block backward (the last
 # programs to finish sum the partial rows: layer_norm._fused_reduce_tail), no reduce launch.
 #  1. GPU tests: the fused reduce (float64, retained graph, counter, slices 1 / 7 / 132, CUDA graph + side stream),

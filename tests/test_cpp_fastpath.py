@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from fused_layers import fused_attention, fused_layer_norm, fused_rms_norm, fused_softmax
 from fused_layers.ops import _cpp
 from fused_layers.ops import layer_norm as ln_ops
-from fused_layers.ops._common import config_override
 from fused_layers.ops import attention as at_ops
 from fused_layers.ops import softmax as sm_ops
 
@@ -492,7 +491,6 @@ _CPP_POINTERS = {
     "_norm_fwd_kernel": ["X", "Y", "W", "B", "STATS"],
     "_norm_bwd_kernel": ["X", "DY", "DX", "W", "STATS", "PARTS"],
     "_norm_reduce_partials_kernel": ["PARTS", "DW", "DB"],
-    "_norm_bwd_fused_kernel": ["X", "DY", "DX", "W", "STATS", "PARTS", "DW", "DB"],
     "_softmax_fwd_kernel": ["X", "Y"],
     "_softmax_bwd_kernel": ["Y", "DY", "DX"],
     "_attn_fwd_kernel": ["Q", "K", "V", "O", "LSE", "KB", "CU_Q", "CU_K", "SEED"],
@@ -517,18 +515,13 @@ def _fake_launch(ext, kinds):
 
 
 @pytest.mark.parametrize("affine", ["wb", "w", "none"])
-@pytest.mark.parametrize("fused", [False, True], ids=["reduce_kernel", "fused_reduce"])
-def test_cpu_norm_node_wiring(affine, fused, dry_run):
+def test_cpu_norm_node_wiring(affine, dry_run):
     """The hand-written norm node: one output edge per input (x, weight, bias), gradients of the inputs'
     shapes and dtypes land in .grad, only for inputs that require grad, retain_graph keeps the saved tensors
-    and a second backward without it raises as for any torch op.  ``fused``: the backward kernel writes dW / dB
-    itself (reduce handle -2, 8 pointers)."""
+    and a second backward without it raises as for any torch op."""
     ext, n = dry_run, 37
-    if fused:
-        nid = ext.register_norm(_fake_launch(ext, "pppppf"), _fake_launch(ext, "pppppppp"), -2, 17, 2 * 2 * n, -1)
-    else:
-        nid = ext.register_norm(_fake_launch(ext, "pppppf"), _fake_launch(ext, "pppppp"), _fake_launch(ext, "ppp"),
-                                16, 2 * 2 * n, -1)
+    nid = ext.register_norm(_fake_launch(ext, "pppppf"), _fake_launch(ext, "pppppp"), _fake_launch(ext, "ppp"),
+                            16, 2 * 2 * n, -1)
     x = torch.randn(8, n, requires_grad=True)
     w = torch.randn(n, requires_grad=True) if affine != "none" else None
     b = torch.randn(n) if affine == "wb" else None  # (a bias that does not require grad)
@@ -664,28 +657,18 @@ def _check_against_kernel(kernel, key, ints, role):
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("affine", ["wb", "w", "none"])
 @pytest.mark.parametrize("grad", [True, False])
-@pytest.mark.parametrize("fused", [1, 0], ids=["fused_reduce", "reduce_kernel"])
-def test_norm_registration_matches_the_kernels(rms, affine, grad, fused, recorded):
-    """The forward, and with grad the backward: with a weight or bias either the fused-reduce kernel alone (the
-    default: the node passes dW / dB to it, reduce handle -2) or the backward kernel and the reduce kernel."""
+def test_norm_registration_matches_the_kernels(rms, affine, grad, recorded):
     if rms and affine == "wb":
         pytest.skip("RMSNorm has no bias")
     x = torch.randn(6, 100, dtype=torch.bfloat16)
     w = torch.randn(100, dtype=torch.float32) if affine != "none" else None
     b = torch.randn(100, dtype=torch.float32) if affine == "wb" else None
-    with config_override("layer_norm", bwd_fused_reduce=fused):
-        plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, 1, w is not None, b is not None, rms, grad, False)
-        out = ln_ops._cpp_register(plan, x, w, b, 1, rms, grad)
+    plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, 1, w is not None, b is not None, rms, grad, False)
+    out = ln_ops._cpp_register(plan, x, w, b, 1, rms, grad)
     names = [_name(c[0]) for c in recorded]
-    if affine == "none":
-        bwd = ["_norm_bwd_kernel"]
-    else:
-        bwd = ["_norm_bwd_fused_kernel"] if fused else ["_norm_bwd_kernel", "_norm_reduce_partials_kernel"]
-    expect = ["_norm_fwd_kernel"] + (bwd if grad else [])
+    expect = ["_norm_fwd_kernel"] + (["_norm_bwd_kernel"] + (["_norm_reduce_partials_kernel"] if affine != "none" else [])
+                                     if grad else [])
     assert names == expect
-    if grad:  # (fwd, bwd, reduce handle, statistics + the counter word, partials, y dtype)
-        assert out[2][2] == (-2 if fused and affine != "none" else 2 if affine != "none" else -1)
-        assert out[2][3] == (1 if rms else 2) * 6 + 1
     for c in recorded:
         _check_against_kernel(*c)
     # the parameters' dtypes are in the keys: fp32 weight / bias next to bf16 x
@@ -851,7 +834,7 @@ def test_rms_variant_registration(cast_before_w, recorded):
     w = torch.randn(100, dtype=torch.float32)
     plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, 1, True, False, True, True, cast_before_w)
     out = ln_ops._cpp_register(plan, x, w, None, 1, True, True, cast_before_w, torch.float32)
-    assert [_name(c[0]) for c in recorded] == ["_norm_fwd_kernel", "_norm_bwd_fused_kernel"]
+    assert [_name(c[0]) for c in recorded] == ["_norm_fwd_kernel", "_norm_bwd_kernel", "_norm_reduce_partials_kernel"]
     for c in recorded:
         _check_against_kernel(*c)
     assert recorded[0][1][1:3] == ((torch.bfloat16, 0), (torch.float32, 0))  # x, then y in float32

@@ -226,83 +226,6 @@ def test_dw_db_reduce_config():
     assert -(-768 // cfg._reduce_config(768, 264)[0]) == 48
 
 
-def _counter(stats, m, rms):
-    """The fused-reduce backward's int32 counter word after the statistics (layer_norm._stats_counter)."""
-    return stats[(1 if rms else 2) * m:].view(torch.int32)
-
-
-@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("affine", ["wb", "w"])
-def test_fused_reduce_backward(rms, affine, device):
-    """The single-block backward with dW / dB reduced by its last programs (the eager default): right against
-    float64 on ragged rows with several programs; the forward zeroes the counter word after the statistics and the
-    backward leaves it 0, so a retained graph's second backward gives the same gradients bitwise; and the
-    separate reduce kernel (bwd_fused_reduce=0) agrees."""
-    if rms and affine == "wb":
-        pytest.skip("RMSNorm has no bias")
-    m, n = 11, 53
-    with config_override("layer_norm", **NARROW_TILES):
-        ln_ops._BWD_PLANS.clear()
-        _check(rms, (m, n), 1, torch.float32, device, bias=affine == "wb")
-        plans = [p for p in ln_ops._BWD_PLANS.values() if p.fused is not None]
-        assert plans and all(p.g == 3 for p in plans)
-        x = torch.randn(m, n, device=device, requires_grad=True)
-        w = torch.randn(n, device=device, requires_grad=True)
-        b = torch.randn(n, device=device, requires_grad=True) if affine == "wb" else None
-        y, stats = ln_ops.norm_forward(x, w, b, 1, 1e-5, rms)
-        assert stats.numel() == (1 if rms else 2) * m + 1 and int(_counter(stats, m, rms)) == 0
-        dy = torch.randn_like(y)
-        first = ln_ops.norm_backward(dy, x, w, b, stats, 1, rms)
-        assert int(_counter(stats, m, rms)) == 0
-        again = ln_ops.norm_backward(dy, x, w, b, stats, 1, rms)
-        for a, c in zip(first, again):
-            assert c is None if a is None else torch.equal(a, c)
-    with config_override("layer_norm", bwd_fused_reduce=0, **NARROW_TILES):
-        two = ln_ops.norm_backward(dy, x, w, b, stats, 1, rms)
-    for a, c in zip(first, two):
-        if a is not None:
-            torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
-
-
-def test_fused_reduce_config(monkeypatch):
-    """Who reduces: one program under the interpreter (programs run one after another there: nobody may wait); on
-    a GPU the last SLICES to finish, at most half the SMs, at most G, no more than the column tiles; none beyond
-    FUSED_REDUCE_MAX_G partial rows, or with bwd_fused_reduce=0; a tile holds every partial row."""
-    cfg = lnc._fused_reduce_config
-    assert cfg(1024, 132, 8, 132, True)[0] == 1
-    slices, red_g, red_n, _ = cfg(1024, 132, 8, 132, False)
-    assert (slices, red_g, red_n) == (64, 256, 16)  # 16 floats a thread of 8 warps; 1024 columns in 64 tiles
-    assert cfg(768, 528, 4, 132, False)[:3] == (66, 1024, 2)  # half the SMs
-    assert cfg(20, 500, 4, 132, False)[:3] == (5, 512, 4)  # 20 columns in 5 tiles of 4
-    assert cfg(4096, 5, 16, 132, False)[0] == 5
-    assert cfg(1024, lnc.FUSED_REDUCE_MAX_G + 1, 4, 132, False) is None
-    with config_override("layer_norm", bwd_fused_reduce=0):
-        assert cfg(1024, 132, 8, 132, False) is None
-    with config_override("layer_norm", bwd_reduce_slices=7, bwd_reduce_n=16):
-        assert cfg(1024, 132, 8, 132, False)[:3] == (7, 256, 16)
-
-
-def test_traced_backward_keeps_the_reduce_kernel(monkeypatch):
-    """The fused reduce is for eager calls: a traced backward (FakeTensors: torch.compile, make_fx) launches the
-    backward kernel and the reduce kernel, never the counter in the statistics; an eager one the fused kernel."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    launched = []
-    call = ln_ops.Kernel.__call__
-    monkeypatch.setattr(ln_ops.Kernel, "__call__", lambda self, *a: (launched.append(self.fn.__name__), call(self, *a))[1])
-    x, w, b = torch.randn(6, 40), torch.randn(40), torch.randn(40)
-    y, stats = ln_ops.norm_forward(x, w, b, 1, 1e-5, False)
-    dy = torch.randn_like(y)
-    launched.clear()
-    ln_ops.norm_backward(dy, x, w, b, stats, 1, False)
-    assert launched == ["_norm_bwd_fused_kernel"]
-    launched.clear()
-    with FakeTensorMode() as mode:
-        f = [mode.from_tensor(t) for t in (dy, x, w, b, stats)]
-        ln_ops.norm_backward(f[0], f[1], f[2], f[3], f[4], 1, False)
-    assert launched == ["_norm_bwd_kernel", "_norm_reduce_partials_kernel"]
-
-
 def test_wide_rows_persistent_backward_diag_nosync(device):
     """The timing diagnostic bwd_persist_diag_nosync (no exchange between a row's pieces: dx wrong by design) does
     what it says: dx of each 16-column piece is the backward of that piece alone given the row's statistics, and
@@ -855,7 +778,8 @@ def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
         _graph_and_side_stream(bool(gluon))
 
 
-def _graph_and_side_stream(gluon: bool, n: int = 16384):
+def _graph_and_side_stream(gluon: bool):
+    n = 16384
     mod = FusedLayerNorm(n, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(1024, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
@@ -869,8 +793,6 @@ def _graph_and_side_stream(gluon: bool, n: int = 16384):
     step()  # bind the plans outside the capture
     if gluon:
         assert any(p.gluon for p in ln_ops._BWD_PLANS.values())
-    elif n <= 8192:
-        assert any(p.fused is not None for p in ln_ops._BWD_PLANS.values())
     else:
         assert any(p.persist is not None and p.persist["kernel"] is not None for p in ln_ops._BWD_PLANS.values())
     s = torch.cuda.Stream()
@@ -902,48 +824,6 @@ def _graph_and_side_stream(gluon: bool, n: int = 16384):
     torch.cuda.synchronize()
     for a, b in zip(busy, want):
         assert torch.equal(a, b)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("n", [768, 1000, 1024, 4096, 8192])
-@pytest.mark.parametrize("slices", [None, 1, 7, 132], ids=["default", "s1", "s7", "s132"])
-def test_gpu_fused_reduce_backward(rms, n, slices):
-    """The fused dW / dB reduce on the GPU, where the last SLICES programs wait for every other one: right against
-    float64 with hundreds of programs, the counter back to 0 after each backward, a second backward on the retained
-    graph bitwise the same, three more forwards + backwards (the C++ node from the second call) bitwise the same."""
-    over = {} if slices is None else dict(bwd_reduce_slices=slices)
-    with config_override("layer_norm", **over):
-        ln_ops._BWD_PLANS.clear()
-        _check(rms, (2000, n), 1, torch.bfloat16, "cuda")
-        assert any(p.fused is not None for p in ln_ops._BWD_PLANS.values())
-        m = 4096
-        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        b = None if rms else torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        y, stats = ln_ops.norm_forward(x, w, b, 1, 1e-5, rms)
-        dy = torch.randn_like(y)
-        first = ln_ops.norm_backward(dy, x, w, b, stats, 1, rms)
-        torch.cuda.synchronize()
-        assert int(_counter(stats, m, rms)) == 0
-        again = ln_ops.norm_backward(dy, x, w, b, stats, 1, rms)
-        for a, c in zip(first, again):
-            assert c is None if a is None else torch.equal(a, c)
-        fn = (lambda: fused_rms_norm(x, (n,), w)) if rms else (lambda: fused_layer_norm(x, (n,), w, b))
-        leaves = [t for t in (x, w, b) if t is not None]
-        runs = [torch.autograd.grad(fn(), leaves, dy) for _ in range(3)]
-        for r in runs[1:]:
-            for a, c in zip(runs[0], r):
-                assert torch.equal(a, c)
-        for a, c in zip(runs[0], [t for t in first if t is not None]):
-            assert torch.equal(a, c)
-
-
-@pytest.mark.gpu
-def test_gpu_fused_reduce_in_cuda_graph_and_side_stream():
-    """The fused-reduce backward (LayerNorm 1K) captured in a CUDA graph with its forward and replayed, and run while
-    another stream's matmuls hold SMs: bitwise the eager gradients (the counter is reset inside every launch)."""
-    _graph_and_side_stream(False, 1024)
 
 
 @pytest.mark.gpu

@@ -379,9 +379,7 @@ int64_t register_launch(int64_t function, int64_t device, std::vector<int64_t> g
 // LayerNorm / RMSNorm (single-block kernels of fused_layers/ops/layer_norm.py)
 // ----------------------------------------------------------------------------------------------------
 struct NormPlan {
-  // launch handles; bwd = -1: forward only; red = -1: no weight or bias; red = -2: the backward kernel reduces dW / dB
-  // itself (layer_norm._norm_bwd_fused_kernel: 8 pointers, dW and dB after the partials)
-  int64_t fwd, bwd, red;
+  int64_t fwd, bwd, red;  // launch handles; bwd = -1: forward only; red = -1: no weight or bias
   int64_t nstats, nparts;
   int64_t y_dtype;  // the output's at::ScalarType; -1: x's (RMSNorm variants: promote_types(x, weight))
 };
@@ -424,22 +422,11 @@ struct NormBackward : public Node {
     if (!dy.is_contiguous() || ((uintptr_t)dy.data_ptr() & 15)) dy = dy.clone(at::MemoryFormat::Contiguous);
     at::Tensor dx = at::empty_like(x);
     at::Tensor parts = P.nparts ? at::empty({P.nparts}, x.options().dtype(at::kFloat)) : stats;
-    const bool want_w = w.defined() && task_should_compute_output(1), want_b = b.defined() && task_should_compute_output(2);
-    if (P.red == -2) {  // one launch: the kernel writes dW / dB (both when both exist: HAS_W / HAS_B are compiled in)
-      at::Tensor dw = w.defined() ? at::empty(w.sizes(), w.options()) : at::Tensor();
-      at::Tensor db = b.defined() ? at::empty(b.sizes(), b.options()) : at::Tensor();
-      launch(g_launches[(size_t)P.bwd], {x.data_ptr(), dy.data_ptr(), dx.data_ptr(), (w.defined() ? w : x).data_ptr(),
-                                         stats.data_ptr(), parts.data_ptr(), (dw.defined() ? dw : dx).data_ptr(),
-                                         (db.defined() ? db : dx).data_ptr()}, {});
-      if (want_w) out[1] = dw;
-      if (want_b) out[2] = db;
-      out[0] = dx;
-      return out;
-    }
     launch(g_launches[(size_t)P.bwd], {x.data_ptr(), dy.data_ptr(), dx.data_ptr(), (w.defined() ? w : x).data_ptr(),
                                        stats.data_ptr(), parts.data_ptr()}, {});
     // dweight / dbias only when the graph wants one of them (frozen parameters, autograd.grad(x) alone): then
     // no reduce launch and no allocations, as aten skips its gamma / beta kernel.
+    const bool want_w = w.defined() && task_should_compute_output(1), want_b = b.defined() && task_should_compute_output(2);
     if (P.red >= 0 && (want_w || want_b)) {
       // The reduce kernel writes both when both exist (HAS_W / HAS_B are compiled in): give it real buffers.
       at::Tensor dw = w.defined() ? at::empty(w.sizes(), w.options()) : at::Tensor();

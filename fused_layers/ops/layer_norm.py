@@ -137,7 +137,6 @@ from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the t
     _bwd_variants,
     _fwd_config,
     _fwd_stages,
-    _fused_reduce_config,
     _reduce_config,
     _sm_count,
 )
@@ -163,18 +162,6 @@ def _stats_ptrs(STATS, M, IS_RMS: tl.constexpr):
 
 
 @triton.jit
-def _stats_counter(STATS, M, IS_RMS: tl.constexpr):
-    """The int32 arrival counter of the fused-reduce backward (``_norm_bwd_fused_kernel``): the one word after the
-    statistics (STATS[2M], RMSNorm STATS[M]).  Every forward that stores statistics zeroes it; that backward leaves
-    it zero again (so a retained graph's backward runs again)."""
-    if IS_RMS:
-        CNT = STATS + M
-    else:
-        CNT = STATS + 2 * M
-    return CNT.to(tl.pointer_type(tl.int32), bitcast=True)
-
-
-@triton.jit
 def _parts_ptrs(PARTS, G, N, HAS_W: tl.constexpr):
     """(DWP, DBP) inside the one float32 partials buffer: G rows of dW partials, then G rows of dB."""
     if HAS_W:
@@ -197,9 +184,8 @@ def _norm_fwd_kernel(
     W,  # pointer to the weight [N] (unused unless HAS_W)
     B,  # pointer to the bias [N] (unused unless HAS_B)
     STATS,  # pointer to the float32 statistics: row means at [0, M) (unless IS_RMS), then row 1/std
-    #         at [M, 2M) (RMSNorm: at [0, M)), then one int32 word zeroed (_stats_counter); written when
-    #         STORE_STATS.  One pointer, never two aliases of one buffer: torch.compile clones each mutated
-    #         argument separately.
+    #         at [M, 2M) (RMSNorm: at [0, M)); written when STORE_STATS.  One pointer, never two aliases
+    #         of one buffer: torch.compile clones each mutated argument separately.
     M,  # number of rows
     N,  # row width
     sx,  # row stride of X (elements)
@@ -251,8 +237,6 @@ def _norm_fwd_kernel(
     rstd = 1.0 / tl.sqrt(var + eps)
     if STORE_STATS:  # the backward needs them; an inference forward does not
         tl.store(RSTD + rows, rstd, mask=row_ok)
-        if pid == 0:  # the fused-reduce backward's counter starts at 0
-            tl.store(_stats_counter(STATS, M, IS_RMS), 0)
     y = xc * rstd[:, None]
     if HAS_W:
         if CAST_BEFORE_W:
@@ -322,8 +306,6 @@ def _norm_fwd_loop_kernel(
     rstd = 1.0 / tl.sqrt(var + eps)
     if STORE_STATS:  # the backward needs them; an inference forward does not
         tl.store(RSTD + row, rstd)
-        if row == 0:  # the fused-reduce backward's counter starts at 0
-            tl.store(_stats_counter(STATS, M, IS_RMS), 0)
     # ---- pass 2: normalize and write ----
     for off in tl.range(0, N, BLOCK_N, num_stages=STAGES):
         c = off + cols
@@ -343,7 +325,7 @@ def _norm_fwd_loop_kernel(
 # Backward kernels
 # ==================================================================================================
 @triton.jit
-def _norm_bwd_rows(
+def _norm_bwd_kernel(
     X,  # pointer to the saved input, [M, N], row stride sx, unit column stride
     DY,  # pointer to the incoming gradient, [M, N], row stride sdy, unit column stride
     DX,  # pointer to the input gradient (written), [M, N] contiguous
@@ -362,8 +344,7 @@ def _norm_bwd_rows(
     ACC_ROWS: tl.constexpr = False,  # dW/dB accumulators of one row [BLOCK_N]: each tile summed over its rows first (bwd_acc_rows)
     PAIR_SUM: tl.constexpr = False,  # LayerNorm: c1 and c2 from one two-value reduction, not two (bwd_pair_sum)
 ):
-    """Single-block backward (the body of _norm_bwd_kernel and _norm_bwd_fused_kernel): dx per row in one pass;
-    dW/dB partial sums over this program's rows, written as its partial row of PARTS.
+    """Single-block backward: dx per row in one pass; dW/dB partial sums over this program's rows.
 
     ACC_ROWS: the column accumulators hold one row (BLOCK_N floats) instead of a tile (BLOCK_M x BLOCK_N);
     a tile's rows are summed into them (inside each thread where a thread holds whole columns of the tile),
@@ -441,105 +422,6 @@ def _norm_bwd_rows(
         tl.store(DWP + pid.to(tl.int64) * N + cols, dw_row, mask=col_ok)
     if HAS_B:
         tl.store(DBP + pid.to(tl.int64) * N + cols, db_row, mask=col_ok)
-
-
-@triton.jit
-def _norm_bwd_kernel(
-    X, DY, DX, W, STATS, PARTS,  # as in _norm_bwd_rows
-    M, N, sx, sdy, ROWS_PER_PROG,
-    IS_RMS: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAST_BEFORE_W: tl.constexpr = False,
-    STAGES: tl.constexpr = 1,
-    ACC_ROWS: tl.constexpr = False,
-    PAIR_SUM: tl.constexpr = False,
-):
-    """Single-block backward: dx, and the G partial rows of dW / dB that _norm_reduce_partials_kernel then sums."""
-    _norm_bwd_rows(X, DY, DX, W, STATS, PARTS, M, N, sx, sdy, ROWS_PER_PROG, IS_RMS, HAS_W, HAS_B, BLOCK_M, BLOCK_N,
-                   CAST_BEFORE_W, STAGES, ACC_ROWS, PAIR_SUM)
-
-
-@triton.jit
-def _fused_reduce_tail(
-    PARTS,  # pointer to the float32 partials: [G, N] dW rows (if HAS_W), then [G, N] dB rows (if HAS_B)
-    DW, DB,  # pointers to dW [N], dB [N] in the parameters' dtypes (written)
-    CNT,  # pointer to the int32 arrival counter (_stats_counter): 0 on entry, left 0
-    G,  # programs of the grid (= partial rows)
-    N,  # row width
-    SLICES,  # programs that reduce: the last SLICES to arrive (1 under the interpreter: no program waits)
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    RED_G: tl.constexpr,  # next power of two >= G: one tile spans every partial row of its columns
-    RED_N: tl.constexpr,  # columns per tile
-    RED_STAGES: tl.constexpr,  # software pipelining of the loop over column tiles
-):
-    """The dW / dB reduce at the end of the backward kernel instead of a kernel of its own (no launch, no gap).
-
-    Each program, its partial row written, takes a ticket from CNT (release: its stores are visible to whoever
-    acquires a later value).  The last SLICES to arrive reduce: each waits until all G have arrived (acquire), then
-    sums its strip of columns over the G partial rows in a fixed order (deterministic whatever program takes the
-    strip) and writes dW / dB.  The others exit.  Waiting programs wait only for programs that hold a slot already or
-    take one that an exited program freed, so the grid needs no co-residency while SLICES stays below the number of
-    programs the GPU holds at once (layer_norm_config caps it at half the SMs).  The last reducer to finish puts CNT
-    back to 0."""
-    tl.debug_barrier()  # every thread's partial-row stores are issued before this program's ticket (below)
-    ticket = tl.atomic_add(CNT, 1, sem="acq_rel", scope="gpu")
-    first = G - SLICES
-    if ticket >= first:
-        seen = ticket + 1
-        while seen < G:  # the last to arrive saw G already (its acq_rel ticket acquired every release before it)
-            seen = tl.atomic_add(CNT, 0, sem="acquire", scope="gpu")
-        DWP, DBP = _parts_ptrs(PARTS, G, N, HAS_W)
-        width = tl.cdiv(tl.cdiv(N, SLICES), RED_N) * RED_N  # columns of a strip, whole tiles
-        lo = (ticket - first) * width
-        hi = tl.minimum(lo + width, N)
-        gs = tl.arange(0, RED_G)
-        g_ok = gs < G
-        for c0 in tl.range(lo, hi, RED_N, num_stages=RED_STAGES):
-            cols = c0 + tl.arange(0, RED_N)
-            c_ok = cols < hi
-            mask = g_ok[:, None] & c_ok[None, :]
-            offs = gs.to(tl.int64)[:, None] * N + cols[None, :]
-            # 0 is the identity of the sum; .cg: from L2, where the other programs' stores are
-            if HAS_W:
-                dw = tl.load(DWP + offs, mask=mask, other=0.0, cache_modifier=".cg")
-                tl.store(DW + cols, tl.sum(dw, axis=0).to(DW.dtype.element_ty), mask=c_ok)
-            if HAS_B:
-                db = tl.load(DBP + offs, mask=mask, other=0.0, cache_modifier=".cg")
-                tl.store(DB + cols, tl.sum(db, axis=0).to(DB.dtype.element_ty), mask=c_ok)
-        done = tl.atomic_add(CNT, 1, sem="relaxed", scope="gpu")  # G + (reducers finished before this one)
-        if done == G + SLICES - 1:  # every reducer is past its wait: nobody reads CNT again in this launch
-            tl.atomic_xchg(CNT, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _norm_bwd_fused_kernel(
-    X, DY, DX, W, STATS, PARTS,  # as in _norm_bwd_rows
-    DW, DB,  # pointers to dW [N], dB [N] in the parameters' dtypes (written; unused without weight / bias)
-    M, N, sx, sdy, ROWS_PER_PROG,
-    SLICES,  # programs that reduce dW / dB at the end (_fused_reduce_tail)
-    IS_RMS: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    RED_G: tl.constexpr,  # as in _fused_reduce_tail
-    RED_N: tl.constexpr,
-    RED_STAGES: tl.constexpr,
-    CAST_BEFORE_W: tl.constexpr = False,
-    STAGES: tl.constexpr = 1,
-    ACC_ROWS: tl.constexpr = False,
-    PAIR_SUM: tl.constexpr = False,
-):
-    """Single-block backward in one launch (eager calls): dx, the partial rows, then dW / dB by the last programs to
-    finish (_fused_reduce_tail) instead of _norm_reduce_partials_kernel.  Needs the forward's zeroed counter."""
-    _norm_bwd_rows(X, DY, DX, W, STATS, PARTS, M, N, sx, sdy, ROWS_PER_PROG, IS_RMS, HAS_W, HAS_B, BLOCK_M, BLOCK_N,
-                   CAST_BEFORE_W, STAGES, ACC_ROWS, PAIR_SUM)
-    _fused_reduce_tail(PARTS, DW, DB, _stats_counter(STATS, M, IS_RMS), tl.num_programs(0), N, SLICES, HAS_W, HAS_B,
-                       RED_G, RED_N, RED_STAGES)
 
 
 @triton.jit
@@ -926,7 +808,7 @@ class _FwdPlan:
 
 class _BwdPlan:
     __slots__ = ("m", "n", "g", "copy_x", "copy_dy", "kernel", "ints", "nparts", "stats_kernel", "reduce_kernel",
-                 "persist", "fallback", "gluon", "fused", "fused_ints")
+                 "persist", "fallback", "gluon")
 
 
 _FWD_PLANS: dict[tuple, _FwdPlan] = {}
@@ -947,8 +829,7 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
     plan = _FwdPlan()
     plan.cpp = {}  # (device, weight dtype, bias dtype) -> C++ fast-path plan id, or False (ops/_cpp.py)
     plan.m, plan.copy = m, sx is None
-    # the statistics, then the fused-reduce backward's counter word (_stats_counter)
-    plan.nstats = ((m if is_rms else 2 * m) + 1) if store_stats else 0
+    plan.nstats = (m if is_rms else 2 * m) if store_stats else 0
     plan.kernel = plan.ints = None
     if m * n > 0:  # empty tensors launch nothing
         n_pow2 = next_power_of_2(n)
@@ -1033,18 +914,10 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
         if get_override(_CFG, "bwd_persist_diag_nosync", False):  # diagnostic only: wrong dx (see the kernel)
             plan.persist["meta"]["DIAG_NOSYNC"] = True
         plan.fallback = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w)
-    plan.fused = plan.fused_ints = None
     if single:
         acc_rows, pair_sum = _bwd_variants(n_pow2, dtype.itemsize, n, is_rms)
-        variants = dict(BLOCK_M=block, BLOCK_N=n_pow2, STAGES=max(1, stages), ACC_ROWS=acc_rows,
-                        PAIR_SUM=pair_sum and not is_rms, **meta)
-        plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), **variants)
-        fr = _fused_reduce_config(n, g, warps, _sm_count(device_index), INTERPRET) if has_w or has_b else None
-        if fr is not None:  # eager calls: dW / dB reduced at the end of the same launch (norm_backward)
-            slices, red_g, red_n, red_stages = fr
-            plan.fused = Kernel(_norm_bwd_fused_kernel, (g,), check=(0, 1, 3, 4, 6, 7), RED_G=red_g, RED_N=red_n,
-                                RED_STAGES=max(1, red_stages), **variants)
-            plan.fused_ints = (*plan.ints, slices)
+        plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), BLOCK_M=block, BLOCK_N=n_pow2,
+                             STAGES=max(1, stages), ACC_ROWS=acc_rows, PAIR_SUM=pair_sum and not is_rms, **meta)
     else:
         chunk = min(block, n_pow2)
         plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), check=(0, 1, 3, 4), BLOCK_N=chunk, STAGES=max(1, stages), **meta)
@@ -1221,12 +1094,6 @@ def norm_backward(
         # Buffers of missing gradients are never dereferenced (constexpr HAS_W / HAS_B): pass stats.
         parts = torch.empty((plan.nparts,), dtype=torch.float32, device=x.device) if plan.nparts else stats
         if plan.stats_kernel is None:
-            if persist_ok and plan.fused is not None:  # one launch: dW / dB by its last programs (eager calls only)
-                dw = torch.empty(weight.shape, dtype=weight.dtype, device=x.device) if has_w else None
-                db = torch.empty(bias.shape, dtype=bias.dtype, device=x.device) if has_b else None
-                plan.fused(x, dy, dx, w, stats, parts, dx if dw is None else dw, dx if db is None else db,
-                           *plan.fused_ints)
-                return dx, dw, db
             plan.kernel(x, dy, dx, w, stats, parts, *plan.ints)
         else:
             m, n, sx, sdy, _ = plan.ints
@@ -1458,7 +1325,7 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
         return False
     # The forward's statistics pointer is a float32 buffer, or x itself when no statistics are stored.
     specs = [(plan.kernel, (xd, yd, wd, bd, f32 if grad else xd), plan.ints, _cpp.roles(5, len(plan.ints), 1))]
-    nparts, fused = 0, False
+    nparts = 0
     if grad:
         bplan = _bwd_plan(x.shape, x.stride(), x.stride(), x.dtype, k, has_w, has_b, is_rms, dev, cast_before_w)
         # The Gluon launch is decided on the eager (persist_ok) plan: the one whose reduce kernel the Python
@@ -1474,10 +1341,6 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
             nparts = (int(has_w) + int(has_b)) * g * n
         elif bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
             return False
-        elif bplan.fused is not None:  # one launch: dW / dB reduced by its last programs
-            specs.append((bplan.fused, (xd, xd, xd, wd, f32, f32, wd, bd), bplan.fused_ints,
-                          _cpp.roles(8, len(bplan.fused_ints))))
-            nparts, fused = bplan.nparts, True
         else:
             specs.append((bplan.kernel, (xd, xd, xd, wd, f32, f32), bplan.ints, _cpp.roles(6, len(bplan.ints))))
             if bplan.reduce_kernel is not None:
@@ -1489,8 +1352,7 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
     if not grad:
         nid = _cpp.register_plan("register_norm", handles[0], -1, -1, 0, 0, ycode)
     else:
-        # the reduce's handle; -1: no weight or bias; -2: the backward kernel reduces dW / dB itself (8 pointers)
-        red = -2 if fused else handles[2] if len(handles) > 2 else -1
+        red = handles[2] if len(handles) > 2 else -1
         nid = _cpp.register_plan("register_norm", handles[0], handles[1], red, plan.nstats, nparts, ycode)
     if type(nid) is int and (out_dtype is None or out_dtype == torch.float32):
         # The F.layer_norm / F.rms_norm call of this shape (or fused_rms_norm_variant's: flags 4 / 8) now runs

@@ -140,20 +140,6 @@ REDUCE_TILE = 2048
 REDUCE_WARPS = 4
 REDUCE_STAGES = 3
 
-# dW / dB reduced inside the single-block backward (eager calls): the last programs of its grid to finish sum the partial
-# rows (layer_norm._fused_reduce_tail) instead of _norm_reduce_partials_kernel, a launch of its own.  Written in session
-# 20: the do_bench loop's timeline (issue9/run27_a/diag_norm_timeline.txt, LayerNorm 1K bf16) showed the row kernel
-# alone at 0.871 of copy and the backward at 0.832: the reduce took 2.6 us and the gap before it 1.1-1.5 us (7.1 us at
-# 16K).  REDUCE_SLICES_PER_SM: programs that reduce, per SM (capped at G; at most half the SMs, so that waiting programs
-# never hold every slot the grid could use); a tile spans all G partial rows (up to FUSED_REDUCE_MAX_G) and
-# FUSED_REDUCE_TILE floats; config_override keys bwd_fused_reduce (0 / 1), bwd_reduce_slices, bwd_reduce_n,
-# bwd_reduce_stages.
-BWD_FUSED_REDUCE = True
-FUSED_REDUCE_SLICES_FRAC = 0.5
-FUSED_REDUCE_MAX_G = 1024
-FUSED_REDUCE_TILE = 16  # floats a thread per tile
-FUSED_REDUCE_STAGES = 2
-
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -185,7 +171,10 @@ def _warps_for(n_pow2: int, block_m: int) -> int:
 _TUNED: dict[tuple[int, int, str], dict[str, int]] = {
     # bwd_stages: the row loop software-pipelined (tl.range num_stages, cp.async); session 4 sweep,
     # benchmarks/results/issue9/run6_norm_stages/ (0.68 -> 0.84 at 1024, 0.68 -> 0.75 at 4096)
-    (2, 1024, "bwd"): {'bwd_block_m': 8, 'bwd_warps': 8, 'bwd_progs_per_sm': 1, 'bwd_stages': 4, 'bwd_max_single': 65536},  # 0.84 of copy
+    # session 20 (issue9/run27_a/sweep_rms1k.txt: RMSNorm 0.921 against 0.826; run27_b/sweep_fused_reduce.txt, both norms,
+    # do_bench fwd+bwd minus fwd / graph replay: LayerNorm 0.845 / 0.906 against 0.826 / 0.869, RMSNorm 0.864 / 0.922
+    # against 0.846 / 0.828); was 8 rows x 8 warps x 1 program an SM x 4 stages
+    (2, 1024, "bwd"): {'bwd_block_m': 4, 'bwd_warps': 4, 'bwd_progs_per_sm': 4, 'bwd_stages': 3, 'bwd_max_single': 65536},
     (2, 1024, "fwd"): {'fwd_block_m': 4, 'fwd_warps': 4},  # 0.95 of copy
     (2, 16384, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 8, 'bwd_progs_per_sm': 2},  # 0.46 of copy
     (2, 32768, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 16, 'bwd_progs_per_sm': 1},  # 0.43 of copy
@@ -303,17 +292,3 @@ def _bwd_gluon(elem: int, n_pow2: int, is_rms: bool) -> GluonVariant | None:
         return None
     entry = entry or GluonVariant()
     return GluonVariant(*(type(v)(get_override(_CFG, f"bwd_gluon_{k}", v)) for k, v in entry._asdict().items()))
-
-
-def _fused_reduce_config(n: int, g: int, warps: int, sm: int, interpret: bool) -> tuple[int, int, int, int] | None:
-    """(SLICES, RED_G, RED_N, RED_STAGES) of the fused dW / dB reduce of the single-block backward (``g`` programs of
-    ``warps`` warps, rows ``n`` wide, ``sm`` SMs), or None where it is off (then _norm_reduce_partials_kernel runs).
-    Under the interpreter programs run one after another: one reducer, the last program, which waits for nobody."""
-    if not get_override(_CFG, "bwd_fused_reduce", BWD_FUSED_REDUCE) or g > FUSED_REDUCE_MAX_G:
-        return None
-    red_g = 1 << max(0, g - 1).bit_length()
-    red_n = get_override(_CFG, "bwd_reduce_n", max(2, min(64, FUSED_REDUCE_TILE * 32 * warps // red_g)))
-    red_n = min(red_n, 1 << max(0, n - 1).bit_length())
-    slices = 1 if interpret else get_override(_CFG, "bwd_reduce_slices", max(1, int(sm * FUSED_REDUCE_SLICES_FRAC)))
-    slices = max(1, min(slices, g, -(-n // red_n)))
-    return slices, red_g, red_n, get_override(_CFG, "bwd_reduce_stages", FUSED_REDUCE_STAGES)

@@ -1,9 +1,10 @@
-"""Issue 9: the fused dW / dB reduce of the single-block norm backward (layer_norm._fused_reduce_tail) against the
-separate reduce kernel, and its shape (who reduces, tile width, pipelining), by both of issue 9's measures: do_bench
-of fwd+bwd minus fwd and CUDA-graph replay of the backward (bf16, 2^26 elements, fraction of the 4.22 TB/s copy).
-Also the RMSNorm 1K tile that won session 20's sweep (4 rows, 4 warps, 4 programs an SM, 3 stages) on both norms.
+"""Issue 9: single-block norm backward tiles by both of issue 9's measures, do_bench of fwd+bwd minus fwd and
+CUDA-graph replay of the backward (bf16, 2^26 elements, fraction of the 4.22 TB/s copy).  Session 20: the RMSNorm 1K
+sweep found 4 rows x 4 warps x 4 programs an SM x 3 stages at 0.92 against 0.83, and it won LayerNorm 1K too; this
+times its neighbours at the other widths against each width's default.  (Session 20's first form of this script
+timed the fused dW / dB reduce, reverted: issue9/run27_b/sweep_fused_reduce.txt.)
 
-    python3 benchmarks/sweep_fused_reduce.py [--widths 768,1024,4096,8192] > $OUT/sweep_fused_reduce.txt
+    python3 benchmarks/sweep_norm_tiles.py [--widths 768,2048,4096,8192] > $OUT/sweep_norm_tiles.txt
 """
 import argparse
 import os
@@ -22,19 +23,23 @@ from fused_layers.ops.layer_norm import config_override
 COPY = 4220e9
 TOTAL = 2**26
 ap = argparse.ArgumentParser()
-ap.add_argument("--widths", default="768,1024,4096,8192")
+ap.add_argument("--widths", default="768,2048,4096,8192")
 ap.add_argument("--ops", default="ln,rms")
 args = ap.parse_args()
 _cpp.extension(wait=True)
 
-TILE_1K = dict(bwd_block_m=4, bwd_warps=4, bwd_progs_per_sm=4, bwd_stages=3, bwd_max_single=65536)
-CANDS = [
-    ("reduce_kernel", dict(bwd_fused_reduce=0)),
-    ("fused_default", {}),
-    ("fused_s132", dict(bwd_reduce_slices=132)),
-    ("fused_n32", dict(bwd_reduce_n=32)),
-    ("fused_st1", dict(bwd_reduce_stages=1)),
-]
+
+def tile(bm, wp, per_sm, st, **extra):
+    return dict(bwd_block_m=bm, bwd_warps=wp, bwd_progs_per_sm=per_sm, bwd_stages=st, bwd_max_single=65536, **extra)
+
+
+CANDS = {  # (rows a tile, warps, programs an SM, stages) by width
+    768: [tile(4, 4, 4, 3), tile(4, 4, 4, 4), tile(8, 4, 4, 3), tile(4, 4, 4, 3, bwd_pair_sum=1), tile(8, 8, 1, 4)],
+    1024: [tile(8, 8, 1, 4), tile(4, 4, 4, 4), tile(8, 4, 4, 3), tile(4, 4, 4, 3, bwd_pair_sum=1)],
+    2048: [tile(2, 4, 4, 3), tile(2, 4, 4, 4), tile(1, 4, 4, 3), tile(2, 8, 4, 3), tile(2, 4, 4, 3, bwd_pair_sum=1)],
+    4096: [tile(1, 4, 4, 3), tile(1, 8, 4, 3), tile(1, 8, 2, 3), tile(1, 4, 4, 4), tile(1, 8, 4, 3, bwd_pair_sum=1)],
+    8192: [tile(1, 8, 2, 3), tile(1, 8, 4, 3), tile(1, 16, 2, 3), tile(1, 8, 2, 4), tile(1, 8, 2, 3, bwd_pair_sum=1)],
+}
 
 
 def measure(op, n, cfg):
@@ -59,12 +64,11 @@ def measure(op, n, cfg):
 
 for op in args.ops.split(","):
     for n in map(int, args.widths.split(",")):
-        cands = list(CANDS)
-        if n == 1024:
-            cands += [("tile1k_fused", TILE_1K), ("tile1k_reduce_kernel", dict(TILE_1K, bwd_fused_reduce=0))]
-        for name, cfg in cands:
+        for cfg in [{}] + CANDS.get(n, []):
+            if op == "rms" and cfg.get("bwd_pair_sum"):
+                continue
             try:
                 a, g = measure(op, n, cfg)
-                print(f"{op} {n} {name:22s} fwd+bwd-fwd {a:.3f}  graph bwd {g:.3f}", flush=True)
+                print(f"{op} {n} {str(cfg or 'default'):110s} fwd+bwd-fwd {a:.3f}  graph bwd {g:.3f}", flush=True)
             except Exception as e:  # keep the other candidates
-                print(f"{op} {n} {name} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                print(f"{op} {n} {cfg} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
