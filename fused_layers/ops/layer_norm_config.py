@@ -175,6 +175,9 @@ _TUNED: dict[tuple[int, int, str], dict[str, int]] = {
     # do_bench fwd+bwd minus fwd / graph replay: LayerNorm 0.845 / 0.906 against 0.826 / 0.869, RMSNorm 0.864 / 0.922
     # against 0.846 / 0.828); was 8 rows x 8 warps x 1 program an SM x 4 stages
     (2, 1024, "bwd"): {'bwd_block_m': 4, 'bwd_warps': 4, 'bwd_progs_per_sm': 4, 'bwd_stages': 3, 'bwd_max_single': 65536},
+    # RMSNorm 768 keeps the old 1K tile (issue9/run27_c/sweep_norm_tiles.txt, graph replay 0.892 against the new 1K
+    # tile's 0.876; LayerNorm 768 has its own entry below)
+    (2, 768, "bwd"): {'bwd_block_m': 8, 'bwd_warps': 8, 'bwd_progs_per_sm': 1, 'bwd_stages': 4, 'bwd_max_single': 65536},
     (2, 1024, "fwd"): {'fwd_block_m': 4, 'fwd_warps': 4},  # 0.95 of copy
     (2, 16384, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 8, 'bwd_progs_per_sm': 2},  # 0.46 of copy
     (2, 32768, "bwd"): {'bwd_max_single': 1024, 'bwd_chunk': 4096, 'bwd_warps': 16, 'bwd_progs_per_sm': 1},  # 0.43 of copy
