@@ -25,6 +25,9 @@ TOTAL = 2**26
 ap = argparse.ArgumentParser()
 ap.add_argument("--widths", default="768,2048,4096,8192")
 ap.add_argument("--ops", default="ln,rms")
+ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch (bwd_pdl 1 / 2) against the default "
+                "instead of tiles; graph replay only (the C++ fast path does not take PDL launches yet, so do_bench would "
+                "time the Python path)")
 args = ap.parse_args()
 _cpp.extension(wait=True)
 
@@ -53,8 +56,9 @@ def measure(op, n, cfg):
     with config_override("layer_norm", **cfg):
         for _ in range(3):
             torch.autograd.grad(f(), leaves, dy)
-        fwd = do_bench(f, warmup=25, rep=100, return_mode="median")
-        fb = do_bench(lambda: torch.autograd.grad(f(), leaves, dy), warmup=25, rep=100, return_mode="median")
+        fwd = 1.0 if args.pdl else do_bench(f, warmup=25, rep=100, return_mode="median")
+        fb = 2.0 if args.pdl else do_bench(lambda: torch.autograd.grad(f(), leaves, dy), warmup=25, rep=100,
+                                           return_mode="median")
         g = _timing.bench(lambda y: torch.autograd.grad(y, leaves, dy, retain_graph=True), setup=f, rep=60) \
             if _timing.MODE == "graph" else None
     nb = 3 * rows * n * 2
@@ -64,7 +68,7 @@ def measure(op, n, cfg):
 
 for op in args.ops.split(","):
     for n in map(int, args.widths.split(",")):
-        for cfg in [{}] + CANDS.get(n, []):
+        for cfg in [{}, dict(bwd_pdl=1), dict(bwd_pdl=2), {}] if args.pdl else [{}] + CANDS.get(n, []):
             if op == "rms" and cfg.get("bwd_pair_sum"):
                 continue
             try:

@@ -828,6 +828,41 @@ def _graph_and_side_stream(gluon: bool):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("n", [768, 1000, 4096, 8192])
+@pytest.mark.parametrize("pdl", [1, 2])
+def test_gpu_backward_programmatic_dependent_launch(rms, n, pdl):
+    """bwd_pdl: the dW / dB reduce (1), and the row kernel too (2), launched as programmatic dependents that wait on
+    the device: right against float64 and bitwise the gradients of the plain launches, eagerly and replayed from a
+    CUDA graph."""
+    with config_override("layer_norm", bwd_pdl=pdl):
+        ln_ops._BWD_PLANS.clear()
+        _check(rms, (3000, n), 1, torch.bfloat16, "cuda")
+        plans = list(ln_ops._BWD_PLANS.values())
+        assert plans and all(p.reduce_kernel.meta.get("launch_pdl") for p in plans)
+    x = torch.randn(4096, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    fn = (lambda: fused_rms_norm(x, (n,), w)) if rms else (lambda: fused_layer_norm(x, (n,), w))
+    want = torch.autograd.grad(fn(), (x, w), dy)
+    with config_override("layer_norm", bwd_pdl=pdl):
+        got = torch.autograd.grad(fn(), (x, w), dy)
+        y = fn()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            torch.autograd.grad(y, (x, w), dy, retain_graph=True)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                replayed = torch.autograd.grad(y, (x, w), dy, retain_graph=True)
+        torch.cuda.current_stream().wait_stream(s)
+        g.replay()
+        torch.cuda.synchronize()
+    for a, b, c in zip(want, got, replayed):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 def test_gpu_autocast_and_mixed_match_torch(rms):
     ref = (nn.RMSNorm if rms else nn.LayerNorm)(256, device="cuda")
     ours = (FusedRMSNorm if rms else FusedLayerNorm)(256, device="cuda")

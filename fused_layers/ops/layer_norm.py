@@ -132,6 +132,7 @@ from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the t
     _bwd_config,
     _bwd_gluon,
     _bwd_persist_config,
+    _bwd_pdl,
     _bwd_persist_pack,
     _bwd_stages,
     _bwd_variants,
@@ -343,6 +344,8 @@ def _norm_bwd_kernel(
     STAGES: tl.constexpr = 1,  # software pipelining of the row loop (tl.range num_stages; layer_norm_config bwd_stages)
     ACC_ROWS: tl.constexpr = False,  # dW/dB accumulators of one row [BLOCK_N]: each tile summed over its rows first (bwd_acc_rows)
     PAIR_SUM: tl.constexpr = False,  # LayerNorm: c1 and c2 from one two-value reduction, not two (bwd_pair_sum)
+    PDL_WAIT: tl.constexpr = False,  # launched as a programmatic dependent: wait for the previous kernel first (bwd_pdl)
+    PDL_TRIGGER: tl.constexpr = False,  # let the dependent reduce launch once this program's rows are done (bwd_pdl)
 ):
     """Single-block backward: dx per row in one pass; dW/dB partial sums over this program's rows.
 
@@ -354,6 +357,8 @@ def _norm_bwd_kernel(
     STAGES > 1: Triton loads the next row tiles of x and dy into shared memory by cp.async while one tile
     is reduced.  (A plain ``range`` loop with the launch option num_stages is not pipelined for loads that
     do not feed a dot: the earlier ``bwd_stages`` sweep, which set only that option, timed identical code.)"""
+    if PDL_WAIT:  # (programmatic dependent launch) nothing of the previous kernel's is read or overwritten before this
+        tl.extra.cuda.gdc_wait()
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
     DWP, DBP = _parts_ptrs(PARTS, tl.num_programs(0), N, HAS_W)
     pid = tl.program_id(0)
@@ -412,6 +417,8 @@ def _norm_bwd_kernel(
                 db_acc += tl.sum(dy, axis=0)
             else:
                 db_acc += dy
+    if PDL_TRIGGER:  # the reduce may launch now; it still waits for this whole grid (and its stores) to finish
+        tl.extra.cuda.gdc_launch_dependents()
     if ACC_ROWS:
         dw_row = dw_acc
         db_row = db_acc
@@ -695,11 +702,14 @@ def _norm_reduce_partials_kernel(
     BLOCK_G: tl.constexpr,  # partial rows per loop iteration
     BLOCK_N: tl.constexpr,  # columns per program
     STAGES: tl.constexpr = 1,  # software pipelining of the loop over G (tl.range num_stages: the next tiles in flight)
+    PDL_WAIT: tl.constexpr = False,  # launched as a programmatic dependent of the backward kernel (bwd_pdl)
 ):
     """Sum the G partial rows column-wise in a fixed order (deterministic), cast, store.
 
     The partials were just written (L2-resident) and are small, so this kernel is latency-bound: the grid is a
     strip of BLOCK_N columns per program, narrow enough that most SMs take part (``_reduce_kernel``)."""
+    if PDL_WAIT:  # the partials are the backward kernel's: wait for its whole grid
+        tl.extra.cuda.gdc_wait()
     DWP, DBP = _parts_ptrs(PARTS, G, N, HAS_W)
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -914,28 +924,36 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
         if get_override(_CFG, "bwd_persist_diag_nosync", False):  # diagnostic only: wrong dx (see the kernel)
             plan.persist["meta"]["DIAG_NOSYNC"] = True
         plan.fallback = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w)
+    pdl = 0 if INTERPRET or device_index < 0 else _bwd_pdl()  # 1: the reduce a programmatic dependent; 2: also the row kernel
+    has_reduce = has_w or has_b
     if single:
         acc_rows, pair_sum = _bwd_variants(n_pow2, dtype.itemsize, n, is_rms)
+        pdl_meta = dict(PDL_WAIT=pdl >= 2, PDL_TRIGGER=pdl >= 1 and has_reduce)
+        if pdl >= 2:
+            pdl_meta["launch_pdl"] = True
         plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), BLOCK_M=block, BLOCK_N=n_pow2,
-                             STAGES=max(1, stages), ACC_ROWS=acc_rows, PAIR_SUM=pair_sum and not is_rms, **meta)
+                             STAGES=max(1, stages), ACC_ROWS=acc_rows, PAIR_SUM=pair_sum and not is_rms, **pdl_meta,
+                             **meta)
     else:
         chunk = min(block, n_pow2)
         plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), check=(0, 1, 3, 4), BLOCK_N=chunk, STAGES=max(1, stages), **meta)
         plan.stats_kernel = Kernel(_norm_bwd_rowstats_kernel, (m,), check=(0, 1, 2, 3), IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk,
                                    STAGES=max(1, stages), num_warps=warps)
-    plan.reduce_kernel = _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None
+    plan.reduce_kernel = _reduce_kernel(n, g, has_w, has_b, single and pdl >= 1) if has_reduce else None
     if len(_BWD_PLANS) >= _MAX_PLANS:
         _BWD_PLANS.clear()
     _BWD_PLANS[key] = plan
     return plan
 
 
-def _reduce_kernel(n: int, g: int, has_w: bool, has_b: bool) -> Kernel:
+def _reduce_kernel(n: int, g: int, has_w: bool, has_b: bool, pdl: bool = False) -> Kernel:
     """The fixed-order sum of G partial rows of dW / dB (``_norm_reduce_partials_kernel``); its shape from
-    ``layer_norm_config._reduce_config`` (16-column strips: many programs for a latency-bound sum)."""
+    ``layer_norm_config._reduce_config`` (16-column strips: many programs for a latency-bound sum).  ``pdl``: launched
+    as a programmatic dependent of the backward kernel (its launch overlaps that kernel's tail; bwd_pdl)."""
     red_n, red_g, warps, stages = _reduce_config(n, g)
+    extra = dict(launch_pdl=True) if pdl else {}
     return Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(1, 2), HAS_W=has_w, HAS_B=has_b,
-                  BLOCK_G=red_g, BLOCK_N=red_n, STAGES=stages, num_warps=warps)
+                  BLOCK_G=red_g, BLOCK_N=red_n, STAGES=stages, PDL_WAIT=pdl, num_warps=warps, **extra)
 
 
 def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b: bool, is_rms: bool):

@@ -295,3 +295,15 @@ def _bwd_gluon(elem: int, n_pow2: int, is_rms: bool) -> GluonVariant | None:
         return None
     entry = entry or GluonVariant()
     return GluonVariant(*(type(v)(get_override(_CFG, f"bwd_gluon_{k}", v)) for k, v in entry._asdict().items()))
+
+
+# Programmatic dependent launch of the single-block backward's kernels (eager and traced launches alike; Triton's
+# launch_pdl): 1 = the dW / dB reduce launches as a dependent of the row kernel (which triggers it after its rows) and
+# waits for it on the device (griddepcontrol.wait), so its launch overlaps the row kernel's tail instead of following
+# it (session 20's timeline: 1.1-1.5 us between the two, issue9/run27_a/diag_norm_timeline.txt); 2 = the row kernel
+# too, after whatever precedes it.  Off until measured: config_override key bwd_pdl.
+BWD_PDL = 0
+
+
+def _bwd_pdl() -> int:
+    return int(get_override(_CFG, "bwd_pdl", BWD_PDL))
