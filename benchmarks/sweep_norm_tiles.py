@@ -26,8 +26,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--widths", default="768,2048,4096,8192")
 ap.add_argument("--ops", default="ln,rms")
 ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch (bwd_pdl 1 / 2) against the default "
-                "instead of tiles; graph replay only (the C++ fast path does not take PDL launches yet, so do_bench would "
-                "time the Python path)")
+                "instead of tiles")
 args = ap.parse_args()
 _cpp.extension(wait=True)
 
@@ -56,9 +55,8 @@ def measure(op, n, cfg):
     with config_override("layer_norm", **cfg):
         for _ in range(3):
             torch.autograd.grad(f(), leaves, dy)
-        fwd = 1.0 if args.pdl else do_bench(f, warmup=25, rep=100, return_mode="median")
-        fb = 2.0 if args.pdl else do_bench(lambda: torch.autograd.grad(f(), leaves, dy), warmup=25, rep=100,
-                                           return_mode="median")
+        fwd = do_bench(f, warmup=25, rep=100, return_mode="median")
+        fb = do_bench(lambda: torch.autograd.grad(f(), leaves, dy), warmup=25, rep=100, return_mode="median")
         g = _timing.bench(lambda y: torch.autograd.grad(y, leaves, dy, retain_graph=True), setup=f, rep=60) \
             if _timing.MODE == "graph" else None
     nb = 3 * rows * n * 2

@@ -122,6 +122,7 @@ constexpr size_t kMaxParams = 128;  // runtime parameters of one kernel (attenti
 
 typedef CUresult (*PFN_Launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                CUstream, void**, void**);
+typedef CUresult (*PFN_LaunchEx)(const CUlaunchConfig*, CUfunction, void**, void**);  // CUDA >= 12 (PDL launches)
 typedef CUresult (*PFN_ParamInfo)(CUfunction, size_t, size_t*, size_t*);
 typedef CUresult (*PFN_CtxGetCurrent)(CUcontext*);
 typedef CUresult (*PFN_CtxSetCurrent)(CUcontext);
@@ -134,6 +135,7 @@ typedef CUresult (*PFN_TensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, 
 
 struct Driver {
   PFN_Launch launch = nullptr;
+  PFN_LaunchEx launch_ex = nullptr;  // programmatic dependent launches (Triton's launch_pdl)
   PFN_ParamInfo param_info = nullptr;  // CUDA >= 12.4
   PFN_CtxGetCurrent ctx_get = nullptr;
   PFN_CtxSetCurrent ctx_set = nullptr;
@@ -149,6 +151,7 @@ Driver& driver() {
     void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     TORCH_CHECK(h != nullptr, "fused_layers C++ fast path: cannot open libcuda.so.1");
     d.launch = (PFN_Launch)dlsym(h, "cuLaunchKernel");
+    d.launch_ex = (PFN_LaunchEx)dlsym(h, "cuLaunchKernelEx");
     d.param_info = (PFN_ParamInfo)dlsym(h, "cuFuncGetParamInfo");
     d.ctx_get = (PFN_CtxGetCurrent)dlsym(h, "cuCtxGetCurrent");
     d.ctx_set = (PFN_CtxSetCurrent)dlsym(h, "cuCtxSetCurrent");
@@ -190,6 +193,7 @@ struct Launch {
   int extra;                  // Triton's trailing scratch pointers (null unless scratch_bytes)
   int64_t scratch_bytes;      // global scratch of the whole grid (device-side TMA descriptors); 0: none
   std::vector<TmaSpec> tmas;  // the 'T' parameters, in order
+  bool pdl;                   // a programmatic dependent launch (the kernel waits for its predecessor on the device)
 };
 
 std::vector<Launch> g_launches;
@@ -295,6 +299,24 @@ void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initi
 #else
   CUstream stream = nullptr;  // a CPU-only build of torch: compiles, never launches (no CUDA tensors)
 #endif
+  if (L.pdl) {  // as Triton's launcher does for launch_pdl: the launch may start before its predecessor has finished
+    CUlaunchAttribute attr[1] = {};
+    attr[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr[0].value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg = {};
+    cfg.gridDimX = L.grid[0];
+    cfg.gridDimY = L.grid[1];
+    cfg.gridDimZ = L.grid[2];
+    cfg.blockDimX = L.threads;
+    cfg.blockDimY = 1;
+    cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = L.shared;
+    cfg.hStream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check(d.launch_ex(&cfg, L.fn, params, nullptr), "cuLaunchKernelEx");
+    return;
+  }
   check(d.launch(L.fn, L.grid[0], L.grid[1], L.grid[2], L.threads, 1, 1, L.shared, stream, params, nullptr),
         "cuLaunchKernel");
 }
@@ -343,8 +365,9 @@ std::vector<int64_t> pack_for_test(const std::string& kinds, std::vector<int64_t
 // first), byte strides (rank - 1), box (rank)].
 int64_t register_launch(int64_t function, int64_t device, std::vector<int64_t> grid, int64_t threads, int64_t shared,
                         const std::string& kinds, std::vector<int64_t> ints, int64_t extra, int64_t scratch_bytes,
-                        std::vector<std::vector<int64_t>> tmas) {
+                        std::vector<std::vector<int64_t>> tmas, int64_t pdl) {
   TORCH_CHECK(scratch_bytes == 0 || extra >= 1, "a kernel with global scratch takes a scratch pointer");
+  TORCH_CHECK(!pdl || driver().launch_ex != nullptr, "fused_layers C++ fast path: this driver lacks cuLaunchKernelEx");
   TORCH_CHECK(grid.size() == 3, "grid must have 3 entries");
   TORCH_CHECK(tmas.size() == (size_t)std::count(kinds.begin(), kinds.end(), 'T') && tmas.size() <= kMaxTma,
               "fused_layers C++ fast path: one TMA spec per 'T' parameter, at most ", kMaxTma);
@@ -371,7 +394,7 @@ int64_t register_launch(int64_t function, int64_t device, std::vector<int64_t> g
   TORCH_CHECK(g_launches.size() < g_launches.capacity(), "fused_layers C++ fast path: too many launch plans");
   g_launches.push_back(Launch{(CUfunction)(uintptr_t)function, (int)device,
                               {(unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2]}, (unsigned)threads,
-                              (unsigned)shared, kinds, std::move(ints), (int)extra, scratch_bytes, std::move(specs)});
+                              (unsigned)shared, kinds, std::move(ints), (int)extra, scratch_bytes, std::move(specs), pdl != 0});
   return (int64_t)g_launches.size() - 1;
 }
 
@@ -822,7 +845,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_for_test", &pack_for_test);
   m.def("register_launch", &register_launch, py::arg("function"), py::arg("device"), py::arg("grid"), py::arg("threads"),
         py::arg("shared"), py::arg("kinds"), py::arg("ints"), py::arg("extra"), py::arg("scratch_bytes"),
-        py::arg("tmas") = std::vector<std::vector<int64_t>>{});
+        py::arg("tmas") = std::vector<std::vector<int64_t>>{}, py::arg("pdl") = 0);
   m.def("register_norm", &register_norm);
   m.def("norm_apply", &norm_apply);
   m.def("norm_infer", &norm_infer);

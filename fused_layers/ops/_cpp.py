@@ -290,7 +290,7 @@ def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str, tmas:
     if compiled is None:
         return None
     md = compiled.metadata
-    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False)
+    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
             or getattr(md, "profile_scratch_size", 0)):
         return UNSUPPORTED
     # Global scratch (device-side TMA descriptors): the launch allocates it for the whole grid, as Triton does.
@@ -322,8 +322,10 @@ def register(kernel: Any, key: tuple, device: int, ints: tuple, role: str, tmas:
     if not 0 <= extra <= 2 or (scratch_bytes and extra < 1):  # -1: a driver that cannot count parameters
         return UNSUPPORTED
     try:
+        # launch_pdl: launched by cuLaunchKernelEx with programmatic stream serialization, as Triton's launcher does
         return ext.register_launch(function, device, list(kernel.grid), 32 * md.num_warps, md.shared, kinds,
-                                   [int(v) for v in ints], extra, scratch_bytes, specs)
+                                   [int(v) for v in ints], extra, scratch_bytes, specs,
+                                   pdl=int(bool(getattr(md, "launch_pdl", False))))
     except RuntimeError:  # the registry is full (a run with very many distinct shapes): the Python path
         return UNSUPPORTED
 
