@@ -778,8 +778,14 @@ def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
         _graph_and_side_stream(bool(gluon))
 
 
-def _graph_and_side_stream(gluon: bool):
-    n = 16384
+@pytest.mark.gpu
+def test_gpu_single_block_backward_in_cuda_graph_and_side_stream():
+    """The single-block backward at 1K (its kernels programmatic dependents by default, layer_norm_config.BWD_PDL): a
+    forward + backward captured in a CUDA graph and replayed, and run while another stream's matmuls hold SMs."""
+    _graph_and_side_stream(False, 1024)
+
+
+def _graph_and_side_stream(gluon: bool, n: int = 16384):
     mod = FusedLayerNorm(n, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(1024, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
@@ -793,7 +799,7 @@ def _graph_and_side_stream(gluon: bool):
     step()  # bind the plans outside the capture
     if gluon:
         assert any(p.gluon for p in ln_ops._BWD_PLANS.values())
-    else:
+    elif n > 8192:
         assert any(p.persist is not None and p.persist["kernel"] is not None for p in ln_ops._BWD_PLANS.values())
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -830,10 +836,15 @@ def _graph_and_side_stream(gluon: bool):
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("n", [768, 1000, 4096, 8192])
 @pytest.mark.parametrize("pdl", [1, 2])
-def test_gpu_backward_programmatic_dependent_launch(rms, n, pdl):
+def test_gpu_backward_programmatic_dependent_launch(rms, n, pdl, monkeypatch):
     """bwd_pdl: the dW / dB reduce (1), and the row kernel too (2), launched as programmatic dependents that wait on
-    the device: right against float64 and bitwise the gradients of the plain launches, eagerly and replayed from a
-    CUDA graph."""
+    the device: right against float64 and bitwise the gradients of plain launches (bwd_pdl=0), through the Python path,
+    the C++ node and replayed from a CUDA graph."""
+    from fused_layers.ops import _cpp
+
+    monkeypatch.setattr(_cpp, "ENABLED", True)
+    if _cpp.extension(wait=True) is None:
+        pytest.skip("the C++ fast path did not build here")
     with config_override("layer_norm", bwd_pdl=pdl):
         ln_ops._BWD_PLANS.clear()
         _check(rms, (3000, n), 1, torch.bfloat16, "cuda")
@@ -843,7 +854,8 @@ def test_gpu_backward_programmatic_dependent_launch(rms, n, pdl):
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
     fn = (lambda: fused_rms_norm(x, (n,), w)) if rms else (lambda: fused_layer_norm(x, (n,), w))
-    want = torch.autograd.grad(fn(), (x, w), dy)
+    with config_override("layer_norm", bwd_pdl=0):
+        want = torch.autograd.grad(fn(), (x, w), dy)
     with config_override("layer_norm", bwd_pdl=pdl):
         runs = [torch.autograd.grad(fn(), (x, w), dy) for _ in range(3)]  # the Python path, then the C++ node
         s = torch.cuda.Stream()

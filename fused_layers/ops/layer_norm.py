@@ -924,7 +924,8 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
         if get_override(_CFG, "bwd_persist_diag_nosync", False):  # diagnostic only: wrong dx (see the kernel)
             plan.persist["meta"]["DIAG_NOSYNC"] = True
         plan.fallback = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w)
-    pdl = 0 if INTERPRET or device_index < 0 else _bwd_pdl()  # 1: the reduce a programmatic dependent; 2: also the row kernel
+    # 1: the reduce a programmatic dependent of the row kernel; 2: the row kernel too (layer_norm_config.BWD_PDL; sm_90+)
+    pdl = 0 if INTERPRET or device_index < 0 or torch.cuda.get_device_capability(device_index)[0] < 9 else _bwd_pdl()
     has_reduce = has_w or has_b
     if single:
         acc_rows, pair_sum = _bwd_variants(n_pow2, dtype.itemsize, n, is_rms)

@@ -301,8 +301,13 @@ def _bwd_gluon(elem: int, n_pow2: int, is_rms: bool) -> GluonVariant | None:
 # launch_pdl): 1 = the dW / dB reduce launches as a dependent of the row kernel (which triggers it after its rows) and
 # waits for it on the device (griddepcontrol.wait), so its launch overlaps the row kernel's tail instead of following
 # it (session 20's timeline: 1.1-1.5 us between the two, issue9/run27_a/diag_norm_timeline.txt); 2 = the row kernel
-# too, after whatever precedes it.  Off until measured: config_override key bwd_pdl.
-BWD_PDL = 0
+# too, after whatever precedes it (it waits for it first).  sm_90 and newer; the C++ fast path launches these with
+# cuLaunchKernelEx; traced launches (torch.compile) are plain.  Session 20, bf16 2^26 elements, default / 1 / 2, same
+# run (issue9/run27_g/sweep_pdl.txt; do_bench fwd+bwd minus fwd, the clean samples): LayerNorm 768 0.841 / 0.856 /
+# 0.870, 1K 0.854-0.866 / 0.867 / 0.880, 2K 0.839-0.841 / 0.846 / 0.860, 4K 0.839-0.856 / - / 0.870; RMSNorm 2K 0.878-0.880
+# / 0.884 / 0.892, 4K 0.865 / 0.887 / 0.892, 8K 0.859-0.874 / 0.876 / 0.883; graph replay +0.5-1 % with 2 (run27_f,
+# run27_g).  config_override key bwd_pdl.
+BWD_PDL = 2
 
 
 def _bwd_pdl() -> int:
