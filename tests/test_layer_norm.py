@@ -214,6 +214,34 @@ def test_dw_db_reduce_shapes(rms, shape, device):
         assert plans and all(p.g == 4 for p in plans)
 
 
+@pytest.mark.parametrize("pdl", [1, 2])
+def test_programmatic_dependent_launch_is_eager_only(pdl, monkeypatch):
+    """bwd_pdl (sm_90+, forced here): eager launches take the programmatic-dependent kernels (launch_pdl, the row kernel
+    triggering its reduce; with 2 the row kernel waiting on its predecessor); a traced backward (FakeTensors:
+    torch.compile) launches the plain ones, whose arguments Inductor can analyse."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(ln_ops, "_pdl_level", lambda device_index: pdl)
+    launched = []
+    x, w, b = torch.randn(6, 40), torch.randn(40), torch.randn(40)
+    with config_override("layer_norm", bwd_programs=2):  # (a plan of its own)
+        y, stats = ln_ops.norm_forward(x, w, b, 1, 1e-5, False)
+        # recorded, not run: the interpreter has no griddepcontrol
+        monkeypatch.setattr(ln_ops.Kernel, "__call__", lambda self, *a: launched.append(self.meta))
+        dy = torch.randn_like(y)
+        with FakeTensorMode() as mode:
+            f = [mode.from_tensor(t) for t in (dy, x, w, b, stats)]
+            launched.clear()
+            ln_ops.norm_backward(*f, 1, False)
+        assert len(launched) == 2 and not any(m.get("launch_pdl") or m.get("PDL_WAIT") or m.get("PDL_TRIGGER")
+                                              for m in launched)
+        launched.clear()
+        ln_ops.norm_backward(dy, x, w, b, stats, 1, False)
+    row, red = launched
+    assert row["PDL_TRIGGER"] and red["PDL_WAIT"] and red.get("launch_pdl")
+    assert row["PDL_WAIT"] == (pdl == 2) and bool(row.get("launch_pdl")) == (pdl == 2)
+
+
 def test_dw_db_reduce_config():
     """The reduce's default shape: REDUCE_BLOCK_N-column strips (GPT-2's 768 columns take 48 programs, not the 3 of
     the old 256-column strips), tiles of at most REDUCE_TILE floats, no more rows a tile than partial rows."""
@@ -849,7 +877,8 @@ def test_gpu_backward_programmatic_dependent_launch(rms, n, pdl, monkeypatch):
         ln_ops._BWD_PLANS.clear()
         _check(rms, (3000, n), 1, torch.bfloat16, "cuda")
         plans = list(ln_ops._BWD_PLANS.values())
-        assert plans and all(p.reduce_kernel.meta.get("launch_pdl") for p in plans)
+        assert plans and all(p.eager_reduce.meta.get("launch_pdl") for p in plans)
+        assert not any(p.reduce_kernel.meta.get("launch_pdl") or p.kernel.meta["PDL_WAIT"] for p in plans)
     x = torch.randn(4096, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)

@@ -117,10 +117,7 @@ class Kernel:
         if type(args[0]) not in _PLAIN:  # FakeTensor / FunctionalTensor: shape propagation or tracing
             if INTERPRET:  # the opaque op's fake kernel (see _register): nothing to launch
                 return None
-            # make_fx / Inductor see the launch; a traced launch is never a programmatic dependent (launch_pdl is a
-            # launcher option of eager calls; the kernel's griddepcontrol.wait then returns at once)
-            meta = self.meta if "launch_pdl" not in self.meta else {k: v for k, v in self.meta.items() if k != "launch_pdl"}
-            return _wrap_triton(self.fn)[self.grid](*args, **meta)
+            return _wrap_triton(self.fn)[self.grid](*args, **self.meta)  # make_fx / Inductor see the launch
         if INTERPRET:
             # numpy warns on masked-out lanes (-inf - -inf, 0/0) that the kernel never stores: not ours to show.
             import numpy as np

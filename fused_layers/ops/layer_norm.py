@@ -818,7 +818,7 @@ class _FwdPlan:
 
 class _BwdPlan:
     __slots__ = ("m", "n", "g", "copy_x", "copy_dy", "kernel", "ints", "nparts", "stats_kernel", "reduce_kernel",
-                 "persist", "fallback", "gluon")
+                 "persist", "fallback", "gluon", "eager_kernel", "eager_reduce")
 
 
 _FWD_PLANS: dict[tuple, _FwdPlan] = {}
@@ -924,27 +924,39 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
         if get_override(_CFG, "bwd_persist_diag_nosync", False):  # diagnostic only: wrong dx (see the kernel)
             plan.persist["meta"]["DIAG_NOSYNC"] = True
         plan.fallback = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w)
-    # 1: the reduce a programmatic dependent of the row kernel; 2: the row kernel too (layer_norm_config.BWD_PDL; sm_90+)
-    pdl = 0 if INTERPRET or device_index < 0 or torch.cuda.get_device_capability(device_index)[0] < 9 else _bwd_pdl()
+    pdl = _pdl_level(device_index)
     has_reduce = has_w or has_b
     if single:
         acc_rows, pair_sum = _bwd_variants(n_pow2, dtype.itemsize, n, is_rms)
-        pdl_meta = dict(PDL_WAIT=pdl >= 2, PDL_TRIGGER=pdl >= 1 and has_reduce)
-        if pdl >= 2:
-            pdl_meta["launch_pdl"] = True
-        plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), BLOCK_M=block, BLOCK_N=n_pow2,
-                             STAGES=max(1, stages), ACC_ROWS=acc_rows, PAIR_SUM=pair_sum and not is_rms, **pdl_meta,
-                             **meta)
+        base = dict(BLOCK_M=block, BLOCK_N=n_pow2, STAGES=max(1, stages), ACC_ROWS=acc_rows,
+                    PAIR_SUM=pair_sum and not is_rms, **meta)
+        plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), PDL_WAIT=False, PDL_TRIGGER=False, **base)
+        plan.eager_kernel = plan.kernel
+        if pdl:  # eager launches only: Inductor cannot analyse the griddepcontrol instructions (it then takes every
+            # argument for mutated), so traced launches keep plan.kernel
+            pdl_meta = dict(launch_pdl=True) if pdl >= 2 else {}
+            plan.eager_kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), PDL_WAIT=pdl >= 2,
+                                       PDL_TRIGGER=has_reduce, **pdl_meta, **base)
     else:
         chunk = min(block, n_pow2)
         plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), check=(0, 1, 3, 4), BLOCK_N=chunk, STAGES=max(1, stages), **meta)
+        plan.eager_kernel = plan.kernel
         plan.stats_kernel = Kernel(_norm_bwd_rowstats_kernel, (m,), check=(0, 1, 2, 3), IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk,
                                    STAGES=max(1, stages), num_warps=warps)
-    plan.reduce_kernel = _reduce_kernel(n, g, has_w, has_b, single and pdl >= 1) if has_reduce else None
+    plan.reduce_kernel = _reduce_kernel(n, g, has_w, has_b) if has_reduce else None
+    plan.eager_reduce = _reduce_kernel(n, g, has_w, has_b, True) if has_reduce and single and pdl else plan.reduce_kernel
     if len(_BWD_PLANS) >= _MAX_PLANS:
         _BWD_PLANS.clear()
     _BWD_PLANS[key] = plan
     return plan
+
+
+def _pdl_level(device_index: int) -> int:
+    """Programmatic dependent launch of the single-block backward's eager launches (layer_norm_config.BWD_PDL): 0 off,
+    1 the reduce a dependent of the row kernel, 2 the row kernel too.  Needs sm_90 or newer (griddepcontrol)."""
+    if INTERPRET or device_index < 0 or torch.cuda.get_device_capability(device_index)[0] < 9:
+        return 0
+    return _bwd_pdl()
 
 
 def _reduce_kernel(n: int, g: int, has_w: bool, has_b: bool, pdl: bool = False) -> Kernel:
@@ -1113,13 +1125,13 @@ def norm_backward(
         # Buffers of missing gradients are never dereferenced (constexpr HAS_W / HAS_B): pass stats.
         parts = torch.empty((plan.nparts,), dtype=torch.float32, device=x.device) if plan.nparts else stats
         if plan.stats_kernel is None:
-            plan.kernel(x, dy, dx, w, stats, parts, *plan.ints)
+            (plan.eager_kernel if persist_ok else plan.kernel)(x, dy, dx, w, stats, parts, *plan.ints)
         else:
             m, n, sx, sdy, _ = plan.ints
             cbuf = torch.empty((m, 2), dtype=torch.float32, device=x.device)
             plan.stats_kernel(x, dy, w, stats, cbuf, m, n, sx, sdy)
             plan.kernel(x, dy, dx, w, stats, parts, cbuf, *plan.ints)
-        g, reduce_kernel = plan.g, plan.reduce_kernel
+        g, reduce_kernel = plan.g, (plan.eager_reduce if persist_ok else plan.reduce_kernel)
     dw = torch.empty(weight.shape, dtype=weight.dtype, device=x.device) if has_w else None
     db = torch.empty(bias.shape, dtype=bias.dtype, device=x.device) if has_b else None
     if reduce_kernel is not None:
@@ -1361,9 +1373,10 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
         elif bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
             return False
         else:
-            specs.append((bplan.kernel, (xd, xd, xd, wd, f32, f32), bplan.ints, _cpp.roles(6, len(bplan.ints))))
-            if bplan.reduce_kernel is not None:
-                specs.append((bplan.reduce_kernel, (f32, wd, bd), (bplan.g, bplan.n), _cpp.roles(3, 2)))
+            # the eager launches (the ones the Python path compiled: programmatic dependents where bwd_pdl is on)
+            specs.append((bplan.eager_kernel, (xd, xd, xd, wd, f32, f32), bplan.ints, _cpp.roles(6, len(bplan.ints))))
+            if bplan.eager_reduce is not None:
+                specs.append((bplan.eager_reduce, (f32, wd, bd), (bplan.g, bplan.n), _cpp.roles(3, 2)))
             nparts = bplan.nparts
     handles = _cpp.register_all(dev, *specs)
     if not handles:
