@@ -66,7 +66,9 @@ def measure(op, n, cfg):
 
 for op in args.ops.split(","):
     for n in map(int, args.widths.split(",")):
-        for cfg in [{}, dict(bwd_pdl=1), dict(bwd_pdl=2), {}] if args.pdl else [{}] + CANDS.get(n, []):
+        pdl = ([{}, dict(bwd_gluon_pdl=1), dict(bwd_gluon_pdl=2), {}] if n >= 16384 else  # the Gluon row backward
+               [{}, dict(bwd_pdl=1), dict(bwd_pdl=2), {}])
+        for cfg in pdl if args.pdl else [{}] + CANDS.get(n, []):
             if op == "rms" and cfg.get("bwd_pair_sum"):
                 continue
             try:

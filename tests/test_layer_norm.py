@@ -794,7 +794,7 @@ def test_gpu_persistent_backward_defaults(rms, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gluon", [0, 1, 2], ids=["persistent", "gluon", "gluon_device_desc"])
+@pytest.mark.parametrize("gluon", [0, 1, 2, 3], ids=["persistent", "gluon", "gluon_device_desc", "gluon_pdl"])
 def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
     """The one-CTA-an-SM backwards at bf16 16K (the persistent cooperative kernel, the default from session 11; the
     Gluon row backward, the default from session 18): a whole LayerNorm forward + backward captured in a CUDA graph
@@ -802,7 +802,8 @@ def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
     gradients as eager, bitwise."""
     if gluon and not _gluon_ok():
         pytest.skip("needs an sm_90 GPU and Gluon")
-    with config_override("layer_norm", bwd_gluon=int(gluon > 0), bwd_gluon_device_desc=int(gluon == 2)):
+    with config_override("layer_norm", bwd_gluon=int(gluon > 0), bwd_gluon_device_desc=int(gluon == 2),
+                         bwd_gluon_pdl=2 * int(gluon == 3)):
         _graph_and_side_stream(bool(gluon))
 
 
@@ -1018,7 +1019,8 @@ def test_gpu_gluon_row_backward(rms, n, dtype, rows, monkeypatch):
     (8192, 4, 0, 16, 0, ""), (16384, 2, 0, 16, 1, ""), (8192, 2, 0, 16, 1, ""), (16384, 2, 0, 32, 0, ""),
     (16384, 2, 1, 32, 0, ""), (16384, 2, 0, 32, 1, ""), (8192, 2, 0, 32, 0, ""), (16384, 2, 0, 16, 0, "device_desc"),
     (8192, 2, 0, 16, 1, "device_desc"), (16384, 2, 0, 16, 0, "smem_sums"), (8192, 2, 1, 16, 0, "smem_sums"),
-    (16384, 2, 0, 16, 0, "fold_mean"), (16384, 2, 0, 16, 0, "smem_sums+fold_mean"), (8192, 2, 1, 16, 0, "fold_mean")],
+    (16384, 2, 0, 16, 0, "fold_mean"), (16384, 2, 0, 16, 0, "smem_sums+fold_mean"), (8192, 2, 1, 16, 0, "fold_mean"),
+    (16384, 2, 0, 16, 0, "pdl1"), (16384, 2, 0, 16, 0, "smem_sums+fold_mean+pdl2"), (8192, 2, 0, 16, 0, "pdl2")],
     ids=str)
 def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, warps, w_f32, extra, monkeypatch):
     """The variants the sweep tries (layer_norm_config.GluonVariant's fields as bwd_gluon_<field>: rows in the ring,
@@ -1030,16 +1032,17 @@ def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, warps, w_f32, 
 
     calls = []
     orig = lg.norm_backward_rows
-    monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(a[-7:]) or orig(*a, **k))
+    monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(a[-8:]) or orig(*a, **k))
     extra = set(extra.split("+"))
     flags = dict(bwd_gluon_device_desc=int("device_desc" in extra), bwd_gluon_smem_sums=int("smem_sums" in extra),
                  bwd_gluon_fold_mean=int("fold_mean" in extra))
+    pdl = 2 if "pdl2" in extra else int("pdl1" in extra)  # programmatic dependent launch (session 20)
     with config_override("layer_norm", bwd_gluon=1, bwd_gluon_stages=stages, bwd_gluon_db_smem=db_smem,
-                         bwd_gluon_warps=warps, bwd_gluon_w_f32=w_f32, **flags):
+                         bwd_gluon_warps=warps, bwd_gluon_w_f32=w_f32, bwd_gluon_pdl=pdl, **flags):
         ln_ops._BWD_PLANS.clear()
         for rows in (1, 600):
             _check(rms, (rows, n), 1, torch.bfloat16, "cuda")
-        want = (stages, bool(db_smem), warps, bool(w_f32), *(bool(v) for v in flags.values()))
+        want = (stages, bool(db_smem), warps, bool(w_f32), *(bool(v) for v in flags.values()), pdl)
         assert calls and tuple(calls[0]) == want, calls
         _check(rms, (300, n), 1, torch.bfloat16, "cuda", param_dtype=torch.float32)
         _check(rms, (300, n), 1, torch.bfloat16, "cuda", affine=False)

@@ -1008,7 +1008,7 @@ def _gluon_plan(plan: _BwdPlan, x: torch.Tensor, has_w: bool, has_b: bool, is_rm
         plan.gluon = False
         if variant is not None:
             g = min(_sm_count(x.get_device()), m)
-            plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b) if has_w or has_b else None, variant)
+            plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b, variant.pdl >= 1) if has_w or has_b else None, variant)
     return plan.gluon
 
 

@@ -113,6 +113,8 @@ class GluonVariant(NamedTuple):
     device_desc: bool = False  # TMA descriptors made on the device: the C++ fast path can launch it
     smem_sums: bool = False  # the row sums' cross-warp step through one buffer and one barrier a row
     fold_mean: bool = False  # LayerNorm: the mean folded into the row sums and xhat (one op a value fewer a pass)
+    pdl: int = 0  # programmatic dependent launch as BWD_PDL (1: its reduce a dependent; 2: the kernel too); session 20,
+    # written after the device time ran out: not yet run on a GPU, so off by default
 
 
 BWD_GLUON: dict[tuple[int, int, bool], GluonVariant] = {

@@ -64,6 +64,18 @@ SMEM_BYTES = 227 * 1024 - 1024  # sm_90's shared memory a CTA, less the barriers
 if HAS_GLUON:
 
     @gluon.jit
+    def _gdc_wait():
+        """griddepcontrol.wait (triton.language.extra.cuda.gdc_wait, in Gluon): under a programmatic dependent launch,
+        wait for the previous kernel and see its stores; a no-op otherwise."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _gdc_launch_dependents():
+        """griddepcontrol.launch_dependents: the next kernel, a programmatic dependent, may launch (it still waits)."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
     def _add_pair(a0, a1, b0, b1):
         """Combine function of a reduction of two values at once (gl.reduce over a tuple): one cross-warp exchange."""
         return a0 + b0, a1 + b1
@@ -174,9 +186,13 @@ if HAS_GLUON:
         DEVICE_DESC: gl.constexpr,  # make the TMA descriptors here from X / DY / W (x_desc, dy_desc, w_desc None)
         SMEM_SUMS: gl.constexpr,  # the row sums' cross-warp step through one shared buffer and one barrier a row
         FOLD_MEAN: gl.constexpr,  # LayerNorm: the mean folded into the row sums and xhat (one op a value fewer a pass)
+        PDL_WAIT: gl.constexpr,  # launched as a programmatic dependent: wait for the previous kernel first
+        PDL_TRIGGER: gl.constexpr,  # let the dependent dW / dB reduce launch once this program's rows are done
         num_warps: gl.constexpr,
     ):
         REPS: gl.constexpr = R // num_warps
+        if PDL_WAIT:  # (programmatic dependent launch) before any memory of the previous kernel's is read or written
+            _gdc_wait()
         XL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=X_BITS, rank=3)
         WL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=W_BITS, rank=2)
         if DEVICE_DESC:
@@ -331,6 +347,8 @@ if HAS_GLUON:
             gl.thread_barrier()
             _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i + STAGES, n_rows, pid, G, STAGES)
 
+        if PDL_TRIGGER:  # the reduce may launch now; it waits for this whole grid (and its stores) on the device
+            _gdc_launch_dependents()
         # Step 5: this program's partial rows of dW and dB.
         for k in gl.static_range(REPS):  # (a static index: dw{k} / db{k} picked at compile time)
             dw = dw0 if k == 0 else (dw1 if k == 1 else (dw2 if k == 2 else dw3))
@@ -382,28 +400,34 @@ _KERNELS: dict = {}
 
 def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: torch.dtype | None, has_b: bool,
                is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False, warps: int = WARPS,
-               w_f32: bool = False, device_desc: bool = False, smem_sums: bool = False, fold_mean: bool = False) -> Kernel:
+               w_f32: bool = False, device_desc: bool = False, smem_sums: bool = False, fold_mean: bool = False,
+               pdl: int = 0) -> Kernel:
     """The launch plan (a ``Kernel``: grid, constexprs) of the row backward of (M, N) rows of row strides sx / sdy
     over ``programs`` CTAs (at most one an SM; at most M), for rows ``supported`` took with the same variant.  One
     object a plan.  ``device_desc``: the kernel makes its TMA descriptors and takes pointers and ints only (then the
-    C++ fast path can register its binary); else the launch passes host descriptors (``norm_backward_rows``)."""
+    C++ fast path can register its binary); else the launch passes host descriptors (``norm_backward_rows``).
+    ``pdl``: 1 the kernel lets its dW / dB reduce (a programmatic dependent) launch after its rows; 2 it is a
+    programmatic dependent itself too (layer_norm_config.GluonVariant.pdl)."""
     G = max(1, min(programs, M))
     db_smem = bool(db_smem and has_b)
     w_f32 = bool(w_f32 and w_dtype is not None)
     fold_mean = bool(fold_mean and not is_rms)
     key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32, device_desc, smem_sums,
-           fold_mean)
+           fold_mean, pdl)
     kernel = _KERNELS.get(key)
     if kernel is None:
         if len(_KERNELS) > 256:
             _KERNELS.clear()
         bits = torch.finfo(dtype).bits
         descs = dict(x_desc=None, dy_desc=None, w_desc=None) if device_desc else {}
+        if pdl >= 2:
+            descs["launch_pdl"] = True
         kernel = _KERNELS[key] = Kernel(
             _norm_bwd_rows_gluon_kernel, (G,), **descs, IS_RMS=is_rms, HAS_W=w_dtype is not None, HAS_B=has_b,
             R=N // BOX, VEC=16 * 8 // bits, STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits,
             W_BITS=torch.finfo(w_dtype).bits if w_dtype is not None else bits, DEVICE_DESC=device_desc,
-            SMEM_SUMS=smem_sums, FOLD_MEAN=fold_mean, num_warps=warps)
+            SMEM_SUMS=smem_sums, FOLD_MEAN=fold_mean, PDL_WAIT=pdl >= 2, PDL_TRIGGER=pdl >= 1 and (w_dtype is not None or has_b),
+            num_warps=warps)
     return kernel
 
 
@@ -428,14 +452,14 @@ def cpp_descriptors(M: int, N: int, has_w: bool) -> tuple:
 def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
                        has_b: bool, is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False,
                        warps: int = WARPS, w_f32: bool = False, device_desc: bool = False,
-                       smem_sums: bool = False, fold_mean: bool = False) -> tuple[torch.Tensor, int]:
+                       smem_sums: bool = False, fold_mean: bool = False, pdl: int = 0) -> tuple[torch.Tensor, int]:
     """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
     one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``;
     the fields of layer_norm_config.GluonVariant in order).
     Returns (partials, G) for layer_norm's fixed-order reduce."""
     M, N = x.shape
     kernel = bwd_kernel(M, N, x.stride(0), dy.stride(0), x.dtype, None if w is None else w.dtype, has_b, is_rms,
-                        programs, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean)
+                        programs, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean, pdl)
     G = kernel.grid[0]
     nparts = (int(w is not None) + int(has_b)) * G * N
     parts = torch.empty((nparts,), dtype=torch.float32, device=x.device) if nparts else stats
