@@ -794,7 +794,7 @@ def test_gpu_persistent_backward_defaults(rms, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gluon", [0, 1, 2, 3], ids=["persistent", "gluon", "gluon_device_desc", "gluon_pdl"])
+@pytest.mark.parametrize("gluon", [0, 1, 2, 3], ids=["persistent", "gluon", "gluon_device_desc", "gluon_no_pdl"])
 def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
     """The one-CTA-an-SM backwards at bf16 16K (the persistent cooperative kernel, the default from session 11; the
     Gluon row backward, the default from session 18): a whole LayerNorm forward + backward captured in a CUDA graph
@@ -802,8 +802,8 @@ def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
     gradients as eager, bitwise."""
     if gluon and not _gluon_ok():
         pytest.skip("needs an sm_90 GPU and Gluon")
-    with config_override("layer_norm", bwd_gluon=int(gluon > 0), bwd_gluon_device_desc=int(gluon == 2),
-                         bwd_gluon_pdl=2 * int(gluon == 3)):
+    extra = {"bwd_gluon_pdl": 0} if gluon == 3 else {}  # the default form is a programmatic dependent (pdl 2)
+    with config_override("layer_norm", bwd_gluon=int(gluon > 0), bwd_gluon_device_desc=int(gluon == 2), **extra):
         _graph_and_side_stream(bool(gluon))
 
 
