@@ -93,9 +93,11 @@ def case(op, n):
               f" row kernel alone {row:.1f} us = {nbytes / row / 1e-6 / COPY:.3f}")
 
 
-for op in ("ln", "rms"):
-    for n in (768, 1024, 4096, 8192, 16384):
-        try:
-            case(op, n)
-        except Exception as e:  # keep the other cases
-            print(f"## {op} {n} failed: {type(e).__name__}: {e}")
+# NORM_CASES="ln:16384,rms:16384" picks cases (default: both norms at 768 / 1K / 4K / 8K / 16K)
+CASES = ([(c.split(":")[0], int(c.split(":")[1])) for c in os.environ["NORM_CASES"].split(",")]
+         if os.environ.get("NORM_CASES") else [(op, n) for op in ("ln", "rms") for n in (768, 1024, 4096, 8192, 16384)])
+for op, n in CASES:
+    try:
+        case(op, n)
+    except Exception as e:  # keep the other cases
+        print(f"## {op} {n} failed: {type(e).__name__}: {e}")

@@ -7,6 +7,7 @@ timed the fused dW / dB reduce, reverted: issue9/run27_b/sweep_fused_reduce.txt.
     python3 benchmarks/sweep_norm_tiles.py [--widths 768,2048,4096,8192] > $OUT/sweep_norm_tiles.txt
 """
 import argparse
+import json
 import os
 import sys
 
@@ -27,6 +28,8 @@ ap.add_argument("--widths", default="768,2048,4096,8192")
 ap.add_argument("--ops", default="ln,rms")
 ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch (bwd_pdl 1 / 2) against the default "
                 "instead of tiles")
+ap.add_argument("--cfgs", default=None, help="a JSON list of config_override dicts to time between two defaults "
+                "instead of tiles (session 21: the 16K reduce's shape and L2 hints)")
 args = ap.parse_args()
 _cpp.extension(wait=True)
 
@@ -68,7 +71,8 @@ for op in args.ops.split(","):
     for n in map(int, args.widths.split(",")):
         pdl = ([{}, dict(bwd_gluon_pdl=1), dict(bwd_gluon_pdl=2), {}] if n >= 16384 else  # the Gluon row backward
                [{}, dict(bwd_pdl=1), dict(bwd_pdl=2), {}])
-        for cfg in pdl if args.pdl else [{}] + CANDS.get(n, []):
+        cands = [{}] + json.loads(args.cfgs) + [{}] if args.cfgs else pdl if args.pdl else [{}] + CANDS.get(n, [])
+        for cfg in cands:
             if op == "rms" and cfg.get("bwd_pair_sum"):
                 continue
             try:

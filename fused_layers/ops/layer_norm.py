@@ -703,6 +703,7 @@ def _norm_reduce_partials_kernel(
     BLOCK_N: tl.constexpr,  # columns per program
     STAGES: tl.constexpr = 1,  # software pipelining of the loop over G (tl.range num_stages: the next tiles in flight)
     PDL_WAIT: tl.constexpr = False,  # launched as a programmatic dependent of the backward kernel (bwd_pdl)
+    EVICT_FIRST: tl.constexpr = False,  # the partials loaded with L2 policy evict_first (read once)
 ):
     """Sum the G partial rows column-wise in a fixed order (deterministic), cast, store.
 
@@ -723,9 +724,9 @@ def _norm_reduce_partials_kernel(
         offs = g.to(tl.int64)[:, None] * N + cols[None, :]
         # 0 is the identity of the sum
         if HAS_W:
-            dw += tl.load(DWP + offs, mask=mask, other=0.0)
+            dw += tl.load(DWP + offs, mask=mask, other=0.0, eviction_policy="evict_first" if EVICT_FIRST else "")
         if HAS_B:
-            db += tl.load(DBP + offs, mask=mask, other=0.0)
+            db += tl.load(DBP + offs, mask=mask, other=0.0, eviction_policy="evict_first" if EVICT_FIRST else "")
     if HAS_W:
         tl.store(DW + cols, tl.sum(dw, axis=0).to(DW.dtype.element_ty), mask=col_ok)
     if HAS_B:
@@ -963,8 +964,10 @@ def _reduce_kernel(n: int, g: int, has_w: bool, has_b: bool, pdl: bool = False) 
     """The fixed-order sum of G partial rows of dW / dB (``_norm_reduce_partials_kernel``); its shape from
     ``layer_norm_config._reduce_config`` (16-column strips: many programs for a latency-bound sum).  ``pdl``: launched
     as a programmatic dependent of the backward kernel (its launch overlaps that kernel's tail; bwd_pdl)."""
-    red_n, red_g, warps, stages = _reduce_config(n, g)
+    red_n, red_g, warps, stages, evict_first = _reduce_config(n, g)
     extra = dict(launch_pdl=True) if pdl else {}
+    if evict_first:
+        extra["EVICT_FIRST"] = True
     return Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(1, 2), HAS_W=has_w, HAS_B=has_b,
                   BLOCK_G=red_g, BLOCK_N=red_n, STAGES=stages, PDL_WAIT=pdl, num_warps=warps, **extra)
 

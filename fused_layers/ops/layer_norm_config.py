@@ -114,6 +114,7 @@ class GluonVariant(NamedTuple):
     smem_sums: bool = False  # the row sums' cross-warp step through one buffer and one barrier a row
     fold_mean: bool = False  # LayerNorm: the mean folded into the row sums and xhat (one op a value fewer a pass)
     pdl: int = 0  # programmatic dependent launch as BWD_PDL (1: its reduce a dependent; 2: the kernel too)
+    parts_evict: bool = False  # the dW / dB partial rows stored with L2 policy evict_last (session 21, a diagnostic)
 
 
 BWD_GLUON: dict[tuple[int, int, bool], GluonVariant] = {
@@ -267,12 +268,14 @@ def _bwd_config(n_pow2: int, elem: int, n: int | None = None, is_rms: bool | Non
     return False, ov("bwd_chunk", BWD_CHUNK), ov("bwd_warps", BWD_CHUNK_WARPS), ov("bwd_progs_per_sm", BWD_CHUNK_PROGS_PER_SM)
 
 
-def _reduce_config(n: int, g: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N columns per program, BLOCK_G rows per iteration, num_warps, STAGES) of the dW / dB reduce over
-    ``g`` partial rows of ``n`` columns."""
+def _reduce_config(n: int, g: int) -> tuple[int, int, int, int, bool]:
+    """(BLOCK_N columns per program, BLOCK_G rows per iteration, num_warps, STAGES, EVICT_FIRST) of the dW / dB
+    reduce over ``g`` partial rows of ``n`` columns (EVICT_FIRST: its loads with L2 policy evict_first; config_override
+    key reduce_evict_first, a session-21 diagnostic)."""
     block_n = min(get_override(_CFG, "reduce_block_n", REDUCE_BLOCK_N), 1 << max(0, n - 1).bit_length())
     block_g = min(get_override(_CFG, "reduce_block_g", max(1, REDUCE_TILE // block_n)), 1 << max(0, g - 1).bit_length())
-    return block_n, block_g, get_override(_CFG, "reduce_warps", REDUCE_WARPS), get_override(_CFG, "reduce_stages", REDUCE_STAGES)
+    return (block_n, block_g, get_override(_CFG, "reduce_warps", REDUCE_WARPS),
+            get_override(_CFG, "reduce_stages", REDUCE_STAGES), bool(get_override(_CFG, "reduce_evict_first", False)))
 
 
 def _bwd_persist_pack() -> bool:

@@ -137,14 +137,14 @@ if HAS_GLUON:
 
     @gluon.jit
     def _store_parts(DWP, DBP, pid, N, offs, dw, db, dbs, layout: gl.constexpr, HAS_W: gl.constexpr,
-                     HAS_B: gl.constexpr, DB_SMEM: gl.constexpr):
-        """One slice of this program's dW / dB partial rows."""
+                     HAS_B: gl.constexpr, DB_SMEM: gl.constexpr, EVICT: gl.constexpr = ""):
+        """One slice of this program's dW / dB partial rows (EVICT: their L2 eviction policy)."""
         if HAS_W:
-            gl.store(DWP + pid.to(gl.int64) * N + offs, dw)
+            gl.store(DWP + pid.to(gl.int64) * N + offs, dw, eviction_policy=EVICT)
         if HAS_B:
             if DB_SMEM:
                 db = dbs.load(layout)
-            gl.store(DBP + pid.to(gl.int64) * N + offs, db)
+            gl.store(DBP + pid.to(gl.int64) * N + offs, db, eviction_policy=EVICT)
 
     @gluon.jit
     def _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i, n_rows, pid, G, STAGES: gl.constexpr):
@@ -188,7 +188,8 @@ if HAS_GLUON:
         FOLD_MEAN: gl.constexpr,  # LayerNorm: the mean folded into the row sums and xhat (one op a value fewer a pass)
         PDL_WAIT: gl.constexpr,  # launched as a programmatic dependent: wait for the previous kernel first
         PDL_TRIGGER: gl.constexpr,  # let the dependent dW / dB reduce launch once this program's rows are done
-        num_warps: gl.constexpr,
+        PARTS_EVICT: gl.constexpr = False,  # the partial rows stored with L2 policy evict_last (the reduce reads them)
+        num_warps: gl.constexpr = 16,
     ):
         REPS: gl.constexpr = R // num_warps
         if PDL_WAIT:  # (programmatic dependent launch) before any memory of the previous kernel's is read or written
@@ -354,7 +355,7 @@ if HAS_GLUON:
             dw = dw0 if k == 0 else (dw1 if k == 1 else (dw2 if k == 2 else dw3))
             db = db0 if k == 0 else (db1 if k == 1 else (db2 if k == 2 else db3))
             _store_parts(PARTS, DBP, pid, N, offs + k * SL, dw, db, db_smem.slice(k * num_warps, num_warps), layout,
-                         HAS_W, HAS_B, DB_SMEM)
+                         HAS_W, HAS_B, DB_SMEM, "evict_last" if PARTS_EVICT else "")
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
         if HAS_W and not W_F32:
@@ -401,19 +402,20 @@ _KERNELS: dict = {}
 def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: torch.dtype | None, has_b: bool,
                is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False, warps: int = WARPS,
                w_f32: bool = False, device_desc: bool = False, smem_sums: bool = False, fold_mean: bool = False,
-               pdl: int = 0) -> Kernel:
+               pdl: int = 0, parts_evict: bool = False) -> Kernel:
     """The launch plan (a ``Kernel``: grid, constexprs) of the row backward of (M, N) rows of row strides sx / sdy
     over ``programs`` CTAs (at most one an SM; at most M), for rows ``supported`` took with the same variant.  One
     object a plan.  ``device_desc``: the kernel makes its TMA descriptors and takes pointers and ints only (then the
     C++ fast path can register its binary); else the launch passes host descriptors (``norm_backward_rows``).
     ``pdl``: 1 the kernel lets its dW / dB reduce (a programmatic dependent) launch after its rows; 2 it is a
-    programmatic dependent itself too (layer_norm_config.GluonVariant.pdl)."""
+    programmatic dependent itself too (layer_norm_config.GluonVariant.pdl).  ``parts_evict``: the dW / dB partial rows
+    stored with L2 policy evict_last (the reduce reads them next)."""
     G = max(1, min(programs, M))
     db_smem = bool(db_smem and has_b)
     w_f32 = bool(w_f32 and w_dtype is not None)
     fold_mean = bool(fold_mean and not is_rms)
     key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32, device_desc, smem_sums,
-           fold_mean, pdl)
+           fold_mean, pdl, parts_evict)
     kernel = _KERNELS.get(key)
     if kernel is None:
         if len(_KERNELS) > 256:
@@ -427,7 +429,7 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
             R=N // BOX, VEC=16 * 8 // bits, STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits,
             W_BITS=torch.finfo(w_dtype).bits if w_dtype is not None else bits, DEVICE_DESC=device_desc,
             SMEM_SUMS=smem_sums, FOLD_MEAN=fold_mean, PDL_WAIT=pdl >= 2, PDL_TRIGGER=pdl >= 1 and (w_dtype is not None or has_b),
-            num_warps=warps)
+            PARTS_EVICT=parts_evict, num_warps=warps)
     return kernel
 
 
@@ -452,14 +454,15 @@ def cpp_descriptors(M: int, N: int, has_w: bool) -> tuple:
 def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
                        has_b: bool, is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False,
                        warps: int = WARPS, w_f32: bool = False, device_desc: bool = False,
-                       smem_sums: bool = False, fold_mean: bool = False, pdl: int = 0) -> tuple[torch.Tensor, int]:
+                       smem_sums: bool = False, fold_mean: bool = False, pdl: int = 0,
+                       parts_evict: bool = False) -> tuple[torch.Tensor, int]:
     """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
     one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``;
     the fields of layer_norm_config.GluonVariant in order).
     Returns (partials, G) for layer_norm's fixed-order reduce."""
     M, N = x.shape
     kernel = bwd_kernel(M, N, x.stride(0), dy.stride(0), x.dtype, None if w is None else w.dtype, has_b, is_rms,
-                        programs, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean, pdl)
+                        programs, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean, pdl, parts_evict)
     G = kernel.grid[0]
     nparts = (int(w is not None) + int(has_b)) * G * N
     parts = torch.empty((nparts,), dtype=torch.float32, device=x.device) if nparts else stats
