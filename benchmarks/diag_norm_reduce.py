@@ -5,7 +5,9 @@ cold (triton's do_bench: L2 flushed before every launch) and warm (a CUDA graph 
 same partials, which then sit in L2).  GB/s counts the partials read once.
 
     python3 benchmarks/diag_norm_reduce.py > $OUT/diag_norm_reduce.txt
+    REDUCE_SHAPES='[[32, 128, 3, 4], ...]' (block_g, block_n, stages, warps) times those shapes instead.
 """
+import json
 import os
 import sys
 
@@ -23,6 +25,9 @@ SHAPES = [{}, dict(reduce_evict_first=1), dict(reduce_block_g=256, reduce_block_
           dict(reduce_block_g=64, reduce_block_n=64, reduce_stages=2, reduce_warps=8),
           dict(reduce_block_g=32, reduce_block_n=128, reduce_stages=3, reduce_warps=4),
           dict(reduce_block_g=8, reduce_block_n=512, reduce_stages=4, reduce_warps=4)]
+if os.environ.get("REDUCE_SHAPES"):
+    SHAPES = [{}] + [dict(reduce_block_g=g, reduce_block_n=n, reduce_stages=s, reduce_warps=w)
+                     for g, n, s, w in json.loads(os.environ["REDUCE_SHAPES"])]
 
 for has_b in (True, False):
     parts = torch.randn(((2 if has_b else 1) * G * N,), device="cuda")

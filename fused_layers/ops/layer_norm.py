@@ -966,10 +966,9 @@ def _reduce_kernel(n: int, g: int, has_w: bool, has_b: bool, pdl: bool = False) 
     as a programmatic dependent of the backward kernel (its launch overlaps that kernel's tail; bwd_pdl)."""
     red_n, red_g, warps, stages, evict_first = _reduce_config(n, g)
     extra = dict(launch_pdl=True) if pdl else {}
-    if evict_first:
-        extra["EVICT_FIRST"] = True
     return Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(1, 2), HAS_W=has_w, HAS_B=has_b,
-                  BLOCK_G=red_g, BLOCK_N=red_n, STAGES=stages, PDL_WAIT=pdl, num_warps=warps, **extra)
+                  BLOCK_G=red_g, BLOCK_N=red_n, STAGES=stages, PDL_WAIT=pdl, EVICT_FIRST=evict_first,
+                  num_warps=warps, **extra)
 
 
 def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b: bool, is_rms: bool):
