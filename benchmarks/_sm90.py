@@ -47,12 +47,14 @@ def signature(fn, constexprs: dict, types: dict[str, str], ones=(), divisible=()
 
 
 def compile_sm90(fn, sig: dict, constexprs: dict, attrs: dict, num_warps: int, num_stages: int | None = None,
-                 source=ASTSource) -> dict:
+                 source=ASTSource, maxnreg: int | None = None) -> dict:
     """Compile for sm_90 (``source``: Triton's ASTSource, or Gluon's GluonASTSource for a Gluon kernel); returns
     regs, stack_bytes, shared_bytes, global_scratch, total_warps and ``ops``, a Counter of the SASS opcodes."""
     options = dict(num_warps=num_warps)
     if num_stages is not None:
         options["num_stages"] = num_stages
+    if maxnreg is not None:  # ptxas's register cap (Triton's maxnreg launch option)
+        options["maxnreg"] = maxnreg
     k = triton.compile(source(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])

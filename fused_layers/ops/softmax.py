@@ -94,6 +94,7 @@ from .softmax_config import (  # noqa: F401
     WIDE_EVICT,
     WIDE_STAGES,
     _PERSIST_STAGES,
+    _packed_config,
     _persist_config,
     _single_block_config,
     _wide_config,
@@ -116,8 +117,14 @@ def _softmax_fwd_kernel(
     syo, syi, syn,  # strides of Y for (outer, inner, column)
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next power of two >= N: the whole row in one tile
+    PACKED: tl.constexpr = False,  # 16-bit x: hold the row in its own dtype, converted again at each pass
 ):
-    """Single-block softmax: each program normalizes BLOCK_M full rows held in registers."""
+    """Single-block softmax: each program normalizes BLOCK_M full rows held in registers.
+
+    PACKED (16-bit inputs): the row stays in registers as loaded, two values a register, and each pass converts
+    what it reads (max in x's dtype, exact; sum and output in float32), so a thread holds half the registers of
+    the float32 row: at 32K bf16 two 16-warp programs an SM instead of one, one loading while the other writes.
+    The output is exp2((x - m) log2 e - log2 s), the same float32 math as e / s up to exp2 / log2 rounding."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -129,13 +136,39 @@ def _softmax_fwd_kernel(
     mask = row_ok[:, None] & (cols[None, :] < N)
     x_ptrs = X + (o * sxo + i * sxi)[:, None] + cols[None, :] * sxn
     # -inf is the identity of max; exp(-inf - m) = 0 is then the identity of the sum.
-    x = tl.load(x_ptrs, mask=mask, other=-float("inf")).to(tl.float32)
-    m = tl.max(x, axis=1)
-    e = tl.exp2((x - m[:, None]) * 1.4426950408889634)
-    s = tl.sum(e, axis=1)
-    y = e * (1.0 / s)[:, None]
+    if PACKED:
+        xs = tl.load(x_ptrs, mask=mask, other=-float("inf"))  # held in x's 16-bit dtype
+        m = tl.reduce(xs, 1, _max16).to(tl.float32)  # max is exact in x's dtype: no float32 copy of the row
+        s = tl.sum(tl.exp2((xs.to(tl.float32) - m[:, None]) * 1.4426950408889634), axis=1)
+        ls = tl.log2(s)
+        # a second conversion, written differently so that the compiler does not keep the first one alive
+        xf = _bits_to_f32(xs)
+        y = tl.exp2((xf - m[:, None]) * 1.4426950408889634 - ls[:, None])
+    else:
+        x = tl.load(x_ptrs, mask=mask, other=-float("inf")).to(tl.float32)
+        m = tl.max(x, axis=1)
+        e = tl.exp2((x - m[:, None]) * 1.4426950408889634)
+        s = tl.sum(e, axis=1)
+        y = e * (1.0 / s)[:, None]
     y_ptrs = Y + (o * syo + i * syi)[:, None] + cols[None, :] * syn
     tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _max16(a, b):
+    """max of two 16-bit floats in their own dtype (exact).  A NaN may or may not win here; either way the row's
+    sum of exponentials is NaN, so the whole row is, as in torch.softmax."""
+    return tl.where(a.to(tl.float32) > b.to(tl.float32), a, b)  # (compared in float32: the interpreter)
+
+
+@triton.jit
+def _bits_to_f32(x):
+    """A bf16 / fp16 tensor in float32 through its bits (bf16: the bits moved up 16 places; fp16: its own
+    conversion): equal to x.to(tl.float32), as a separate computation."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32) * 1.0
 
 
 @triton.jit
@@ -606,7 +639,7 @@ def _contiguous_strides(shape: torch.Size, dim: int) -> tuple[int, ...]:
 class _Plan:
     """Everything a launch needs that depends only on shapes, strides, dtype and dim (cached)."""
 
-    __slots__ = ("copy", "wide", "kernel", "m", "splits", "ints", "cpp", "persist", "groups", "fallback", "tma")
+    __slots__ = ("copy", "wide", "kernel", "m", "splits", "ints", "cpp", "persist", "groups", "fallback", "tma", "packed")
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -644,10 +677,11 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     elem = dtype.itemsize
     fwd = len(strides) == 1
     n_pow2 = next_power_of_2(shape[dim] if len(shape) else 1)
-    wide = n_pow2 > _max_single_block(elem, "fwd" if fwd else "bwd", persist_ok)
+    packed = _packed_config(n_pow2, elem) if fwd and persist_ok else None  # eager 16-bit forwards (softmax_config)
+    wide = n_pow2 > _max_single_block(elem, "fwd" if fwd else "bwd", persist_ok) and packed is None
     twin_key = key[:4] + (not persist_ok,) + key[5:]
     twin = _PLANS.get(twin_key)
-    if twin is not None and not twin.wide and not wide:
+    if twin is not None and not twin.wide and not wide and packed is None and not twin.packed:
         _PLANS[key] = twin
         return twin
     plan = _Plan()
@@ -666,12 +700,19 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     ins = tuple(x for v in views for x in v[2:])
     plan.m = m
     plan.wide = wide
+    plan.packed = packed is not None
     if not plan.wide:
         block_m, warps = _single_block_config(n_pow2, elem, "fwd" if fwd else "bwd")
         plan.ints = (m, n, inner) + ins + out
         plan.splits = 0
         fn = _softmax_fwd_kernel if fwd else _softmax_bwd_kernel
-        plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m, BLOCK_N=n_pow2, num_warps=warps)
+        extra = dict(PACKED=packed is not None) if fwd else {}
+        if packed is not None:  # one row a program, its warps, ptxas's register cap (eager plans only)
+            block_m, warps = 1, packed[0]
+            if packed[1]:
+                extra["maxnreg"] = packed[1]
+        plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m,
+                             BLOCK_N=n_pow2, num_warps=warps, **extra)
     elif (mode := get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0))) in (2, 3) \
             and persist_ok:
         # mode 3: the TMA kernels of ops/softmax_gluon.py for rows they take (softmax over the last dim of rows with
@@ -712,7 +753,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = plan
-    if not plan.wide and n_pow2 <= _max_single_block(elem, "fwd" if fwd else "bwd", not persist_ok):
+    if not plan.wide and not plan.packed and n_pow2 <= _max_single_block(elem, "fwd" if fwd else "bwd", not persist_ok):
         _PLANS[twin_key] = plan  # single block for either caller: one plan
     return plan
 

@@ -95,6 +95,24 @@ PERSIST_HOLD_MIN_N = {("bwd", 2): 65537}
 # forward 0.52-0.70 against 0.69-0.80, the backward op 0.82 against 0.91 at 64K: issue10/run15_a, run16_b.)
 
 
+# PACKED single-block forward (_softmax_fwd_kernel PACKED: the row held in its 16-bit dtype, converted at each pass)
+# with ptxas's register cap (Triton's maxnreg), by width bucket: (num_warps, maxnreg).  sm_90 with Triton 3.6
+# (benchmarks/scan_softmax_packed.py): bf16 32K x 16 warps 128 registers (one program an SM) -> packed 87, capped at
+# 64 with 16 bytes of spill: two programs an SM; 16K x 16 warps 63 -> packed capped at 40, no spill: three.  Eager
+# 16-bit forwards only (traced plans keep the plain kernel); config_override("softmax", packed=1) takes it at the
+# widths below, packed_warps / packed_maxnreg set its shape.  Session 21: not yet timed, so off (PACKED_ON).
+PACKED_SINGLE_BLOCK = {16384: (16, 40), 32768: (16, 64)}
+PACKED_ON = False
+
+
+def _packed_config(n_pow2: int, elem: int) -> tuple[int, int] | None:
+    """(num_warps, maxnreg) of the PACKED single-block forward for 16-bit rows of width bucket n_pow2, or None."""
+    entry = PACKED_SINGLE_BLOCK.get(n_pow2)
+    if elem != 2 or entry is None or not get_override("softmax", "packed", PACKED_ON):
+        return None
+    return get_override("softmax", "packed_warps", entry[0]), get_override("softmax", "packed_maxnreg", entry[1])
+
+
 def _single_block_config(n_pow2: int, elem: int, direction: str) -> tuple[int, int]:
     """(BLOCK_M rows per program, num_warps) for a single-block tile of width n_pow2."""
     block_m, warps = _SINGLE_BLOCK[elem].get(max(n_pow2, 256), (1, 32))  # wider: only via overrides
