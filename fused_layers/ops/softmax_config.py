@@ -101,7 +101,7 @@ PERSIST_HOLD_MIN_N = {("bwd", 2): 65537}
 # 64 with 16 bytes of spill: two programs an SM; 16K x 16 warps 63 -> packed capped at 40, no spill: three.  Eager
 # 16-bit forwards only (traced plans keep the plain kernel); config_override("softmax", packed=1) takes it at the
 # widths below, packed_warps / packed_maxnreg set its shape.  Session 21: not yet timed, so off (PACKED_ON).
-PACKED_SINGLE_BLOCK = {16384: (16, 40), 32768: (16, 64)}
+PACKED_SINGLE_BLOCK = {16384: (16, 40), 32768: (16, 64), 65536: (32, 64)}
 PACKED_ON = False
 
 
