@@ -96,13 +96,18 @@ PERSIST_HOLD_MIN_N = {("bwd", 2): 65537}
 
 
 # PACKED single-block forward (_softmax_fwd_kernel PACKED: the row held in its 16-bit dtype, converted at each pass)
-# with ptxas's register cap (Triton's maxnreg), by width bucket: (num_warps, maxnreg).  sm_90 with Triton 3.6
-# (benchmarks/scan_softmax_packed.py): bf16 32K x 16 warps 128 registers (one program an SM) -> packed 87, capped at
-# 64 with 16 bytes of spill: two programs an SM; 16K x 16 warps 63 -> packed capped at 40, no spill: three.  Eager
-# 16-bit forwards only (traced plans keep the plain kernel); config_override("softmax", packed=1) takes it at the
-# widths below, packed_warps / packed_maxnreg set its shape.  Session 21: not yet timed, so off (PACKED_ON).
-PACKED_SINGLE_BLOCK = {16384: (16, 40), 32768: (16, 64), 65536: (32, 64)}
-PACKED_ON = False
+# with ptxas's register cap (Triton's maxnreg), by width bucket: (num_warps, maxnreg).  sm_90 with Triton 3.6: bf16
+# 16K x 16 warps 63 registers (two programs an SM) -> packed and capped at 40, no spill: three.  Session 21 (H200,
+# bf16, 2^26 elements, issue10/run28_d/sweep_softmax_packed.txt, fraction of copy, do_bench / graph replay):
+#   16K  packed 16 warps cap 40 **0.911 / 0.953** against the default 0.866-0.874 / 0.923-0.926 (taken); cap 48 0.832 /
+#        0.880, no cap 0.827 / 0.867, 8 warps cap 64 0.747 / 0.779
+#   32K  packed 16 warps cap 64 (two programs an SM, 16 bytes of spill) 0.689 / 0.713, cap 72 / none 0.47-0.50, 32 warps
+#        0.635-0.685 / 0.66-0.71, the plain single block 0.725 / 0.754, against the persistent default's 0.80 / 0.85
+#   64K  packed 32 warps 0.531 / 0.544 against 0.807 / 0.854
+# Eager 16-bit forwards only (traced plans keep the plain kernel: Inductor emits its own launch); config_override(
+# "softmax", packed=0 / 1) turns it off / on where the table has the width, packed_warps / packed_maxnreg its shape.
+PACKED_SINGLE_BLOCK = {16384: (16, 40)}
+PACKED_ON = True
 
 
 def _packed_config(n_pow2: int, elem: int) -> tuple[int, int] | None:
