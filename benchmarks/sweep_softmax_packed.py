@@ -4,7 +4,9 @@ by do_bench (L2 flushed) and CUDA-graph replay; 2^26 elements, fraction of the 4
 write; the max abs error against torch.softmax in float32 beside each.
 
     python3 benchmarks/sweep_softmax_packed.py > $OUT/sweep_softmax_packed.txt
+    SWEEP='{"32768": [{"persist_block": 16384}]}' FP16=1 ... times those configs (by width) instead; FP16=1 adds fp16.
 """
+import json
 import os
 import sys
 
@@ -32,6 +34,8 @@ CASES = {
     32768: [pk(16, 64), pk(16, 72), pk(16, 0), pk(32, 0), pk(32, 32), dict(persist_max_single_block=32768)],
     65536: [pk(32, 64), pk(32, 0)],
 }
+if os.environ.get("SWEEP"):
+    CASES = {int(k): v for k, v in json.loads(os.environ["SWEEP"]).items()}
 dtypes = [torch.bfloat16] + ([torch.float16] if os.environ.get("FP16") else [])
 for dtype in dtypes:
     for n, cands in CASES.items():
