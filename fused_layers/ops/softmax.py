@@ -677,7 +677,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     elem = dtype.itemsize
     fwd = len(strides) == 1
     n_pow2 = next_power_of_2(shape[dim] if len(shape) else 1)
-    packed = _packed_config(n_pow2, elem) if fwd and persist_ok else None  # eager 16-bit forwards (softmax_config)
+    packed = _packed_config(n_pow2, str(dtype)[6:]) if fwd and persist_ok else None  # eager bf16 forwards (config)
     wide = n_pow2 > _max_single_block(elem, "fwd" if fwd else "bwd", persist_ok) and packed is None
     twin_key = key[:4] + (not persist_ok,) + key[5:]
     twin = _PLANS.get(twin_key)

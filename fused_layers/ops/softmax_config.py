@@ -104,16 +104,23 @@ PERSIST_HOLD_MIN_N = {("bwd", 2): 65537}
 #   32K  packed 16 warps cap 64 (two programs an SM, 16 bytes of spill) 0.689 / 0.713, cap 72 / none 0.47-0.50, 32 warps
 #        0.635-0.685 / 0.66-0.71, the plain single block 0.725 / 0.754, against the persistent default's 0.80 / 0.85
 #   64K  packed 32 warps 0.531 / 0.544 against 0.807 / 0.854
-# Eager 16-bit forwards only (traced plans keep the plain kernel: Inductor emits its own launch); config_override(
-# "softmax", packed=0 / 1) turns it off / on where the table has the width, packed_warps / packed_maxnreg its shape.
+#   fp16 16K (call 6, issue10/run28_f/sweep_fp16.txt): packed 0.798-0.803 / 0.836-0.838 against 0.870 / 0.914: bf16 only
+#   (bf16 in the same run 0.903-0.904 / 0.952-0.954 against 0.873 / 0.916)
+#   32K-128K, the persistent form with bigger pieces (run28_f/sweep_persist.txt): 16K x 16 warps 0.39-0.58, 8K x 8 warps
+#   x 3 stages 0.78-0.80 / 0.82-0.84, 8K x 16 0.61-0.68, against the default's 0.79-0.81 / 0.84-0.85
+# Eager forwards only (traced plans keep the plain kernel: Inductor emits its own launch); config_override("softmax",
+# packed=0 / 1) turns it off / on (any 16-bit dtype) where the table has the width, packed_warps / packed_maxnreg its
+# shape.
 PACKED_SINGLE_BLOCK = {16384: (16, 40)}
-PACKED_ON = True
+PACKED_DTYPES = ("bfloat16",)
 
 
-def _packed_config(n_pow2: int, elem: int) -> tuple[int, int] | None:
-    """(num_warps, maxnreg) of the PACKED single-block forward for 16-bit rows of width bucket n_pow2, or None."""
+def _packed_config(n_pow2: int, dtype_name: str) -> tuple[int, int] | None:
+    """(num_warps, maxnreg) of the PACKED single-block forward for rows of width bucket n_pow2 in dtype ``dtype_name``
+    (torch's name: "bfloat16", "float16"), or None."""
     entry = PACKED_SINGLE_BLOCK.get(n_pow2)
-    if elem != 2 or entry is None or not get_override("softmax", "packed", PACKED_ON):
+    if dtype_name not in ("bfloat16", "float16") or entry is None or not get_override(
+            "softmax", "packed", dtype_name in PACKED_DTYPES):
         return None
     return get_override("softmax", "packed_warps", entry[0]), get_override("softmax", "packed_maxnreg", entry[1])
 
