@@ -123,8 +123,9 @@ def _softmax_fwd_kernel(
 
     PACKED (16-bit inputs): the row stays in registers as loaded, two values a register, and each pass converts
     what it reads (max in x's dtype, exact; sum and output in float32), so a thread holds half the registers of
-    the float32 row: at 32K bf16 two 16-warp programs an SM instead of one, one loading while the other writes.
-    The output is exp2((x - m) log2 e - log2 s), the same float32 math as e / s up to exp2 / log2 rounding."""
+    the float32 row: with ptxas's register cap, bf16 16K takes three 16-warp programs an SM instead of two
+    (softmax_config.PACKED_SINGLE_BLOCK, where the measurements are).  The output is exp2((x - m) log2 e - log2 s),
+    the same float32 math as e / s up to exp2 / log2 rounding."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
