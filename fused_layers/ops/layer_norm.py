@@ -199,8 +199,16 @@ def _norm_fwd_kernel(
     BLOCK_N: tl.constexpr,  # next power of two >= N: the whole row in one tile
     CAST_BEFORE_W: tl.constexpr = False,  # round xhat to X's dtype before the weight (HF Llama-family order)
     FUSED_STATS: tl.constexpr = False,  # LayerNorm: the correction and the variance in one two-value reduction
+    PACKED: tl.constexpr = False,  # 16-bit x held as loaded and converted at each pass (candidate: fwd_packed)
+    ASM: tl.constexpr = False,  # PACKED: the last pass converts by inline PTX (on a GPU; never under the interpreter)
 ):
-    """Single-block forward: each program normalizes BLOCK_M full rows held in registers."""
+    """Single-block forward: each program normalizes BLOCK_M full rows held in registers.
+
+    PACKED (a candidate, config_override fwd_packed / fwd_maxnreg): the row stays in registers in x's 16-bit dtype
+    and each pass converts what it reads, in a form of its own so that the compiler does not keep a float32 copy of
+    the row alive across a reduction (fpext, the bits moved up, and with ASM a PTX cvt), so that with ptxas's
+    register cap more programs fit an SM (as softmax's PACKED forward).  LayerNorm's statistics with PACKED are the
+    same corrected two-pass ones (FUSED_STATS form)."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
     pid = tl.program_id(0)
@@ -211,6 +219,40 @@ def _norm_fwd_kernel(
     mask = row_ok[:, None] & col_ok[None, :]
     r64 = rows.to(tl.int64)  # 64-bit offsets: tensors beyond 2^31 elements address correctly
     # 0 is the identity of the sums below.
+    if PACKED:
+        xs = tl.load(X + (r64 * sx)[:, None] + cols[None, :], mask=mask, other=0.0)
+        if IS_RMS:
+            x1 = xs.to(tl.float32)
+            var = tl.sum(x1 * x1, axis=1) / N
+            xc = _bits_f32(xs)
+        else:
+            mean = tl.sum(xs.to(tl.float32), axis=1) / N
+            xc = tl.where(mask, _bits_f32(xs) - mean[:, None], 0.0)
+            s1, s2 = tl.reduce((xc, xc * xc), 1, _add_pair)
+            corr = s1 / N
+            var = tl.maximum(s2 / N - corr * corr, 0.0)
+            mean = mean + corr
+            if STORE_STATS:
+                tl.store(MEAN + rows, mean, mask=row_ok)
+            if ASM:
+                x3 = tl.inline_asm_elementwise("cvt.f32.bf16 $0, $1;" if xs.dtype == tl.bfloat16 else
+                                               "cvt.f32.f16 $0, $1;", "=r,h", [xs], dtype=tl.float32, is_pure=True,
+                                               pack=1)
+            else:
+                x3 = xs.to(tl.float32)
+            xc = tl.where(mask, x3 - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        if STORE_STATS:
+            tl.store(RSTD + rows, rstd, mask=row_ok)
+        y = xc * rstd[:, None]
+        if HAS_W:
+            if CAST_BEFORE_W:
+                y = y.to(X.dtype.element_ty).to(tl.float32)
+            y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_B:
+            y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + (r64 * N)[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        return
     x = tl.load(X + (r64 * sx)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if IS_RMS:
         xc = x
@@ -248,6 +290,16 @@ def _norm_fwd_kernel(
         b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
         y = y + b[None, :]
     tl.store(Y + (r64 * N)[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bits_f32(x):
+    """A 16-bit float tensor in float32, computed from its bits for bf16 (a form the compiler does not merge with
+    x.to(tl.float32)); fp16 converts."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
 
 
 @triton.jit
@@ -850,8 +902,12 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
         meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, STORE_STATS=store_stats, CAST_BEFORE_W=cast_before_w,
                     num_warps=warps)
         if single:
+            packed = bool(get_override(_CFG, "fwd_packed", False)) and dtype.itemsize == 2  # candidate (session 21)
+            extra = dict(PACKED=packed, ASM=packed and not INTERPRET)
+            if packed and get_override(_CFG, "fwd_maxnreg", 0):
+                extra["maxnreg"] = get_override(_CFG, "fwd_maxnreg", 0)
             plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), check=(0, 1, 2, 3), BLOCK_M=block, BLOCK_N=n_pow2,
-                                 FUSED_STATS=bool(get_override(_CFG, "fwd_fused_stats", FWD_FUSED_STATS)), **meta)
+                                 FUSED_STATS=bool(get_override(_CFG, "fwd_fused_stats", FWD_FUSED_STATS)), **extra, **meta)
         else:
             plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), check=(0, 1, 2, 3), BLOCK_N=min(block, n_pow2),
                                  STAGES=max(1, _fwd_stages(n_pow2, dtype.itemsize, n, is_rms)), **meta)
