@@ -1074,3 +1074,17 @@ def test_gpu_gluon_row_backward_deterministic():
         again = torch.autograd.grad(mod(x), (x, mod.weight, mod.bias), dy)
     for a, b in zip(first, again):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1000), (5, 257), (3, 4099)])
+def test_packed_forward_candidate(rms, dtype, shape, device):
+    """The PACKED single-block forward (config_override fwd_packed, a session-21 candidate, not a default): the
+    16-bit row held as loaded and converted at each pass; output, statistics (through the backward) and every
+    gradient against float64, affine and not, on ragged widths."""
+    with config_override("layer_norm", fwd_packed=1):
+        ln_ops._FWD_PLANS.clear()
+        _check(rms, shape, 1, dtype, device)
+        _check(rms, shape, 1, dtype, device, affine=False)
+        assert all(p.kernel.meta["PACKED"] for p in ln_ops._FWD_PLANS.values() if p.kernel is not None)
