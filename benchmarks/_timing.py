@@ -86,6 +86,16 @@ def bench(fn, grad_to_none=None, rep: int = 60, setup=None) -> float:
 
 
 
+def fractions_of_copy(fn, nbytes: int, copy_gbs: float = 4220.0) -> tuple[float, float]:
+    """(do_bench, CUDA-graph replay) fractions of the copy ceiling of ``fn`` moving ``nbytes``: do_bench with its
+    L2 flush between calls (the host included), and graph replay (the kernels alone), medians."""
+    from triton.testing import do_bench
+
+    d = do_bench(fn, warmup=25, rep=100, return_mode="median")
+    g = _graph_ms(fn, None, 60)
+    return nbytes / (d * 1e-3) / (copy_gbs * 1e9), nbytes / (g * 1e-3) / (copy_gbs * 1e9)
+
+
 def gpu_tag() -> str:
     """Short name of the GPU for result file names ("h200", ...; "cpu" without CUDA)."""
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

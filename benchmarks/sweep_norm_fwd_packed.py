@@ -12,14 +12,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
 
 import _timing
 from fused_layers import fused_layer_norm, fused_rms_norm
 from fused_layers.ops import _cpp
 from fused_layers.ops.layer_norm import config_override
 
-COPY = 4220e9
 TOTAL = 2**26
 _cpp.extension(wait=True)
 CANDS = [dict(fwd_packed=1), dict(fwd_packed=1, fwd_maxnreg=40), dict(fwd_packed=1, fwd_maxnreg=48)]
@@ -39,9 +37,7 @@ for op in ("rms", "ln"):
             try:
                 with config_override("layer_norm", **cfg):
                     err = (f().float() - ref).abs().max().item()
-                    d = do_bench(f, warmup=25, rep=100, return_mode="median")
-                    g = _timing.bench(f, rep=60)
-                print(f"{op} {n} {str(cfg or 'default'):50s} do_bench {nb / d / 1e-3 / COPY:.3f}  graph "
-                      f"{nb / g / 1e-3 / COPY:.3f}  err {err:.2e}", flush=True)
+                    d, g = _timing.fractions_of_copy(f, nb)
+                print(f"{op} {n} {str(cfg or 'default'):50s} do_bench {d:.3f}  graph {g:.3f}  err {err:.2e}", flush=True)
             except Exception as e:  # keep the other candidates
                 print(f"{op} {n} {cfg} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)

@@ -31,6 +31,20 @@ try:  # Triton is a Linux-only dependency.
 except Exception:  # pragma: no cover - exercised only where triton is missing
     HAS_TRITON = False
 
+if HAS_TRITON:
+
+    @triton.jit
+    def bits_to_f32(x):
+        """A 16-bit float tensor in float32, through its bits for bf16 (the bits moved up 16 places): equal to
+        x.to(tl.float32), in a form the compiler does not merge with it, so a kernel that converts a held 16-bit row
+        once per pass (the PACKED forwards of softmax and the norms) keeps no float32 copy of it alive between
+        passes.  fp16 converts."""
+        if x.dtype == tl.bfloat16:
+            return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        else:
+            return x.to(tl.float32)
+
+
 #: Read once at import: Triton itself reads the variable when kernels are first decorated.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 

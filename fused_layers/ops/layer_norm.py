@@ -97,6 +97,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    bits_to_f32,
     SUPPORTED_DTYPES,
     INTERPRET,
     FusedShapeError,
@@ -219,15 +220,15 @@ def _norm_fwd_kernel(
     mask = row_ok[:, None] & col_ok[None, :]
     r64 = rows.to(tl.int64)  # 64-bit offsets: tensors beyond 2^31 elements address correctly
     # 0 is the identity of the sums below.
-    if PACKED:
+    if PACKED:  # (see the docstring; the statistics as FUSED_STATS below)
         xs = tl.load(X + (r64 * sx)[:, None] + cols[None, :], mask=mask, other=0.0)
         if IS_RMS:
             x1 = xs.to(tl.float32)
             var = tl.sum(x1 * x1, axis=1) / N
-            xc = _bits_f32(xs)
+            xc = bits_to_f32(xs)
         else:
             mean = tl.sum(xs.to(tl.float32), axis=1) / N
-            xc = tl.where(mask, _bits_f32(xs) - mean[:, None], 0.0)
+            xc = tl.where(mask, bits_to_f32(xs) - mean[:, None], 0.0)
             s1, s2 = tl.reduce((xc, xc * xc), 1, _add_pair)
             corr = s1 / N
             var = tl.maximum(s2 / N - corr * corr, 0.0)
@@ -241,42 +242,31 @@ def _norm_fwd_kernel(
             else:
                 x3 = xs.to(tl.float32)
             xc = tl.where(mask, x3 - mean[:, None], 0.0)
-        rstd = 1.0 / tl.sqrt(var + eps)
-        if STORE_STATS:
-            tl.store(RSTD + rows, rstd, mask=row_ok)
-        y = xc * rstd[:, None]
-        if HAS_W:
-            if CAST_BEFORE_W:
-                y = y.to(X.dtype.element_ty).to(tl.float32)
-            y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        if HAS_B:
-            y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(Y + (r64 * N)[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-        return
-    x = tl.load(X + (r64 * sx)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    if IS_RMS:
-        xc = x
     else:
-        mean = tl.sum(x, axis=1) / N
-        # Padding must stay 0 after centring so that it adds nothing to the variance.
-        xc = tl.where(mask, x - mean[:, None], 0.0)
-        # Corrected two-pass: the rounding error of the first sum (large when |mean| >> std) is what
-        # the centred values still sum to; remove it (registers only, no extra memory traffic).
-        if FUSED_STATS:
-            # sum((xc - c)^2) = sum(xc^2) - N c^2 with c = sum(xc) / N, exactly; c is at the rounding
-            # level of the first sum, so the subtraction loses nothing.  One reduction of two values
-            # instead of two dependent ones: one cross-warp exchange less per row.
-            s1, s2 = tl.reduce((xc, xc * xc), 1, _add_pair)
-            corr = s1 / N
-            var = tl.maximum(s2 / N - corr * corr, 0.0)
+        x = tl.load(X + (r64 * sx)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if IS_RMS:
+            xc = x
         else:
-            corr = tl.sum(xc, axis=1) / N
-        xc = tl.where(mask, xc - corr[:, None], 0.0)
-        mean = mean + corr
-        if STORE_STATS:  # the backward needs them; an inference forward does not
-            tl.store(MEAN + rows, mean, mask=row_ok)
-    if IS_RMS or not FUSED_STATS:
-        var = tl.sum(xc * xc, axis=1) / N
+            mean = tl.sum(x, axis=1) / N
+            # Padding must stay 0 after centring so that it adds nothing to the variance.
+            xc = tl.where(mask, x - mean[:, None], 0.0)
+            # Corrected two-pass: the rounding error of the first sum (large when |mean| >> std) is what
+            # the centred values still sum to; remove it (registers only, no extra memory traffic).
+            if FUSED_STATS:
+                # sum((xc - c)^2) = sum(xc^2) - N c^2 with c = sum(xc) / N, exactly; c is at the rounding
+                # level of the first sum, so the subtraction loses nothing.  One reduction of two values
+                # instead of two dependent ones: one cross-warp exchange less per row.
+                s1, s2 = tl.reduce((xc, xc * xc), 1, _add_pair)
+                corr = s1 / N
+                var = tl.maximum(s2 / N - corr * corr, 0.0)
+            else:
+                corr = tl.sum(xc, axis=1) / N
+            xc = tl.where(mask, xc - corr[:, None], 0.0)
+            mean = mean + corr
+            if STORE_STATS:  # the backward needs them; an inference forward does not
+                tl.store(MEAN + rows, mean, mask=row_ok)
+        if IS_RMS or not FUSED_STATS:
+            var = tl.sum(xc * xc, axis=1) / N
     rstd = 1.0 / tl.sqrt(var + eps)
     if STORE_STATS:  # the backward needs them; an inference forward does not
         tl.store(RSTD + rows, rstd, mask=row_ok)
@@ -290,16 +280,6 @@ def _norm_fwd_kernel(
         b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
         y = y + b[None, :]
     tl.store(Y + (r64 * N)[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _bits_f32(x):
-    """A 16-bit float tensor in float32, computed from its bits for bf16 (a form the compiler does not merge with
-    x.to(tl.float32)); fp16 converts."""
-    if x.dtype == tl.bfloat16:
-        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    else:
-        return x.to(tl.float32)
 
 
 @triton.jit

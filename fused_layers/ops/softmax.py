@@ -55,6 +55,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    bits_to_f32,
     check_float_dtype,
     check_tensor,
     concrete,
@@ -143,7 +144,7 @@ def _softmax_fwd_kernel(
         s = tl.sum(tl.exp2((xs.to(tl.float32) - m[:, None]) * 1.4426950408889634), axis=1)
         ls = tl.log2(s)
         # a second conversion, written differently so that the compiler does not keep the first one alive
-        xf = _bits_to_f32(xs)
+        xf = bits_to_f32(xs)
         y = tl.exp2((xf - m[:, None]) * 1.4426950408889634 - ls[:, None])
     else:
         x = tl.load(x_ptrs, mask=mask, other=-float("inf")).to(tl.float32)
@@ -160,16 +161,6 @@ def _max16(a, b):
     """max of two 16-bit floats in their own dtype (exact).  A NaN may or may not win here; either way the row's
     sum of exponentials is NaN, so the whole row is, as in torch.softmax."""
     return tl.where(a.to(tl.float32) > b.to(tl.float32), a, b)  # (compared in float32: the interpreter)
-
-
-@triton.jit
-def _bits_to_f32(x):
-    """A bf16 / fp16 tensor in float32 through its bits (bf16: the bits moved up 16 places; fp16: its own
-    conversion): equal to x.to(tl.float32), as a separate computation."""
-    if x.dtype == tl.bfloat16:
-        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    else:
-        return x.to(tl.float32) * 1.0
 
 
 @triton.jit
