@@ -725,25 +725,6 @@ def _norm_bwd_persist_kernel(
 
 
 @triton.jit
-def _reduce_rows(DWP, DBP, dw, db, cols, col_ok, lo, hi, N, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                 BLOCK_G: tl.constexpr, STAGES: tl.constexpr, EVICT_FIRST: tl.constexpr, CACHE: tl.constexpr):
-    """Add partial rows [lo, hi) of this program's columns into the (BLOCK_G, BLOCK_N) accumulators dw / db."""
-    gs = tl.arange(0, BLOCK_G)
-    for g0 in tl.range(lo, hi, BLOCK_G, num_stages=STAGES):
-        g = g0 + gs
-        mask = (g < hi)[:, None] & col_ok[None, :]
-        offs = g.to(tl.int64)[:, None] * N + cols[None, :]
-        # 0 is the identity of the sum
-        if HAS_W:
-            dw += tl.load(DWP + offs, mask=mask, other=0.0, cache_modifier=CACHE,
-                          eviction_policy="evict_first" if EVICT_FIRST else "")
-        if HAS_B:
-            db += tl.load(DBP + offs, mask=mask, other=0.0, cache_modifier=CACHE,
-                          eviction_policy="evict_first" if EVICT_FIRST else "")
-    return dw, db
-
-
-@triton.jit
 def _norm_reduce_partials_kernel(
     PARTS,  # pointer to the float32 partials: [G, N] dW rows (if HAS_W), then [G, N] dB rows (if HAS_B)
     DW, DB,  # pointers to dW [N], dB [N] in the parameters' dtypes (written)
@@ -755,30 +736,29 @@ def _norm_reduce_partials_kernel(
     STAGES: tl.constexpr = 1,  # software pipelining of the loop over G (tl.range num_stages: the next tiles in flight)
     PDL_WAIT: tl.constexpr = False,  # launched as a programmatic dependent of the backward kernel (bwd_pdl)
     EVICT_FIRST: tl.constexpr = False,  # the partials loaded with L2 policy evict_first (read once)
-    EARLY: tl.constexpr = 0,  # (PDL_WAIT) rows [0, EARLY) summed before the wait: the Gluon row backward's SPLIT_TAIL
 ):
     """Sum the G partial rows column-wise in a fixed order (deterministic), cast, store.
 
     The partials were just written (L2-resident) and are small, so this kernel is latency-bound: the grid is a
-    strip of BLOCK_N columns per program, narrow enough that most SMs take part (``_reduce_kernel``).
-
-    EARLY (with PDL_WAIT): the backward kernel stored partial rows [0, EARLY), fenced them (fence.acq_rel.gpu) and
-    only then let this kernel launch (griddepcontrol.launch_dependents), before its last, partial round of rows; so
-    those rows are read first (``.cg``: from L2, never a stale L1 line) while that round still runs, and rows
-    [EARLY, G) after the wait for the whole backward grid."""
+    strip of BLOCK_N columns per program, narrow enough that most SMs take part (``_reduce_kernel``)."""
+    if PDL_WAIT:  # the partials are the backward kernel's: wait for its whole grid
+        tl.extra.cuda.gdc_wait()
     DWP, DBP = _parts_ptrs(PARTS, G, N, HAS_W)
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
+    gs = tl.arange(0, BLOCK_G)
     dw = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
     db = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
-    if PDL_WAIT:  # the partials are the backward kernel's: wait for its whole grid (after its first EARLY rows)
-        if EARLY > 0:
-            dw, db = _reduce_rows(DWP, DBP, dw, db, cols, col_ok, 0, EARLY, N, HAS_W, HAS_B, BLOCK_G, STAGES,
-                                  EVICT_FIRST, ".cg")
-        tl.extra.cuda.gdc_wait()
-    dw, db = _reduce_rows(DWP, DBP, dw, db, cols, col_ok, EARLY if PDL_WAIT else 0, G, N, HAS_W, HAS_B, BLOCK_G,
-                          STAGES, EVICT_FIRST, "")
+    for g0 in tl.range(0, G, BLOCK_G, num_stages=STAGES):
+        g = g0 + gs
+        mask = (g < G)[:, None] & col_ok[None, :]
+        offs = g.to(tl.int64)[:, None] * N + cols[None, :]
+        # 0 is the identity of the sum
+        if HAS_W:
+            dw += tl.load(DWP + offs, mask=mask, other=0.0, eviction_policy="evict_first" if EVICT_FIRST else "")
+        if HAS_B:
+            db += tl.load(DBP + offs, mask=mask, other=0.0, eviction_policy="evict_first" if EVICT_FIRST else "")
     if HAS_W:
         tl.store(DW + cols, tl.sum(dw, axis=0).to(DW.dtype.element_ty), mask=col_ok)
     if HAS_B:
@@ -1016,16 +996,15 @@ def _pdl_level(device_index: int) -> int:
     return _bwd_pdl()
 
 
-def _reduce_kernel(n: int, g: int, has_w: bool, has_b: bool, pdl: bool = False, early: int = 0) -> Kernel:
+def _reduce_kernel(n: int, g: int, has_w: bool, has_b: bool, pdl: bool = False) -> Kernel:
     """The fixed-order sum of G partial rows of dW / dB (``_norm_reduce_partials_kernel``); its shape from
     ``layer_norm_config._reduce_config`` (16-column strips: many programs for a latency-bound sum).  ``pdl``: launched
-    as a programmatic dependent of the backward kernel (its launch overlaps that kernel's tail; bwd_pdl).  ``early``
-    (with ``pdl``): the first rows, summed before the wait (the Gluon row backward's split_tail)."""
+    as a programmatic dependent of the backward kernel (its launch overlaps that kernel's tail; bwd_pdl)."""
     red_n, red_g, warps, stages, evict_first = _reduce_config(n, g)
     extra = dict(launch_pdl=True) if pdl else {}
     return Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(1, 2), HAS_W=has_w, HAS_B=has_b,
                   BLOCK_G=red_g, BLOCK_N=red_n, STAGES=stages, PDL_WAIT=pdl, EVICT_FIRST=evict_first,
-                  EARLY=early if pdl else 0, num_warps=warps, **extra)
+                  num_warps=warps, **extra)
 
 
 def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b: bool, is_rms: bool):
@@ -1066,13 +1045,8 @@ def _gluon_plan(plan: _BwdPlan, x: torch.Tensor, has_w: bool, has_b: bool, is_rm
             x.element_size(), next_power_of_2(n), is_rms)
         plan.gluon = False
         if variant is not None:
-            from . import layer_norm_gluon as lg
-
             g = min(_sm_count(x.get_device()), m)
-            # the reduce's rows: one a program, and with split_tail the last round's (the first g summed early)
-            rows = lg.partial_rows(m, g, variant.split_tail and not variant.db_smem)
-            reduce = _reduce_kernel(n, rows, has_w, has_b, variant.pdl >= 1, g if rows > g else 0)
-            plan.gluon = (g, reduce if has_w or has_b else None, variant)
+            plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b, variant.pdl >= 1) if has_w or has_b else None, variant)
     return plan.gluon
 
 
@@ -1086,7 +1060,7 @@ def _gluon_take(plan: _BwdPlan, x, x2, dy2, weight, has_w: bool, has_b: bool, is
         return None
     g, reduce_kernel, v = gplan
     w = weight.contiguous().view(-1) if has_w else None
-    if lg.supported(x2, dy2, w, cast_before_w, v.stages, v.db_smem and has_b, v.warps, v.w_f32) is not None:
+    if lg.supported(x2, dy2, w, cast_before_w, v.stages, v.db_smem and has_b, v.warps, v.w_f32, v.g_smem) is not None:
         return None
     return g, reduce_kernel, v, w
 
@@ -1105,8 +1079,8 @@ def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has
     if took is None:
         return None
     g, reduce_kernel, v, w = took
-    parts, rows = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g, *v)
-    return parts, rows, reduce_kernel
+    parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g, *v)
+    return parts, g, reduce_kernel
 
 
 def norm_forward(
@@ -1402,8 +1376,7 @@ def _gluon_cpp_spec(bplan, x, weight, has_w, has_b, is_rms, cast_before_w):
         return None
     g, reduce_kernel, v, w = took
     kernel = lg.bwd_kernel(m, n, n, n, x.dtype, None if w is None else w.dtype, has_b, is_rms, g, *v)
-    rows = lg.partial_rows(m, kernel.grid[0], kernel.meta["SPLIT_TAIL"])
-    return kernel, rows, reduce_kernel, () if v.device_desc else lg.cpp_descriptors(m, n, has_w)
+    return kernel, kernel.grid[0], reduce_kernel, () if v.device_desc else lg.cpp_descriptors(m, n, has_w)
 
 
 def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, out_dtype=None):

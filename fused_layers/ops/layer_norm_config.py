@@ -115,8 +115,7 @@ class GluonVariant(NamedTuple):
     fold_mean: bool = False  # LayerNorm: the mean folded into the row sums and xhat (one op a value fewer a pass)
     pdl: int = 0  # programmatic dependent launch as BWD_PDL (1: its reduce a dependent; 2: the kernel too)
     parts_evict: bool = False  # the dW / dB partial rows stored with L2 policy evict_last (session 21, a diagnostic)
-    split_tail: bool = False  # partial rows after the full rounds of rows; the reduce (pdl) sums them during the last
-    #                           round (at 4,096 rows over 132 programs 4 have a 32nd row; not with db_smem)
+    g_smem: bool = False  # pass 1 keeps g = w dy (float32) in shared memory for pass 2 (session 22)
 
 
 BWD_GLUON: dict[tuple[int, int, bool], GluonVariant] = {

@@ -76,12 +76,6 @@ if HAS_GLUON:
                                   is_pure=False, pack=1)
 
     @gluon.jit
-    def _fence_gpu():
-        """fence.acq_rel.gpu: this thread's earlier stores are visible device-wide before anything it does next (here:
-        the launch_dependents that lets the reduce read the partial rows before its griddepcontrol.wait)."""
-        gl.inline_asm_elementwise("fence.acq_rel.gpu; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
     def _add_pair(a0, a1, b0, b1):
         """Combine function of a reduction of two values at once (gl.reduce over a tuple): one cross-warp exchange."""
         return a0 + b0, a1 + b1
@@ -104,25 +98,35 @@ if HAS_GLUON:
         return dy, xc, g
 
     @gluon.jit
-    def _slice_sums(xs, dys, ws, mean, s1, s2, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr,
-                    FOLD_MEAN: gl.constexpr = False):
+    def _slice_sums(xs, dys, ws, mean, s1, s2, gs, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr,
+                    FOLD_MEAN: gl.constexpr = False, G_SMEM: gl.constexpr = False):
         """Pass 1 over one slice: s1 += g * xc, s2 += g (per thread; rstd is applied to the row sum, one multiply a
         row instead of one a value).  FOLD_MEAN: s1 += g * x (the caller subtracts mean * sum(g), as aten's CUDA
-        LayerNorm backward does): one subtraction a value fewer."""
+        LayerNorm backward does): one subtraction a value fewer.  G_SMEM: g = w dy also stored, float32, into the
+        shared-memory slice ``gs`` for pass 2 (each thread its own elements: no barrier)."""
         dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W, not FOLD_MEAN)
+        if G_SMEM:
+            gs.store(g)
         if IS_RMS:
             return s1 + g * xc, s2
         return s1 + g * xc, s2 + g
 
     @gluon.jit
-    def _slice_dx(xs, dys, ws, mean, rstd, c1, c2r, dw, db, dbs, DX, offs, layout: gl.constexpr,
+    def _slice_dx(xs, dys, ws, mean, rstd, c1, c2r, dw, db, dbs, DX, offs, gs, layout: gl.constexpr,
                   IS_RMS: gl.constexpr, HAS_W: gl.constexpr, HAS_B: gl.constexpr, DB_SMEM: gl.constexpr,
-                  FOLD_MEAN: gl.constexpr = False):
+                  FOLD_MEAN: gl.constexpr = False, G_SMEM: gl.constexpr = False):
         """Pass 2 over one slice: dx = (g - xhat c1) rstd - c2 rstd (c2r = c2 rstd; two FMAs) stored at DX + offs;
         returns the slice's dW / dB accumulators plus dy xhat, dy (DB_SMEM: dB accumulates in the shared-memory slice
         ``dbs`` instead, each thread its own elements).  FOLD_MEAN: ``mean`` is mean * rstd and xhat = x rstd - it
-        (one FMA)."""
-        dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W, not FOLD_MEAN)
+        (one FMA).  G_SMEM: g = w dy as pass 1 stored it in ``gs`` (no weight read, conversion or multiply here)."""
+        if G_SMEM:
+            dy = dys.load(layout).to(gl.float32)
+            xc = xs.load(layout).to(gl.float32)
+            if not (IS_RMS or FOLD_MEAN):
+                xc = xc - mean
+            g = gs.load(layout)
+        else:
+            dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W, not FOLD_MEAN)
         if FOLD_MEAN and not IS_RMS:
             xhat = xc * rstd - mean
         else:
@@ -164,90 +168,6 @@ if HAS_GLUON:
         tma.async_copy_global_to_shared(dy_desc, [row, 0, 0], bar, dy_ring.index(slot), pred=live)
 
     @gluon.jit
-    def _bwd_row(i, pid, G, n_rows, N, x_ring, dy_ring, bars, ws, db_smem, x_desc, dy_desc, STATS, RSTD,
-                 DX, offs, sums1, sums2, dw0, dw1, dw2, dw3, db0, db1, db2, db3, layout: gl.constexpr,
-                 ALL: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr, SL: gl.constexpr, IS_RMS: gl.constexpr,
-                 HAS_W: gl.constexpr, HAS_B: gl.constexpr, DB_SMEM: gl.constexpr, SMEM_SUMS: gl.constexpr,
-                 FOLD_MEAN: gl.constexpr, num_warps: gl.constexpr):
-        """Steps 2-4 for row i of this program (row pid + i G): the row sums, dx and the dW / dB accumulators of this
-        thread's columns (returned), then row i + STAGES into the freed ring slot."""
-        REPS: gl.constexpr = R // num_warps
-        row = pid + i * G
-        slot = i % STAGES
-        rstd = gl.load(RSTD + row)  # (issued before the wait: latency hidden)
-        if IS_RMS:
-            mean = 0.0
-        else:
-            mean = gl.load(STATS + row)
-        mbarrier.wait(bars.index(slot), phase=(i // STAGES) & 1)
-        xb = x_ring.index(slot).reshape([R, 256])
-        dyb = dy_ring.index(slot).reshape([R, 256])
-
-        # Step 2 (pass 1): the row sums.  0 is the identity of both.
-        s1 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
-        s2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
-        for k in gl.static_range(REPS):
-            s1, s2 = _slice_sums(xb.slice(k * num_warps, num_warps), dyb.slice(k * num_warps, num_warps),
-                                 ws.slice(k * num_warps, num_warps), mean, s1, s2, layout, IS_RMS, HAS_W,
-                                 FOLD_MEAN)
-        # c1 = sum(g xhat) / N = rstd sum(g xc) / N; c2r = rstd sum(g) / N (LayerNorm)
-        if SMEM_SUMS:
-            # Each warp's sums (a warp a sub-row: intra-warp shuffles), then one exchange for both: every warp
-            # writes its two partials, one barrier, every thread reads all 2 x num_warps and adds them.  The
-            # buffer is written again only after the next step-4 barrier, so no second barrier is needed.
-            sums1.store(gl.sum(s1, axis=1))
-            if not IS_RMS:
-                sums2.store(gl.sum(s2, axis=1))
-            gl.thread_barrier()
-            c1 = gl.sum(sums1.load(ALL), axis=0) * (rstd / N)
-            if IS_RMS:
-                c2r = 0.0
-            else:
-                c2r = gl.sum(sums2.load(ALL), axis=0) * (rstd / N)
-        elif IS_RMS:
-            c1 = gl.sum(gl.sum(s1, axis=1), axis=0) * (rstd / N)
-            c2r = 0.0
-        elif not DB_SMEM:  # (two reductions: the paired one spills with dB in registers, sm_90 scan)
-            c1 = gl.sum(gl.sum(s1, axis=1), axis=0) * (rstd / N)
-            c2r = gl.sum(gl.sum(s2, axis=1), axis=0) * (rstd / N)
-        else:  # both sums in one reduction: one cross-warp exchange (and barrier) a row, not two
-            s1, s2 = gl.reduce((s1, s2), 1, _add_pair)
-            s1, s2 = gl.reduce((s1, s2), 0, _add_pair)
-            c1 = s1 * (rstd / N)
-            c2r = s2 * (rstd / N)
-        if FOLD_MEAN and not IS_RMS:
-            # s1 summed g x: rstd / N sum(g xc) = rstd / N (sum(g x) - mean sum(g)) = c1 - mean c2r.  Pass 2 then
-            # takes mean rstd for its xhat = x rstd - mean rstd.
-            c1 = c1 - mean * c2r
-            mean = mean * rstd
-
-        # Step 3 (pass 2): dx, and the dW / dB accumulators of this thread's columns.
-        dxp = DX + row.to(gl.int64) * N + offs
-        dw0, db0 = _slice_dx(xb.slice(0, num_warps), dyb.slice(0, num_warps), ws.slice(0, num_warps), mean, rstd,
-                             c1, c2r, dw0, db0, db_smem.slice(0, num_warps), dxp, 0, layout, IS_RMS, HAS_W,
-                             HAS_B, DB_SMEM, FOLD_MEAN)
-        if REPS > 1:
-            k1: gl.constexpr = num_warps
-            dw1, db1 = _slice_dx(xb.slice(k1, num_warps), dyb.slice(k1, num_warps), ws.slice(k1, num_warps), mean,
-                                 rstd, c1, c2r, dw1, db1, db_smem.slice(k1, num_warps), dxp, SL, layout, IS_RMS,
-                                 HAS_W, HAS_B, DB_SMEM, FOLD_MEAN)
-        if REPS > 2:
-            k2: gl.constexpr = 2 * num_warps
-            dw2, db2 = _slice_dx(xb.slice(k2, num_warps), dyb.slice(k2, num_warps), ws.slice(k2, num_warps), mean,
-                                 rstd, c1, c2r, dw2, db2, db_smem.slice(k2, num_warps), dxp, 2 * SL, layout, IS_RMS,
-                                 HAS_W, HAS_B, DB_SMEM, FOLD_MEAN)
-        if REPS > 3:
-            k3: gl.constexpr = 3 * num_warps
-            dw3, db3 = _slice_dx(xb.slice(k3, num_warps), dyb.slice(k3, num_warps), ws.slice(k3, num_warps), mean,
-                                 rstd, c1, c2r, dw3, db3, db_smem.slice(k3, num_warps), dxp, 3 * SL, layout, IS_RMS,
-                                 HAS_W, HAS_B, DB_SMEM, FOLD_MEAN)
-
-        # Step 4: every warp has read the slot: fetch row i + STAGES into it.
-        gl.thread_barrier()
-        _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i + STAGES, n_rows, pid, G, STAGES)
-        return dw0, dw1, dw2, dw3, db0, db1, db2, db3
-
-    @gluon.jit
     def _norm_bwd_rows_gluon_kernel(
         X,  # x, (M, N) rows of stride sx (unit column stride, 16-byte aligned rows): read by TMA
         DY,  # dy, (M, N) rows of stride sdy, the same
@@ -279,7 +199,7 @@ if HAS_GLUON:
         PDL_WAIT: gl.constexpr,  # launched as a programmatic dependent: wait for the previous kernel first
         PDL_TRIGGER: gl.constexpr,  # let the dependent dW / dB reduce launch once this program's rows are done
         PARTS_EVICT: gl.constexpr = False,  # the partial rows stored with L2 policy evict_last (the reduce reads them)
-        SPLIT_TAIL: gl.constexpr = False,  # partial rows after the full rounds, the last round's apart (see below)
+        G_SMEM: gl.constexpr = False,  # pass 1 keeps g = w dy (float32) in shared memory for pass 2 (HAS_W)
         num_warps: gl.constexpr = 16,
     ):
         REPS: gl.constexpr = R // num_warps
@@ -301,14 +221,8 @@ if HAS_GLUON:
             RSTD = STATS
         else:
             RSTD = STATS + M
-        # Partial rows: one a program (G), and with SPLIT_TAIL one more for each program of the last, partial round
-        # of rows (T = M - (M // G) G of them, rows G + pid).
-        if SPLIT_TAIL:
-            n_parts = gl.num_programs(0) + (M % gl.num_programs(0))
-        else:
-            n_parts = gl.num_programs(0)
         if HAS_W:
-            DBP = PARTS + n_parts.to(gl.int64) * N
+            DBP = PARTS + gl.num_programs(0).to(gl.int64) * N
         else:
             DBP = PARTS
 
@@ -322,9 +236,6 @@ if HAS_GLUON:
         x_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], XL)
         dy_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], XL)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        if not SMEM_SUMS:
-            sums1 = x_ring  # (never read: SMEM_SUMS is False)
-            sums2 = x_ring
         for s in gl.static_range(STAGES):
             mbarrier.init(bars.index(s), count=1)
         if HAS_W and not W_F32:
@@ -338,12 +249,17 @@ if HAS_GLUON:
                 db_smem.slice(k * num_warps, num_warps).store(gl.zeros([num_warps, 256], gl.float32, layout=layout))
         else:
             db_smem = x_ring.index(0).reshape([R, 256])  # (never read: no dB in shared memory)
+        if G_SMEM:
+            # g = w dy of the row being worked on, float32: pass 2 reads it instead of the weight (one conversion and
+            # one multiply a value fewer; the loop is instruction-bound).  Each thread reads back what it wrote.
+            g_smem = gl.allocate_shared_memory(gl.float32, [R, 256], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        else:
+            g_smem = x_ring.index(0).reshape([R, 256])  # (never read)
         fence_async_shared()
 
         pid = gl.program_id(0)
         G = gl.num_programs(0)
         n_rows = gl.cdiv(M - pid, G)  # rows pid, pid + G, ... (the grid has at most M programs)
-        n_full = M // G  # rounds every program has (the last round, if partial, is the tail: programs pid < M % G)
 
         # Each thread's columns of slice k: k * num_warps * 256 + (its sub-row) * 256 + (its columns).
         offs = (gl.expand_dims(gl.arange(0, num_warps, layout=gl.SliceLayout(1, layout)), 1) * 256
@@ -374,59 +290,92 @@ if HAS_GLUON:
         db2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
         db3 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
 
-        if SPLIT_TAIL:
-            # The full rounds (every program has them), then this program's partial rows of them: stored, made
-            # visible device-wide (each thread fences its stores, then the barrier), and only then may the reduce
-            # launch.  It sums rows [0, G) while the tail programs (pid < M % G: 4 of 132 at 4,096 rows) run their last
-            # row, and the tail's partial rows (G + pid) after its wait.  Without this the reduce waits for those few
-            # programs, a whole row's time with the other SMs idle.
-            for i in range(n_full):
-                dw0, dw1, dw2, dw3, db0, db1, db2, db3 = _bwd_row(
-                    i, pid, G, n_rows, N, x_ring, dy_ring, bars, ws, db_smem, x_desc, dy_desc, STATS, RSTD, DX, offs,
-                    sums1, sums2, dw0, dw1, dw2, dw3, db0, db1, db2, db3, layout, ALL, R, STAGES, SL, IS_RMS, HAS_W,
-                    HAS_B, DB_SMEM, SMEM_SUMS, FOLD_MEAN, num_warps)
+        for i in range(n_rows):
+            row = pid + i * G
+            slot = i % STAGES
+            rstd = gl.load(RSTD + row)  # (issued before the wait: latency hidden)
+            if IS_RMS:
+                mean = 0.0
+            else:
+                mean = gl.load(STATS + row)
+            mbarrier.wait(bars.index(slot), phase=(i // STAGES) & 1)
+            xb = x_ring.index(slot).reshape([R, 256])
+            dyb = dy_ring.index(slot).reshape([R, 256])
+
+            # Step 2 (pass 1): the row sums.  0 is the identity of both.
+            s1 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
+            s2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
             for k in gl.static_range(REPS):
-                dw = dw0 if k == 0 else (dw1 if k == 1 else (dw2 if k == 2 else dw3))
-                db = db0 if k == 0 else (db1 if k == 1 else (db2 if k == 2 else db3))
-                _store_parts(PARTS, DBP, pid, N, offs + k * SL, dw, db, db_smem, layout, HAS_W, HAS_B, False,
-                             "evict_last" if PARTS_EVICT else "")
-            if PDL_TRIGGER:
-                _fence_gpu()
+                s1, s2 = _slice_sums(xb.slice(k * num_warps, num_warps), dyb.slice(k * num_warps, num_warps),
+                                     ws.slice(k * num_warps, num_warps), mean, s1, s2,
+                                     g_smem.slice(k * num_warps, num_warps), layout, IS_RMS, HAS_W, FOLD_MEAN, G_SMEM)
+            # c1 = sum(g xhat) / N = rstd sum(g xc) / N; c2r = rstd sum(g) / N (LayerNorm)
+            if SMEM_SUMS:
+                # Each warp's sums (a warp a sub-row: intra-warp shuffles), then one exchange for both: every warp
+                # writes its two partials, one barrier, every thread reads all 2 x num_warps and adds them.  The
+                # buffer is written again only after the next step-4 barrier, so no second barrier is needed.
+                sums1.store(gl.sum(s1, axis=1))
+                if not IS_RMS:
+                    sums2.store(gl.sum(s2, axis=1))
                 gl.thread_barrier()
-                _gdc_launch_dependents()
-            if n_rows > n_full:  # the tail row: its own partial rows
-                dw0 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
-                dw1 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
-                dw2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
-                dw3 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
-                db0 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
-                db1 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
-                db2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
-                db3 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
-                i = n_full
-                dw0, dw1, dw2, dw3, db0, db1, db2, db3 = _bwd_row(
-                    i, pid, G, n_rows, N, x_ring, dy_ring, bars, ws, db_smem, x_desc, dy_desc, STATS, RSTD, DX, offs,
-                    sums1, sums2, dw0, dw1, dw2, dw3, db0, db1, db2, db3, layout, ALL, R, STAGES, SL, IS_RMS, HAS_W,
-                    HAS_B, DB_SMEM, SMEM_SUMS, FOLD_MEAN, num_warps)
-                for k in gl.static_range(REPS):
-                    dw = dw0 if k == 0 else (dw1 if k == 1 else (dw2 if k == 2 else dw3))
-                    db = db0 if k == 0 else (db1 if k == 1 else (db2 if k == 2 else db3))
-                    _store_parts(PARTS, DBP, G + pid, N, offs + k * SL, dw, db, db_smem, layout, HAS_W, HAS_B,
-                                 False, "evict_last" if PARTS_EVICT else "")
-        else:
-            for i in range(n_rows):
-                dw0, dw1, dw2, dw3, db0, db1, db2, db3 = _bwd_row(
-                    i, pid, G, n_rows, N, x_ring, dy_ring, bars, ws, db_smem, x_desc, dy_desc, STATS, RSTD, DX, offs,
-                    sums1, sums2, dw0, dw1, dw2, dw3, db0, db1, db2, db3, layout, ALL, R, STAGES, SL, IS_RMS, HAS_W,
-                    HAS_B, DB_SMEM, SMEM_SUMS, FOLD_MEAN, num_warps)
-            if PDL_TRIGGER:  # the reduce may launch now; it waits for this whole grid (and its stores) on the device
-                _gdc_launch_dependents()
-            # Step 5: this program's partial rows of dW and dB.
-            for k in gl.static_range(REPS):  # (a static index: dw{k} / db{k} picked at compile time)
-                dw = dw0 if k == 0 else (dw1 if k == 1 else (dw2 if k == 2 else dw3))
-                db = db0 if k == 0 else (db1 if k == 1 else (db2 if k == 2 else db3))
-                _store_parts(PARTS, DBP, pid, N, offs + k * SL, dw, db, db_smem.slice(k * num_warps, num_warps),
-                             layout, HAS_W, HAS_B, DB_SMEM, "evict_last" if PARTS_EVICT else "")
+                c1 = gl.sum(sums1.load(ALL), axis=0) * (rstd / N)
+                if IS_RMS:
+                    c2r = 0.0
+                else:
+                    c2r = gl.sum(sums2.load(ALL), axis=0) * (rstd / N)
+            elif IS_RMS:
+                c1 = gl.sum(gl.sum(s1, axis=1), axis=0) * (rstd / N)
+                c2r = 0.0
+            elif not DB_SMEM:  # (two reductions: the paired one spills with dB in registers, sm_90 scan)
+                c1 = gl.sum(gl.sum(s1, axis=1), axis=0) * (rstd / N)
+                c2r = gl.sum(gl.sum(s2, axis=1), axis=0) * (rstd / N)
+            else:  # both sums in one reduction: one cross-warp exchange (and barrier) a row, not two
+                s1, s2 = gl.reduce((s1, s2), 1, _add_pair)
+                s1, s2 = gl.reduce((s1, s2), 0, _add_pair)
+                c1 = s1 * (rstd / N)
+                c2r = s2 * (rstd / N)
+            if FOLD_MEAN and not IS_RMS:
+                # s1 summed g x: rstd / N sum(g xc) = rstd / N (sum(g x) - mean sum(g)) = c1 - mean c2r.  Pass 2 then
+                # takes mean rstd for its xhat = x rstd - mean rstd.
+                c1 = c1 - mean * c2r
+                mean = mean * rstd
+
+            # Step 3 (pass 2): dx, and the dW / dB accumulators of this thread's columns.
+            dxp = DX + row.to(gl.int64) * N + offs
+            dw0, db0 = _slice_dx(xb.slice(0, num_warps), dyb.slice(0, num_warps), ws.slice(0, num_warps), mean, rstd,
+                                 c1, c2r, dw0, db0, db_smem.slice(0, num_warps), dxp, 0, g_smem.slice(0, num_warps), layout,
+                                 IS_RMS, HAS_W, HAS_B, DB_SMEM, FOLD_MEAN, G_SMEM)
+            if REPS > 1:
+                k1: gl.constexpr = num_warps
+                dw1, db1 = _slice_dx(xb.slice(k1, num_warps), dyb.slice(k1, num_warps), ws.slice(k1, num_warps), mean,
+                                     rstd, c1, c2r, dw1, db1, db_smem.slice(k1, num_warps), dxp, SL,
+                                     g_smem.slice(k1, num_warps), layout, IS_RMS, HAS_W, HAS_B, DB_SMEM, FOLD_MEAN,
+                                     G_SMEM)
+            if REPS > 2:
+                k2: gl.constexpr = 2 * num_warps
+                dw2, db2 = _slice_dx(xb.slice(k2, num_warps), dyb.slice(k2, num_warps), ws.slice(k2, num_warps), mean,
+                                     rstd, c1, c2r, dw2, db2, db_smem.slice(k2, num_warps), dxp, 2 * SL,
+                                     g_smem.slice(k2, num_warps), layout, IS_RMS, HAS_W, HAS_B, DB_SMEM, FOLD_MEAN,
+                                     G_SMEM)
+            if REPS > 3:
+                k3: gl.constexpr = 3 * num_warps
+                dw3, db3 = _slice_dx(xb.slice(k3, num_warps), dyb.slice(k3, num_warps), ws.slice(k3, num_warps), mean,
+                                     rstd, c1, c2r, dw3, db3, db_smem.slice(k3, num_warps), dxp, 3 * SL,
+                                     g_smem.slice(k3, num_warps), layout, IS_RMS, HAS_W, HAS_B, DB_SMEM, FOLD_MEAN,
+                                     G_SMEM)
+
+            # Step 4: every warp has read the slot: fetch row i + STAGES into it.
+            gl.thread_barrier()
+            _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i + STAGES, n_rows, pid, G, STAGES)
+
+        if PDL_TRIGGER:  # the reduce may launch now; it waits for this whole grid (and its stores) on the device
+            _gdc_launch_dependents()
+        # Step 5: this program's partial rows of dW and dB.
+        for k in gl.static_range(REPS):  # (a static index: dw{k} / db{k} picked at compile time)
+            dw = dw0 if k == 0 else (dw1 if k == 1 else (dw2 if k == 2 else dw3))
+            db = db0 if k == 0 else (db1 if k == 1 else (db2 if k == 2 else db3))
+            _store_parts(PARTS, DBP, pid, N, offs + k * SL, dw, db, db_smem.slice(k * num_warps, num_warps), layout,
+                         HAS_W, HAS_B, DB_SMEM, "evict_last" if PARTS_EVICT else "")
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
         if HAS_W and not W_F32:
@@ -434,7 +383,8 @@ if HAS_GLUON:
 
 
 def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_before_w: bool = False,
-              stages: int = STAGES, db_smem: bool = False, warps: int = WARPS, w_f32: bool = False) -> str | None:
+              stages: int = STAGES, db_smem: bool = False, warps: int = WARPS, w_f32: bool = False,
+              g_smem: bool = False) -> str | None:
     """None when the Gluon row backward takes (M, N) rows ``x`` / ``dy`` (unit column stride) with a ring of
     ``stages`` rows, dB in shared memory (``db_smem``), CTAs of ``warps`` warps and the weight held as float32
     (``w_f32``), else why not."""
@@ -456,7 +406,7 @@ def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_be
     if w is not None and (w.dtype not in (x.dtype, torch.float32) or not w.is_contiguous() or w.data_ptr() % 16):
         return "the weight must be contiguous, 16-byte aligned, in x's dtype or float32"
     w_bytes = 0 if w is None else N * (4 if w_f32 else w.element_size())
-    ring = stages * 2 * N * x.element_size() + w_bytes + (4 * N if db_smem else 0)
+    ring = stages * 2 * N * x.element_size() + w_bytes + (4 * N if db_smem else 0) + (4 * N if g_smem and w is not None else 0)
     if ring > SMEM_BYTES:
         return f"the ring and the weight ({ring} bytes) do not fit in shared memory"
     return None
@@ -473,23 +423,21 @@ _KERNELS: dict = {}
 def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: torch.dtype | None, has_b: bool,
                is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False, warps: int = WARPS,
                w_f32: bool = False, device_desc: bool = False, smem_sums: bool = False, fold_mean: bool = False,
-               pdl: int = 0, parts_evict: bool = False, split_tail: bool = False) -> Kernel:
+               pdl: int = 0, parts_evict: bool = False, g_smem: bool = False) -> Kernel:
     """The launch plan (a ``Kernel``: grid, constexprs) of the row backward of (M, N) rows of row strides sx / sdy
     over ``programs`` CTAs (at most one an SM; at most M), for rows ``supported`` took with the same variant.  One
     object a plan.  ``device_desc``: the kernel makes its TMA descriptors and takes pointers and ints only (then the
     C++ fast path can register its binary); else the launch passes host descriptors (``norm_backward_rows``).
     ``pdl``: 1 the kernel lets its dW / dB reduce (a programmatic dependent) launch after its rows; 2 it is a
     programmatic dependent itself too (layer_norm_config.GluonVariant.pdl).  ``parts_evict``: the dW / dB partial rows
-    stored with L2 policy evict_last (the reduce reads them next).  ``split_tail``: partial rows after the full rounds
-    of rows, and one more for each program of the last, partial round (``partial_rows``; not with ``db_smem``): with
-    ``pdl`` the reduce launches before that round and sums the first rows while it runs."""
+    stored with L2 policy evict_last (the reduce reads them next)."""
     G = max(1, min(programs, M))
     db_smem = bool(db_smem and has_b)
     w_f32 = bool(w_f32 and w_dtype is not None)
     fold_mean = bool(fold_mean and not is_rms)
-    split_tail = bool(split_tail and not db_smem)
+    g_smem = bool(g_smem and w_dtype is not None)
     key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32, device_desc, smem_sums,
-           fold_mean, pdl, parts_evict, split_tail)
+           fold_mean, pdl, parts_evict, g_smem)
     kernel = _KERNELS.get(key)
     if kernel is None:
         if len(_KERNELS) > 256:
@@ -503,14 +451,8 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
             R=N // BOX, VEC=16 * 8 // bits, STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits,
             W_BITS=torch.finfo(w_dtype).bits if w_dtype is not None else bits, DEVICE_DESC=device_desc,
             SMEM_SUMS=smem_sums, FOLD_MEAN=fold_mean, PDL_WAIT=pdl >= 2, PDL_TRIGGER=pdl >= 1 and (w_dtype is not None or has_b),
-            PARTS_EVICT=parts_evict, SPLIT_TAIL=split_tail, num_warps=warps)
+            PARTS_EVICT=parts_evict, G_SMEM=g_smem, num_warps=warps)
     return kernel
-
-
-def partial_rows(M: int, G: int, split_tail: bool) -> int:
-    """Partial rows of dW (and of dB) the row backward of M rows over G programs writes: G, plus with ``split_tail``
-    one for each program of the last round when it is partial (M % G)."""
-    return G + (M % G if split_tail else 0)
 
 
 _DESCS: dict = {}  # host descriptors a plan (their base pointer swapped in at each call)
@@ -535,16 +477,16 @@ def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: t
                        has_b: bool, is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False,
                        warps: int = WARPS, w_f32: bool = False, device_desc: bool = False,
                        smem_sums: bool = False, fold_mean: bool = False, pdl: int = 0,
-                       parts_evict: bool = False, split_tail: bool = False) -> tuple[torch.Tensor, int]:
+                       parts_evict: bool = False, g_smem: bool = False) -> tuple[torch.Tensor, int]:
     """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
     one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``;
     the fields of layer_norm_config.GluonVariant in order).
-    Returns (partials, their row count ``partial_rows``) for layer_norm's fixed-order reduce."""
+    Returns (partials, G) for layer_norm's fixed-order reduce."""
     M, N = x.shape
     kernel = bwd_kernel(M, N, x.stride(0), dy.stride(0), x.dtype, None if w is None else w.dtype, has_b, is_rms,
                         programs, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean, pdl, parts_evict,
-                        split_tail)
-    G = partial_rows(M, kernel.grid[0], kernel.meta["SPLIT_TAIL"])
+                        g_smem)
+    G = kernel.grid[0]
     nparts = (int(w is not None) + int(has_b)) * G * N
     parts = torch.empty((nparts,), dtype=torch.float32, device=x.device) if nparts else stats
     wp = x if w is None else w
