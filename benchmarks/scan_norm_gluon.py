@@ -50,11 +50,6 @@ CASES = [c + (False,) for c in CASES] + [(16384, "bf16", *LN, 2, False, 16, Fals
 CASES = [c + (0,) for c in CASES] + [(16384, "bf16", *LN, 2, False, 16, False, False, True, True, 2),  # session 20: PDL
                                      (16384, "bf16", *RMS, 2, False, 16, False, False, False, False, 2),
                                      (16384, "bf16", *RMS, 2, False, 16, False, False, False, False, 1)]
-CASES = [c + (False,) for c in CASES] + [(16384, "bf16", *LN, 2, False, 16, False, False, True, True, 2, True),  # session 22
-                                         (16384, "bf16", *RMS, 2, False, 16, False, False, False, False, 2, True)]
-if os.environ.get("SCAN_ONLY") == "g_smem":  # the 16K defaults, without and with g_smem
-    CASES = [c for c in CASES if c[0] == 16384 and c[1] == "bf16" and c[12] == 2 and c[3] and c[7] == 16
-             and not (c[6] or c[8] or c[9]) and c[5] == 2 and (c[2] or (c[10] and c[11]))]
 if os.environ.get("SCAN_ONLY") == "pdl":
     CASES = [c for c in CASES if c[-1] or (c[:3] == (16384, "bf16", True) and c[4] and c[5] == 2 and c[7] == 16
                                            and not (c[6] or c[8] or c[9] or c[10] or c[11]))
@@ -62,7 +57,7 @@ if os.environ.get("SCAN_ONLY") == "pdl":
 if os.environ.get("SCAN_ONLY") == "fold_mean":
     CASES = [c for c in CASES if c[:3] == (16384, "bf16", False) and c[4] and not (c[6] or c[8] or c[9]) and c[5] == 2
              and c[7] == 16]
-for N, dt, is_rms, has_w, has_b, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean, pdl, g_smem in CASES:
+for N, dt, is_rms, has_w, has_b, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean, pdl in CASES:
     R = N // lg.BOX
     sig = {"X": f"*{dt}", "DY": f"*{dt}", "DX": f"*{dt}", "W": f"*{dt}", "STATS": "*fp32", "PARTS": "*fp32",
            "M": "i32", "N": "i32", "sx": "i32", "sdy": "i32"}
@@ -74,10 +69,10 @@ for N, dt, is_rms, has_w, has_b, stages, db_smem, warps, w_f32, device_desc, sme
     bits = 32 if dt == "fp32" else 16
     cx = dict(**(dict(x_desc=None, dy_desc=None, w_desc=None) if device_desc else {}), IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, R=R, VEC=16 // (4 if dt == "fp32" else 2),
               STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits, W_BITS=bits, DEVICE_DESC=device_desc, SMEM_SUMS=smem_sums, FOLD_MEAN=fold_mean,
-              PDL_WAIT=pdl >= 2, PDL_TRIGGER=pdl >= 1, G_SMEM=g_smem, num_warps=warps)
+              PDL_WAIT=pdl >= 2, PDL_TRIGGER=pdl >= 1, num_warps=warps)
     names = list(sig)
     attrs = {(names.index(a),): DIV16 for a in ("X", "DY", "DX", "W", "STATS", "PARTS", "N", "sx", "sdy")}
-    label = f"N{N} {dt} {'rms' if is_rms else 'ln'} w={int(has_w)} b={int(has_b)} stages={stages} db_smem={int(db_smem)} warps={warps} w_f32={int(w_f32)} device_desc={int(device_desc)} smem_sums={int(smem_sums)} fold_mean={int(fold_mean)} pdl={pdl} g_smem={int(g_smem)}"
+    label = f"N{N} {dt} {'rms' if is_rms else 'ln'} w={int(has_w)} b={int(has_b)} stages={stages} db_smem={int(db_smem)} warps={warps} w_f32={int(w_f32)} device_desc={int(device_desc)} smem_sums={int(smem_sums)} fold_mean={int(fold_mean)} pdl={pdl}"
     try:
         r = compile_sm90(lg._norm_bwd_rows_gluon_kernel, {**sig, **{k: "constexpr" for k in cx}}, cx, attrs,
                          warps, source=GluonASTSource)

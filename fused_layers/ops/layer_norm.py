@@ -1060,7 +1060,7 @@ def _gluon_take(plan: _BwdPlan, x, x2, dy2, weight, has_w: bool, has_b: bool, is
         return None
     g, reduce_kernel, v = gplan
     w = weight.contiguous().view(-1) if has_w else None
-    if lg.supported(x2, dy2, w, cast_before_w, v.stages, v.db_smem and has_b, v.warps, v.w_f32, v.g_smem) is not None:
+    if lg.supported(x2, dy2, w, cast_before_w, v.stages, v.db_smem and has_b, v.warps, v.w_f32) is not None:
         return None
     return g, reduce_kernel, v, w
 

@@ -115,7 +115,6 @@ class GluonVariant(NamedTuple):
     fold_mean: bool = False  # LayerNorm: the mean folded into the row sums and xhat (one op a value fewer a pass)
     pdl: int = 0  # programmatic dependent launch as BWD_PDL (1: its reduce a dependent; 2: the kernel too)
     parts_evict: bool = False  # the dW / dB partial rows stored with L2 policy evict_last (session 21, a diagnostic)
-    g_smem: bool = False  # pass 1 keeps g = w dy (float32) in shared memory for pass 2 (session 22)
 
 
 BWD_GLUON: dict[tuple[int, int, bool], GluonVariant] = {

@@ -98,35 +98,25 @@ if HAS_GLUON:
         return dy, xc, g
 
     @gluon.jit
-    def _slice_sums(xs, dys, ws, mean, s1, s2, gs, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr,
-                    FOLD_MEAN: gl.constexpr = False, G_SMEM: gl.constexpr = False):
+    def _slice_sums(xs, dys, ws, mean, s1, s2, layout: gl.constexpr, IS_RMS: gl.constexpr, HAS_W: gl.constexpr,
+                    FOLD_MEAN: gl.constexpr = False):
         """Pass 1 over one slice: s1 += g * xc, s2 += g (per thread; rstd is applied to the row sum, one multiply a
         row instead of one a value).  FOLD_MEAN: s1 += g * x (the caller subtracts mean * sum(g), as aten's CUDA
-        LayerNorm backward does): one subtraction a value fewer.  G_SMEM: g = w dy also stored, float32, into the
-        shared-memory slice ``gs`` for pass 2 (each thread its own elements: no barrier)."""
+        LayerNorm backward does): one subtraction a value fewer."""
         dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W, not FOLD_MEAN)
-        if G_SMEM:
-            gs.store(g)
         if IS_RMS:
             return s1 + g * xc, s2
         return s1 + g * xc, s2 + g
 
     @gluon.jit
-    def _slice_dx(xs, dys, ws, mean, rstd, c1, c2r, dw, db, dbs, DX, offs, gs, layout: gl.constexpr,
+    def _slice_dx(xs, dys, ws, mean, rstd, c1, c2r, dw, db, dbs, DX, offs, layout: gl.constexpr,
                   IS_RMS: gl.constexpr, HAS_W: gl.constexpr, HAS_B: gl.constexpr, DB_SMEM: gl.constexpr,
-                  FOLD_MEAN: gl.constexpr = False, G_SMEM: gl.constexpr = False):
+                  FOLD_MEAN: gl.constexpr = False):
         """Pass 2 over one slice: dx = (g - xhat c1) rstd - c2 rstd (c2r = c2 rstd; two FMAs) stored at DX + offs;
         returns the slice's dW / dB accumulators plus dy xhat, dy (DB_SMEM: dB accumulates in the shared-memory slice
         ``dbs`` instead, each thread its own elements).  FOLD_MEAN: ``mean`` is mean * rstd and xhat = x rstd - it
-        (one FMA).  G_SMEM: g = w dy as pass 1 stored it in ``gs`` (no weight read, conversion or multiply here)."""
-        if G_SMEM:
-            dy = dys.load(layout).to(gl.float32)
-            xc = xs.load(layout).to(gl.float32)
-            if not (IS_RMS or FOLD_MEAN):
-                xc = xc - mean
-            g = gs.load(layout)
-        else:
-            dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W, not FOLD_MEAN)
+        (one FMA)."""
+        dy, xc, g = _slice_terms(xs, dys, ws, mean, layout, IS_RMS, HAS_W, not FOLD_MEAN)
         if FOLD_MEAN and not IS_RMS:
             xhat = xc * rstd - mean
         else:
@@ -199,7 +189,6 @@ if HAS_GLUON:
         PDL_WAIT: gl.constexpr,  # launched as a programmatic dependent: wait for the previous kernel first
         PDL_TRIGGER: gl.constexpr,  # let the dependent dW / dB reduce launch once this program's rows are done
         PARTS_EVICT: gl.constexpr = False,  # the partial rows stored with L2 policy evict_last (the reduce reads them)
-        G_SMEM: gl.constexpr = False,  # pass 1 keeps g = w dy (float32) in shared memory for pass 2 (HAS_W)
         num_warps: gl.constexpr = 16,
     ):
         REPS: gl.constexpr = R // num_warps
@@ -249,12 +238,6 @@ if HAS_GLUON:
                 db_smem.slice(k * num_warps, num_warps).store(gl.zeros([num_warps, 256], gl.float32, layout=layout))
         else:
             db_smem = x_ring.index(0).reshape([R, 256])  # (never read: no dB in shared memory)
-        if G_SMEM:
-            # g = w dy of the row being worked on, float32: pass 2 reads it instead of the weight (one conversion and
-            # one multiply a value fewer; the loop is instruction-bound).  Each thread reads back what it wrote.
-            g_smem = gl.allocate_shared_memory(gl.float32, [R, 256], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        else:
-            g_smem = x_ring.index(0).reshape([R, 256])  # (never read)
         fence_async_shared()
 
         pid = gl.program_id(0)
@@ -307,8 +290,8 @@ if HAS_GLUON:
             s2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
             for k in gl.static_range(REPS):
                 s1, s2 = _slice_sums(xb.slice(k * num_warps, num_warps), dyb.slice(k * num_warps, num_warps),
-                                     ws.slice(k * num_warps, num_warps), mean, s1, s2,
-                                     g_smem.slice(k * num_warps, num_warps), layout, IS_RMS, HAS_W, FOLD_MEAN, G_SMEM)
+                                     ws.slice(k * num_warps, num_warps), mean, s1, s2, layout, IS_RMS, HAS_W,
+                                     FOLD_MEAN)
             # c1 = sum(g xhat) / N = rstd sum(g xc) / N; c2r = rstd sum(g) / N (LayerNorm)
             if SMEM_SUMS:
                 # Each warp's sums (a warp a sub-row: intra-warp shuffles), then one exchange for both: every warp
@@ -343,26 +326,23 @@ if HAS_GLUON:
             # Step 3 (pass 2): dx, and the dW / dB accumulators of this thread's columns.
             dxp = DX + row.to(gl.int64) * N + offs
             dw0, db0 = _slice_dx(xb.slice(0, num_warps), dyb.slice(0, num_warps), ws.slice(0, num_warps), mean, rstd,
-                                 c1, c2r, dw0, db0, db_smem.slice(0, num_warps), dxp, 0, g_smem.slice(0, num_warps), layout,
-                                 IS_RMS, HAS_W, HAS_B, DB_SMEM, FOLD_MEAN, G_SMEM)
+                                 c1, c2r, dw0, db0, db_smem.slice(0, num_warps), dxp, 0, layout, IS_RMS, HAS_W,
+                                 HAS_B, DB_SMEM, FOLD_MEAN)
             if REPS > 1:
                 k1: gl.constexpr = num_warps
                 dw1, db1 = _slice_dx(xb.slice(k1, num_warps), dyb.slice(k1, num_warps), ws.slice(k1, num_warps), mean,
-                                     rstd, c1, c2r, dw1, db1, db_smem.slice(k1, num_warps), dxp, SL,
-                                     g_smem.slice(k1, num_warps), layout, IS_RMS, HAS_W, HAS_B, DB_SMEM, FOLD_MEAN,
-                                     G_SMEM)
+                                     rstd, c1, c2r, dw1, db1, db_smem.slice(k1, num_warps), dxp, SL, layout, IS_RMS,
+                                     HAS_W, HAS_B, DB_SMEM, FOLD_MEAN)
             if REPS > 2:
                 k2: gl.constexpr = 2 * num_warps
                 dw2, db2 = _slice_dx(xb.slice(k2, num_warps), dyb.slice(k2, num_warps), ws.slice(k2, num_warps), mean,
-                                     rstd, c1, c2r, dw2, db2, db_smem.slice(k2, num_warps), dxp, 2 * SL,
-                                     g_smem.slice(k2, num_warps), layout, IS_RMS, HAS_W, HAS_B, DB_SMEM, FOLD_MEAN,
-                                     G_SMEM)
+                                     rstd, c1, c2r, dw2, db2, db_smem.slice(k2, num_warps), dxp, 2 * SL, layout, IS_RMS,
+                                     HAS_W, HAS_B, DB_SMEM, FOLD_MEAN)
             if REPS > 3:
                 k3: gl.constexpr = 3 * num_warps
                 dw3, db3 = _slice_dx(xb.slice(k3, num_warps), dyb.slice(k3, num_warps), ws.slice(k3, num_warps), mean,
-                                     rstd, c1, c2r, dw3, db3, db_smem.slice(k3, num_warps), dxp, 3 * SL,
-                                     g_smem.slice(k3, num_warps), layout, IS_RMS, HAS_W, HAS_B, DB_SMEM, FOLD_MEAN,
-                                     G_SMEM)
+                                     rstd, c1, c2r, dw3, db3, db_smem.slice(k3, num_warps), dxp, 3 * SL, layout, IS_RMS,
+                                     HAS_W, HAS_B, DB_SMEM, FOLD_MEAN)
 
             # Step 4: every warp has read the slot: fetch row i + STAGES into it.
             gl.thread_barrier()
@@ -383,8 +363,7 @@ if HAS_GLUON:
 
 
 def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_before_w: bool = False,
-              stages: int = STAGES, db_smem: bool = False, warps: int = WARPS, w_f32: bool = False,
-              g_smem: bool = False) -> str | None:
+              stages: int = STAGES, db_smem: bool = False, warps: int = WARPS, w_f32: bool = False) -> str | None:
     """None when the Gluon row backward takes (M, N) rows ``x`` / ``dy`` (unit column stride) with a ring of
     ``stages`` rows, dB in shared memory (``db_smem``), CTAs of ``warps`` warps and the weight held as float32
     (``w_f32``), else why not."""
@@ -406,7 +385,7 @@ def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_be
     if w is not None and (w.dtype not in (x.dtype, torch.float32) or not w.is_contiguous() or w.data_ptr() % 16):
         return "the weight must be contiguous, 16-byte aligned, in x's dtype or float32"
     w_bytes = 0 if w is None else N * (4 if w_f32 else w.element_size())
-    ring = stages * 2 * N * x.element_size() + w_bytes + (4 * N if db_smem else 0) + (4 * N if g_smem and w is not None else 0)
+    ring = stages * 2 * N * x.element_size() + w_bytes + (4 * N if db_smem else 0)
     if ring > SMEM_BYTES:
         return f"the ring and the weight ({ring} bytes) do not fit in shared memory"
     return None
@@ -423,7 +402,7 @@ _KERNELS: dict = {}
 def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: torch.dtype | None, has_b: bool,
                is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False, warps: int = WARPS,
                w_f32: bool = False, device_desc: bool = False, smem_sums: bool = False, fold_mean: bool = False,
-               pdl: int = 0, parts_evict: bool = False, g_smem: bool = False) -> Kernel:
+               pdl: int = 0, parts_evict: bool = False) -> Kernel:
     """The launch plan (a ``Kernel``: grid, constexprs) of the row backward of (M, N) rows of row strides sx / sdy
     over ``programs`` CTAs (at most one an SM; at most M), for rows ``supported`` took with the same variant.  One
     object a plan.  ``device_desc``: the kernel makes its TMA descriptors and takes pointers and ints only (then the
@@ -435,9 +414,8 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
     db_smem = bool(db_smem and has_b)
     w_f32 = bool(w_f32 and w_dtype is not None)
     fold_mean = bool(fold_mean and not is_rms)
-    g_smem = bool(g_smem and w_dtype is not None)
     key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32, device_desc, smem_sums,
-           fold_mean, pdl, parts_evict, g_smem)
+           fold_mean, pdl, parts_evict)
     kernel = _KERNELS.get(key)
     if kernel is None:
         if len(_KERNELS) > 256:
@@ -451,7 +429,7 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
             R=N // BOX, VEC=16 * 8 // bits, STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits,
             W_BITS=torch.finfo(w_dtype).bits if w_dtype is not None else bits, DEVICE_DESC=device_desc,
             SMEM_SUMS=smem_sums, FOLD_MEAN=fold_mean, PDL_WAIT=pdl >= 2, PDL_TRIGGER=pdl >= 1 and (w_dtype is not None or has_b),
-            PARTS_EVICT=parts_evict, G_SMEM=g_smem, num_warps=warps)
+            PARTS_EVICT=parts_evict, num_warps=warps)
     return kernel
 
 
@@ -477,15 +455,14 @@ def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: t
                        has_b: bool, is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False,
                        warps: int = WARPS, w_f32: bool = False, device_desc: bool = False,
                        smem_sums: bool = False, fold_mean: bool = False, pdl: int = 0,
-                       parts_evict: bool = False, g_smem: bool = False) -> tuple[torch.Tensor, int]:
+                       parts_evict: bool = False) -> tuple[torch.Tensor, int]:
     """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
     one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``;
     the fields of layer_norm_config.GluonVariant in order).
     Returns (partials, G) for layer_norm's fixed-order reduce."""
     M, N = x.shape
     kernel = bwd_kernel(M, N, x.stride(0), dy.stride(0), x.dtype, None if w is None else w.dtype, has_b, is_rms,
-                        programs, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean, pdl, parts_evict,
-                        g_smem)
+                        programs, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean, pdl, parts_evict)
     G = kernel.grid[0]
     nparts = (int(w is not None) + int(has_b)) * G * N
     parts = torch.empty((nparts,), dtype=torch.float32, device=x.device) if nparts else stats
