@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran at commit df63f42; split_tail was reverted after call 2: bwd_gluon_split_tail no longer exists at HEAD.)
 # Session 22, call 1 (< 6 min, one H200).  Issue 9, LayerNorm 16K (0.82 / 0.81, the one cell left).  split_tail
 # (GluonVariant.split_tail, config bwd_gluon_split_tail; sm_90 compile: 128 registers as before): 4,096 rows over 132
 # programs leave 4 programs a 32nd row while 128 SMs idle (~3.5 us of ~117); the row kernel now stores its partial

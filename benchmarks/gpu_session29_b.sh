@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran at commit df63f42; split_tail was reverted after call 2: bwd_gluon_split_tail no longer exists at HEAD.)
 # Session 22, call 2 (< 5 min, one H200).  Issue 9, LayerNorm 16K.  Call 1 (issue9/run29_a): split_tail's first form
 # (the flush inside the row loop) slowed the row kernel (LN 114.9 us against 110.4; sm_90 stack 8 -> 16 bytes) and its
 # reduce (1,024 programs, more than one wave) did most of its work after the wait: no gain.  Now the full rounds and

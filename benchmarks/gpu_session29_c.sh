@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran at commit 9f2cd24; g_smem was reverted after this call: bwd_gluon_g_smem no longer exists at HEAD.)
 # Session 22, call 3 (< 5 min, one H200).  Issue 9, LayerNorm 16K (0.82 / 0.81).  split_tail lost (calls 1-2, reverted):
 # the row kernel itself has to get faster, and it is instruction-bound.  g_smem (GluonVariant.g_smem, config
 # bwd_gluon_g_smem): pass 1 stores g = w dy (float32) in shared memory, pass 2 reads it instead of the weight (no
