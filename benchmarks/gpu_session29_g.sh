@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran at commit 9aad3c2; persist_packed was reverted after this call.)
 # Session 22, call 7 (< 5 min, one H200).  Issue 10, the bf16 softmax forward at 32K-256K (0.80 / 0.85, target 0.90):
 # the persistent SMEM form with PACKED pieces (softmax persist_packed: the piece held as loaded, max in bf16, each pass
 # converting again, as the single-block PACKED forward that reached 0.95 at 16K) and ptxas's register cap

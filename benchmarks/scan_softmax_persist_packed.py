@@ -1,4 +1,4 @@
-"""sm_90 static scan (Triton 3.6 venv) of the persistent softmax forward with PACKED pieces (session 22, commit of
+"""sm_90 static scan (Triton 3.6 venv) of the persistent softmax forward with PACKED pieces (session 22, commit 9aad3c2 of
 the persist_packed candidate; reverted after it lost: run it at that commit).
     /tmp/v36/bin/python benchmarks/scan_softmax_persist_packed.py
 """

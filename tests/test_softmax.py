@@ -55,7 +55,7 @@ def test_streaming_multi_block(n, dtype, device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [17, 64, 100])
-@pytest.mark.parametrize("form", ["regs", "lean", "smem", "smem_lag", "smem_lean", "smem_pair", "smem_hold", "smem_packed"])
+@pytest.mark.parametrize("form", ["regs", "lean", "smem", "smem_lag", "smem_lean", "smem_pair", "smem_hold"])
 def test_wide_persistent(n, dtype, form, device):
     """Wide rows held in registers by persistent programs exchanging their partials (wide_mode=2,
     ops/_rowsync.py): forward statistics and the backward's dot; balanced ragged pieces; several rows per
@@ -67,17 +67,16 @@ def test_wide_persistent(n, dtype, form, device):
     lean, stages, lag, hold = "lean" in form, 3 if form.startswith("smem") else 1, form == "smem_lag", form == "smem_hold"
     if stages > 1 and n == 64:
         pytest.skip("the SMEM form: 17 and 100 columns cover its ragged pieces (CI time)")
-    if (lag or form in ("smem_lean", "smem_pair", "smem_hold", "smem_packed")) and n == 17:
-        pytest.skip("the LAG / SMEM+LEAN / PAIR / HOLD / PACKED variants: 100 columns (7 ragged pieces) cover them (CI time)")
+    if (lag or form in ("smem_lean", "smem_pair", "smem_hold")) and n == 17:
+        pytest.skip("the LAG / SMEM+LEAN / PAIR / HOLD variants: 100 columns (7 ragged pieces) cover them (CI time)")
     if form != "regs" and dtype == torch.float16:
         pytest.skip("fp16 loads and stores: the regs form covers them; the other forms share its I/O (CI time)")
     if form not in ("regs", "smem") and dtype == torch.float32:
         pytest.skip("the opt-in variants in bf16; their float32 path runs in the special-value part below (CI time)")
     pair = form == "smem_pair"  # (7 rows over 3 row groups: pairs with and without a second row)
-    packed = dict(persist_packed=1, persist_maxnreg=40) if form == "smem_packed" else {}  # (16-bit forwards only)
     x = torch.randn(7, n, device=device, dtype=dtype) * 4
     with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_lean=lean,
-                         persist_stages=stages, persist_lag=lag, persist_pair=pair, persist_hold=hold, **packed):
+                         persist_stages=stages, persist_lag=lag, persist_pair=pair, persist_hold=hold):
         sm._PLANS.clear()
         _check(x, -1)
         bound = [p for p in sm._PLANS.values() if p.persist is not None]
@@ -86,8 +85,6 @@ def test_wide_persistent(n, dtype, form, device):
         assert all(p.persist[2].get("STAGES", 1) == stages and p.persist[2].get("LAG", False) == lag for p in bound)
         assert [p.persist[2].get("PAIR", False) for p in bound].count(True) == (1 if pair else 0)  # the forward's
         assert all(p.persist[2].get("HOLD", False) == hold for p in bound)  # forward and backward
-        want_packed = bool(packed) and dtype != torch.float32  # the forward's form, 16-bit only
-        assert [p.persist[2].get("PACKED", False) for p in bound].count(True) == int(want_packed)
         _check(torch.randn(3, n, 5, device=device, dtype=dtype), 1)  # rows along a non-last dim
         _check(torch.randn(n, 6, device=device, dtype=dtype).t(), -1)  # strided rows
         x = x.float()
@@ -345,8 +342,7 @@ def test_persistent_diag_nosync_normalizes_each_piece(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [32768 + 1, 50304, 65536, 100003, 262144, 1048576])
-@pytest.mark.parametrize("block", [None, 8192, "lean", "smem", "smem_lag", "smem_lean", "smem_pair", "smem_hold",
-                                   "smem_packed", "smem_packed16k"])
+@pytest.mark.parametrize("block", [None, 8192, "lean", "smem", "smem_lag", "smem_lean", "smem_pair", "smem_hold"])
 def test_gpu_wide_persistent(n, dtype, block):
     """Persistent wide kernels on the GPU: co-resident programs really waiting on each other (cooperative
     launch), more rows than row groups; the LEAN forward candidate, the SMEM form (the 16-bit default) and its
@@ -358,10 +354,6 @@ def test_gpu_wide_persistent(n, dtype, block):
         # (3 stages gave wrong rows at 64+ pieces a row before the called waits polled 32 words at a time, session 9)
         over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_stages=3, persist_lag=block == "smem_lag",
                     persist_lean=block == "smem_lean", persist_pair=block == "smem_pair", persist_hold=block == "smem_hold")
-    elif block in ("smem_packed", "smem_packed16k"):  # PACKED pieces under ptxas's register cap (session 22)
-        big = block == "smem_packed16k"
-        over = dict(wide_mode=2, persist_block=16384 if big else 4096, persist_warps=16 if big else 4,
-                    persist_stages=2 if big else 3, persist_packed=1, persist_maxnreg=40)
     else:
         over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
     with config_override("softmax", **over):

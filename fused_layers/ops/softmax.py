@@ -75,7 +75,6 @@ from ._rowsync import (
     load_piece,
     piece_exp_scaled,
     pack_flagged,
-    pack_pair,
     publish_max_sum,
     piece_ptrs,
     program_piece,
@@ -353,8 +352,6 @@ def _softmax_fwd_persist_kernel(
                                  # both waited for), half the exchanges per byte (candidate, persist_pair)
     HOLD: tl.constexpr = False,  # with STAGES > 1: as LAG, row k - 1 written after row k is published, but from its
                                  # piece held in registers since the last iteration (persist_hold; lost forward)
-    PACKED: tl.constexpr = False,  # with STAGES > 1, 16-bit x: the piece held as loaded, max in its dtype, each
-                                   # pass converting again (the single-block PACKED form's scheme; persist_packed)
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
@@ -438,24 +435,6 @@ def _softmax_fwd_persist_kernel(
                 m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)
                 s_p = tl.sum(tl.exp2((xf - m_ps) * 1.4426950408889634), axis=0)
                 y = piece_exp_scaled(x, x, 0.0, m_p, 1.0 / s_p, False)
-                tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
-        return
-    if STAGES > 1 and PACKED:
-        # PACKED (candidate, persist_packed; with maxnreg, persist_maxnreg): as below, but no float32 copy of the
-        # piece lives across the wait: the max in x's dtype (exact), the sum from one conversion, the output from
-        # another (bits_to_f32: not merged with the first), so a thread holds half the registers.
-        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
-            if PHASE != 1:
-                m_p = tl.reduce(x, 0, _max16).to(tl.float32)
-                m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
-                s_p = tl.sum(tl.exp2((x.to(tl.float32) - m_ps) * 1.4426950408889634), axis=0)
-                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
-            if PHASE != 0:
-                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)  # (all -inf row: m = -inf, NaN below)
-                y = tl.exp2((bits_to_f32(x) - m) * 1.4426950408889634) * (1.0 / s)
                 tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
         return
     if STAGES > 1:
@@ -752,10 +731,6 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
                 meta["DIAG_NOSYNC"] = True
             if fwd and get_override("softmax", "persist_pair", False):  # candidate, not a default (see the kernel)
                 meta["PAIR"] = True
-            if fwd and elem == 2 and get_override("softmax", "persist_packed", False):  # candidate (see the kernel)
-                meta["PACKED"] = True
-                if get_override("softmax", "persist_maxnreg", 0):  # ptxas's register cap (occupancy)
-                    meta["maxnreg"] = int(get_override("softmax", "persist_maxnreg", 0))
         plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm, meta)
         plan.fallback = _plan(shape, strides, dtype, dim, False)
     else:
