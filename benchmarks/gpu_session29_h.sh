@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran at commit 58e96b8; split_bars was reverted after this call: bwd_gluon_split_bars no longer exists at HEAD.)
 # Session 22, call 8 (< 5 min, one H200).  Issue 9, LayerNorm 16K.  g_smem (call 3) showed the Gluon row loop paying
 # for its CTA barriers more than for its instructions.  The sm_90 SASS of the default form has 5 BAR.SYNC a row where
 # the kernel asks for 2: Triton's barrier pass puts one between an mbarrier's arming and the TMA copy that uses it, and

@@ -794,8 +794,7 @@ def test_gpu_persistent_backward_defaults(rms, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gluon", [0, 1, 2, 3, 4], ids=["persistent", "gluon", "gluon_device_desc", "gluon_no_pdl",
-                                                    "gluon_split_bars"])
+@pytest.mark.parametrize("gluon", [0, 1, 2, 3], ids=["persistent", "gluon", "gluon_device_desc", "gluon_no_pdl"])
 def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
     """The one-CTA-an-SM backwards at bf16 16K (the persistent cooperative kernel, the default from session 11; the
     Gluon row backward, the default from session 18): a whole LayerNorm forward + backward captured in a CUDA graph
@@ -804,8 +803,6 @@ def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
     if gluon and not _gluon_ok():
         pytest.skip("needs an sm_90 GPU and Gluon")
     extra = {"bwd_gluon_pdl": 0} if gluon == 3 else {}  # the default form is a programmatic dependent (pdl 2)
-    if gluon == 4:
-        extra = {"bwd_gluon_split_bars": 1}
     with config_override("layer_norm", bwd_gluon=int(gluon > 0), bwd_gluon_device_desc=int(gluon == 2), **extra):
         _graph_and_side_stream(bool(gluon))
 
@@ -1023,9 +1020,7 @@ def test_gpu_gluon_row_backward(rms, n, dtype, rows, monkeypatch):
     (16384, 2, 1, 32, 0, ""), (16384, 2, 0, 32, 1, ""), (8192, 2, 0, 32, 0, ""), (16384, 2, 0, 16, 0, "device_desc"),
     (8192, 2, 0, 16, 1, "device_desc"), (16384, 2, 0, 16, 0, "smem_sums"), (8192, 2, 1, 16, 0, "smem_sums"),
     (16384, 2, 0, 16, 0, "fold_mean"), (16384, 2, 0, 16, 0, "smem_sums+fold_mean"), (8192, 2, 1, 16, 0, "fold_mean"),
-    (16384, 2, 0, 16, 0, "pdl1"), (16384, 2, 0, 16, 0, "smem_sums+fold_mean+pdl2"), (8192, 2, 0, 16, 0, "pdl2"),
-    (16384, 2, 0, 16, 0, "smem_sums+fold_mean+pdl2+split_bars"), (16384, 2, 0, 16, 0, "pdl2+split_bars"),
-    (8192, 3, 0, 16, 0, "split_bars"), (8192, 2, 0, 16, 1, "device_desc+split_bars"), (8192, 4, 1, 16, 0, "split_bars")],
+    (16384, 2, 0, 16, 0, "pdl1"), (16384, 2, 0, 16, 0, "smem_sums+fold_mean+pdl2"), (8192, 2, 0, 16, 0, "pdl2")],
     ids=str)
 def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, warps, w_f32, extra, monkeypatch):
     """The variants the sweep tries (layer_norm_config.GluonVariant's fields as bwd_gluon_<field>: rows in the ring,
@@ -1037,23 +1032,18 @@ def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, warps, w_f32, 
 
     calls = []
     orig = lg.norm_backward_rows
-    calls_split = []
-    monkeypatch.setattr(lg, "norm_backward_rows",
-                        lambda *a, **k: calls.append(a[-10:-2]) or calls_split.append(a[-1]) or orig(*a, **k))
+    monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(a[-9:-1]) or orig(*a, **k))
     extra = set(extra.split("+"))
     flags = dict(bwd_gluon_device_desc=int("device_desc" in extra), bwd_gluon_smem_sums=int("smem_sums" in extra),
                  bwd_gluon_fold_mean=int("fold_mean" in extra))
     pdl = 2 if "pdl2" in extra else int("pdl1" in extra)  # programmatic dependent launch (session 20)
-    split_bars = "split_bars" in extra  # an mbarrier a copy, 3 CTA barriers a row (session 22)
     with config_override("layer_norm", bwd_gluon=1, bwd_gluon_stages=stages, bwd_gluon_db_smem=db_smem,
-                         bwd_gluon_warps=warps, bwd_gluon_w_f32=w_f32, bwd_gluon_pdl=pdl,
-                         bwd_gluon_split_bars=int(split_bars), **flags):
+                         bwd_gluon_warps=warps, bwd_gluon_w_f32=w_f32, bwd_gluon_pdl=pdl, **flags):
         ln_ops._BWD_PLANS.clear()
         for rows in (1, 600):
             _check(rms, (rows, n), 1, torch.bfloat16, "cuda")
         want = (stages, bool(db_smem), warps, bool(w_f32), *(bool(v) for v in flags.values()), pdl)
         assert calls and tuple(calls[0]) == want, calls
-        assert calls_split and calls_split[0] == split_bars, calls_split
         _check(rms, (300, n), 1, torch.bfloat16, "cuda", param_dtype=torch.float32)
         _check(rms, (300, n), 1, torch.bfloat16, "cuda", affine=False)
 
@@ -1072,15 +1062,14 @@ def test_gpu_gluon_row_backward_falls_back():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split_bars", [0, 1])
-def test_gpu_gluon_row_backward_deterministic(split_bars):
+def test_gpu_gluon_row_backward_deterministic():
     """The same inputs give bitwise the same gradients (fixed-order reduce, no atomics)."""
     if not _gluon_ok():
         pytest.skip("needs an sm_90 GPU and Gluon")
     mod = FusedLayerNorm(16384, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(512, 16384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
-    with config_override("layer_norm", bwd_gluon=1, bwd_gluon_split_bars=split_bars):
+    with config_override("layer_norm", bwd_gluon=1):
         first = torch.autograd.grad(mod(x), (x, mod.weight, mod.bias), dy)
         again = torch.autograd.grad(mod(x), (x, mod.weight, mod.bias), dy)
     for a, b in zip(first, again):

@@ -115,7 +115,6 @@ class GluonVariant(NamedTuple):
     fold_mean: bool = False  # LayerNorm: the mean folded into the row sums and xhat (one op a value fewer a pass)
     pdl: int = 0  # programmatic dependent launch as BWD_PDL (1: its reduce a dependent; 2: the kernel too)
     parts_evict: bool = False  # the dW / dB partial rows stored with L2 policy evict_last (session 21, a diagnostic)
-    split_bars: bool = False  # x and dy on an mbarrier each, armed before step 4's barrier: 3 CTA barriers a row, not 5
 
 
 BWD_GLUON: dict[tuple[int, int, bool], GluonVariant] = {

@@ -147,23 +147,6 @@ if HAS_GLUON:
             gl.store(DBP + pid.to(gl.int64) * N + offs, db, eviction_policy=EVICT)
 
     @gluon.jit
-    def _arm_row(x_desc, dy_desc, bars, dbars, i, n_rows, STAGES: gl.constexpr):
-        """SPLIT_BARS: arm ring slot i % STAGES's two mbarriers (x's and dy's) for row i's bytes, if it has one."""
-        live = i < n_rows
-        slot = i % STAGES
-        mbarrier.expect(bars.index(slot), x_desc.block_type.nbytes, pred=live)
-        mbarrier.expect(dbars.index(slot), dy_desc.block_type.nbytes, pred=live)
-
-    @gluon.jit
-    def _copy_row(x_desc, dy_desc, x_ring, dy_ring, bars, dbars, i, n_rows, pid, G, STAGES: gl.constexpr):
-        """SPLIT_BARS: row i's x and dy into ring slot i % STAGES by TMA, each on its own mbarrier (armed before)."""
-        live = i < n_rows
-        slot = i % STAGES
-        row = pid + i * G
-        tma.async_copy_global_to_shared(x_desc, [row, 0, 0], bars.index(slot), x_ring.index(slot), pred=live)
-        tma.async_copy_global_to_shared(dy_desc, [row, 0, 0], dbars.index(slot), dy_ring.index(slot), pred=live)
-
-    @gluon.jit
     def _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i, n_rows, pid, G, STAGES: gl.constexpr):
         """Row i of this program (row pid + i G), if it has one, into ring slot i % STAGES: x and dy on one mbarrier."""
         live = i < n_rows
@@ -206,7 +189,6 @@ if HAS_GLUON:
         PDL_WAIT: gl.constexpr,  # launched as a programmatic dependent: wait for the previous kernel first
         PDL_TRIGGER: gl.constexpr,  # let the dependent dW / dB reduce launch once this program's rows are done
         PARTS_EVICT: gl.constexpr = False,  # the partial rows stored with L2 policy evict_last (the reduce reads them)
-        SPLIT_BARS: gl.constexpr = False,  # x and dy on an mbarrier each, armed before the step-4 barrier (see below)
         num_warps: gl.constexpr = 16,
     ):
         REPS: gl.constexpr = R // num_warps
@@ -245,16 +227,6 @@ if HAS_GLUON:
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
             mbarrier.init(bars.index(s), count=1)
-        if SPLIT_BARS:
-            # dy's own mbarriers.  Triton's shared-memory barrier pass puts a CTA barrier between two TMA copies that
-            # complete on one mbarrier (the first "writes" it, the second uses it) and between an mbarrier's arming
-            # and the copy that uses it: with one mbarrier a slot, step 4 ran three CTA barriers a row.  With one
-            # mbarrier a copy, both armed before step 4's barrier, that barrier is the only one there.
-            dbars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            for s in gl.static_range(STAGES):
-                mbarrier.init(dbars.index(s), count=1)
-        else:
-            dbars = bars
         if HAS_W and not W_F32:
             w_smem = gl.allocate_shared_memory(W.dtype.element_ty, [R, 256], WL)
             w_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -282,11 +254,7 @@ if HAS_GLUON:
             mbarrier.expect(w_bar, w_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(w_desc, [0, 0], w_bar, w_smem)
         for s in gl.static_range(STAGES):
-            if SPLIT_BARS:
-                _arm_row(x_desc, dy_desc, bars, dbars, s, n_rows, STAGES)
-                _copy_row(x_desc, dy_desc, x_ring, dy_ring, bars, dbars, s, n_rows, pid, G, STAGES)
-            else:
-                _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, s, n_rows, pid, G, STAGES)
+            _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, s, n_rows, pid, G, STAGES)
         if HAS_W and W_F32:  # each thread converts the columns it reads later: no exchange between threads
             ws = gl.allocate_shared_memory(gl.float32, [R, 256], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
             for k in gl.static_range(REPS):
@@ -314,8 +282,6 @@ if HAS_GLUON:
             else:
                 mean = gl.load(STATS + row)
             mbarrier.wait(bars.index(slot), phase=(i // STAGES) & 1)
-            if SPLIT_BARS:
-                mbarrier.wait(dbars.index(slot), phase=(i // STAGES) & 1)
             xb = x_ring.index(slot).reshape([R, 256])
             dyb = dy_ring.index(slot).reshape([R, 256])
 
@@ -379,15 +345,8 @@ if HAS_GLUON:
                                      HAS_W, HAS_B, DB_SMEM, FOLD_MEAN)
 
             # Step 4: every warp has read the slot: fetch row i + STAGES into it.
-            if SPLIT_BARS:
-                # (arming touches only the mbarriers: every warp has passed its wait on this slot's current phase,
-                # and a wait on a completed phase's parity returns at once, so it may precede the barrier)
-                _arm_row(x_desc, dy_desc, bars, dbars, i + STAGES, n_rows, STAGES)
-                gl.thread_barrier()
-                _copy_row(x_desc, dy_desc, x_ring, dy_ring, bars, dbars, i + STAGES, n_rows, pid, G, STAGES)
-            else:
-                gl.thread_barrier()
-                _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i + STAGES, n_rows, pid, G, STAGES)
+            gl.thread_barrier()
+            _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i + STAGES, n_rows, pid, G, STAGES)
 
         if PDL_TRIGGER:  # the reduce may launch now; it waits for this whole grid (and its stores) on the device
             _gdc_launch_dependents()
@@ -399,8 +358,6 @@ if HAS_GLUON:
                          HAS_W, HAS_B, DB_SMEM, "evict_last" if PARTS_EVICT else "")
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
-            if SPLIT_BARS:
-                mbarrier.invalidate(dbars.index(s))
         if HAS_W and not W_F32:
             mbarrier.invalidate(w_bar)
 
@@ -445,7 +402,7 @@ _KERNELS: dict = {}
 def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: torch.dtype | None, has_b: bool,
                is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False, warps: int = WARPS,
                w_f32: bool = False, device_desc: bool = False, smem_sums: bool = False, fold_mean: bool = False,
-               pdl: int = 0, parts_evict: bool = False, split_bars: bool = False) -> Kernel:
+               pdl: int = 0, parts_evict: bool = False) -> Kernel:
     """The launch plan (a ``Kernel``: grid, constexprs) of the row backward of (M, N) rows of row strides sx / sdy
     over ``programs`` CTAs (at most one an SM; at most M), for rows ``supported`` took with the same variant.  One
     object a plan.  ``device_desc``: the kernel makes its TMA descriptors and takes pointers and ints only (then the
@@ -458,7 +415,7 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
     w_f32 = bool(w_f32 and w_dtype is not None)
     fold_mean = bool(fold_mean and not is_rms)
     key = (M, N, sx, sdy, dtype, w_dtype, has_b, is_rms, G, stages, db_smem, warps, w_f32, device_desc, smem_sums,
-           fold_mean, pdl, parts_evict, split_bars)
+           fold_mean, pdl, parts_evict)
     kernel = _KERNELS.get(key)
     if kernel is None:
         if len(_KERNELS) > 256:
@@ -472,7 +429,7 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
             R=N // BOX, VEC=16 * 8 // bits, STAGES=stages, DB_SMEM=db_smem, W_F32=w_f32, X_BITS=bits,
             W_BITS=torch.finfo(w_dtype).bits if w_dtype is not None else bits, DEVICE_DESC=device_desc,
             SMEM_SUMS=smem_sums, FOLD_MEAN=fold_mean, PDL_WAIT=pdl >= 2, PDL_TRIGGER=pdl >= 1 and (w_dtype is not None or has_b),
-            PARTS_EVICT=parts_evict, SPLIT_BARS=bool(split_bars), num_warps=warps)
+            PARTS_EVICT=parts_evict, num_warps=warps)
     return kernel
 
 
@@ -498,15 +455,14 @@ def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: t
                        has_b: bool, is_rms: bool, programs: int, stages: int = STAGES, db_smem: bool = False,
                        warps: int = WARPS, w_f32: bool = False, device_desc: bool = False,
                        smem_sums: bool = False, fold_mean: bool = False, pdl: int = 0,
-                       parts_evict: bool = False, split_bars: bool = False) -> tuple[torch.Tensor, int]:
+                       parts_evict: bool = False) -> tuple[torch.Tensor, int]:
     """dx (written into ``dx``, (M, N) contiguous) and the float32 dW / dB partial rows of ``programs`` CTAs (at most
     one an SM; at most M), for rows ``supported`` took (with the same ``stages``, ``db_smem``, ``warps``, ``w_f32``;
     the fields of layer_norm_config.GluonVariant in order).
     Returns (partials, G) for layer_norm's fixed-order reduce."""
     M, N = x.shape
     kernel = bwd_kernel(M, N, x.stride(0), dy.stride(0), x.dtype, None if w is None else w.dtype, has_b, is_rms,
-                        programs, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean, pdl, parts_evict,
-                        split_bars)
+                        programs, stages, db_smem, warps, w_f32, device_desc, smem_sums, fold_mean, pdl, parts_evict)
     G = kernel.grid[0]
     nparts = (int(w is not None) + int(has_b)) * G * N
     parts = torch.empty((nparts,), dtype=torch.float32, device=x.device) if nparts else stats
