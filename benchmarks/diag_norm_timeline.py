@@ -20,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from fused_layers import FusedLayerNorm, FusedRMSNorm
 from fused_layers.ops import _cpp
+from fused_layers.ops.layer_norm import config_override
 
 COPY = 4220e9
 TOTAL = 2**26
@@ -96,9 +97,7 @@ def case(op, n):
 # NORM_CASES="ln:16384,rms:16384" picks cases (default: both norms at 768 / 1K / 4K / 8K / 16K)
 CASES = ([(c.split(":")[0], int(c.split(":")[1])) for c in os.environ["NORM_CASES"].split(",")]
          if os.environ.get("NORM_CASES") else [(op, n) for op in ("ln", "rms") for n in (768, 1024, 4096, 8192, 16384)])
-# NORM_CFG='{"bwd_gluon_split_tail": 1}': a layer_norm config_override for every case (session 22)
-from fused_layers.ops.layer_norm import config_override  # noqa: E402
-
+# NORM_CFG='{"bwd_gluon_parts_evict": 1}': a layer_norm config_override for every case (session 22)
 CFG = json.loads(os.environ.get("NORM_CFG") or "{}")
 for op, n in CASES:
     try:
