@@ -4,7 +4,8 @@ by do_bench (L2 flushed) and CUDA-graph replay; 2^26 elements, fraction of the 4
 write; the max abs error against torch.softmax in float32 beside each.
 
     python3 benchmarks/sweep_softmax_packed.py > $OUT/sweep_softmax_packed.txt
-    SWEEP='{"32768": [{"persist_block": 16384}]}' FP16=1 ... times those configs (by width) instead; FP16=1 adds fp16.
+    SWEEP='{"32768": [{"persist_block": 16384}]}' FP16=1 ... times those configs (by width) instead; FP16=1 adds fp16;
+    DTYPES=float32 times those dtypes only.
 """
 import json
 import os
@@ -35,6 +36,8 @@ CASES = {
 if os.environ.get("SWEEP"):
     CASES = {int(k): v for k, v in json.loads(os.environ["SWEEP"]).items()}
 dtypes = [torch.bfloat16] + ([torch.float16] if os.environ.get("FP16") else [])
+if os.environ.get("DTYPES"):  # e.g. DTYPES=float32 (session 22: the float32 forward's persistent forms)
+    dtypes = [getattr(torch, d) for d in os.environ["DTYPES"].split(",")]
 for dtype in dtypes:
     for n, cands in CASES.items():
         x = torch.randn(TOTAL // n, n, device="cuda", dtype=dtype) * 3
