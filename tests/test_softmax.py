@@ -97,6 +97,27 @@ def test_wide_persistent(n, dtype, form, device):
     assert torch.isnan(y[0]).all() and torch.isnan(y[1]).all() and torch.isnan(y[3]).all()
 
 
+def test_persistent_form_by_width():
+    """softmax_config._PERSIST_BY_WIDTH: the float32 forward takes the SMEM form (4K x 4 warps x 3 stages) in the 128K
+    bucket only (session 22's sweep); the register form elsewhere, the 16-bit and backward forms unchanged; config
+    overrides still win."""
+    from fused_layers.ops import softmax as sm
+
+    def form(n, dtype=torch.float32, fwd=True):
+        shape = torch.Size([2, n])
+        st = ((n, 1),) if fwd else ((n, 1), (n, 1))
+        meta = sm._plan(shape, st, dtype, 1, True).persist[2]
+        return meta["BLOCK_N"], meta.get("STAGES", 1)
+
+    sm._PLANS.clear()
+    assert form(100003) == (4096, 3) and form(131072) == (4096, 3)  # the 128K bucket
+    assert form(65536) == (2048, 1) and form(262144) == (2048, 1)  # the register form
+    assert form(100003, fwd=False) == (4096, 1)  # the float32 backward keeps its form
+    assert form(100003, torch.bfloat16) == (4096, 3) and form(262144, torch.bfloat16) == (4096, 3)
+    with config_override("softmax", persist_stages=1, persist_block=2048):
+        assert form(100003) == (2048, 1)
+
+
 def test_wide_persistent_smem_many_pieces(device):
     """The SMEM form's called wait combines the row's words 32 at a time (_rowsync.WAIT_CHUNK): 41 ragged pieces
     (two chunks, the second partial), with -inf / +inf rows and a row whose first chunk of pieces is all -inf."""

@@ -94,7 +94,6 @@ from .softmax_config import (  # noqa: F401
     WIDE_MODE,
     WIDE_EVICT,
     WIDE_STAGES,
-    _PERSIST_STAGES,
     _packed_config,
     _persist_config,
     _single_block_config,
@@ -711,7 +710,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         # unit column stride, on an sm_90 GPU; checked per call), else the persistent kernels.
         plan.tma = inner == 1 and mode == 3
         # persistent pieces in registers (_softmax_*_persist_kernel): kernels bound at the first call
-        block, warps, per_sm = _persist_config(elem, "fwd" if fwd else "bwd")
+        block, warps, per_sm, stages = _persist_config(elem, "fwd" if fwd else "bwd", n_pow2)
         splits, piece = balanced_pieces(n, block)
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
         plan.splits = splits
@@ -719,7 +718,6 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
         if fwd and get_override("softmax", "persist_lean", False):  # candidate, not a default (see the kernel)
             meta["LEAN"] = True
-        stages = int(get_override("softmax", "persist_stages", _PERSIST_STAGES.get(("fwd" if fwd else "bwd", elem), 1)))
         if stages > 1:  # the SMEM-pipelined form (else the key is left out: the register-pipelined kernel as before)
             meta["STAGES"] = stages
             if get_override("softmax", "persist_lag", False):  # candidate, not a default (see the kernel)

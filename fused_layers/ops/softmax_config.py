@@ -81,6 +81,15 @@ _PERSIST = {("fwd", 2): (4096, 4, 16), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4
 #   fp32 fwd  register form 0.92 / 0.89 / 0.78 / 0.84   SMEM 4K x 4 x 3 0.87 / 0.88 / 0.84 / 0.80: kept
 #   fp32 bwd  register form 0.96 / 0.97 / 0.98 / 0.95   SMEM 0.87-0.95: kept
 _PERSIST_STAGES = {("fwd", 2): 3, ("bwd", 2): 3}
+# By width bucket, (direction, element size, next power of two of N) -> (BLOCK_N, num_warps, most programs per SM,
+# STAGES), in place of _PERSIST / _PERSIST_STAGES there.  Session 22 (issue10/run29_j/sweep_fp32.txt, H200, 2^26
+# elements, do_bench / graph replay, two runs of the default), float32 forward, the SMEM form 4K x 4 warps x 3 stages
+# against the register form (2K x 4):
+#   64K   0.889 / 0.911 against 0.858-0.897 / 0.905-0.907 (a tie: kept)
+#   128K  **0.867 / 0.903** against 0.794-0.795 / 0.808-0.810 (taken; 4 stages 0.850 / 0.861, 2K x 4 x 3 0.781 / 0.764,
+#         8K x 8 x 3 0.832 / 0.856)
+#   256K  0.817 / 0.841 against 0.846-0.848 / 0.861-0.863 (kept)
+_PERSIST_BY_WIDTH = {("fwd", 4, 131072): (4096, 4, 16, 3)}
 # HOLD (LAG's schedule, row k - 1's piece from registers: see _softmax_bwd_persist_kernel) in the SMEM form, by
 # (direction, element size): the narrowest row it takes by default.  Session 13 sweep, H200, bf16, 4K x 4 warps x 3
 # stages, fraction of copy, do_bench (graph replay), HOLD against the default in the same run
@@ -143,8 +152,13 @@ def _wide_config(n: int, elem: int, direction: str) -> tuple[int, int, int, int]
     return block, triton.cdiv(n, piece), piece, get_override("softmax", "wide_warps", warps)
 
 
-def _persist_config(elem: int, direction: str) -> tuple[int, int, int]:
-    """(BLOCK_N columns per piece, num_warps, most programs per SM) of the persistent wide kernels."""
-    block, warps, per_sm = _PERSIST[(direction, elem)]
+def _persist_config(elem: int, direction: str, n_pow2: int = 0) -> tuple[int, int, int, int]:
+    """(BLOCK_N columns per piece, num_warps, most programs per SM, STAGES) of the persistent wide kernels for rows of
+    ``n_pow2`` (the next power of two of their width): _PERSIST_BY_WIDTH's entry, else _PERSIST and _PERSIST_STAGES;
+    config_override persist_block / persist_warps / persist_per_sm / persist_stages over either."""
+    entry = _PERSIST_BY_WIDTH.get((direction, elem, n_pow2))
+    if entry is None:
+        entry = (*_PERSIST[(direction, elem)], _PERSIST_STAGES.get((direction, elem), 1))
+    block, warps, per_sm, stages = entry
     return (get_override("softmax", "persist_block", block), get_override("softmax", "persist_warps", warps),
-            get_override("softmax", "persist_per_sm", per_sm))
+            get_override("softmax", "persist_per_sm", per_sm), int(get_override("softmax", "persist_stages", stages)))
