@@ -182,11 +182,12 @@ def test_llama_order_exact_in_float16():
     x = torch.randn(16, 96, dtype=torch.float16) * 3
     yr, yf = ref(x), fused(x)
     # The kernel's fp32 sum of squares is ordered differently from torch's mean, so rstd can differ in its last
-    # bit and, rarely, an output by one half ulp-step (seen: 1 element of 1,536 for 1 seed of 12+).  The order of
-    # the multiply and the cast is what differs by hundreds of elements (the other order, below).
+    # bit, and rarely the float16 x * rstd then by one ulp, which the multiply by w (up to 3) can carry to two ulps of
+    # the output (seen: 1 element of 1,536 in 1 seed of 60 locally; 2 elements, 1.5 eps relative, in one CI run).
+    # The order of the multiply and the cast is what differs by hundreds of elements (the other order, below).
     diff = yr != yf
     assert diff.sum() <= 3, int(diff.sum())
-    torch.testing.assert_close(yf, yr, atol=0, rtol=torch.finfo(torch.float16).eps)
+    torch.testing.assert_close(yf, yr, atol=0, rtol=2 * torch.finfo(torch.float16).eps)
     w_first = F.rms_norm(x.float(), (96,), ref.weight.float(), 1e-6).half()
     assert (w_first != yr).sum() > 100  # the test catches the other order
 
