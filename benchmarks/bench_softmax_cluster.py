@@ -1,4 +1,4 @@
-"""Issue 10: the cluster softmax forward (``fused_layers/ops/softmax_cluster.py``) on the H200, from cubins built on
+"""Issue 10: the cluster softmax forward (``benchmarks/proto_softmax_cluster.py``) on the H200, from cubins built on
 the CPU machine with Triton >= 3.8 (``benchmarks/build_cluster_cubins.py``; the H200's Triton 3.6 cannot lower the
 kernel's cross-CTA exchange), launched through the CUDA driver with the cluster dims set (cuLaunchKernelEx).
 

@@ -1,4 +1,4 @@
-"""Issue 10: compile the cluster softmax forward (``fused_layers/ops/softmax_cluster.py``) for sm_90 with this
+"""Issue 10: compile the cluster softmax forward (``benchmarks/proto_softmax_cluster.py``) for sm_90 with this
 machine's Triton (>= 3.8: Triton 3.6, the H200's, cannot lower its cross-CTA exchange) into cubins, for
 ``benchmarks/bench_softmax_cluster.py`` to launch on the H200 through the CUDA driver (cluster dims set at launch).
 
@@ -15,12 +15,12 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from fused_layers.ops.softmax_cluster import _softmax_fwd_cluster_kernel as KERNEL
+from proto_softmax_cluster import _softmax_fwd_cluster_kernel as KERNEL
 
 CONFIGS = [
     # bf16: 16K pieces x 16 warps (the single-block form that reaches 0.91-0.95 at 16K), uncapped and capped at 40
