@@ -55,8 +55,8 @@ class Cubin:
         attr = cu.CUlaunchAttribute()
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
         attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = m["K"], 1, 1
-        cfg.attrs = [attr]
-        cfg.numAttrs = 1
+        cfg.attrs = [attr] if m["K"] > 1 else []
+        cfg.numAttrs = 1 if m["K"] > 1 else 0
         args = ((x.data_ptr(), y.data_ptr(), n, x.stride(0), y.stride(0), 0, 0),
                 (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
                  ctypes.c_void_p))
@@ -93,6 +93,8 @@ def main(folder):
     print("\n## checks (max abs error against float64, NaN pattern as torch)")
     for name, k in kernels.items():
         m = k.meta
+        if m.get("diag"):  # wrong output by design
+            continue
         dtype = DT[m["dtype"]]
         full = m["K"] * m["P"]
         widths = [full, full - 16, full - m["P"] - 16 if m["K"] > 1 else full // 2] if m["divisible"] else \
