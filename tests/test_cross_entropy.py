@@ -132,6 +132,42 @@ def test_persistent_kernel_is_taken(dtype, device):
         assert not any(p.persist is not None for p in ce._PLANS.values())
 
 
+def test_tma_hold_routing():
+    """16-bit rows that fit the TMA kernel's ring (cross_entropy_config.TMA_HOLD: C <= 32,768, a multiple of 256) plan
+    WIDE_MODE 4 with the HOLD launch tuple and the persistent kernel behind it (taken where the TMA kernel declines
+    the call: no sm_90 GPU, a layout it does not take); wider or ragged rows, float32, smoothing, probabilities,
+    no gradient and traced calls (persist_ok False) do not; an explicit wide_mode wins."""
+    from fused_layers.ops import cross_entropy as ce
+    from fused_layers.ops import cross_entropy_config as cfg
+
+    hold = cfg.TMA_HOLD[2][0][1]
+    assert cfg.tma_hold_config(32000, 2) == hold and cfg.tma_hold_config(32768, 2) == hold
+    assert cfg.tma_hold_config(32001, 2) is None and cfg.tma_hold_config(50304, 2) is None
+    assert cfg.tma_hold_config(32000, 4) is None
+
+    def plan(c, dtype=torch.bfloat16, soft=False, smooth=False, has_grad=True, persist_ok=True):
+        ce._PLANS.clear()
+        return ce._plan((64, c), (c, 1), (c, 1) if soft else None, dtype, soft, False, smooth, -100, True, False, has_grad,
+                        persist_ok)
+
+    for c in (24576, 32000, 32768):
+        p = plan(c)
+        assert p.tma and p.tma_config == hold and p.persist is not None
+    for c in (32001, 50304, 131072):
+        p = plan(c)
+        assert not p.tma and p.tma_config is None and p.persist is not None  # the persistent default
+    assert not plan(32000, dtype=torch.float32).tma
+    assert not plan(32000, smooth=True).tma and not plan(32000, soft=True).tma
+    assert not plan(32000, has_grad=False).tma and not plan(32000, persist_ok=False).tma
+    with config_override("cross_entropy", wide_mode=3):
+        p = plan(32000)
+        assert not p.tma and p.persist is not None
+    with config_override("cross_entropy", wide_mode=4):  # asked for: the TMA kernel's own default launch tuple
+        p = plan(50304)
+        assert p.tma and p.tma_config is None
+    ce._PLANS.clear()
+
+
 def test_persistent_smem_many_pieces(device):
     """The SMEM form's called wait combines the row's words 32 at a time: 41 pieces a row (two chunks), targets in
     both chunks, an ignored row, a row all -inf in its first chunk of pieces."""

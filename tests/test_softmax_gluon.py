@@ -156,3 +156,67 @@ def test_gpu_backward(M, N, dtype, config):
     ref = torch._softmax_backward_data(dy.float(), y.float(), 1, torch.float32)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(dx.float(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M,C", [(1, 32000), (37, 32000), (300, 32768), (5, 24576), (9, 16640)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gpu_tma_hold_default(M, C, dtype, weighted, monkeypatch):
+    """The default of 16-bit rows in cross_entropy_config.TMA_HOLD (session 23): fused_cross_entropy with its backward
+    runs the TMA kernel with the row held (spied); loss and gradient against F.cross_entropy on float32 logits, with
+    ignored rows, class weights, both reductions, rows sliced from a wider buffer, special values (a -inf logit, a -inf
+    target logit, a +inf logit, a NaN, an all -inf row); reduction 'none' takes the persistent kernel; an all-ignored
+    batch matches torch (a NaN mean, a zero gradient)."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from fused_layers import fused_cross_entropy
+
+    calls = []
+    orig = SG.ce_launch
+    monkeypatch.setattr(SG, "ce_launch", lambda *a, **kw: calls.append(a[-1] if len(a) > 8 else kw.get("config"))
+                        or orig(*a, **kw))
+    base = torch.randn(M, C + 256, device="cuda", dtype=torch.float32) * 3
+    t = torch.randint(0, C, (M,), device="cuda")
+    t[1::3] = -100
+    w = torch.rand(C, device="cuda") + 0.5 if weighted else None
+    cases = [("plain", base[:, :C].to(dtype).contiguous()), ("sliced", base.to(dtype)[:, :C])]
+    if M >= 9:
+        sv = base[:, :C].clone()
+        sv[0, 5] = float("-inf")  # an ordinary -inf logit
+        sv[2, t[2]] = float("-inf")  # the target's logit -inf: loss inf
+        sv[3, 7] = float("inf")  # +inf: NaN row
+        sv[5, 11] = float("nan")
+        sv[6] = float("-inf")  # all -inf
+        cases.append(("special", sv.to(dtype)))
+    for name, x in cases:
+        for reduction in ("mean", "sum", "none"):
+            calls.clear()
+            xr = x.detach().requires_grad_()
+            loss = fused_cross_entropy(xr, t, weight=w, reduction=reduction)
+            (loss.sum() if reduction == "none" else loss).backward()
+            assert calls == ([] if reduction == "none" else [SG_HOLD()]), (name, reduction, calls)
+            xf = x.detach().float().requires_grad_()
+            ref = torch.nn.functional.cross_entropy(xf, t, weight=w, reduction=reduction)
+            (ref.sum() if reduction == "none" else ref).backward()
+            scale = max(1.0, ref.detach().abs().max().nan_to_num(0, 0, 0).item())
+            torch.testing.assert_close(loss.float(), ref.detach(), atol=2e-2 * scale, rtol=1e-2, equal_nan=True,
+                                       msg=lambda m: f"{name} {reduction} loss: {m}")
+            g = xf.grad.nan_to_num(0, 0, 0).abs().max().item()
+            torch.testing.assert_close(xr.grad.float(), xf.grad, atol=8e-3 * max(1e-6, g), rtol=2e-2, equal_nan=True,
+                                       msg=lambda m: f"{name} {reduction} grad: {m}")
+    tt = torch.full((M,), -100, device="cuda")  # every row ignored: mean is NaN (0 / 0), the gradient 0, as torch
+    xr = cases[0][1].detach().requires_grad_()
+    loss = fused_cross_entropy(xr, tt)
+    loss.backward()
+    xf = cases[0][1].detach().float().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(xf, tt)
+    ref.backward()
+    torch.testing.assert_close(loss.float(), ref.detach(), equal_nan=True)
+    torch.testing.assert_close(xr.grad.float(), xf.grad, equal_nan=True)
+
+
+def SG_HOLD():
+    from fused_layers.ops import cross_entropy_config as cfg
+
+    return cfg.TMA_HOLD[2][0][1]

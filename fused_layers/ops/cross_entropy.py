@@ -925,7 +925,7 @@ class _Plan:
     the bound kernels (``_library.Kernel``) and their integer arguments."""
 
     __slots__ = ("copy_x", "copy_t", "ints", "M", "C", "splits", "piece", "kernel", "den_kernel", "persist",
-                 "groups", "fallback", "tma")
+                 "groups", "fallback", "tma", "tma_config")
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -970,7 +970,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
     plan.den_kernel = _den_kernel(has_weight) if den_on_device else None
     plan.splits = 0
     plan.persist = plan.groups = plan.fallback = None
-    plan.tma = False
+    plan.tma, plan.tma_config = False, None
     if M == 0 or C == 0:
         plan.kernel, plan.ints = None, ()
     else:
@@ -989,7 +989,12 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         # Wide rows with a gradient: 1 = stream (one program per row, two passes, the second from L2),
         # 2 = split (_ce_fwd_split_kernel: several programs per row).  Without a gradient the streaming
         # kernel is one pass.
-        wide = get_override("cross_entropy", "wide_mode", cfg.WIDE_MODE.get(elem, 1)) if not single else 1
+        # 16-bit rows that fit the TMA kernel's ring take it with the row held (cfg.TMA_HOLD; the kernel itself
+        # checks the GPU and the layout per call, else the persistent kernel runs)
+        hold = cfg.tma_hold_config(C, elem) if has_grad and persist_ok and not (soft or smooth) else None
+        wide_default = 4 if hold is not None else cfg.WIDE_MODE.get(elem, 1)
+        wide = get_override("cross_entropy", "wide_mode", wide_default) if not single else 1
+        plan.tma_config = get_override("cross_entropy", "tma_config", hold if wide == 4 else None)
         if wide not in (1, 2, 3, 4):
             raise ValueError(f"{_OP}: wide_mode {wide} does not exist (1 = stream, 2 = split, 3 = persistent, "
                              "4 = TMA)")
@@ -1233,7 +1238,8 @@ def cross_entropy_forward(
     args = (input, t, weight if weight is not None else input, loss_rows, grad if grad is not None else input,
             den if mean_hard else input, row_scale if row_scale is not None else input)
     tma_done = (plan.tma and input.is_cuda and grad is not None and grad_out is None and loss_out is None
-                and reduction != "none" and _tma_launch(input, t, weight, ignore_index, den, mean_hard, loss_rows, grad))
+                and reduction != "none"
+                and _tma_launch(input, t, weight, ignore_index, den, mean_hard, loss_rows, grad, plan.tma_config))
     if tma_done:
         pass  # (WIDE_MODE 4: loss rows and gradient written)
     elif plan.persist is not None:
@@ -1263,14 +1269,14 @@ def cross_entropy_forward(
     return loss, grad
 
 
-def _tma_launch(x, t, weight, ignore_index, den, mean, loss_rows, grad) -> bool:
-    """WIDE_MODE 4: ops/softmax_gluon.ce_launch on 2-D logits; False where it declines them (the caller runs the
-    persistent kernel)."""
+def _tma_launch(x, t, weight, ignore_index, den, mean, loss_rows, grad, config=None) -> bool:
+    """WIDE_MODE 4: ops/softmax_gluon.ce_launch on 2-D logits (``config``: its launch tuple, None = its default);
+    False where it declines them (the caller runs the persistent kernel)."""
     from . import softmax_gluon  # (imported on first use: Gluon's import is not free)
 
     if x.dim() != 2 or t.dtype != torch.int64:
         return False
-    return softmax_gluon.ce_launch(x, t, weight, ignore_index, den, mean, loss_rows, grad)
+    return softmax_gluon.ce_launch(x, t, weight, ignore_index, den, mean, loss_rows, grad, config)
 
 
 def scale_grad_(grad: torch.Tensor, grad_output: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -30,7 +30,8 @@ sizes: Liger 0.27 / 0.26 / 0.44 / 0.49, torch.compile of ``F.cross_entropy(x.flo
   2 = split: pieces of ``PIECE`` columns streamed in chunks of ``SPLIT_BLOCK``, several programs per
   row, the second read of a piece from L2 (``_ce_fwd_split_kernel``); 3 = persistent (opt-in): the pieces of
   a row held in registers by co-resident programs that exchange their statistics (one read, one write;
-  ``PERSIST``; the default of 16-bit logits, eager calls: ``PERSIST_STAGES``); 4 = TMA (opt-in, measured slower,
+  ``PERSIST``; the default of 16-bit logits, eager calls: ``PERSIST_STAGES``); 4 = TMA (the default of 16-bit rows in
+  ``TMA_HOLD``, since session 23; otherwise opt-in, measured slower,
   session 15: ops/softmax_gluon.py's cross-entropy on 2-D logits on an sm_90 GPU, else 3).  Without a gradient,
   wide rows always stream (one pass).
 * ``LINEAR_CHUNK_BYTES``: the fused linear cross-entropy computes the logits of this many bytes at a
@@ -44,6 +45,24 @@ MAX_SINGLE = 16384
 # element size -> wide-row form (rows with a gradient, class-index targets, no smoothing; anything else streams):
 # 16-bit logits take the SMEM-pipelined persistent form (PERSIST / PERSIST_STAGES below), fp32 the stream.
 WIDE_MODE = {2: 3, 4: 1}
+# element size -> ((widest C, ops/softmax_gluon.py launch tuple), ...): rows with a gradient, class-index targets, no
+# smoothing, whose C is at most widest C and a multiple of the tuple's BOX (FLAT boxes) take WIDE_MODE 4, the TMA
+# cross-entropy, with the row held in its ring (HOLD): (SUB 16, BOX 256, NBUF 8 = a 32,768-column ring, NOUT 1,
+# 4 warps, 3 CTAs an SM, HOLD, K 1, FLAT).  The kernel takes the call only on an sm_90 GPU with 2-D logits, unit
+# class stride, 16-byte aligned rows, reduction mean / sum and no upstream gradient given (else the persistent
+# kernel runs).  H200, 8,192 rows, bf16, fraction of copy do_bench / graph replay (issue10/run30_e, run30_f):
+#   32,000: 0.767 / 0.799-0.808 against the persistent default's 0.69 / 0.72;  32,768: 0.766 / 0.803 against - / 0.736;
+#   two 4-warp CTAs 0.75 / 0.79; three 8-warp 0.74-0.76 / 0.78-0.79; 4 KB chunks 0.75 / 0.79; plain stores a tie.
+#   Wider rows do not fit three CTAs: at 50,304 two CTAs an SM with a 13- or 25-chunk ring read 0.21-0.40.
+TMA_HOLD = {2: ((32768, (16, 256, 8, 1, 4, 3, 1, 1, 1)),)}
+
+
+def tma_hold_config(C: int, elem: int):
+    """The TMA_HOLD launch tuple for C classes of ``elem``-byte logits, or None."""
+    for widest, config in TMA_HOLD.get(elem, ()):
+        if C <= widest and C % config[1] == 0:
+            return config
+    return None
 # element size -> ((widest C, BLOCK_N, num_warps, STAGES), ...): the first entry with C <= widest C (None: any).
 # STAGES > 1 software-pipelines the chunk loops (tl.range num_stages: cp.async into shared memory; the
 # register prefetch is then off); a plain range loop (STAGES = 1) keeps at most STREAM_PREFETCH chunks in
