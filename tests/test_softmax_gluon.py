@@ -179,7 +179,7 @@ def test_gpu_tma_hold_default(M, C, dtype, weighted, monkeypatch):
     base = torch.randn(M, C + 256, device="cuda", dtype=torch.float32) * 3
     t = torch.randint(0, C, (M,), device="cuda")
     t[1::3] = -100
-    w = torch.rand(C, device="cuda") + 0.5 if weighted else None
+    w = (torch.rand(C, device="cuda") + 0.5).to(dtype) if weighted else None
     cases = [("plain", base[:, :C].to(dtype).contiguous()), ("sliced", base.to(dtype)[:, :C])]
     if M >= 9:
         sv = base[:, :C].clone()
@@ -197,7 +197,7 @@ def test_gpu_tma_hold_default(M, C, dtype, weighted, monkeypatch):
             (loss.sum() if reduction == "none" else loss).backward()
             assert calls == ([] if reduction == "none" else [SG_HOLD()]), (name, reduction, calls)
             xf = x.detach().float().requires_grad_()
-            ref = torch.nn.functional.cross_entropy(xf, t, weight=w, reduction=reduction)
+            ref = torch.nn.functional.cross_entropy(xf, t, weight=None if w is None else w.float(), reduction=reduction)
             (ref.sum() if reduction == "none" else ref).backward()
             scale = max(1.0, ref.detach().abs().max().nan_to_num(0, 0, 0).item())
             torch.testing.assert_close(loss.float(), ref.detach(), atol=2e-2 * scale, rtol=1e-2, equal_nan=True,
