@@ -62,6 +62,11 @@ Rows by width (``cross_entropy_config.py``):
   rows' pieces loaded ahead by cp.async while the program waits; the wait is a called function, so Triton
   pipelines the row loop) measured 0.68 / 0.69 / 0.73 / 0.68 at 32K / 50K / 128K / 262K with 4 stages, against
   the stream's 0.63 / 0.65 / 0.65 / 0.65 (cross_entropy_config.PERSIST_STAGES).
+* ``WIDE_MODE`` 4 (the default of 16-bit rows of at most 32,768 classes, a multiple of 256, since session 23;
+  ``cross_entropy_config.TMA_HOLD``): ops/softmax_gluon.py's TMA cross-entropy with the row held in a 64 KB
+  shared-memory ring, three 4-warp CTAs an SM: 0.76 / 0.80 of copy (do_bench / graph) at 32,000 against the
+  persistent kernel's 0.69 / 0.72.  It takes the call on an sm_90 GPU with 2-D logits, reduction mean / sum and
+  no given upstream gradient; otherwise the persistent kernel runs.
 
 (An earlier kernel holding the pieces of a row in registers across programs that wait for each other,
 non-persistent and without the cooperative launch, measured 0.53-0.58 of copy against 0.58-0.65 and

@@ -1,5 +1,8 @@
 r"""The wide-row softmax forward in Gluon with TMA (issue 10): a candidate, opt-in (``config_override("softmax",
-wide_mode=3)``) until the H200 says it wins.  GPU only (Gluon has no interpreter), sm_90.
+wide_mode=3)``) until the H200 says it wins.  GPU only (Gluon has no interpreter), sm_90.  Its cross-entropy with the
+row held in the ring (HOLD) is the default of 16-bit rows of at most 32,768 classes since session 23
+(``cross_entropy_config.TMA_HOLD``: 0.76 / 0.80 of copy by do_bench / graph replay at 32,000 against the persistent
+kernel's 0.69 / 0.72).
 
 Why.  The Triton wide-row kernels (ops/softmax.py) reach 0.69-0.80 of the copy ceiling in bf16.  ncu (session 9,
 issue10/run13_ncu/): the register form keeps about 32 KB in flight per SM, 55% of the DRAM peak, and every byte in
