@@ -4,7 +4,9 @@ flushed) and CUDA-graph replay, fraction of the 4.22 TB/s copy for one read of t
 gradient; the max loss / gradient error against F.cross_entropy on float32 logits beside each.
 
     python3 benchmarks/sweep_ce_hold.py [C ...] [--default-only] > $OUT/ce_hold.txt
+    FORMS='{"stream": {"wide_mode": 1}}' python3 benchmarks/sweep_ce_hold.py 50257   # the default and these forms
 """
+import json
 import os
 import sys
 
@@ -34,6 +36,8 @@ for C in widths:
 
     forms = (("persistent (wide_mode=3)", dict(wide_mode=3)), ("default", {}),
              ("persistent again", dict(wide_mode=3)), ("default again", {}))
+    if os.environ.get("FORMS"):  # e.g. FORMS='{"stream": {"wide_mode": 1}}': the default, then these
+        forms = (("default", {}),) + tuple(json.loads(os.environ["FORMS"]).items())
     for label, cfg in (forms[1:2] if DEFAULT_ONLY else forms):
         with config_override("cross_entropy", **cfg):
             xr.grad = None
