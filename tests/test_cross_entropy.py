@@ -136,7 +136,8 @@ def test_tma_hold_routing():
     """16-bit rows that fit the TMA kernel's ring (cross_entropy_config.TMA_HOLD: C <= 32,768, a multiple of 256) plan
     WIDE_MODE 4 with the HOLD launch tuple and the persistent kernel behind it (taken where the TMA kernel declines
     the call: no sm_90 GPU, a layout it does not take); wider or ragged rows, float32, smoothing, probabilities,
-    no gradient and traced calls (persist_ok False) do not; an explicit wide_mode wins."""
+    no gradient and traced calls (persist_ok False) do not; 16-bit rows not 16-element aligned stream
+    (cross_entropy_config.MISALIGNED_STREAM); an explicit wide_mode wins."""
     from fused_layers.ops import cross_entropy as ce
     from fused_layers.ops import cross_entropy_config as cfg
 
@@ -153,15 +154,23 @@ def test_tma_hold_routing():
     for c in (24576, 32000, 32768):
         p = plan(c)
         assert p.tma and p.tma_config == hold and p.persist is not None
-    for c in (32001, 50304, 131072):
+    for c in (50304, 131072):
         p = plan(c)
         assert not p.tma and p.tma_config is None and p.persist is not None  # the persistent default
+    for c in (32001, 30522, 50257, 32008):  # not 16-element aligned (cfg.MISALIGNED_STREAM): the stream
+        p = plan(c)
+        assert not p.tma and p.persist is None and p.kernel is not None, c
+    ce._PLANS.clear()  # a sliced 32,000-class view of 32,008-wide rows: the row stride is misaligned
+    p = ce._plan((64, 32000), (32008, 1), None, torch.bfloat16, False, False, False, -100, True, False, True, True)
+    assert not p.tma and p.persist is None
+    assert plan(50257, dtype=torch.float32).persist is None  # float32 streams anyway (WIDE_MODE)
     assert not plan(32000, dtype=torch.float32).tma
     assert not plan(32000, smooth=True).tma and not plan(32000, soft=True).tma
     assert not plan(32000, has_grad=False).tma and not plan(32000, persist_ok=False).tma
     with config_override("cross_entropy", wide_mode=3):
         p = plan(32000)
         assert not p.tma and p.persist is not None
+        assert plan(50257).persist is not None  # an explicit wide_mode wins over the misaligned rule
     with config_override("cross_entropy", wide_mode=4):  # asked for: the TMA kernel's own default launch tuple
         p = plan(50304)
         assert p.tma and p.tma_config is None

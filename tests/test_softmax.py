@@ -113,9 +113,37 @@ def test_persistent_form_by_width():
     assert form(100003) == (4096, 3) and form(131072) == (4096, 3)  # the 128K bucket
     assert form(65536) == (2048, 1) and form(262144) == (2048, 1)  # the register form
     assert form(100003, fwd=False) == (4096, 1)  # the float32 backward keeps its form
-    assert form(100003, torch.bfloat16) == (4096, 3) and form(262144, torch.bfloat16) == (4096, 3)
+    assert form(100352, torch.bfloat16) == (4096, 3) and form(262144, torch.bfloat16) == (4096, 3)
     with config_override("softmax", persist_stages=1, persist_block=2048):
         assert form(100003) == (2048, 1)
+
+
+def test_misaligned_rows_take_the_piecewise_forward(device):
+    """softmax_config.MISALIGNED_PIECEWISE: eager 16-bit forward rows whose width or row stride is not a multiple of 16
+    elements take the piece-wise kernels (the persistent form's cp.async needs 16-byte vectors); aligned rows, float32,
+    the backward and an explicit wide_mode keep theirs; the answers stay right (a ragged width, a sliced row)."""
+    from fused_layers.ops import softmax as sm
+
+    def persistent(n, dtype=torch.bfloat16, stride=None, fwd=True):
+        sm._PLANS.clear()
+        st = ((stride or n, 1),) if fwd else ((stride or n, 1), (n, 1))
+        return sm._plan(torch.Size([2, n]), st, dtype, 1, True).persist is not None
+
+    assert sm.rows_misaligned(torch.Size([2, 50257]), ((50257, 1),), 1, 2)
+    assert sm.rows_misaligned(torch.Size([2, 50304]), ((50312, 1),), 1, 2)  # aligned width, row stride 8 mod 16
+    assert not sm.rows_misaligned(torch.Size([2, 50304]), ((50304, 1),), 1, 2)
+    assert not sm.rows_misaligned(torch.Size([2, 50257]), ((50257, 1),), 1, 4)  # float32: unchanged
+    assert not persistent(50257) and not persistent(32001) and not persistent(50304, stride=50312)
+    assert persistent(50304) and persistent(65536) and persistent(50257, torch.float32)
+    assert persistent(50257, fwd=False)  # the backward: not measured misaligned, unchanged
+    with config_override("softmax", wide_mode=2):
+        assert persistent(50257)
+    sm._PLANS.clear()
+    # right answers on the piece-wise route (small shapes under the interpreter: the rule is the same at any width)
+    with config_override("softmax", max_single_block=64, persist_max_single_block=64):
+        x = torch.randn(5, 203, device=device, dtype=torch.bfloat16) * 4
+        _check(x, -1)
+        _check(torch.randn(5, 224, device=device, dtype=torch.bfloat16)[:, :201], -1)
 
 
 def test_wide_persistent_smem_many_pieces(device):

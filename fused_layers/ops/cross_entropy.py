@@ -996,8 +996,11 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         # kernel is one pass.
         # 16-bit rows that fit the TMA kernel's ring take it with the row held (cfg.TMA_HOLD; the kernel itself
         # checks the GPU and the layout per call, else the persistent kernel runs)
-        hold = cfg.tma_hold_config(C, elem) if has_grad and persist_ok and not (soft or smooth) else None
-        wide_default = 4 if hold is not None else cfg.WIDE_MODE.get(elem, 1)
+        # 16-bit rows not 16-element aligned (width or row stride) stream (cfg.MISALIGNED_STREAM): the persistent
+        # kernel's cp.async needs 16-byte vectors, the TMA kernel 16-byte row strides
+        misaligned = cfg.MISALIGNED_STREAM and elem == 2 and inner == 1 and sxc == 1 and bool(C % 16 or sxo % 16)
+        hold = cfg.tma_hold_config(C, elem) if has_grad and persist_ok and not (soft or smooth or misaligned) else None
+        wide_default = 4 if hold is not None else 1 if misaligned else cfg.WIDE_MODE.get(elem, 1)
         wide = get_override("cross_entropy", "wide_mode", wide_default) if not single else 1
         plan.tma_config = get_override("cross_entropy", "tma_config", hold if wide == 4 else None)
         if wide not in (1, 2, 3, 4):

@@ -55,6 +55,13 @@ WIDE_MODE = {2: 3, 4: 1}
 #   two 4-warp CTAs 0.75 / 0.79; three 8-warp 0.74-0.76 / 0.78-0.79; 4 KB chunks 0.75 / 0.79; plain stores a tie.
 #   Wider rows do not fit three CTAs: at 50,304 two CTAs an SM with a 13- or 25-chunk ring read 0.21-0.40.
 TMA_HOLD = {2: ((32768, (16, 256, 8, 1, 4, 3, 1, 1, 1)),)}
+# 16-bit rows whose class count or row stride is not a multiple of 16 elements stream (WIDE_MODE 1): no 16-byte
+# vectors there, so the persistent kernel's cp.async degrades.  H200, session 23, 8,192 bf16 rows, fwd + bwd, do_bench /
+# graph (issue10/run30_l/ce_odd.txt): 50,257 stream 0.504 / 0.515 against the persistent default's 0.280 / 0.284
+# (split 0.32, persistent in registers 0.32, stream 8K x 16 0.44); 30,522 0.506 / 0.527 against 0.288 / 0.294;
+# 100,277 0.497 / 0.502 against 0.276 / 0.277; 32,001 0.518 / 0.537 against 0.289 / 0.294 (run30_k: 32,008 0.29 too;
+# aligned widths 0.66-0.80).
+MISALIGNED_STREAM = True
 
 
 def tma_hold_config(C: int, elem: int):

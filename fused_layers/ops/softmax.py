@@ -89,6 +89,7 @@ from ._rowsync import (
 )
 from .softmax_config import (  # noqa: F401
     MAX_SINGLE_BLOCK,
+    MISALIGNED_PIECEWISE,
     PERSIST_HOLD_MIN_N,
     PERSIST_MAX_SINGLE_BLOCK,
     WIDE_MODE,
@@ -637,6 +638,28 @@ _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
 
 
+def rows_misaligned(shape, strides, dim: int, elem: int) -> bool:
+    """16-bit rows with unit column stride whose width or row stride (of any input, in elements) is not a multiple
+    of 16: their loads cannot be 16-byte vectors (Triton knows an integer's divisibility by 16 only), and the
+    persistent kernels' cp.async then degrades to 4-byte copies or none.  (A row copied to a contiguous buffer first
+    has the width as its stride.)  False for other dtypes and for strided columns."""
+    if elem != 2 or not len(shape):
+        return False
+    n = shape[dim]
+    if n % 16:
+        return True
+    for st in strides:
+        v = _row_strides(shape, st, dim)
+        if v is None:
+            continue  # copied: rows n apart
+        _, inner, so, _, sc = v
+        if inner != 1 or sc != 1:
+            return False
+        if so % 16:
+            return True
+    return False
+
+
 def _max_single_block(elem: int, direction: str, persist_ok: bool) -> int:
     """The widest row (padded) a single-block program takes: MAX_SINGLE_BLOCK, or less where the persistent
     kernels, which only eager calls take, beat the single block (softmax_config.PERSIST_MAX_SINGLE_BLOCK)."""
@@ -669,7 +692,12 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     fwd = len(strides) == 1
     n_pow2 = next_power_of_2(shape[dim] if len(shape) else 1)
     packed = _packed_config(n_pow2, str(dtype)[6:]) if fwd and persist_ok else None  # eager bf16 forwards (config)
-    wide = n_pow2 > _max_single_block(elem, "fwd" if fwd else "bwd", persist_ok) and packed is None
+    # 16-bit forward rows not 16-element aligned take the piece-wise kernels, as traced calls do (softmax_config.
+    # MISALIGNED_PIECEWISE: the persistent form's cp.async needs aligned 16-byte vectors)
+    # (an explicit wide_mode override wins)
+    persist_rows = persist_ok and not (fwd and MISALIGNED_PIECEWISE and get_override("softmax", "wide_mode", None) is None
+                                       and rows_misaligned(shape, strides, dim, elem))
+    wide = n_pow2 > _max_single_block(elem, "fwd" if fwd else "bwd", persist_rows) and packed is None
     twin_key = key[:4] + (not persist_ok,) + key[5:]
     twin = _PLANS.get(twin_key)
     if twin is not None and not twin.wide and not wide and packed is None and not twin.packed:
@@ -705,7 +733,7 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m,
                              BLOCK_N=n_pow2, num_warps=warps, **extra)
     elif (mode := get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0))) in (2, 3) \
-            and persist_ok:
+            and persist_rows:
         # mode 3: the TMA kernels of ops/softmax_gluon.py for rows they take (softmax over the last dim of rows with
         # unit column stride, on an sm_90 GPU; checked per call), else the persistent kernels.
         plan.tma = inner == 1 and mode == 3

@@ -63,6 +63,12 @@ WIDE_EVICT = 0
 # over the last dim on an sm_90 GPU, else mode 2.  Session 15 (issue10/run22_b/): correct, and slower everywhere (bf16
 # forward 0.19-0.37 of copy against 0.78-0.81, backward 0.21-0.39 against 0.90-0.93).
 WIDE_MODE = {("fwd", 2): 2, ("bwd", 2): 2, ("fwd", 4): 2, ("bwd", 4): 2}
+# 16-bit forward rows whose width or row stride is not a multiple of 16 elements (softmax.rows_misaligned: no 16-byte
+# vectors, so the SMEM-pipelined persistent form's cp.async degrades) take the piece-wise kernels (mode 0).  H200,
+# session 23 (issue10/run30_m/sm_odd.txt), bf16 forward, 2^26 elements, do_bench / graph: 50,257 piece-wise 0.443 /
+# 0.459 against the persistent form's 0.366 / 0.383 (its register form 0.364 / 0.374); 32,001 0.507 / 0.521 against
+# 0.398 / 0.412; 100,277 0.470 / 0.487 against 0.356 / 0.371.  (Aligned rows: 0.78-0.81 persistent.)
+MISALIGNED_PIECEWISE = True
 # Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM).
 # (16-bit: at most 16 per SM, as swept: the compiled binary's occupancy binds first.)
 _PERSIST = {("fwd", 2): (4096, 4, 16), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4096, 4, 16), ("bwd", 4): (4096, 4, 8)}
