@@ -133,6 +133,7 @@ def test_misaligned_rows_take_the_piecewise_forward(device):
     assert sm.rows_misaligned(torch.Size([2, 50304]), ((50312, 1),), 1, 2)  # aligned width, row stride 8 mod 16
     assert not sm.rows_misaligned(torch.Size([2, 50304]), ((50304, 1),), 1, 2)
     assert not sm.rows_misaligned(torch.Size([2, 50257]), ((50257, 1),), 1, 4)  # float32: unchanged
+    assert not sm.rows_misaligned(torch.Size([2, 50257, 3]), ((150771, 3, 1),), 1, 2)  # strided columns: unchanged
     assert not persistent(50257) and not persistent(32001) and not persistent(50304, stride=50312)
     assert persistent(50304) and persistent(65536) and persistent(50257, torch.float32)
     assert persistent(50257, fwd=False)  # the backward: not measured misaligned, unchanged

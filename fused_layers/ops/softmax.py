@@ -646,18 +646,17 @@ def rows_misaligned(shape, strides, dim: int, elem: int) -> bool:
     if elem != 2 or not len(shape):
         return False
     n = shape[dim]
-    if n % 16:
-        return True
+    row_strides = []
     for st in strides:
         v = _row_strides(shape, st, dim)
         if v is None:
-            continue  # copied: rows n apart
+            row_strides.append(n)  # copied: rows n apart
+            continue
         _, inner, so, _, sc = v
         if inner != 1 or sc != 1:
-            return False
-        if so % 16:
-            return True
-    return False
+            return False  # strided columns: no vectors either way (routing unchanged)
+        row_strides.append(so)
+    return bool(n % 16) or any(so % 16 for so in row_strides)
 
 
 def _max_single_block(elem: int, direction: str, persist_ok: bool) -> int:
