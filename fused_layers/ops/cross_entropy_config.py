@@ -63,13 +63,6 @@ TMA_HOLD = {2: ((32768, (16, 256, 8, 1, 4, 3, 1, 1, 1)),)}
 # aligned widths 0.66-0.80).
 MISALIGNED_STREAM = True
 
-
-def tma_hold_config(C: int, elem: int):
-    """The TMA_HOLD launch tuple for C classes of ``elem``-byte logits, or None."""
-    for widest, config in TMA_HOLD.get(elem, ()):
-        if C <= widest and C % config[1] == 0:
-            return config
-    return None
 # element size -> ((widest C, BLOCK_N, num_warps, STAGES), ...): the first entry with C <= widest C (None: any).
 # STAGES > 1 software-pipelines the chunk loops (tl.range num_stages: cp.async into shared memory; the
 # register prefetch is then off); a plain range loop (STAGES = 1) keeps at most STREAM_PREFETCH chunks in
@@ -134,3 +127,11 @@ def stream_config(C: int, elem: int) -> tuple[int, int, int]:
         if widest is None or C <= widest:
             return block_n, warps, stages
     raise AssertionError("the last STREAM entry takes any width")
+
+
+def tma_hold_config(C: int, elem: int):
+    """The TMA_HOLD launch tuple for C classes of ``elem``-byte logits, or None."""
+    for widest, config in TMA_HOLD.get(elem, ()):
+        if C <= widest and C % config[1] == 0:
+            return config
+    return None

@@ -694,8 +694,8 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     # 16-bit forward rows not 16-element aligned take the piece-wise kernels, as traced calls do (softmax_config.
     # MISALIGNED_PIECEWISE: the persistent form's cp.async needs aligned 16-byte vectors)
     # (an explicit wide_mode override wins)
-    persist_rows = persist_ok and not (fwd and MISALIGNED_PIECEWISE and get_override("softmax", "wide_mode", None) is None
-                                       and rows_misaligned(shape, strides, dim, elem))
+    persist_rows = persist_ok and not (fwd and MISALIGNED_PIECEWISE and get_override("softmax", "wide_mode", None)
+                                       is None and rows_misaligned(shape, strides, dim, elem))
     wide = n_pow2 > _max_single_block(elem, "fwd" if fwd else "bwd", persist_rows) and packed is None
     twin_key = key[:4] + (not persist_ok,) + key[5:]
     twin = _PLANS.get(twin_key)
