@@ -195,7 +195,7 @@ def test_gpu_tma_hold_default(M, C, dtype, weighted, monkeypatch):
             xr = x.detach().requires_grad_()
             loss = fused_cross_entropy(xr, t, weight=w, reduction=reduction)
             (loss.sum() if reduction == "none" else loss).backward()
-            assert calls == ([] if reduction == "none" else [SG_HOLD()]), (name, reduction, calls)
+            assert calls == ([] if reduction == "none" else [_hold_config()]), (name, reduction, calls)
             xf = x.detach().float().requires_grad_()
             ref = torch.nn.functional.cross_entropy(xf, t, weight=None if w is None else w.float(), reduction=reduction)
             (ref.sum() if reduction == "none" else ref).backward()
@@ -216,7 +216,7 @@ def test_gpu_tma_hold_default(M, C, dtype, weighted, monkeypatch):
     torch.testing.assert_close(xr.grad.float(), xf.grad, equal_nan=True)
 
 
-def SG_HOLD():
+def _hold_config():
     from fused_layers.ops import cross_entropy_config as cfg
 
     return cfg.TMA_HOLD[2][0][1]
