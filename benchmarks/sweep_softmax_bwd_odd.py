@@ -3,7 +3,9 @@ default (persistent) against the piece-wise kernels (wide_mode 0); bf16, 2^26 el
 CUDA-graph replay, fraction of the 4.22 TB/s copy for two reads and one write; max error against float32 torch.
 
     python3 benchmarks/sweep_softmax_bwd_odd.py [N ...] > $OUT/sm_bwd_odd.txt
+    FORMS='{"vec8 off": {"misaligned_vec8": false}}' python3 ...   # the default, then these forms, then the default
 """
+import json
 import os
 import sys
 
@@ -23,7 +25,10 @@ for n in [int(a) for a in sys.argv[1:]] or [50257, 32001, 100277, 50304]:
     dy = torch.randn_like(y)
     ref = torch._softmax_backward_data(dy.float(), y.float(), 1, torch.float32)
     nb = 3 * y.numel() * y.element_size()
-    for label, cfg in (("default", {}), ("piece-wise (wide_mode=0)", dict(wide_mode=0)), ("default again", {})):
+    forms = {"piece-wise (wide_mode=0)": dict(wide_mode=0)}
+    if os.environ.get("FORMS"):
+        forms = json.loads(os.environ["FORMS"])
+    for label, cfg in (("default", {}), *forms.items(), ("default again", {})):
         with config_override("softmax", **cfg):
             f = lambda: softmax_backward(y, dy, 1)  # noqa: E731
             err = (f().float() - ref).abs().max().item()

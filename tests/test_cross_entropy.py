@@ -136,8 +136,9 @@ def test_tma_hold_routing():
     """16-bit rows that fit the TMA kernel's ring (cross_entropy_config.TMA_HOLD: C <= 32,768, a multiple of 256) plan
     WIDE_MODE 4 with the HOLD launch tuple and the persistent kernel behind it (taken where the TMA kernel declines
     the call: no sm_90 GPU, a layout it does not take); wider or ragged rows, float32, smoothing, probabilities,
-    no gradient and traced calls (persist_ok False) do not; 16-bit rows not 16-element aligned stream
-    (cross_entropy_config.MISALIGNED_STREAM); an explicit wide_mode wins."""
+    no gradient and traced calls (persist_ok False) do not; 16-bit rows not 16-element aligned take the persistent
+    kernel's VEC8 form (cross_entropy_config.MISALIGNED_VEC8) where the gradient's rows share their offsets mod 8, else
+    stream (MISALIGNED_STREAM); an explicit wide_mode wins."""
     from fused_layers.ops import cross_entropy as ce
     from fused_layers.ops import cross_entropy_config as cfg
 
@@ -157,11 +158,18 @@ def test_tma_hold_routing():
     for c in (50304, 131072):
         p = plan(c)
         assert not p.tma and p.tma_config is None and p.persist is not None  # the persistent default
-    for c in (32001, 30522, 50257, 32008):  # not 16-element aligned (cfg.MISALIGNED_STREAM): the stream
+    for c in (32001, 30522, 50257, 32008):  # not 16-element aligned: the persistent kernel's VEC8 form
         p = plan(c)
-        assert not p.tma and p.persist is None and p.kernel is not None, c
-    ce._PLANS.clear()  # a sliced 32,000-class view of 32,008-wide rows: the row stride is misaligned
+        assert not p.tma and p.persist is not None and p.persist["VEC8"] and p.splits * p.piece >= c + 7, c
+        assert p.persist["STAGES"] > 1 and not p.persist["LEAN"]
+        with config_override("cross_entropy", misaligned_vec8=False):  # off: the stream (cfg.MISALIGNED_STREAM)
+            p = plan(c)
+            assert not p.tma and p.persist is None and p.kernel is not None, c
+    ce._PLANS.clear()  # a sliced 32,000-class view of 32,008-wide rows: the row stride is misaligned, the gradient's
     p = ce._plan((64, 32000), (32008, 1), None, torch.bfloat16, False, False, False, -100, True, False, True, True)
+    assert not p.tma and p.persist["VEC8"]  # rows (32,000 apart) share the logits' offsets mod 8
+    ce._PLANS.clear()  # 32,003 apart: they do not, so the stream
+    p = ce._plan((64, 32000), (32003, 1), None, torch.bfloat16, False, False, False, -100, True, False, True, True)
     assert not p.tma and p.persist is None
     assert plan(50257, dtype=torch.float32).persist is None  # float32 streams anyway (WIDE_MODE)
     assert not plan(32000, dtype=torch.float32).tma
@@ -171,10 +179,50 @@ def test_tma_hold_routing():
         p = plan(32000)
         assert not p.tma and p.persist is not None
         assert plan(50257).persist is not None  # an explicit wide_mode wins over the misaligned rule
+    with config_override("cross_entropy", wide_mode=1):
+        assert plan(50257).persist is None
     with config_override("cross_entropy", wide_mode=4):  # asked for: the TMA kernel's own default launch tuple
         p = plan(50304)
         assert p.tma and p.tma_config is None
     ce._PLANS.clear()
+
+
+# Small VEC8 pieces under the interpreter: 16-column pieces (persist_stages is forced to >= 2 for VEC8 rows anyway).
+VEC8 = dict(max_single=16, wide_mode=3, persist_block=16, persist_stages=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("c,pad", [(17, 0), (45, 0), (53, 8), (40, 0), (33, 16)])
+def test_vec8_rows(c, pad, dtype, device):
+    """The persistent kernel's VEC8 form (16-bit rows at any alignment: whole 16-byte vectors on the row's window, the
+    head and tail columns as edge lanes): row offsets cycling through every value mod 8, targets in the head, the tail
+    and the last column, an ignored row, class weights, every reduction, against float64 F.cross_entropy."""
+    from fused_layers.ops import cross_entropy as ce
+
+    x = (torch.randn(9, c + pad, device=device, dtype=dtype) * 4)[:, :c]
+    t = torch.randint(0, c, (9,), device=device)
+    t[1], t[2], t[3], t[4] = 0, c - 1, -100, 2  # row 1 starts c mod 8 into a vector: column 0 is a head column
+    with config_override("cross_entropy", **VEC8):
+        ce._PLANS.clear()
+        _check(x, t)
+        _check(x, t, reduction="none", weight=torch.rand(c, device=device, dtype=dtype))
+        _check(x, t, reduction="sum")
+        assert [p.persist["VEC8"] for p in ce._PLANS.values() if p.persist is not None] == [True] * 3
+
+
+def test_vec8_special_values(device):
+    """VEC8 rows with -inf / +inf / NaN logits in the head, the tail and the body, a row all -inf, an all-ignored
+    batch: as torch (NaN rows where torch has them)."""
+    x = torch.randn(6, 45, device=device, dtype=torch.bfloat16) * 3
+    x[1, 0] = float("-inf")  # row 1 starts 5 into a vector: columns 0-2 are its head
+    x[2, 44] = float("inf")  # a tail column
+    x[3, 20] = float("nan")
+    x[4, :] = float("-inf")
+    x[5, 1] = float("inf")
+    t = torch.tensor([3, 7, 1, 0, 9, 1], device=device)
+    with config_override("cross_entropy", **VEC8):
+        _check(x, t, reduction="none")
+        _check(x, torch.full_like(t, -100))
 
 
 def test_persistent_smem_many_pieces(device):
@@ -474,6 +522,28 @@ def test_gpu_wide_row_kernels(c, mode):
         _check(x, t, label_smoothing=0.1)  # (smoothing streams: the persistent modes take the two checks below)
         _check(x, t)
         _check(x.float(), t, reduction="none", weight=torch.rand(c, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("c,pad", [(50257, 0), (30522, 0), (32001, 0), (100277, 0), (262143, 0), (50257, 8),
+                                   (32000, 8), (50257, 3)])
+def test_gpu_vec8_rows(c, pad, dtype):
+    """Misaligned 16-bit rows at real vocabulary sizes (GPT-2's 50,257, BERT's 30,522, cl100k's 100,277) through the
+    default routes (the persistent kernel's VEC8 form; a row stride not congruent to the gradient's, pad 3, streams):
+    more rows than row groups, every row offset mod 8, targets at column 0 and C - 1, ignored rows, weights,
+    -inf / +inf logits and an all -inf row."""
+    m = 512
+    x = (torch.randn(m, c + pad, device="cuda", dtype=dtype) * 2)[:, :c]
+    t = torch.randint(0, c, (m,), device="cuda")
+    t[::7] = -100
+    t[1], t[2], t[9] = 0, c - 1, 1
+    _check(x, t)
+    _check(x, t, reduction="sum", weight=torch.rand(c, device="cuda", dtype=dtype))
+    x[1, 0] = float("-inf")
+    x[2, c - 1] = float("inf")
+    x[4, :] = float("-inf")
+    _check(x, t, reduction="none")
 
 
 @pytest.mark.gpu

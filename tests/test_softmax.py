@@ -118,33 +118,91 @@ def test_persistent_form_by_width():
         assert form(100003) == (2048, 1)
 
 
-def test_misaligned_rows_take_the_piecewise_forward(device):
-    """softmax_config.MISALIGNED_PIECEWISE: eager 16-bit forward rows whose width or row stride is not a multiple of 16
-    elements take the piece-wise kernels (the persistent form's cp.async needs 16-byte vectors); aligned rows, float32,
-    the backward and an explicit wide_mode keep theirs; the answers stay right (a ragged width, a sliced row)."""
+def test_misaligned_rows_routing(device):
+    """16-bit rows whose width or row stride is not a multiple of 16 elements (softmax.rows_misaligned): eager forward
+    and backward rows whose inputs share the output's offsets mod 8 (softmax.rows_share_window) take the persistent
+    kernels' VEC8 form (softmax_config.MISALIGNED_VEC8); other such forward rows take the piece-wise kernels
+    (MISALIGNED_PIECEWISE); aligned rows, float32 and strided columns keep their routes; an explicit wide_mode wins."""
     from fused_layers.ops import softmax as sm
 
-    def persistent(n, dtype=torch.bfloat16, stride=None, fwd=True):
+    def plan(n, dtype=torch.bfloat16, stride=None, fwd=True, dy_stride=None):
         sm._PLANS.clear()
-        st = ((stride or n, 1),) if fwd else ((stride or n, 1), (n, 1))
-        return sm._plan(torch.Size([2, n]), st, dtype, 1, True).persist is not None
+        st = ((stride or n, 1),) if fwd else ((stride or n, 1), (dy_stride or n, 1))
+        return sm._plan(torch.Size([2, n]), st, dtype, 1, True)
+
+    def vec8(p):
+        return p.persist is not None and bool(p.persist[2].get("VEC8"))
 
     assert sm.rows_misaligned(torch.Size([2, 50257]), ((50257, 1),), 1, 2)
     assert sm.rows_misaligned(torch.Size([2, 50304]), ((50312, 1),), 1, 2)  # aligned width, row stride 8 mod 16
     assert not sm.rows_misaligned(torch.Size([2, 50304]), ((50304, 1),), 1, 2)
     assert not sm.rows_misaligned(torch.Size([2, 50257]), ((50257, 1),), 1, 4)  # float32: unchanged
     assert not sm.rows_misaligned(torch.Size([2, 50257, 3]), ((150771, 3, 1),), 1, 2)  # strided columns: unchanged
-    assert not persistent(50257) and not persistent(32001) and not persistent(50304, stride=50312)
-    assert persistent(50304) and persistent(65536) and persistent(50257, torch.float32)
-    assert persistent(50257, fwd=False)  # the backward: not measured misaligned, unchanged
-    with config_override("softmax", wide_mode=2):
-        assert persistent(50257)
+    assert sm.rows_share_window(torch.Size([2, 50257]), ((50265, 1), (50257, 1)), 1)
+    assert not sm.rows_share_window(torch.Size([2, 50257]), ((50257, 1), (50260, 1)), 1)
+    for n, stride in ((50257, None), (32001, None), (100277, None), (50304, 50312), (50257, 50265)):
+        p = plan(n, stride=stride)
+        assert vec8(p) and p.splits * p.ints[-1] >= n + 7, (n, stride)  # pieces cover the row's window
+        pb = plan(n, stride=stride, fwd=False)
+        assert vec8(pb) or not pb.wide, (n, stride)  # (the 16-bit backward's single block takes rows to 64K)
+    p = plan(50257, stride=50260)  # a row stride not congruent to the output's: piece-wise forward
+    assert p.persist is None and p.wide
+    p = plan(50257, fwd=False, dy_stride=50260)  # ... the backward keeps its plain persistent form
+    assert p.persist is not None and not vec8(p)
+    assert not vec8(plan(50304)) and plan(50304).persist is not None  # aligned rows: unchanged
+    assert not vec8(plan(50257, torch.float32)) and plan(50257, torch.float32).persist is not None
+    with config_override("softmax", misaligned_vec8=False):  # off: session 23's routes
+        assert plan(50257).persist is None and plan(50257, fwd=False).persist is not None
+        assert not vec8(plan(50257, fwd=False))
+    with config_override("softmax", wide_mode=0):  # an explicit wide_mode wins
+        assert plan(50257).persist is None and plan(50257, fwd=False).persist is None
     sm._PLANS.clear()
     # right answers on the piece-wise route (small shapes under the interpreter: the rule is the same at any width)
-    with config_override("softmax", max_single_block=64, persist_max_single_block=64):
+    with config_override("softmax", max_single_block=64, persist_max_single_block=64, misaligned_vec8=False):
         x = torch.randn(5, 203, device=device, dtype=torch.bfloat16) * 4
         _check(x, -1)
         _check(torch.randn(5, 224, device=device, dtype=torch.bfloat16)[:, :201], -1)
+
+
+# Small VEC8 pieces under the interpreter: 16-column pieces, so a row of n columns spans ceil((n + 7) / 16) pieces.
+VEC8 = dict(max_single_block=8, persist_max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,pad", [(17, 0), (45, 0), (53, 8), (40, 0), (11, 0), (9, 16)])
+def test_vec8_rows(n, pad, dtype, device):
+    """The VEC8 persistent forms (rows at any 2-byte alignment read and written as whole 16-byte vectors on the row's
+    window, the head and tail columns as edge lanes): ragged widths, rows whose offsets cycle through every value mod
+    8 (a width of 45 or 53 + 8), a width of 40 (8 mod 16: no edge on aligned rows), rows narrower than a vector;
+    forward and backward against float64, with dy sliced from a wider buffer as well."""
+    from fused_layers.ops import softmax as sm
+
+    x = (torch.randn(9, n + pad, device=device, dtype=dtype) * 4)[:, :n]
+    with config_override("softmax", **VEC8):
+        sm._PLANS.clear()
+        _check(x, -1)
+        assert [p.persist[2].get("VEC8") for p in sm._PLANS.values() if p.persist is not None] == [True, True]
+        y = fused_softmax(x, -1)
+        dy = (torch.randn(9, n + 8, device=device, dtype=dtype))[:, :n]  # row stride n + 8: the same window
+        dx = sm.softmax_backward(y, dy, 1)
+    yd, dyd = y.double(), dy.double()
+    torch.testing.assert_close(dx.double(), yd * (dyd - (yd * dyd).sum(-1, keepdim=True)), atol=TOL[dtype][0],
+                               rtol=TOL[dtype][1])
+
+
+def test_vec8_special_values(device):
+    """VEC8 rows with -inf / +inf / NaN in the head, the tail and the body, and a row all -inf: as torch.softmax."""
+    x = torch.randn(6, 53, device=device, dtype=torch.float16) * 3
+    x[0, 0] = float("-inf")  # the head (row 0 starts on a vector: no head; row 1 starts 5 into one)
+    x[1, 1] = float("-inf")
+    x[1, 52] = float("-inf")  # the tail
+    x[2, 20] = float("inf")
+    x[3, 51] = float("nan")
+    x[4, :] = float("-inf")
+    x[5, 2] = float("inf")  # +inf in the head
+    with config_override("softmax", **VEC8):
+        y = fused_softmax(x, -1)
+    torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), equal_nan=True, atol=2e-3, rtol=2e-3)
 
 
 def test_wide_persistent_smem_many_pieces(device):
@@ -408,6 +466,25 @@ def test_gpu_wide_persistent(n, dtype, block):
         over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
     with config_override("softmax", **over):
         _check(torch.randn(m, n, device="cuda", dtype=dtype) * 3, -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,pad", [(50257, 0), (32001, 0), (100277, 0), (30522, 0), (262143, 0), (50257, 8),
+                                   (50304, 8), (50257, 3)])
+def test_gpu_vec8_rows(n, pad, dtype):
+    """Misaligned 16-bit rows at real vocabulary widths through the default routes (the VEC8 persistent forms; a row
+    stride not congruent to the output's, pad 3, takes the piece-wise forward): more rows than row groups, every row
+    offset mod 8, forward and backward against float64."""
+    m = max(1, min(512, 2**24 // n))
+    x = (torch.randn(m, n + pad, device="cuda", dtype=dtype) * 3)[:, :n]
+    x[1, 0] = float("-inf")
+    x[2, n - 1] = float("inf")
+    x[3, :] = float("-inf")
+    y = fused_softmax(x, -1)
+    torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), equal_nan=True, atol=TOL[dtype][0],
+                               rtol=TOL[dtype][1])
+    _check(x[4:], -1)
 
 
 @pytest.mark.gpu

@@ -207,6 +207,61 @@ def load_piece(BASE, r, M, INNER, so, si, sc, c64, cm, other):
     return tl.load(piece_ptrs(BASE, r, INNER, so, si, sc, c64), mask=cm & (c64 * 0 + r < M), other=other)
 
 
+# --------------------------------------------------------------------------------------------------
+# VEC8 pieces: 16-bit rows at any alignment, read and written as whole 16-byte vectors
+# --------------------------------------------------------------------------------------------------
+# Triton vectorizes a load (and the pipeliner's cp.async) only where it can prove 16-byte alignment: a row whose
+# first element sits at an offset that is not a multiple of 8 elements (a width or row stride not a multiple of 8:
+# 50,257, 30,522, 32,001) gets 2- or 4-byte accesses, at half the rate of aligned rows.  A VEC8 piece is laid out
+# on the row's *window*: window position w is element (off // 8) * 8 + w of the buffer, so every 8 positions are
+# one 16-byte vector, and column c of the row (first element at ``off``) is position c + d, d = off % 8.  A piece
+# covers the positions [start, start + PIECE) and keeps the whole vectors that lie inside the row,
+# [ceil8(d), floor8(d + N)) (``vec_piece``: the mask is constant over each vector, so the access stays 16 bytes
+# wide); the at most 7 columns before the first whole vector (the head) and 7 after the last (the tail) are a
+# separate 16-lane tensor (``edge_cols``) which the row's first piece reads and writes.  The pieces of a row
+# cover its N + 7 positions (SPLITS * PIECE >= N + 7).  Outputs written through the same window need the same
+# d: their row offsets congruent to the input's modulo 8 (the host checks).
+@triton.jit
+def vec_piece(off, N, start, PIECE, BLOCK_N: tl.constexpr):
+    """A VEC8 piece of the row whose first element is at element offset ``off`` (int64, unit column stride) of its
+    buffer: (d, w, body): d = off % 8; w [BLOCK_N] int64 the window positions start + j (column w - d); body the
+    mask of the whole 16-byte vectors of the row in [start, start + PIECE)."""
+    d = off % 8
+    w = start + tl.arange(0, BLOCK_N).to(tl.int64)
+    lo = ((d + 7) // 8) * 8  # the first whole vector (a multiple of 8: the mask is constant over each vector)
+    hi = ((d + N) // 8) * 8  # past the last one
+    return d, w, (w >= lo) & (w < hi) & (w < start + PIECE)
+
+
+@triton.jit
+def vec_ptrs(BASE, off, w):
+    """Pointers to window positions ``w`` of the row at element offset ``off`` of BASE: 16-byte aligned vectors
+    (where BASE is) that Triton can see: ``(off // 8) * 8`` is a multiple of 8."""
+    return BASE + (off // 8) * 8 + w
+
+
+@triton.jit
+def edge_cols(d, N, piece):
+    """The columns of a VEC8 row outside its whole vectors, as 16 lanes: lanes 0-7 the head (columns below
+    ceil8(d) - d), lanes 8-15 the tail (columns from floor8(d + N) - d up to N - 1); (columns int64 [16], mask),
+    masked off unless ``piece`` is 0 (the row's first piece reads and writes them)."""
+    j = tl.arange(0, 16).to(tl.int64)
+    tail = ((d + N) // 8) * 8 - d
+    c = tl.where(j < 8, j, tail + j - 8)
+    m = ((j < 8) & (j < ((d + 7) // 8) * 8 - d)) | ((j >= 8) & (c < N))
+    return c, m & (c < N) & (j * 0 + piece == 0)  # (a vector mask: the interpreter takes no vector & scalar)
+
+
+@triton.jit
+def max_sum2(x, xe):
+    """(max, sum of exp(v - max)) over a piece x and its edge lanes xe (float32, -inf where masked)."""
+    m_p = tl.maximum(tl.max(x, axis=0), tl.max(xe, axis=0))
+    m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
+    s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0) + \
+        tl.sum(tl.exp2((xe - m_ps) * 1.4426950408889634), axis=0)
+    return m_p, s_p
+
+
 @triton.jit
 def wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     """Wait for a row's (max, sum of exp(x - max)) words (``pack_pair``) and combine them: the row's
@@ -385,5 +440,5 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
     return splits, piece
 
 
-__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "persistent_groups",
+__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_piece", "vec_ptrs", "edge_cols", "max_sum2", "persistent_groups",
            "interpreter_groups", "programs_per_sm", "bind_persistent", "balanced_pieces"]

@@ -62,6 +62,10 @@ TMA_HOLD = {2: ((32768, (16, 256, 8, 1, 4, 3, 1, 1, 1)),)}
 # 100,277 0.497 / 0.502 against 0.276 / 0.277; 32,001 0.518 / 0.537 against 0.289 / 0.294 (run30_k: 32,008 0.29 too;
 # aligned widths 0.66-0.80).
 MISALIGNED_STREAM = True
+# Such rows whose gradient can share their offsets mod 8 (row stride - C a multiple of 8: contiguous logits) take
+# the persistent kernel's VEC8 form instead (session 24): pieces laid on the row's window of whole 16-byte vectors,
+# its at most 7 + 7 unaligned head and tail columns as a separate 16-lane tensor (ops/_rowsync.py).
+MISALIGNED_VEC8 = True
 
 # element size -> ((widest C, BLOCK_N, num_warps, STAGES), ...): the first entry with C <= widest C (None: any).
 # STAGES > 1 software-pipelines the chunk loops (tl.range num_stages: cp.async into shared memory; the

@@ -71,8 +71,11 @@ from ._library import FusedOp, Kernel
 from ._rowsync import (
     balanced_pieces,
     bind_persistent,
+    edge_cols,
     load_hint,
     load_piece,
+    max_sum2,
+    pack_pair,
     piece_exp_scaled,
     pack_flagged,
     publish_max_sum,
@@ -86,10 +89,13 @@ from ._rowsync import (
     wait_row_max_sum,
     wait_row_max_sum_call,
     wait_row_sum_call,
+    vec_piece,
+    vec_ptrs,
 )
 from .softmax_config import (  # noqa: F401
     MAX_SINGLE_BLOCK,
     MISALIGNED_PIECEWISE,
+    MISALIGNED_VEC8,
     PERSIST_HOLD_MIN_N,
     PERSIST_MAX_SINGLE_BLOCK,
     WIDE_MODE,
@@ -352,6 +358,9 @@ def _softmax_fwd_persist_kernel(
                                  # both waited for), half the exchanges per byte (candidate, persist_pair)
     HOLD: tl.constexpr = False,  # with STAGES > 1: as LAG, row k - 1 written after row k is published, but from its
                                  # piece held in registers since the last iteration (persist_hold; lost forward)
+    VEC8: tl.constexpr = False,  # with STAGES > 1 (no other option): 16-bit rows at any alignment (unit column
+                                 # stride), pieces on the row's window of whole 16-byte vectors, the head and tail as
+                                 # edge lanes (ops/_rowsync.py; SPLITS * PIECE >= N + 7; Y's row offsets = X's mod 8)
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
@@ -383,6 +392,36 @@ def _softmax_fwd_persist_kernel(
     diagnostic (issue10/run18_b/softmax_lean.log) puts the exchange's cost in the bf16 forward at 256K (0.76 without
     it against 0.67-0.70) and the backward at 256K (0.86 against 0.75), not below 128K."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
+    if STAGES > 1 and VEC8:
+        # The edge lanes (2-byte loads: no cp.async) are loaded a row ahead, in registers, off the row's critical path.
+        rn = tl.cast(group, tl.int64)
+        offn = (rn // INNER) * sxo + (rn % INNER) * sxi
+        ecn, emn = edge_cols(offn % 8, N, piece)
+        xe_next = tl.load(X + offn + ecn, mask=emn, other=-float("inf"))
+        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            off = (r // INNER) * sxo + (r % INNER) * sxi  # the row's first element
+            d, w, body = vec_piece(off, N, start, PIECE, BLOCK_N)
+            # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+            x = tl.load(vec_ptrs(X, off, w), mask=body, other=-float("inf"))  # whole 16-byte vectors
+            ec, em = edge_cols(d, N, piece)  # the head and tail columns: the row's first piece
+            xe = xe_next.to(tl.float32)
+            rn = r + GROUPS
+            offn = (rn // INNER) * sxo + (rn % INNER) * sxi
+            ecn, emn = edge_cols(offn % 8, N, piece)
+            xe_next = tl.load(X + offn + ecn, mask=emn & (ecn * 0 + rn < M), other=-float("inf"))
+            if PHASE != 1:
+                m_p, s_p = max_sum2(x.to(tl.float32), xe)
+                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
+            if PHASE != 0:
+                # (a call, so that the loop stays pipelined; all -inf row: m = -inf, NaN below as torch)
+                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)
+                offy = (r // INNER) * syo + (r % INNER) * syi
+                y = piece_exp_scaled(x, x, 0.0, m, 1.0 / s, False)
+                tl.store(vec_ptrs(Y, offy, w), y.to(Y.dtype.element_ty), mask=body)
+                ye = piece_exp_scaled(xe, xe, 0.0, m, 1.0 / s, False)
+                tl.store(Y + offy + ec, ye.to(Y.dtype.element_ty), mask=em)
+        return
     if STAGES > 1 and (LAG or HOLD):
         xh = tl.full([BLOCK_N], -float("inf"), X.dtype.element_ty)  # HOLD: row k - 1's piece (iteration 0: unwritten)
         for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
@@ -494,10 +533,45 @@ def _softmax_bwd_persist_kernel(
     DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG OUTPUT: as in _softmax_fwd_persist_kernel (each
                                         # piece's own partial dot, no publish, no wait)
     HOLD: tl.constexpr = False,  # with STAGES > 1: as in _softmax_fwd_persist_kernel (row k - 1 from registers)
+    VEC8: tl.constexpr = False,  # with STAGES > 1 (no other option): as in _softmax_fwd_persist_kernel (Y's, DY's
+                                 # and DX's row offsets equal mod 8)
 ):
     """Wide-row backward, one read of y and dy, pipelined as _softmax_fwd_persist_kernel: publish row k's
     partial dot, load row k + 1, wait for row k - 1 and write its dx = y * (dy - dot)."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
+    if STAGES > 1 and VEC8:
+        # The edge lanes (2-byte loads: no cp.async) are loaded a row ahead, in registers, off the row's critical path.
+        rn = tl.cast(group, tl.int64)
+        offn = (rn // INNER) * syo + (rn % INNER) * syi
+        ecn, emn = edge_cols(offn % 8, N, piece)
+        ye_next = tl.load(Y + offn + ecn, mask=emn, other=0.0)
+        dye_next = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + ecn, mask=emn, other=0.0)
+        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            off = (r // INNER) * syo + (r % INNER) * syi  # the row's first element (of y; dy's and dx's: same d)
+            offd = (r // INNER) * sdo + (r % INNER) * sdi
+            d, w, body = vec_piece(off, N, start, PIECE, BLOCK_N)
+            # 0 where masked: the identity of the sum.  Whole 16-byte vectors.
+            y = tl.load(vec_ptrs(Y, off, w), mask=body, other=0.0).to(tl.float32)
+            dy = tl.load(vec_ptrs(DY, offd, w), mask=body, other=0.0).to(tl.float32)
+            ec, em = edge_cols(d, N, piece)  # the head and tail columns: the row's first piece
+            ye = ye_next.to(tl.float32)
+            dye = dye_next.to(tl.float32)
+            rn = r + GROUPS
+            offn = (rn // INNER) * syo + (rn % INNER) * syi
+            ecn, emn = edge_cols(offn % 8, N, piece)
+            emn = emn & (ecn * 0 + rn < M)
+            ye_next = tl.load(Y + offn + ecn, mask=emn, other=0.0)
+            dye_next = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + ecn, mask=emn, other=0.0)
+            if PHASE != 1:
+                publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y * dy, axis=0) + tl.sum(ye * dye, axis=0)),
+                        r < M)
+            if PHASE != 0:
+                dot = wait_row_sum_call(SLOTS + r * SPLITS, SPLITS)
+                offg = (r // INNER) * sgo + (r % INNER) * sgi
+                tl.store(vec_ptrs(DX, offg, w), (y * (dy - dot)).to(DX.dtype.element_ty), mask=body)
+                tl.store(DX + offg + ec, (ye * (dye - dot)).to(DX.dtype.element_ty), mask=em)
+        return
     if STAGES > 1 and (LAG or HOLD):
         yh = tl.zeros([BLOCK_N], Y.dtype.element_ty)  # HOLD: row k - 1's pieces (iteration 0: nothing written)
         dyh = tl.zeros([BLOCK_N], DY.dtype.element_ty)
@@ -659,6 +733,18 @@ def rows_misaligned(shape, strides, dim: int, elem: int) -> bool:
     return bool(n % 16) or any(so % 16 for so in row_strides)
 
 
+def rows_share_window(shape, strides, dim: int) -> bool:
+    """Every input's rows (of ``rows_misaligned`` rows: unit column stride, one row index) at offsets congruent modulo
+    8 elements to the contiguous output's (rows ``shape[dim]`` apart): the VEC8 persistent forms read and write every
+    row through one window (ops/_rowsync.py).  Inputs to be copied are (their copy is contiguous)."""
+    n = shape[dim]
+    for st in strides:
+        v = _row_strides(shape, st, dim)
+        if v is not None and (v[2] - n) % 8:
+            return False
+    return True
+
+
 def _max_single_block(elem: int, direction: str, persist_ok: bool) -> int:
     """The widest row (padded) a single-block program takes: MAX_SINGLE_BLOCK, or less where the persistent
     kernels, which only eager calls take, beat the single block (softmax_config.PERSIST_MAX_SINGLE_BLOCK)."""
@@ -691,11 +777,15 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     fwd = len(strides) == 1
     n_pow2 = next_power_of_2(shape[dim] if len(shape) else 1)
     packed = _packed_config(n_pow2, str(dtype)[6:]) if fwd and persist_ok else None  # eager bf16 forwards (config)
-    # 16-bit forward rows not 16-element aligned take the piece-wise kernels, as traced calls do (softmax_config.
-    # MISALIGNED_PIECEWISE: the persistent form's cp.async needs aligned 16-byte vectors)
+    # 16-bit rows not 16-element aligned take the persistent kernels' VEC8 form where every row shares the output's
+    # window (softmax_config.MISALIGNED_VEC8: whole 16-byte vectors); other such forward rows take the piece-wise
+    # kernels, as traced calls do (MISALIGNED_PIECEWISE: the plain persistent form's loads are 2 bytes wide there)
     # (an explicit wide_mode override wins)
+    misaligned = persist_ok and rows_misaligned(shape, strides, dim, elem)
+    vec8 = misaligned and bool(get_override("softmax", "misaligned_vec8", MISALIGNED_VEC8)) and \
+        rows_share_window(shape, strides, dim)
     persist_rows = persist_ok and not (fwd and MISALIGNED_PIECEWISE and get_override("softmax", "wide_mode", None)
-                                       is None and rows_misaligned(shape, strides, dim, elem))
+                                       is None and misaligned and not vec8)
     wide = n_pow2 > _max_single_block(elem, "fwd" if fwd else "bwd", persist_rows) and packed is None
     twin_key = key[:4] + (not persist_ok,) + key[5:]
     twin = _PLANS.get(twin_key)
@@ -738,14 +828,16 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.tma = inner == 1 and mode == 3
         # persistent pieces in registers (_softmax_*_persist_kernel): kernels bound at the first call
         block, warps, per_sm, stages = _persist_config(elem, "fwd" if fwd else "bwd", n_pow2)
-        splits, piece = balanced_pieces(n, block)
+        splits, piece = balanced_pieces(n + 7 if vec8 else n, block)  # (VEC8: the row's window, n + d <= n + 7)
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
         plan.splits = splits
         plan.kernel = None
         meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
-        if fwd and get_override("softmax", "persist_lean", False):  # candidate, not a default (see the kernel)
+        if vec8:  # the SMEM-pipelined form, no other option
+            meta.update(STAGES=max(stages, 2), VEC8=True)
+        elif fwd and get_override("softmax", "persist_lean", False):  # candidate, not a default (see the kernel)
             meta["LEAN"] = True
-        if stages > 1:  # the SMEM-pipelined form (else the key is left out: the register-pipelined kernel as before)
+        if stages > 1 and not vec8:  # the SMEM-pipelined form (else the key is left out: the register form as before)
             meta["STAGES"] = stages
             if get_override("softmax", "persist_lag", False):  # candidate, not a default (see the kernel)
                 meta["LAG"] = True

@@ -69,6 +69,10 @@ WIDE_MODE = {("fwd", 2): 2, ("bwd", 2): 2, ("fwd", 4): 2, ("bwd", 4): 2}
 # 0.459 against the persistent form's 0.366 / 0.383 (its register form 0.364 / 0.374); 32,001 0.507 / 0.521 against
 # 0.398 / 0.412; 100,277 0.470 / 0.487 against 0.356 / 0.371.  (Aligned rows: 0.78-0.81 persistent.)
 MISALIGNED_PIECEWISE = True
+# Such rows (forward and backward) whose inputs' row offsets are congruent to the contiguous output's modulo 8 take the
+# persistent kernels' VEC8 form instead (session 24): pieces on the row's window of whole 16-byte vectors, the at most
+# 7 + 7 unaligned head and tail columns as a separate 16-lane tensor (ops/_rowsync.py).
+MISALIGNED_VEC8 = True
 # Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM).
 # (16-bit: at most 16 per SM, as swept: the compiled binary's occupancy binds first.)
 _PERSIST = {("fwd", 2): (4096, 4, 16), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4096, 4, 16), ("bwd", 4): (4096, 4, 8)}
