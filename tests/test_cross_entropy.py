@@ -69,7 +69,9 @@ STREAM_PF2 = dict(max_single=16, block_n=16, prefetch=2)  # two chunks loaded ah
 STREAM_ST3 = dict(max_single=16, block_n=16, prefetch=0, lane_max=0, stages=3)  # chunk loops pipelined by Triton
 # every L2 hint on (evict_last / evict_first loads, streaming gradient stores)
 STREAM_L2 = dict(max_single=16, block_n=16, prefetch=0, lane_max=0, stages=3, evict=7)
-PERSIST = dict(max_single=16, wide_mode=3, persist_block=16)  # persistent: 16-column pieces held in registers
+# persistent: 16-column pieces held in registers (misaligned_vec8 off: 16-bit rows of these widths are misaligned, and
+# take the VEC8 form otherwise, tested on its own below)
+PERSIST = dict(max_single=16, wide_mode=3, persist_block=16, misaligned_vec8=False)
 PERSIST_LEAN = dict(PERSIST, persist_lean=True)  # the gradient from the statistics pass's exponentials
 PERSIST_SMEM = dict(PERSIST, persist_stages=3)  # SMEM-pipelined: one row in registers, the wait a function call
 PERSIST_SMEM_LAG = dict(PERSIST_SMEM, persist_lag=True)  # + row k - 1 written after row k is published (re-read)
@@ -188,7 +190,7 @@ def test_tma_hold_routing():
 
 
 # Small VEC8 pieces under the interpreter: 16-column pieces (persist_stages is forced to >= 2 for VEC8 rows anyway).
-VEC8 = dict(max_single=16, wide_mode=3, persist_block=16, persist_stages=3)
+VEC8 = dict(max_single=16, wide_mode=3, persist_block=16, persist_stages=3, misaligned_vec8=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -222,34 +222,40 @@ def load_piece(BASE, r, M, INNER, so, si, sc, c64, cm, other):
 # cover its N + 7 positions (SPLITS * PIECE >= N + 7).  Outputs written through the same window need the same
 # d: their row offsets congruent to the input's modulo 8 (the host checks).
 @triton.jit
-def vec_piece(off, N, start, PIECE, BLOCK_N: tl.constexpr):
+def vec_row(off, N, start, in_piece, BLOCK_N: tl.constexpr, WIN: tl.constexpr = 8):
     """A VEC8 piece of the row whose first element is at element offset ``off`` (int64, unit column stride) of its
-    buffer: (d, w, body): d = off % 8; w [BLOCK_N] int64 the window positions start + j (column w - d); body the
-    mask of the whole 16-byte vectors of the row in [start, start + PIECE)."""
-    d = off % 8
-    w = start + tl.arange(0, BLOCK_N).to(tl.int64)
-    lo = ((d + 7) // 8) * 8  # the first whole vector (a multiple of 8: the mask is constant over each vector)
-    hi = ((d + N) // 8) * 8  # past the last one
-    return d, w, (w >= lo) & (w < hi) & (w < start + PIECE)
+    buffer, on a window aligned to WIN elements (8: 16 bytes; 64: 128 bytes, whole cache lines): (d, woff, body):
+    d = off % WIN (column c is window position c + d); woff = off - d, the window's offset, which Triton knows to be
+    a multiple of WIN (its pointers, ``BASE + woff + w`` with w the piece's positions, are aligned vectors); body the
+    mask of the whole 16-byte vectors of the row among the piece's positions, compared in 32 bits against the
+    piece's own columns j (``in_piece``: j < PIECE, computed once)."""
+    d = off & (WIN - 1)
+    woff = tl.multiple_of(off - d, WIN)
+    j = tl.arange(0, BLOCK_N)
+    lo = (((d + 7) >> 3 << 3) - start).to(tl.int32)  # the first whole vector (a multiple of 8, as start is: the mask
+    hi = (((d + N) >> 3 << 3) - start).to(tl.int32)  # is constant over each vector); past the last one
+    return d, woff, (j >= lo) & (j < hi) & in_piece
 
 
 @triton.jit
-def vec_ptrs(BASE, off, w):
-    """Pointers to window positions ``w`` of the row at element offset ``off`` of BASE: 16-byte aligned vectors
-    (where BASE is) that Triton can see: ``(off // 8) * 8`` is a multiple of 8."""
-    return BASE + (off // 8) * 8 + w
+def vec_woff(off, d, WIN: tl.constexpr = 8):
+    """The window offset, a multiple of WIN that Triton sees, of a row at element offset ``off`` that shares the
+    window phase d of ``vec_row``'s row (an output, or a second input, whose row offsets are congruent to the first's
+    modulo WIN: the host checks)."""
+    return tl.multiple_of(off - d, WIN)
 
 
 @triton.jit
 def edge_cols(d, N, piece):
     """The columns of a VEC8 row outside its whole vectors, as 16 lanes: lanes 0-7 the head (columns below
-    ceil8(d) - d), lanes 8-15 the tail (columns from floor8(d + N) - d up to N - 1); (columns int64 [16], mask),
+    ceil8(d) - d), lanes 8-15 the tail (columns from floor8(d + N) - d up to N - 1); (columns int32 [16], mask),
     masked off unless ``piece`` is 0 (the row's first piece reads and writes them)."""
-    j = tl.arange(0, 16).to(tl.int64)
-    tail = ((d + N) // 8) * 8 - d
-    c = tl.where(j < 8, j, tail + j - 8)
-    m = ((j < 8) & (j < ((d + 7) // 8) * 8 - d)) | ((j >= 8) & (c < N))
-    return c, m & (c < N) & (j * 0 + piece == 0)  # (a vector mask: the interpreter takes no vector & scalar)
+    j = tl.arange(0, 16)
+    head = ((d + 7) >> 3 << 3) - d
+    tail = tl.maximum(((d + N) >> 3 << 3) - d, head)  # (a row inside one vector: its columns are all head)
+    c = tl.where(j < 8, j, (tail - 8).to(tl.int32) + j)
+    m = ((j >= 8) | (j < head)) & (c < N)
+    return c, m & (j * 0 + piece == 0)  # (a vector mask: the interpreter takes no vector & scalar)
 
 
 @triton.jit
@@ -440,5 +446,5 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
     return splits, piece
 
 
-__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_piece", "vec_ptrs", "edge_cols", "max_sum2", "persistent_groups",
+__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_row", "vec_woff", "edge_cols", "max_sum2", "persistent_groups",
            "interpreter_groups", "programs_per_sm", "bind_persistent", "balanced_pieces"]

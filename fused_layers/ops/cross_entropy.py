@@ -144,8 +144,8 @@ from ._rowsync import (
     publish_max_sum,
     publish_piece,
     store_hint,
-    vec_piece,
-    vec_ptrs,
+    vec_row,
+    vec_woff,
     wait_row_max_sum,
     wait_row_max_sum_call,
 )
@@ -667,11 +667,11 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
                     sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2: tl.constexpr,
                     BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr,
                     HAS_ROW_SCALE: tl.constexpr, LEAN: tl.constexpr, CALL: tl.constexpr, live=True,
-                    VEC8: tl.constexpr = False):
+                    VEC8: tl.constexpr = False, VEC_WIN: tl.constexpr = 8, d=0):
     """Row rp of ``_ce_fwd_persist_kernel`` once its piece (x_p; LEAN: e_p, mps_p) is published: wait for the
     row's statistics, lse, the loss (written by the program owning the target t) and this piece's gradient.
     ``live`` False (the LAG form's first iteration; its ``cm`` then masks every column): write no loss.
-    VEC8: the piece is on the row's window (c64 the window positions, ops/_rowsync.py), the gradient written
+    VEC8: the piece is on the row's window (c64 the window positions, d the row's phase: ops/_rowsync.py), the gradient written
     through DX's.  Returns (lse, coef, t) for the caller's edge lanes: their gradient is coef p - coef [c = t]."""
     # What the row needs besides its statistics, loaded before the wait (their latency hides there).
     ign = t == ignore_index
@@ -706,9 +706,8 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
     coef = tl.where(ign, 0.0, w_t * scale)
     # (the target's column within the piece compared in 32 bits)
     if VEC8:  # column t is window position t + d; DX's rows share X's d (the host checks)
-        d = ((rp // INNER) * sxo + (rp % INNER) * sxi) % 8
         hit = tl.arange(0, BLOCK_N) == (t + d - start).to(tl.int32)
-        dptrs = vec_ptrs(DX, (rp // INNER) * sdo + (rp % INNER) * sdi, c64)
+        dptrs = DX + vec_woff((rp // INNER) * sdo + (rp % INNER) * sdi, d, VEC_WIN) + c64
     else:
         hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
         dptrs = piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64)
@@ -747,7 +746,9 @@ def _ce_fwd_persist_kernel(
                                 # re-read from L2 (candidate, as _softmax_fwd_persist_kernel's LAG)
     VEC8: tl.constexpr = False,  # with STAGES > 1 (not LAG / LEAN): 16-bit rows at any alignment (sxc = 1), pieces
                                  # on the row's window of whole 16-byte vectors, the head and tail as edge lanes
-                                 # (ops/_rowsync.py; SPLITS * PIECE >= C + 7; DX's row offsets = X's mod 8)
+                                 # (ops/_rowsync.py; SPLITS * PIECE >= C + VEC_WIN - 1; DX's row offsets = X's
+                                 # mod VEC_WIN)
+    VEC_WIN: tl.constexpr = 8,  # VEC8: the window's alignment in elements (8: 16 bytes; 64: 128-byte lines)
 ):
     """Wide rows with class-index targets, one read: persistent co-resident programs, each holding one piece
     of a row in registers (ops/_rowsync.py), pipelined one row deep as ``_softmax_fwd_persist_kernel``.
@@ -778,32 +779,35 @@ def _ce_fwd_persist_kernel(
                                 HAS_WEIGHT, DEN_ON_DEVICE, HAS_ROW_SCALE, False, True, live)
         return
     if STAGES > 1 and VEC8:
+        in_piece = tl.arange(0, BLOCK_N) < PIECE
         # The edge lanes (2-byte loads: no cp.async) are loaded a row ahead, in registers, off the row's critical path.
         rn = tl.cast(group, tl.int64)
         offn = (rn // INNER) * sxo + (rn % INNER) * sxi
-        ecn, emn = edge_cols(offn % 8, C, piece)
-        xe_next = tl.load(X + offn + ecn, mask=emn, other=-float("inf"))
+        ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), C, piece)
+        xe_n = tl.load(X + offn + ec_n, mask=em_n, other=-float("inf"))
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
             off = (r // INNER) * sxo + (r % INNER) * sxi  # the row's first element
-            d, w, body = vec_piece(off, C, start, PIECE, BLOCK_N)
+            d, woff, body = vec_row(off, C, start, in_piece, BLOCK_N, VEC_WIN)
             # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-            x = tl.load(vec_ptrs(X, off, w), mask=body, other=-float("inf"))  # whole 16-byte vectors
-            ec, em = edge_cols(d, C, piece)  # the head and tail columns: the row's first piece
-            xe = xe_next.to(tl.float32)
+            x = tl.load(X + woff + c64, mask=body, other=-float("inf"))  # whole 16-byte vectors (c64: positions)
+            ec = ec_n  # the head and tail columns (the row's first piece), loaded an iteration ago
+            em = em_n
+            xe = xe_n.to(tl.float32)
             rn = r + GROUPS
             offn = (rn // INNER) * sxo + (rn % INNER) * sxi
-            ecn, emn = edge_cols(offn % 8, C, piece)
-            xe_next = tl.load(X + offn + ecn, mask=emn & (ecn * 0 + rn < M), other=-float("inf"))
+            ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), C, piece)
+            em_n = em_n & (ec_n * 0 + rn < M)
+            xe_n = tl.load(X + offn + ec_n, mask=em_n, other=-float("inf"))
             t = tl.load(T + r).to(tl.int64)
             if PHASE != 1:
                 m_p, s_p = max_sum2(x.to(tl.float32), xe)
                 publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
             if PHASE != 0:
                 lse, coef, tt = _ce_persist_row(
-                    X, W, LOSS, DX, DEN, RS, SLOTS, x, x, 0.0, t, r, piece, start, body, w, C, INNER, sxo, sxi, sxc,
+                    X, W, LOSS, DX, DEN, RS, SLOTS, x, x, 0.0, t, r, piece, start, body, c64, C, INNER, sxo, sxi, sxc,
                     sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N, HAS_WEIGHT,
-                    DEN_ON_DEVICE, HAS_ROW_SCALE, False, True, True, True)
+                    DEN_ON_DEVICE, HAS_ROW_SCALE, False, True, True, True, VEC_WIN, d)
                 dxe = tl.exp2((xe - lse) * 1.4426950408889634) * coef - tl.where(ec == tt, coef, 0.0)
                 tl.store(DX + ((r // INNER) * sdo + (r % INNER) * sdi) + ec, dxe.to(DX.dtype.element_ty), mask=em)
         return
@@ -1049,7 +1053,8 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         # only on the rows' windows (VEC8, cfg.MISALIGNED_VEC8), which need the gradient's rows (C apart) at the
         # logits' offsets mod 8; other such rows stream (cfg.MISALIGNED_STREAM).  The TMA kernel needs 16-byte strides.
         misaligned = elem == 2 and inner == 1 and sxc == 1 and bool(C % 16 or sxo % 16)
-        vec8 = (misaligned and (sxo - C) % 8 == 0 and has_grad and persist_ok and not (soft or smooth)
+        win = int(get_override("cross_entropy", "vec_window", cfg.MISALIGNED_WINDOW))
+        vec8 = (misaligned and (sxo - C) % win == 0 and has_grad and persist_ok and not (soft or smooth)
                 and bool(get_override("cross_entropy", "misaligned_vec8", cfg.MISALIGNED_VEC8)))
         hold = cfg.tma_hold_config(C, elem) if has_grad and persist_ok and not (soft or smooth or misaligned) else None
         wide_default = (4 if hold is not None else 3 if vec8 else 1 if misaligned and cfg.MISALIGNED_STREAM
@@ -1069,7 +1074,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
             # Kernel is made at the first launch (_persist_kernels); the streaming plan is its fallback.
             pblock, pwarps, per_sm = cfg.PERSIST[elem]
             pblock = get_override("cross_entropy", "persist_block", pblock)
-            splits, piece = balanced_pieces(C + 7 if vec8 else C, pblock)  # (VEC8: the row's window, C + d <= C + 7)
+            splits, piece = balanced_pieces(C + win - 1 if vec8 else C, pblock)  # (VEC8: the row's window, C + d)
             plan.splits, plan.piece = splits, piece
             plan.ints = (M, C, inner, sxo, sxi, sxc) + tuple(sd) + (ignore_index,)  # the kernel's, no T strides
             plan.kernel = None
@@ -1080,7 +1085,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                                 per_sm=get_override("cross_entropy", "persist_per_sm", per_sm))
             pstages = int(get_override("cross_entropy", "persist_stages", cfg.PERSIST_STAGES.get(elem, 1)))
             if vec8:  # (the SMEM-pipelined form only)
-                plan.persist.update(STAGES=max(pstages, 2), VEC8=True, LEAN=False)
+                plan.persist.update(STAGES=max(pstages, 2), VEC8=True, VEC_WIN=win, LEAN=False)
             elif pstages > 1:  # the SMEM-pipelined form (else the register form, its key left out as before)
                 plan.persist["STAGES"] = pstages
                 if get_override("cross_entropy", "persist_lag", False):  # candidate (see the kernel)

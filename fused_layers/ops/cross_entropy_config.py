@@ -66,6 +66,7 @@ MISALIGNED_STREAM = True
 # the persistent kernel's VEC8 form instead (session 24): pieces laid on the row's window of whole 16-byte vectors,
 # its at most 7 + 7 unaligned head and tail columns as a separate 16-lane tensor (ops/_rowsync.py).
 MISALIGNED_VEC8 = True
+MISALIGNED_WINDOW = 8  # the VEC8 window's alignment in elements (8: 16-byte vectors; 64: 128-byte lines)
 
 # element size -> ((widest C, BLOCK_N, num_warps, STAGES), ...): the first entry with C <= widest C (None: any).
 # STAGES > 1 software-pipelines the chunk loops (tl.range num_stages: cp.async into shared memory; the

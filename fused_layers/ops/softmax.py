@@ -89,13 +89,14 @@ from ._rowsync import (
     wait_row_max_sum,
     wait_row_max_sum_call,
     wait_row_sum_call,
-    vec_piece,
-    vec_ptrs,
+    vec_row,
+    vec_woff,
 )
 from .softmax_config import (  # noqa: F401
     MAX_SINGLE_BLOCK,
     MISALIGNED_PIECEWISE,
     MISALIGNED_VEC8,
+    MISALIGNED_WINDOW,
     PERSIST_HOLD_MIN_N,
     PERSIST_MAX_SINGLE_BLOCK,
     WIDE_MODE,
@@ -360,7 +361,9 @@ def _softmax_fwd_persist_kernel(
                                  # piece held in registers since the last iteration (persist_hold; lost forward)
     VEC8: tl.constexpr = False,  # with STAGES > 1 (no other option): 16-bit rows at any alignment (unit column
                                  # stride), pieces on the row's window of whole 16-byte vectors, the head and tail as
-                                 # edge lanes (ops/_rowsync.py; SPLITS * PIECE >= N + 7; Y's row offsets = X's mod 8)
+                                 # edge lanes (ops/_rowsync.py; SPLITS * PIECE >= N + VEC_WIN - 1; Y's row offsets
+                                 # = X's mod VEC_WIN)
+    VEC_WIN: tl.constexpr = 8,  # VEC8: the window's alignment in elements (8: 16 bytes; 64: 128-byte lines)
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
@@ -393,23 +396,26 @@ def _softmax_fwd_persist_kernel(
     it against 0.67-0.70) and the backward at 256K (0.86 against 0.75), not below 128K."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
     if STAGES > 1 and VEC8:
+        in_piece = tl.arange(0, BLOCK_N) < PIECE
         # The edge lanes (2-byte loads: no cp.async) are loaded a row ahead, in registers, off the row's critical path.
         rn = tl.cast(group, tl.int64)
         offn = (rn // INNER) * sxo + (rn % INNER) * sxi
-        ecn, emn = edge_cols(offn % 8, N, piece)
-        xe_next = tl.load(X + offn + ecn, mask=emn, other=-float("inf"))
+        ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), N, piece)
+        xe_n = tl.load(X + offn + ec_n, mask=em_n, other=-float("inf"))
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
             off = (r // INNER) * sxo + (r % INNER) * sxi  # the row's first element
-            d, w, body = vec_piece(off, N, start, PIECE, BLOCK_N)
+            d, woff, body = vec_row(off, N, start, in_piece, BLOCK_N, VEC_WIN)
             # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-            x = tl.load(vec_ptrs(X, off, w), mask=body, other=-float("inf"))  # whole 16-byte vectors
-            ec, em = edge_cols(d, N, piece)  # the head and tail columns: the row's first piece
-            xe = xe_next.to(tl.float32)
+            x = tl.load(X + woff + c64, mask=body, other=-float("inf"))  # whole 16-byte vectors (c64: positions)
+            ec = ec_n  # the head and tail columns (the row's first piece), loaded an iteration ago
+            em = em_n
+            xe = xe_n.to(tl.float32)
             rn = r + GROUPS
             offn = (rn // INNER) * sxo + (rn % INNER) * sxi
-            ecn, emn = edge_cols(offn % 8, N, piece)
-            xe_next = tl.load(X + offn + ecn, mask=emn & (ecn * 0 + rn < M), other=-float("inf"))
+            ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), N, piece)
+            em_n = em_n & (ec_n * 0 + rn < M)
+            xe_n = tl.load(X + offn + ec_n, mask=em_n, other=-float("inf"))
             if PHASE != 1:
                 m_p, s_p = max_sum2(x.to(tl.float32), xe)
                 publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
@@ -418,7 +424,7 @@ def _softmax_fwd_persist_kernel(
                 m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)
                 offy = (r // INNER) * syo + (r % INNER) * syi
                 y = piece_exp_scaled(x, x, 0.0, m, 1.0 / s, False)
-                tl.store(vec_ptrs(Y, offy, w), y.to(Y.dtype.element_ty), mask=body)
+                tl.store(Y + vec_woff(offy, d, VEC_WIN) + c64, y.to(Y.dtype.element_ty), mask=body)
                 ye = piece_exp_scaled(xe, xe, 0.0, m, 1.0 / s, False)
                 tl.store(Y + offy + ec, ye.to(Y.dtype.element_ty), mask=em)
         return
@@ -534,42 +540,45 @@ def _softmax_bwd_persist_kernel(
                                         # piece's own partial dot, no publish, no wait)
     HOLD: tl.constexpr = False,  # with STAGES > 1: as in _softmax_fwd_persist_kernel (row k - 1 from registers)
     VEC8: tl.constexpr = False,  # with STAGES > 1 (no other option): as in _softmax_fwd_persist_kernel (Y's, DY's
-                                 # and DX's row offsets equal mod 8)
+                                 # and DX's row offsets equal mod VEC_WIN)
+    VEC_WIN: tl.constexpr = 8,  # as in _softmax_fwd_persist_kernel
 ):
     """Wide-row backward, one read of y and dy, pipelined as _softmax_fwd_persist_kernel: publish row k's
     partial dot, load row k + 1, wait for row k - 1 and write its dx = y * (dy - dot)."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
     if STAGES > 1 and VEC8:
+        in_piece = tl.arange(0, BLOCK_N) < PIECE
         # The edge lanes (2-byte loads: no cp.async) are loaded a row ahead, in registers, off the row's critical path.
         rn = tl.cast(group, tl.int64)
         offn = (rn // INNER) * syo + (rn % INNER) * syi
-        ecn, emn = edge_cols(offn % 8, N, piece)
-        ye_next = tl.load(Y + offn + ecn, mask=emn, other=0.0)
-        dye_next = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + ecn, mask=emn, other=0.0)
+        ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), N, piece)
+        ye_n = tl.load(Y + offn + ec_n, mask=em_n, other=0.0)
+        dye_n = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + ec_n, mask=em_n, other=0.0)
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
-            off = (r // INNER) * syo + (r % INNER) * syi  # the row's first element (of y; dy's and dx's: same d)
-            offd = (r // INNER) * sdo + (r % INNER) * sdi
-            d, w, body = vec_piece(off, N, start, PIECE, BLOCK_N)
-            # 0 where masked: the identity of the sum.  Whole 16-byte vectors.
-            y = tl.load(vec_ptrs(Y, off, w), mask=body, other=0.0).to(tl.float32)
-            dy = tl.load(vec_ptrs(DY, offd, w), mask=body, other=0.0).to(tl.float32)
-            ec, em = edge_cols(d, N, piece)  # the head and tail columns: the row's first piece
-            ye = ye_next.to(tl.float32)
-            dye = dye_next.to(tl.float32)
+            off = (r // INNER) * syo + (r % INNER) * syi  # the row's first element (of y; dy's and dx's: the same d)
+            d, woff, body = vec_row(off, N, start, in_piece, BLOCK_N, VEC_WIN)
+            # 0 where masked: the identity of the sum.  Whole 16-byte vectors (c64: the piece's positions).
+            y = tl.load(Y + woff + c64, mask=body, other=0.0).to(tl.float32)
+            dy = tl.load(DY + vec_woff((r // INNER) * sdo + (r % INNER) * sdi, d, VEC_WIN) + c64, mask=body,
+                         other=0.0).to(tl.float32)
+            ec = ec_n  # the head and tail columns (the row's first piece), loaded an iteration ago
+            em = em_n
+            ye = ye_n.to(tl.float32)
+            dye = dye_n.to(tl.float32)
             rn = r + GROUPS
             offn = (rn // INNER) * syo + (rn % INNER) * syi
-            ecn, emn = edge_cols(offn % 8, N, piece)
-            emn = emn & (ecn * 0 + rn < M)
-            ye_next = tl.load(Y + offn + ecn, mask=emn, other=0.0)
-            dye_next = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + ecn, mask=emn, other=0.0)
+            ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), N, piece)
+            em_n = em_n & (ec_n * 0 + rn < M)
+            ye_n = tl.load(Y + offn + ec_n, mask=em_n, other=0.0)
+            dye_n = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + ec_n, mask=em_n, other=0.0)
             if PHASE != 1:
                 publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y * dy, axis=0) + tl.sum(ye * dye, axis=0)),
                         r < M)
             if PHASE != 0:
                 dot = wait_row_sum_call(SLOTS + r * SPLITS, SPLITS)
                 offg = (r // INNER) * sgo + (r % INNER) * sgi
-                tl.store(vec_ptrs(DX, offg, w), (y * (dy - dot)).to(DX.dtype.element_ty), mask=body)
+                tl.store(DX + vec_woff(offg, d, VEC_WIN) + c64, (y * (dy - dot)).to(DX.dtype.element_ty), mask=body)
                 tl.store(DX + offg + ec, (ye * (dye - dot)).to(DX.dtype.element_ty), mask=em)
         return
     if STAGES > 1 and (LAG or HOLD):
@@ -733,14 +742,14 @@ def rows_misaligned(shape, strides, dim: int, elem: int) -> bool:
     return bool(n % 16) or any(so % 16 for so in row_strides)
 
 
-def rows_share_window(shape, strides, dim: int) -> bool:
+def rows_share_window(shape, strides, dim: int, win: int = 8) -> bool:
     """Every input's rows (of ``rows_misaligned`` rows: unit column stride, one row index) at offsets congruent modulo
-    8 elements to the contiguous output's (rows ``shape[dim]`` apart): the VEC8 persistent forms read and write every
-    row through one window (ops/_rowsync.py).  Inputs to be copied are (their copy is contiguous)."""
+    ``win`` elements to the contiguous output's (rows ``shape[dim]`` apart): the VEC8 persistent forms read and write
+    every row through one window (ops/_rowsync.py).  Inputs to be copied are (their copy is contiguous)."""
     n = shape[dim]
     for st in strides:
         v = _row_strides(shape, st, dim)
-        if v is not None and (v[2] - n) % 8:
+        if v is not None and (v[2] - n) % win:
             return False
     return True
 
@@ -782,8 +791,9 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     # kernels, as traced calls do (MISALIGNED_PIECEWISE: the plain persistent form's loads are 2 bytes wide there)
     # (an explicit wide_mode override wins)
     misaligned = persist_ok and rows_misaligned(shape, strides, dim, elem)
+    win = int(get_override("softmax", "vec_window", MISALIGNED_WINDOW))
     vec8 = misaligned and bool(get_override("softmax", "misaligned_vec8", MISALIGNED_VEC8)) and \
-        rows_share_window(shape, strides, dim)
+        rows_share_window(shape, strides, dim, win)
     persist_rows = persist_ok and not (fwd and MISALIGNED_PIECEWISE and get_override("softmax", "wide_mode", None)
                                        is None and misaligned and not vec8)
     wide = n_pow2 > _max_single_block(elem, "fwd" if fwd else "bwd", persist_rows) and packed is None
@@ -828,13 +838,13 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
         plan.tma = inner == 1 and mode == 3
         # persistent pieces in registers (_softmax_*_persist_kernel): kernels bound at the first call
         block, warps, per_sm, stages = _persist_config(elem, "fwd" if fwd else "bwd", n_pow2)
-        splits, piece = balanced_pieces(n + 7 if vec8 else n, block)  # (VEC8: the row's window, n + d <= n + 7)
+        splits, piece = balanced_pieces(n + win - 1 if vec8 else n, block)  # (VEC8: the row's window, n + d)
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
         plan.splits = splits
         plan.kernel = None
         meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
         if vec8:  # the SMEM-pipelined form, no other option
-            meta.update(STAGES=max(stages, 2), VEC8=True)
+            meta.update(STAGES=max(stages, 2), VEC8=True, VEC_WIN=win)
         elif fwd and get_override("softmax", "persist_lean", False):  # candidate, not a default (see the kernel)
             meta["LEAN"] = True
         if stages > 1 and not vec8:  # the SMEM-pipelined form (else the key is left out: the register form as before)

@@ -73,6 +73,7 @@ MISALIGNED_PIECEWISE = True
 # persistent kernels' VEC8 form instead (session 24): pieces on the row's window of whole 16-byte vectors, the at most
 # 7 + 7 unaligned head and tail columns as a separate 16-lane tensor (ops/_rowsync.py).
 MISALIGNED_VEC8 = True
+MISALIGNED_WINDOW = 8  # the VEC8 window's alignment in elements (8: 16-byte vectors; 64: 128-byte lines)
 # Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM).
 # (16-bit: at most 16 per SM, as swept: the compiled binary's occupancy binds first.)
 _PERSIST = {("fwd", 2): (4096, 4, 16), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4096, 4, 16), ("bwd", 4): (4096, 4, 8)}
