@@ -553,6 +553,8 @@ def main():
     ap.add_argument("--sweep-stop", action="store_true", help="stop after the sweep (no provider table)")
     ap.add_argument("--cpu-check", action="store_true", help="tiny shapes on the CPU (interpreter): plumbing only")
     ap.add_argument("--passes-only", action="store_true", help="only the pass-1 / pass-2 breakdown of the streaming kernel")
+    ap.add_argument("--vocabs", default=None, help="comma-separated vocabulary sizes instead of the issue's four "
+                    "(e.g. 50257,30522,100277: sizes that are not a multiple of 16)")
     args = ap.parse_args()
     if args.cpu_check:
         dry_run_setup()
@@ -561,6 +563,8 @@ def main():
     print(f"copy: {copy_gbs:.0f} GB/s (recorded ceiling {COPY_CEILING_GBS:.0f})", flush=True)
     rep = 40 if args.quick else 100
     vocabs = [v for v in (50304, 262144) if v in VOCABS] if args.quick else VOCABS
+    if args.vocabs:
+        vocabs = [int(v) for v in args.vocabs.split(",")]
     import signal
 
     import triton

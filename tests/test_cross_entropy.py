@@ -162,14 +162,15 @@ def test_tma_hold_routing():
         assert not p.tma and p.tma_config is None and p.persist is not None  # the persistent default
     for c in (32001, 30522, 50257, 32008):  # not 16-element aligned: the persistent kernel's VEC8 form
         p = plan(c)
-        assert not p.tma and p.persist is not None and p.persist["VEC8"] and p.splits * p.piece >= c + 7, c
+        assert not p.tma and p.persist is not None and p.persist["VEC8"] and p.persist["VEC_WIN"] == 64, c
+        assert p.splits * p.piece >= c + 63, c  # the pieces cover the row's 128-byte window
         assert p.persist["STAGES"] > 1 and not p.persist["LEAN"]
         with config_override("cross_entropy", misaligned_vec8=False):  # off: the stream (cfg.MISALIGNED_STREAM)
             p = plan(c)
             assert not p.tma and p.persist is None and p.kernel is not None, c
     ce._PLANS.clear()  # a sliced 32,000-class view of 32,008-wide rows: the row stride is misaligned, the gradient's
     p = ce._plan((64, 32000), (32008, 1), None, torch.bfloat16, False, False, False, -100, True, False, True, True)
-    assert not p.tma and p.persist["VEC8"]  # rows (32,000 apart) share the logits' offsets mod 8
+    assert not p.tma and p.persist["VEC8"] and p.persist["VEC_WIN"] == 8  # rows 32,000 apart: the same offsets mod 8
     ce._PLANS.clear()  # 32,003 apart: they do not, so the stream
     p = ce._plan((64, 32000), (32003, 1), None, torch.bfloat16, False, False, False, -100, True, False, True, True)
     assert not p.tma and p.persist is None
@@ -529,7 +530,7 @@ def test_gpu_wide_row_kernels(c, mode):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("c,pad", [(50257, 0), (30522, 0), (32001, 0), (100277, 0), (262143, 0), (50257, 8),
-                                   (32000, 8), (50257, 3)])
+                                   (32000, 8), (50257, 64), (50257, 3)])
 def test_gpu_vec8_rows(c, pad, dtype):
     """Misaligned 16-bit rows at real vocabulary sizes (GPT-2's 50,257, BERT's 30,522, cl100k's 100,277) through the
     default routes (the persistent kernel's VEC8 form; a row stride not congruent to the gradient's, pad 3, streams):
@@ -751,8 +752,10 @@ def test_linear_cross_entropy_torch_compile():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("v", [50304, 128256])
-def test_gpu_linear_cross_entropy(v):
+@pytest.mark.parametrize("v,smoothing", [(50304, 0.1), (128256, 0.1), (50257, 0.0)])
+def test_gpu_linear_cross_entropy(v, smoothing):
+    """The fused linear cross-entropy over several chunks; 50,257 classes without smoothing: chunks of logits that are
+    not 16-element aligned, through the persistent kernel's VEC8 form with the logits overwritten by their gradient."""
     from fused_layers import fused_linear_cross_entropy
 
     n, h = 4096, 256
@@ -761,8 +764,8 @@ def test_gpu_linear_cross_entropy(v):
     t = torch.randint(0, v, (n,), device="cuda")
     with config_override("linear_cross_entropy", chunk_bytes=64 * 2**20):  # several chunks
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fused_linear_cross_entropy(hid, w, t, label_smoothing=0.1)
-            ref = F.cross_entropy(F.linear(hid, w).float(), t, label_smoothing=0.1)
+            loss = fused_linear_cross_entropy(hid, w, t, label_smoothing=smoothing)
+            ref = F.cross_entropy(F.linear(hid, w).float(), t, label_smoothing=smoothing)
         g = torch.autograd.grad(loss, (hid, w))
         r = torch.autograd.grad(ref, (hid, w))
     torch.testing.assert_close(loss, ref, atol=1e-2, rtol=1e-2)

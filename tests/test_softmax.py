@@ -142,9 +142,11 @@ def test_misaligned_rows_routing(device):
     assert not sm.rows_misaligned(torch.Size([2, 50257, 3]), ((150771, 3, 1),), 1, 2)  # strided columns: unchanged
     assert sm.rows_share_window(torch.Size([2, 50257]), ((50265, 1), (50257, 1)), 1)
     assert not sm.rows_share_window(torch.Size([2, 50257]), ((50257, 1), (50260, 1)), 1)
-    for n, stride in ((50257, None), (32001, None), (100277, None), (50304, 50312), (50257, 50265)):
+    for n, stride, win in ((50257, None, 64), (32001, None, 64), (100277, None, 64), (50304, 50312, 8),
+                           (50257, 50265, 8), (50257, 50321, 64)):
         p = plan(n, stride=stride)
-        assert vec8(p) and p.splits * p.ints[-1] >= n + 7, (n, stride)  # pieces cover the row's window
+        assert vec8(p) and p.persist[2]["VEC_WIN"] == win, (n, stride)  # a 128-byte window where the rows share it
+        assert p.splits * p.ints[-1] >= n + win - 1, (n, stride)  # pieces cover the row's window
         pb = plan(n, stride=stride, fwd=False)
         assert vec8(pb) or not pb.wide, (n, stride)  # (the 16-bit backward's single block takes rows to 64K)
     p = plan(50257, stride=50260)  # a row stride not congruent to the output's: piece-wise forward
@@ -473,7 +475,7 @@ def test_gpu_wide_persistent(n, dtype, block):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,pad", [(50257, 0), (32001, 0), (100277, 0), (30522, 0), (262143, 0), (50257, 8),
-                                   (50304, 8), (50257, 3)])
+                                   (50304, 8), (50257, 64), (50257, 3)])
 def test_gpu_vec8_rows(n, pad, dtype):
     """Misaligned 16-bit rows at real vocabulary widths through the default routes (the VEC8 persistent forms; a row
     stride not congruent to the output's, pad 3, takes the piece-wise forward): more rows than row groups, every row

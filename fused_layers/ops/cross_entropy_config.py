@@ -66,7 +66,12 @@ MISALIGNED_STREAM = True
 # the persistent kernel's VEC8 form instead (session 24): pieces laid on the row's window of whole 16-byte vectors,
 # its at most 7 + 7 unaligned head and tail columns as a separate 16-lane tensor (ops/_rowsync.py).
 MISALIGNED_VEC8 = True
-MISALIGNED_WINDOW = 8  # the VEC8 window's alignment in elements (8: 16-byte vectors; 64: 128-byte lines)
+# The VEC8 window's alignment in elements, the first of these that every row shares (64: 128-byte lines, 8: 16-byte
+# vectors).  H200, session 24 (issue10/run31_b/), bf16, do_bench / graph, 64 against 8: CE fwd + bwd (8,192 rows) 0.622 /
+# 0.639 against 0.615 / 0.630 at 50,257, 0.668 against 0.657 at 100,277; softmax forward (2^26 elements) 0.716 / 0.749
+# against 0.686 / 0.712 at 50,257, 0.708 against 0.658 at 100,277; backward 0.871 / 0.914 against 0.819 / 0.853 at
+# 50,257, 0.847 against 0.790 at 100,277.  (A warp's 512 bytes span 4 cache lines on a 128-byte window, else 5.)
+MISALIGNED_WINDOW = (64, 8)
 
 # element size -> ((widest C, BLOCK_N, num_warps, STAGES), ...): the first entry with C <= widest C (None: any).
 # STAGES > 1 software-pipelines the chunk loops (tl.range num_stages: cp.async into shared memory; the

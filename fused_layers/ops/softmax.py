@@ -791,9 +791,10 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     # kernels, as traced calls do (MISALIGNED_PIECEWISE: the plain persistent form's loads are 2 bytes wide there)
     # (an explicit wide_mode override wins)
     misaligned = persist_ok and rows_misaligned(shape, strides, dim, elem)
-    win = int(get_override("softmax", "vec_window", MISALIGNED_WINDOW))
-    vec8 = misaligned and bool(get_override("softmax", "misaligned_vec8", MISALIGNED_VEC8)) and \
-        rows_share_window(shape, strides, dim, win)
+    wins = get_override("softmax", "vec_window", MISALIGNED_WINDOW)
+    win = next((w for w in ((wins,) if isinstance(wins, int) else wins) if rows_share_window(shape, strides, dim, w)),
+               0) if misaligned else 0
+    vec8 = win > 0 and bool(get_override("softmax", "misaligned_vec8", MISALIGNED_VEC8))
     persist_rows = persist_ok and not (fwd and MISALIGNED_PIECEWISE and get_override("softmax", "wide_mode", None)
                                        is None and misaligned and not vec8)
     wide = n_pow2 > _max_single_block(elem, "fwd" if fwd else "bwd", persist_rows) and packed is None

@@ -73,7 +73,12 @@ MISALIGNED_PIECEWISE = True
 # persistent kernels' VEC8 form instead (session 24): pieces on the row's window of whole 16-byte vectors, the at most
 # 7 + 7 unaligned head and tail columns as a separate 16-lane tensor (ops/_rowsync.py).
 MISALIGNED_VEC8 = True
-MISALIGNED_WINDOW = 8  # the VEC8 window's alignment in elements (8: 16-byte vectors; 64: 128-byte lines)
+# The VEC8 window's alignment in elements, the first of these that every row shares (64: 128-byte lines, 8: 16-byte
+# vectors).  H200, session 24 (issue10/run31_b/), bf16, do_bench / graph, 64 against 8: CE fwd + bwd (8,192 rows) 0.622 /
+# 0.639 against 0.615 / 0.630 at 50,257, 0.668 against 0.657 at 100,277; softmax forward (2^26 elements) 0.716 / 0.749
+# against 0.686 / 0.712 at 50,257, 0.708 against 0.658 at 100,277; backward 0.871 / 0.914 against 0.819 / 0.853 at
+# 50,257, 0.847 against 0.790 at 100,277.  (A warp's 512 bytes span 4 cache lines on a 128-byte window, else 5.)
+MISALIGNED_WINDOW = (64, 8)
 # Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM).
 # (16-bit: at most 16 per SM, as swept: the compiled binary's occupancy binds first.)
 _PERSIST = {("fwd", 2): (4096, 4, 16), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4096, 4, 16), ("bwd", 4): (4096, 4, 8)}
