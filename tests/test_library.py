@@ -48,6 +48,18 @@ def _run_every_op(device):
     FF.fused_attention(q, k, v, is_causal=True).square().sum().backward()
     FF.fused_attention(q, k, v, attn_mask=mask).square().sum().backward()
     FF.fused_attention(q, k, v, dropout_p=0.1).square().sum().backward()
+    # the persistent wide-row kernels (ops/_rowsync.bind_persistent), plain and VEC8 (16-bit rows of 45 columns)
+    from fused_layers.ops._common import config_override
+
+    xb = torch.randn(5, 45, device=device, dtype=torch.bfloat16, requires_grad=True)
+    tb = torch.randint(0, 45, (5,), device=device)
+    for over in ({}, {"misaligned_vec8": False}):
+        with config_override("cross_entropy", max_single=16, wide_mode=3, persist_block=16, **over):
+            FF.fused_cross_entropy(xb, tb).backward()
+            FF.fused_cross_entropy(x, t).backward()
+        with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, **over):
+            FF.fused_softmax(xb, -1).square().sum().backward()
+            FF.fused_softmax(x, -1).square().sum().backward()
 
 
 def _constexprs(fn) -> list[str]:
@@ -62,7 +74,8 @@ def test_every_launch_names_all_its_constexprs(launches, device):
     _run_every_op(device)
     names = {n for n, _ in launches}
     for want in ("_norm_fwd_kernel", "_norm_bwd_kernel", "_softmax_fwd_kernel", "_softmax_bwd_kernel",
-                 "_attn_fwd_kernel", "_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel"):
+                 "_attn_fwd_kernel", "_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel", "_ce_fwd_persist_kernel",
+                 "_softmax_fwd_persist_kernel", "_softmax_bwd_persist_kernel"):
         assert want in names, f"{want} was not launched through Kernel"
     for (name, _), (kern, n_args) in launches.items():
         params = list(kern.fn.arg_names)

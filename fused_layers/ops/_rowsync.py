@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import inspect
 
 import torch
 import triton
@@ -426,6 +427,7 @@ def bind_persistent(fn, args: tuple, splits: int, rows: int, per_sm: int, **meta
     """
     from ._library import Kernel  # (import cycle: _library imports nothing from here)
 
+    meta = with_constexpr_defaults(fn, meta)
     if INTERPRET:
         groups = interpreter_groups(rows)
         return tuple(Kernel(fn, (groups * splits,), check=None, **meta, PHASE=ph) for ph in (0, 1)), groups
@@ -435,6 +437,19 @@ def bind_persistent(fn, args: tuple, splits: int, rows: int, per_sm: int, **meta
     if groups <= 0:
         return None
     return (Kernel(fn, (groups * splits,), check=None, **meta, PHASE=2),), groups
+
+
+def with_constexpr_defaults(fn, meta: dict) -> dict:
+    """``meta`` with every defaulted constexpr of ``fn`` that it leaves out (the persistent kernels' opt-in forms:
+    LAG, HOLD, VEC8, ...) named at its default, except PHASE (set per launch): a launch through ``Kernel`` binds its
+    direct fast path only when every argument after the runtime ones is named (``Kernel._bind``; else each call pays
+    Triton's own dispatch), and Inductor's ``wrap_triton`` rejects a launch that leaves one to its default."""
+    out = dict(meta)
+    for name, prm in inspect.signature(getattr(fn, "fn", fn)).parameters.items():
+        if (name not in out and name != "PHASE" and "constexpr" in str(prm.annotation)
+                and prm.default is not inspect.Parameter.empty):
+            out[name] = prm.default
+    return out
 
 
 def balanced_pieces(n: int, block: int) -> tuple[int, int]:
@@ -447,4 +462,4 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
 
 
 __all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_row", "vec_woff", "edge_cols", "max_sum2", "persistent_groups",
-           "interpreter_groups", "programs_per_sm", "bind_persistent", "balanced_pieces"]
+           "interpreter_groups", "programs_per_sm", "bind_persistent", "with_constexpr_defaults", "balanced_pieces"]
