@@ -707,12 +707,14 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
     # (the target's column within the piece compared in 32 bits)
     if VEC8:  # column t is window position t + d; DX's rows share X's d (the host checks)
         hit = tl.arange(0, BLOCK_N) == (t + d - start).to(tl.int32)
-        dptrs = DX + vec_woff((rp // INNER) * sdo + (rp % INNER) * sdi, d, VEC_WIN) + c64
-    else:
+        dx = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
+        tl.store(DX + vec_woff((rp // INNER) * sdo + (rp % INNER) * sdi, d, VEC_WIN) + c64,
+                 dx.to(DX.dtype.element_ty), mask=cm)
+    else:  # (the store's pointers computed in place: computed before dx, ptxas left the uniform datapath, 1,216 ->
+        # 1,168 SASS instructions on sm_90, benchmarks/scan_vec8.py; session 24)
         hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
-        dptrs = piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64)
-    dx = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
-    tl.store(dptrs, dx.to(DX.dtype.element_ty), mask=cm)
+        dx = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
+        tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
     return lse, coef, t
 
 
