@@ -705,13 +705,17 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
     # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
     coef = tl.where(ign, 0.0, w_t * scale)
     # (the target's column within the piece compared in 32 bits)
+    # Where the store's pointers are computed moves ptxas's schedule (H200, session 24, 8,192 bf16 rows, fwd + bwd,
+    # do_bench; issue10/run31_d, run31_e): the aligned kernel computes them in the store (pointers first: 1,216 -> 1,168
+    # SASS instructions, off the uniform datapath, 0.643 / 0.673 / 0.611 against 0.699 / 0.730 / 0.681 at 50,304 /
+    # 128,256 / 262,144); VEC8 before dx (in the store: 0.573 / 0.550 / 0.595 against 0.613 / 0.598 / 0.661 at
+    # 50,257 / 30,522 / 100,277).
     if VEC8:  # column t is window position t + d; DX's rows share X's d (the host checks)
         hit = tl.arange(0, BLOCK_N) == (t + d - start).to(tl.int32)
+        dptrs = DX + vec_woff((rp // INNER) * sdo + (rp % INNER) * sdi, d, VEC_WIN) + c64
         dx = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
-        tl.store(DX + vec_woff((rp // INNER) * sdo + (rp % INNER) * sdi, d, VEC_WIN) + c64,
-                 dx.to(DX.dtype.element_ty), mask=cm)
-    else:  # (the store's pointers computed in place: computed before dx, ptxas left the uniform datapath, 1,216 ->
-        # 1,168 SASS instructions on sm_90, benchmarks/scan_vec8.py; session 24)
+        tl.store(dptrs, dx.to(DX.dtype.element_ty), mask=cm)
+    else:
         hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
         dx = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
         tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
