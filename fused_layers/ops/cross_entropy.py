@@ -1059,9 +1059,11 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         # only on the rows' windows (VEC8, cfg.MISALIGNED_VEC8), which need the gradient's rows (C apart) at the
         # logits' offsets mod 8; other such rows stream (cfg.MISALIGNED_STREAM).  The TMA kernel needs 16-byte strides.
         misaligned = elem == 2 and inner == 1 and sxc == 1 and bool(C % 16 or sxo % 16)
+        grain = int(get_override("cross_entropy", "misaligned_grain", cfg.MISALIGNED_GRAIN))  # (64: off lines too)
         wins = get_override("cross_entropy", "vec_window", cfg.MISALIGNED_WINDOW)
         win = next((w for w in ((wins,) if isinstance(wins, int) else wins) if (sxo - C) % w == 0), 0)
-        vec8 = (misaligned and win > 0 and has_grad and persist_ok and not (soft or smooth)
+        vec8 = (elem == 2 and inner == 1 and sxc == 1 and bool(C % grain or sxo % grain) and win > 0 and has_grad
+                and persist_ok and not (soft or smooth)
                 and bool(get_override("cross_entropy", "misaligned_vec8", cfg.MISALIGNED_VEC8)))
         hold = cfg.tma_hold_config(C, elem) if has_grad and persist_ok and not (soft or smooth or misaligned) else None
         wide_default = (4 if hold is not None else 3 if vec8 else 1 if misaligned and cfg.MISALIGNED_STREAM

@@ -72,6 +72,9 @@ MISALIGNED_VEC8 = True
 # against 0.686 / 0.712 at 50,257, 0.708 against 0.658 at 100,277; backward 0.871 / 0.914 against 0.819 / 0.853 at
 # 50,257, 0.847 against 0.790 at 100,277.  (A warp's 512 bytes span 4 cache lines on a 128-byte window, else 5.)
 MISALIGNED_WINDOW = (64, 8)
+# Rows take VEC8 when their width or row stride is not a multiple of this many elements: 16 (no 16-byte vectors
+# otherwise); 64 would take rows off 128-byte lines too (OPT's 50,272).
+MISALIGNED_GRAIN = 16
 
 # element size -> ((widest C, BLOCK_N, num_warps, STAGES), ...): the first entry with C <= widest C (None: any).
 # STAGES > 1 software-pipelines the chunk loops (tl.range num_stages: cp.async into shared memory; the

@@ -95,6 +95,7 @@ from ._rowsync import (
 from .softmax_config import (  # noqa: F401
     MAX_SINGLE_BLOCK,
     MISALIGNED_PIECEWISE,
+    MISALIGNED_GRAIN,
     MISALIGNED_VEC8,
     MISALIGNED_WINDOW,
     PERSIST_HOLD_MIN_N,
@@ -721,11 +722,11 @@ _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
 
 
-def rows_misaligned(shape, strides, dim: int, elem: int) -> bool:
+def rows_misaligned(shape, strides, dim: int, elem: int, grain: int = 16) -> bool:
     """16-bit rows with unit column stride whose width or row stride (of any input, in elements) is not a multiple
-    of 16: their loads cannot be 16-byte vectors (Triton knows an integer's divisibility by 16 only), and the
-    persistent kernels' cp.async then degrades to 4-byte copies or none.  (A row copied to a contiguous buffer first
-    has the width as its stride.)  False for other dtypes and for strided columns."""
+    of ``grain``.  16: their loads cannot be 16-byte vectors (Triton knows an integer's divisibility by 16 only), and
+    the persistent kernels' cp.async then degrades to 2-byte loads.  64: rows not on 128-byte lines either.  (A row
+    copied to a contiguous buffer first has the width as its stride.)  False for other dtypes and strided columns."""
     if elem != 2 or not len(shape):
         return False
     n = shape[dim]
@@ -739,7 +740,7 @@ def rows_misaligned(shape, strides, dim: int, elem: int) -> bool:
         if inner != 1 or sc != 1:
             return False  # strided columns: no vectors either way (routing unchanged)
         row_strides.append(so)
-    return bool(n % 16) or any(so % 16 for so in row_strides)
+    return bool(n % grain) or any(so % grain for so in row_strides)
 
 
 def rows_share_window(shape, strides, dim: int, win: int = 8) -> bool:
@@ -791,9 +792,10 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     # kernels, as traced calls do (MISALIGNED_PIECEWISE: the plain persistent form's loads are 2 bytes wide there)
     # (an explicit wide_mode override wins)
     misaligned = persist_ok and rows_misaligned(shape, strides, dim, elem)
+    grain = int(get_override("softmax", "misaligned_grain", MISALIGNED_GRAIN))  # (64: rows off 128-byte lines too)
     wins = get_override("softmax", "vec_window", MISALIGNED_WINDOW)
     win = next((w for w in ((wins,) if isinstance(wins, int) else wins) if rows_share_window(shape, strides, dim, w)),
-               0) if misaligned else 0
+               0) if persist_ok and rows_misaligned(shape, strides, dim, elem, grain) else 0
     vec8 = win > 0 and bool(get_override("softmax", "misaligned_vec8", MISALIGNED_VEC8))
     persist_rows = persist_ok and not (fwd and MISALIGNED_PIECEWISE and get_override("softmax", "wide_mode", None)
                                        is None and misaligned and not vec8)

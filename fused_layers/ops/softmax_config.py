@@ -79,6 +79,9 @@ MISALIGNED_VEC8 = True
 # against 0.686 / 0.712 at 50,257, 0.708 against 0.658 at 100,277; backward 0.871 / 0.914 against 0.819 / 0.853 at
 # 50,257, 0.847 against 0.790 at 100,277.  (A warp's 512 bytes span 4 cache lines on a 128-byte window, else 5.)
 MISALIGNED_WINDOW = (64, 8)
+# Rows take VEC8 when their width or row stride is not a multiple of this many elements: 16 (no 16-byte vectors
+# otherwise); 64 would take rows off 128-byte lines too (OPT's 50,272).
+MISALIGNED_GRAIN = 16
 # Persistent kernels: (direction, element size) -> (BLOCK_N columns per piece, num_warps, most programs per SM).
 # (16-bit: at most 16 per SM, as swept: the compiled binary's occupancy binds first.)
 _PERSIST = {("fwd", 2): (4096, 4, 16), ("fwd", 4): (2048, 4, 16), ("bwd", 2): (4096, 4, 16), ("bwd", 4): (4096, 4, 8)}
