@@ -73,7 +73,8 @@ MISALIGNED_VEC8 = True
 # 50,257, 0.847 against 0.790 at 100,277.  (A warp's 512 bytes span 4 cache lines on a 128-byte window, else 5.)
 MISALIGNED_WINDOW = (64, 8)
 # Rows take VEC8 when their width or row stride is not a multiple of this many elements: 16 (no 16-byte vectors
-# otherwise); 64 would take rows off 128-byte lines too (OPT's 50,272).
+# otherwise); 64 takes rows off 128-byte lines too, and lost there (issue10/run31_g, OPT's 50,272, bf16, graph replay:
+# CE 0.638 against the plain persistent kernel's 0.708, softmax forward 0.739 against 0.805, backward 0.913 / 0.901).
 MISALIGNED_GRAIN = 16
 
 # element size -> ((widest C, BLOCK_N, num_warps, STAGES), ...): the first entry with C <= widest C (None: any).
