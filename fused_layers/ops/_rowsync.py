@@ -213,15 +213,17 @@ def load_piece(BASE, r, M, INNER, so, si, sc, c64, cm, other):
 # --------------------------------------------------------------------------------------------------
 # Triton vectorizes a load (and the pipeliner's cp.async) only where it can prove 16-byte alignment: a row whose
 # first element sits at an offset that is not a multiple of 8 elements (a width or row stride not a multiple of 8:
-# 50,257, 30,522, 32,001) gets 2- or 4-byte accesses, at half the rate of aligned rows.  A VEC8 piece is laid out
-# on the row's *window*: window position w is element (off // 8) * 8 + w of the buffer, so every 8 positions are
-# one 16-byte vector, and column c of the row (first element at ``off``) is position c + d, d = off % 8.  A piece
-# covers the positions [start, start + PIECE) and keeps the whole vectors that lie inside the row,
-# [ceil8(d), floor8(d + N)) (``vec_piece``: the mask is constant over each vector, so the access stays 16 bytes
-# wide); the at most 7 columns before the first whole vector (the head) and 7 after the last (the tail) are a
-# separate 16-lane tensor (``edge_cols``) which the row's first piece reads and writes.  The pieces of a row
-# cover its N + 7 positions (SPLITS * PIECE >= N + 7).  Outputs written through the same window need the same
-# d: their row offsets congruent to the input's modulo 8 (the host checks).
+# 50,257, 30,522, 32,001) gets 2-byte accesses (LDG.E.U16 / STG.E.U16, benchmarks/scan_vec8.py), at half the rate of
+# aligned rows or less.  A VEC8 piece is laid out on the row's *window*: window position w is element woff + w of the
+# buffer, woff = off - d the row's offset rounded down to a multiple of WIN elements (d = off % WIN; WIN = 64, a
+# 128-byte line, or 8, a 16-byte vector; ``tl.multiple_of`` lets Triton see it), so every 8 positions are one 16-byte
+# vector and column c of the row is position c + d.  A piece covers the positions [start, start + PIECE) and keeps
+# the whole vectors that lie inside the row, [ceil8(d), floor8(d + N)) (``vec_row``: the mask is constant over each
+# vector, so the access stays 16 bytes wide: LDGSTS.E.BYPASS.128 / STG.E.128 as at aligned widths); the at most 7
+# columns before the first whole vector (the head) and 7 after the last (the tail) are a separate 16-lane tensor
+# (``edge_cols``) which the row's first piece reads (a row ahead: 2-byte loads cannot be cp.async) and writes.  The
+# pieces of a row cover its N + WIN - 1 positions.  Other tensors read or written through the same window positions
+# need the same d: their row offsets congruent to the first's modulo WIN (the host checks; ``vec_woff``).
 @triton.jit
 def vec_row(off, N, start, in_piece, BLOCK_N: tl.constexpr, WIN: tl.constexpr = 8):
     """A VEC8 piece of the row whose first element is at element offset ``off`` (int64, unit column stride) of its

@@ -55,16 +55,20 @@ WIDE_MODE = {2: 3, 4: 1}
 #   two 4-warp CTAs 0.75 / 0.79; three 8-warp 0.74-0.76 / 0.78-0.79; 4 KB chunks 0.75 / 0.79; plain stores a tie.
 #   Wider rows do not fit three CTAs: at 50,304 two CTAs an SM with a 13- or 25-chunk ring read 0.21-0.40.
 TMA_HOLD = {2: ((32768, (16, 256, 8, 1, 4, 3, 1, 1, 1)),)}
-# 16-bit rows whose class count or row stride is not a multiple of 16 elements stream (WIDE_MODE 1): no 16-byte
-# vectors there, so the persistent kernel's cp.async degrades.  H200, session 23, 8,192 bf16 rows, fwd + bwd, do_bench /
+# 16-bit rows whose class count or row stride is not a multiple of 16 elements and that cannot take VEC8 (below)
+# stream (WIDE_MODE 1): no 16-byte vectors there, so the plain persistent kernel's loads are 2 bytes wide (LDG.E.U16,
+# benchmarks/scan_vec8.py).  H200, session 23, 8,192 bf16 rows, fwd + bwd, do_bench /
 # graph (issue10/run30_l/ce_odd.txt): 50,257 stream 0.504 / 0.515 against the persistent default's 0.280 / 0.284
 # (split 0.32, persistent in registers 0.32, stream 8K x 16 0.44); 30,522 0.506 / 0.527 against 0.288 / 0.294;
 # 100,277 0.497 / 0.502 against 0.276 / 0.277; 32,001 0.518 / 0.537 against 0.289 / 0.294 (run30_k: 32,008 0.29 too;
 # aligned widths 0.66-0.80).
 MISALIGNED_STREAM = True
-# Such rows whose gradient can share their offsets mod 8 (row stride - C a multiple of 8: contiguous logits) take
-# the persistent kernel's VEC8 form instead (session 24): pieces laid on the row's window of whole 16-byte vectors,
-# its at most 7 + 7 unaligned head and tail columns as a separate 16-lane tensor (ops/_rowsync.py).
+# Such rows whose gradient can share their window (row stride - C a multiple of the window, below: contiguous logits
+# always) take the persistent kernel's VEC8 form instead (session 24): pieces laid on the row's window, its whole
+# 16-byte vectors read and written as vectors, its at most 7 + 7 unaligned head and tail columns a separate 16-lane
+# tensor (ops/_rowsync.py).  H200, bf16, do_bench / graph, against the stream (issue10/run31_f/ce_odd.txt): 50,257
+# 0.626 / 0.640 against 0.502 / 0.513; 30,522 0.556 / 0.631 against 0.505 / 0.523; 32,001 0.629 / 0.659 against 0.516 /
+# 0.534; 100,277 0.668 / 0.677 against 0.494 / 0.497 (aligned 50,304 / 128,256: 0.698 / 0.727 in the same run).
 MISALIGNED_VEC8 = True
 # The VEC8 window's alignment in elements, the first of these that every row shares (64: 128-byte lines, 8: 16-byte
 # vectors).  H200, session 24 (issue10/run31_b/), bf16, do_bench / graph, 64 against 8: CE fwd + bwd (8,192 rows) 0.622 /

@@ -64,14 +64,20 @@ WIDE_EVICT = 0
 # forward 0.19-0.37 of copy against 0.78-0.81, backward 0.21-0.39 against 0.90-0.93).
 WIDE_MODE = {("fwd", 2): 2, ("bwd", 2): 2, ("fwd", 4): 2, ("bwd", 4): 2}
 # 16-bit forward rows whose width or row stride is not a multiple of 16 elements (softmax.rows_misaligned: no 16-byte
-# vectors, so the SMEM-pipelined persistent form's cp.async degrades) take the piece-wise kernels (mode 0).  H200,
+# vectors, so the plain persistent form's loads are 2 bytes wide) and that cannot take VEC8 (below) take the piece-wise
+# kernels (mode 0).  H200,
 # session 23 (issue10/run30_m/sm_odd.txt), bf16 forward, 2^26 elements, do_bench / graph: 50,257 piece-wise 0.443 /
 # 0.459 against the persistent form's 0.366 / 0.383 (its register form 0.364 / 0.374); 32,001 0.507 / 0.521 against
 # 0.398 / 0.412; 100,277 0.470 / 0.487 against 0.356 / 0.371.  (Aligned rows: 0.78-0.81 persistent.)
 MISALIGNED_PIECEWISE = True
-# Such rows (forward and backward) whose inputs' row offsets are congruent to the contiguous output's modulo 8 take the
-# persistent kernels' VEC8 form instead (session 24): pieces on the row's window of whole 16-byte vectors, the at most
-# 7 + 7 unaligned head and tail columns as a separate 16-lane tensor (ops/_rowsync.py).
+# Such rows (forward and backward) whose inputs' row offsets are congruent to the contiguous output's modulo the window
+# (below) take the persistent kernels' VEC8 form instead (session 24): pieces on the row's window, its whole 16-byte
+# vectors read and written as vectors, the at most 7 + 7 unaligned head and tail columns a separate 16-lane tensor
+# (ops/_rowsync.py).  H200, bf16, 2^26 elements, do_bench / graph, against session 23's routes (issue10/run31_f/):
+# forward 0.711 / 0.740 against piece-wise 0.439 / 0.455 at 50,257; 0.745 / 0.780 against 0.503 / 0.517 at 32,001;
+# 0.702 / 0.729 against 0.466 / 0.485 at 100,277; 0.557 / 0.580 against 0.495 / 0.513 at 262,143; backward (against
+# the plain persistent form) 0.867 / 0.912 against 0.440 / 0.454 at 50,257, 0.841 / 0.880 against 0.450 / 0.463 at
+# 100,277, 0.678 / 0.698 against 0.430 / 0.446 at 262,143.
 MISALIGNED_VEC8 = True
 # The VEC8 window's alignment in elements, the first of these that every row shares (64: 128-byte lines, 8: 16-byte
 # vectors).  H200, session 24 (issue10/run31_b/), bf16, do_bench / graph, 64 against 8: CE fwd + bwd (8,192 rows) 0.622 /
