@@ -262,6 +262,36 @@ def edge_cols(d, N, piece):
 
 
 @triton.jit
+def vec_load(BASE, r, INNER, so, si, N, start, in_piece, c64, other, BLOCK_N: tl.constexpr, WIN: tl.constexpr):
+    """Row r's VEC8 piece (``vec_row``) of BASE (strides so, si; unit column stride) at the window positions c64:
+    (row offset, d, body mask, the piece with ``other`` where masked)."""
+    off = (r // INNER) * so + (r % INNER) * si  # the row's first element
+    d, woff, body = vec_row(off, N, start, in_piece, BLOCK_N, WIN)
+    return off, d, body, tl.load(BASE + woff + c64, mask=body, other=other)  # whole 16-byte vectors
+
+
+@triton.jit
+def edge_load(BASE, r, M, INNER, so, si, N, piece, other, WIN: tl.constexpr):
+    """Row r's edge lanes (``edge_cols``) of BASE, ``other`` where masked and for r >= M: (columns, mask, values in
+    BASE's dtype).  The kernels load them a row ahead (2-byte loads cannot be cp.async)."""
+    off = (r // INNER) * so + (r % INNER) * si
+    ec, em = edge_cols(off & (WIN - 1), N, piece)
+    em = em & (ec * 0 + r < M)  # (a vector mask: the interpreter takes no vector & scalar)
+    return ec, em, tl.load(BASE + off + ec, mask=em, other=other)
+
+
+@triton.jit
+def vec_step(X, r, GROUPS, M, INNER, so, si, N, start, piece, in_piece, c64, ec_n, em_n, xe_n, other,
+             BLOCK_N: tl.constexpr, WIN: tl.constexpr):
+    """One row of a VEC8 forward loop over X: row r's piece (``vec_load``), its edge lanes (ec_n, em_n, xe_n, loaded
+    an iteration ago) and the next row's (r + GROUPS), loaded now: (off, d, body, x, ec, em, xe float32, the next
+    row's ec, em, xe)."""
+    off, d, body, x = vec_load(X, r, INNER, so, si, N, start, in_piece, c64, other, BLOCK_N, WIN)
+    ec_next, em_next, xe_next = edge_load(X, r + GROUPS, M, INNER, so, si, N, piece, other, WIN)
+    return off, d, body, x, ec_n, em_n, xe_n.to(tl.float32), ec_next, em_next, xe_next
+
+
+@triton.jit
 def max_sum2(x, xe):
     """(max, sum of exp(v - max)) over a piece x and its edge lanes xe (float32, -inf where masked)."""
     m_p = tl.maximum(tl.max(x, axis=0), tl.max(xe, axis=0))
@@ -463,5 +493,5 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
     return splits, piece
 
 
-__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_row", "vec_woff", "edge_cols", "max_sum2", "persistent_groups",
+__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_row", "vec_woff", "vec_load", "vec_step", "edge_cols", "edge_load", "max_sum2", "persistent_groups",
            "interpreter_groups", "programs_per_sm", "bind_persistent", "with_constexpr_defaults", "balanced_pieces"]

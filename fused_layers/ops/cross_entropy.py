@@ -132,7 +132,7 @@ from ._library import FusedOp, Kernel
 from ._rowsync import (
     balanced_pieces,
     bind_persistent,
-    edge_cols,
+    edge_load,
     load_hint,
     load_piece,
     max_sum2,
@@ -144,7 +144,8 @@ from ._rowsync import (
     publish_max_sum,
     publish_piece,
     store_hint,
-    vec_row,
+    vec_load,
+    vec_step,
     vec_woff,
     wait_row_max_sum,
     wait_row_max_sum_call,
@@ -786,25 +787,15 @@ def _ce_fwd_persist_kernel(
         return
     if STAGES > 1 and VEC8:
         in_piece = tl.arange(0, BLOCK_N) < PIECE
-        # The edge lanes (2-byte loads: no cp.async) are loaded a row ahead, in registers, off the row's critical path.
-        rn = tl.cast(group, tl.int64)
-        offn = (rn // INNER) * sxo + (rn % INNER) * sxi
-        ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), C, piece)
-        xe_n = tl.load(X + offn + ec_n, mask=em_n, other=-float("inf"))
+        # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+        # The edge lanes (the row's first piece) are loaded a row ahead, in registers, off the row's critical path.
+        ec_n, em_n, xe_n = edge_load(X, tl.cast(group, tl.int64), M, INNER, sxo, sxi, C, piece, -float("inf"), VEC_WIN)
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
-            off = (r // INNER) * sxo + (r % INNER) * sxi  # the row's first element
-            d, woff, body = vec_row(off, C, start, in_piece, BLOCK_N, VEC_WIN)
-            # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-            x = tl.load(X + woff + c64, mask=body, other=-float("inf"))  # whole 16-byte vectors (c64: positions)
-            ec = ec_n  # the head and tail columns (the row's first piece), loaded an iteration ago
-            em = em_n
-            xe = xe_n.to(tl.float32)
-            rn = r + GROUPS
-            offn = (rn // INNER) * sxo + (rn % INNER) * sxi
-            ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), C, piece)
-            em_n = em_n & (ec_n * 0 + rn < M)
-            xe_n = tl.load(X + offn + ec_n, mask=em_n, other=-float("inf"))
+            # row r's piece and edge lanes (those loaded an iteration ago); the next row's edge lanes in flight
+            off, d, body, x, ec, em, xe, ec_n, em_n, xe_n = vec_step(
+                X, r, GROUPS, M, INNER, sxo, sxi, C, start, piece, in_piece, c64, ec_n, em_n, xe_n, -float("inf"),
+                BLOCK_N, VEC_WIN)
             t = tl.load(T + r).to(tl.int64)
             if PHASE != 1:
                 m_p, s_p = max_sum2(x.to(tl.float32), xe)

@@ -71,7 +71,7 @@ from ._library import FusedOp, Kernel
 from ._rowsync import (
     balanced_pieces,
     bind_persistent,
-    edge_cols,
+    edge_load,
     load_hint,
     load_piece,
     max_sum2,
@@ -89,7 +89,8 @@ from ._rowsync import (
     wait_row_max_sum,
     wait_row_max_sum_call,
     wait_row_sum_call,
-    vec_row,
+    vec_load,
+    vec_step,
     vec_woff,
 )
 from .softmax_config import (  # noqa: F401
@@ -398,25 +399,15 @@ def _softmax_fwd_persist_kernel(
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
     if STAGES > 1 and VEC8:
         in_piece = tl.arange(0, BLOCK_N) < PIECE
-        # The edge lanes (2-byte loads: no cp.async) are loaded a row ahead, in registers, off the row's critical path.
-        rn = tl.cast(group, tl.int64)
-        offn = (rn // INNER) * sxo + (rn % INNER) * sxi
-        ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), N, piece)
-        xe_n = tl.load(X + offn + ec_n, mask=em_n, other=-float("inf"))
+        # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+        # The edge lanes (the row's first piece) are loaded a row ahead, in registers, off the row's critical path.
+        ec_n, em_n, xe_n = edge_load(X, tl.cast(group, tl.int64), M, INNER, sxo, sxi, N, piece, -float("inf"), VEC_WIN)
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
-            off = (r // INNER) * sxo + (r % INNER) * sxi  # the row's first element
-            d, woff, body = vec_row(off, N, start, in_piece, BLOCK_N, VEC_WIN)
-            # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-            x = tl.load(X + woff + c64, mask=body, other=-float("inf"))  # whole 16-byte vectors (c64: positions)
-            ec = ec_n  # the head and tail columns (the row's first piece), loaded an iteration ago
-            em = em_n
-            xe = xe_n.to(tl.float32)
-            rn = r + GROUPS
-            offn = (rn // INNER) * sxo + (rn % INNER) * sxi
-            ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), N, piece)
-            em_n = em_n & (ec_n * 0 + rn < M)
-            xe_n = tl.load(X + offn + ec_n, mask=em_n, other=-float("inf"))
+            # row r's piece and edge lanes (those loaded an iteration ago); the next row's edge lanes in flight
+            off, d, body, x, ec, em, xe, ec_n, em_n, xe_n = vec_step(
+                X, r, GROUPS, M, INNER, sxo, sxi, N, start, piece, in_piece, c64, ec_n, em_n, xe_n, -float("inf"),
+                BLOCK_N, VEC_WIN)
             if PHASE != 1:
                 m_p, s_p = max_sum2(x.to(tl.float32), xe)
                 publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
@@ -549,29 +540,23 @@ def _softmax_bwd_persist_kernel(
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
     if STAGES > 1 and VEC8:
         in_piece = tl.arange(0, BLOCK_N) < PIECE
-        # The edge lanes (2-byte loads: no cp.async) are loaded a row ahead, in registers, off the row's critical path.
+        # 0 where masked: the identity of the sum.  y's window phase d is dy's and dx's (the host checks).
+        # The edge lanes (the row's first piece) are loaded a row ahead, in registers, off the row's critical path.
         rn = tl.cast(group, tl.int64)
-        offn = (rn // INNER) * syo + (rn % INNER) * syi
-        ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), N, piece)
-        ye_n = tl.load(Y + offn + ec_n, mask=em_n, other=0.0)
-        dye_n = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + ec_n, mask=em_n, other=0.0)
+        ec_n, em_n, ye_n = edge_load(Y, rn, M, INNER, syo, syi, N, piece, 0.0, VEC_WIN)
+        dye_n = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + ec_n, mask=em_n, other=0.0)  # (y's columns)
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
-            off = (r // INNER) * syo + (r % INNER) * syi  # the row's first element (of y; dy's and dx's: the same d)
-            d, woff, body = vec_row(off, N, start, in_piece, BLOCK_N, VEC_WIN)
-            # 0 where masked: the identity of the sum.  Whole 16-byte vectors (c64: the piece's positions).
-            y = tl.load(Y + woff + c64, mask=body, other=0.0).to(tl.float32)
+            off, d, body, y = vec_load(Y, r, INNER, syo, syi, N, start, in_piece, c64, 0.0, BLOCK_N, VEC_WIN)
+            y = y.to(tl.float32)
             dy = tl.load(DY + vec_woff((r // INNER) * sdo + (r % INNER) * sdi, d, VEC_WIN) + c64, mask=body,
                          other=0.0).to(tl.float32)
-            ec = ec_n  # the head and tail columns (the row's first piece), loaded an iteration ago
+            ec = ec_n  # row r's edge lanes, loaded an iteration ago
             em = em_n
             ye = ye_n.to(tl.float32)
             dye = dye_n.to(tl.float32)
             rn = r + GROUPS
-            offn = (rn // INNER) * syo + (rn % INNER) * syi
-            ec_n, em_n = edge_cols(offn & (VEC_WIN - 1), N, piece)
-            em_n = em_n & (ec_n * 0 + rn < M)
-            ye_n = tl.load(Y + offn + ec_n, mask=em_n, other=0.0)
+            ec_n, em_n, ye_n = edge_load(Y, rn, M, INNER, syo, syi, N, piece, 0.0, VEC_WIN)
             dye_n = tl.load(DY + (rn // INNER) * sdo + (rn % INNER) * sdi + ec_n, mask=em_n, other=0.0)
             if PHASE != 1:
                 publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y * dy, axis=0) + tl.sum(ye * dye, axis=0)),
