@@ -168,6 +168,27 @@ def test_misaligned_rows_routing(device):
         _check(torch.randn(5, 224, device=device, dtype=torch.bfloat16)[:, :201], -1)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_persistent_fma_candidate(dtype, device):
+    """The SMEM forward's opt-in FMA form (persist_fma: exponents as x log2 e - m log2 e, 1 / s folded into the exponent):
+    ragged pieces, logits up to |x| ~ 60, -inf / +inf / NaN and an all -inf row, against float64 torch.softmax."""
+    from fused_layers.ops import softmax as sm
+
+    x = torch.randn(7, 100, device=device, dtype=torch.float32) * 20
+    x[1, 3] = float("-inf")
+    x[2, :] = float("-inf")
+    x[3, 50] = float("inf")
+    x[4, 7] = float("nan")
+    x = x.to(dtype)
+    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3,
+                         persist_fma=True, misaligned_vec8=False):
+        sm._PLANS.clear()
+        y = fused_softmax(x, -1)
+        assert [p.persist[2].get("FMA") for p in sm._PLANS.values() if p.persist is not None] == [True]
+    torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), equal_nan=True, atol=TOL[dtype][0],
+                               rtol=TOL[dtype][1])
+
+
 # Small VEC8 pieces under the interpreter: 16-column pieces, so a row of n columns spans ceil((n + 7) / 16) pieces.
 VEC8 = dict(max_single_block=8, persist_max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3)
 
