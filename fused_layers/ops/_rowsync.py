@@ -109,8 +109,10 @@ def publish_max_sum(x, SLOT, live):
 
 @triton.jit
 def publish_max_sum_fma(x, SLOT, live):
-    """``publish_max_sum`` with the exponent in FFMA form, x log2 e - m log2 e (one instruction an element fewer; the
-    exponent's error grows with |m| log2 e: relative 6e-8 of it, 1e-5 at |m| = 100)."""
+    """``publish_max_sum`` with the exponent in FFMA form, x log2 e - m log2 e (one instruction an element fewer).
+    Candidate only: the FFMA keeps the rounding of m log2 e, an exponent error of 6e-8 |m| log2 e (1e-5 at |m| = 100,
+    past 1 at |m| ~ 1e7, so a 1e30 logit comes out wrong on the GPU; the interpreter's numpy rounds both products and
+    cannot show it).  A default would need a per-row guard on |m|."""
     m_p = tl.max(x, axis=0)
     m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
     s_p = tl.sum(tl.exp2(x * 1.4426950408889634 - m_ps * 1.4426950408889634), axis=0)

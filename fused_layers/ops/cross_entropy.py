@@ -142,6 +142,7 @@ from ._rowsync import (
     program_piece,
     publish,
     publish_max_sum,
+    publish_max_sum_fma,
     publish_piece,
     store_hint,
     vec_load,
@@ -668,7 +669,7 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
                     sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2: tl.constexpr,
                     BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr,
                     HAS_ROW_SCALE: tl.constexpr, LEAN: tl.constexpr, CALL: tl.constexpr, live=True,
-                    VEC8: tl.constexpr = False, VEC_WIN: tl.constexpr = 8, d=0):
+                    VEC8: tl.constexpr = False, VEC_WIN: tl.constexpr = 8, d=0, FMA: tl.constexpr = False):
     """Row rp of ``_ce_fwd_persist_kernel`` once its piece (x_p; LEAN: e_p, mps_p) is published: wait for the
     row's statistics, lse, the loss (written by the program owning the target t) and this piece's gradient.
     ``live`` False (the LAG form's first iteration; its ``cm`` then masks every column): write no loss.
@@ -718,7 +719,11 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
         tl.store(dptrs, dx.to(DX.dtype.element_ty), mask=cm)
     else:
         hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
-        dx = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
+        if FMA:  # (candidate) p = exp2(x log2 e - lse log2 e): the exponent in one FFMA
+            p = tl.exp2(x_p.to(tl.float32) * 1.4426950408889634 - lse * 1.4426950408889634) * coef
+        else:
+            p = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN)
+        dx = p - tl.where(hit, coef, 0.0)  # coef p - B
         tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
     return lse, coef, t
 
@@ -756,6 +761,8 @@ def _ce_fwd_persist_kernel(
                                  # (ops/_rowsync.py; SPLITS * PIECE >= C + VEC_WIN - 1; DX's row offsets = X's
                                  # mod VEC_WIN)
     VEC_WIN: tl.constexpr = 8,  # VEC8: the window's alignment in elements (8: 16 bytes; 64: 128-byte lines)
+    FMA: tl.constexpr = False,  # with STAGES > 1 (not VEC8 / LAG / LEAN; candidate, persist_fma): the exponents in FFMA
+                                # form, x log2 e - m log2 e (_rowsync.publish_max_sum_fma)
 ):
     """Wide rows with class-index targets, one read: persistent co-resident programs, each holding one piece
     of a row in registers (ops/_rowsync.py), pipelined one row deep as ``_softmax_fwd_persist_kernel``.
@@ -814,11 +821,17 @@ def _ce_fwd_persist_kernel(
             # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
             x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxc, c64), mask=cm, other=-float("inf"))
             t = tl.load(T + r).to(tl.int64)
-            e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
+            if FMA:  # (candidate, not LEAN)
+                if PHASE != 1:
+                    publish_max_sum_fma(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+                e = x
+                mps = 0.0
+            else:
+                e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
             if PHASE != 0:
                 _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x, e, mps, t, r, piece, start, cm, c64, C, INNER, sxo,
                                 sxi, sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N,
-                                HAS_WEIGHT, DEN_ON_DEVICE, HAS_ROW_SCALE, LEAN, True)
+                                HAS_WEIGHT, DEN_ON_DEVICE, HAS_ROW_SCALE, LEAN, True, True, False, 8, 0, FMA)
         return
     r = tl.cast(group, tl.int64)
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
@@ -1090,6 +1103,8 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                 plan.persist["STAGES"] = pstages
                 if get_override("cross_entropy", "persist_lag", False):  # candidate (see the kernel)
                     plan.persist["LAG"] = True
+                elif get_override("cross_entropy", "persist_fma", False) and not plan.persist["LEAN"]:  # candidate
+                    plan.persist["FMA"] = True
             plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
                                   den_on_device, has_row_scale, has_grad, False)
         elif wide == 2 and has_grad:
