@@ -170,8 +170,9 @@ def test_misaligned_rows_routing(device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_persistent_fma_candidate(dtype, device):
-    """The SMEM forward's opt-in FMA form (persist_fma: exponents as x log2 e - m log2 e, 1 / s folded into the exponent):
-    ragged pieces, logits up to |x| ~ 60, -inf / +inf / NaN and an all -inf row, against float64 torch.softmax."""
+    """The SMEM forward's opt-in FMA form (persist_fma: exponents as one FFMA, x log2 e - fl(m log2 e), _rowsync):
+    ragged pieces, logits up to |x| ~ 60, a row at 1e30 (the exact branch: on the GPU the FFMA's rounding of m log2 e
+    would be 2^76 there), -inf / +inf / NaN and an all -inf row, against float64 torch.softmax."""
     from fused_layers.ops import softmax as sm
 
     x = torch.randn(7, 100, device=device, dtype=torch.float32) * 20
@@ -179,6 +180,9 @@ def test_persistent_fma_candidate(dtype, device):
     x[2, :] = float("-inf")
     x[3, 50] = float("inf")
     x[4, 7] = float("nan")
+    if dtype != torch.float16:  # (float16 tops out at 65,504)
+        x[5, :] = torch.randn(100) + 1e30
+        x[6, 40] = -1e30
     x = x.to(dtype)
     with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3,
                          persist_fma=True, misaligned_vec8=False):

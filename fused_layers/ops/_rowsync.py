@@ -107,23 +107,40 @@ def publish_max_sum(x, SLOT, live):
     publish(SLOT, pack_pair(m_p, s_p), live)
 
 
+# The FMA candidates (persist_fma): a piece's sum of exponentials taken against k = m log2 e rounded once (fl(m c)),
+# each exponent one FFMA, x c - k: the FFMA computes x c - k exactly and rounds once, and x c - k = (x - m) c + r with
+# r = m c - fl(m c) the same for every element of the row, so r cancels in the normalization (exp2(r) / exp2(r)) as long
+# as exp2(r) neither overflows nor underflows: |r| <= ulp(k) / 2 < 2^6 for |k| < 2^30.  Rows (pieces) with |k| >= 2^30
+# (logits past ~7e8, e.g. 1e30) take the exact form (x - m) c, a uniform branch.  Published words stay (m_p, s_p), s_p
+# against fl(m_p c); the waits' LOG2 combine rescales by exp2(fl(m_p c) - fl(m c)), the same rounding on both sides.
+_FMA_LIMIT = tl.constexpr(1073741824.0)  # 2^30
+
+
 @triton.jit
-def publish_max_sum_fma(x, SLOT, live):
-    """``publish_max_sum`` with the exponent in FFMA form, x log2 e - m log2 e (one instruction an element fewer).
-    Candidate only: the FFMA keeps the rounding of m log2 e, an exponent error of 6e-8 |m| log2 e (1e-5 at |m| = 100,
-    past 1 at |m| ~ 1e7, so a 1e30 logit comes out wrong on the GPU; the interpreter's numpy rounds both products and
-    cannot show it).  A default would need a per-row guard on |m|."""
+def publish_max_sum_log2(x, SLOT, live):
+    """``publish_max_sum`` for the FMA candidates (above): publish (m_p, s_p), s_p = sum exp2(x log2 e - fl(m_p log2
+    e)) in one FFMA an element (|m_p log2 e| < 2^30), else sum exp2((x - m_p) log2 e).  An all -inf piece: sum 0."""
     m_p = tl.max(x, axis=0)
     m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
-    s_p = tl.sum(tl.exp2(x * 1.4426950408889634 - m_ps * 1.4426950408889634), axis=0)
+    k_ps = m_ps * 1.4426950408889634
+    if tl.abs(k_ps) < _FMA_LIMIT:
+        s_p = tl.sum(tl.exp2(x * 1.4426950408889634 - k_ps), axis=0)
+    else:
+        s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0)
     publish(SLOT, pack_pair(m_p, s_p), live)
 
 
 @triton.jit
-def exp_normalized_fma(x, m, s):
-    """exp(x - m) / s as one FFMA and one exp2 an element: exp2(x log2 e - (m log2 e + log2 s)).  An all -inf row
-    (m = -inf, s = 0): -inf - -inf = NaN, as torch.softmax; a NaN or +inf makes s NaN, so every y."""
-    return tl.exp2(x * 1.4426950408889634 - (m * 1.4426950408889634 + tl.log2(s)))
+def exp_row_log2(x, m, scale):
+    """exp(x - m) * scale over a piece x (float32) for the FMA candidates, where the row's sum was combined with
+    ``LOG2`` (against fl(m log2 e)): exp2(x log2 e - fl(m log2 e)) * scale, one FFMA an element, where |m log2 e| <
+    2^30; else exp2((x - m) log2 e) * scale (and for m = -inf: NaN for the all -inf row, as torch)."""
+    k = m * 1.4426950408889634
+    if tl.abs(k) < _FMA_LIMIT:
+        out = tl.exp2(x * 1.4426950408889634 - k) * scale
+    else:
+        out = tl.exp2((x - m) * 1.4426950408889634) * scale
+    return out
 
 
 @triton.jit
@@ -321,16 +338,21 @@ def max_sum2(x, xe):
 
 
 @triton.jit
-def wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
+def wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr, LOG2: tl.constexpr = False):
     """Wait for a row's (max, sum of exp(x - max)) words (``pack_pair``) and combine them: the row's
-    m = max_p m_p and s = sum_p s_p exp(m_p - m) (an all -inf row: m = -inf, s = 0)."""
+    m = max_p m_p and s = sum_p s_p exp(m_p - m) (an all -inf row: m = -inf, s = 0).  LOG2: the words are
+    ``publish_max_sum_log2``'s: s = sum_p s_p exp2(fl(m_p log2 e) - fl(m log2 e))."""
     words, pm = wait_row(ROW_SLOTS, SPLITS, SPLITS_P2)
     m_all, s_all = unpack_pair(words)
     m_all = tl.where(pm, m_all, -float("inf"))  # the identity of max
     s_all = tl.where(pm, s_all, 0.0)  # the identity of the sum
     m = tl.max(m_all, axis=0)
     m_safe = tl.where(m == -float("inf"), 0.0, m)  # while only -inf was seen, subtract 0 (never -inf - -inf)
-    return m, tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
+    if LOG2:  # (fl(m_p c) - fl(m c): each s_p is against fl(m_p c), and the row's s is against fl(m c))
+        s = tl.sum(s_all * tl.exp2(m_all * 1.4426950408889634 - m_safe * 1.4426950408889634), axis=0)
+    else:
+        s = tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
+    return m, s
 
 
 # The called waits poll 32 words at a time (WAIT_CHUNK): a tensor of 32 lanes is reduced within a warp, so the
@@ -340,7 +362,7 @@ WAIT_CHUNK = tl.constexpr(32)
 
 
 @triton.jit(noinline=True)
-def wait_row_max_sum_call(ROW_SLOTS, SPLITS):
+def wait_row_max_sum_call(ROW_SLOTS, SPLITS, LOG2: tl.constexpr = False):
     """``wait_row_max_sum`` as a function call (not inlined): a row loop holding it has no nested loop, so
     Triton's software pipeliner takes it and issues the next rows' piece loads ahead by cp.async into shared
     memory while the program waits (with the wait inlined the pipeliner leaves the loop alone; sm_90 SASS:
@@ -349,10 +371,14 @@ def wait_row_max_sum_call(ROW_SLOTS, SPLITS):
     m = -float("inf")
     s = 0.0
     for c0 in range(0, SPLITS, WAIT_CHUNK):
-        m_c, s_c = wait_row_max_sum(ROW_SLOTS + c0, tl.minimum(SPLITS - c0, WAIT_CHUNK), WAIT_CHUNK)
+        m_c, s_c = wait_row_max_sum(ROW_SLOTS + c0, tl.minimum(SPLITS - c0, WAIT_CHUNK), WAIT_CHUNK, LOG2)
         m_new = tl.maximum(m, m_c)
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + s_c * tl.exp2((m_c - m_safe) * 1.4426950408889634)
+        if LOG2:  # (against fl(m c), as wait_row_max_sum's LOG2)
+            k_safe = m_safe * 1.4426950408889634
+            s = s * tl.exp2(m * 1.4426950408889634 - k_safe) + s_c * tl.exp2(m_c * 1.4426950408889634 - k_safe)
+        else:
+            s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + s_c * tl.exp2((m_c - m_safe) * 1.4426950408889634)
         m = m_new
     return m, s
 
@@ -512,5 +538,5 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
     return splits, piece
 
 
-__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "publish_max_sum_fma", "exp_normalized_fma", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_row", "vec_woff", "vec_load", "vec_step", "edge_cols", "edge_load", "max_sum2", "persistent_groups",
+__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "publish_max_sum_log2", "exp_row_log2", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_row", "vec_woff", "vec_load", "vec_step", "edge_cols", "edge_load", "max_sum2", "persistent_groups",
            "interpreter_groups", "programs_per_sm", "bind_persistent", "with_constexpr_defaults", "balanced_pieces"]

@@ -142,7 +142,8 @@ from ._rowsync import (
     program_piece,
     publish,
     publish_max_sum,
-    publish_max_sum_fma,
+    publish_max_sum_log2,
+    exp_row_log2,
     publish_piece,
     store_hint,
     vec_load,
@@ -693,11 +694,17 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
     # loss: it reads x_t from its own piece, which no other program writes.
     owner = t // PIECE == piece
     x_t = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxc, t), mask=owner, other=0.0).to(tl.float32)
-    if CALL:  # (a call: the SMEM-pipelined row loop stays pipelined, see _rowsync.wait_row_max_sum_call)
+    if FMA:  # (s against fl(m log2 e): _rowsync.publish_max_sum_log2)
+        m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS, True)
+        k = m * 1.4426950408889634
+        # lse = (fl(m c) + log2 s) ln 2 (exact in r, see _rowsync); past |k| = 2^30, s is against m itself
+        lse = tl.where(tl.abs(k) < 1073741824.0, (k + tl.log2(s)) * 0.6931471805599453, m + tl.log(s))
+    elif CALL:  # (a call: the SMEM-pipelined row loop stays pipelined, see _rowsync.wait_row_max_sum_call)
         m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
+        lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
     else:
         m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
-    lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
+        lse = m + tl.log(s)
     loss = tl.where(ign, 0.0, w_t * (lse - x_t))
     loss = tl.where(bad, float("nan"), loss) * scale
     tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=owner & live)
@@ -719,8 +726,8 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
         tl.store(dptrs, dx.to(DX.dtype.element_ty), mask=cm)
     else:
         hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
-        if FMA:  # (candidate) p = exp2(x log2 e - lse log2 e): the exponent in one FFMA
-            p = tl.exp2(x_p.to(tl.float32) * 1.4426950408889634 - lse * 1.4426950408889634) * coef
+        if FMA:  # (candidate) p = exp(x - m) / s, its exponent one FFMA (_rowsync.exp_row_log2)
+            p = exp_row_log2(x_p.to(tl.float32), m, coef / s)
         else:
             p = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN)
         dx = p - tl.where(hit, coef, 0.0)  # coef p - B
@@ -761,8 +768,8 @@ def _ce_fwd_persist_kernel(
                                  # (ops/_rowsync.py; SPLITS * PIECE >= C + VEC_WIN - 1; DX's row offsets = X's
                                  # mod VEC_WIN)
     VEC_WIN: tl.constexpr = 8,  # VEC8: the window's alignment in elements (8: 16 bytes; 64: 128-byte lines)
-    FMA: tl.constexpr = False,  # with STAGES > 1 (not VEC8 / LAG / LEAN; candidate, persist_fma): the exponents in FFMA
-                                # form, x log2 e - m log2 e (_rowsync.publish_max_sum_fma)
+    FMA: tl.constexpr = False,  # with STAGES > 1 (not VEC8 / LAG / LEAN; candidate, persist_fma): the statistics in the
+                                # log2 domain, every exponent one FFMA (_rowsync.publish_max_sum_log2)
 ):
     """Wide rows with class-index targets, one read: persistent co-resident programs, each holding one piece
     of a row in registers (ops/_rowsync.py), pipelined one row deep as ``_softmax_fwd_persist_kernel``.
@@ -823,7 +830,7 @@ def _ce_fwd_persist_kernel(
             t = tl.load(T + r).to(tl.int64)
             if FMA:  # (candidate, not LEAN)
                 if PHASE != 1:
-                    publish_max_sum_fma(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+                    publish_max_sum_log2(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
                 e = x
                 mps = 0.0
             else:

@@ -72,7 +72,6 @@ from ._rowsync import (
     balanced_pieces,
     bind_persistent,
     edge_load,
-    exp_normalized_fma,
     load_hint,
     load_piece,
     max_sum2,
@@ -83,7 +82,8 @@ from ._rowsync import (
     piece_ptrs,
     program_piece,
     publish,
-    publish_max_sum_fma,
+    publish_max_sum_log2,
+    exp_row_log2,
     publish_piece,
     store_hint,
     unpack_pair,
@@ -368,9 +368,9 @@ def _softmax_fwd_persist_kernel(
                                  # edge lanes (ops/_rowsync.py; SPLITS * PIECE >= N + VEC_WIN - 1; Y's row offsets
                                  # = X's mod VEC_WIN)
     VEC_WIN: tl.constexpr = 8,  # VEC8: the window's alignment in elements (8: 16 bytes; 64: 128-byte lines)
-    FMA: tl.constexpr = False,  # with STAGES > 1 (candidate, persist_fma): the exponents in FFMA form, x log2 e -
-                                # m log2 e, and the output's 1 / s folded into its exponent (- log2 s): 3 fewer
-                                # instructions an element (_rowsync.publish_max_sum_fma / exp_normalized_fma)
+    FMA: tl.constexpr = False,  # with STAGES > 1 (candidate, persist_fma): the statistics in the log2 domain, every
+                                # exponent one FFMA, x log2 e - k with k = m log2 e as published (two instructions
+                                # an element fewer; _rowsync.publish_max_sum_log2)
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
@@ -485,10 +485,11 @@ def _softmax_fwd_persist_kernel(
             # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
             x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
             if PHASE != 1:
-                publish_max_sum_fma(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+                publish_max_sum_log2(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
             if PHASE != 0:
-                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)
-                y = exp_normalized_fma(x.to(tl.float32), m, s)
+                # (s against fl(m log2 e): _rowsync.publish_max_sum_log2; all -inf row: NaN below, as torch)
+                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS, True)
+                y = exp_row_log2(x.to(tl.float32), m, 1.0 / s)
                 tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
         return
     if STAGES > 1:
