@@ -368,9 +368,9 @@ def _softmax_fwd_persist_kernel(
                                  # edge lanes (ops/_rowsync.py; SPLITS * PIECE >= N + VEC_WIN - 1; Y's row offsets
                                  # = X's mod VEC_WIN)
     VEC_WIN: tl.constexpr = 8,  # VEC8: the window's alignment in elements (8: 16 bytes; 64: 128-byte lines)
-    FMA: tl.constexpr = False,  # with STAGES > 1 (candidate, persist_fma): the statistics in the log2 domain, every
-                                # exponent one FFMA, x log2 e - k with k = m log2 e as published (two instructions
-                                # an element fewer; _rowsync.publish_max_sum_log2)
+    FMA: tl.constexpr = False,  # with STAGES > 1 (candidate, persist_fma): every exponent one FFMA, x log2 e -
+                                # fl(m log2 e), the sums taken against fl(m log2 e) (two instructions an element
+                                # fewer; _rowsync.publish_max_sum_log2 / exp_row_log2)
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
