@@ -170,12 +170,14 @@ def test_misaligned_rows_routing(device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_persistent_fma_candidate(dtype, device):
-    """The SMEM forward's opt-in FMA form (persist_fma: exponents as one FFMA, x log2 e - fl(m log2 e), _rowsync):
-    ragged pieces, logits up to |x| ~ 60, a row at 1e30 (the exact branch: on the GPU the FFMA's rounding of m log2 e
-    would be 2^76 there), -inf / +inf / NaN and an all -inf row, against float64 torch.softmax."""
+    """The SMEM forward's opt-in FMA form (persist_fma: exponents as one FFMA, x log2 e - fl(m log2 e), where |m| < ~88,
+    _rowsync): ragged pieces, rows both sides of that limit (logits to |x| ~ 80, a row near 200), a row at 1e30 (the exact branch:
+    on the GPU an FFMA's rounding of m log2 e would be 2^76 there), -inf / +inf / NaN and an all -inf row, against
+    float64 torch.softmax."""
     from fused_layers.ops import softmax as sm
 
     x = torch.randn(7, 100, device=device, dtype=torch.float32) * 20
+    x[0] += 200  # past the fast form's limit (|m log2 e| < 2^7): the exact branch
     x[1, 3] = float("-inf")
     x[2, :] = float("-inf")
     x[3, 50] = float("inf")

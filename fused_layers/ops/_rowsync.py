@@ -107,19 +107,20 @@ def publish_max_sum(x, SLOT, live):
     publish(SLOT, pack_pair(m_p, s_p), live)
 
 
-# The FMA candidates (persist_fma): a piece's sum of exponentials taken against k = m log2 e rounded once (fl(m c)),
-# each exponent one FFMA, x c - k: the FFMA computes x c - k exactly and rounds once, and x c - k = (x - m) c + r with
-# r = m c - fl(m c) the same for every element of the row, so r cancels in the normalization (exp2(r) / exp2(r)) as long
-# as exp2(r) neither overflows nor underflows: |r| <= ulp(k) / 2 < 2^6 for |k| < 2^30.  Rows (pieces) with |k| >= 2^30
-# (logits past ~7e8, e.g. 1e30) take the exact form (x - m) c, a uniform branch.  Published words stay (m_p, s_p), s_p
-# against fl(m_p c); the waits' LOG2 combine rescales by exp2(fl(m_p c) - fl(m c)), the same rounding on both sides.
-_FMA_LIMIT = tl.constexpr(1073741824.0)  # 2^30
+# The FMA candidates (persist_fma): a piece's sum of exponentials taken against k = fl(m c) (c = log2 e, m c rounded
+# once), each exponent one FFMA, x c - k.  Triton contracts products into FFMAs as LLVM chooses, so no cancellation of
+# the roundings of m c is relied on: the fast form is taken only where |k| < 2^7 (logits below ~88), where any rounding
+# of a product that matters (|x c| <= |k| + 24 for the terms an fp32 sum keeps) is at most ulp(152) / 2 = 7.6e-6 in the
+# exponent, 5e-6 relative: within float32's tolerance.  Larger rows (pieces) take the exact form (x - m) c by a uniform
+# branch, as today's kernels do, and the waits' LOG2 combine uses that form there too, so a 1e30 logit stays exact.
+# Published words stay (m_p, s_p), s_p against fl(m_p c) (fast) or m_p (exact).
+_FMA_LIMIT = tl.constexpr(128.0)  # 2^7
 
 
 @triton.jit
 def publish_max_sum_log2(x, SLOT, live):
     """``publish_max_sum`` for the FMA candidates (above): publish (m_p, s_p), s_p = sum exp2(x log2 e - fl(m_p log2
-    e)) in one FFMA an element (|m_p log2 e| < 2^30), else sum exp2((x - m_p) log2 e).  An all -inf piece: sum 0."""
+    e)) in one FFMA an element (|m_p log2 e| < 2^7), else sum exp2((x - m_p) log2 e).  An all -inf piece: sum 0."""
     m_p = tl.max(x, axis=0)
     m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
     k_ps = m_ps * 1.4426950408889634
@@ -134,7 +135,7 @@ def publish_max_sum_log2(x, SLOT, live):
 def exp_row_log2(x, m, scale):
     """exp(x - m) * scale over a piece x (float32) for the FMA candidates, where the row's sum was combined with
     ``LOG2`` (against fl(m log2 e)): exp2(x log2 e - fl(m log2 e)) * scale, one FFMA an element, where |m log2 e| <
-    2^30; else exp2((x - m) log2 e) * scale (and for m = -inf: NaN for the all -inf row, as torch)."""
+    2^7; else exp2((x - m) log2 e) * scale (and for m = -inf: NaN for the all -inf row, as torch)."""
     k = m * 1.4426950408889634
     if tl.abs(k) < _FMA_LIMIT:
         out = tl.exp2(x * 1.4426950408889634 - k) * scale
@@ -348,8 +349,11 @@ def wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr, LOG2: tl.conste
     s_all = tl.where(pm, s_all, 0.0)  # the identity of the sum
     m = tl.max(m_all, axis=0)
     m_safe = tl.where(m == -float("inf"), 0.0, m)  # while only -inf was seen, subtract 0 (never -inf - -inf)
-    if LOG2:  # (fl(m_p c) - fl(m c): each s_p is against fl(m_p c), and the row's s is against fl(m c))
-        s = tl.sum(s_all * tl.exp2(m_all * 1.4426950408889634 - m_safe * 1.4426950408889634), axis=0)
+    if LOG2:  # (the row's s against fl(m c) where |fl(m c)| < 2^7, else against m itself: publish_max_sum_log2)
+        k_safe = m_safe * 1.4426950408889634
+        fast = tl.abs(k_safe) < _FMA_LIMIT
+        s = tl.sum(s_all * tl.exp2(tl.where(fast, m_all * 1.4426950408889634 - k_safe,
+                                            (m_all - m_safe) * 1.4426950408889634)), axis=0)
     else:
         s = tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
     return m, s
@@ -374,9 +378,11 @@ def wait_row_max_sum_call(ROW_SLOTS, SPLITS, LOG2: tl.constexpr = False):
         m_c, s_c = wait_row_max_sum(ROW_SLOTS + c0, tl.minimum(SPLITS - c0, WAIT_CHUNK), WAIT_CHUNK, LOG2)
         m_new = tl.maximum(m, m_c)
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        if LOG2:  # (against fl(m c), as wait_row_max_sum's LOG2)
+        if LOG2:  # (against fl(m c) or m, as wait_row_max_sum's LOG2)
             k_safe = m_safe * 1.4426950408889634
-            s = s * tl.exp2(m * 1.4426950408889634 - k_safe) + s_c * tl.exp2(m_c * 1.4426950408889634 - k_safe)
+            fast = tl.abs(k_safe) < _FMA_LIMIT
+            s = s * tl.exp2(tl.where(fast, m * 1.4426950408889634 - k_safe, (m - m_safe) * 1.4426950408889634)) + \
+                s_c * tl.exp2(tl.where(fast, m_c * 1.4426950408889634 - k_safe, (m_c - m_safe) * 1.4426950408889634))
         else:
             s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + s_c * tl.exp2((m_c - m_safe) * 1.4426950408889634)
         m = m_new

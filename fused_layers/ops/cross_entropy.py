@@ -697,8 +697,8 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
     if FMA:  # (s against fl(m log2 e): _rowsync.publish_max_sum_log2)
         m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS, True)
         k = m * 1.4426950408889634
-        # lse = (fl(m c) + log2 s) ln 2 (exact in r, see _rowsync); past |k| = 2^30, s is against m itself
-        lse = tl.where(tl.abs(k) < 1073741824.0, (k + tl.log2(s)) * 0.6931471805599453, m + tl.log(s))
+        # lse = (fl(m c) + log2 s) ln 2 where s is against fl(m c) (|k| < 2^7, _rowsync._FMA_LIMIT), else m + ln s
+        lse = tl.where(tl.abs(k) < 128.0, (k + tl.log2(s)) * 0.6931471805599453, m + tl.log(s))
     elif CALL:  # (a call: the SMEM-pipelined row loop stays pipelined, see _rowsync.wait_row_max_sum_call)
         m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
         lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
