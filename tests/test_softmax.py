@@ -168,8 +168,9 @@ def test_misaligned_rows_routing(device):
         _check(torch.randn(5, 224, device=device, dtype=torch.bfloat16)[:, :201], -1)
 
 
+@pytest.mark.parametrize("mode", ["persist_fma", "persist_kfma", "persist_kfma_even"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_persistent_fma_candidate(dtype, device):
+def test_persistent_fma_candidate(dtype, mode, device):
     """The SMEM forward's opt-in FMA form (persist_fma: exponents as one FFMA, x log2 e - fl(m log2 e), where |m| < ~88,
     _rowsync): ragged pieces, rows both sides of that limit (logits to |x| ~ 80, a row near 200), a row at 1e30 (the exact branch:
     on the GPU an FFMA's rounding of m log2 e would be 2^76 there), -inf / +inf / NaN and an all -inf row, against
@@ -182,15 +183,21 @@ def test_persistent_fma_candidate(dtype, device):
     x[2, :] = float("-inf")
     x[3, 50] = float("inf")
     x[4, 7] = float("nan")
-    if dtype != torch.float16:  # (float16 tops out at 65,504)
+    # (the K-domain form at 1e30 rests on the FFMA's exact product, which the interpreter's numpy does not have)
+    if dtype != torch.float16 and (device == "cuda" or mode == "persist_fma"):  # (float16 tops out at 65,504)
         x[5, :] = torch.randn(100) + 1e30
         x[6, 40] = -1e30
-    x = x.to(dtype)
+    n = 96 if mode == "persist_kfma_even" else 100  # (EVEN: whole 16-column pieces)
+    x = x[:, :n].to(dtype)
+    opts = {"persist_fma": dict(persist_fma=True), "persist_kfma": dict(persist_kfma=True),
+            "persist_kfma_even": dict(persist_kfma=True, persist_even=True)}[mode]
     with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3,
-                         persist_fma=True, misaligned_vec8=False):
+                         misaligned_vec8=False, **opts):
         sm._PLANS.clear()
         y = fused_softmax(x, -1)
-        assert [p.persist[2].get("FMA") for p in sm._PLANS.values() if p.persist is not None] == [True]
+        metas = [p.persist[2] for p in sm._PLANS.values() if p.persist is not None]
+        key = {"persist_fma": "FMA", "persist_kfma": "KFMA", "persist_kfma_even": "EVEN"}[mode]
+        assert [m.get(key) for m in metas] == [True]
     torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), equal_nan=True, atol=TOL[dtype][0],
                                rtol=TOL[dtype][1])
 
