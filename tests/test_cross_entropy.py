@@ -77,9 +77,11 @@ PERSIST_SMEM = dict(PERSIST, persist_stages=3)  # SMEM-pipelined: one row in reg
 PERSIST_SMEM_LAG = dict(PERSIST_SMEM, persist_lag=True)  # + row k - 1 written after row k is published (re-read)
 PERSIST_SMEM_LEAN = dict(PERSIST_SMEM, persist_lean=True)  # SMEM-pipelined with the LEAN gradient
 PERSIST_SMEM_FMA = dict(PERSIST_SMEM, persist_fma=True)  # SMEM-pipelined, exponents in FFMA form (candidate)
+PERSIST_SMEM_FIXUP = dict(PERSIST_SMEM, persist_fixup=True)  # the target's element rewritten a row later (candidate)
 WIDE = {"split": SPLIT, "stream": STREAM, "stream_base": STREAM_BASE, "stream_pf2": STREAM_PF2, "stream_st3": STREAM_ST3,
         "stream_l2": STREAM_L2, "persist": PERSIST, "persist_lean": PERSIST_LEAN, "persist_smem": PERSIST_SMEM,
-        "persist_smem_lag": PERSIST_SMEM_LAG, "persist_smem_lean": PERSIST_SMEM_LEAN, "persist_smem_fma": PERSIST_SMEM_FMA}
+        "persist_smem_lag": PERSIST_SMEM_LAG, "persist_smem_lean": PERSIST_SMEM_LEAN, "persist_smem_fma": PERSIST_SMEM_FMA,
+        "persist_smem_fixup": PERSIST_SMEM_FIXUP}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -243,7 +245,7 @@ def test_persistent_smem_many_pieces(device):
 
 @pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "persist",
                                   "persist_lean", "persist_smem", "persist_smem_lag", "persist_smem_lean",
-                                  "persist_smem_fma"])
+                                  "persist_smem_fma", "persist_smem_fixup"])
 def test_split_rows_special_values_and_layouts(mode, device):
     x = torch.randn(6, 40, device=device)
     x[0, 3] = float("-inf")
@@ -506,7 +508,7 @@ def test_gpu_vocab_widths(c, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "split", "single64k",
                                   "persist", "persist_8k", "persist_lean", "persist_smem", "persist_smem_lag",
-                                  "persist_smem_lean", "persist_smem_fma"])
+                                  "persist_smem_lean", "persist_smem_fma", "persist_smem_fixup"])
 @pytest.mark.parametrize("c", [32000, 50304, 262144])
 def test_gpu_wide_row_kernels(c, mode):
     """Every wide-row kernel (stream with/without prefetch and reversed pass, split, single block) at these
@@ -518,6 +520,7 @@ def test_gpu_wide_row_kernels(c, mode):
     t[::5] = -100
     cfg = {"stream": {}, "stream_base": dict(prefetch=0, reverse=0, lane_max=0), "stream_pf2": dict(prefetch=2), "split": dict(wide_mode=2),
            "persist_smem_fma": dict(wide_mode=3, persist_stages=4, persist_fma=True),
+           "persist_smem_fixup": dict(wide_mode=3, persist_stages=4, persist_fixup=True),
            "stream_st3": dict(prefetch=0, lane_max=0, stages=3),
            "stream_l2": dict(evict=7), "single64k": dict(max_single=65536, num_warps=32),
            "persist": dict(wide_mode=3), "persist_8k": dict(wide_mode=3, persist_block=8192, persist_warps=8),

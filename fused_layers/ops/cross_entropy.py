@@ -670,7 +670,8 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
                     sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2: tl.constexpr,
                     BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr,
                     HAS_ROW_SCALE: tl.constexpr, LEAN: tl.constexpr, CALL: tl.constexpr, live=True,
-                    VEC8: tl.constexpr = False, VEC_WIN: tl.constexpr = 8, d=0, FMA: tl.constexpr = False):
+                    VEC8: tl.constexpr = False, VEC_WIN: tl.constexpr = 8, d=0, FMA: tl.constexpr = False,
+                    FIXUP: tl.constexpr = False):
     """Row rp of ``_ce_fwd_persist_kernel`` once its piece (x_p; LEAN: e_p, mps_p) is published: wait for the
     row's statistics, lse, the loss (written by the program owning the target t) and this piece's gradient.
     ``live`` False (the LAG form's first iteration; its ``cm`` then masks every column): write no loss.
@@ -730,9 +731,17 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
             p = exp_row_log2(x_p.to(tl.float32), m, coef / s)
         else:
             p = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN)
-        dx = p - tl.where(hit, coef, 0.0)  # coef p - B
-        tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
-    return lse, coef, t
+        if FIXUP:  # (candidate) coef p everywhere; the target's element is rewritten by the caller (fix_t, fix_val)
+            tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), p.to(DX.dtype.element_ty), mask=cm)
+            fix_val = tl.exp2((x_t - lse) * 1.4426950408889634) * coef - coef
+            fix_on = (owner & ~ign).to(tl.int32)
+        else:
+            dx = p - tl.where(hit, coef, 0.0)  # coef p - B
+            tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
+    if not FIXUP:
+        fix_val = 0.0
+        fix_on = 0
+    return lse, coef, t, fix_val, fix_on
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
@@ -770,6 +779,9 @@ def _ce_fwd_persist_kernel(
     VEC_WIN: tl.constexpr = 8,  # VEC8: the window's alignment in elements (8: 16 bytes; 64: 128-byte lines)
     FMA: tl.constexpr = False,  # with STAGES > 1 (not VEC8 / LAG / LEAN; candidate, persist_fma): the statistics in the
                                 # log2 domain, every exponent one FFMA (_rowsync.publish_max_sum_log2)
+    FIXUP: tl.constexpr = False,  # with STAGES > 1 (not VEC8 / LAG; candidate, persist_fixup): the gradient stored as
+                                  # coef p everywhere, the target's element then rewritten by its owner after a CTA
+                                  # barrier (no per-element compare with the target)
 ):
     """Wide rows with class-index targets, one read: persistent co-resident programs, each holding one piece
     of a row in registers (ops/_rowsync.py), pipelined one row deep as ``_softmax_fwd_persist_kernel``.
@@ -815,7 +827,7 @@ def _ce_fwd_persist_kernel(
                 m_p, s_p = max_sum2(x.to(tl.float32), xe)
                 publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
             if PHASE != 0:
-                lse, coef, tt = _ce_persist_row(
+                lse, coef, tt, _fv, _fo = _ce_persist_row(
                     X, W, LOSS, DX, DEN, RS, SLOTS, x, x, 0.0, t, r, piece, start, body, c64, C, INNER, sxo, sxi, sxc,
                     sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N, HAS_WEIGHT,
                     DEN_ON_DEVICE, HAS_ROW_SCALE, False, True, True, True, VEC_WIN, d)
@@ -823,6 +835,9 @@ def _ce_fwd_persist_kernel(
                 tl.store(DX + ((r // INNER) * sdo + (r % INNER) * sdi) + ec, dxe.to(DX.dtype.element_ty), mask=em)
         return
     if STAGES > 1:
+        # FIXUP: the previous row's target element (value, whether this program writes it)
+        fix_val = 0.0
+        fix_on = 0
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
             # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
@@ -835,10 +850,22 @@ def _ce_fwd_persist_kernel(
                 mps = 0.0
             else:
                 e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
+            if FIXUP:  # the previous row's target element, after this row's block reductions: their CTA barriers
+                # order every thread's stores of that row before this rewrite (a barrier of its own in the loop
+                # would stop Triton's pipeliner: no cp.async)
+                rq = tl.maximum(r - GROUPS, 0)
+                tq = tl.load(T + rq, mask=fix_on != 0, other=0).to(tl.int64)
+                tl.store(piece_ptrs(DX, rq, INNER, sdo, sdi, sdc, tq), fix_val.to(DX.dtype.element_ty), mask=fix_on != 0)
             if PHASE != 0:
-                _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x, e, mps, t, r, piece, start, cm, c64, C, INNER, sxo,
-                                sxi, sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N,
-                                HAS_WEIGHT, DEN_ON_DEVICE, HAS_ROW_SCALE, LEAN, True, True, False, 8, 0, FMA)
+                _l, _c, _t, fix_val, fix_on = _ce_persist_row(
+                    X, W, LOSS, DX, DEN, RS, SLOTS, x, e, mps, t, r, piece, start, cm, c64, C, INNER, sxo, sxi, sxc,
+                    sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N, HAS_WEIGHT, DEN_ON_DEVICE,
+                    HAS_ROW_SCALE, LEAN, True, True, False, 8, 0, FMA, FIXUP)
+        if FIXUP:  # the last row's
+            tl.debug_barrier()
+            rq = group + (tl.cdiv(M - group, GROUPS) - 1) * GROUPS
+            tq = tl.load(T + rq, mask=fix_on != 0, other=0).to(tl.int64)
+            tl.store(piece_ptrs(DX, rq, INNER, sdo, sdi, sdc, tq), fix_val.to(DX.dtype.element_ty), mask=fix_on != 0)
         return
     r = tl.cast(group, tl.int64)
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
@@ -1112,6 +1139,8 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                     plan.persist["LAG"] = True
                 elif get_override("cross_entropy", "persist_fma", False) and not plan.persist["LEAN"]:  # candidate
                     plan.persist["FMA"] = True
+                if get_override("cross_entropy", "persist_fixup", False):  # candidate (see the kernel)
+                    plan.persist["FIXUP"] = True
             plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
                                   den_on_device, has_row_scale, has_grad, False)
         elif wide == 2 and has_grad:
