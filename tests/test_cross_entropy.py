@@ -76,12 +76,9 @@ PERSIST_LEAN = dict(PERSIST, persist_lean=True)  # the gradient from the statist
 PERSIST_SMEM = dict(PERSIST, persist_stages=3)  # SMEM-pipelined: one row in registers, the wait a function call
 PERSIST_SMEM_LAG = dict(PERSIST_SMEM, persist_lag=True)  # + row k - 1 written after row k is published (re-read)
 PERSIST_SMEM_LEAN = dict(PERSIST_SMEM, persist_lean=True)  # SMEM-pipelined with the LEAN gradient
-PERSIST_SMEM_FMA = dict(PERSIST_SMEM, persist_fma=True)  # SMEM-pipelined, exponents in FFMA form (candidate)
-PERSIST_SMEM_FIXUP = dict(PERSIST_SMEM, persist_fixup=True)  # the target's element rewritten a row later (candidate)
 WIDE = {"split": SPLIT, "stream": STREAM, "stream_base": STREAM_BASE, "stream_pf2": STREAM_PF2, "stream_st3": STREAM_ST3,
         "stream_l2": STREAM_L2, "persist": PERSIST, "persist_lean": PERSIST_LEAN, "persist_smem": PERSIST_SMEM,
-        "persist_smem_lag": PERSIST_SMEM_LAG, "persist_smem_lean": PERSIST_SMEM_LEAN, "persist_smem_fma": PERSIST_SMEM_FMA,
-        "persist_smem_fixup": PERSIST_SMEM_FIXUP}
+        "persist_smem_lag": PERSIST_SMEM_LAG, "persist_smem_lean": PERSIST_SMEM_LEAN}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -163,6 +160,10 @@ def test_tma_hold_routing():
     for c in (50304, 131072):
         p = plan(c)
         assert not p.tma and p.tma_config is None and p.persist is not None  # the persistent default
+        # its CTA shape by width bucket (cross_entropy_config.PERSIST_BY_WIDTH): 2K x 2 warps up to 64K columns
+        shape = cfg.PERSIST_BY_WIDTH.get((2, 65536 if c <= 65536 else 131072), cfg.PERSIST[2])
+        assert (p.persist["BLOCK_N"], p.persist["num_warps"], p.persist["per_sm"]) == shape, c
+    assert plan(50304).persist["BLOCK_N"] == 2048 and plan(131072).persist["BLOCK_N"] == cfg.PERSIST[2][0]
     for c in (32001, 30522, 50257, 32008):  # not 16-element aligned: the persistent kernel's VEC8 form
         p = plan(c)
         assert not p.tma and p.persist is not None and p.persist["VEC8"] and p.persist["VEC_WIN"] == 64, c
@@ -244,8 +245,7 @@ def test_persistent_smem_many_pieces(device):
 
 
 @pytest.mark.parametrize("mode", ["split", "stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "persist",
-                                  "persist_lean", "persist_smem", "persist_smem_lag", "persist_smem_lean",
-                                  "persist_smem_fma", "persist_smem_fixup"])
+                                  "persist_lean", "persist_smem", "persist_smem_lag", "persist_smem_lean"])
 def test_split_rows_special_values_and_layouts(mode, device):
     x = torch.randn(6, 40, device=device)
     x[0, 3] = float("-inf")
@@ -508,7 +508,7 @@ def test_gpu_vocab_widths(c, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["stream", "stream_base", "stream_pf2", "stream_st3", "stream_l2", "split", "single64k",
                                   "persist", "persist_8k", "persist_lean", "persist_smem", "persist_smem_lag",
-                                  "persist_smem_lean", "persist_smem_fma", "persist_smem_fixup"])
+                                  "persist_smem_lean"])
 @pytest.mark.parametrize("c", [32000, 50304, 262144])
 def test_gpu_wide_row_kernels(c, mode):
     """Every wide-row kernel (stream with/without prefetch and reversed pass, split, single block) at these
@@ -519,8 +519,6 @@ def test_gpu_wide_row_kernels(c, mode):
     t = torch.randint(0, c, (256,), device="cuda")
     t[::5] = -100
     cfg = {"stream": {}, "stream_base": dict(prefetch=0, reverse=0, lane_max=0), "stream_pf2": dict(prefetch=2), "split": dict(wide_mode=2),
-           "persist_smem_fma": dict(wide_mode=3, persist_stages=4, persist_fma=True),
-           "persist_smem_fixup": dict(wide_mode=3, persist_stages=4, persist_fixup=True),
            "stream_st3": dict(prefetch=0, lane_max=0, stages=3),
            "stream_l2": dict(evict=7), "single64k": dict(max_single=65536, num_warps=32),
            "persist": dict(wide_mode=3), "persist_8k": dict(wide_mode=3, persist_block=8192, persist_warps=8),

@@ -101,8 +101,8 @@ def test_wide_persistent(n, dtype, form, device):
 
 def test_persistent_form_by_width():
     """softmax_config._PERSIST_BY_WIDTH: the float32 forward takes the SMEM form (4K x 4 warps x 3 stages) in the 128K
-    bucket only (session 22's sweep); the register form elsewhere, the 16-bit and backward forms unchanged; config
-    overrides still win."""
+    bucket only (session 22's sweep); the register form elsewhere; the 16-bit forward 2K x 2 warps in the 32K bucket
+    (session 25); the backward forms unchanged; config overrides still win."""
     from fused_layers.ops import softmax as sm
 
     def form(n, dtype=torch.float32, fwd=True):
@@ -116,6 +116,12 @@ def test_persistent_form_by_width():
     assert form(65536) == (2048, 1) and form(262144) == (2048, 1)  # the register form
     assert form(100003, fwd=False) == (4096, 1)  # the float32 backward keeps its form
     assert form(100352, torch.bfloat16) == (4096, 3) and form(262144, torch.bfloat16) == (4096, 3)
+    # the 16-bit forward's 32K bucket: 2K pieces of 2-warp programs (session 25); 64K keeps 4K x 4 warps
+    sm._PLANS.clear()
+    meta = sm._plan(torch.Size([2, 30000]), ((30000, 1),), torch.bfloat16, 1, True).persist[2]
+    assert (meta["BLOCK_N"], meta["num_warps"], meta["STAGES"]) == (2048, 2, 3)
+    meta = sm._plan(torch.Size([2, 40000]), ((40000, 1),), torch.bfloat16, 1, True).persist[2]
+    assert (meta["BLOCK_N"], meta["num_warps"]) == (4096, 4)
     with config_override("softmax", persist_stages=1, persist_block=2048):
         assert form(100003) == (2048, 1)
 
@@ -166,40 +172,6 @@ def test_misaligned_rows_routing(device):
         x = torch.randn(5, 203, device=device, dtype=torch.bfloat16) * 4
         _check(x, -1)
         _check(torch.randn(5, 224, device=device, dtype=torch.bfloat16)[:, :201], -1)
-
-
-@pytest.mark.parametrize("mode", ["persist_fma", "persist_kfma", "persist_kfma_even"])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_persistent_fma_candidate(dtype, mode, device):
-    """The SMEM forward's opt-in FMA form (persist_fma: exponents as one FFMA, x log2 e - fl(m log2 e), where |m| < ~88,
-    _rowsync): ragged pieces, rows both sides of that limit (logits to |x| ~ 80, a row near 200), a row at 1e30 (the exact branch:
-    on the GPU an FFMA's rounding of m log2 e would be 2^76 there), -inf / +inf / NaN and an all -inf row, against
-    float64 torch.softmax."""
-    from fused_layers.ops import softmax as sm
-
-    x = torch.randn(7, 100, device=device, dtype=torch.float32) * 20
-    x[0] += 200  # past the fast form's limit (|m log2 e| < 2^7): the exact branch
-    x[1, 3] = float("-inf")
-    x[2, :] = float("-inf")
-    x[3, 50] = float("inf")
-    x[4, 7] = float("nan")
-    # (the K-domain form at 1e30 rests on the FFMA's exact product, which the interpreter's numpy does not have)
-    if dtype != torch.float16 and (device == "cuda" or mode == "persist_fma"):  # (float16 tops out at 65,504)
-        x[5, :] = torch.randn(100) + 1e30
-        x[6, 40] = -1e30
-    n = 96 if mode == "persist_kfma_even" else 100  # (EVEN: whole 16-column pieces)
-    x = x[:, :n].to(dtype)
-    opts = {"persist_fma": dict(persist_fma=True), "persist_kfma": dict(persist_kfma=True),
-            "persist_kfma_even": dict(persist_kfma=True, persist_even=True)}[mode]
-    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3,
-                         misaligned_vec8=False, **opts):
-        sm._PLANS.clear()
-        y = fused_softmax(x, -1)
-        metas = [p.persist[2] for p in sm._PLANS.values() if p.persist is not None]
-        key = {"persist_fma": "FMA", "persist_kfma": "KFMA", "persist_kfma_even": "EVEN"}[mode]
-        assert [m.get(key) for m in metas] == [True]
-    torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), equal_nan=True, atol=TOL[dtype][0],
-                               rtol=TOL[dtype][1])
 
 
 # Small VEC8 pieces under the interpreter: 16-column pieces, so a row of n columns spans ceil((n + 7) / 16) pieces.

@@ -107,67 +107,6 @@ def publish_max_sum(x, SLOT, live):
     publish(SLOT, pack_pair(m_p, s_p), live)
 
 
-# The FMA candidates (persist_fma): a piece's sum of exponentials taken against k = fl(m c) (c = log2 e, m c rounded
-# once), each exponent one FFMA, x c - k.  Triton contracts products into FFMAs as LLVM chooses, so no cancellation of
-# the roundings of m c is relied on: the fast form is taken only where |k| < 2^7 (logits below ~88), where any rounding
-# of a product that matters (|x c| <= |k| + 24 for the terms an fp32 sum keeps) is at most ulp(152) / 2 = 7.6e-6 in the
-# exponent, 5e-6 relative: within float32's tolerance.  Larger rows (pieces) take the exact form (x - m) c by a uniform
-# branch, as today's kernels do, and the waits' LOG2 combine uses that form there too, so a 1e30 logit stays exact.
-# Published words stay (m_p, s_p), s_p against fl(m_p c) (fast) or m_p (exact).
-_FMA_LIMIT = tl.constexpr(128.0)  # 2^7
-
-
-@triton.jit
-def publish_max_sum_log2(x, SLOT, live):
-    """``publish_max_sum`` for the FMA candidates (above): publish (m_p, s_p), s_p = sum exp2(x log2 e - fl(m_p log2
-    e)) in one FFMA an element (|m_p log2 e| < 2^7), else sum exp2((x - m_p) log2 e).  An all -inf piece: sum 0."""
-    m_p = tl.max(x, axis=0)
-    m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)  # an all -inf piece: sum 0, not NaN
-    k_ps = m_ps * 1.4426950408889634
-    if tl.abs(k_ps) < _FMA_LIMIT:
-        s_p = tl.sum(tl.exp2(x * 1.4426950408889634 - k_ps), axis=0)
-    else:
-        s_p = tl.sum(tl.exp2((x - m_ps) * 1.4426950408889634), axis=0)
-    publish(SLOT, pack_pair(m_p, s_p), live)
-
-
-@triton.jit
-def exp_row_log2(x, m, scale):
-    """exp(x - m) * scale over a piece x (float32) for the FMA candidates, where the row's sum was combined with
-    ``LOG2`` (against fl(m log2 e)): exp2(x log2 e - fl(m log2 e)) * scale, one FFMA an element, where |m log2 e| <
-    2^7; else exp2((x - m) log2 e) * scale (and for m = -inf: NaN for the all -inf row, as torch)."""
-    k = m * 1.4426950408889634
-    if tl.abs(k) < _FMA_LIMIT:
-        out = tl.exp2(x * 1.4426950408889634 - k) * scale
-    else:
-        out = tl.exp2((x - m) * 1.4426950408889634) * scale
-    return out
-
-
-# The K-domain candidates (persist_kfma): a piece publishes (K_p, s_p), K_p = fl(m_p log2 e) its max in log2 units
-# rounded once, s_p = sum exp2(fma(x, log2 e, -K_p)) (every exponent one FFMA, the product exact inside it); the row's
-# K = max_p K_p and s = sum_p s_p exp2(K_p - K) come from the published words themselves, and the output takes
-# exp2(fma(x, log2 e, -K)) / s.  Numerator and denominator are taken against the same K, so the rounding of m log2 e
-# cancels exactly, at any |m|: no product is recomputed anywhere (a recomputed m c could be contracted into an FFMA
-# differently, session 24's concern), and K_p is one register from the max to the word.  Its one limit: K_p overflows
-# where |m_p| > FLT_MAX / log2 e (2.36e38).
-@triton.jit
-def publish_k_sum(x, SLOT, live):
-    """Publish (K_p, s_p) of a piece x (float32, -inf where masked) at SLOT when live (the K-domain form above); an all
-    -inf piece: K_p = -inf, s_p = 0."""
-    k_p = tl.max(x, axis=0) * 1.4426950408889634
-    k_ps = tl.where(k_p == -float("inf"), 0.0, k_p)  # an all -inf piece: sum 0, not NaN
-    s_p = tl.sum(tl.exp2(tl.fma(x, 1.4426950408889634, -k_ps)), axis=0)
-    publish(SLOT, pack_pair(k_p, s_p), live)
-
-
-@triton.jit
-def exp_k(x, k, scale):
-    """exp(x - m) * scale over a piece x (float32) against the row's K = fl(m log2 e) (the K-domain form above):
-    exp2(fma(x, log2 e, -K)) * scale (K = -inf, an all -inf row: NaN, as torch)."""
-    return tl.exp2(tl.fma(x, 1.4426950408889634, -k)) * scale
-
-
 @triton.jit
 def piece_exp(x):
     """A piece x (float32, -inf where masked) as (e, m_p, m_ps, s_p): its exponentials e = exp(x - m_ps), its max
@@ -363,26 +302,16 @@ def max_sum2(x, xe):
 
 
 @triton.jit
-def wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr, LOG2: tl.constexpr = False, KDOM: tl.constexpr = False):
+def wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
     """Wait for a row's (max, sum of exp(x - max)) words (``pack_pair``) and combine them: the row's
-    m = max_p m_p and s = sum_p s_p exp(m_p - m) (an all -inf row: m = -inf, s = 0).  LOG2: the words are
-    ``publish_max_sum_log2``'s: s = sum_p s_p exp2(fl(m_p log2 e) - fl(m log2 e)).  KDOM: the words are
-    ``publish_k_sum``'s (K_p, s_p), returned as (K, s = sum_p s_p exp2(K_p - K))."""
+    m = max_p m_p and s = sum_p s_p exp(m_p - m) (an all -inf row: m = -inf, s = 0)."""
     words, pm = wait_row(ROW_SLOTS, SPLITS, SPLITS_P2)
     m_all, s_all = unpack_pair(words)
     m_all = tl.where(pm, m_all, -float("inf"))  # the identity of max
     s_all = tl.where(pm, s_all, 0.0)  # the identity of the sum
     m = tl.max(m_all, axis=0)
     m_safe = tl.where(m == -float("inf"), 0.0, m)  # while only -inf was seen, subtract 0 (never -inf - -inf)
-    if KDOM:
-        s = tl.sum(s_all * tl.exp2(m_all - m_safe), axis=0)
-    elif LOG2:  # (the row's s against fl(m c) where |fl(m c)| < 2^7, else against m itself: publish_max_sum_log2)
-        k_safe = m_safe * 1.4426950408889634
-        fast = tl.abs(k_safe) < _FMA_LIMIT
-        s = tl.sum(s_all * tl.exp2(tl.where(fast, m_all * 1.4426950408889634 - k_safe,
-                                            (m_all - m_safe) * 1.4426950408889634)), axis=0)
-    else:
-        s = tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
+    s = tl.sum(s_all * tl.exp2((m_all - m_safe) * 1.4426950408889634), axis=0)
     return m, s
 
 
@@ -393,7 +322,7 @@ WAIT_CHUNK = tl.constexpr(32)
 
 
 @triton.jit(noinline=True)
-def wait_row_max_sum_call(ROW_SLOTS, SPLITS, LOG2: tl.constexpr = False, KDOM: tl.constexpr = False):
+def wait_row_max_sum_call(ROW_SLOTS, SPLITS):
     """``wait_row_max_sum`` as a function call (not inlined): a row loop holding it has no nested loop, so
     Triton's software pipeliner takes it and issues the next rows' piece loads ahead by cp.async into shared
     memory while the program waits (with the wait inlined the pipeliner leaves the loop alone; sm_90 SASS:
@@ -402,18 +331,10 @@ def wait_row_max_sum_call(ROW_SLOTS, SPLITS, LOG2: tl.constexpr = False, KDOM: t
     m = -float("inf")
     s = 0.0
     for c0 in range(0, SPLITS, WAIT_CHUNK):
-        m_c, s_c = wait_row_max_sum(ROW_SLOTS + c0, tl.minimum(SPLITS - c0, WAIT_CHUNK), WAIT_CHUNK, LOG2, KDOM)
+        m_c, s_c = wait_row_max_sum(ROW_SLOTS + c0, tl.minimum(SPLITS - c0, WAIT_CHUNK), WAIT_CHUNK)
         m_new = tl.maximum(m, m_c)
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        if KDOM:  # (K-domain words: base 2 already)
-            s = s * tl.exp2(m - m_safe) + s_c * tl.exp2(m_c - m_safe)
-        elif LOG2:  # (against fl(m c) or m, as wait_row_max_sum's LOG2)
-            k_safe = m_safe * 1.4426950408889634
-            fast = tl.abs(k_safe) < _FMA_LIMIT
-            s = s * tl.exp2(tl.where(fast, m * 1.4426950408889634 - k_safe, (m - m_safe) * 1.4426950408889634)) + \
-                s_c * tl.exp2(tl.where(fast, m_c * 1.4426950408889634 - k_safe, (m_c - m_safe) * 1.4426950408889634))
-        else:
-            s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + s_c * tl.exp2((m_c - m_safe) * 1.4426950408889634)
+        s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + s_c * tl.exp2((m_c - m_safe) * 1.4426950408889634)
         m = m_new
     return m, s
 
@@ -573,5 +494,5 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
     return splits, piece
 
 
-__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "publish_max_sum_log2", "exp_row_log2", "publish_k_sum", "exp_k", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_row", "vec_woff", "vec_load", "vec_step", "edge_cols", "edge_load", "max_sum2", "persistent_groups",
+__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_row", "vec_woff", "vec_load", "vec_step", "edge_cols", "edge_load", "max_sum2", "persistent_groups",
            "interpreter_groups", "programs_per_sm", "bind_persistent", "with_constexpr_defaults", "balanced_pieces"]

@@ -142,8 +142,6 @@ from ._rowsync import (
     program_piece,
     publish,
     publish_max_sum,
-    publish_max_sum_log2,
-    exp_row_log2,
     publish_piece,
     store_hint,
     vec_load,
@@ -670,8 +668,7 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
                     sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2: tl.constexpr,
                     BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr,
                     HAS_ROW_SCALE: tl.constexpr, LEAN: tl.constexpr, CALL: tl.constexpr, live=True,
-                    VEC8: tl.constexpr = False, VEC_WIN: tl.constexpr = 8, d=0, FMA: tl.constexpr = False,
-                    FIXUP: tl.constexpr = False):
+                    VEC8: tl.constexpr = False, VEC_WIN: tl.constexpr = 8, d=0):
     """Row rp of ``_ce_fwd_persist_kernel`` once its piece (x_p; LEAN: e_p, mps_p) is published: wait for the
     row's statistics, lse, the loss (written by the program owning the target t) and this piece's gradient.
     ``live`` False (the LAG form's first iteration; its ``cm`` then masks every column): write no loss.
@@ -695,12 +692,7 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
     # loss: it reads x_t from its own piece, which no other program writes.
     owner = t // PIECE == piece
     x_t = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxc, t), mask=owner, other=0.0).to(tl.float32)
-    if FMA:  # (s against fl(m log2 e): _rowsync.publish_max_sum_log2)
-        m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS, True)
-        k = m * 1.4426950408889634
-        # lse = (fl(m c) + log2 s) ln 2 where s is against fl(m c) (|k| < 2^7, _rowsync._FMA_LIMIT), else m + ln s
-        lse = tl.where(tl.abs(k) < 128.0, (k + tl.log2(s)) * 0.6931471805599453, m + tl.log(s))
-    elif CALL:  # (a call: the SMEM-pipelined row loop stays pipelined, see _rowsync.wait_row_max_sum_call)
+    if CALL:  # (a call: the SMEM-pipelined row loop stays pipelined, see _rowsync.wait_row_max_sum_call)
         m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
         lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
     else:
@@ -727,21 +719,9 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
         tl.store(dptrs, dx.to(DX.dtype.element_ty), mask=cm)
     else:
         hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
-        if FMA:  # (candidate) p = exp(x - m) / s, its exponent one FFMA (_rowsync.exp_row_log2)
-            p = exp_row_log2(x_p.to(tl.float32), m, coef / s)
-        else:
-            p = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN)
-        if FIXUP:  # (candidate) coef p everywhere; the target's element is rewritten by the caller (fix_t, fix_val)
-            tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), p.to(DX.dtype.element_ty), mask=cm)
-            fix_val = tl.exp2((x_t - lse) * 1.4426950408889634) * coef - coef
-            fix_on = (owner & ~ign).to(tl.int32)
-        else:
-            dx = p - tl.where(hit, coef, 0.0)  # coef p - B
-            tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
-    if not FIXUP:
-        fix_val = 0.0
-        fix_on = 0
-    return lse, coef, t, fix_val, fix_on
+        dx = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
+        tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
+    return lse, coef, t
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
@@ -777,11 +757,6 @@ def _ce_fwd_persist_kernel(
                                  # (ops/_rowsync.py; SPLITS * PIECE >= C + VEC_WIN - 1; DX's row offsets = X's
                                  # mod VEC_WIN)
     VEC_WIN: tl.constexpr = 8,  # VEC8: the window's alignment in elements (8: 16 bytes; 64: 128-byte lines)
-    FMA: tl.constexpr = False,  # with STAGES > 1 (not VEC8 / LAG / LEAN; candidate, persist_fma): the statistics in the
-                                # log2 domain, every exponent one FFMA (_rowsync.publish_max_sum_log2)
-    FIXUP: tl.constexpr = False,  # with STAGES > 1 (not VEC8 / LAG; candidate, persist_fixup): the gradient stored as
-                                  # coef p everywhere, the target's element then rewritten by its owner after a CTA
-                                  # barrier (no per-element compare with the target)
 ):
     """Wide rows with class-index targets, one read: persistent co-resident programs, each holding one piece
     of a row in registers (ops/_rowsync.py), pipelined one row deep as ``_softmax_fwd_persist_kernel``.
@@ -827,7 +802,7 @@ def _ce_fwd_persist_kernel(
                 m_p, s_p = max_sum2(x.to(tl.float32), xe)
                 publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
             if PHASE != 0:
-                lse, coef, tt, _fv, _fo = _ce_persist_row(
+                lse, coef, tt = _ce_persist_row(
                     X, W, LOSS, DX, DEN, RS, SLOTS, x, x, 0.0, t, r, piece, start, body, c64, C, INNER, sxo, sxi, sxc,
                     sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N, HAS_WEIGHT,
                     DEN_ON_DEVICE, HAS_ROW_SCALE, False, True, True, True, VEC_WIN, d)
@@ -835,37 +810,16 @@ def _ce_fwd_persist_kernel(
                 tl.store(DX + ((r // INNER) * sdo + (r % INNER) * sdi) + ec, dxe.to(DX.dtype.element_ty), mask=em)
         return
     if STAGES > 1:
-        # FIXUP: the previous row's target element (value, whether this program writes it)
-        fix_val = 0.0
-        fix_on = 0
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
             # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
             x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxc, c64), mask=cm, other=-float("inf"))
             t = tl.load(T + r).to(tl.int64)
-            if FMA:  # (candidate, not LEAN)
-                if PHASE != 1:
-                    publish_max_sum_log2(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
-                e = x
-                mps = 0.0
-            else:
-                e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
-            if FIXUP:  # the previous row's target element, after this row's block reductions: their CTA barriers
-                # order every thread's stores of that row before this rewrite (a barrier of its own in the loop
-                # would stop Triton's pipeliner: no cp.async)
-                rq = tl.maximum(r - GROUPS, 0)
-                tq = tl.load(T + rq, mask=fix_on != 0, other=0).to(tl.int64)
-                tl.store(piece_ptrs(DX, rq, INNER, sdo, sdi, sdc, tq), fix_val.to(DX.dtype.element_ty), mask=fix_on != 0)
+            e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
             if PHASE != 0:
-                _l, _c, _t, fix_val, fix_on = _ce_persist_row(
-                    X, W, LOSS, DX, DEN, RS, SLOTS, x, e, mps, t, r, piece, start, cm, c64, C, INNER, sxo, sxi, sxc,
-                    sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N, HAS_WEIGHT, DEN_ON_DEVICE,
-                    HAS_ROW_SCALE, LEAN, True, True, False, 8, 0, FMA, FIXUP)
-        if FIXUP:  # the last row's
-            tl.debug_barrier()
-            rq = group + (tl.cdiv(M - group, GROUPS) - 1) * GROUPS
-            tq = tl.load(T + rq, mask=fix_on != 0, other=0).to(tl.int64)
-            tl.store(piece_ptrs(DX, rq, INNER, sdo, sdi, sdc, tq), fix_val.to(DX.dtype.element_ty), mask=fix_on != 0)
+                _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x, e, mps, t, r, piece, start, cm, c64, C, INNER, sxo,
+                                sxi, sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N,
+                                HAS_WEIGHT, DEN_ON_DEVICE, HAS_ROW_SCALE, LEAN, True)
         return
     r = tl.cast(group, tl.int64)
     # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
@@ -1119,7 +1073,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
             # Persistent pieces held in registers (_ce_fwd_persist_kernel): balanced pieces of at most
             # BLOCK_N columns, 64-aligned starts.  The grid needs the compiled kernel's occupancy, so the
             # Kernel is made at the first launch (_persist_kernels); the streaming plan is its fallback.
-            pblock, pwarps, per_sm = cfg.PERSIST[elem]
+            pblock, pwarps, per_sm = cfg.PERSIST_BY_WIDTH.get((elem, next_power_of_2(C)), cfg.PERSIST[elem])
             pblock = get_override("cross_entropy", "persist_block", pblock)
             splits, piece = balanced_pieces(C + win - 1 if vec8 else C, pblock)  # (VEC8: the row's window, C + d)
             plan.splits, plan.piece = splits, piece
@@ -1137,10 +1091,6 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                 plan.persist["STAGES"] = pstages
                 if get_override("cross_entropy", "persist_lag", False):  # candidate (see the kernel)
                     plan.persist["LAG"] = True
-                elif get_override("cross_entropy", "persist_fma", False) and not plan.persist["LEAN"]:  # candidate
-                    plan.persist["FMA"] = True
-                if get_override("cross_entropy", "persist_fixup", False):  # candidate (see the kernel)
-                    plan.persist["FIXUP"] = True
             plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
                                   den_on_device, has_row_scale, has_grad, False)
         elif wide == 2 and has_grad:

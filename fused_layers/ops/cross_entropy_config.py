@@ -130,6 +130,19 @@ PERSIST = {2: (4096, 4, 16), 4: (4096, 8, 4)}  # (16-bit: at most 16 per SM, as 
 #   SMEM 2K x 4 / 4K x 8 / 8K x 8 warps, 3 stages  0.44-0.58 / 0.50-0.56 / 0.54-0.60
 # (fp32 logits: not swept in this form; they stream.)
 PERSIST_STAGES = {2: 4}
+# By width bucket, (element size, next power of two of C) -> (BLOCK_N, num_warps, most programs per SM), in place of
+# PERSIST there.  Session 25 (issue10/run32_d, run32_e; H200, 8,192 bf16 rows, fwd + bwd, do_bench / graph replay, the
+# default 4K x 4 warps in the same runs):
+#   50,304   2K x 2 warps, up to 32 an SM **0.719 / 0.741 and 0.716 / 0.741** against 0.702 / 0.723 and 0.697-0.698 /
+#            0.722 (taken); 1K x 1 warp 0.681 / 0.703
+#   128,256  2K x 2 0.705 / 0.712 and 0.702 / 0.710 against 0.728-0.732 / 0.736-0.738;  262,144  0.613 / 0.600 against
+#            0.674-0.675 / 0.658-0.659
+PERSIST_BY_WIDTH = {(2, 65536): (2048, 2, 32)}
+# Measured, not kept (session 25, issue10/run32_a, run32_e): the exponents as one FFMA, x log2 e - fl(m log2 e), with a
+# uniform branch to the exact form past |m log2 e| = 2^7 (persist_fma): 0.622 / 0.654 / 0.622 against 0.699 / 0.732 /
+# 0.681 at 50,304 / 128,256 / 262,144 (64 registers' occupancy for one fewer instruction an element); the gradient stored
+# as coef p and the target's element rewritten a row later, after the next row's block-reduction barriers (no
+# per-element compare with t; persist_fixup, row loop 783 -> 731): 0.618 / 0.639 / 0.600 against 0.698 / 0.729 / 0.675.
 # (Candidate: config_override("cross_entropy", persist_lag=True), row k - 1's loss and gradient after row k is
 # published, its piece re-read from L2.  Timed in session 11: it lost, 0.37-0.59 of copy against 0.67-0.73:
 # issue10/run16_b/ce.log.)

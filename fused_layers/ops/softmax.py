@@ -82,10 +82,6 @@ from ._rowsync import (
     piece_ptrs,
     program_piece,
     publish,
-    publish_max_sum_log2,
-    exp_row_log2,
-    publish_k_sum,
-    exp_k,
     publish_piece,
     store_hint,
     unpack_pair,
@@ -370,13 +366,6 @@ def _softmax_fwd_persist_kernel(
                                  # edge lanes (ops/_rowsync.py; SPLITS * PIECE >= N + VEC_WIN - 1; Y's row offsets
                                  # = X's mod VEC_WIN)
     VEC_WIN: tl.constexpr = 8,  # VEC8: the window's alignment in elements (8: 16 bytes; 64: 128-byte lines)
-    FMA: tl.constexpr = False,  # with STAGES > 1 (candidate, persist_fma): every exponent one FFMA, x log2 e -
-                                # fl(m log2 e), the sums taken against fl(m log2 e) (two instructions an element
-                                # fewer; _rowsync.publish_max_sum_log2 / exp_row_log2)
-    KFMA: tl.constexpr = False,  # with STAGES > 1 (candidate, persist_kfma): the K-domain form, every exponent one
-                                 # FFMA against the published K = fl(m log2 e), no branch (_rowsync.publish_k_sum)
-    EVEN: tl.constexpr = False,  # with STAGES > 1 (candidate, persist_even): every piece a whole BLOCK_N tile (N =
-                                 # SPLITS * BLOCK_N): loads and stores unmasked
 ):
     """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
     program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
@@ -484,44 +473,6 @@ def _softmax_fwd_persist_kernel(
                 s_p = tl.sum(tl.exp2((xf - m_ps) * 1.4426950408889634), axis=0)
                 y = piece_exp_scaled(x, x, 0.0, m_p, 1.0 / s_p, False)
                 tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
-        return
-    if STAGES > 1 and FMA:
-        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
-            if PHASE != 1:
-                publish_max_sum_log2(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
-            if PHASE != 0:
-                # (s against fl(m log2 e): _rowsync.publish_max_sum_log2; all -inf row: NaN below, as torch)
-                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS, True)
-                y = exp_row_log2(x.to(tl.float32), m, 1.0 / s)
-                tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
-        return
-    if STAGES > 1 and (KFMA or EVEN):
-        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            if EVEN:  # every column of the tile is the row's
-                x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64))
-            else:  # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-                x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
-            xf = x.to(tl.float32)
-            if PHASE != 1:
-                if KFMA:
-                    publish_k_sum(xf, SLOTS + r * SPLITS + piece, r < M)
-                else:
-                    publish_max_sum(xf, SLOTS + r * SPLITS + piece, r < M)
-            if PHASE != 0:
-                # (a call, so that the loop stays pipelined; all -inf row: m = -inf, NaN below as torch)
-                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS, False, KFMA)
-                if KFMA:
-                    y = exp_k(xf, m, 1.0 / s)
-                else:
-                    y = piece_exp_scaled(x, x, 0.0, m, 1.0 / s, False)
-                if EVEN:
-                    tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty))
-                else:
-                    tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
         return
     if STAGES > 1:
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
@@ -895,12 +846,6 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
                 meta["DIAG_NOSYNC"] = True
             if fwd and get_override("softmax", "persist_pair", False):  # candidate, not a default (see the kernel)
                 meta["PAIR"] = True
-            if fwd and get_override("softmax", "persist_fma", False):  # candidate, not a default (see the kernel)
-                meta["FMA"] = True
-            if fwd and get_override("softmax", "persist_kfma", False):  # candidate, not a default (see the kernel)
-                meta["KFMA"] = True
-            if fwd and get_override("softmax", "persist_even", False) and splits * block == n:  # candidate (kernel)
-                meta["EVEN"] = True
         plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm, meta)
         plan.fallback = _plan(shape, strides, dtype, dim, False)
     else:

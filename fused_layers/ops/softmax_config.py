@@ -115,7 +115,24 @@ _PERSIST_STAGES = {("fwd", 2): 3, ("bwd", 2): 3}
 #   128K  **0.867 / 0.903** against 0.794-0.795 / 0.808-0.810 (taken; 4 stages 0.850 / 0.861, 2K x 4 x 3 0.781 / 0.764,
 #         8K x 8 x 3 0.832 / 0.856)
 #   256K  0.817 / 0.841 against 0.846-0.848 / 0.861-0.863 (kept)
-_PERSIST_BY_WIDTH = {("fwd", 4, 131072): (4096, 4, 16, 3)}
+#   bf16 forward, CTA shape (session 25, issue10/run32_d, run32_e; 2^26 elements, do_bench / graph replay, the default
+#   4K x 4 warps x 3 stages measured twice in each run):
+#     32K   2K x 2 warps, up to 32 an SM **0.819 / 0.871 and 0.818 / 0.864** against 0.807-0.811 / 0.835-0.841 and
+#           0.797-0.802 / 0.835-0.836 (taken); 1K x 1 warp 0.807 / 0.862; 8K x 8 0.797 / 0.839; 16K x 16 0.579 / 0.598
+#     64K   2K x 2 0.809 / 0.857 and 0.804 / 0.849 against 0.810-0.811 / 0.855-0.856 and 0.802-0.804 / 0.846-0.848 (a tie)
+#     128K / 256K  2K x 2 0.763 / 0.815 and 0.642 / 0.674 against 0.793-0.800 / 0.846-0.848 and 0.708 / 0.739-0.744
+_PERSIST_BY_WIDTH = {("fwd", 4, 131072): (4096, 4, 16, 3), ("fwd", 2, 32768): (2048, 2, 32, 3)}
+# Measured, not kept: fewer instructions in the bf16 forward's row loop (session 25, issue10/run32_a, run32_c, do_bench /
+# graph replay at 32K / 64K / 128K / 256K, the default in the same run 0.80-0.81 / 0.84-0.85 ... 0.71 / 0.69-0.75):
+#   the exponents as one FFMA with a uniform branch to the exact form past |m log2 e| = 2^7 (persist_fma; row loop 571 ->
+#   508 on the fast path, 62 registers): 0.787 / 0.832, 0.791 / 0.831, 0.763 / 0.799, 0.677 / 0.704;
+#   the same without the branch, the pieces publishing K = fl(m log2 e) (persist_kfma; 510, 56 registers): 0.812 / 0.828,
+#   0.816 / 0.862, 0.801 / 0.856, 0.719 / 0.754 -- at most +1%, and an FFMA's exact product leaves 2^(m log2 e - K), up to
+#   2^(ulp(K) / 2), in every term: NaN for logits near 1e30 on the GPU;
+#   no masks where every piece is a whole tile (persist_even; 498, 64 registers): 0.802 / 0.847, 0.799 / 0.849, 0.775 /
+#   0.820, 0.700 / 0.725; both (460, 55 registers): 0.811 / 0.823 ... 0.721 / 0.751.
+# So the loop is not issue-bound (ncu, run32_b: 0.65 warps issued a cycle a scheduler, 0.66 warp instructions an element
+# against the 16K single block's 0.63 and 0.60 at copy speed).
 # HOLD (LAG's schedule, row k - 1's piece from registers: see _softmax_bwd_persist_kernel) in the SMEM form, by
 # (direction, element size): the narrowest row it takes by default.  Session 13 sweep, H200, bf16, 4K x 4 warps x 3
 # stages, fraction of copy, do_bench (graph replay), HOLD against the default in the same run
