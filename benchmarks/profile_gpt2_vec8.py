@@ -8,6 +8,7 @@ kernels (torch.profiler, summed over kernels named ``_ce_*``) and the median ste
 
     python benchmarks/profile_gpt2_vec8.py [--steps 10] [--rounds 5] > $OUT/gpt2_vec8.txt
     python benchmarks/profile_gpt2_vec8.py --smoke          # CPU plumbing check (interpreter, tiny model)
+    ARMS='{"name": {config overrides}}' python benchmarks/profile_gpt2_vec8.py   # the default against these arms
 """
 import argparse
 import os
@@ -26,7 +27,11 @@ args = ap.parse_args()
 import transformers as T  # noqa: E402
 
 from fused_layers import swap_modules  # noqa: E402
+from fused_layers.ops import _cpp  # noqa: E402
 from fused_layers.ops._common import config_override  # noqa: E402
+
+if not args.smoke:
+    _cpp.extension(wait=True)  # the C++ fast path built first (session 25's first run timed steps while it built)
 
 dev = "cpu" if args.smoke else "cuda"
 torch.manual_seed(0)
@@ -54,6 +59,10 @@ def step():
 
 
 ARMS = {"VEC8 (default)": {}, "stream (session 23)": {"misaligned_vec8": False}}
+if os.environ.get("ARMS"):  # e.g. ARMS='{"4K x 4 warps": {"persist_block": 4096, "persist_warps": 4}}': the default, then these
+    import json
+
+    ARMS = {"default": {}, **json.loads(os.environ["ARMS"])}
 losses = {}
 for arm, over in ARMS.items():  # warm-up: compile and bind each arm's kernels
     with config_override("cross_entropy", **over):
