@@ -360,6 +360,15 @@ def run(args) -> int:
         print(f"python -m benchmarks ops: unknown op(s) {bad}; choose from {OPS}")
         return 2
     torch.backends.cuda.matmul.allow_tf32 = True
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+
+    # one compiled graph per shape for the compile peers (more than Dynamo's default 8 recompiles of a function),
+    # and no donated buffers: the backward is timed with retain_graph=True
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), 256))
+    functorch_config.donated_buffer = False
     r = Runner(args, utils.environment())
     peers = not args.no_peers
     widths = [int(w) for w in args.widths.split(",") if w]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from . import ops as ops_suite
 from . import utils
 
 ARM_COLORS = {"unfused": "#9e9e9e", "fused": "#1f77b4", "liger": "#ff7f0e"}
@@ -92,44 +93,46 @@ def plot_models(rows: list[dict], out: Path) -> Path | None:
     models = [m for m in MODEL_ORDER if any(r["model"] == m for r in rows)]
     if not models:
         return None
+    mem_models = [m for m in models if any(r["model"] == m and r["extra_peak_gib"] for r in rows)]
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.25, 1]})
     by = {(r["model"], r["arm"]): r for r in rows}
     width = 0.38
     for j, arm in enumerate(["fused", "liger"]):
-        xs, ys, err = [], [], [[], []]
+        pts = []  # (x, median, lo, hi)
         for i, m in enumerate(models):
             r = by.get((m, arm))
             if r is None or math.isnan(utils.num(r["speedup"])):
                 continue
             y = utils.num(r["speedup"])
-            lo, hi = utils.num(r["speedup_lo"], y), utils.num(r["speedup_hi"], y)
-            xs.append(i + (j - 0.5) * width)
-            ys.append(y)
-            err[0].append(max(0.0, y - lo))
-            err[1].append(max(0.0, hi - y))
-        if xs:
-            ax1.bar(xs, ys, width, yerr=err, capsize=3, color=ARM_COLORS[arm],
-                    label={"fused": "fused-layers (swap_modules)", "liger": "Liger-Kernel"}[arm])
-            for x, y in zip(xs, ys):
-                ax1.text(x, y + 0.03, f"{y:.2f}x", ha="center", va="bottom", fontsize=8)
+            pts.append((i + (j - 0.5) * width, y, utils.num(r["speedup_lo"]), utils.num(r["speedup_hi"])))
+        if not pts:
+            continue
+        ax1.bar([p[0] for p in pts], [p[1] for p in pts], width, color=ARM_COLORS[arm],
+                label={"fused": "fused-layers (swap_modules)", "liger": "Liger-Kernel"}[arm])
+        spread = [p for p in pts if not (math.isnan(p[2]) or math.isnan(p[3]))]
+        if spread:
+            ax1.errorbar([p[0] for p in spread], [p[1] for p in spread], fmt="none", ecolor="black", capsize=3,
+                         yerr=[[p[1] - p[2] for p in spread], [p[3] - p[1] for p in spread]])
+        for x, y, lo, hi in pts:
+            ax1.text(x, (y if math.isnan(hi) else hi) + 0.02, f"{y:.2f}x", ha="center", va="bottom", fontsize=8)
     ax1.axhline(1.0, color="black", lw=0.8, ls="--")
     ax1.set_xticks(range(len(models)), [MODEL_LABEL[m] for m in models], fontsize=9)
     ax1.set_ylabel("training step speedup over unfused")
     ax1.set_title("Step time (bf16, AdamW, eager): higher is better", fontsize=10)
-    ax1.legend(fontsize=8, loc="upper left")
-    ax1.set_ylim(0, max(1.7, ax1.get_ylim()[1]))
+    ax1.set_ylim(0, max(1.9, ax1.get_ylim()[1] * 1.1))
+    ax1.legend(fontsize=8, loc="upper right")
     width = 0.27
     for j, arm in enumerate(["unfused", "fused", "liger"]):
         xs, ys = [], []
-        for i, m in enumerate(models):
+        for i, m in enumerate(mem_models):
             r = by.get((m, arm))
             if r is not None and not math.isnan(utils.num(r["extra_peak_gib"])):
                 xs.append(i + (j - 1) * width)
                 ys.append(utils.num(r["extra_peak_gib"]))
         if xs:
             ax2.bar(xs, ys, width, color=ARM_COLORS[arm], label=arm)
-    ax2.set_xticks(range(len(models)), [MODEL_LABEL[m] for m in models], fontsize=9)
+    ax2.set_xticks(range(len(mem_models)), [MODEL_LABEL[m] for m in mem_models], fontsize=9)
     ax2.set_ylabel("extra peak memory of a step (GiB)")
     ax2.set_title("Memory above weights + optimizer: lower is better", fontsize=10)
     ax2.legend(fontsize=8)
@@ -140,6 +143,29 @@ def plot_models(rows: list[dict], out: Path) -> Path | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _default_shape(r: dict) -> bool:
+    """The shapes the ops suite runs by default (the figure leaves out one-off shapes kept in the table)."""
+    op, shape = r["op"], r["shape"]
+    if op in ops_suite.WIDTHS:
+        return int(_width(shape)) in ops_suite.WIDTHS[op]
+    if op == "cross_entropy":
+        return shape in {ops_suite.shape_name(ops_suite.CE_ROWS, v) for v in ops_suite.CE_VOCABS}
+    if op == "linear_cross_entropy":
+        return shape in {ops_suite.shape_name(*c) for c in ops_suite.LINEAR_CE}
+    return shape in {ops_suite.attention_name(*c) for c in ops_suite.ATTENTION}
+
+
+def _case_label(shape: str) -> str:
+    """A short tick label: 'S4096 D128 c' and 'GQA 32/8' on two lines (attention); tokens, hidden, vocabulary."""
+    if "x" in shape and " " not in shape:
+        n, h, v = shape.split("x")
+        return f"N {n}\nH {h}\nV {v}"
+    parts = shape.split()
+    gqa = [p for p in parts if p.startswith(("Hq", "Hkv"))]
+    label = "\n".join(p for p in parts if p.startswith(("S", "D"))) + (" c" if "causal" in parts else "")
+    return label + ("\nGQA " + "/".join(p.lstrip("Hqkv") for p in gqa) if gqa else "")
 
 
 def _width(shape: str) -> float:
@@ -156,7 +182,7 @@ def _pick_timer(rows: list[dict]) -> str:
 def plot_ops(rows: list[dict], out: Path, dtype: str = "bf16") -> Path | None:
     """Per op, fwd+bwd: fraction of copy bandwidth against the width (softmax, norms, CE); TFLOP/s per case
     (attention); ms per case (linear cross-entropy)."""
-    rows = [r for r in rows if r["pass"] == "fwd+bwd" and r["dtype"] == dtype]
+    rows = [r for r in rows if r["pass"] == "fwd+bwd" and r["dtype"] == dtype and _default_shape(r)]
     if not rows:
         return None
     plt = _plt()
@@ -182,8 +208,7 @@ def plot_ops(rows: list[dict], out: Path, dtype: str = "bf16") -> Path | None:
                         xs.append(i + (j - (len(impls) - 1) / 2) * w)
                         ys.append(utils.num(r[metric]))
                 ax.bar(xs, ys, w, color=IMPL_COLORS[impl], label=impl)
-            ax.set_xticks(range(len(cases)), [c.replace(" causal", "\ncausal").replace("x", "x\u200b") for c in cases],
-                          fontsize=7, rotation=0 if op == "linear_cross_entropy" else 30)
+            ax.set_xticks(range(len(cases)), [_case_label(c) for c in cases], fontsize=7)
             ax.set_ylabel("TFLOP/s (fwd+bwd)")
         else:
             for impl in impls:
@@ -197,9 +222,11 @@ def plot_ops(rows: list[dict], out: Path, dtype: str = "bf16") -> Path | None:
             ax.set_ylabel("fraction of copy bandwidth (fwd+bwd)")
             ax.set_ylim(0, 1.1)
         ax.set_title(f"{op} ({dtype}, {timer})", fontsize=10)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=3 if op == "attention" else 1)
+        if op == "attention":
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Ops against their peers, forward + backward, {rows[0]['gpu']}", fontsize=11)
+    fig.suptitle(f"Ops against their peers, forward + backward, {rows[0]['gpu']} (c: causal)", fontsize=11)
     fig.tight_layout()
     path = out / "ops.png"
     fig.savefig(path, dpi=110)
