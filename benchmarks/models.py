@@ -244,6 +244,8 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
             info[name] = dict(loss=loss, extra_peak_gib=peak, swapped=a.swapped)
             print(f"[{model_name}/{mode}/{name}] ready in {time.perf_counter() - t0:.0f} s: loss {loss:.5f}, "
                   f"extra peak {peak:.2f} GiB {a.swapped}", flush=True)
+        except ImportError as e:  # timm, Liger: a one-line reason
+            print(f"[{model_name}/{mode}/{name}] skipped: {e} (pip install -e '.[bench,hf]')", flush=True)
         except Exception as e:  # noqa: BLE001 - report the arm and go on with the others
             print(f"[{model_name}/{mode}/{name}] failed: {type(e).__name__}: {str(e)[:300]}\n"
                   f"{traceback.format_exc()[-1500:]}", flush=True)

@@ -131,7 +131,8 @@ def num(v, default: float = float("nan")) -> float:
 # The row key
 # --------------------------------------------------------------------------------------------------
 def git_commit() -> str:
-    """Short hash of HEAD, ``+dirty`` when tracked files differ from it (results tables excepted)."""
+    """Short hash of HEAD, ``+dirty`` when tracked files differ from it (results tables excepted). A copy of the
+    tree without its git folder (a device machine's) takes the hash from ``BENCHMARKS_COMMIT``."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -140,7 +141,7 @@ def git_commit() -> str:
                                 check=True).stdout.strip()
         return head + ("+dirty" if status else "")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("BENCHMARKS_COMMIT", "unknown")
 
 
 def environment() -> dict[str, str]:
@@ -342,14 +343,18 @@ def speedups(times: dict[str, list[float]], base: str) -> dict[str, tuple[float,
 # --------------------------------------------------------------------------------------------------
 # Printing
 # --------------------------------------------------------------------------------------------------
+TEXT_COLUMNS = set(KEY) | {"op", "pass", "dtype", "shape", "impl", "timer", "note", "transformers", "liger", "model",
+                           "config", "batch", "mode", "arm", "swapped"}
+
+
 def markdown(rows: Sequence[dict], cols: Sequence[str]) -> str:
-    """A Markdown table of ``rows`` with the given columns (numbers to 3-4 significant digits)."""
-    def fmt(v):
+    """A Markdown table of ``rows`` with the given columns (numbers to 4 significant digits)."""
+    def fmt(col, v):
         f = num(v)
-        if f == f and isinstance(v, str) and v.strip() and not v.strip().isalpha():
-            return f"{f:.4g}" if abs(f) < 1e5 else f"{f:,.0f}"
-        return "" if v is None else str(v)
+        if col in TEXT_COLUMNS or f != f:
+            return "" if v is None or (isinstance(v, float) and v != v) else str(v)
+        return f"{f:,.0f}" if abs(f) >= 1e5 else f"{f:.4g}"
 
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(fmt(c, r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

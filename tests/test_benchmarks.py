@@ -101,3 +101,26 @@ def test_plot_draws_the_figures_from_the_committed_tables(tmp_path):
 def test_committed_figures_exist():
     for name in ("models.png", "ops.png", "train.png"):
         assert (utils.FIGURES / name).exists(), name
+
+
+def test_models_globals_switch_gives_each_arm_its_own_module_globals(monkeypatch):
+    """Liger rebinds functions of transformers' modules (RoPE); the models suite keeps one set per arm."""
+    import types
+
+    from benchmarks.models import GlobalsSwitch
+
+    mod = types.ModuleType("transformers_switch_check")
+    mod.rope, mod.other = "original", "untouched"
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+
+    def patch():
+        mod.rope = "patched"
+        mod.added = "new"  # a name added (a lazy import) is left alone
+
+    sw = GlobalsSwitch()
+    sw.capture(patch)
+    assert mod.rope == "original"
+    sw.enter(True)
+    assert (mod.rope, mod.other) == ("patched", "untouched")
+    sw.enter(False)
+    assert mod.rope == "original" and mod.added == "new"
