@@ -1,0 +1,126 @@
+"""benchmarks/ as a product: the committed tables parse, the entry point answers, the figures draw (CPU, no timing)."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import utils
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITES = ["ops", "models", "train", "host"]
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_table_parses_with_its_key(suite):
+    path = utils.table_path(suite)
+    with open(path, newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f))
+    assert header == utils.COLUMNS[suite]
+    assert header[:5] == ["gpu", "torch", "triton", "commit", "date"]
+    rows = utils.read_rows(path)
+    assert rows, f"{path} has no rows"
+    for r in rows:
+        for k in utils.KEY:
+            assert r[k], f"{path}: a row without {k}: {r}"
+        assert len(r["date"]) == 10 and r["date"][4] == "-" and r["date"][7] == "-", r["date"]
+        assert None not in r, f"{path}: a row with more cells than columns: {r}"
+    numeric = {"ops": "ms", "models": "speedup", "train": "step_ms", "host": "host_us"}[suite]
+    assert all(utils.num(r[numeric]) > 0 for r in rows)
+    assert utils.latest(rows, utils.CASE[suite])
+
+
+def test_models_table_has_every_model_and_arm():
+    latest = utils.latest(utils.read_rows(utils.table_path("models")), utils.CASE["models"])
+    arms = {(r["model"], r["arm"]) for r in latest if r["mode"] == "eager"}
+    for m in ("gpt2", "llama", "qwen2", "gemma", "vit"):
+        assert (m, "unfused") in arms and (m, "fused") in arms, m
+    for m in ("llama", "qwen2", "gemma"):
+        assert (m, "liger") in arms, m
+
+
+def test_append_rows_checks_columns(tmp_path):
+    out = tmp_path / "t.csv"
+    key = dict(gpu="g", torch="t", triton="tr", commit="c", date="2026-01-01")
+    assert utils.append_rows(out, [dict(key, op="softmax", ms=1.5, note="a, b")], "ops") == 1
+    utils.append_rows(out, [dict(key, op="softmax", ms=float("nan"))], "ops")
+    rows = utils.read_rows(out)
+    assert [r["ms"] for r in rows] == ["1.5", ""] and rows[0]["note"] == "a, b"
+    with pytest.raises(KeyError):
+        utils.append_rows(out, [dict(key, no_such_column=1)], "ops")
+    with pytest.raises(ValueError):
+        utils.append_rows(out, [key], "models")  # another table's header
+
+
+def test_latest_picks_the_newest_row_of_each_case():
+    rows = [dict(gpu="g", model="m", mode="eager", arm="fused", date="2026-01-02", v="old"),
+            dict(gpu="g", model="m", mode="eager", arm="fused", date="2026-01-03", v="new"),
+            dict(gpu="g", model="m", mode="eager", arm="fused", date="2026-01-01", v="older"),
+            dict(gpu="g", model="m", mode="eager", arm="unfused", date="2026-01-01", v="base")]
+    assert [r["v"] for r in utils.latest(rows, utils.CASE["models"])] == ["new", "base"]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_help_lists_every_suite():
+    r = _cli("--help")
+    assert r.returncode == 0, r.stderr
+    for suite in ("ops", "models", "train", "host", "plot", "table"):
+        assert suite in r.stdout
+    r = _cli("models", "--help")
+    assert r.returncode == 0 and "--rounds" in r.stdout and "--smoke" in r.stdout
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_gpu_suite_without_cuda_is_one_line_and_exit_2():
+    r = _cli("train")
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "CUDA" in r.stderr
+
+
+def test_table_prints_markdown():
+    r = _cli("table", "models")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("| model |") and "qwen2" in r.stdout
+
+
+def test_plot_draws_the_figures_from_the_committed_tables(tmp_path):
+    pytest.importorskip("matplotlib")
+    r = _cli("plot", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    for name in ("models.png", "ops.png", "train.png"):
+        png = tmp_path / name
+        assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_committed_figures_exist():
+    for name in ("models.png", "ops.png", "train.png"):
+        assert (utils.FIGURES / name).exists(), name
+
+
+def test_models_globals_switch_gives_each_arm_its_own_module_globals(monkeypatch):
+    """Liger rebinds functions of transformers' modules (RoPE); the models suite keeps one set per arm."""
+    import types
+
+    from benchmarks.models import GlobalsSwitch
+
+    mod = types.ModuleType("transformers_switch_check")
+    mod.rope, mod.other = "original", "untouched"
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+
+    def patch():
+        mod.rope = "patched"
+        mod.added = "new"  # a name added (a lazy import) is left alone
+
+    sw = GlobalsSwitch()
+    sw.capture(patch)
+    assert mod.rope == "original"
+    sw.enter(True)
+    assert (mod.rope, mod.other) == ("patched", "untouched")
+    sw.enter(False)
+    assert mod.rope == "original" and mod.added == "new"
