@@ -19,8 +19,10 @@ logged as ``train|...``) with three additions:
   compiled seq-4,096 job of a process on the H200 lost up to 45% of its wall clock to one), so every
   step's synchronized wall time is kept (``ThroughputMonitor`` synchronizes each step), with Python's
   garbage-collector pauses (``gc.callbacks``) and the steps after which ``torch.compile`` compiled new
-  code.  They are logged as ``stall/*`` metrics; the console gets one plain sentence only when steps
-  slower than twice the median added up to ``STALL_SHARE`` of the training time or more.
+  code.  The steps of a ``FusedLayersCallback``'s step-time A/B are left out: its arms differ in speed
+  on purpose (and compile once each under ``torch.compile``).  The numbers are logged as ``stall/*``;
+  the console gets one plain sentence only when the steps slower than twice the median cost
+  ``STALL_SHARE`` of the training time or more.
 
 The batch is the demo LM's ``(x, y)`` pair of ``(B, T)`` token tensors: ``batch_size_fn`` = ``B``,
 ``length_fn`` = ``B * T`` tokens (items/s is tokens/s).  For other batch layouts pass your own.
@@ -37,7 +39,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops, measure_flops
@@ -200,7 +202,8 @@ class ThroughputCallback(ThroughputMonitor):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._gc_callback in gc.callbacks:
             gc.callbacks.remove(self._gc_callback)
-        report = self.stall_report()
+        ab_steps = {s for cb in trainer.callbacks if cb is not self for s in getattr(cb, "ab_steps", ())}
+        report = self.stall_report(skip=ab_steps)
         if report and trainer.is_global_zero:
             message = stall_message(report)
             if message:
@@ -209,16 +212,18 @@ class ThroughputCallback(ThroughputMonitor):
                 lg.log_metrics({f"stall/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))},
                                step=trainer.global_step)
 
-    def stall_report(self) -> dict[str, Any]:
+    def stall_report(self, skip: Collection[int] = ()) -> dict[str, Any]:
         """Step times of the run (ms, synchronized, measurement pauses excluded): median, slowest, total; the
         steps over twice the median (``stalled_steps``) and what they took beyond it (``excess_ms``);
         garbage-collector pauses; the three slowest steps and the steps after which ``torch.compile``
-        compiled new code (lists of step indices).  Numbers are logged as ``stall/<key>``."""
-        if len(self._step_ms) < 2:
+        compiled new code (lists of step indices).  Numbers are logged as ``stall/<key>``.  Steps in ``skip``
+        (a ``FusedLayersCallback``'s step-time A/B, whose arms differ in speed on purpose) are left out."""
+        steps = [(s, t) for s, t in self._step_ms if s not in skip]
+        if len(steps) < 2:
             return {}
-        times = [t for _, t in self._step_ms]
+        times = [t for _, t in steps]
         median = statistics.median(times)
-        slow = sorted(self._step_ms, key=lambda st: -st[1])[:3]
+        slow = sorted(steps, key=lambda st: -st[1])[:3]
         stalled = [t for t in times if t > 2 * median]
         return {
             "steps": len(times),
@@ -230,7 +235,7 @@ class ThroughputCallback(ThroughputMonitor):
             "gc_ms": round(self._gc_ms, 1),
             "gc_full_collections": self._gc_full,
             "slowest_steps": [s for s, _ in slow],
-            "compiled_after_steps": list(self._compiled_after),
+            "compiled_after_steps": [s for s in self._compiled_after if s not in skip],
         }
 
 

@@ -267,7 +267,7 @@ def measure_pair(
             with torch.no_grad(), ctx(), counter:
                 ref(*args, **kwargs)
             achieved = counter.get_total_flops() / (fused_fwd * 1e-3) / 1e12
-        except Exception:  # noqa: BLE001 - e.g. torch's SDPA FLOP formula rejects GQA shapes (torch 2.11)
+        except Exception:  # e.g. torch's SDPA FLOP formula rejects GQA shapes (torch 2.11)
             achieved = float("nan")  # the rate is detail; the timings above stand
     else:
         nbytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))

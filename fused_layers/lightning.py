@@ -205,7 +205,9 @@ class FusedLayersCallback(Callback):
         self.ledger: Ledger | None = None
         self.measurements: list[Measurement] = []
         self.restored: dict[str, tuple[str, float]] = {}  #: policy=faster: name -> (kind, fwd+bwd speedup < 1)
-        self.paused_seconds = 0.0  #: time spent measuring, between steps (ThroughputCallback subtracts it)
+        self.paused_seconds = 0.0  #: time spent measuring, between steps (a throughput monitor subtracts it)
+        #: ``trainer.global_step`` after each step of the A/B (arms differ in speed on purpose: not stalls)
+        self.ab_steps: list[int] = []
         self._train_batches = 0
         self._measured = False
         self._warned = False
@@ -333,6 +335,7 @@ class FusedLayersCallback(Callback):
             self.ledger.stop_recording()
         if self.ab is not None and not self.ab.results and self.ab._token is not None:
             self.ab.end_step()
+            self.ab_steps.append(trainer.global_step)
             if self.ab.done:
                 self._finish_ab(trainer, pl_module)
 

@@ -1,7 +1,7 @@
 """Model surgery: swap PyTorch modules for their fused drop-in subclasses, in place, and back.
 
 ``KINDS`` is the one registry of swappable kinds; ``swap_modules``, the Lightning callback
-(``callbacks.FusedLayersCallback``) and the Hydra config all read it.
+(``fused_layers.lightning.FusedLayersCallback``) and the training job's config all read it.
 
 How a swap works.  Every fused module is a drop-in subclass of its source class (same constructor, same
 attributes and parameter names), so a swap only changes the instance's class::

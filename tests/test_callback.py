@@ -124,14 +124,21 @@ def _assert_optimizer_holds_module_params(trainer: L.Trainer, model: nn.Module) 
 
 
 # --------------------------------------------------------------------------------------------------
-def test_fit_swaps_measures_and_logs_csv(tmp_path):
+def test_fit_swaps_measures_and_logs_csv(tmp_path, caplog):
     torch.manual_seed(0)
     ref = LM()
     model = copy.deepcopy(ref)
     cb = _cb()
     logger = CSVLogger(tmp_path, name="csv")
     trainer = _trainer(tmp_path, [cb], logger=logger)
-    trainer.fit(model)
+    with caplog.at_level("INFO"):
+        trainer.fit(model)
+    # the console: the swap report, one line of per-kind module speedups (the per-module table is DEBUG detail)
+    console = [r.getMessage() for r in caplog.records if r.levelno >= 20]
+    assert any(m.startswith("fused_layers swap report: ") for m in console), console
+    (timed,) = [m for m in console if m.startswith("fused_layers: fused modules timed alone")]
+    assert "softmax" in timed and "says nothing about GPU speed" in timed
+    assert not any("gbps_or_tflops" in m or "per-module timings" in m for m in console)
 
     avail = _available()
     swapped = {e.name: e.kind for e in cb.report.swapped}
@@ -258,6 +265,7 @@ def test_step_ab_interleaves_arms_logs_and_keeps_the_fastest(tmp_path):
     trainer.fit(model)
     ab = cb.ab
     assert list(ab.arms) == ["unfused", "all", "layer_norm", "softmax"] and ab.steps == 12
+    assert cb.ab_steps == list(range(2, 14))  # global steps of the A/B (a throughput monitor's stall check skips them)
     # every round runs each arm once, in an order rotated from round to round
     rounds = [[a for r, a in ab.schedule if r == i] for i in (-1, 0, 1)]
     assert all(sorted(r) == sorted(ab.arms) for r in rounds) and len({tuple(r) for r in rounds}) == 3
@@ -395,7 +403,7 @@ def test_throughput_callback_counts_unfused_flops(tmp_path):
     flops_unfused = count_flops(model, x)
     tp = ThroughputCallback(window_size=2)
     logger = CSVLogger(tmp_path, name="tp")
-    _trainer(tmp_path, [_cb(measure=False), tp], steps=4, logger=logger).fit(model)
+    _trainer(tmp_path, [_cb(measure=False, ab_rounds=0), tp], steps=4, logger=logger).fit(model)
     assert _fused_names(model)  # counted while fused...
     assert tp.flops_per_batch == model.flops_per_batch == flops_unfused > 0  # ...equal to the unfused count
     assert count_flops(model, x) == flops_unfused and _fused_names(model)  # classes are put back
@@ -432,6 +440,10 @@ def test_stall_report_finds_a_slow_step_and_gc_pauses():
     assert "excess" not in msg and "_ms" not in msg
     tp._step_ms = [(i, 10.0) for i in range(1, 40)] + [(40, 30.0)]  # 20 ms of 410 ms: 5%, logged only
     assert tp.stall_report()["excess_ms"] == 20.0 and stall_message(tp.stall_report()) is None
+    # the steps of a step-time A/B are left out (its arms differ in speed on purpose)
+    tp._step_ms = [(i, 10.0) for i in range(1, 20)] + [(20, 100.0)]
+    r = tp.stall_report(skip={20})
+    assert r["steps"] == 19 and r["stalled_steps"] == 0 and r["compiled_after_steps"] == [1]
 
 
 # --------------------------------------------------------------------------------------------------
