@@ -1,6 +1,11 @@
-"""Lightning callbacks: swap in the fused layers and measure them, end-to-end throughput."""
+"""The training job's Lightning callbacks (not part of the installed package).
 
-from .fused import FusedLayersCallback
+``FusedLayersCallback`` lives in ``fused_layers.lightning``; it is re-exported here for configs that name
+``callbacks.FusedLayersCallback``.
+"""
+
+from fused_layers.lightning import FusedLayersCallback
+
 from .throughput import ThroughputCallback
 
 __all__ = ["FusedLayersCallback", "ThroughputCallback"]

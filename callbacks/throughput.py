@@ -1,4 +1,4 @@
-"""``ThroughputCallback``: Lightning's ``ThroughputMonitor`` set up for the demo LM and fused runs.
+"""``ThroughputCallback``: Lightning's ``ThroughputMonitor`` set up for the training job and fused runs.
 
 It is ``lightning.pytorch.callbacks.ThroughputMonitor`` (samples/s, items/s = tokens/s, FLOP/s and MFU,
 logged as ``train|...``) with three additions:
@@ -15,11 +15,14 @@ logged as ``train|...``) with three additions:
   used when the device name matches, else Lightning's ``get_available_flops``.
 * **Measurement pauses excluded.**  Time a ``FusedLayersCallback`` spends measuring between steps
   (its ``paused_seconds``) is taken out of the elapsed time, like Lightning does for validation.
-* **A stall report at the end of training** (issue 12: the first compiled seq-4,096 job of a process lost
-  up to 45% of its wall clock to a stall that the windows' median hid).  Every step's synchronized wall
-  time (``ThroughputMonitor`` synchronizes each step), the slowest steps beside the median, Python's
-  garbage-collector pauses (``gc.callbacks``), and the steps after which Dynamo compiled new frames.  It is
-  logged as ``stall/*`` and printed as one ``stall report:`` line.
+* **Stalls named at the end of training.**  A windowed median of tokens/s hides a stall (the first
+  compiled seq-4,096 job of a process on the H200 lost up to 45% of its wall clock to one), so every
+  step's synchronized wall time is kept (``ThroughputMonitor`` synchronizes each step), with Python's
+  garbage-collector pauses (``gc.callbacks``) and the steps after which ``torch.compile`` compiled new
+  code.  The steps of a ``FusedLayersCallback``'s step-time A/B are left out: its arms differ in speed
+  on purpose (and compile once each under ``torch.compile``).  The numbers are logged as ``stall/*``;
+  the console gets one plain sentence only when the steps slower than twice the median cost
+  ``STALL_SHARE`` of the training time or more.
 
 The batch is the demo LM's ``(x, y)`` pair of ``(B, T)`` token tensors: ``batch_size_fn`` = ``B``,
 ``length_fn`` = ``B * T`` tokens (items/s is tokens/s).  For other batch layouts pass your own.
@@ -36,7 +39,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops, measure_flops
@@ -45,6 +48,10 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
+
+#: Share of the training time that steps over twice the median step must add for the console to name a stall
+#: (10%: a stall that size moves the run's tokens/s beyond run-to-run noise; smaller ones go to stall/* only).
+STALL_SHARE = 0.10
 
 #: Dense (no sparsity) peak FLOP/s from NVIDIA's datasheets, per chip and compute dtype.
 #: H100 SXM5 / H200 SXM: 989.4 TFLOP/s bf16/fp16, 494.7 tf32, 66.9 fp32;  H100 PCIe: 756 / 378 / 51.2;
@@ -99,7 +106,8 @@ class ThroughputCallback(ThroughputMonitor):
     def check_args(window_size: int = 20, flops_from: str = "meta", **_: Any) -> None:
         """Check the arguments (train.py's config check); the ``ValueError`` names the argument in ``arg``."""
         for arg, ok, msg in (
-            ("flops_from", flops_from in ("meta", "module", "none"), f"must be 'meta', 'module' or 'none', got {flops_from!r}"),
+            ("flops_from", flops_from in ("meta", "module", "none"),
+             f"must be 'meta', 'module' or 'none', got {flops_from!r}"),
             ("window_size", isinstance(window_size, int) and not isinstance(window_size, bool) and window_size >= 1,
              f"must be an int >= 1, got {window_size!r}"),
         ):
@@ -124,14 +132,14 @@ class ThroughputCallback(ThroughputMonitor):
         self.flops_from = flops_from
         self.flops_per_batch: int | None = None
         self._paused_seen = 0.0
-        # stall report
+        # stalls
         self._step_end: float | None = None
         self._step_ms: list[tuple[int, float]] = []  # (global step, synchronized wall ms)
         self._gc_ms = 0.0
         self._gc_full = 0  # generation-2 collections
         self._gc_t0 = 0.0
         self._frames = 0
-        self._compiled_after: list[int] = []  # steps after which Dynamo had compiled new frames
+        self._compiled_after: list[int] = []  # steps after which torch.compile had compiled new code
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -151,14 +159,16 @@ class ThroughputCallback(ThroughputMonitor):
         try:
             self.flops_per_batch = int(count_flops(pl_module, _tokens(batch)))
         except Exception as e:  # no MFU rather than a failed run
-            rank_zero_warn(f"ThroughputCallback: could not count FLOPs on the meta device ({type(e).__name__}: {e}); no MFU.")
+            rank_zero_warn(f"ThroughputCallback: could not count the model's FLOPs ({type(e).__name__}: {e}); "
+                           "MFU is not logged.")
             self.flops_from = "none"
             return
         pl_module.flops_per_batch = self.flops_per_batch
 
     # pauses ---------------------------------------------------------------------------------------
     @rank_zero_only
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           *args: Any) -> None:
         paused = sum(getattr(cb, "paused_seconds", 0.0) for cb in trainer.callbacks if cb is not self)
         if paused > self._paused_seen and RunningStage.TRAINING in self._t0s:
             self._t0s[RunningStage.TRAINING] += paused - self._paused_seen
@@ -174,7 +184,7 @@ class ThroughputCallback(ThroughputMonitor):
             self._compiled_after.append(trainer.global_step)
             self._frames = frames
 
-    # stall report -------------------------------------------------------------------------------------
+    # stalls ---------------------------------------------------------------------------------------
     def _gc_callback(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._gc_t0 = time.perf_counter()
@@ -192,38 +202,67 @@ class ThroughputCallback(ThroughputMonitor):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._gc_callback in gc.callbacks:
             gc.callbacks.remove(self._gc_callback)
-        report = self.stall_report()
+        ab_steps = {s for cb in trainer.callbacks if cb is not self for s in getattr(cb, "ab_steps", ())}
+        report = self.stall_report(skip=ab_steps)
         if report and trainer.is_global_zero:
-            rank_zero_info("stall report: " + ", ".join(f"{k} {v}" for k, v in report.items()))
+            message = stall_message(report)
+            if message:
+                rank_zero_info(message)
             for lg in trainer.loggers:
                 lg.log_metrics({f"stall/{k}": float(v) for k, v in report.items() if isinstance(v, (int, float))},
                                step=trainer.global_step)
 
-    def stall_report(self) -> dict[str, Any]:
-        """Median and slowest step times (ms, synchronized, measurement pauses excluded), the slowest steps'
-        indices, garbage-collector pauses, and the steps after which Dynamo compiled new frames."""
-        if len(self._step_ms) < 2:
+    def stall_report(self, skip: Collection[int] = ()) -> dict[str, Any]:
+        """Step times of the run (ms, synchronized, measurement pauses excluded): median, slowest, total; the
+        steps over twice the median (``stalled_steps``) and what they took beyond it (``excess_ms``);
+        garbage-collector pauses; the three slowest steps and the steps after which ``torch.compile``
+        compiled new code (lists of step indices).  Numbers are logged as ``stall/<key>``.  Steps in ``skip``
+        (a ``FusedLayersCallback``'s step-time A/B, whose arms differ in speed on purpose) are left out."""
+        steps = [(s, t) for s, t in self._step_ms if s not in skip]
+        if len(steps) < 2:
             return {}
-        times = [t for _, t in self._step_ms]
-        slow = sorted(self._step_ms, key=lambda st: -st[1])[:3]
+        times = [t for _, t in steps]
+        median = statistics.median(times)
+        slow = sorted(steps, key=lambda st: -st[1])[:3]
+        stalled = [t for t in times if t > 2 * median]
         return {
-            "median_step_ms": round(statistics.median(times), 2),
+            "steps": len(times),
+            "median_step_ms": round(median, 2),
             "max_step_ms": round(slow[0][1], 2),
-            "slowest_steps": " ".join(f"{s}:{t:.0f}ms" for s, t in slow),
-            "excess_ms": round(sum(t - statistics.median(times) for t in times if t > 2 * statistics.median(times)), 1),
+            "total_step_ms": round(sum(times), 1),
+            "stalled_steps": len(stalled),
+            "excess_ms": round(sum(t - median for t in stalled), 1),
             "gc_ms": round(self._gc_ms, 1),
             "gc_full_collections": self._gc_full,
-            "compiled_after_steps": " ".join(str(s) for s in self._compiled_after) or "-",
+            "slowest_steps": [s for s, _ in slow],
+            "compiled_after_steps": [s for s in self._compiled_after if s not in skip],
         }
 
 
+def stall_message(report: dict[str, Any], share: float = STALL_SHARE) -> str | None:
+    """One plain sentence on the console when steps over twice the median took ``share`` of the training
+    time or more beyond the median (``None`` otherwise; the numbers are logged as ``stall/*`` either way)."""
+    if not report or not report["stalled_steps"] or report["excess_ms"] < share * report["total_step_ms"]:
+        return None
+    msg = (f"Training stalled: {report['stalled_steps']} of {report['steps']} steps took more than twice the usual "
+           f"{report['median_step_ms']:.0f} ms (slowest: step {report['slowest_steps'][0]}, "
+           f"{report['max_step_ms'] / 1e3:.1f} s) and cost {report['excess_ms'] / 1e3:.1f} s, "
+           f"{report['excess_ms'] / report['total_step_ms']:.0%} of the training time")
+    if report["compiled_after_steps"]:
+        steps = ", ".join(str(s) for s in report["compiled_after_steps"][:5])
+        msg += f"; torch.compile compiled new code after step {steps}"
+    if report["gc_ms"] >= share * report["excess_ms"]:
+        msg += f"; Python's garbage collector paused for {report['gc_ms'] / 1e3:.1f} s in all"
+    return msg + "."
+
+
 def _frames_compiled() -> int:
-    """Frames Dynamo has compiled so far in this process (0 where it cannot tell)."""
+    """Frames torch.compile (Dynamo) has compiled so far in this process (0 where it cannot tell)."""
     try:
         from torch._dynamo.utils import counters
 
         return int(counters["frames"]["ok"])
-    except Exception:  # noqa: BLE001  (a torch without these counters: no compile column)
+    except Exception:  # a torch without these counters: compiles are not counted
         return 0
 
 

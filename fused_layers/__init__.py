@@ -1,10 +1,37 @@
-"""fused-layers: Triton forward+backward kernels as drop-in nn.Module replacements."""
+"""fused-layers: Triton forward+backward kernels as drop-in nn.Module replacements.
+
+Needs torch and triton only.  The Lightning callback is ``fused_layers.lightning.FusedLayersCallback``
+(``pip install 'fused-layers[train]'``); it is not imported here.
+"""
 
 from . import functional
-from .functional import fused_cross_entropy, fused_linear_cross_entropy, fused_attention, fused_attention_varlen, fused_layer_norm, fused_rms_norm, fused_softmax
-from .modules import FusedCrossEntropyLoss, FusedLinearCrossEntropyLoss, LinearCrossEntropyLoss, Attention, FusedAttention, FusedMultiheadAttention, FusedLayerNorm, FusedRMSNorm, FusedSoftmax
+from .functional import (
+    fused_attention,
+    fused_attention_varlen,
+    fused_cross_entropy,
+    fused_layer_norm,
+    fused_linear_cross_entropy,
+    fused_rms_norm,
+    fused_softmax,
+)
+from .modules import (
+    Attention,
+    FusedAttention,
+    FusedCrossEntropyLoss,
+    FusedLayerNorm,
+    FusedLinearCrossEntropyLoss,
+    FusedMultiheadAttention,
+    FusedRMSNorm,
+    FusedSoftmax,
+    LinearCrossEntropyLoss,
+)
 from .swap import SwapReport, restore_modules, swap_modules
 
 __version__ = "0.1.0"
 
-__all__ = ["fused_cross_entropy", "FusedCrossEntropyLoss", "fused_linear_cross_entropy", "FusedLinearCrossEntropyLoss", "LinearCrossEntropyLoss", "fused_attention", "fused_attention_varlen", "FusedAttention", "FusedMultiheadAttention", "functional", "fused_layer_norm", "fused_rms_norm", "FusedLayerNorm", "FusedRMSNorm", "fused_softmax", "Attention", "FusedSoftmax", "swap_modules", "restore_modules", "SwapReport"]
+__all__ = [
+    "fused_cross_entropy", "FusedCrossEntropyLoss", "fused_linear_cross_entropy", "FusedLinearCrossEntropyLoss",
+    "LinearCrossEntropyLoss", "fused_attention", "fused_attention_varlen", "FusedAttention", "FusedMultiheadAttention",
+    "functional", "fused_layer_norm", "fused_rms_norm", "FusedLayerNorm", "FusedRMSNorm", "fused_softmax", "Attention",
+    "FusedSoftmax", "swap_modules", "restore_modules", "SwapReport",
+]

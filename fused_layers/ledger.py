@@ -30,9 +30,9 @@ a call is slow; keys left when the budget is spent are reported as not measured)
 from __future__ import annotations
 
 import contextlib
-import re
 import functools
 import math
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -45,7 +45,8 @@ from .swap import KINDS, fused_kind, fused_source
 
 __all__ = ["Ledger", "Measurement", "TensorSpec", "measure_pair", "TABLE_COLUMNS", "StepAB", "StepTimer", "ArmResult"]
 
-TABLE_COLUMNS = ["kind", "modules", "shape", "dtype", "reference", "ref_ms", "fused_ms", "speedup", "gbps_or_tflops", "max_err"]
+TABLE_COLUMNS = ["kind", "modules", "shape", "dtype", "reference", "ref_ms", "fused_ms", "speedup", "gbps_or_tflops",
+                 "max_err"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,8 +190,9 @@ class Measurement:
     reference: str = ""  #: what ``ref_ms`` timed: the module's reference class (e.g. the explicit-softmax Attention)
 
     def row(self) -> list[Any]:
-        return [self.kind, ",".join(self.modules), self.shape, self.dtype, self.reference, round(self.ref_ms, 4), round(self.fused_ms, 4),
-                round(self.speedup, 4), f"{self.achieved:.4g} {self.metric}", float(self.max_err)]
+        return [self.kind, ",".join(self.modules), self.shape, self.dtype, self.reference, round(self.ref_ms, 4),
+                round(self.fused_ms, 4), round(self.speedup, 4), f"{self.achieved:.4g} {self.metric}",
+                float(self.max_err)]
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -265,7 +267,7 @@ def measure_pair(
             with torch.no_grad(), ctx(), counter:
                 ref(*args, **kwargs)
             achieved = counter.get_total_flops() / (fused_fwd * 1e-3) / 1e12
-        except Exception:  # noqa: BLE001 - e.g. torch's SDPA FLOP formula rejects GQA shapes (torch 2.11)
+        except Exception:  # e.g. torch's SDPA FLOP formula rejects GQA shapes (torch 2.11)
             achieved = float("nan")  # the rate is detail; the timings above stand
     else:
         nbytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
@@ -421,11 +423,17 @@ class Ledger:
 
     @staticmethod
     def format(rows: list[Measurement]) -> str:
-        lines = ["  ".join(f"{c:>12}" for c in TABLE_COLUMNS)]
-        for r in rows:
-            lines.append("  ".join(f"{str(v)[:40]:>12}" for v in r.row()))
+        """The rows as a text table (``TABLE_COLUMNS``; floats to 4 significant digits, cells cut at 40 characters)."""
+
+        def cell(v: Any) -> str:
+            v = f"{v:.4g}" if isinstance(v, float) else str(v)
+            return v if len(v) <= 40 else v[:37] + "..."
+
+        cells = [list(TABLE_COLUMNS)] + [[cell(v) for v in r.row()] for r in rows]
+        w = [max(len(c[i]) for c in cells) for i in range(len(TABLE_COLUMNS))]
+        lines = ["  ".join(f"{v:>{w[i]}}" for i, v in enumerate(c)) for c in cells]
         if rows and not rows[0].meaningful:
-            lines.append("(timed on the CPU / Triton interpreter: times are not meaningful)")
+            lines.append("(timed in the Triton interpreter on the CPU: these times say nothing about GPU speed)")
         return "\n".join(lines)
 
 
@@ -631,12 +639,15 @@ class StepAB:
         return out
 
     def format(self) -> str:
-        lines = [f"{'arm':>20}  {'fused kinds':>32}  {'median ms':>10}  {'speedup (min-max)':>22}"]
+        """The results as a text table: one row per arm with its fused kinds, median step ms and speedup."""
+        rows = [("arm", "fused kinds", "step ms", "speedup (min-max)")]
         for arm, res in self.results.items():
             sp = "-" if arm == "unfused" else f"{res.speedup:.3f}x ({res.speedup_lo:.3f}-{res.speedup_hi:.3f})"
             if arm != "unfused" and res.step_ms and res.within_noise:
                 sp += " within noise"
-            lines.append(f"{arm:>20}  {','.join(res.kinds) or '-':>32}  {res.median_ms:>10.3f}  {sp:>22}")
+            rows.append((arm, ", ".join(res.kinds) or "none", f"{res.median_ms:.3f}", sp))
+        w = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines = [f"  {a:<{w[0]}}  {k:<{w[1]}}  {ms:>{w[2]}}  {sp}" for a, k, ms, sp in rows]
         if not self.meaningful:
-            lines.append("(steps timed on the CPU / Triton interpreter: step times are not meaningful)")
+            lines.append("  (timed in the Triton interpreter on the CPU: these times say nothing about GPU speed)")
         return "\n".join(lines)

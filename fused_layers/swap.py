@@ -1,7 +1,7 @@
 """Model surgery: swap PyTorch modules for their fused drop-in subclasses, in place, and back.
 
 ``KINDS`` is the one registry of swappable kinds; ``swap_modules``, the Lightning callback
-(``callbacks.FusedLayersCallback``) and the Hydra config all read it.
+(``fused_layers.lightning.FusedLayersCallback``) and the training job's config all read it.
 
 How a swap works.  Every fused module is a drop-in subclass of its source class (same constructor, same
 attributes and parameter names), so a swap only changes the instance's class::
@@ -119,7 +119,8 @@ def resolve_kinds(kinds: None | Iterable[str] | Mapping[str, bool]) -> list[str]
         _check_names(kinds.keys(), "kinds")
         names = [k for k, on in kinds.items() if on]
     elif isinstance(kinds, str):
-        raise TypeError(f"swap_modules: argument 'kinds' must be a list or a dict of kind names, got the string {kinds!r}")
+        raise TypeError("swap_modules: argument 'kinds' must be a list or a dict of kind names, "
+                        f"got the string {kinds!r}")
     else:
         names = list(kinds)
         _check_names(names, "kinds")
@@ -197,17 +198,37 @@ class SwapReport:
         return rows
 
     def __str__(self) -> str:
+        """What was swapped, per kind and class change, and what was skipped and why (module names grouped
+        per reason, at most ``_NAMES_SHOWN`` each); ``rows()`` lists every module."""
         lines = [f"fused_layers swap report: {len(self.swapped)} swapped, {len(self.skipped)} skipped"]
-        for kind, n in sorted(self.counts().items()):
-            lines.append(f"  {kind}: {n} swapped")
+        swapped: dict[tuple[str, str], list[str]] = {}
+        for e in self.swapped:
+            change = f"{_short(e.from_cls)} -> {_short(e.to_cls)}" + (f" ({e.via})" if e.via else "")
+            swapped.setdefault((e.kind, change), []).append(e.name or "<root>")
+        skipped: dict[tuple[str, str], list[str]] = {}
+        for e in self.skipped:
+            skipped.setdefault((e.kind, e.reason), []).append(e.name or "<root>")
+        w = max([len(k) for k, _ in (*swapped, *skipped)] + [len(k) for k in self.unavailable] + [1])
+        for (kind, change), names in swapped.items():
+            lines.append(f"  {kind:<{w}}  swapped {len(names):>3}  {change}: {_names(names)}")
+        for (kind, reason), names in skipped.items():
+            lines.append(f"  {kind:<{w}}  skipped {len(names):>3}  {_names(names)}: {reason}")
         for kind, why in self.unavailable.items():
-            lines.append(f"  {kind}: {why}")
-        rows = self.rows()
-        if rows:
-            w = max(len(r[0]) for r in rows) or 1
-            for name, kind, status, detail in rows:
-                lines.append(f"  {name or '<root>':<{w}}  {kind:<19} {status:<8} {detail}")
+            lines.append(f"  {kind:<{w}}  not available: {why}")
         return "\n".join(lines)
+
+
+_NAMES_SHOWN = 3
+
+
+def _short(qualname: str) -> str:
+    """``torch.nn.modules.normalization.LayerNorm`` -> ``LayerNorm``."""
+    return qualname.rsplit(".", 1)[-1]
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:_NAMES_SHOWN])
+    return shown + (f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else "")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -251,7 +272,8 @@ def _mapping_value(key: Any, value: Any) -> tuple[str, dict[str, str]]:
             f"swap_modules: argument 'mapping' entry {key!r}: value must be a kind name, (kind, aliases) or "
             f"{{'kind': ..., 'aliases': ...}}, got {value!r}"
         )
-    if not isinstance(aliases, Mapping) or not all(isinstance(a, str) and isinstance(b, str) for a, b in aliases.items()):
+    if not isinstance(aliases, Mapping) or not all(isinstance(a, str) and isinstance(b, str)
+                                                   for a, b in aliases.items()):
         raise TypeError(
             f"swap_modules: argument 'mapping' entry {key!r}: aliases must map attribute names to attribute names "
             f"(e.g. {{'eps': 'variance_epsilon'}}), got {aliases!r}"
@@ -264,16 +286,19 @@ def _normalize_mapping(mapping: Mapping[Any, Any] | None) -> dict[type, tuple[st
     for key, value in (mapping or {}).items():
         kind, aliases = _mapping_value(key, value)
         if kind not in KINDS:
-            raise ValueError(f"swap_modules: argument 'mapping' maps {key!r} to unknown kind {kind!r}; allowed: {sorted(KINDS)}")
+            raise ValueError(f"swap_modules: argument 'mapping' maps {key!r} to unknown kind {kind!r}; "
+                             f"allowed: {sorted(KINDS)}")
         if isinstance(key, str):
             try:
                 cls = _import(key)
             except (ImportError, AttributeError, ValueError) as e:
-                raise ValueError(f"swap_modules: argument 'mapping' names class {key!r}, which cannot be imported ({e})") from e
+                raise ValueError(f"swap_modules: argument 'mapping' names class {key!r}, "
+                                 f"which cannot be imported ({e})") from e
         else:
             cls = key
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-            raise TypeError(f"swap_modules: argument 'mapping' keys must be nn.Module classes or dotted paths to them, got {key!r}")
+            raise TypeError("swap_modules: argument 'mapping' keys must be nn.Module classes or dotted paths to them, "
+                            f"got {key!r}")
         out[cls] = (kind, aliases)
     return out
 
@@ -413,7 +438,8 @@ def swap_modules(
             base = next((s for s in sources if isinstance(module, s)), None)
             if base is not None and sources[base] in wanted:
                 report.skipped.append(
-                    SkipEntry(name, sources[base], f"{_qualname(cls)} subclasses {_qualname(base)}; add it to 'mapping' to swap it")
+                    SkipEntry(name, sources[base],
+                              f"{_qualname(cls)} subclasses {_qualname(base)}; add it to 'mapping' to swap it")
                 )
             continue
         if kind not in wanted:
@@ -495,7 +521,8 @@ def restore_modules(model: nn.Module, names: Iterable[str] | SwapReport | None =
         kind = _kind_of(type(module), targets)
         if kind is None:
             continue
-        src = module.__dict__.get(SOURCE_ATTR) or type(module).__dict__.get("_fused_layers_source") or source_class(kind)
+        src = (module.__dict__.get(SOURCE_ATTR) or type(module).__dict__.get(SOURCE_ATTR)
+               or source_class(kind))
         before = getattr(type(module), "_fused_before_restore", None)
         if before is not None:
             before(module)
@@ -524,7 +551,7 @@ def fused_source(module: nn.Module) -> type[nn.Module] | None:
     kind = _kind_of(type(module), targets)
     if kind is None:
         return None
-    return module.__dict__.get(SOURCE_ATTR) or type(module).__dict__.get("_fused_layers_source") or source_class(kind)
+    return module.__dict__.get(SOURCE_ATTR) or type(module).__dict__.get(SOURCE_ATTR) or source_class(kind)
 
 
 def fused_kind(module: nn.Module) -> str | None:

@@ -19,10 +19,11 @@ from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import callbacks.fused as fused_cb
 import fused_layers.ledger as ledger_mod
-from callbacks import FusedLayersCallback, ThroughputCallback
-from callbacks.throughput import count_flops, peak_flops
+import fused_layers.lightning as fused_cb
+from callbacks import ThroughputCallback
+from callbacks.throughput import count_flops, peak_flops, stall_message
+from fused_layers.lightning import FusedLayersCallback
 from fused_layers.modules.attention import Attention
 from fused_layers.swap import available_kinds, target_class
 
@@ -91,8 +92,9 @@ class LateLM(LM):
 
 def _trainer(tmp_path, callbacks, steps=4, logger=None, **kw) -> L.Trainer:
     return L.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, callbacks=callbacks, logger=logger if logger is not None else False,
-        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, log_every_n_steps=1,
+        max_steps=steps, accelerator="cpu", devices=1, callbacks=callbacks,
+        logger=logger if logger is not None else False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, log_every_n_steps=1,
         default_root_dir=tmp_path, num_sanity_val_steps=0, **kw,
     )
 
@@ -122,18 +124,26 @@ def _assert_optimizer_holds_module_params(trainer: L.Trainer, model: nn.Module) 
 
 
 # --------------------------------------------------------------------------------------------------
-def test_fit_swaps_measures_and_logs_csv(tmp_path):
+def test_fit_swaps_measures_and_logs_csv(tmp_path, caplog):
     torch.manual_seed(0)
     ref = LM()
     model = copy.deepcopy(ref)
     cb = _cb()
     logger = CSVLogger(tmp_path, name="csv")
     trainer = _trainer(tmp_path, [cb], logger=logger)
-    trainer.fit(model)
+    with caplog.at_level("INFO"):
+        trainer.fit(model)
+    # the console: the swap report, one line of per-kind module speedups (the per-module table is DEBUG detail)
+    console = [r.getMessage() for r in caplog.records if r.levelno >= 20]
+    assert any(m.startswith("fused_layers swap report: ") for m in console), console
+    (timed,) = [m for m in console if m.startswith("fused_layers: fused modules timed alone")]
+    assert "softmax" in timed and "says nothing about GPU speed" in timed
+    assert not any("gbps_or_tflops" in m or "per-module timings" in m for m in console)
 
     avail = _available()
     swapped = {e.name: e.kind for e in cb.report.swapped}
-    expected = {"net.ln": "layer_norm", "net.rms": "rms_norm", "net.mha": "multihead_attention", "net.att": "attention", "net.sm": "softmax"}
+    expected = {"net.ln": "layer_norm", "net.rms": "rms_norm", "net.mha": "multihead_attention", "net.att": "attention",
+                "net.sm": "softmax"}
     for name, kind in expected.items():
         assert (swapped.get(name) == kind) == (kind in avail), (name, kind, cb.report)
     for kind in set(KIND for KIND in expected.values()) - avail:
@@ -255,6 +265,7 @@ def test_step_ab_interleaves_arms_logs_and_keeps_the_fastest(tmp_path):
     trainer.fit(model)
     ab = cb.ab
     assert list(ab.arms) == ["unfused", "all", "layer_norm", "softmax"] and ab.steps == 12
+    assert cb.ab_steps == list(range(2, 14))  # global steps of the A/B (a throughput monitor's stall check skips them)
     # every round runs each arm once, in an order rotated from round to round
     rounds = [[a for r, a in ab.schedule if r == i] for i in (-1, 0, 1)]
     assert all(sorted(r) == sorted(ab.arms) for r in rounds) and len({tuple(r) for r in rounds}) == 3
@@ -274,9 +285,11 @@ def test_step_ab_interleaves_arms_logs_and_keeps_the_fastest(tmp_path):
     assert logged["fused/step_speedup/layer_norm"] == pytest.approx(1.25)
     assert logged["fused/step_speedup/softmax"] == pytest.approx(10 / 15)
     assert logged["fused/step_speedup/all"] == pytest.approx(10 / 13)
-    assert logged["fused/kept/softmax"] == 0 and logged["fused/kept/layer_norm"] == 1 and logged["fused/ab_meaningful"] == 1
+    assert logged["fused/kept/softmax"] == 0 and logged["fused/kept/layer_norm"] == 1
+    assert logged["fused/ab_meaningful"] == 1
     summary = cb.summary()
-    assert summary["swapped_total"] == 1 and summary["kept_arm"] == "layer_norm" and summary["step_ab"]["all"]["step_ms"] == [13.0, 13.0]
+    assert summary["swapped_total"] == 1 and summary["kept_arm"] == "layer_norm"
+    assert summary["step_ab"]["all"]["step_ms"] == [13.0, 13.0]
     # the A/B's steps are training steps of the same function: same losses as the unfused model
     _trainer(tmp_path, [], steps=steps).fit(ref)
     torch.testing.assert_close(torch.tensor(model.losses), torch.tensor(ref.losses), atol=1e-4, rtol=1e-4)
@@ -300,7 +313,8 @@ def test_step_ab_bounded_ended_early_and_compiled(tmp_path, monkeypatch):
     monkeypatch.setattr(fused_cb, "compiled_graphs", lambda: next(graphs))
     model = LM()
     timer.model = model
-    cb = _cb(policy="faster", kinds={"softmax": True}, warmup_steps=1, measure=False, ab_compiled="skip", step_timer=timer)
+    cb = _cb(policy="faster", kinds={"softmax": True}, warmup_steps=1, measure=False, ab_compiled="skip",
+             step_timer=timer)
     _trainer(tmp_path, [cb], steps=3).fit(model)
     assert cb.ab is None and cb.ab_status.startswith("not A/B-measured: the model runs under torch.compile")
     assert type(model.net.sm).__name__ == "FusedSoftmax"
@@ -389,7 +403,7 @@ def test_throughput_callback_counts_unfused_flops(tmp_path):
     flops_unfused = count_flops(model, x)
     tp = ThroughputCallback(window_size=2)
     logger = CSVLogger(tmp_path, name="tp")
-    _trainer(tmp_path, [_cb(measure=False), tp], steps=4, logger=logger).fit(model)
+    _trainer(tmp_path, [_cb(measure=False, ab_rounds=0), tp], steps=4, logger=logger).fit(model)
     assert _fused_names(model)  # counted while fused...
     assert tp.flops_per_batch == model.flops_per_batch == flops_unfused > 0  # ...equal to the unfused count
     assert count_flops(model, x) == flops_unfused and _fused_names(model)  # classes are put back
@@ -402,7 +416,7 @@ def test_throughput_callback_counts_unfused_flops(tmp_path):
     # the stall report: per-step times of this run, logged as stall/* at the end of training
     report = tp.stall_report()
     assert report["median_step_ms"] > 0 and report["max_step_ms"] >= report["median_step_ms"]
-    assert len(report["slowest_steps"].split()) == min(3, len(tp._step_ms)) and report["gc_ms"] >= 0
+    assert len(report["slowest_steps"]) == min(3, len(tp._step_ms)) and report["gc_ms"] >= 0
     assert {"stall/median_step_ms", "stall/max_step_ms", "stall/gc_ms"} <= keys
     assert tp._gc_callback not in __import__("gc").callbacks  # unregistered at the end of training
 
@@ -417,8 +431,19 @@ def test_stall_report_finds_a_slow_step_and_gc_pauses():
     tp._gc_callback("stop", {"generation": 2})
     r = tp.stall_report()
     assert r["median_step_ms"] == 10.0 and r["max_step_ms"] == 100.0
-    assert r["slowest_steps"].startswith("20:100ms") and r["excess_ms"] == 90.0
-    assert r["gc_full_collections"] == 1 and r["gc_ms"] >= 0 and r["compiled_after_steps"] == "1 20"
+    assert r["slowest_steps"][0] == 20 and r["excess_ms"] == 90.0 and r["stalled_steps"] == 1
+    assert r["gc_full_collections"] == 1 and r["gc_ms"] >= 0 and r["compiled_after_steps"] == [1, 20]
+    # the console: one plain sentence, only when the stall is a noticeable share of the training time
+    msg = stall_message(r)  # 90 ms of 290 ms
+    assert msg.startswith("Training stalled: 1 of 20 steps took more than twice the usual 10 ms") and "31%" in msg
+    assert "step 20" in msg and "compiled new code after step 1, 20" in msg and "\n" not in msg
+    assert "excess" not in msg and "_ms" not in msg
+    tp._step_ms = [(i, 10.0) for i in range(1, 40)] + [(40, 30.0)]  # 20 ms of 410 ms: 5%, logged only
+    assert tp.stall_report()["excess_ms"] == 20.0 and stall_message(tp.stall_report()) is None
+    # the steps of a step-time A/B are left out (its arms differ in speed on purpose)
+    tp._step_ms = [(i, 10.0) for i in range(1, 20)] + [(20, 100.0)]
+    r = tp.stall_report(skip={20})
+    assert r["steps"] == 19 and r["stalled_steps"] == 0 and r["compiled_after_steps"] == [1]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -479,7 +504,8 @@ def test_faster_arm_keeps_only_an_arm_faster_in_every_round():
     f = ledger_mod.faster_arm
     assert f({"unfused": unfused, "all": arm("all", 0.646, 1.002, 1.011)}) == "unfused"  # the 0.989x run
     assert f({"unfused": unfused, "all": arm("all", 0.90, 0.95, 0.99)}) == "unfused"
-    assert f({"unfused": unfused, "all": arm("all", 1.01, 1.13, 1.26), "layer_norm": arm("layer_norm", 1.02, 1.05, 1.08),
+    assert f({"unfused": unfused, "all": arm("all", 1.01, 1.13, 1.26),
+              "layer_norm": arm("layer_norm", 1.02, 1.05, 1.08),
               "cross_entropy": arm("cross_entropy", 1.11, 1.19, 1.21)}) == "cross_entropy"
     assert f({"unfused": unfused, "all": arm("all", 1.2, 1.3, 1.4, measured=False),
               "layer_norm": arm("layer_norm", 1.02, 1.05, 1.08)}) == "layer_norm"

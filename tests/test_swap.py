@@ -14,7 +14,15 @@ from torch import nn
 
 from fused_layers.ledger import TABLE_COLUMNS, Ledger, measure_pair
 from fused_layers.modules.attention import Attention
-from fused_layers.swap import KINDS, SOURCE_ATTR, available_kinds, restore_modules, source_class, swap_modules, target_class
+from fused_layers.swap import (
+    KINDS,
+    SOURCE_ATTR,
+    available_kinds,
+    restore_modules,
+    source_class,
+    swap_modules,
+    target_class,
+)
 
 E, H, T = 16, 2, 5  # width, heads, tokens: tiny, the interpreter runs one program at a time
 
@@ -81,7 +89,8 @@ def test_report_keeps_parameters_hooks_mode_and_state_dict():
 
     avail = set(_kinds_available())
     by_name = {e.name: e.kind for e in report.swapped}
-    expected = {"ln": "layer_norm", "rms": "rms_norm", "mha": "multihead_attention", "att": "attention", "sm": "softmax"}
+    expected = {"ln": "layer_norm", "rms": "rms_norm", "mha": "multihead_attention", "att": "attention",
+                "sm": "softmax"}
     for name, kind in expected.items():
         if kind in avail:
             assert by_name[name] == kind
@@ -94,7 +103,8 @@ def test_report_keeps_parameters_hooks_mode_and_state_dict():
         assert any(s.name == "att.softmax" and "inside a fused attention" in s.reason for s in report.skipped)
     else:
         assert by_name["att.softmax"] == "softmax"
-    assert all(p is q for p, q in zip(model.parameters(), params_before)) and len(params_before) == len(list(model.parameters()))
+    assert all(p is q for p, q in zip(model.parameters(), params_before))
+    assert len(params_before) == len(list(model.parameters()))
     assert [n for n, _ in model.named_parameters()] == names_before
     assert list(model.state_dict().keys()) == keys_before
     assert model.training and not model.mha.training
@@ -102,6 +112,20 @@ def test_report_keeps_parameters_hooks_mode_and_state_dict():
     assert calls == ["ln", "sm"]
     assert report.counts()["softmax"] >= 1
     assert "swapped" in str(report) and report.as_dict()["swapped"]
+
+
+def test_report_text_groups_modules_per_class_change():
+    """``print(report)``: one line per kind and class change (short class names, a few module names), one per
+    skip reason; every module is in ``rows()``."""
+    model = nn.Sequential(*[nn.LayerNorm(4) for _ in range(5)], nn.Softmax(-1))
+    report = swap_modules(model, include=["0", "1", "2", "3", "5"])
+    text = str(report).splitlines()
+    assert text[0] == "fused_layers swap report: 5 swapped, 1 skipped"
+    assert text[1].split() == ["layer_norm", "swapped", "4", "LayerNorm", "->", "FusedLayerNorm:", "0,", "1,", "2",
+                               "and", "1", "more"]
+    assert text[2].split() == ["softmax", "swapped", "1", "Softmax", "->", "FusedSoftmax:", "5"]
+    assert text[3].split()[:4] == ["layer_norm", "skipped", "1", "4:"] and "not matched by 'include'" in text[3]
+    assert len(text) == 4 and len(report.rows()) == 6
 
 
 def test_outputs_and_grads_match_unswapped():
@@ -139,13 +163,15 @@ def test_idempotent_and_restore():
 
 
 def test_kinds_include_exclude_and_errors():
-    model = nn.ModuleDict({"a": nn.Softmax(-1), "b": nn.ModuleDict({"c": nn.Softmax(-1), "d": nn.Softmax(1)}), "ln": nn.LayerNorm(4)})
+    model = nn.ModuleDict({"a": nn.Softmax(-1), "b": nn.ModuleDict({"c": nn.Softmax(-1), "d": nn.Softmax(1)}),
+                           "ln": nn.LayerNorm(4)})
     r = swap_modules(copy.deepcopy(model), kinds={"softmax": False, "layer_norm": True})
     assert not any(e.kind == "softmax" for e in r.swapped)
     assert {s.name for s in r.skipped if "disabled" in s.reason} == {"a", "b.c", "b.d"}
     r = swap_modules(copy.deepcopy(model), kinds=["softmax"], include=["b.*"], exclude=[r"b\.d"])
     assert r.names() == ["b.c"]
-    assert {s.name: s.reason for s in r.skipped if s.kind == "softmax"} == {"a": "not matched by 'include'", "b.d": "matched by 'exclude'"}
+    assert {s.name: s.reason for s in r.skipped if s.kind == "softmax"} == {"a": "not matched by 'include'",
+                                                                            "b.d": "matched by 'exclude'"}
     with pytest.raises(ValueError, match="unknown kind.*'nope'.*allowed"):
         swap_modules(model, kinds=["nope"])
     with pytest.raises(ValueError, match="mapping.*unknown kind"):
@@ -258,7 +284,8 @@ def test_ledger_records_and_measures_each_distinct_call():
     s = Ledger.summary(rows)
     assert {"fused/speedup/softmax", "fused/speedup_fwd/softmax", "fused/max_err/softmax"} <= set(s)
     assert set(ledger.module_speedups()) == {"a", "b"}
-    assert "kind" in Ledger.format(rows)
+    table = Ledger.format(rows).splitlines()
+    assert table[0].split() == TABLE_COLUMNS and len(table) == 4 and "say nothing about GPU speed" in table[-1]
     assert x.grad is None  # the ledger never touches .grad
 
 
@@ -278,5 +305,6 @@ def test_measure_pair_attention_metric_is_tflops():
     m = nn.ModuleDict({"att": Attention()})
     swap_modules(m, kinds=["attention"])
     q = torch.randn(1, H, T, 8, requires_grad=True)
-    r = measure_pair(lambda *a, **k: Attention.forward(m["att"], *a, **k), m["att"], (q, q, q), {"is_causal": True}, kind="attention")
+    r = measure_pair(lambda *a, **k: Attention.forward(m["att"], *a, **k), m["att"], (q, q, q), {"is_causal": True},
+                     kind="attention")
     assert r.metric == "TFLOP/s" and r.max_err < 1e-4 and r.achieved > 0

@@ -1,4 +1,11 @@
-"""``FusedLayersCallback``: swap fused modules into any LightningModule, measure what each swap gains.
+"""``FusedLayersCallback``: swap fused modules into any LightningModule and measure what the swap gains.
+
+Needs Lightning (``pip install 'fused-layers[train]'``); everything it does is also reachable without it
+(``fused_layers.swap_modules``, ``fused_layers.ledger``).  Usage::
+
+    from fused_layers.lightning import FusedLayersCallback
+
+    trainer = L.Trainer(callbacks=[FusedLayersCallback(policy="faster")])
 
 Where the swap happens (Lightning 2.6, ``Trainer._run``)::
 
@@ -28,7 +35,7 @@ What is measured (both on the run's own model, batches and shapes):
   over rounds of (unfused step / arm step) within a round, with its min-max spread.  The cost is
   ``(ab_warmup_rounds + ab_rounds) * len(arms)`` training steps (still training: swapping changes the
   class, not the parameters), at most ``ab_max_steps`` (fewer rounds when needed).  ``policy="faster"``
-  then keeps the arm with the best median speedup (``unfused`` when none beats 1.0).  Under
+  then keeps the arm that beats ``unfused`` in every round with the best median (else ``unfused``).  Under
   ``torch.compile`` a class change makes Dynamo compile one graph per arm (cached; the warm-up round pays
   for it), so the A/B compares compiled steps (``ab_compiled="per_arm"``, the default), or is skipped
   (``ab_compiled="skip"``: logged as not A/B-measured, no swap undone).
@@ -37,14 +44,17 @@ What is measured (both on the run's own model, batches and shapes):
   (between steps) ``fused_layers.ledger.Ledger`` times each module's reference class against the fused
   one, once per distinct (kind, shape, dtype), in about ``max_measure_seconds``.  Those are isolated calls
   with syncs, host-bound where no real step is: the table names the reference each was compared to.
-  Time spent there is in ``paused_seconds`` (``ThroughputCallback`` subtracts it).
+  Time spent there is in ``paused_seconds``, for a throughput monitor to take out of its elapsed time.
 
-Logged through ``trainer.loggers``: ``fused/swapped/<kind>`` (hyper-parameters, at setup; final counts
-again after the policy), ``fused/step_speedup/<kind>``, ``fused/step_speedup/all`` (+ ``_lo``/``_hi``:
-the spread), ``fused/step_ms/unfused|all``, ``fused/kept/<kind>``, ``fused/ab_meaningful``; per-module
-detail ``fused/speedup/<kind>`` (fwd+bwd against the module's reference class, geometric mean over
-shapes), ``fused/speedup_fwd/<kind>``, ``fused/max_err/<kind>``; with a ``WandbLogger`` also the tables
-``fused/step_ab`` and ``fused/speedups``.  If training ends before the A/B is complete, the completed
+The console gets the swap report, the step times per arm and what ``policy="faster"`` kept, plus one
+line of per-kind module speedups (the per-module table goes to the ``fused_layers.lightning`` logger at
+DEBUG level and to W&B).  Logged through ``trainer.loggers``: ``fused/swapped/<kind>`` (hyper-parameters,
+at setup; final counts again after the policy), ``fused/step_speedup/<kind>``, ``fused/step_speedup/all``
+(+ ``_lo``/``_hi``: the spread), ``fused/step_ms/unfused|all``, ``fused/kept/<kind>``,
+``fused/ab_meaningful``; per-module detail ``fused/speedup/<kind>`` (fwd+bwd against the module's
+reference class, geometric mean over shapes), ``fused/speedup_fwd/<kind>``, ``fused/max_err/<kind>``; to a
+logger with ``log_table`` (``WandbLogger``) also the tables ``fused/step_ab`` and ``fused/speedups`` (W&B
+itself is only imported by that logger).  If training ends before the A/B is complete, the completed
 rounds are used (none: not A/B-measured, said so).
 """
 
@@ -57,12 +67,19 @@ import warnings
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities.model_helpers import is_overridden
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from fused_layers.ledger import TABLE_COLUMNS, Ledger, Measurement, StepAB, compiled_graphs, faster_arm
-from fused_layers.swap import KINDS, SkipEntry, SwapReport, resolve_kinds, restore_modules, swap_modules
+try:
+    from lightning.pytorch import Callback, LightningModule, Trainer
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+except ImportError as e:  # the library itself needs torch and triton only
+    raise ImportError(
+        "fused_layers.lightning needs Lightning, which fused-layers does not install by default: "
+        "pip install 'fused-layers[train]'"
+    ) from e
+
+from .ledger import TABLE_COLUMNS, Ledger, Measurement, StepAB, compiled_graphs, faster_arm
+from .swap import KINDS, SkipEntry, SwapReport, _normalize_mapping, resolve_kinds, restore_modules, swap_modules
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +106,14 @@ def check_args(policy: str = "always", record_steps: int = 1, warmup_steps: int 
         bad("policy", f"must be one of {list(POLICIES)}, got {policy!r}")
     if ab_compiled not in AB_COMPILED:
         bad("ab_compiled", f"must be one of {list(AB_COMPILED)}, got {ab_compiled!r}")
-    for arg, val, lo in (("record_steps", record_steps, 1), ("warmup_steps", warmup_steps, 0), ("ab_rounds", ab_rounds, 0),
-                         ("ab_warmup_rounds", ab_warmup_rounds, 0), ("ab_max_steps", ab_max_steps, 0)):
+    for arg, val, lo in (("record_steps", record_steps, 1), ("warmup_steps", warmup_steps, 0),
+                         ("ab_rounds", ab_rounds, 0), ("ab_warmup_rounds", ab_warmup_rounds, 0),
+                         ("ab_max_steps", ab_max_steps, 0)):
         if not isinstance(val, int) or isinstance(val, bool) or val < lo:
             bad(arg, f"must be an int >= {lo}, got {val!r}")
     if not max_measure_seconds >= 0:
         bad("max_measure_seconds", f"must be >= 0, got {max_measure_seconds!r}")
-    from fused_layers.swap import _normalize_mapping  # the swap's own check (kinds, aliases, importable classes)
-
+    # the swap's own checks (kinds, aliases, importable classes)
     for arg, fn in (("kinds", lambda: resolve_kinds(kinds)), ("mapping", lambda: _normalize_mapping(mapping))):
         try:
             fn()
@@ -106,7 +123,7 @@ def check_args(policy: str = "always", record_steps: int = 1, warmup_steps: int 
 
 def kernels_runnable(device: torch.device) -> bool:
     """True when the Triton kernels can run on ``device`` (CUDA, or CPU under TRITON_INTERPRET=1)."""
-    from fused_layers.ops._common import triton_runnable
+    from .ops._common import triton_runnable
 
     try:
         return triton_runnable(torch.empty(0, device=device))
@@ -115,8 +132,8 @@ def kernels_runnable(device: torch.device) -> bool:
 
 
 class FusedLayersCallback(Callback):
-    """Swap ``nn.LayerNorm``/``RMSNorm``/``Softmax``/``MultiheadAttention``/``Attention`` for their fused
-    drop-ins at setup, measure the per-kind speedups on the run's own shapes, log them.
+    """Swap the model's layers for their fused drop-ins at setup (the kinds of ``fused_layers.swap.KINDS``
+    and their known look-alikes), time the training step with and without them, log what was gained.
 
     Args:
         kinds: ``{kind: on/off}`` (kinds of ``fused_layers.swap.KINDS``); ``None`` = all.
@@ -188,7 +205,9 @@ class FusedLayersCallback(Callback):
         self.ledger: Ledger | None = None
         self.measurements: list[Measurement] = []
         self.restored: dict[str, tuple[str, float]] = {}  #: policy=faster: name -> (kind, fwd+bwd speedup < 1)
-        self.paused_seconds = 0.0  #: time spent measuring, between steps (ThroughputCallback subtracts it)
+        self.paused_seconds = 0.0  #: time spent measuring, between steps (a throughput monitor subtracts it)
+        #: ``trainer.global_step`` after each step of the A/B (arms differ in speed on purpose: not stalls)
+        self.ab_steps: list[int] = []
         self._train_batches = 0
         self._measured = False
         self._warned = False
@@ -198,7 +217,8 @@ class FusedLayersCallback(Callback):
     # swapping
     # ----------------------------------------------------------------------------------------------
     def _swap(self, pl_module: LightningModule) -> SwapReport:
-        rep = swap_modules(pl_module, kinds=self.kinds, include=self.include, exclude=self.exclude, mapping=self.mapping)
+        rep = swap_modules(pl_module, kinds=self.kinds, include=self.include, exclude=self.exclude,
+                           mapping=self.mapping)
         self.report = self.report.merge(rep) if self.report.swapped or self.report.skipped else rep
         return rep
 
@@ -263,8 +283,8 @@ class FusedLayersCallback(Callback):
             "kept_arm": self.kept_arm,
         }
         if self.ab is not None and self.ab.results:
-            out["step_ab"] = {a: {"kinds": r.kinds, "step_ms": r.step_ms, "median_ms": r.median_ms, "speedup": r.speedup,
-                                  "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi}
+            out["step_ab"] = {a: {"kinds": r.kinds, "step_ms": r.step_ms, "median_ms": r.median_ms,
+                                  "speedup": r.speedup, "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi}
                               for a, r in self.ab.results.items()}
             out["step_ab_meaningful"] = self.ab.meaningful
         return out
@@ -280,7 +300,8 @@ class FusedLayersCallback(Callback):
             try:
                 lg.log_hyperparams(params)
                 if hasattr(lg, "log_text") and rep.rows():
-                    lg.log_text(key="fused/swap_report", columns=["module", "kind", "status", "detail"], data=rep.rows())
+                    lg.log_text(key="fused/swap_report", columns=["module", "kind", "status", "detail"],
+                                data=rep.rows())
             except Exception as e:  # a logger that cannot take them must not stop training
                 log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)
 
@@ -307,12 +328,14 @@ class FusedLayersCallback(Callback):
         if self.ab is not None and not self.ab.done:
             self.ab.begin_step()
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         self._train_batches += 1
         if self.ledger is not None and self._train_batches >= self.record_steps:
             self.ledger.stop_recording()
         if self.ab is not None and not self.ab.results and self.ab._token is not None:
             self.ab.end_step()
+            self.ab_steps.append(trainer.global_step)
             if self.ab.done:
                 self._finish_ab(trainer, pl_module)
 
@@ -339,7 +362,8 @@ class FusedLayersCallback(Callback):
         compiled = compiled_graphs() > self._graphs_at_setup or bool(self.ledger is not None and self.ledger.recompiled)
         if compiled and self.ab_compiled == "skip":
             self.ab_status = "not A/B-measured: the model runs under torch.compile and ab_compiled=skip"
-            rank_zero_info(f"FusedLayersCallback: {self.ab_status}; no swap undone.")
+            rank_zero_info("fused_layers: step times not compared (the model runs under torch.compile and "
+                           "ab_compiled=skip); every swap kept.")
             self._log_ab(trainer)
             return
         swapped = {e.name: e.kind for e in self.report.swapped}
@@ -357,9 +381,10 @@ class FusedLayersCallback(Callback):
         self.ab = StepAB(pl_module, swapped, rounds=rounds, warmup_rounds=self.ab_warmup_rounds,
                          timer=self.step_timer, device=trainer.strategy.root_device, mapping=self.mapping)
         self.ab.compiled = compiled
-        rank_zero_info(f"FusedLayersCallback: step-time A/B over the next {self.ab.steps} training steps "
-                       f"(arms {list(self.ab.arms)}, {self.ab_warmup_rounds} warm-up + {rounds} rounds"
-                       f"{', one compiled graph per arm' if compiled else ''})")
+        alone = ", each kind alone" if n_arms > 2 else ""
+        rank_zero_info(f"fused_layers: timing the next {self.ab.steps} training steps unfused, fully fused{alone} "
+                       f"({self.ab_warmup_rounds} warm-up + {rounds} measured round(s)"
+                       f"{'; torch.compile builds one graph for each' if compiled else ''})")
 
     def _finish_ab(self, trainer: Trainer, pl_module: LightningModule, ended_early: bool = False) -> None:
         ab = self.ab
@@ -374,9 +399,11 @@ class FusedLayersCallback(Callback):
             self.ab_status = (f"A/B-measured ({how}): {n} round(s) of {len(ab.arms)} arms"
                               + (", training ended before all rounds" if ended_early and n < ab.rounds else ""))
         if n:
-            rank_zero_info("fused_layers step-time A/B (unfused step / arm step, median over rounds):\n" + ab.format())
+            mode = "compiled" if getattr(ab, "compiled", False) else "eager"
+            rank_zero_info(f"fused_layers: training step time ({mode}; speedup = unfused step time / step time, "
+                           f"median of {n} round(s) and its min-max):\n" + ab.format())
         else:
-            rank_zero_info(f"FusedLayersCallback: {self.ab_status}; no step speedup measured.")
+            rank_zero_info("fused_layers: training ended before the step times were compared; every swap kept.")
         if self.policy == "faster" and n:
             if ab.meaningful:
                 best = faster_arm(results)  # beats unfused in every round, else unfused
@@ -385,15 +412,22 @@ class FusedLayersCallback(Callback):
                 keep = ab.arms[best]
                 ab.set_fused(keep)
                 self._record_restored(pl_module, [nm for nm, k in ab.swapped.items() if k not in keep],
-                                      {k: results[best].speedup if best != "unfused" else 1.0 for k in ab.kinds}, how="step A/B")
-                rank_zero_info(f"FusedLayersCallback(policy=faster): keeping arm '{best}' (fused kinds: {keep or 'none'}).")
+                                      {k: results[best].speedup if best != "unfused" else 1.0 for k in ab.kinds},
+                                      how="step A/B")
+                if keep:
+                    rank_zero_info(f"fused_layers (policy=faster): keeping the fused {', '.join(keep)} "
+                                   f"(step {results[best].speedup:.2f}x faster than unfused).")
+                else:
+                    rank_zero_info("fused_layers (policy=faster): no fused setting was faster than unfused in every "
+                                   "round; every swap undone.")
             else:
-                rank_zero_info("FusedLayersCallback(policy=faster): step times not meaningful on this device "
-                               "(Triton interpreter); no swap undone.")
+                rank_zero_info("fused_layers (policy=faster): step times in the Triton interpreter say nothing about "
+                               "GPU speed; every swap kept.")
         self.paused_seconds += time.perf_counter() - t0
         self._log_ab(trainer)
 
-    def _record_restored(self, pl_module: LightningModule, names: list[str], speedups: dict[str, float], how: str) -> None:
+    def _record_restored(self, pl_module: LightningModule, names: list[str], speedups: dict[str, float],
+                         how: str) -> None:
         if not names:
             return
         kinds = {e.name: e.kind for e in self.report.swapped}
@@ -424,19 +458,26 @@ class FusedLayersCallback(Callback):
             try:
                 lg.log_metrics(metrics, step=trainer.global_step)
                 if hasattr(lg, "log_hyperparams"):
-                    lg.log_hyperparams({"fused/ab_status": self.ab_status, **{f"fused/swapped/{k}": n for k, n in counts.items()}})
+                    lg.log_hyperparams({"fused/ab_status": self.ab_status,
+                                        **{f"fused/swapped/{k}": n for k, n in counts.items()}})
                 if self.log_table and hasattr(lg, "log_table") and ab is not None and ab.results:
+                    def ratio(a: str, v: float) -> float | None:
+                        return None if a == "unfused" else round(v, 4)
+
                     rows = [[a, ",".join(r.kinds) or "none (reference classes)", round(r.median_ms, 4),
-                             None if a == "unfused" else round(r.speedup, 4), None if a == "unfused" else round(r.speedup_lo, 4),
-                             None if a == "unfused" else round(r.speedup_hi, 4), a != "unfused" and r.within_noise, len(r.step_ms)]
+                             ratio(a, r.speedup), ratio(a, r.speedup_lo), ratio(a, r.speedup_hi),
+                             a != "unfused" and r.within_noise, len(r.step_ms)]
                             for a, r in ab.results.items()]
-                    lg.log_table(key="fused/step_ab", columns=["arm", "fused kinds", "median step ms", "step speedup vs unfused",
-                                                                "min", "max", "within noise", "rounds"], data=rows)
+                    lg.log_table(key="fused/step_ab", data=rows,
+                                 columns=["arm", "fused kinds", "median step ms", "step speedup vs unfused", "min",
+                                          "max", "within noise", "rounds"])
                 if self.log_table and hasattr(lg, "log_table") and self.measurements:
                     # per-module detail next to the step-time A/B of its kind (what policy=faster used)
-                    step = {k: r.speedup for k, r in ab.kind_speedups().items()} if ab is not None and ab.results else {}
+                    step = ({k: r.speedup for k, r in ab.kind_speedups().items()}
+                            if ab is not None and ab.results else {})
                     lg.log_table(key="fused/speedups", columns=[*TABLE_COLUMNS, "step A/B speedup of kind"],
-                                 data=[[*m.row(), None if m.kind not in step else round(step[m.kind], 4)] for m in self.measurements])
+                                 data=[[*m.row(), None if m.kind not in step else round(step[m.kind], 4)]
+                                       for m in self.measurements])
             except Exception as e:  # a logger that cannot take them must not stop training
                 log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)
 
@@ -464,8 +505,8 @@ class FusedLayersCallback(Callback):
         if not rows:
             return
         if not all(r.meaningful for r in rows):  # interpreter / CPU timings say nothing about the GPU
-            rank_zero_info("FusedLayersCallback(policy=faster): timings not meaningful on this device "
-                           "(Triton interpreter); no swap undone.")
+            rank_zero_info("fused_layers (policy=faster): timings in the Triton interpreter say nothing about "
+                           "GPU speed; every swap kept.")
             return
         slower = {n: s for n, s in self.ledger.module_speedups(rows).items() if s < 1.0}
         slower = trainer.strategy.broadcast(slower, src=0)  # every rank undoes the same swaps
@@ -473,7 +514,8 @@ class FusedLayersCallback(Callback):
             return
         restore_modules(pl_module, list(slower))
         self._record_restored(pl_module, list(slower), slower, how="module")
-        rank_zero_info(f"FusedLayersCallback(policy=faster, no A/B): restored {len(slower)} slower swap(s): {sorted(slower)}")
+        rank_zero_info(f"fused_layers (policy=faster): undid {len(slower)} swap(s) slower than their reference "
+                       f"module: {', '.join(sorted(slower))}")
         self._log_ab(trainer)
 
     def _log_measurements(self, trainer: Trainer) -> None:
@@ -484,8 +526,14 @@ class FusedLayersCallback(Callback):
             metrics["fused/timings_meaningful"] = float(all(r.meaningful for r in rows))
         if self.ledger is not None and self.ledger.not_measured:
             metrics["fused/not_measured"] = float(len(self.ledger.not_measured))
-        rank_zero_info("fused_layers per-module timings (detail; isolated calls, reference / fused, fwd+bwd):\n"
-                       + Ledger.format(rows))
+        if rows:
+            log.debug("per-module timings (isolated calls, reference / fused, forward+backward):\n%s",
+                      Ledger.format(rows))
+            kinds = ", ".join(f"{k.rsplit('/', 1)[1]} {v:.3g}x" for k, v in metrics.items()
+                              if k.startswith("fused/speedup/"))
+            note = "" if all(r.meaningful for r in rows) else " (Triton interpreter: says nothing about GPU speed)"
+            rank_zero_info(f"fused_layers: fused modules timed alone against their reference (forward+backward): "
+                           f"{kinds}{note}")
         if not metrics:
             return
         for lg in trainer.loggers:
