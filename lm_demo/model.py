@@ -21,7 +21,6 @@ weight decay on matrices only, linear warm-up then cosine decay.
 from __future__ import annotations
 
 import math
-from enum import Enum
 
 import lightning as L
 import torch
@@ -31,15 +30,7 @@ from torch import nn
 from fused_layers.modules.attention import Attention
 from fused_layers.modules.loss import LinearCrossEntropyLoss
 
-
-class AttnImpl(str, Enum):
-    """How the attention core is computed."""
-
-    reference = "reference"  # fused_layers' reference Attention: explicit nn.Softmax (swappable)
-    sdpa = "sdpa"  # F.scaled_dot_product_attention (PyTorch's fused kernels)
-
-    def __str__(self) -> str:  # "sdpa", also inside ${...} interpolations (run names)
-        return self.value
+from .config import AttnImpl
 
 
 class CausalSelfAttention(nn.Module):
