@@ -138,7 +138,8 @@ def _create_hydra(app_file: str, config_path: str, config_dir: str | None) -> An
         abs_dir = os.path.abspath(config_dir)
         if not os.path.isdir(abs_dir):
             raise ConfigError(f"--config-dir: {abs_dir!r}: no such directory")
-        search_path.prepend(provider="command-line", path=f"file://{abs_dir}", anchor=SearchPathQuery(provider="schema"))
+        search_path.prepend(provider="command-line", path=f"file://{abs_dir}",
+                            anchor=SearchPathQuery(provider="schema"))
     return Hydra.create_main_hydra2(task_name=Path(app_file).stem, config_search_path=search_path)
 
 
@@ -185,7 +186,10 @@ def _as_job(cfg: DictConfig, dir_key: str | None) -> DictConfig:
     from hydra.core.hydra_config import HydraConfig
 
     HydraConfig.instance().set_config(cfg)
-    run_dir = str(OmegaConf.select(cfg, dir_key)) if dir_key else str(Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir))
+    if dir_key:
+        run_dir = str(OmegaConf.select(cfg, dir_key))
+    else:
+        run_dir = str(Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir))
     with read_write(cfg.hydra.runtime):
         cfg.hydra.runtime.output_dir = os.path.abspath(run_dir)
     HydraConfig.instance().set_config(cfg)
@@ -206,13 +210,15 @@ def describe(e: BaseException, keys: Sequence[str] = (), group_options: Any = la
         return str(e)
     if isinstance(e, OverrideParseException):
         key = _key_of(e.override)
-        return f"{key}: cannot read {e.override!r} ({_first_line(e.message)}); quote a value that has spaces or brackets"
+        problem = _first_line(e.message)
+        return f"{key}: cannot read {e.override!r} ({problem}); quote a value that has spaces or brackets"
     if isinstance(e, MissingConfigException) and e.missing_cfg_file and "/" in e.missing_cfg_file:
         group, _, option = e.missing_cfg_file.rpartition("/")
         options = list(e.options or group_options(group))
         if not options:
             return f"{group.replace('/', '.')}: no such config group" + _did_you_mean(group, keys)
-        return f"{group.replace('/', '.')}: no option {option!r}{_did_you_mean(option, options)} (options: {', '.join(options)})"
+        hint = _did_you_mean(option, options)
+        return f"{group.replace('/', '.')}: no option {option!r}{hint} (options: {', '.join(options)})"
     cause = e if isinstance(e, OmegaConfBaseException) else e.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
         return f"{cause.full_key}: {_omegaconf_problem(cause, keys)}"
@@ -249,7 +255,8 @@ def _omegaconf_problem(e: OmegaConfBaseException, keys: Sequence[str]) -> str:
 
 def _no_such_key(key: str, keys: Sequence[str]) -> str:
     if "/" in key:
-        return "no such config group" + (_did_you_mean(key.split("/")[0], keys) or "; python train.py --help lists them")
+        hint = _did_you_mean(key.split("/")[0], keys)
+        return "no such config group" + (hint or "; python train.py --help lists them")
     hint = _did_you_mean(key, keys)
     if not hint and key.startswith("trainer."):
         hint = f" (another Lightning Trainer argument: +{key}=VALUE)"

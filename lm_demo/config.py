@@ -27,7 +27,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 
-
 class AttnImpl(str, Enum):
     """How the demo GPT computes its attention core (``model.attn_impl``)."""
 
@@ -58,7 +57,8 @@ class ModelConfig:
     n_head: int = doc(4, "attention heads; must divide d_model", main=True)
     mlp_ratio: int = doc(4, "MLP hidden width as a multiple of d_model")
     dropout: float = doc(0.0, "dropout probability, in [0, 1)")
-    attn_impl: AttnImpl = doc(AttnImpl.reference, "reference: explicit softmax (swappable) | sdpa: PyTorch SDPA", main=True)
+    attn_impl: AttnImpl = doc(AttnImpl.reference, "reference: explicit softmax (swappable) | sdpa: PyTorch SDPA",
+                              main=True)
     lr: float = doc(1e-3, "peak learning rate (AdamW)", main=True)
     min_lr_ratio: float = doc(0.1, "final learning rate as a fraction of the peak (cosine decay)")
     weight_decay: float = doc(0.1, "AdamW weight decay (matrices only)")
@@ -106,7 +106,8 @@ class TrainerConfig:
     accumulate_grad_batches: int = doc(1, "batches whose gradients add up to one optimizer step")
     enable_progress_bar: Optional[bool] = doc(None, "show the progress bar")
     enable_model_summary: Optional[bool] = doc(None, "print the model's summary table at the start")
-    enable_checkpointing: Optional[bool] = doc(None, "write <output_dir>/checkpoints/last.ckpt (false: none)", main=True)
+    enable_checkpointing: Optional[bool] = doc(None, "write <output_dir>/checkpoints/last.ckpt (false: none)",
+                                               main=True)
     deterministic: Any = doc(None, "deterministic algorithms only (slower)")
     benchmark: Optional[bool] = doc(None, "cudnn.benchmark")
     default_root_dir: Optional[str] = doc(None, "Lightning's own output folder (the run dir)")
@@ -123,7 +124,7 @@ class FusedCallbackConfig:
     include: Optional[List[str]] = doc(None, "swap only modules whose names match these patterns", main=True)
     exclude: Optional[List[str]] = doc(None, "never swap modules whose names match these patterns")
     # {} rather than None: OmegaConf cannot merge a CLI dict (callbacks.fused.mapping={...}) into a None node
-    mapping: Dict[str, Any] = doc(help="your own module classes -> kind, e.g. ++callbacks.fused.mapping={my.Norm:layer_norm}",
+    mapping: Dict[str, Any] = doc(help="your module classes -> kind: ++callbacks.fused.mapping={my.Norm:layer_norm}",
                                   factory=dict)
     policy: str = doc("faster", "faster: keep swaps that made steps faster; always: keep all",
                       main=True)
@@ -202,7 +203,8 @@ def resolve_ckpt_path(value: str | None, roots: tuple[str, ...] = ("outputs", "m
     if value == "last":
         found = [p for r in roots for p in Path(r).glob("**/checkpoints/last.ckpt")]
         if not found:
-            _fail("ckpt_path", f"'last': no checkpoints/last.ckpt under {' or '.join(r + '/' for r in roots)} (has a run finished here?)")
+            where = " or ".join(r + "/" for r in roots)
+            _fail("ckpt_path", f"'last': no checkpoints/last.ckpt under {where} (has a run finished here?)")
         return str(max(found, key=lambda p: p.stat().st_mtime))
     p = Path(value).expanduser()
     if not p.is_file():
@@ -272,8 +274,9 @@ def check_config(cfg: Any) -> None:
                 cls = getattr(importlib.import_module(mod), attr)
             except (ImportError, AttributeError, ValueError) as e:
                 _fail(f"{key}._target_", f"{target!r} cannot be imported ({type(e).__name__}: {e})")
-            kwargs = {k: v for k, v in OmegaConf.to_container(entry, resolve=True).items() if k not in ("_target_", "enabled")}
-            kwargs = {k: v for k, v in kwargs.items() if not (isinstance(v, dict) and "_target_" in v)}  # nested objects
+            kwargs = {k: v for k, v in OmegaConf.to_container(entry, resolve=True).items()
+                      if k not in ("_target_", "enabled")
+                      and not (isinstance(v, dict) and "_target_" in v)}  # nested objects are built on their own
             checker = getattr(cls, "check_args", None)
             try:
                 inspect.signature(cls).bind(**kwargs)  # unknown argument names

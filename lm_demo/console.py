@@ -82,8 +82,10 @@ def quiet_console() -> None:
         if not any(isinstance(f, _DropLightningTips) for f in lg.filters):
             lg.addFilter(_DropLightningTips())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-    # resuming into a new run dir (by design: ckpt_path=... starts a new output dir) is not news
+    # resuming into a new run dir (by design: ckpt_path=... starts a new output dir) is not news, nor that a run
+    # resumed mid-epoch draws its batches afresh (the demo's loaders keep no position; step and optimizer continue)
     warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+    warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
 
 
 def progress_bar() -> Any:

@@ -52,7 +52,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         # (B, T, C) -> (B, H, T, D), the layout of F.scaled_dot_product_attention.
-        q, k, v = (p(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (p(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
         if self.core is not None:
             y = self.core(q, k, v, is_causal=True)
         else:
@@ -152,7 +153,7 @@ class GPTLM(L.LightningModule):
     ):
         super().__init__()
         attn_impl = AttnImpl(getattr(attn_impl, "value", attn_impl)).value
-        betas = tuple(float(b) for b in betas)  # plain types (not Hydra's ListConfig): checkpoints load with weights_only
+        betas = tuple(float(b) for b in betas)  # plain types, not Hydra's ListConfig: checkpoints load weights_only
         self.save_hyperparameters()
         self.hparams.attn_impl = attn_impl
         self.model = GPT(vocab_size, seq_len, d_model, n_layer, n_head, mlp_ratio, dropout, attn_impl)

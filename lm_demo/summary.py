@@ -149,7 +149,8 @@ def relabel_wandb(loggers: list, summary: dict[str, Any]) -> None:
         run = lg.experiment
         try:
             run.tags = [summary["tag"]]
-            extra = {"fused/swapped_total": fused.get("swapped_total", 0), "fused/ab_status": fused.get("ab_status", "-")}
+            extra = {"fused/swapped_total": fused.get("swapped_total", 0),
+                     "fused/ab_status": fused.get("ab_status", "-")}
             extra.update({f"fused/swapped/{k}": n for k, n in (fused.get("swapped") or {}).items()})
             run.summary.update(extra)
             run.config.update({"fused_effective": summary["fused_effective"], "run_tag_effective": summary["tag"],
