@@ -66,7 +66,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lm_demo.console import progress_bar, quiet_console
+    from lm_demo.console import progress_bar, setup_console
     from lm_demo.summary import (
         MemoryLogger,
         console_report,
@@ -77,7 +77,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         validated_at_end,
     )
 
-    quiet_console()
+    setup_console()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

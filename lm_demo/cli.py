@@ -155,11 +155,16 @@ def job_configs(hydra: Any, config_name: str, overrides: list[str], multirun: bo
     combination of the sweep; under another sweeper (which picks its own values) the config as composed."""
     from hydra.types import RunMode
 
-    if not multirun:
-        multirun = hydra.get_mode(config_name=config_name, overrides=overrides) == RunMode.MULTIRUN
-    if not multirun:
-        yield _as_job(hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN), "hydra.run.dir")
-        return
+    if not multirun:  # a run, unless the config itself says hydra.mode=MULTIRUN (then a sweep needs no -m)
+        try:
+            cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN)
+        except Exception:
+            if hydra.get_mode(config_name=config_name, overrides=overrides) != RunMode.MULTIRUN:
+                raise
+            cfg = None
+        if cfg is not None and cfg.hydra.mode != RunMode.MULTIRUN:
+            yield _as_job(cfg, "hydra.run.dir")
+            return
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 

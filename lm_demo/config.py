@@ -219,9 +219,11 @@ _SHAPE_KEYS = ("vocab_size", "seq_len", "d_model", "n_layer", "n_head", "mlp_rat
 def check_config(cfg: Any) -> None:
     """Check what composing cannot: paths, values and every callback's settings (disabled ones too).
 
-    Runs before anything is built (no logger, no W&B run dir, no trainer). Raises `ConfigError` naming the
-    key. Callback entries are checked by their class's ``check_args`` (``FusedLayersCallback``,
-    ``ThroughputCallback``) or, failing that, by binding the entry to the class's constructor signature.
+    Runs before anything is built: in ``lm_demo/cli.py``'s preflight, for every job of the command, before
+    Hydra makes a run dir, and again at the start of train.py's ``train`` (no logger, no W&B run dir, no
+    trainer yet). Raises `ConfigError` naming the key. Callback entries are checked by their class's
+    ``check_args`` (``FusedLayersCallback``, ``ThroughputCallback``) or, failing that, by binding the entry to
+    the class's constructor signature.
     """
     import importlib
     import inspect

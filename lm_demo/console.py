@@ -64,7 +64,7 @@ class _DropLightningTips(logging.Filter):
         return not str(record.getMessage()).startswith("\U0001f4a1 Tip")
 
 
-def quiet_console() -> None:
+def setup_console() -> None:
     """Set up the job's console: Lightning's loggers go through the handlers Hydra configured (console and
     log file) instead of their own stderr handler; Lightning's "Tip" adverts (litlogger, litmodels) are
     dropped; so is a deprecation warning Lightning 2.6 triggers in torch's pytree (``isinstance(treespec,
