@@ -80,7 +80,7 @@ class DataConfig:
     val_fraction: float = doc(0.1, "share of the corpus held out for validation, in (0, 1)")
     synthetic_samples: int = doc(1024, "random sequences per epoch when synthetic=true")
     num_workers: int = doc(0, "DataLoader worker processes")
-    seed: int = doc("${seed}", "seed of the random tokens (follows seed)")
+    seed: int = doc("${seed}", "seed of the batch order and of the random tokens (follows seed)")
 
 
 @dataclass
