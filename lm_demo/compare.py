@@ -155,13 +155,16 @@ def compare(sweep_dir: str | Path, plot: bool = True, echo: bool = True) -> dict
         for name, ref in (("vs_base", base), ("vs_best_unfused", best)):
             t, b = r.get("tokens_per_sec"), (ref or {}).get("tokens_per_sec")
             r[name] = (t / b) if t and b and r["ran_fused"] == r["fused"] else None
-            lo, hi, blo, bhi = r.get("tokens_lo"), r.get("tokens_hi"), (ref or {}).get("tokens_lo"), (ref or {}).get("tokens_hi")
+            lo, hi = r.get("tokens_lo"), r.get("tokens_hi")
+            blo, bhi = (ref or {}).get("tokens_lo"), (ref or {}).get("tokens_hi")
             r[name + "_noise"] = None if None in (lo, hi, blo, bhi) or ref is r else (lo <= bhi and blo <= hi)
     notes = []
     if not any(r["attn_impl"] == "sdpa" and not r["ran_fused"] and not r["compile"] for r in rows):
-        notes.append("no unfused SDPA baseline in this sweep (add model.attn_impl=sdpa jobs, e.g. `model.attn_impl=reference,sdpa`)")
+        notes.append("no unfused SDPA baseline in this sweep "
+                     "(add model.attn_impl=sdpa jobs, e.g. `model.attn_impl=reference,sdpa`)")
     if not any(r["attn_impl"] == "sdpa" and not r["ran_fused"] and r["compile"] for r in rows):
-        notes.append("no compiled unfused SDPA baseline in this sweep (add `model.compile=false,true` with model.attn_impl=sdpa)")
+        notes.append("no compiled unfused SDPA baseline in this sweep "
+                     "(add `model.compile=false,true` with model.attn_impl=sdpa)")
     for r in rows:
         if r["fused"] and not r["ran_fused"]:
             notes.append(f"{r['label']}: fused=true but nothing was swapped ({r.get('ab_status') or 'no kernels'}): "
@@ -201,10 +204,12 @@ def format_table(rows: list[dict[str, Any]], kinds: list[str], base_label: str, 
             "train loss", "val loss"] + [f"step A/B {k}" for k in short]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        label = r["label"] + (" (base)" if r["label"] == base_label else "") + (" (best unfused)" if r["label"] == best_label else "")
+        label = (r["label"] + (" (base)" if r["label"] == base_label else "")
+                 + (" (best unfused)" if r["label"] == best_label else ""))
         ran = r["tag"] + (": " + ", ".join(f"{k} {n}" for k, n in r["swapped"].items()) if r["swapped"] else "")
         tps = "-" if r.get("tokens_per_sec") is None else (
-            f"{r['tokens_per_sec']:,.0f} [{r['tokens_lo']:,.0f}-{r['tokens_hi']:,.0f}]" if r.get("tokens_lo") is not None
+            f"{r['tokens_per_sec']:,.0f} [{r['tokens_lo']:,.0f}-{r['tokens_hi']:,.0f}]"
+            if r.get("tokens_lo") is not None
             else f"{r['tokens_per_sec']:,.0f}")
         cells = [label, ran, str(r["runs"]), tps, _ratio(r, "vs_base"), _ratio(r, "vs_best_unfused"),
                  _fmt(r.get("step_ms"), ".1f"), _fmt(r.get("peak_memory_gib"), ".2f"), _fmt(r.get("mfu"), ".1%"),
@@ -212,15 +217,16 @@ def format_table(rows: list[dict[str, Any]], kinds: list[str], base_label: str, 
         for k, sk in zip(kinds, short):
             v = r.get(k)
             lo, hi = r.get(f"fused/step_speedup_lo/{sk}"), r.get(f"fused/step_speedup_hi/{sk}")
-            cells.append("-" if v is None else f"{v:.3f}x" + (f" [{lo:.3f}-{hi:.3f}]" if lo is not None and hi is not None else ""))
+            over_rounds = f" [{lo:.3f}-{hi:.3f}]" if lo is not None and hi is not None else ""
+            cells.append("-" if v is None else f"{v:.3f}x{over_rounds}")
         lines.append("| " + " | ".join(cells) + " |")
     spread = sorted({r.get("tokens_spread_over", "") for r in rows} - {""})
     lines.append("")
-    lines.append(f"tokens/s [min-max] over {' / '.join(spread) or '-'}: over seeds the median; over windows (one run) the "
-                 "run's second half as tokens / time (a stall counts), with the slowest and fastest window; "
-                 "a ratio whose ranges overlap is within noise. "
-                 "step A/B: the fused callback's interleaved step-time A/B inside the run (unfused step / step with that "
-                 "kind fused; median [min-max] over rounds).")
+    lines.append(f"tokens/s [min-max] over {' / '.join(spread) or '-'}: over seeds the median; "
+                 "over windows (one run) the run's second half as tokens / time (a stall counts), "
+                 "with the slowest and fastest window; a ratio whose ranges overlap is within noise. "
+                 "step A/B: the fused callback's interleaved step-time A/B inside the run "
+                 "(unfused step / step with that kind fused; median [min-max] over rounds).")
     for n in notes or []:
         lines.append(f"- note: {n}")
     return "\n".join(lines)
@@ -267,7 +273,8 @@ def _plot(rows: list[dict[str, Any]], kinds: list[str], path: Path) -> str | Non
         measured = [(r, c) for r, c in zip(rows, colors) if any(r.get(k) is not None for k in kinds)]
         width = 0.8 / max(len(measured), 1)
         for i, (r, c) in enumerate(measured):
-            ax.bar([j + i * width for j in range(len(kinds))], [r.get(k) or 0.0 for k in kinds], width, color=c, label=r["label"])
+            ax.bar([j + i * width for j in range(len(kinds))], [r.get(k) or 0.0 for k in kinds], width, color=c,
+                   label=r["label"])
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks(range(len(kinds)), [k.rsplit("/", 1)[-1] for k in kinds], fontsize=8)
         ax.legend(fontsize=6)

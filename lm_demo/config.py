@@ -1,11 +1,14 @@
 """The typed schema of ``conf/train.yaml``, registered with Hydra's ConfigStore as ``train_schema``.
 
-``conf/train.yaml`` lists ``train_schema`` first in its defaults, so every value composed on top is
-checked against these dataclasses: ``fused=maybe`` fails ("Value 'maybe' is not a valid bool"), and a
-misspelled key fails ("Key 'fuse' is not in struct"). ``callbacks`` and ``logger`` are dicts of named
-``_target_`` entries (so ``~callbacks.throughput`` drops one); the fused callback's own entry is typed
-through ``fused_callback_schema`` (see ``conf/callbacks/fused.yaml``). Trainer arguments not listed in
-`TrainerConfig` can still be passed with ``+trainer.NAME=VALUE``.
+``conf/train.yaml`` lists ``train_schema`` first in its defaults, so every value composed on top is checked
+against these dataclasses: ``fused=maybe`` and a misspelt key fail while composing (``lm_demo/cli.py`` turns
+that into one line naming the key). ``callbacks`` and ``logger`` are dicts of named ``_target_`` entries (so
+``~callbacks.throughput`` drops one); the fused callback's entry is typed through ``fused_callback_schema``
+(see ``conf/callbacks/fused.yaml``). Trainer arguments not listed in `TrainerConfig` can still be passed with
+``+trainer.NAME=VALUE``.
+
+Each field carries its one-line description (``doc``): ``python train.py --help`` prints those of the main
+keys, ``--help-all`` every one. `check_config` checks what typing cannot (paths, ranges, callback arguments).
 
 Also registers the OmegaConf resolvers the config uses: ``${fused_tag:${fused}}`` (``fused``/``unfused``)
 and ``${sweep_group:}`` (one name shared by all jobs of a multirun).
@@ -13,114 +16,175 @@ and ``${sweep_group:}`` (one name shared by all jobs of a multirun).
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from .model import AttnImpl
+
+class AttnImpl(str, Enum):
+    """How the demo GPT computes its attention core (``model.attn_impl``)."""
+
+    reference = "reference"  # fused_layers' reference Attention: explicit nn.Softmax (swappable)
+    sdpa = "sdpa"  # F.scaled_dot_product_attention (PyTorch's fused kernels)
+
+    def __str__(self) -> str:  # "sdpa", also inside ${...} interpolations (run names)
+        return self.value
+
+
+def doc(default: Any = MISSING, help: str = "", *, main: bool = False, factory: Callable[[], Any] | None = None) -> Any:
+    """A dataclass field with its one-line description; ``main`` fields are listed by ``python train.py --help``."""
+    meta = {"help": help, "main": main}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class ModelConfig:
+    """The demo GPT (``lm_demo/model.py``) and its optimizer."""
+
     _target_: str = "lm_demo.model.GPTLM"
-    vocab_size: int = 256
-    seq_len: int = 128
-    d_model: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    mlp_ratio: int = 4
-    dropout: float = 0.0
-    attn_impl: AttnImpl = AttnImpl.reference
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
-    warmup_steps: int = 20
-    compile: bool = False
+    vocab_size: int = doc(256, "vocabulary size: tokens are bytes (0..255); gpt2_small pads it to GPT-2's 50304")
+    seq_len: int = doc(128, "tokens per sequence (the data follows it)", main=True)
+    d_model: int = doc(128, "width of the residual stream", main=True)
+    n_layer: int = doc(4, "transformer blocks", main=True)
+    n_head: int = doc(4, "attention heads; must divide d_model", main=True)
+    mlp_ratio: int = doc(4, "MLP hidden width as a multiple of d_model")
+    dropout: float = doc(0.0, "dropout probability, in [0, 1)")
+    attn_impl: AttnImpl = doc(AttnImpl.reference, "reference: explicit softmax (swappable) | sdpa: PyTorch SDPA",
+                              main=True)
+    lr: float = doc(1e-3, "peak learning rate (AdamW)", main=True)
+    min_lr_ratio: float = doc(0.1, "final learning rate as a fraction of the peak (cosine decay)")
+    weight_decay: float = doc(0.1, "AdamW weight decay (matrices only)")
+    betas: List[float] = doc(help="AdamW betas", factory=lambda: [0.9, 0.95])
+    warmup_steps: int = doc(20, "steps of linear learning-rate warm-up")
+    compile: bool = doc(False, "torch.compile the network (after the swaps)", main=True)
 
 
 @dataclass
 class DataConfig:
+    """Byte-level text or random tokens (``lm_demo/data.py``)."""
+
     _target_: str = "lm_demo.data.ByteLMDataModule"
-    seq_len: int = "${model.seq_len}"  # type: ignore[assignment]
-    batch_size: int = 16
-    path: Optional[str] = None
-    synthetic: bool = False
-    max_bytes: int = 4_000_000
-    val_fraction: float = 0.1
-    synthetic_samples: int = 1024
-    num_workers: int = 0
-    seed: int = "${seed}"  # type: ignore[assignment]
+    seq_len: int = doc("${model.seq_len}", "tokens per sample (follows model.seq_len)")
+    batch_size: int = doc(16, "sequences per training step", main=True)
+    path: Optional[str] = doc(None, "your own text file; null: this Python's stdlib source", main=True)
+    synthetic: bool = doc(False, "random tokens instead of text (nothing to learn: for speed runs)")
+    max_bytes: int = doc(4_000_000, "bytes read from the corpus at most")
+    val_fraction: float = doc(0.1, "share of the corpus held out for validation, in (0, 1)")
+    synthetic_samples: int = doc(1024, "random sequences per epoch when synthetic=true")
+    num_workers: int = doc(0, "DataLoader worker processes")
+    seed: int = doc("${seed}", "seed of the batch order and of the random tokens (follows seed)")
 
 
 @dataclass
 class TrainerConfig:
+    """Lightning ``Trainer`` arguments (any other one: ``+trainer.NAME=VALUE``)."""
+
     _target_: str = "lightning.pytorch.Trainer"
-    accelerator: str = "auto"
-    devices: Any = 1
-    num_nodes: int = 1
-    strategy: Any = "auto"
-    precision: Any = "32-true"
-    max_steps: int = -1
-    max_epochs: Optional[int] = None
-    max_time: Optional[str] = None
-    val_check_interval: Any = None
-    check_val_every_n_epoch: Optional[int] = 1
-    limit_train_batches: Any = None
-    limit_val_batches: Any = None
-    num_sanity_val_steps: Optional[int] = None
-    log_every_n_steps: Optional[int] = None
-    gradient_clip_val: Optional[float] = None
-    accumulate_grad_batches: int = 1
-    enable_progress_bar: Optional[bool] = None
-    enable_model_summary: Optional[bool] = None
-    enable_checkpointing: Optional[bool] = None
-    deterministic: Any = None
-    benchmark: Optional[bool] = None
-    default_root_dir: Optional[str] = None
+    accelerator: str = doc("auto", "cpu, gpu, or auto (a GPU when there is one)", main=True)
+    devices: Any = doc(1, "devices per node, e.g. 2 with trainer.strategy=ddp", main=True)
+    num_nodes: int = doc(1, "machines")
+    strategy: Any = doc("auto", "how several devices share the work: auto, ddp, fsdp, ...", main=True)
+    precision: Any = doc("32-true", "32-true, bf16-mixed, 16-mixed, ...", main=True)
+    max_steps: int = doc(-1, "optimizer steps to train (-1: no limit)", main=True)
+    max_epochs: Optional[int] = doc(None, "passes over the training data at most (null: no limit with max_steps)")
+    max_time: Optional[str] = doc(None, "stop after this wall-clock time, DD:HH:MM:SS")
+    val_check_interval: Any = doc(None, "validate every this many steps", main=True)
+    check_val_every_n_epoch: Optional[int] = doc(1, "validate every this many epochs (null: by val_check_interval)")
+    limit_train_batches: Any = doc(None, "training batches per epoch at most (int, or a fraction)")
+    limit_val_batches: Any = doc(None, "batches per validation (or a fraction; 0: none)", main=True)
+    num_sanity_val_steps: Optional[int] = doc(None, "validation batches run once before training, as a check")
+    log_every_n_steps: Optional[int] = doc(None, "steps between logged training metrics", main=True)
+    gradient_clip_val: Optional[float] = doc(None, "clip the gradient norm to this value")
+    accumulate_grad_batches: int = doc(1, "batches whose gradients add up to one optimizer step")
+    enable_progress_bar: Optional[bool] = doc(None, "show the progress bar")
+    enable_model_summary: Optional[bool] = doc(None, "print the model's summary table at the start")
+    enable_checkpointing: Optional[bool] = doc(None, "write <output_dir>/checkpoints/last.ckpt (false: none)",
+                                               main=True)
+    deterministic: Any = doc(None, "deterministic algorithms only (slower)")
+    benchmark: Optional[bool] = doc(None, "cudnn.benchmark")
+    default_root_dir: Optional[str] = doc(None, "Lightning's own output folder (the run dir)")
 
 
 @dataclass
 class FusedCallbackConfig:
-    """Mirrors ``callbacks.FusedLayersCallback``'s constructor; ``enabled`` is train.py's switch."""
+    """``callbacks.FusedLayersCallback``'s arguments; ``enabled`` is train.py's switch (``fused``)."""
 
     _target_: str = "callbacks.FusedLayersCallback"
-    enabled: bool = "${fused}"  # type: ignore[assignment]
-    kinds: Optional[Dict[str, bool]] = None
-    include: Optional[List[str]] = None
-    exclude: Optional[List[str]] = None
-    # class -> kind, (kind, aliases) or {kind: ..., aliases: {...}}; {} rather than None: OmegaConf cannot merge
-    # a CLI dict (callbacks.fused.mapping={...}) into a None node of a structured config
-    mapping: Dict[str, Any] = field(default_factory=dict)
-    policy: str = "faster"
-    measure: bool = True
-    record_steps: int = 1
-    warmup_steps: int = 3
-    max_measure_seconds: float = 2.0
-    log_table: bool = True
-    ab_rounds: int = 5
-    ab_warmup_rounds: int = 1
-    ab_max_steps: int = 40
-    ab_compiled: str = "per_arm"
+    enabled: bool = doc("${fused}", "build this callback (follows fused)")
+    kinds: Optional[Dict[str, bool]] = doc(None, "kinds to swap, e.g. callbacks.fused.kinds.attention=false",
+                                           main=True)
+    include: Optional[List[str]] = doc(None, "swap only modules whose names match these patterns", main=True)
+    exclude: Optional[List[str]] = doc(None, "never swap modules whose names match these patterns")
+    # {} rather than None: OmegaConf cannot merge a CLI dict (callbacks.fused.mapping={...}) into a None node
+    mapping: Dict[str, Any] = doc(help="your module classes -> kind: ++callbacks.fused.mapping={my.Norm:layer_norm}",
+                                  factory=dict)
+    policy: str = doc("faster", "faster: keep swaps that made steps faster; always: keep all",
+                      main=True)
+    measure: bool = doc(True, "also time every swapped module against its reference (a table in the log)")
+    record_steps: int = doc(1, "steps whose input shapes the per-module timings use")
+    warmup_steps: int = doc(3, "training steps before the step-time comparison starts")
+    max_measure_seconds: float = doc(2.0, "time budget of the per-module timings")
+    log_table: bool = doc(True, "log the per-module table (W&B: as a table)")
+    ab_rounds: int = doc(5, "rounds of the step-time comparison (each: one step per variant); 0: none")
+    ab_warmup_rounds: int = doc(1, "uncounted rounds before those")
+    ab_max_steps: int = doc(40, "training steps the comparison may use at most")
+    ab_compiled: str = doc("per_arm", "under model.compile=true: per_arm (one compiled graph per variant) or skip")
 
 
 @dataclass
 class TrainConfig:
-    fused: bool = False
-    seed: int = 1234
-    ckpt_path: Optional[str] = None
-    output_dir: str = "${hydra:runtime.output_dir}"
-    run_group: str = "${sweep_group:}"
-    run_tag: str = "${fused_tag:${fused}}"
+    fused: bool = doc(False, "swap the fused Triton layers into the model", main=True)
+    seed: int = doc(1234, "seed of the weights and the data order", main=True)
+    ckpt_path: Optional[str] = doc(None, "resume: a .ckpt file, or last (the newest run's last.ckpt)", main=True)
+    output_dir: str = doc("${hydra:runtime.output_dir}", "where the run writes (the run dir Hydra makes)")
+    run_group: str = doc("${sweep_group:}", "W&B group: the sweep's name, so one multirun's jobs sit together")
+    run_tag: str = doc("${fused_tag:${fused}}", "W&B tag and run-name prefix: fused or unfused")
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
     trainer: TrainerConfig = MISSING
     callbacks: Dict[str, Any] = field(default_factory=dict)
     logger: Dict[str, Any] = field(default_factory=dict)
+
+
+#: what each config group selects (``python train.py --help``); the options' own lines are their yaml's first comment
+GROUP_HELP = {
+    "model": "the network: sizes, attention, optimizer",
+    "data": "what it trains on",
+    "trainer": "Lightning Trainer: device, precision, steps, validation",
+    "callbacks": "named entries, each built from its _target_; drop one with ~callbacks.NAME",
+    "logger": "where metrics go; several at once: logger=[wandb,csv]",
+}
+
+#: descriptions of keys in untyped entries (callbacks other than fused, loggers), as the schema's ``doc`` would
+ENTRY_HELP = {
+    "callbacks.throughput.window_size": ("steps in the moving window of tokens/s and MFU", True),
+    "callbacks.throughput.flops_from": ("meta: count FLOPs on the unfused model, so MFU compares; module; none", False),
+    "callbacks.checkpoint.every_n_train_steps": ("steps between checkpoints (and one at the end)", True),
+    "logger.wandb.offline": ("true: the run stays on disk (wandb sync uploads it)", True),
+    "logger.wandb.project": ("W&B project", True),
+}
+
+
+def key_help(typed: type = TrainConfig, prefix: str = "") -> dict[str, tuple[str, bool]]:
+    """``{dotted key: (description, main)}`` for every documented key of the schema and of `ENTRY_HELP`."""
+    out: dict[str, tuple[str, bool]] = {}
+    for f in dataclasses.fields(typed):
+        if f.metadata.get("help"):
+            out[prefix + f.name] = (f.metadata["help"], bool(f.metadata.get("main")))
+    if typed is TrainConfig:
+        for name, sub in (("model", ModelConfig), ("data", DataConfig), ("trainer", TrainerConfig),
+                          ("callbacks.fused", FusedCallbackConfig)):
+            out.update(key_help(sub, name + "."))
+        out.update(ENTRY_HELP)
+    return out
 
 
 class ConfigError(ValueError):
@@ -139,7 +203,8 @@ def resolve_ckpt_path(value: str | None, roots: tuple[str, ...] = ("outputs", "m
     if value == "last":
         found = [p for r in roots for p in Path(r).glob("**/checkpoints/last.ckpt")]
         if not found:
-            _fail("ckpt_path", f"'last': no checkpoints/last.ckpt under {' or '.join(r + '/' for r in roots)} (has a run finished here?)")
+            where = " or ".join(r + "/" for r in roots)
+            _fail("ckpt_path", f"'last': no checkpoints/last.ckpt under {where} (has a run finished here?)")
         return str(max(found, key=lambda p: p.stat().st_mtime))
     p = Path(value).expanduser()
     if not p.is_file():
@@ -154,9 +219,11 @@ _SHAPE_KEYS = ("vocab_size", "seq_len", "d_model", "n_layer", "n_head", "mlp_rat
 def check_config(cfg: Any) -> None:
     """Check what composing cannot: paths, values and every callback's settings (disabled ones too).
 
-    Runs before anything is built (no logger, no W&B run dir, no trainer). Raises `ConfigError` naming the
-    key. Callback entries are checked by their class's ``check_args`` (``FusedLayersCallback``,
-    ``ThroughputCallback``) or, failing that, by binding the entry to the class's constructor signature.
+    Runs before anything is built: in ``lm_demo/cli.py``'s preflight, for every job of the command, before
+    Hydra makes a run dir, and again at the start of train.py's ``train`` (no logger, no W&B run dir, no
+    trainer yet). Raises `ConfigError` naming the key. Callback entries are checked by their class's
+    ``check_args`` (``FusedLayersCallback``, ``ThroughputCallback``) or, failing that, by binding the entry to
+    the class's constructor signature.
     """
     import importlib
     import inspect
@@ -170,12 +237,29 @@ def check_config(cfg: Any) -> None:
             _fail("data.path", f"{d.path!r}: no such file")
     if not 0.0 < float(d.val_fraction) < 1.0:
         _fail("data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
-    for key in ("batch_size", "seq_len"):
+    for key in ("batch_size", "seq_len", "max_bytes", "synthetic_samples"):
         if int(d[key]) < 1:
             _fail(f"data.{key}", f"must be >= 1, got {d[key]}")
+    if int(d.num_workers) < 0:
+        _fail("data.num_workers", f"must be >= 0, got {d.num_workers}")
     m = cfg.model
-    if int(m.n_head) < 1 or int(m.d_model) % int(m.n_head):
+    for key in ("vocab_size", "seq_len", "d_model", "n_layer", "n_head", "mlp_ratio"):  # each first on its own
+        if int(m[key]) < 1:
+            _fail(f"model.{key}", f"must be >= 1, got {m[key]}")
+    if int(m.d_model) % int(m.n_head):
         _fail("model.n_head", f"must divide model.d_model ({m.d_model}), got {m.n_head}")
+    if int(d.seq_len) > int(m.seq_len):
+        _fail("data.seq_len", f"must be <= model.seq_len ({m.seq_len}, the longest position), got {d.seq_len}")
+    if not 0.0 <= float(m.dropout) < 1.0:
+        _fail("model.dropout", f"must be in [0, 1), got {m.dropout}")
+    if not float(m.lr) > 0.0:
+        _fail("model.lr", f"must be > 0, got {m.lr}")
+    if not 0.0 <= float(m.min_lr_ratio) <= 1.0:
+        _fail("model.min_lr_ratio", f"must be in [0, 1], got {m.min_lr_ratio}")
+    if int(m.warmup_steps) < 0:
+        _fail("model.warmup_steps", f"must be >= 0, got {m.warmup_steps}")
+    if len(m.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in m.betas):
+        _fail("model.betas", f"must be two numbers in [0, 1), got {list(m.betas)}")
     if int(cfg.trainer.max_steps) < -1:
         _fail("trainer.max_steps", f"must be -1 (no limit) or >= 0, got {cfg.trainer.max_steps}")
 
@@ -192,8 +276,9 @@ def check_config(cfg: Any) -> None:
                 cls = getattr(importlib.import_module(mod), attr)
             except (ImportError, AttributeError, ValueError) as e:
                 _fail(f"{key}._target_", f"{target!r} cannot be imported ({type(e).__name__}: {e})")
-            kwargs = {k: v for k, v in OmegaConf.to_container(entry, resolve=True).items() if k not in ("_target_", "enabled")}
-            kwargs = {k: v for k, v in kwargs.items() if not (isinstance(v, dict) and "_target_" in v)}  # nested objects
+            kwargs = {k: v for k, v in OmegaConf.to_container(entry, resolve=True).items()
+                      if k not in ("_target_", "enabled")
+                      and not (isinstance(v, dict) and "_target_" in v)}  # nested objects are built on their own
             checker = getattr(cls, "check_args", None)
             try:
                 inspect.signature(cls).bind(**kwargs)  # unknown argument names

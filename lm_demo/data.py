@@ -36,7 +36,8 @@ def stdlib_corpus(max_bytes: int, val_fraction: float = 0.1) -> tuple[bytes, byt
         if not _SKIP_DIRS.intersection(p.relative_to(root).parts[:-1])
     )
     if not files:
-        raise FileNotFoundError(f"no .py files under the standard library directory {root}; use data.path=FILE or data.synthetic=true")
+        raise FileNotFoundError(f"no .py files under the standard library directory {root}; "
+                                "use data.path=FILE or data.synthetic=true")
     picked, total = [], 0
     for p in files:
         if total >= max_bytes:

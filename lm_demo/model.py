@@ -21,7 +21,6 @@ weight decay on matrices only, linear warm-up then cosine decay.
 from __future__ import annotations
 
 import math
-from enum import Enum
 
 import lightning as L
 import torch
@@ -31,15 +30,7 @@ from torch import nn
 from fused_layers.modules.attention import Attention
 from fused_layers.modules.loss import LinearCrossEntropyLoss
 
-
-class AttnImpl(str, Enum):
-    """How the attention core is computed."""
-
-    reference = "reference"  # fused_layers' reference Attention: explicit nn.Softmax (swappable)
-    sdpa = "sdpa"  # F.scaled_dot_product_attention (PyTorch's fused kernels)
-
-    def __str__(self) -> str:  # "sdpa", also inside ${...} interpolations (run names)
-        return self.value
+from .config import AttnImpl
 
 
 class CausalSelfAttention(nn.Module):
@@ -61,7 +52,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         # (B, T, C) -> (B, H, T, D), the layout of F.scaled_dot_product_attention.
-        q, k, v = (p(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (p(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
         if self.core is not None:
             y = self.core(q, k, v, is_causal=True)
         else:
@@ -161,7 +153,7 @@ class GPTLM(L.LightningModule):
     ):
         super().__init__()
         attn_impl = AttnImpl(getattr(attn_impl, "value", attn_impl)).value
-        betas = tuple(float(b) for b in betas)  # plain types (not Hydra's ListConfig): checkpoints load with weights_only
+        betas = tuple(float(b) for b in betas)  # plain types, not Hydra's ListConfig: checkpoints load weights_only
         self.save_hyperparameters()
         self.hparams.attn_impl = attn_impl
         self.model = GPT(vocab_size, seq_len, d_model, n_layer, n_head, mlp_ratio, dropout, attn_impl)

@@ -1,5 +1,5 @@
 """What a run leaves for ``lm_demo/compare.py``: `MemoryLogger` and `run_summary` (``summary.json``), and
-train.py's end-of-job helpers (W&B run labels and finish, the console report).
+train.py's end-of-job helpers (W&B run labels and finish, the report printed at the end).
 
 `MemoryLogger` is a Lightning logger that keeps every scalar logged during the run in memory.
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -68,25 +67,6 @@ def run_tag(fused_requested: bool, swapped_total: int | None) -> str:
     if not fused_requested:
         return "unfused"
     return "fused" if swapped_total else "fused (0 swapped)"
-
-
-class _DropLightningTips(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith("\U0001f4a1 Tip")
-
-
-def quiet_console() -> None:
-    """Drop what a user does not need on every run: Lightning's "Tip" adverts (litlogger, litmodels) and a
-    deprecation warning Lightning 2.6 triggers in torch's pytree (``isinstance(treespec, LeafSpec)``).
-    W&B's console lines are off through ``settings.silent`` (conf/logger/wandb.yaml); the Triton
-    interpreter's numpy warnings are silenced where kernels are launched (fused_layers/ops/_library.py)."""
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        lg = logging.getLogger(name)
-        if not any(isinstance(f, _DropLightningTips) for f in lg.filters):
-            lg.addFilter(_DropLightningTips())
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-    # resuming into a new run dir (by design: ckpt_path=... starts a new output dir) is not news
-    warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
 
 
 def run_summary(trainer: L.Trainer, cfg: DictConfig, memory: MemoryLogger, fit_seconds: float,
@@ -169,7 +149,8 @@ def relabel_wandb(loggers: list, summary: dict[str, Any]) -> None:
         run = lg.experiment
         try:
             run.tags = [summary["tag"]]
-            extra = {"fused/swapped_total": fused.get("swapped_total", 0), "fused/ab_status": fused.get("ab_status", "-")}
+            extra = {"fused/swapped_total": fused.get("swapped_total", 0),
+                     "fused/ab_status": fused.get("ab_status", "-")}
             extra.update({f"fused/swapped/{k}": n for k, n in (fused.get("swapped") or {}).items()})
             run.summary.update(extra)
             run.config.update({"fused_effective": summary["fused_effective"], "run_tag_effective": summary["tag"],
@@ -197,12 +178,13 @@ def console_report(summary: dict[str, Any], trainer: L.Trainer, fit_seconds: flo
         if isinstance(lg, CSVLogger):
             lines.append(f"  metrics:    {Path(lg.log_dir) / 'metrics.csv'}")
     if last_ckpt:
-        lines.append(f"  checkpoint: {last_ckpt}  (resume: python train.py ckpt_path={last_ckpt})")
+        lines += [f"  checkpoint: {last_ckpt}", f"    resume: python train.py ckpt_path={last_ckpt}"]
     if wandb_dir is not None:
         lg = next(lg for lg in loggers if isinstance(lg, WandbLogger))
         if wandb_offline(lg):
-            lines.append(f"  W&B offline run: {wandb_dir}  (view: wandb leet {wandb_dir}; upload: wandb sync {wandb_dir}; "
-                         "log online: logger.wandb.offline=false)")
+            lines += [f"  W&B offline run: {wandb_dir}",
+                      f"    view: wandb leet {wandb_dir}", f"    upload: wandb sync {wandb_dir}",
+                      "    log online next time: logger.wandb.offline=false"]
         else:
             lines.append(f"  W&B run: {wandb_dir}")
     return "\n".join(lines)

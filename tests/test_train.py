@@ -2,7 +2,8 @@
 
 fused=false and fused=true train; the W&B offline run carries `fused`, the tag, the group and the
 speedup keys; the multirun comparison is produced by `python train.py -m fused=false,true`; bad
-overrides fail clearly. Plus the demo's data split and model (reference attention == SDPA).
+overrides fail clearly; the console is quiet; a run resumes from its checkpoint. Plus the demo's data
+split and model (reference attention == SDPA). The command line's errors and --help: test_job_cli.py.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ SHRINK = [
 def compose_cfg(out_dir: Path, *overrides: str):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose("train", overrides=[*SHRINK, f"output_dir={out_dir}", *overrides])
+
+
+def records_of(records: list, kind: str) -> list:
+    return [getattr(r, kind) for r in records if r.WhichOneof("record_type") == kind]
 
 
 def read_wandb_records(path: Path) -> list:
@@ -131,15 +136,6 @@ def test_bad_overrides_fail_clearly(tmp_path, override, words):
         assert w in msg, (override, msg)
 
 
-def test_cli_help_and_bad_override():
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    r = subprocess.run([sys.executable, "train.py", "fused=maybe"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode != 0 and "Value 'maybe' is not a valid bool" in r.stderr, r.stderr[-2000:]
-    assert "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "fused: false" in r.stdout and "model: gpt2_small, tiny" in r.stdout, r.stdout[-2000:]
-
-
 # ------------------------------------------------------------------------------------------------
 # training
 # ------------------------------------------------------------------------------------------------
@@ -168,15 +164,18 @@ def test_fused_trains_and_logs_wandb_offline(tmp_path, monkeypatch):
     s = train_script.train(compose_cfg(tmp_path, "fused=true", "run_group=test-sweep"))
     m = s["metrics"]
     assert s["fused"] is True and finite(m["train/loss"]) and finite(m["val/loss"])
-    # the callback swapped (interpreter on this CPU) and measured: speedups of the model's kinds
-    assert {"fused/speedup/layer_norm", "fused/speedup/attention"} <= set(m), sorted(m)
+    # the callback swapped (interpreter on this CPU) and timed the modules within its time budget: at least the
+    # first one recorded (layer_norm); on a loaded machine the budget may end before the others
+    measured = {k for k in m if k.startswith("fused/speedup/")}
+    assert "fused/speedup/layer_norm" in measured
+    assert measured <= {f"fused/speedup/{kind}" for kind in s["fused_layers"]["swapped"]}
     records = wandb_run_records(tmp_path)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert run.run_group == "test-sweep" and list(run.tags) == ["fused"]
-    config = {u.key: json.loads(u.value_json) for r in records if r.WhichOneof("record_type") == "config" for u in r.config.update}
+    config = {u.key: json.loads(u.value_json) for c in records_of(records, "config") for u in c.update}
     assert config["fused"] is True and config["model"]["attn_impl"] == "reference"
-    logged = {i.key or "/".join(i.nested_key) for r in records if r.WhichOneof("record_type") == "history" for i in r.history.item}
-    assert {"fused/speedup/layer_norm", "fused/speedup/attention", "train/loss", "val/loss"} <= logged, sorted(logged)
+    logged = {i.key or "/".join(i.nested_key) for h in records_of(records, "history") for i in h.item}
+    assert measured | {"train/loss", "val/loss"} <= logged, sorted(logged)
 
 
 @pytest.mark.slow
@@ -192,8 +191,9 @@ def test_multirun_writes_comparison(tmp_path):
     result = json.loads((tmp_path / "comparison.json").read_text())
     rows = {row["label"]: row for row in result["rows"]}
     assert set(rows) == {"fused=false", "fused=true"} and result["baseline"] == "fused=false"
-    assert "fused/speedup/layer_norm" in result["per_module_kinds"] and rows["fused=true"]["fused/speedup/layer_norm"] > 0
-    assert rows["fused=true"]["tag"] == "fused" and rows["fused=true"]["swapped"] == {"layer_norm": 3, "attention": 1, "cross_entropy": 1}
+    fused_row = rows["fused=true"]
+    assert "fused/speedup/layer_norm" in result["per_module_kinds"] and fused_row["fused/speedup/layer_norm"] > 0
+    assert fused_row["tag"] == "fused" and fused_row["swapped"] == {"layer_norm": 3, "attention": 1, "cross_entropy": 1}
     assert rows["fused=false"]["tag"] == "unfused" and rows["fused=false"]["swapped"] == {}
     for row in rows.values():
         assert row["tokens_per_sec"] > 0 and finite(row["val_loss"]) and finite(row["train_loss"])
@@ -208,7 +208,7 @@ def test_multirun_writes_comparison(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 14: a new user's first hour
+# a new user's first hour: config checked before anything starts, a quiet console, resume
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "overrides, key",
@@ -222,6 +222,7 @@ def test_multirun_writes_comparison(tmp_path):
         (["+callbacks.throughput.windowsize=3"], "callbacks.throughput"),
         (["ckpt_path=/nonexistent.ckpt"], "ckpt_path"),
         (["model.n_head=3"], "model.n_head"),
+        (["model.d_model=-1"], "model.d_model"),  # its own key, not n_head's
     ],
 )
 def test_config_checked_before_anything_starts(tmp_path, overrides, key):
@@ -232,10 +233,11 @@ def test_config_checked_before_anything_starts(tmp_path, overrides, key):
 
 
 def test_cli_config_error_is_one_line_and_leaves_no_wandb_run(tmp_path):
-    r = subprocess.run([sys.executable, "train.py", "data.path=/nonexistent.txt", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and r.stderr.strip() == "config error: data.path: '/nonexistent.txt': no such file", r.stderr[-2000:]
-    assert not list(tmp_path.glob("**/wandb")) and not list(tmp_path.glob("**/*.wandb"))
+    r = subprocess.run([sys.executable, "train.py", "data.path=/nonexistent.txt", f"hydra.run.dir={tmp_path / 'run'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip() == "config error: data.path: '/nonexistent.txt': no such file", r.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []  # no run dir, no W&B run
 
 
 def test_failure_report_prints_seed_whatever_the_flags(tmp_path):
@@ -243,8 +245,8 @@ def test_failure_report_prints_seed_whatever_the_flags(tmp_path):
     (tmp_path / "test_fails.py").write_text("def test_fails():\n    assert 1 == 2\n")
     env = {**os.environ, "FUSED_TEST_SEED": "4242"}
     for flags in (["-q"], ["-qq", "--show-capture=no", "--tb=no", "-rN"]):
-        r = subprocess.run([sys.executable, "-m", "pytest", "test_fails.py", "-p", "no:cacheprovider", *flags], cwd=tmp_path,
-                           capture_output=True, text=True, env=env, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "pytest", "test_fails.py", "-p", "no:cacheprovider", *flags],
+                           cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
         assert r.returncode == 1, r.stdout[-2000:]
         assert "FUSED_TEST_SEED=4242" in r.stdout, (flags, r.stdout[-2000:])
 
@@ -264,9 +266,9 @@ def test_fused_run_that_swaps_nothing_is_labelled_so(tmp_path, monkeypatch):
     records = wandb_run_records(tmp_path)
     runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert list(runs[-1].tags) == ["fused (0 swapped)"]
-    config = {u.key: json.loads(u.value_json) for r in records if r.WhichOneof("record_type") == "config" for u in r.config.update}
+    config = {u.key: json.loads(u.value_json) for c in records_of(records, "config") for u in c.update}
     assert config["fused_effective"] is False and config["fused_swapped"]["layer_norm"] == 0
-    summ = {u.key: u.value_json for r in records if r.WhichOneof("record_type") == "summary" for u in r.summary.update}
+    summ = {u.key: u.value_json for c in records_of(records, "summary") for u in c.update}
     assert summ["fused/swapped_total"] == "0"
     # comparison against an unfused twin: labelled as what it was, no ratio
     (tmp_path / "0").mkdir(), (tmp_path / "1").mkdir()
@@ -280,8 +282,8 @@ def test_fused_run_that_swaps_nothing_is_labelled_so(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_cli_console_is_quiet_and_ends_with_a_summary(tmp_path):
-    """Console of a real run: no Lightning tips, no deprecation warning, no wandb: lines, no numpy warnings
-    from the interpreter; a final summary with throughput, losses and where every output is."""
+    """Console of a real run: no Lightning tips or info lines, no deprecation warning, no wandb: lines, no numpy
+    warnings from the interpreter; a final summary with throughput, losses and where every output is."""
     cmd = [sys.executable, "train.py", "fused=true", *SHRINK, "trainer.max_steps=3", "trainer.val_check_interval=100",
            "trainer.enable_checkpointing=true", "logger=[wandb,csv]", f"hydra.run.dir={tmp_path}"]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -289,17 +291,23 @@ def test_cli_console_is_quiet_and_ends_with_a_summary(tmp_path):
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    for noise in ("Tip:", "wandb:", "LeafSpec", "RuntimeWarning", "anonymous", "weights_only"):
+    for noise in ("Tip:", "wandb:", "LeafSpec", "RuntimeWarning", "anonymous", "weights_only", "GPU available",
+                  "`Trainer.fit` stopped", "INFO:", "callback throughput:"):
         assert noise not in out, (noise, out[-3000:])
     assert "fused_layers swap report: 5 swapped" in out
     assert "[fused] 3 steps" in out and "tokens/s" in out and "val/loss" in out  # validated at the end (interval 100)
     assert "train/loss nan" not in out  # the end-of-fit validation clears callback_metrics; the summary keeps the loss
     m = json.loads((tmp_path / "summary.json").read_text())["metrics"]
     assert math.isfinite(m["train/loss"]) and math.isfinite(m["val/loss"])
-    for line in ("summary:", f"metrics:    {tmp_path / 'csv' / 'metrics.csv'}", f"checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'}",
-                 "W&B offline run:", "wandb leet", "wandb sync", "logger.wandb.offline=false"):
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    for line in ("summary:", f"metrics:    {tmp_path / 'csv' / 'metrics.csv'}", f"checkpoint: {ckpt}",
+                 f"resume: python train.py ckpt_path={ckpt}", "W&B offline run:", "wandb leet", "wandb sync",
+                 "logger.wandb.offline=false"):
         assert line in out, (line, out[-3000:])
-    leet = subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "--help"], capture_output=True, text=True, timeout=120)
+    log_file = (tmp_path / "train.log").read_text()
+    assert "GPU available" in log_file and "callback throughput:" in log_file  # the log file keeps them
+    wandb_cli = str(Path(sys.executable).parent / "wandb")
+    leet = subprocess.run([wandb_cli, "leet", "--help"], capture_output=True, text=True, timeout=120)
     assert leet.returncode == 0 and "terminal UI" in leet.stdout  # the viewer the summary line names exists
 
 
@@ -308,16 +316,18 @@ def test_resume_across_fused_and_unfused(tmp_path):
     """ckpt_path continues a run (step, optimizer state), fused or not, and the checkpoint loads both ways;
     runs shorter than the validation interval still validate at the end."""
     common = ["logger=csv", "trainer.enable_checkpointing=true", "trainer.val_check_interval=100"]
-    a = train_script.train(compose_cfg(tmp_path / "a", *common, "fused=true", "trainer.max_steps=2", "callbacks.fused.measure=false"))
+    no_measure = "callbacks.fused.measure=false"
+    a = train_script.train(compose_cfg(tmp_path / "a", *common, "fused=true", "trainer.max_steps=2", no_measure))
     assert a["global_step"] == 2 and finite(a["metrics"]["val/loss"]) and a["tag"] == "fused"
     ck_a = tmp_path / "a" / "checkpoints" / "last.ckpt"
     assert a["checkpoint"] == str(ck_a) and ck_a.is_file()
-    b = train_script.train(compose_cfg(tmp_path / "b", *common, "fused=false", "trainer.max_steps=4", f"ckpt_path={ck_a}"))
+    b = train_script.train(compose_cfg(tmp_path / "b", *common, "fused=false", "trainer.max_steps=4",
+                                       f"ckpt_path={ck_a}"))
     assert b["global_step"] == 4 and b["resumed_from"] == str(ck_a) and b["tag"] == "unfused"
     state = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", weights_only=False)
     adam = state["optimizer_states"][0]["state"]
     assert all(int(v["step"]) == 4 for v in adam.values())  # 2 steps restored + 2 more: optimizer state continued
-    c = train_script.train(compose_cfg(tmp_path / "c", *common, "fused=true", "trainer.max_steps=5", "callbacks.fused.measure=false",
+    c = train_script.train(compose_cfg(tmp_path / "c", *common, "fused=true", "trainer.max_steps=5", no_measure,
                                        f"ckpt_path={tmp_path / 'b' / 'checkpoints' / 'last.ckpt'}"))
     assert c["global_step"] == 5 and c["fused_layers"]["swapped_total"] == 5
     with pytest.raises(ConfigError, match="model.d_model=32, the config has model.d_model=64"):
@@ -332,12 +342,16 @@ def test_comparison_medians_spreads_noise_and_best_unfused(tmp_path):
         d.mkdir()
         hist = [[st, tps * (1 + wiggle * ((st // 10) % 3 - 1))] for st in range(9, 100, 10)]
         m = {"train/device/items_per_sec": tps, "train/loss": 2.0, "val/loss": 2.1, **(extra or {})}
-        fl = None if not fused else {"swapped": swapped or {}, "swapped_total": sum((swapped or {}).values()), "ab_status": "A/B-measured"}
-        (d / "summary.json").write_text(json.dumps({"fused": fused, "attn_impl": attn, "compile": compiled, "overrides": overrides,
-                                                    "metrics": m, "fused_layers": fl, "history": {"train/device/items_per_sec": hist}}))
+        swapped = swapped or {}
+        fl = {"swapped": swapped, "swapped_total": sum(swapped.values()), "ab_status": "A/B-measured"}
+        fl = fl if fused else None
+        (d / "summary.json").write_text(json.dumps({
+            "fused": fused, "attn_impl": attn, "compile": compiled, "overrides": overrides, "metrics": m,
+            "fused_layers": fl, "history": {"train/device/items_per_sec": hist}}))
 
     job(0, ["fused=false", "model.attn_impl=reference"], False, "reference", False, 100_000)
-    job(1, ["fused=true", "model.attn_impl=reference"], True, "reference", False, 250_000, {"attention": 4, "layer_norm": 9},
+    job(1, ["fused=true", "model.attn_impl=reference"], True, "reference", False, 250_000,
+        {"attention": 4, "layer_norm": 9},
         {"fused/step_speedup/all": 2.5, "fused/step_speedup_lo/all": 2.4, "fused/step_speedup_hi/all": 2.6})
     job(2, ["fused=false", "model.attn_impl=sdpa"], False, "sdpa", False, 240_000)
     job(3, ["fused=true", "model.attn_impl=sdpa"], True, "sdpa", False, 241_000, {"layer_norm": 9})
@@ -358,8 +372,10 @@ def test_comparison_single_run_counts_a_stall(tmp_path):
     d = tmp_path / "0"
     d.mkdir()
     windows = [400_000.0] * 4 + [200_000.0]  # steps 50..90; one window stalled
-    hist = [[9, 100_000.0], [19, 390_000.0], [29, 395_000.0], [39, 398_000.0]] + [[49 + 10 * i, v] for i, v in enumerate(windows)]
-    (d / "summary.json").write_text(json.dumps({"fused": False, "overrides": ["fused=false"], "metrics": {"train/loss": 2.0},
+    hist = [[9, 100_000.0], [19, 390_000.0], [29, 395_000.0], [39, 398_000.0]]
+    hist += [[49 + 10 * i, v] for i, v in enumerate(windows)]
+    (d / "summary.json").write_text(json.dumps({"fused": False, "overrides": ["fused=false"],
+                                                "metrics": {"train/loss": 2.0},
                                                 "history": {"train/device/items_per_sec": hist}}))
     res = compare(tmp_path, plot=False, echo=False)
     (row,) = res["rows"]
@@ -385,7 +401,7 @@ def test_ckpt_path_last_is_the_newest(tmp_path, monkeypatch):
 # the demo's data and model
 # ------------------------------------------------------------------------------------------------
 def test_stdlib_data_is_deterministic_and_split(tmp_path):
-    a, b = ByteLMDataModule(seq_len=16, batch_size=4, max_bytes=200_000), ByteLMDataModule(seq_len=16, batch_size=4, max_bytes=200_000)
+    a, b = (ByteLMDataModule(seq_len=16, batch_size=4, max_bytes=200_000) for _ in range(2))
     a.setup(), b.setup()
     assert torch.equal(a.train_set.tokens, b.train_set.tokens) and torch.equal(a.val_set.tokens, b.val_set.tokens)
     assert len(a.train_set) > 4 * len(a.val_set) > 0
