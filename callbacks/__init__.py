@@ -1,11 +1,8 @@
-"""The training job's Lightning callbacks (not part of the installed package).
+"""The training job's own Lightning callbacks (not part of the installed package).
 
-``FusedLayersCallback`` lives in ``fused_layers.lightning``; it is re-exported here for configs that name
-``callbacks.FusedLayersCallback``.
+The fused-layers callback itself is part of the package: ``fused_layers.lightning.FusedLayersCallback``.
 """
-
-from fused_layers.lightning import FusedLayersCallback
 
 from .throughput import ThroughputCallback
 
-__all__ = ["FusedLayersCallback", "ThroughputCallback"]
+__all__ = ["ThroughputCallback"]

@@ -115,9 +115,9 @@ class TrainerConfig:
 
 @dataclass
 class FusedCallbackConfig:
-    """``callbacks.FusedLayersCallback``'s arguments; ``enabled`` is train.py's switch (``fused``)."""
+    """``fused_layers.lightning.FusedLayersCallback``'s arguments; ``enabled`` is train.py's switch (``fused``)."""
 
-    _target_: str = "callbacks.FusedLayersCallback"
+    _target_: str = "fused_layers.lightning.FusedLayersCallback"
     enabled: bool = doc("${fused}", "build this callback (follows fused)")
     kinds: Optional[Dict[str, bool]] = doc(None, "kinds to swap, e.g. callbacks.fused.kinds.attention=false",
                                            main=True)

@@ -121,7 +121,7 @@ def wandb_offline(lg: Logger) -> bool:
 
 
 def fused_callback(callbacks: list) -> Any:
-    from callbacks import FusedLayersCallback
+    from fused_layers.lightning import FusedLayersCallback
 
     return next((cb for cb in callbacks if isinstance(cb, FusedLayersCallback)), None)
 

@@ -624,7 +624,7 @@ def test_callback_switches_hf_model_and_policy_faster_restores_attention(tmp_pat
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
-    from callbacks import FusedLayersCallback
+    from fused_layers.lightning import FusedLayersCallback
 
     class HFLM(L.LightningModule):
         def __init__(self):

@@ -59,12 +59,13 @@ else:
     assert "pip install 'fused-layers[train]'" in r.stdout, r.stdout
 
 
-def test_callback_is_importable_from_the_package_and_the_job():
+def test_callback_is_importable_from_the_package_and_is_the_jobs_target():
     pytest.importorskip("lightning")
-    import callbacks
-    from fused_layers.lightning import FusedLayersCallback
+    import fused_layers.lightning as fl
+    from lm_demo.config import FusedCallbackConfig
 
-    assert callbacks.FusedLayersCallback is FusedLayersCallback  # the job's conf target keeps working
+    assert FusedCallbackConfig._target_ == "fused_layers.lightning.FusedLayersCallback"
+    assert issubclass(fl.FusedLayersCallback, __import__("lightning").pytorch.Callback)
 
 
 def test_dependencies_and_packages():

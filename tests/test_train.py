@@ -108,7 +108,7 @@ def finite(x) -> bool:
 def test_default_config_composes(tmp_path):
     cfg = compose_cfg(tmp_path)
     assert cfg.fused is False and cfg.run_tag == "unfused"
-    assert cfg.callbacks.fused._target_ == "callbacks.FusedLayersCallback" and cfg.callbacks.fused.enabled is False
+    assert cfg.callbacks.fused._target_ == "fused_layers.lightning.FusedLayersCallback" and cfg.callbacks.fused.enabled is False
     assert set(cfg.logger) == {"wandb"} and cfg.logger.wandb.offline is True
     assert cfg.logger.wandb.save_dir == str(tmp_path) and cfg.logger.wandb.tags == ["unfused"]
     assert cfg.data.seq_len == cfg.model.seq_len == 32
@@ -255,7 +255,7 @@ def test_failure_report_prints_seed_whatever_the_flags(tmp_path):
 def test_fused_run_that_swaps_nothing_is_labelled_so(tmp_path, monkeypatch):
     """fused=true where the kernels cannot run: summary, W&B tag/config/summary and the comparison say
     "fused (0 swapped)", with 0 per kind, and show no speedup."""
-    import callbacks.fused as fused_cb
+    import fused_layers.lightning as fused_cb
 
     monkeypatch.setattr(fused_cb, "kernels_runnable", lambda device: False)
     monkeypatch.setenv("WANDB_MODE", "offline")
