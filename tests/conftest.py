@@ -24,7 +24,8 @@ HAS_CUDA = torch.cuda.is_available()
 
 
 def pytest_report_header(config):
-    return f"fused-layers: FUSED_TEST_SEED={BASE_SEED} cuda={HAS_CUDA} TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"
+    interpret = os.environ.get("TRITON_INTERPRET", "0")
+    return f"fused-layers: FUSED_TEST_SEED={BASE_SEED} cuda={HAS_CUDA} TRITON_INTERPRET={interpret}"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -34,7 +35,8 @@ def pytest_runtest_makereport(item, call):
     rep = outcome.get_result()
     if rep.failed:
         seed = (BASE_SEED + zlib.crc32(item.nodeid.encode())) % 2**31
-        rep.sections.append(("fused-layers seed", f"reproduce with: FUSED_TEST_SEED={BASE_SEED} (this test's seed {seed})"))
+        rep.sections.append(("fused-layers seed",
+                             f"reproduce with: FUSED_TEST_SEED={BASE_SEED} (this test's seed {seed})"))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

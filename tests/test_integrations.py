@@ -33,7 +33,8 @@ def _lib(name):
 
 transformers = _lib("transformers")
 timm = _lib("timm")
-needs_hf = pytest.mark.skipif(isinstance(transformers, Exception), reason=f"transformers not importable: {transformers}")
+needs_hf = pytest.mark.skipif(isinstance(transformers, Exception),
+                              reason=f"transformers not importable: {transformers}")
 needs_timm = pytest.mark.skipif(isinstance(timm, Exception), reason=f"timm not importable: {timm}")
 
 
@@ -101,7 +102,8 @@ def _twin(mod):
 def test_llama_family_copies_match_by_fingerprint():
     names = [
         "mistral.modeling_mistral.MistralRMSNorm", "qwen2.modeling_qwen2.Qwen2RMSNorm",
-        "qwen3.modeling_qwen3.Qwen3RMSNorm", "phi3.modeling_phi3.Phi3RMSNorm", "mixtral.modeling_mixtral.MixtralRMSNorm",
+        "qwen3.modeling_qwen3.Qwen3RMSNorm", "phi3.modeling_phi3.Phi3RMSNorm",
+        "mixtral.modeling_mixtral.MixtralRMSNorm",
     ]
     for n in names:
         try:
@@ -259,7 +261,8 @@ def test_mapping_aliases():
     assert type(m) is MyRMS and "eps" not in m.__dict__
     # dict form, and errors that name the problem
     m2 = copy.deepcopy(ref)
-    assert swap_modules(m2, mapping={MyRMS: {"kind": "rms_norm", "aliases": {"eps": "variance_epsilon", "weight": "scale"}}}).swapped
+    aliases = {"eps": "variance_epsilon", "weight": "scale"}
+    assert swap_modules(m2, mapping={MyRMS: {"kind": "rms_norm", "aliases": aliases}}).swapped
     with pytest.raises(ValueError, match="'kind'"):
         swap_modules(copy.deepcopy(ref), mapping={MyRMS: {"aliases": {}}})
     with pytest.raises(TypeError, match="aliases"):
@@ -540,7 +543,8 @@ def test_hf_mask_decomposition_cached_per_tensor():
 def test_gpt2_swap_eval_matches():
     import copy
 
-    cfg = transformers.GPT2Config(vocab_size=48, n_embd=32, n_layer=2, n_head=4, n_positions=32, attn_implementation="sdpa")
+    cfg = transformers.GPT2Config(vocab_size=48, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                                  attn_implementation="sdpa")
     ref = transformers.GPT2LMHeadModel(cfg).eval()
     m = copy.deepcopy(ref)
     rep = swap_modules(m)
@@ -760,8 +764,8 @@ def test_gpt2_tied_head_linear_loss_matches():
     """GPT-2 (LM head tied to the token embedding): the fused linear path's gradient reaches the shared weight."""
     import copy
 
-    cfg = transformers.GPT2Config(vocab_size=53, n_embd=32, n_layer=1, n_head=4, n_positions=16, attn_implementation="sdpa",
-                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg = transformers.GPT2Config(vocab_size=53, n_embd=32, n_layer=1, n_head=4, n_positions=16,
+                                  attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     ref = transformers.GPT2LMHeadModel(cfg).train()
     m = copy.deepcopy(ref)
     swap_modules(m, kinds=["cross_entropy"])

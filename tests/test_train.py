@@ -108,7 +108,8 @@ def finite(x) -> bool:
 def test_default_config_composes(tmp_path):
     cfg = compose_cfg(tmp_path)
     assert cfg.fused is False and cfg.run_tag == "unfused"
-    assert cfg.callbacks.fused._target_ == "fused_layers.lightning.FusedLayersCallback" and cfg.callbacks.fused.enabled is False
+    assert cfg.callbacks.fused._target_ == "fused_layers.lightning.FusedLayersCallback"
+    assert cfg.callbacks.fused.enabled is False
     assert set(cfg.logger) == {"wandb"} and cfg.logger.wandb.offline is True
     assert cfg.logger.wandb.save_dir == str(tmp_path) and cfg.logger.wandb.tags == ["unfused"]
     assert cfg.data.seq_len == cfg.model.seq_len == 32

@@ -13,9 +13,9 @@ is already imported can be in a model, so a library that is not imported costs n
 
 * Norms are matched by *forward fingerprint*: the class's ``forward`` must parse to the same syntax
   tree (names, constants, operations; not comments, formatting, annotations or the docstring) as the
-  forward we verified, whose source is kept here (``_hf.py``, ``_timm.py``).  So every copy transformers makes of ``LlamaRMSNorm`` (Mistral, Qwen2/3, Phi-3, ...:
-  140 classes in transformers 5.24, each checked) is covered, and a class whose forward changes in a later release
-  stops matching instead of being swapped wrongly.
+  forward we verified, whose source is kept here (``_hf.py``, ``_timm.py``).  So every copy transformers makes
+  of ``LlamaRMSNorm`` (Mistral, Qwen2/3, Phi-3, ...: 140 classes in transformers 5.24, each checked) is covered,
+  and a class whose forward changes in a later release stops matching instead of being swapped wrongly.
 * timm's SDPA callers and HF attention classes are matched by class path / by what their forward calls.
 
 Each entry is verified by ``tests/test_integrations.py`` against the library's own forward and backward.

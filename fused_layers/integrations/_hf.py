@@ -139,7 +139,7 @@ def _gemma_check(m: nn.Module) -> Optional[str]:
     why = _needs("weight", "eps")(m)
     if why:
         return why
-    from . import fingerprint, _compile_forward
+    from . import _compile_forward, fingerprint
     norm = type(m).__dict__.get("_norm") or getattr(type(m), "_norm", None)
     if norm is None or fingerprint(norm) != _compile_forward(GEMMA_NORM_HELPER):
         return "its _norm differs from GemmaRMSNorm's (not verified)"
@@ -231,7 +231,8 @@ REGISTRY.append(
 def _is_hf_causal_lm(cls: type) -> bool:
     """A transformers causal LM (``*ForCausalLM``, ``GPT2LMHeadModel``, ...) whose forward takes its loss from
     ``PreTrainedModel.loss_function`` (which model instances resolve to ForCausalLMLoss: ``check``)."""
-    if not (cls.__module__.startswith("transformers.models.") and cls.__name__.endswith(("ForCausalLM", "LMHeadModel"))):
+    in_transformers = cls.__module__.startswith("transformers.models.")
+    if not (in_transformers and cls.__name__.endswith(("ForCausalLM", "LMHeadModel"))):
         return False
     if not any(b.__name__ == "PreTrainedModel" and b.__module__ == "transformers.modeling_utils" for b in cls.__mro__):
         return False
@@ -291,7 +292,8 @@ def fused_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size:
         if x.dtype == torch.float64 or use_fallback("cross_entropy", x):
             return nn.functional.cross_entropy(x.float(), t, ignore_index=ignore_index, reduction=reduction)
         need_grad = x.requires_grad and torch.is_grad_enabled()
-        return cross_entropy_op(x, t, None, ignore_index, reduction, 0.0, need_grad, torch.float32, needs_grad=need_grad)
+        return cross_entropy_op(x, t, None, ignore_index, reduction, 0.0, need_grad, torch.float32,
+                                needs_grad=need_grad)
 
     return _causal_lm_loss(logits, vocab_size, labels, num_items_in_batch, ignore_index, shift_labels, rows_loss)
 
@@ -376,7 +378,8 @@ def _linear_loss(head: nn.Linear):
             return fused_linear_cross_entropy(h, head.weight, t, head.bias, ignore_index=ignore_index,
                                               reduction=reduction).float()
 
-        return _causal_lm_loss(logits, logits.shape[-1], labels, num_items_in_batch, ignore_index, shift_labels, rows_loss)
+        return _causal_lm_loss(logits, logits.shape[-1], labels, num_items_in_batch, ignore_index, shift_labels,
+                               rows_loss)
 
     return loss
 
@@ -414,7 +417,8 @@ def _build_causal_lm(cls: type) -> dict:
             return False
         keep = bound.get("logits_to_keep", 0)
         extra = bound.get("kwargs", {})
-        return bound.get("labels") is not None and isinstance(keep, int) and keep == 0 and not extra.get("return_dict") is False
+        return (bound.get("labels") is not None and isinstance(keep, int) and keep == 0
+                and extra.get("return_dict") is not False)
 
     def forward(self, *args: Any, **kwargs: Any):
         if not _linear_ok(self, args, kwargs):
@@ -443,7 +447,8 @@ def _build_causal_lm(cls: type) -> dict:
 
 
 REGISTRY.append(
-    LookAlike("hf_causal_lm_loss", "transformers", "cross_entropy", "transformers.models.llama.modeling_llama.LlamaForCausalLM",
+    LookAlike("hf_causal_lm_loss", "transformers", "cross_entropy",
+              "transformers.models.llama.modeling_llama.LlamaForCausalLM",
               _build_causal_lm, predicate=_is_hf_causal_lm, check=_causal_lm_loss_check,
               note="the LM head + loss of causal LMs (fused linear cross-entropy in training, else the fused loss)"),
 )
@@ -535,7 +540,8 @@ def fused_attention_forward(
     """transformers' attention-function convention: q (B, Hq, Sq, D), k / v (B, Hkv, Sk, D), returns
     ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, SDPA otherwise (see module docstring)."""
     if not (_ACTIVE and _ACTIVE[-1] is module):
-        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+                     **kwargs)
     why = None
     if kwargs.get("softcap") is not None:
         why = "soft-capping"
@@ -563,7 +569,8 @@ def fused_attention_forward(
                 kmask, causal = dec
     if why is not None:
         warn_once(f"hf_attention:{why}", f"fused_layers attention: {why} is not fused; using SDPA for these calls.")
-        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+                     **kwargs)
     if attention_mask is None:
         # SDPA's rule (transformers' sdpa_attention_forward): causal only with several queries and no mask;
         # with more keys than queries (prefill of an empty static cache) the extra keys are cropped.
@@ -573,7 +580,8 @@ def fused_attention_forward(
     from ..ops.attention import fused_attention, prefer_sdpa
 
     if kmask is None and prefer_sdpa(query, key, None):  # where cuDNN is measured faster, as FusedAttention does
-        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+                     **kwargs)
     gqa = query.shape[1] != key.shape[1]
     out = fused_attention(query, key, value, attn_mask=kmask, dropout_p=float(dropout), is_causal=causal, scale=scaling,
                           enable_gqa=gqa)
@@ -628,7 +636,8 @@ def switch_models(model: nn.Module, attention_names: list[str]) -> dict[str, str
             root.__dict__[PREV_ATTR] = prev
         cfg = getattr(modules[name], "config", None)
         if getattr(cfg, "_attn_implementation", None) != IMPL:
-            failed[name] = f"its config's attention implementation stayed {getattr(cfg, '_attn_implementation', None)!r}"
+            impl = getattr(cfg, "_attn_implementation", None)
+            failed[name] = f"its config's attention implementation stayed {impl!r}"
     return failed
 
 

@@ -6,8 +6,8 @@ defining module's globals in which the names the code reaches SDPA through are r
 
 * ``F`` / ``functional`` (``torch.nn.functional``) -> a proxy module whose ``scaled_dot_product_attention``
   is ``sdpa_fused`` and whose every other attribute is torch's;
-* ``torch`` -> a proxy ``torch`` whose ``nn.functional`` is that proxy (``torch.nn.functional.scaled_dot_product_attention(...)``,
-  nanoGPT's spelling);
+* ``torch`` -> a proxy ``torch`` whose ``nn.functional`` is that proxy
+  (``torch.nn.functional.scaled_dot_product_attention(...)``, nanoGPT's spelling);
 * a bare ``scaled_dot_product_attention`` imported from torch -> ``sdpa_fused``.
 
 Other modules, and the same class's instances that were not swapped, still call torch's SDPA.
@@ -24,7 +24,6 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
-
 
 _REAL_SDPA = F.scaled_dot_product_attention
 

@@ -36,7 +36,8 @@ class LinearCrossEntropyLoss(nn.Module):
 
     def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> None:
         super().__init__()
-        self.loss_fn = nn.CrossEntropyLoss(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
+        self.loss_fn = nn.CrossEntropyLoss(ignore_index=ignore_index, reduction=reduction,
+                                           label_smoothing=label_smoothing)
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
