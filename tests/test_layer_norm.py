@@ -119,7 +119,7 @@ def test_large_mean_welford_numerics(device):
 @pytest.mark.parametrize("n", [17, 53])
 def test_wide_rows_pipelined(rms, n, device):
     """The wide-row forward with both chunk loops pipelined 3 deep (bf16 64K's default): same results."""
-    with config_override("layer_norm", **WIDE, fwd=FwdChunks(16, 4, stages=3), programs=2):
+    with config_override("layer_norm", **dict(WIDE, fwd=FwdChunks(16, 4, stages=3)), programs=2):
         _check(rms, (7, n), 1, torch.float32, device)
 
 

@@ -123,7 +123,7 @@ def _fwd_rule(n_pow2: int, elem: int) -> Fwd:
 BWD: dict[tuple[int, int, Optional[str]], Bwd] = {
     (2, 768, LN): BwdTile(4, 4, 2, stages=4, acc_rows=True),  # 0.84 of copy against 0.77 without acc_rows
     (2, 768, RMS): BwdTile(8, 8, 1, stages=4),  # 0.892 of copy against 0.876 with the 1K bucket's tile
-    (2, 1024, None): BwdTile(4, 4, 4, stages=3),  # LN 0.906 / RMS 0.921 of copy, 0.869 / 0.826 before
+    (2, 1024, None): BwdTile(4, 4, 4, stages=3),  # LN 0.906 / RMS 0.921 of copy, 0.869 / 0.826 before this entry
     (2, 2048, LN): BwdTile(2, 8, 2, stages=3, acc_rows=True, pair_sum=True),  # 0.84 of copy, 0.79 before this entry
     (2, 2048, RMS): BwdTile(1, 8, 2, stages=4),  # 0.79 of copy, 0.58 before this entry
     (2, 4096, LN): BwdTile(2, 16, 1, stages=3, acc_rows=True, pair_sum=True),  # 0.85 of copy, 0.75 before this entry
@@ -150,7 +150,8 @@ def _bwd_rule(n_pow2: int, elem: int) -> Bwd:
 
 
 # Wide rows, eager calls: the one-read persistent backward (3 N elements a row against the two-pass kernels' 5 N),
-# bf16 only.  LayerNorm publishes its two partial sums in one word (16K: 0.653 of copy against 0.638 with two).
+# 16-bit rows (swept in bf16).  LayerNorm publishes its two partial sums in one word (16K: 0.653 of copy against
+# 0.638 with two).
 BWD_PERSIST: dict[tuple[int, int, Optional[str]], BwdPersist] = {
     (2, 16384, LN): BwdPersist(2048, 4),  # 0.65 of copy against the two-pass 0.47; hold lost, 0.632 against 0.646
     (2, 16384, RMS): BwdPersist(1024, 2, hold=True),  # 0.777 of copy against 0.732 without hold (two-pass 0.47)
@@ -164,8 +165,8 @@ BWD_PERSIST: dict[tuple[int, int, Optional[str]], BwdPersist] = {
 PERSIST_STAGES = 3  # the row loop pipelined 3 deep: 4 tied (within 0.01), 1 lost at every width
 PERSIST_MAX_PER_SM = 8  # programs an SM at most (the binary's occupancy decides below that)
 
-# bf16 / fp16 rows in the Gluon row backward (ops/layer_norm_gluon.py: a row in shared memory, one CTA an SM), eager
-# calls on sm_90: LayerNorm 0.81 of copy against the persistent kernel's 0.65, RMSNorm 0.862 against 0.786.  At 8K
+# 16-bit rows of 16K in the Gluon row backward (ops/layer_norm_gluon.py: a row in shared memory, one CTA an SM),
+# eager calls on sm_90: LayerNorm 0.81 of copy against the persistent kernel's 0.65, RMSNorm 0.862 against 0.786.  At 8K
 # it lost to the single-block kernels (LayerNorm 0.773 against 0.860, RMSNorm 0.871 against 0.887).
 BWD_GLUON: frozenset[tuple[int, int]] = frozenset({(2, 16384)})
 
