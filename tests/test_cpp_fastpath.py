@@ -423,11 +423,10 @@ def test_gpu_softmax_fast_call(cpp_on):
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("pdtype,affine", [(torch.bfloat16, "wb"), (torch.float32, "wb"), (torch.bfloat16, "none")],
                          ids=["bf16", "fp32params", "none"])
-@pytest.mark.parametrize("device_desc", [0, 1], ids=["host_desc", "device_desc"])
-def test_gpu_cpp_node_gluon_row_backward(rms, pdtype, affine, device_desc, cpp_on):
+def test_gpu_cpp_node_gluon_row_backward(rms, pdtype, affine, cpp_on):
     """bf16 16K rows through the Gluon row backward: the C++ node launches it and its reduce, right against
-    float64, also for a non-contiguous dy (made contiguous in C++).  Host descriptors (the default form: the C++
-    launch encodes them at each call) and device-side ones (bwd_gluon_device_desc: pointer arguments only)."""
+    float64, also for a non-contiguous dy (made contiguous in C++); the C++ launch encodes the host descriptors at
+    each call."""
     from fused_layers.ops import layer_norm_gluon as lg
 
     if not (lg.HAS_GLUON and torch.cuda.get_device_capability()[0] == 9):
@@ -438,7 +437,7 @@ def test_gpu_cpp_node_gluon_row_backward(rms, pdtype, affine, device_desc, cpp_o
     b = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine == "wb" and not rms else None
     ours = (lambda x, w, b: fused_rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: fused_layer_norm(x, (n,), w, b, 1e-5))
     ref = (lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5))
-    with ln_ops.config_override("layer_norm", bwd_gluon=1, bwd_gluon_device_desc=device_desc):
+    with ln_ops.config_override("layer_norm", gluon=True):
         for it in range(4):  # the first call runs the Python path (compiles), later ones the C++ node
             dy = torch.randn(300, n, device=dev, dtype=dtype)
             if it == 3:

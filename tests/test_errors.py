@@ -1,4 +1,4 @@
-"""Drop-in behaviour on bad input and at the edges (issue 14, items 5 and 8), on the CPU interpreter.
+"""Drop-in behaviour on bad input and at the edges, on the CPU interpreter.
 
 The fused modules raise the exception type PyTorch's module raises for the same bad input (our classes
 subclass both ours and torch's, so ``except ValueError`` / ``except TypeError`` keep working), keep their
@@ -63,7 +63,7 @@ def test_attention_value_head_dim_fallback_gives_sdpa_answer():
 
 def test_softmax_under_interpreter_prints_no_numpy_warnings():
     """Masked-out lanes of the interpreter (numpy) compute -inf - -inf; the kernels never store those
-    lanes, and no RuntimeWarning may leak to the user (issue 14, item 5)."""
+    lanes, and no RuntimeWarning may leak to the user."""
     x = torch.randn(5, 37, requires_grad=True)  # 37 columns in a 64-wide block: masked lanes in every row
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)

@@ -1,7 +1,8 @@
 """FusedLayerNorm / FusedRMSNorm: outputs and all gradients against float64, layouts, dtypes, API, compile.
 
 On a CPU-only machine the kernels run under the Triton interpreter: grids stay tiny (a few rows) and
-``config_override("layer_norm", ...)`` forces the wide-row (chunked) kernels at small widths.
+``config_override("layer_norm", ...)`` forces a width's kernel (chunked, persistent, several tiles and programs)
+onto rows of a few dozen columns.
 """
 
 import warnings
@@ -9,16 +10,17 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TOL
 from torch import nn
 
-from conftest import TOL
 from fused_layers import FusedLayerNorm, FusedRMSNorm, fused_layer_norm, fused_rms_norm
 from fused_layers.ops import layer_norm as ln_ops
-from fused_layers.ops.layer_norm import config_override, layer_norm_reference, rms_norm_reference
 from fused_layers.ops import layer_norm_config as lnc
+from fused_layers.ops.layer_norm import config_override, layer_norm_reference, rms_norm_reference
+from fused_layers.ops.layer_norm_config import BwdChunks, BwdPersist, BwdTile, FwdChunks, FwdTile
 
-WIDE = dict(fwd_max_single=16, bwd_max_single=16, fwd_chunk=16, bwd_chunk=16)  # chunked kernels at N > 16
-NARROW_TILES = dict(fwd_block_m=2, bwd_block_m=2, bwd_programs=3)  # several tiles and programs per call
+WIDE = dict(fwd=FwdChunks(16, 4), bwd=BwdChunks(16, 4, 1))  # the chunked kernels, 16-column chunks
+NARROW_TILES = dict(fwd=FwdTile(2, 4), bwd=BwdTile(2, 4, 1), programs=3)  # several tiles and programs per call
 
 
 def _grad_tol(dtype, n_rows):
@@ -84,7 +86,7 @@ def test_single_block(rms, dtype, n, device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [17, 48, 131])  # just past a chunk, whole chunks, prime with a ragged tail
 def test_wide_rows_chunked(rms, dtype, n, device):
-    with config_override("layer_norm", **WIDE, bwd_programs=2):
+    with config_override("layer_norm", **WIDE, programs=2):
         _check(rms, (5, n), 1, dtype, device)
 
 
@@ -116,23 +118,23 @@ def test_large_mean_welford_numerics(device):
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("n", [17, 53])
 def test_wide_rows_pipelined(rms, n, device):
-    """bwd_stages / fwd_stages on the wide-row kernels: their loops through tl.range(num_stages); same results."""
-    with config_override("layer_norm", **WIDE, bwd_stages=3, fwd_stages=3, bwd_programs=2):
+    """The wide-row forward with both chunk loops pipelined 3 deep (bf16 64K's default): same results."""
+    with config_override("layer_norm", **dict(WIDE, fwd=FwdChunks(16, 4, stages=3)), programs=2):
         _check(rms, (7, n), 1, torch.float32, device)
 
 
+PERSIST = dict(WIDE, persist=BwdPersist(16, 1))  # 16-column pieces of wide rows
 
-PERSIST = dict(WIDE, bwd_persist=1, bwd_persist_block=16, bwd_persist_warps=1)  # 16-column pieces of wide rows
 
-
-@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms_hold"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("n", [37, 16 * 20 + 5])  # 3 ragged pieces; 21 pieces (LayerNorm's 42 words: two wait chunks)
+@pytest.mark.parametrize("n", [37, 16 * 20 + 5])  # 3 ragged pieces; 21 pieces (two wait chunks)
 def test_wide_rows_persistent_backward(rms, dtype, n, device):
-    """The one-read persistent backward (bwd_persist, _norm_bwd_persist_kernel: a row's pieces held by programs
-    that exchange their partial row sums; the SMEM-pipelined row loop) against float64: dx, dW, dB, with more
-    rows than row groups (the interpreter runs 3 groups) and without parameters."""
-    with config_override("layer_norm", **PERSIST, bwd_persist_stages=3):
+    """The one-read persistent backward (_norm_bwd_persist_kernel: a row's pieces held by programs that exchange their
+    partial row sums, the SMEM-pipelined row loop) in the forms of bf16 16K / 32K, LayerNorm's packed sums and
+    RMSNorm's HOLD, against float64: dx, dW, dB, with more rows than row groups (the interpreter runs 3 groups) and
+    without parameters."""
+    with config_override("layer_norm", **WIDE, persist=BwdPersist(16, 1, hold=rms)):
         ln_ops._BWD_PLANS.clear()
         _check(rms, (7, n), 1, dtype, device)
         plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
@@ -140,7 +142,7 @@ def test_wide_rows_persistent_backward(rms, dtype, n, device):
         from fused_layers.ops._common import INTERPRET
 
         assert plans and all(p.persist["kernel"] is not None and p.persist["groups"] == (3 if INTERPRET else 7)
-                             for p in plans)
+                             and p.persist["meta"]["HOLD"] == rms for p in plans)
         if dtype == torch.float32:
             _check(rms, (4, n), 1, dtype, device, affine=False)
             _check(rms, (1, n), 1, dtype, device)  # one row, one group
@@ -148,83 +150,62 @@ def test_wide_rows_persistent_backward(rms, dtype, n, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_wide_rows_persistent_backward_packed_sums(dtype, device):
-    """LayerNorm's packed form (bwd_persist_pack, the default since session 12: both partial sums in one word, _rowsync.pack_sums):
-    41 pieces a row (two wait chunks), rows whose dy is 0 (both sums 0: the word must still read as published,
-    a zero sum goes out as -0.0) and dy = 0 on one column only."""
+    """LayerNorm's two partial sums packed in one word (_rowsync.pack_sums): 41 pieces a row (two wait chunks), rows
+    whose dy is 0 (both sums 0: the word must still read as published, a zero sum goes out as -0.0) and dy = 0 on one
+    column only."""
     def dy_fn(dy):
         dy[1:3] = 0.0
         dy[4, 0] = 0.0
         return dy
 
-    with config_override("layer_norm", **PERSIST, bwd_persist_stages=3, bwd_persist_pack=1):
+    with config_override("layer_norm", **PERSIST):
         ln_ops._BWD_PLANS.clear()
         _check(False, (7, 16 * 40 + 5), 1, dtype, device, dy_fn=dy_fn)
-        plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
-        assert plans and all(p.persist["meta"].get("PACK") for p in plans)
+        assert any(p.persist is not None for p in ln_ops._BWD_PLANS.values())
         _check(False, (3, 37), 1, dtype, device, affine=False)
 
 
-@pytest.mark.parametrize("rms,pack", [(False, 1), (False, 0), (True, 0)], ids=["ln_packed", "ln_two_words", "rms"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_wide_rows_persistent_backward_hold(rms, pack, dtype, device):
-    """The HOLD candidate of the persistent backward (bwd_persist_hold: publish row k, then wait for row k - 1 and
-    write its dx from its pieces held in registers): 7 rows over the interpreter's 3 row groups (3, 2 and 2 rows:
-    the iteration past the last row), ragged pieces, a zero-gradient row, no parameters, and one row (one group)."""
+def test_wide_rows_persistent_backward_hold(rms, dtype, device):
+    """HOLD (publish row k, then wait for row k - 1 and write its dx from its pieces held in registers; RMSNorm's form
+    and LayerNorm 64K's): 7 rows over the interpreter's 3 row groups (3, 2 and 2 rows: the iteration past the last
+    row), ragged pieces, a zero-gradient row, no parameters, and one row (one group)."""
     def dy_fn(dy):
         dy[2] = 0.0
         return dy
 
-    with config_override("layer_norm", **PERSIST, bwd_persist_stages=3, bwd_persist_hold=1, bwd_persist_pack=pack):
+    with config_override("layer_norm", **WIDE, persist=BwdPersist(16, 1, hold=True)):
         ln_ops._BWD_PLANS.clear()
         _check(rms, (7, 16 * 2 + 5), 1, dtype, device, dy_fn=dy_fn)
         plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
-        assert plans and all(p.persist["meta"].get("HOLD") and p.persist["kernel"] is not None for p in plans)
+        assert plans and all(p.persist["meta"]["HOLD"] and p.persist["kernel"] is not None for p in plans)
         if dtype == torch.float32:
             _check(rms, (5, 37), 1, dtype, device, affine=False)
             _check(rms, (1, 37), 1, dtype, device)
 
 
-def test_wide_rows_persistent_backward_two_words(device):
-    """LayerNorm's two-word form of the persistent backward (bwd_persist_pack=0: the sums published separately; the
-    default packs them since session 12) stays right: ragged pieces, zero-gradient rows, without parameters."""
-    def dy_fn(dy):
-        dy[1] = 0.0
-        return dy
-
-    with config_override("layer_norm", **PERSIST, bwd_persist_stages=3, bwd_persist_pack=0):
-        ln_ops._BWD_PLANS.clear()
-        _check(False, (7, 37), 1, torch.float32, device, dy_fn=dy_fn)
-        plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
-        assert plans and not any(p.persist["meta"].get("PACK") for p in plans)
-        _check(False, (3, 37), 1, torch.float32, device, affine=False)
-
-
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("shape", [dict(reduce_block_n=16, reduce_block_g=2, reduce_stages=2),
-                                   dict(reduce_block_n=256, reduce_block_g=32, reduce_warps=4, reduce_stages=1)],
-                         ids=["strips16", "old256"])
-def test_dw_db_reduce_shapes(rms, shape, device):
-    """The dW / dB partial sums (_norm_reduce_partials_kernel) in other shapes than the default: 16-column strips
-    over a ragged 53-wide row (4 programs, the last one 5 columns) looping over 4 partial rows 2 at a time
-    (pipelined), and the pre-session-12 shape (one 256-column strip, no pipelining)."""
-    with config_override("layer_norm", bwd_programs=5, bwd_block_m=1, **shape):
+def test_dw_db_reduce_ragged_strips(rms, device):
+    """The dW / dB partial sums (_norm_reduce_partials_kernel) over a ragged 53-wide row: 16-column strips (4 programs,
+    the last one 5 columns) over 4 partial rows."""
+    with config_override("layer_norm", bwd=BwdTile(1, 4, 1), programs=5):
         ln_ops._BWD_PLANS.clear()
         _check(rms, (7, 53), 1, torch.float32, device)
         plans = list(ln_ops._BWD_PLANS.values())
-        assert plans and all(p.g == 4 for p in plans)
+        assert plans and all(p.g == 4 and p.reduce_kernel.grid[0] == 4 for p in plans)
 
 
-@pytest.mark.parametrize("pdl", [1, 2])
-def test_programmatic_dependent_launch_is_eager_only(pdl, monkeypatch):
-    """bwd_pdl (sm_90+, forced here): eager launches take the programmatic-dependent kernels (launch_pdl, the row kernel
-    triggering its reduce; with 2 the row kernel waiting on its predecessor); a traced backward (FakeTensors:
-    torch.compile) launches the plain ones, whose arguments Inductor can analyse."""
+def test_programmatic_dependent_launch_is_eager_only(monkeypatch):
+    """On sm_90 and newer (forced here) eager launches take the programmatic-dependent kernels (launch_pdl: the row
+    kernel waiting on its predecessor and triggering its reduce); a traced backward (FakeTensors: torch.compile)
+    launches the plain ones, whose arguments Inductor can analyse."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    monkeypatch.setattr(ln_ops, "_pdl_level", lambda device_index: pdl)
+    monkeypatch.setattr(ln_ops, "_use_pdl", lambda device_index: True)
     launched = []
     x, w, b = torch.randn(6, 40), torch.randn(40), torch.randn(40)
-    with config_override("layer_norm", bwd_programs=2):  # (a plan of its own)
+    with config_override("layer_norm", programs=2):  # (a plan of its own)
         y, stats = ln_ops.norm_forward(x, w, b, 1, 1e-5, False)
         # recorded, not run: the interpreter has no griddepcontrol
         monkeypatch.setattr(ln_ops.Kernel, "__call__", lambda self, *a: launched.append(self.meta))
@@ -239,53 +220,27 @@ def test_programmatic_dependent_launch_is_eager_only(pdl, monkeypatch):
         ln_ops.norm_backward(dy, x, w, b, stats, 1, False)
     row, red = launched
     assert row["PDL_TRIGGER"] and red["PDL_WAIT"] and red.get("launch_pdl")
-    assert row["PDL_WAIT"] == (pdl == 2) and bool(row.get("launch_pdl")) == (pdl == 2)
+    assert row["PDL_WAIT"] and row.get("launch_pdl")
 
 
 def test_dw_db_reduce_config():
-    """The reduce's default shape: REDUCE_BLOCK_N-column strips (GPT-2's 768 columns take 48 programs, not the 3 of
-    the old 256-column strips), tiles of at most REDUCE_TILE floats, no more rows a tile than partial rows."""
-    from fused_layers.ops import layer_norm_config as cfg
-
+    """The reduce's shape: REDUCE_BLOCK_N-column strips (GPT-2's 768 columns take 48 programs), tiles of at most
+    REDUCE_TILE floats, no more rows a tile than partial rows."""
     for n, g in ((768, 264), (1024, 264), (8192, 132), (131072, 66), (5, 3)):
-        block_n, block_g, *_ = cfg._reduce_config(n, g)
-        assert block_n == min(cfg.REDUCE_BLOCK_N, 1 << (n - 1).bit_length()), (n, block_n)
-        assert block_n * block_g <= cfg.REDUCE_TILE and block_g <= 1 << (g - 1).bit_length(), (n, g, block_g)
-    assert -(-768 // cfg._reduce_config(768, 264)[0]) == 48
-
-
-def test_wide_rows_persistent_backward_diag_nosync(device):
-    """The timing diagnostic bwd_persist_diag_nosync (no exchange between a row's pieces: dx wrong by design) does
-    what it says: dx of each 16-column piece is the backward of that piece alone given the row's statistics, and
-    dW / dB (which need no row sums) stay right."""
-    n = 48
-    x = torch.randn(5, n, device=device, requires_grad=True)
-    w = torch.randn(n, device=device, requires_grad=True)
-    b = torch.randn(n, device=device, requires_grad=True)
-    dy = torch.randn(5, n, device=device)
-    with config_override("layer_norm", **PERSIST, bwd_persist_diag_nosync=1):
-        ln_ops._BWD_PLANS.clear()
-        dx, dw, db = torch.autograd.grad(fused_layer_norm(x, (n,), w, b), (x, w, b), dy)
-        assert any(p.persist is not None and p.persist["meta"].get("DIAG_NOSYNC") for p in ln_ops._BWD_PLANS.values())
-    x64 = x.detach().double()
-    mean, rstd = x64.mean(-1, keepdim=True), (x64.var(-1, unbiased=False, keepdim=True) + 1e-5).rsqrt()
-    xhat, g = (x64 - mean) * rstd, dy.double() * w.detach().double()
-    xh, gp = xhat.view(5, 3, 16), g.view(5, 3, 16)
-    want = (gp - xh * (gp * xh).sum(-1, keepdim=True) / n - gp.sum(-1, keepdim=True) / n) * rstd.view(5, 1, 1)
-    torch.testing.assert_close(dx.double().view(5, 3, 16), want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(dw.double(), (dy.double() * xhat).sum(0), atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(db.double(), dy.double().sum(0), atol=1e-4, rtol=1e-4)
-    ln_ops._BWD_PLANS.clear()
+        block_n, block_g = lnc.reduce_config(n, g)
+        assert block_n == min(lnc.REDUCE_BLOCK_N, 1 << (n - 1).bit_length()), (n, block_n)
+        assert block_n * block_g <= lnc.REDUCE_TILE and block_g <= 1 << (g - 1).bit_length(), (n, g, block_g)
+    assert -(-768 // lnc.reduce_config(768, 264)[0]) == 48
 
 
 def test_wide_rows_persistent_backward_zero_grads_and_strided(device):
-    """dy = 0 on some rows (published partial sums of 0: the flagged words are never 0, so no wait hangs),
-    a row-strided x, and the unpipelined form (STAGES 1)."""
+    """dy = 0 on some rows (published partial sums of 0: the flagged words are never 0, so no wait hangs) and a
+    row-strided x."""
     def dy_fn(dy):
         dy[1:3] = 0.0
         return dy
 
-    with config_override("layer_norm", **PERSIST, bwd_persist_stages=1):
+    with config_override("layer_norm", **PERSIST):
         _check(False, (5, 53), 1, torch.float32, device, dy_fn=dy_fn)
         x = (torch.randn(6, 80, device=device) * 2)[:, 3:56].requires_grad_()  # row stride 80
         w = torch.randn(53, device=device, requires_grad=True)
@@ -312,74 +267,51 @@ def test_wide_rows_persistent_backward_traced_plan_is_two_pass():
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 def test_wide_rows_default_persistent_backward(rms, device):
     """The BWD_PERSIST defaults themselves (bf16, no override): a 16,401-wide row (bucket 32K) takes the persistent
-    plan, right against float64: LayerNorm nine 2,048-column pieces (the last ragged), RMSNorm the HOLD form
-    (BWD_PERSIST_HOLD) in 1,024-column pieces."""
+    plan, right against float64: LayerNorm nine 2,048-column pieces (the last ragged), RMSNorm the HOLD form in
+    1,024-column pieces."""
     ln_ops._BWD_PLANS.clear()
     _check(rms, (4, 16401), 1, torch.bfloat16, device)
     plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
     splits, piece = (17, 1024) if rms else (9, 2048)
     assert plans and all(p.persist["splits"] == splits and p.persist["meta"]["BLOCK_N"] == piece
-                         and bool(p.persist["meta"].get("HOLD")) == rms and p.persist["kernel"] is not None for p in plans)
+                         and p.persist["meta"]["HOLD"] == rms and p.persist["kernel"] is not None for p in plans)
 
 
 @pytest.mark.parametrize("n_pow2,rms,hold,piece", [(16384, False, False, 2048), (16384, True, True, 1024),
                                                      (65536, False, True, 2048), (65536, True, True, 2048),
                                                      (131072, True, True, 4096), (131072, False, False, 8192)])
-def test_persistent_backward_hold_table(n_pow2, rms, hold, piece):
-    """BWD_PERSIST_HOLD picks HOLD and its own piece shape per norm (session-13 / 14 sweeps); config_override
-    bwd_persist_hold=0 falls back to BWD_PERSIST's entry, =1 turns HOLD on with it."""
-    block, _, _, _, got = lnc._bwd_persist_config(n_pow2, 2, rms)
-    assert (block, got) == (piece, hold)
-    with config_override("layer_norm", bwd_persist_hold=0):
-        assert lnc._bwd_persist_config(n_pow2, 2, rms)[0::4] == (lnc.BWD_PERSIST[(2, n_pow2)][0], False)
-    with config_override("layer_norm", bwd_persist_hold=1):
-        assert lnc._bwd_persist_config(n_pow2, 2, rms)[4] is True
+def test_persistent_backward_table(n_pow2, rms, hold, piece):
+    """BWD_PERSIST gives each norm its own piece shape and HOLD; float32 and narrow rows have no entry."""
+    got = lnc.persist_config(n_pow2, n_pow2, 2, rms)
+    assert (got.block, got.hold) == (piece, hold)
+    assert lnc.persist_config(n_pow2, n_pow2, 4, rms) is None and lnc.persist_config(8192, 8192, 2, rms) is None
 
 
 @pytest.mark.parametrize("n", [40, 768])
 def test_backward_plan_without_persistent_kernel_is_shared(n):
     """A row the persistent kernel does not take (narrow, or no BWD_PERSIST entry) has one backward plan for
     eager and traced callers: the kernels the Python path compiles are the ones the C++ fast path registers
-    (it asks with persist_ok False; two plans left it never registered, issue9/run16_c)."""
+    (it asks with persist_ok False)."""
     shape = torch.Size((4, n))
     eager = ln_ops._bwd_plan(shape, (n, 1), (n, 1), torch.bfloat16, 1, True, True, False, -1, persist_ok=True)
     traced = ln_ops._bwd_plan(shape, (n, 1), (n, 1), torch.bfloat16, 1, True, True, False, -1)
     assert eager is traced and eager.persist is None
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("n", [1, 7, 257])
-def test_fused_stats_forward(dtype, n, device):
-    """fwd_fused_stats: the mean's correction and the variance from one two-value reduction; outputs and
-    every gradient against float64 (the backward reads the statistics it stored), on ragged widths."""
-    with config_override("layer_norm", fwd_fused_stats=1, **NARROW_TILES):
-        _check(False, (5, n), 1, dtype, device)
-
-
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("variant", [dict(bwd_acc_rows=1), dict(bwd_pair_sum=1), dict(bwd_acc_rows=1, bwd_pair_sum=1)],
+@pytest.mark.parametrize("form", [dict(acc_rows=True), dict(pair_sum=True), dict(acc_rows=True, pair_sum=True)],
                          ids=["acc_rows", "pair_sum", "both"])
 @pytest.mark.parametrize("n", [7, 131])
-def test_single_block_backward_variants(rms, dtype, variant, n, device):
-    """bwd_acc_rows (one-row dW/dB accumulators) and bwd_pair_sum (LayerNorm's two row sums in one reduction):
-    every gradient against float64, on a ragged row count (the last tile of a program is partly masked)."""
-    with config_override("layer_norm", **NARROW_TILES, bwd_stages=2, **variant):
+def test_single_block_backward_tuned_forms(rms, dtype, form, n, device):
+    """The single-block backward's forms in the table (acc_rows: one-row dW/dB accumulators; pair_sum: LayerNorm's
+    two row sums in one reduction; the row loop pipelined): every gradient against float64, on a ragged row count
+    (the last tile of a program is partly masked)."""
+    with config_override("layer_norm", fwd=FwdTile(2, 4), bwd=BwdTile(2, 4, 1, stages=2, **form), programs=3):
         _check(rms, (7, n), 1, dtype, device)
-    with config_override("layer_norm", **NARROW_TILES, **variant):  # no bias, no affine: the other branches
-        _check(rms, (7, n), 1, dtype, device, bias=False)
+    with config_override("layer_norm", fwd=FwdTile(2, 4), bwd=BwdTile(2, 4, 1, **form), programs=3):
+        _check(rms, (7, n), 1, dtype, device, bias=False)  # no bias, no affine: the other branches
         _check(rms, (5, n), 1, dtype, device, affine=False)
-
-
-def test_fused_stats_large_mean(device):
-    """Rows near 1000 with a spread of 0.01: the variance as sum(xc^2)/N - c^2 must not cancel."""
-    x = 1000.0 + 0.01 * torch.randn(3, 100, device=device)
-    ref = layer_norm_reference(x.double(), (100,))
-    err_torch = (F.layer_norm(x, (100,)).double() - ref).abs().max().item()
-    with config_override("layer_norm", fwd_fused_stats=1):
-        y = fused_layer_norm(x, 100)
-    assert (y.double() - ref).abs().max().item() <= 2 * err_torch + 1e-4
-    assert 0.9 < y.std().item() < 1.1
 
 
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
@@ -720,58 +652,21 @@ def test_gpu_widths(rms, n, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("n", [16384, 40000, 65536])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("stages", [1, 3])
-def test_gpu_persistent_backward(rms, n, dtype, stages):
-    """The opt-in persistent wide-row backward on the GPU (co-resident programs, cooperative launch, the called
-    wait in a pipelined row loop): right against float64 with more rows than row groups, and bitwise the same
-    gradients run to run."""
-    cfg = dict(bwd_persist=1, bwd_persist_block=4096, bwd_persist_warps=8, bwd_persist_stages=stages, bwd_max_single=1024,
-               bwd_gluon=0)
-    with config_override("layer_norm", **cfg):
-        ln_ops._BWD_PLANS.clear()
-        _check(rms, (1200, n), 1, dtype, "cuda")
-        plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
-        assert plans and all(p.persist["kernel"] is not None and 1 <= p.persist["groups"] < 1200 for p in plans)
-        _assert_grads_bitwise_repeatable(rms, 300, n, dtype, 2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("n", [16384, 40000, 65536])
-def test_gpu_persistent_backward_packed_sums(n):
-    """LayerNorm's opt-in packed form (both partial sums in one word) on the GPU, zero-gradient rows included."""
+@pytest.mark.parametrize("n", [16384, 40000, 65536, 131072])
+def test_gpu_persistent_backward(rms, n):
+    """The persistent wide-row backward on the GPU (co-resident programs, cooperative launch, the called wait in a
+    pipelined row loop; LayerNorm's packed sums, HOLD where the table has it), the Gluon kernel turned off at 16K:
+    right against float64 with more rows than row groups and zero-gradient rows, bitwise the same gradients run to
+    run."""
     def dy_fn(dy):
         dy[5:9] = 0.0
         return dy
 
-    with config_override("layer_norm", bwd_gluon=0, bwd_persist=1, bwd_persist_block=2048, bwd_persist_warps=4, bwd_persist_stages=3,
-                         bwd_max_single=1024, bwd_persist_pack=1):
-        ln_ops._BWD_PLANS.clear()
-        _check(False, (1200, n), 1, torch.bfloat16, "cuda", dy_fn=dy_fn)
-        plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
-        assert plans and all(p.persist["meta"].get("PACK") and p.persist["kernel"] is not None for p in plans)
-        _assert_grads_bitwise_repeatable(False, 300, n, torch.bfloat16, 2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("n,block,warps", [(16384, 2048, 4), (40000, 2048, 4), (65536, 2048, 4), (16384, 1024, 2),
-                                           (131072, 4096, 8)])
-@pytest.mark.parametrize("stages", [2, 3])
-def test_gpu_persistent_backward_hold(rms, n, block, warps, stages):
-    """The HOLD candidate (publish row k, then wait for row k - 1 and write it from registers) on the GPU: right
-    against float64 with more rows than row groups, zero-gradient rows, bitwise the same gradients run to run."""
-    def dy_fn(dy):
-        dy[5:9] = 0.0
-        return dy
-
-    with config_override("layer_norm", bwd_gluon=0, bwd_persist=1, bwd_persist_block=block, bwd_persist_warps=warps, bwd_persist_stages=stages,
-                         bwd_max_single=1024, bwd_persist_hold=1):
+    with config_override("layer_norm", gluon=False):
         ln_ops._BWD_PLANS.clear()
         _check(rms, (1200, n), 1, torch.bfloat16, "cuda", dy_fn=dy_fn)
         plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
-        assert plans and all(p.persist["meta"].get("HOLD") and 1 <= p.persist["groups"] < 1200 for p in plans)
+        assert plans and all(p.persist["kernel"] is not None and 1 <= p.persist["groups"] < 1200 for p in plans)
         _assert_grads_bitwise_repeatable(rms, 300, n, torch.bfloat16, 2)
 
 
@@ -779,14 +674,12 @@ def test_gpu_persistent_backward_hold(rms, n, block, warps, stages):
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("n", [16384, 20011, 32768, 65536, 100003, 131072])
 def test_gpu_persistent_backward_defaults(rms, n):
-    """The BWD_PERSIST entries (bf16 16K-128K, adopted in session 11) with no override: the persistent plan is
-    taken, and the gradients are right against float64 on aligned and prime widths.  Where a BWD_GLUON entry
-    (session 18: RMSNorm 16K) takes the width, the Gluon row backward runs instead."""
-    from fused_layers.ops import layer_norm_config as lc
-
+    """The BWD_PERSIST entries (bf16 16K-128K) with no override: the persistent plan is taken, and the gradients are
+    right against float64 on aligned and prime widths.  Where the Gluon row backward takes the width (16K on sm_90),
+    it runs instead."""
     ln_ops._BWD_PLANS.clear()
     _check(rms, (600, n), 1, torch.bfloat16, "cuda")
-    if n % 4096 == 0 and lc.BWD_GLUON.get((2, n, rms)) and _gluon_ok():
+    if n % 4096 == 0 and lnc.gluon_config(n, 2) and _gluon_ok():
         assert any(p.gluon for p in ln_ops._BWD_PLANS.values())
         return
     plans = [p for p in ln_ops._BWD_PLANS.values() if p.persist is not None]
@@ -794,22 +687,20 @@ def test_gpu_persistent_backward_defaults(rms, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gluon", [0, 1, 2, 3], ids=["persistent", "gluon", "gluon_device_desc", "gluon_no_pdl"])
+@pytest.mark.parametrize("gluon", [False, True], ids=["persistent", "gluon"])
 def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
-    """The one-CTA-an-SM backwards at bf16 16K (the persistent cooperative kernel, the default from session 11; the
-    Gluon row backward, the default from session 18): a whole LayerNorm forward + backward captured in a CUDA graph
-    and replayed on new inputs, and an eager backward while another stream's matmuls occupy the GPU: the same
-    gradients as eager, bitwise."""
+    """The one-CTA-an-SM backwards at bf16 16K (the persistent cooperative kernel; the Gluon row backward, the default
+    on sm_90): a whole LayerNorm forward + backward captured in a CUDA graph and replayed on new inputs, and an eager
+    backward while another stream's matmuls occupy the GPU: the same gradients as eager, bitwise."""
     if gluon and not _gluon_ok():
         pytest.skip("needs an sm_90 GPU and Gluon")
-    extra = {"bwd_gluon_pdl": 0} if gluon == 3 else {}  # the default form is a programmatic dependent (pdl 2)
-    with config_override("layer_norm", bwd_gluon=int(gluon > 0), bwd_gluon_device_desc=int(gluon == 2), **extra):
-        _graph_and_side_stream(bool(gluon))
+    with config_override("layer_norm", gluon=gluon):
+        _graph_and_side_stream(gluon)
 
 
 @pytest.mark.gpu
 def test_gpu_single_block_backward_in_cuda_graph_and_side_stream():
-    """The single-block backward at 1K (its kernels programmatic dependents by default, layer_norm_config.BWD_PDL): a
+    """The single-block backward at 1K (its kernels programmatic dependents on sm_90 and newer): a
     forward + backward captured in a CUDA graph and replayed, and run while another stream's matmuls hold SMs."""
     _graph_and_side_stream(False, 1024)
 
@@ -864,29 +755,32 @@ def _graph_and_side_stream(gluon: bool, n: int = 16384):
 @pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("n", [768, 1000, 4096, 8192])
-@pytest.mark.parametrize("pdl", [1, 2])
-def test_gpu_backward_programmatic_dependent_launch(rms, n, pdl, monkeypatch):
-    """bwd_pdl: the dW / dB reduce (1), and the row kernel too (2), launched as programmatic dependents that wait on
-    the device: right against float64 and bitwise the gradients of plain launches (bwd_pdl=0), through the Python path,
-    the C++ node and replayed from a CUDA graph."""
+def test_gpu_backward_programmatic_dependent_launch(rms, n, monkeypatch):
+    """The row kernel and its dW / dB reduce launched as programmatic dependents that wait on the device (the sm_90
+    default): right against float64 and bitwise the gradients of plain launches, through the Python path, the C++
+    node and replayed from a CUDA graph."""
     from fused_layers.ops import _cpp
 
     monkeypatch.setattr(_cpp, "ENABLED", True)
     if _cpp.extension(wait=True) is None:
         pytest.skip("the C++ fast path did not build here")
-    with config_override("layer_norm", bwd_pdl=pdl):
-        ln_ops._BWD_PLANS.clear()
-        _check(rms, (3000, n), 1, torch.bfloat16, "cuda")
-        plans = list(ln_ops._BWD_PLANS.values())
-        assert plans and all(p.eager_reduce.meta.get("launch_pdl") for p in plans)
-        assert not any(p.reduce_kernel.meta.get("launch_pdl") or p.kernel.meta["PDL_WAIT"] for p in plans)
+    if not ln_ops._use_pdl(torch.cuda.current_device()):
+        pytest.skip("needs sm_90 or newer")
+    ln_ops._BWD_PLANS.clear()
+    _check(rms, (3000, n), 1, torch.bfloat16, "cuda")
+    plans = list(ln_ops._BWD_PLANS.values())
+    assert plans and all(p.eager_reduce.meta.get("launch_pdl") for p in plans)
+    assert not any(p.reduce_kernel.meta.get("launch_pdl") or p.kernel.meta["PDL_WAIT"] for p in plans)
     x = torch.randn(4096, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
     fn = (lambda: fused_rms_norm(x, (n,), w)) if rms else (lambda: fused_layer_norm(x, (n,), w))
-    with config_override("layer_norm", bwd_pdl=0):
+    use_pdl = ln_ops._use_pdl
+    monkeypatch.setattr(ln_ops, "_use_pdl", lambda device_index: False)
+    with config_override("layer_norm"):  # (new plans: plain launches)
         want = torch.autograd.grad(fn(), (x, w), dy)
-    with config_override("layer_norm", bwd_pdl=pdl):
+    monkeypatch.setattr(ln_ops, "_use_pdl", use_pdl)
+    with config_override("layer_norm"):
         runs = [torch.autograd.grad(fn(), (x, w), dy) for _ in range(3)]  # the Python path, then the C++ node
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -926,40 +820,42 @@ def test_gpu_autocast_and_mixed_match_torch(rms):
     ref64 = (rms_norm_reference if rms else layer_norm_reference)(x.double(), (256,), ours.weight.double())
     torch.testing.assert_close(a.double(), ref64, atol=2e-2, rtol=2e-2)
 
-
 def test_tuning_table_exact_width_before_its_bucket(monkeypatch):
     """An entry for an exact width (768: GPT-2, ViT) is used for that width only; other widths of its
-    bucket (1024) keep the bucket's entry."""
-    from fused_layers.ops import layer_norm_config as cfg
+    bucket (1024) keep the bucket's entry; a norm's own entry comes before the shared one."""
+    monkeypatch.setattr(lnc, "FWD", {(2, 1024, None): FwdTile(4, 4), (2, 768, None): FwdTile(8, 8)})
+    monkeypatch.setattr(lnc, "BWD", {(2, 768, None): BwdTile(2, 2, 3, stages=3)})
+    assert lnc.fwd_config(768, 1024, 2, False) == FwdTile(8, 8)
+    assert lnc.fwd_config(1000, 1024, 2, False) == FwdTile(4, 4)
+    assert lnc.bwd_config(768, 1024, 2, True) == BwdTile(2, 2, 3, stages=3)
+    assert lnc.bwd_config(1000, 1024, 2, True) == lnc._bwd_rule(1024, 2)
+    lnc.FWD[(2, 768, lnc.LN)] = FwdTile(2, 2)  # a LayerNorm-only entry: LayerNorm takes it, RMSNorm the shared one
+    assert lnc.fwd_config(768, 1024, 2, False) == FwdTile(2, 2)
+    assert lnc.fwd_config(768, 1024, 2, True) == FwdTile(8, 8)
+    assert lnc.fwd_config(1000, 1024, 2, False) == FwdTile(4, 4)
 
-    table = dict(cfg._TUNED)
-    table[(2, 1024, "fwd")] = {"fwd_block_m": 4, "fwd_warps": 4}
-    table[(2, 768, "fwd")] = {"fwd_block_m": 8, "fwd_warps": 8}
-    table[(2, 768, "bwd")] = {"bwd_block_m": 2, "bwd_warps": 2, "bwd_progs_per_sm": 3, "bwd_stages": 3}
-    monkeypatch.setattr(cfg, "_TUNED", table)
-    assert cfg._fwd_config(1024, 2, 768) == (True, 8, 8)
-    assert cfg._fwd_config(1024, 2, 1000) == (True, 4, 4)
-    assert cfg._fwd_config(1024, 2) == (True, 4, 4)
-    assert cfg._bwd_config(1024, 2, 768) == (True, 2, 2, 3)
-    assert cfg._bwd_stages(1024, 2, 768) == 3
-    assert cfg._bwd_stages(1024, 2, 1000) == cfg._bwd_stages(1024, 2)
-    # a LayerNorm-only entry: LayerNorm takes it, RMSNorm keeps the shared one
-    table[(2, 768, "fwd_ln")] = {"fwd_block_m": 2, "fwd_warps": 2}
-    assert cfg._fwd_config(1024, 2, 768, is_rms=False) == (True, 2, 2)
-    assert cfg._fwd_config(1024, 2, 768, is_rms=True) == (True, 8, 8)
-    assert cfg._fwd_config(1024, 2, 1000, is_rms=False) == (True, 4, 4)
+
+def test_rules_and_table_pick_the_kernel():
+    """Single block up to the rule's limits (forward 32K 16-bit / 16K fp32, backward 8K), chunked past them; the
+    table's two-pass entry at bf16 16K."""
+    assert isinstance(lnc.fwd_config(32768, 32768, 2, False), FwdTile)
+    assert isinstance(lnc.fwd_config(32769, 65536, 4, True), FwdChunks)
+    assert lnc.fwd_config(65536, 65536, 2, False) == FwdChunks(4096, 8, stages=3)
+    assert isinstance(lnc.bwd_config(8192, 8192, 4, False), BwdTile)
+    assert lnc.bwd_config(16384, 16384, 4, False) == lnc.BWD_CHUNK
+    assert lnc.bwd_config(16000, 16384, 2, True) == BwdChunks(4096, 8, 2)
 
 
 @pytest.mark.parametrize("cast_before_w", [True, False], ids=["cast_first", "weight_first"])
 def test_rms_variant_backward_with_one_row_accumulators(cast_before_w, device):
-    """The HF Llama-order RMSNorm (CAST_BEFORE_W: dW sums dy times the rounded xhat) under bwd_acc_rows, the
-    4096 bucket's default since session 7: forward and every gradient against the reference in float64."""
+    """The HF Llama-order RMSNorm (CAST_BEFORE_W: dW sums dy times the rounded xhat) with one-row accumulators, the
+    4096 bucket's form: forward and every gradient against the reference in float64."""
     from fused_layers.ops.norm_variants import fused_rms_norm_variant, rms_norm_variant_reference
 
     x = (torch.randn(7, 131, device=device) * 2 + 0.5).to(torch.bfloat16).requires_grad_(True)
     w = torch.randn(131, device=device, dtype=torch.bfloat16).requires_grad_(True)
     dy = torch.randn(7, 131, device=device, dtype=torch.bfloat16)
-    with config_override("layer_norm", **NARROW_TILES, bwd_acc_rows=1, bwd_stages=2):
+    with config_override("layer_norm", fwd=FwdTile(2, 4), bwd=BwdTile(2, 4, 1, stages=2, acc_rows=True), programs=3):
         y = fused_rms_norm_variant(x, w, 1e-6, cast_before_weight=cast_before_w)
         gx, gw = torch.autograd.grad(y, (x, w), dy)
     x64, w64 = (t.detach().double().requires_grad_(True) for t in (x, w))
@@ -971,7 +867,7 @@ def test_rms_variant_backward_with_one_row_accumulators(cast_before_w, device):
 
 
 # --------------------------------------------------------------------------------------------------
-# The Gluon row backward (ops/layer_norm_gluon.py, opt-in bwd_gluon; session 17): GPU only (Gluon has no interpreter)
+# The Gluon row backward (ops/layer_norm_gluon.py): GPU only (Gluon has no interpreter)
 # --------------------------------------------------------------------------------------------------
 def _gluon_ok():
     from fused_layers.ops import layer_norm_gluon as lg
@@ -989,76 +885,39 @@ def test_gluon_row_backward_refuses_what_it_does_not_take():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("n,dtype", [(16384, torch.bfloat16), (8192, torch.bfloat16), (4096, torch.float32),
-                                     (8192, torch.float16)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("rows", [1, 131, 600])
-def test_gpu_gluon_row_backward(rms, n, dtype, rows, monkeypatch):
-    """bwd_gluon=1: the Gluon row backward runs (spied) and every gradient matches float64, for fewer rows than SMs
-    (one row; 131), several rows a program, with and without the weight / bias, fp32 weights under bf16 x."""
+def test_gpu_gluon_row_backward(rms, dtype, rows, monkeypatch):
+    """16K rows (the default): the Gluon row backward runs (spied) and every gradient matches float64, for fewer rows
+    than SMs (one row; 131), several rows a program, with and without the weight / bias, fp32 weights under bf16 x,
+    two normalized dims."""
     if not _gluon_ok():
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers.ops import layer_norm_gluon as lg
 
+    n = 16384
     calls = []
     orig = lg.norm_backward_rows
     monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(1) or orig(*a, **k))
-    with config_override("layer_norm", bwd_gluon=1):
-        ln_ops._BWD_PLANS.clear()
-        _check(rms, (rows, n), 1, dtype, "cuda")
-        assert calls, "the Gluon row backward did not run"
-        _check(rms, (rows, n), 1, dtype, "cuda", affine=False)
-        if dtype == torch.bfloat16:
-            _check(rms, (rows, n), 1, dtype, "cuda", param_dtype=torch.float32)
-            _check(rms, (2, rows, n // 4, 4), 2, dtype, "cuda")  # two normalized dims
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("n,stages,db_smem,warps,w_f32,extra", [
-    (16384, 2, 1, 16, 0, ""), (16384, 3, 0, 16, 0, ""), (8192, 2, 1, 16, 0, ""), (8192, 3, 1, 16, 0, ""),
-    (8192, 4, 0, 16, 0, ""), (16384, 2, 0, 16, 1, ""), (8192, 2, 0, 16, 1, ""), (16384, 2, 0, 32, 0, ""),
-    (16384, 2, 1, 32, 0, ""), (16384, 2, 0, 32, 1, ""), (8192, 2, 0, 32, 0, ""), (16384, 2, 0, 16, 0, "device_desc"),
-    (8192, 2, 0, 16, 1, "device_desc"), (16384, 2, 0, 16, 0, "smem_sums"), (8192, 2, 1, 16, 0, "smem_sums"),
-    (16384, 2, 0, 16, 0, "fold_mean"), (16384, 2, 0, 16, 0, "smem_sums+fold_mean"), (8192, 2, 1, 16, 0, "fold_mean"),
-    (16384, 2, 0, 16, 0, "pdl1"), (16384, 2, 0, 16, 0, "smem_sums+fold_mean+pdl2"), (8192, 2, 0, 16, 0, "pdl2")],
-    ids=str)
-def test_gpu_gluon_row_backward_variants(rms, n, stages, db_smem, warps, w_f32, extra, monkeypatch):
-    """The variants the sweep tries (layer_norm_config.GluonVariant's fields as bwd_gluon_<field>: rows in the ring,
-    dB accumulated in shared memory, warps, the weight held as float32, device-side descriptors, the row sums through
-    one shared buffer): right against float64, one row and several a program, bf16 and float32 weights, no weight."""
-    if not _gluon_ok():
-        pytest.skip("needs an sm_90 GPU and Gluon")
-    from fused_layers.ops import layer_norm_gluon as lg
-
-    calls = []
-    orig = lg.norm_backward_rows
-    monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(a[-9:-1]) or orig(*a, **k))
-    extra = set(extra.split("+"))
-    flags = dict(bwd_gluon_device_desc=int("device_desc" in extra), bwd_gluon_smem_sums=int("smem_sums" in extra),
-                 bwd_gluon_fold_mean=int("fold_mean" in extra))
-    pdl = 2 if "pdl2" in extra else int("pdl1" in extra)  # programmatic dependent launch (session 20)
-    with config_override("layer_norm", bwd_gluon=1, bwd_gluon_stages=stages, bwd_gluon_db_smem=db_smem,
-                         bwd_gluon_warps=warps, bwd_gluon_w_f32=w_f32, bwd_gluon_pdl=pdl, **flags):
-        ln_ops._BWD_PLANS.clear()
-        for rows in (1, 600):
-            _check(rms, (rows, n), 1, torch.bfloat16, "cuda")
-        want = (stages, bool(db_smem), warps, bool(w_f32), *(bool(v) for v in flags.values()), pdl)
-        assert calls and tuple(calls[0]) == want, calls
-        _check(rms, (300, n), 1, torch.bfloat16, "cuda", param_dtype=torch.float32)
-        _check(rms, (300, n), 1, torch.bfloat16, "cuda", affine=False)
+    ln_ops._BWD_PLANS.clear()
+    _check(rms, (rows, n), 1, dtype, "cuda")
+    assert calls, "the Gluon row backward did not run"
+    _check(rms, (rows, n), 1, dtype, "cuda", affine=False)
+    if dtype == torch.bfloat16:
+        _check(rms, (rows, n), 1, dtype, "cuda", param_dtype=torch.float32)
+        _check(rms, (2, rows, n // 4, 4), 2, dtype, "cuda")  # two normalized dims
 
 
 @pytest.mark.gpu
 def test_gpu_gluon_row_backward_falls_back():
-    """Where the Gluon row backward does not apply (a width not a multiple of 4,096, a strided row, CAST_BEFORE_W),
-    bwd_gluon=1 leaves the call to the Triton kernels: right answers."""
+    """Rows of the 16K bucket the Gluon row backward does not take (a width not a multiple of 4,096, a strided row)
+    go to the Triton kernels: right answers."""
     if not _gluon_ok():
         pytest.skip("needs an sm_90 GPU and Gluon")
-    with config_override("layer_norm", bwd_gluon=1):
-        _check(False, (64, 16384 + 256), 1, torch.bfloat16, "cuda")
-        _check(True, (64, 20011), 1, torch.bfloat16, "cuda")
-        _check(False, (64, 16384), 1, torch.bfloat16, "cuda", make_x=lambda s, d, dev: torch.randn(
-            s[0], 2 * s[1], dtype=d, device=dev)[:, ::2] * 2 + 0.5)
+    _check(False, (64, 16384 - 256), 1, torch.bfloat16, "cuda")
+    _check(True, (64, 12289), 1, torch.bfloat16, "cuda")
+    _check(False, (64, 16384), 1, torch.bfloat16, "cuda", make_x=lambda s, d, dev: torch.randn(
+        s[0], 2 * s[1], dtype=d, device=dev)[:, ::2] * 2 + 0.5)
 
 
 @pytest.mark.gpu
@@ -1069,22 +928,7 @@ def test_gpu_gluon_row_backward_deterministic():
     mod = FusedLayerNorm(16384, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(512, 16384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
-    with config_override("layer_norm", bwd_gluon=1):
-        first = torch.autograd.grad(mod(x), (x, mod.weight, mod.bias), dy)
-        again = torch.autograd.grad(mod(x), (x, mod.weight, mod.bias), dy)
+    first = torch.autograd.grad(mod(x), (x, mod.weight, mod.bias), dy)
+    again = torch.autograd.grad(mod(x), (x, mod.weight, mod.bias), dy)
     for a, b in zip(first, again):
         assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(1, 1000), (5, 257), (3, 4099)])
-def test_packed_forward_candidate(rms, dtype, shape, device):
-    """The PACKED single-block forward (config_override fwd_packed, a session-21 candidate, not a default): the
-    16-bit row held as loaded and converted at each pass; output, statistics (through the backward) and every
-    gradient against float64, affine and not, on ragged widths."""
-    with config_override("layer_norm", fwd_packed=1):
-        ln_ops._FWD_PLANS.clear()
-        _check(rms, shape, 1, dtype, device)
-        _check(rms, shape, 1, dtype, device, affine=False)
-        assert all(p.kernel.meta["PACKED"] for p in ln_ops._FWD_PLANS.values() if p.kernel is not None)

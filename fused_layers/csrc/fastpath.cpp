@@ -1,9 +1,9 @@
 // C++ fast path of the eager ops: an autograd node in C++ that launches the kernels Triton compiled.
 //
-// Why (issue 9, benchmarks/results/issue9/run6_host/): on the H200 host, LayerNorm fwd+bwd through a
-// Python torch.autograd.Function costs 222 us a call with every launch stubbed out, more than PyTorch's
-// whole fwd+bwd (171 us).  The autograd engine runs a CUDA node's backward on its device thread, and a
-// Python node makes that thread take the GIL and run Python.  Here the node (hand-written, as PyTorch's
+// Why: on the H200 host, LayerNorm fwd+bwd through a Python torch.autograd.Function costs 222 us a call
+// with every launch stubbed out, more than PyTorch's whole fwd+bwd (171 us).  The autograd engine runs a
+// CUDA node's backward on its device thread, and a Python node makes that thread take the GIL and run
+// Python.  Here the node (hand-written, as PyTorch's
 // generated ones: torch::autograd::Function cost more than it saved), the allocations and the launches
 // are C++, and so is the lookup of a registered shape's plan (norm_fast, softmax_fast, attention_fast).
 //
@@ -422,7 +422,7 @@ int64_t register_norm(int64_t fwd, int64_t bwd, int64_t red, int64_t nstats, int
 
 // The norm's autograd node.  A hand-written torch::autograd::Node, as PyTorch's generated nodes are
 // (NativeLayerNormBackward0): torch::autograd::Function (CppNode) cost 17 us more per forward and 58 us
-// more per backward than aten's node on the H200 host (benchmarks/results/issue9/run7_cpp_diag/).
+// more per backward than aten's node on the H200 host.
 struct NormBackward : public Node {
   SavedVariable x_, w_, b_, stats_;
   int64_t plan_ = 0;

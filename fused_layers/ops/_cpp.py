@@ -1,6 +1,6 @@
 """The C++ fast path of the eager ops (``fused_layers/csrc/fastpath.cpp``): on by default where it builds.
 
-Issue 9: a Python ``torch.autograd.Function`` costs more host time per call than PyTorch's whole op. On the
+Why: a Python ``torch.autograd.Function`` costs more host time per call than PyTorch's whole op. On the
 H200 host, LayerNorm fwd+bwd with every launch stubbed out cost 222 us against aten's 171 us for everything.
 The extension puts the autograd node, the allocations and the launches in C++. The kernels stay the ones
 Triton compiled: the first call of a plan runs the Python path (Triton compiles and ``Kernel`` binds), then
@@ -19,9 +19,8 @@ shape / dtypes / device and runs it, or returns None for anything else (the Pyth
 Not covered: compiled autograd (``torch._dynamo.compiled_autograd``) cannot trace the C++ nodes, so no C++ node
 is made while it is active (``eager_ok``): those calls run the Python path.
 
-Measured on the H200 (-O3 build, benchmarks/results/issue9/run8_host_paired/): 0.50-1.05x of PyTorch's host
-cost per call (LayerNorm fwd+bwd 0.92x) against 1.38-2.25x for the Python path; every GPU test green with it on
-(run8_cpp_default_tests/).  ``FUSED_LAYERS_CPP=0`` turns it off; it is off under the Triton interpreter.
+Measured on the H200 (-O3 build): 0.50-1.05x of PyTorch's host cost per call (LayerNorm fwd+bwd 0.92x) against
+1.38-2.25x for the Python path.  ``FUSED_LAYERS_CPP=0`` turns it off; it is off under the Triton interpreter.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
 
 # On by default (FUSED_LAYERS_CPP unset) except under the Triton interpreter (no compiled kernels to register);
 # FUSED_LAYERS_CPP=0 turns it off, =1 forces it on.
@@ -101,6 +101,7 @@ def _build_lock(name: str):
     released by the kernel when its process dies, so inside it any torch lock file is a dead process's."""
     try:
         import fcntl
+
         from torch.utils.cpp_extension import _get_build_directory
 
         build_dir = _get_build_directory(name, verbose=False)

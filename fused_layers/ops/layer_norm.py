@@ -1,7 +1,8 @@
 r"""LayerNorm and RMSNorm over the last k dims: Triton forward and backward, for any width.
 
 The input is viewed as M rows of width N = prod(normalized_shape).  One set of kernels serves both
-norms; the constexpr ``IS_RMS`` removes the mean (and the bias) for RMSNorm.
+norms; the constexpr ``IS_RMS`` removes the mean (and the bias) for RMSNorm.  Which kernel and what
+shape a width gets is data: ops/layer_norm_config.py.
 
 Forward.  For a row x of width N,
 
@@ -12,12 +13,9 @@ Forward.  For a row x of width N,
 mu and rstd are saved in float32 (mu only for LayerNorm).
 
 *Single block* (the row fits in registers): a program loads a tile of BLOCK_M rows x BLOCK_N columns
-once, computes mu (plus the corrected two-pass term sum(x - mu) / N, which removes the rounding error
-of the first sum when |mu| >> std), then var from the centred values held in registers (no
-E[x^2] - E[x]^2 cancellation), and writes y: the fewest bytes (read x, write y).  With FUSED_STATS
-(layer_norm_config.FWD_FUSED_STATS, off until timed) the correction c = sum(xc) / N and sum(xc^2) come
-from one reduction of two values, xc = x - mu: sum((xc - c)^2) = sum(xc^2) - N c^2 exactly, and c is at
-the rounding level of the first sum, so nothing cancels.  That is one dependent reduction fewer per row.
+once, computes mu, then the corrected two-pass term c = sum(x - mu) / N, which removes the rounding
+error of the first sum when |mu| >> std, then var from the centred values held in registers (no
+E[x^2] - E[x]^2 cancellation), and writes y: the fewest bytes (read x, write y).
 
 *Wide rows* (``N`` above the single-block limit, no width cap): one program per row streams the row in
 chunks of BLOCK_N twice.  Pass 1 keeps per-lane Welford statistics (count, mean, M2) of x - x_0 (shifted
@@ -43,20 +41,23 @@ drops the 1/N term because it has no mean).
 tiles of BLOCK_M rows.  Per tile it reads x and dy once, writes dx (one pass per row) and adds
 dy * xhat and dy into float32 register accumulators; at the end it writes one partial row of dW and dB
 into float32 [G, N] buffers.  A second kernel sums the G partial rows column by column in a fixed
-order.  No atomics and no locks: the gradients are bitwise identical from run to run.
+order.  No atomics and no locks: the gradients are bitwise identical from run to run.  On sm_90 and
+newer, eager calls launch both kernels as programmatic dependents: the reduce's launch overlaps the row
+kernel's tail (``_use_pdl``).
 
-*Wide rows*: the row no longer fits in registers together with the dW/dB accumulators, so a row-stats
-kernel computes (c1, c2) per row first (reads x, dy), then each of the G programs loops over column
-chunks outside and its rows inside, writing dx and accumulating dW/dB per chunk (reads x, dy again).
-That costs one extra read of x and dy (5 N instead of 3 N elements per row).
+*Wide rows, two passes*: the row no longer fits in registers together with the dW/dB accumulators, so a
+row-sums kernel computes (c1, c2) per row first (reads x, dy), then each of the G programs loops over
+column chunks outside and its rows inside, writing dx and accumulating dW/dB per chunk (reads x, dy
+again): 5 N elements a row instead of 3 N.  Traced calls (torch.compile) and float32 take these.
 
-*Wide rows, one read* (eager calls; bf16 16K-128K by default since session 11, layer_norm_config.BWD_PERSIST;
-``bwd_persist`` elsewhere): ``_norm_bwd_persist_kernel`` holds a row's pieces in co-resident programs (ops/_rowsync.py,
-the wide softmax's scheme).  Each publishes its piece's partials of sum(g * xhat) and sum(g) as flagged words, waits
-for the row's words (a called wait, so the row loop is software-pipelined: the next rows' pieces load by cp.async
-meanwhile), combines them in a fixed order and writes its piece of dx; dW / dB of its columns accumulate over its
-row group's rows and are written once as that group's partial row (then the same fixed-order reduce).
-3 N elements per row, deterministic.  Traced calls keep the two-pass kernels.
+*Wide rows, one read* (eager calls, bf16 / fp16, layer_norm_config.BWD_PERSIST): ``_norm_bwd_persist_kernel``
+holds a row's pieces in co-resident programs (ops/_rowsync.py, the wide softmax's scheme).  Each
+publishes its piece's partials of sum(g * xhat) and sum(g) as one flagged word, waits for the row's
+words (a called wait, so the row loop is software-pipelined: the next rows' pieces load by cp.async
+meanwhile), combines them in a fixed order and writes its piece of dx; dW / dB of its columns
+accumulate over its row group's rows and are written once as that group's partial row (then the same
+fixed-order reduce).  3 N elements per row, deterministic.  At 16K on sm_90 the Gluon row backward
+(ops/layer_norm_gluon.py: a row in shared memory, one CTA an SM) takes the rows it supports instead.
 
 Layout.  The normalized dims must form a unit-stride row and the leading dims must merge into one row
 stride; that covers contiguous tensors and row-strided views (slices, transposes of leading dims) with
@@ -67,7 +68,8 @@ Host cost.  At large sizes a kernel takes tens of microseconds, about what a Pyt
 the per-call path is short: cheap argument checks, one dict lookup for a cached launch plan (grid,
 constexprs, num_warps, the integer arguments; keyed on shape, strides, dtype, k, which parameters
 exist, the norm, the config-override epoch and, for the backward, the device), output allocation,
-launch.  No buffer is zero-filled: every output element and every partial row is written.
+launch.  No buffer is zero-filled: every output element and every partial row is written.  Eager
+calls of registered shapes go through the C++ fast path (ops/_cpp.py) instead.
 
 Dtypes.  x in float32, float16 or bfloat16; weight and bias in x's dtype or float32 (mixed, as under
 AMP).  y and dx take x's dtype, dw / db their parameter's dtype, as ``nn.LayerNorm`` gives.  Under
@@ -87,7 +89,6 @@ the rounded xhat, dx is unchanged (the rounding passes gradients through).  Its 
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from typing import Optional, Sequence
 
@@ -96,23 +97,22 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from . import _cpp
+from . import layer_norm_config as cfg
 from ._common import (
-    bits_to_f32,
-    SUPPORTED_DTYPES,
     INTERPRET,
+    SUPPORTED_DTYPES,
     FusedShapeError,
     check_float_dtype,
     check_same_device,
     check_tensor,
     concrete,
     config_override,  # noqa: F401  (re-exported for tests: config_override("layer_norm", ...))
-    get_override,
     is_compiling,
     next_power_of_2,
     override_epoch,
     use_fallback,
 )
-from . import _cpp
 from ._library import _PLAIN, FusedOp, Kernel
 from ._rowsync import (
     balanced_pieces,
@@ -123,29 +123,10 @@ from ._rowsync import (
     publish,
     wait_row_pair_sums_call,
     wait_row_sum_call,
-    wait_row_two_sums_call,
-)
-from .layer_norm_config import (  # noqa: F401  (tests and benchmarks read the table through this module)
-    _TUNED,
-    BWD_MAX_SINGLE,
-    FWD_FUSED_STATS,
-    FWD_MAX_SINGLE,
-    _bwd_config,
-    _bwd_gluon,
-    _bwd_persist_config,
-    _bwd_pdl,
-    _bwd_persist_pack,
-    _bwd_stages,
-    _bwd_variants,
-    _fwd_config,
-    _fwd_stages,
-    _reduce_config,
-    _sm_count,
 )
 
 _LN = "fused_layer_norm"
 _RMS = "fused_rms_norm"
-_CFG = "layer_norm"  # config_override key shared by both norms
 
 
 # ==================================================================================================
@@ -199,19 +180,11 @@ def _norm_fwd_kernel(
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next power of two >= N: the whole row in one tile
     CAST_BEFORE_W: tl.constexpr = False,  # round xhat to X's dtype before the weight (HF Llama-family order)
-    FUSED_STATS: tl.constexpr = False,  # LayerNorm: the correction and the variance in one two-value reduction
-    PACKED: tl.constexpr = False,  # 16-bit x held as loaded and converted at each pass (candidate: fwd_packed)
-    ASM: tl.constexpr = False,  # PACKED: the last pass converts by inline PTX (on a GPU; never under the interpreter)
 ):
-    """Single-block forward: each program normalizes BLOCK_M full rows held in registers.
-
-    PACKED (a candidate, config_override fwd_packed / fwd_maxnreg): the row stays in registers in x's 16-bit dtype
-    and each pass converts what it reads, in a form of its own so that the compiler does not keep a float32 copy of
-    the row alive across a reduction (fpext, the bits moved up, and with ASM a PTX cvt), so that with ptxas's
-    register cap more programs fit an SM (as softmax's PACKED forward).  LayerNorm's statistics with PACKED are the
-    same corrected two-pass ones (FUSED_STATS form)."""
+    """Single-block forward: each program normalizes BLOCK_M full rows held in registers."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
+    # The program's tile: BLOCK_M rows, every column (masked past N).
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -219,57 +192,27 @@ def _norm_fwd_kernel(
     col_ok = cols < N
     mask = row_ok[:, None] & col_ok[None, :]
     r64 = rows.to(tl.int64)  # 64-bit offsets: tensors beyond 2^31 elements address correctly
-    # 0 is the identity of the sums below.
-    if PACKED:  # (see the docstring; the statistics as FUSED_STATS below)
-        xs = tl.load(X + (r64 * sx)[:, None] + cols[None, :], mask=mask, other=0.0)
-        if IS_RMS:
-            x1 = xs.to(tl.float32)
-            var = tl.sum(x1 * x1, axis=1) / N
-            xc = bits_to_f32(xs)
-        else:
-            mean = tl.sum(xs.to(tl.float32), axis=1) / N
-            xc = tl.where(mask, bits_to_f32(xs) - mean[:, None], 0.0)
-            s1, s2 = tl.reduce((xc, xc * xc), 1, _add_pair)
-            corr = s1 / N
-            var = tl.maximum(s2 / N - corr * corr, 0.0)
-            mean = mean + corr
-            if STORE_STATS:
-                tl.store(MEAN + rows, mean, mask=row_ok)
-            if ASM:
-                x3 = tl.inline_asm_elementwise("cvt.f32.bf16 $0, $1;" if xs.dtype == tl.bfloat16 else
-                                               "cvt.f32.f16 $0, $1;", "=r,h", [xs], dtype=tl.float32, is_pure=True,
-                                               pack=1)
-            else:
-                x3 = xs.to(tl.float32)
-            xc = tl.where(mask, x3 - mean[:, None], 0.0)
+    # Load x once, in float32; 0 is the identity of the sums below.
+    x = tl.load(X + (r64 * sx)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if IS_RMS:
+        xc = x
     else:
-        x = tl.load(X + (r64 * sx)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        if IS_RMS:
-            xc = x
-        else:
-            mean = tl.sum(x, axis=1) / N
-            # Padding must stay 0 after centring so that it adds nothing to the variance.
-            xc = tl.where(mask, x - mean[:, None], 0.0)
-            # Corrected two-pass: the rounding error of the first sum (large when |mean| >> std) is what
-            # the centred values still sum to; remove it (registers only, no extra memory traffic).
-            if FUSED_STATS:
-                # sum((xc - c)^2) = sum(xc^2) - N c^2 with c = sum(xc) / N, exactly; c is at the rounding
-                # level of the first sum, so the subtraction loses nothing.  One reduction of two values
-                # instead of two dependent ones: one cross-warp exchange less per row.
-                s1, s2 = tl.reduce((xc, xc * xc), 1, _add_pair)
-                corr = s1 / N
-                var = tl.maximum(s2 / N - corr * corr, 0.0)
-            else:
-                corr = tl.sum(xc, axis=1) / N
-            xc = tl.where(mask, xc - corr[:, None], 0.0)
-            mean = mean + corr
-            if STORE_STATS:  # the backward needs them; an inference forward does not
-                tl.store(MEAN + rows, mean, mask=row_ok)
-        if IS_RMS or not FUSED_STATS:
-            var = tl.sum(xc * xc, axis=1) / N
+        mean = tl.sum(x, axis=1) / N
+        # Padding must stay 0 after centring so that it adds nothing to the variance.
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        # Corrected two-pass: the rounding error of the first sum (large when |mean| >> std) is what
+        # the centred values still sum to; remove it (registers only, no extra memory traffic).
+        corr = tl.sum(xc, axis=1) / N
+        xc = tl.where(mask, xc - corr[:, None], 0.0)
+        mean = mean + corr
+        if STORE_STATS:  # the backward needs them; an inference forward does not
+            tl.store(MEAN + rows, mean, mask=row_ok)
+    # The variance from the centred values in registers: no E[x^2] - E[x]^2 cancellation.
+    var = tl.sum(xc * xc, axis=1) / N
     rstd = 1.0 / tl.sqrt(var + eps)
     if STORE_STATS:  # the backward needs them; an inference forward does not
         tl.store(RSTD + rows, rstd, mask=row_ok)
+    # y = xhat * w + b, stored in Y's dtype.
     y = xc * rstd[:, None]
     if HAS_W:
         if CAST_BEFORE_W:
@@ -292,7 +235,7 @@ def _norm_fwd_loop_kernel(
     STORE_STATS: tl.constexpr,  # write mean / rstd (False: a forward without autograd)
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
     CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_fwd_kernel
-    STAGES: tl.constexpr = 1,  # software pipelining of both chunk loops (tl.range num_stages; fwd_stages)
+    STAGES: tl.constexpr = 1,  # software pipelining of both chunk loops (tl.range num_stages)
 ):
     """Wide-row forward: one program per row; Welford pass over chunks, then a normalize pass."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
@@ -373,11 +316,11 @@ def _norm_bwd_kernel(
     BLOCK_M: tl.constexpr,  # rows per tile
     BLOCK_N: tl.constexpr,  # next power of two >= N
     CAST_BEFORE_W: tl.constexpr = False,  # the forward rounded xhat to X's dtype before the weight: dW uses that
-    STAGES: tl.constexpr = 1,  # software pipelining of the row loop (tl.range num_stages; layer_norm_config bwd_stages)
-    ACC_ROWS: tl.constexpr = False,  # dW/dB accumulators of one row [BLOCK_N]: each tile summed over its rows first (bwd_acc_rows)
-    PAIR_SUM: tl.constexpr = False,  # LayerNorm: c1 and c2 from one two-value reduction, not two (bwd_pair_sum)
-    PDL_WAIT: tl.constexpr = False,  # launched as a programmatic dependent: wait for the previous kernel first (bwd_pdl)
-    PDL_TRIGGER: tl.constexpr = False,  # let the dependent reduce launch once this program's rows are done (bwd_pdl)
+    STAGES: tl.constexpr = 1,  # software pipelining of the row loop (tl.range num_stages)
+    ACC_ROWS: tl.constexpr = False,  # dW/dB accumulators of one row [BLOCK_N]: each tile summed over its rows first
+    PAIR_SUM: tl.constexpr = False,  # LayerNorm: c1 and c2 from one two-value reduction, not two
+    PDL_WAIT: tl.constexpr = False,  # launched as a programmatic dependent: wait for the previous kernel first
+    PDL_TRIGGER: tl.constexpr = False,  # let the dependent reduce launch once this program's rows are done
 ):
     """Single-block backward: dx per row in one pass; dW/dB partial sums over this program's rows.
 
@@ -387,12 +330,13 @@ def _norm_bwd_kernel(
     over a pair, one shared-memory round trip per tile where a row spans several warps.
 
     STAGES > 1: Triton loads the next row tiles of x and dy into shared memory by cp.async while one tile
-    is reduced.  (A plain ``range`` loop with the launch option num_stages is not pipelined for loads that
-    do not feed a dot: the earlier ``bwd_stages`` sweep, which set only that option, timed identical code.)"""
+    is reduced.  (The launch option num_stages alone does not pipeline a plain ``range`` loop whose loads
+    feed no dot: ``tl.range(num_stages=...)`` does.)"""
     if PDL_WAIT:  # (programmatic dependent launch) nothing of the previous kernel's is read or overwritten before this
         tl.extra.cuda.gdc_wait()
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
     DWP, DBP = _parts_ptrs(PARTS, tl.num_programs(0), N, HAS_W)
+    # This program's rows: [row_start, row_end), walked in tiles of BLOCK_M rows.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -400,6 +344,7 @@ def _norm_bwd_kernel(
     row_end = tl.minimum(row_start + ROWS_PER_PROG, M)
     if HAS_W:
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    # float32 accumulators of dW = sum(dy * xhat) and dB = sum(dy) over the program's rows.
     if ACC_ROWS:
         dw_acc = tl.zeros([BLOCK_N], tl.float32)
         db_acc = tl.zeros([BLOCK_N], tl.float32)
@@ -411,7 +356,7 @@ def _norm_bwd_kernel(
         row_ok = rows < row_end
         mask = row_ok[:, None] & col_ok[None, :]
         r64 = rows.to(tl.int64)
-        # 0 is the identity of the row sums and of the column accumulators.
+        # Load the tile of x and dy; 0 is the identity of the row sums and of the column accumulators.
         x = tl.load(X + (r64 * sx)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + (r64 * sdy)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
@@ -424,6 +369,7 @@ def _norm_bwd_kernel(
             g = dy * w[None, :]
         else:
             g = dy
+        # The row sums c1 = sum(g xhat) / N, c2 = sum(g) / N, then dx = rstd (g - xhat c1 - c2).
         if IS_RMS:
             c1 = tl.sum(g * xhat, axis=1) / N
             dx = (g - xhat * c1[:, None]) * rstd[:, None]
@@ -437,6 +383,7 @@ def _norm_bwd_kernel(
                 c2 = tl.sum(g, axis=1) / N
             dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
         tl.store(DX + (r64 * N)[:, None] + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        # Accumulate this tile's share of dW and dB.
         if HAS_W:
             if CAST_BEFORE_W:  # dx above uses the exact xhat (the rounding passes gradients through)
                 xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
@@ -451,6 +398,7 @@ def _norm_bwd_kernel(
                 db_acc += dy
     if PDL_TRIGGER:  # the reduce may launch now; it still waits for this whole grid (and its stores) to finish
         tl.extra.cuda.gdc_launch_dependents()
+    # One partial row of dW and dB per program; _norm_reduce_partials_kernel sums them.
     if ACC_ROWS:
         dw_row = dw_acc
         db_row = db_acc
@@ -472,7 +420,6 @@ def _norm_bwd_rowstats_kernel(
     IS_RMS: tl.constexpr,
     HAS_W: tl.constexpr,
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
-    STAGES: tl.constexpr = 1,  # software pipelining of the chunk loop (tl.range num_stages; bwd_stages)
 ):
     """Wide-row backward pass 1: c1 = sum(g * xhat) / N and c2 = sum(g) / N for one row."""
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
@@ -485,9 +432,10 @@ def _norm_bwd_rowstats_kernel(
     else:
         mean = tl.load(MEAN + row)
     cols = tl.arange(0, BLOCK_N)
+    # Per-lane partial sums over the row's chunks, reduced once at the end.
     a1 = tl.zeros([BLOCK_N], tl.float32)
     a2 = tl.zeros([BLOCK_N], tl.float32)
-    for off in tl.range(0, N, BLOCK_N, num_stages=STAGES):
+    for off in tl.range(0, N, BLOCK_N, num_stages=1):  # (one chunk in flight: no cp.async ring)
         c = off + cols
         cm = c < N
         x = tl.load(xb + c, mask=cm, other=0.0).to(tl.float32)
@@ -530,31 +478,23 @@ def _xhat_g(x, dy, MEAN, RSTD, r, cm, w, IS_RMS: tl.constexpr, HAS_W: tl.constex
 
 
 @triton.jit
-def _persist_publish(SLOTS, r, SPLITS, piece, g, xhat, live, IS_RMS: tl.constexpr, PACK: tl.constexpr):
-    """Publish this piece's partial row sums of row ``r`` (sum(g * xhat), and LayerNorm's sum(g)) when ``live``:
-    one flagged word (RMSNorm; LayerNorm with PACK) or two."""
+def _persist_publish(SLOTS, r, SPLITS, piece, g, xhat, live, IS_RMS: tl.constexpr):
+    """Publish this piece's partial row sums of row ``r`` when ``live``, as one flagged word: sum(g * xhat) alone
+    (RMSNorm), or packed with sum(g) (LayerNorm: one atomic and one polled word a piece instead of two)."""
     if IS_RMS:
         publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(g * xhat, axis=0)), live)
-    elif PACK:
-        publish(SLOTS + r * SPLITS + piece, pack_sums(tl.sum(g * xhat, axis=0), tl.sum(g, axis=0)), live)
     else:
-        slot = SLOTS + (r * SPLITS + piece) * 2
-        publish(slot, pack_flagged(tl.sum(g * xhat, axis=0)), live)
-        publish(slot + 1, pack_flagged(tl.sum(g, axis=0)), live)
+        publish(SLOTS + r * SPLITS + piece, pack_sums(tl.sum(g * xhat, axis=0), tl.sum(g, axis=0)), live)
 
 
 @triton.jit
-def _persist_wait(SLOTS, r, SPLITS, N, IS_RMS: tl.constexpr, PACK: tl.constexpr):
+def _persist_wait(SLOTS, r, SPLITS, N, IS_RMS: tl.constexpr):
     """(c1, c2) = (sum(g * xhat) / N, sum(g) / N) of row ``r`` once every piece has published (c2 = 0: RMSNorm)."""
     if IS_RMS:
         c1 = wait_row_sum_call(SLOTS + r * SPLITS, SPLITS) / N
         c2 = 0.0
-    elif PACK:
-        s1, s2 = wait_row_pair_sums_call(SLOTS + r * SPLITS, SPLITS)
-        c1 = s1 / N
-        c2 = s2 / N
     else:
-        s1, s2 = wait_row_two_sums_call(SLOTS + r * SPLITS * 2, SPLITS)
+        s1, s2 = wait_row_pair_sums_call(SLOTS + r * SPLITS, SPLITS)
         c1 = s1 / N
         c2 = s2 / N
     return c1, c2
@@ -571,7 +511,6 @@ def _norm_bwd_loop_kernel(
     HAS_B: tl.constexpr,
     BLOCK_N: tl.constexpr,  # column chunk
     CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_bwd_kernel
-    STAGES: tl.constexpr = 1,  # software pipelining of the row loop (tl.range num_stages; bwd_stages)
 ):
     """Wide-row backward pass 2: column chunks outside, the program's rows inside; dx + dW/dB partials."""
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
@@ -587,9 +526,10 @@ def _norm_bwd_loop_kernel(
             w = tl.load(W + c, mask=cm, other=0.0).to(tl.float32)
         else:
             w = 0.0  # (unread)
+        # This chunk's dW / dB over the program's rows.
         dw_acc = tl.zeros([BLOCK_N], tl.float32)
         db_acc = tl.zeros([BLOCK_N], tl.float32)
-        for r64 in tl.range(row_start, row_end, num_stages=STAGES):
+        for r64 in tl.range(row_start, row_end, num_stages=1):  # (one row in flight: no cp.async ring)
             c1 = tl.load(C + r64 * 2)
             dy, xhat, g, rstd = _piece_xhat_g(X, DY, MEAN, RSTD, r64, sx, sdy, c, cm, w, IS_RMS, HAS_W)
             if IS_RMS:
@@ -614,8 +554,7 @@ def _norm_bwd_loop_kernel(
 def _norm_bwd_persist_kernel(
     X, DY, DX, W, STATS,  # as in _norm_bwd_kernel
     PARTS,  # pointer to the float32 partials: [GROUPS, N] dW rows (if HAS_W), then [GROUPS, N] dB rows (if HAS_B)
-    SLOTS,  # pointer to int64 [M, SPLITS, NW], zeroed: each piece's published partial row sums (NW: 1 RMSNorm, or
-            # LayerNorm with PACK; 2 LayerNorm)
+    SLOTS,  # pointer to int64 [M, SPLITS], zeroed: each piece's published partial row sums (one word)
     M, N, sx, sdy,
     SPLITS, PIECE,  # pieces per row, columns per piece (the last piece may be shorter)
     GROUPS,  # row groups: program g holds piece g % SPLITS of rows g // SPLITS, + GROUPS, ... (_rowsync.program_piece)
@@ -626,39 +565,34 @@ def _norm_bwd_persist_kernel(
     PHASE: tl.constexpr,  # 2 on the GPU; 0 (publish) then 1 (wait, write) under the interpreter (_rowsync)
     CAST_BEFORE_W: tl.constexpr = False,  # as in _norm_bwd_kernel
     STAGES: tl.constexpr = 1,  # software pipelining of the row loop (the wait is a call, so the pipeliner takes it)
-    PACK: tl.constexpr = False,  # LayerNorm: both partial sums in one word (_rowsync.pack_sums): one publish, one
-                                 # polled word a piece (LayerNorm default: layer_norm_config.BWD_PERSIST_PACK)
-    DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG dx: each piece's own partial sums (as if the row
-                                        # were the piece), no publish, no wait: the same loads, math and stores
-                                        # without the exchange, to time what it costs (bwd_persist_diag_nosync)
     HOLD: tl.constexpr = False,  # row k - 1's pieces held in registers: publish row k, then wait for row k - 1 and
-                                 # write it (layer_norm_config.BWD_PERSIST_HOLD; see below)
+                                 # write it (see below)
 ):
-    """Wide-row backward in one read of x and dy (layer_norm_config.BWD_PERSIST, ``bwd_persist``): the pieces of a
-    row are held by co-resident programs (ops/_rowsync.py, the wide softmax's scheme) that exchange their partial
-    row sums.
+    """Wide-row backward in one read of x and dy: the pieces of a row are held by co-resident programs
+    (ops/_rowsync.py, the wide softmax's scheme) that exchange their partial row sums.
 
-    Per row: the piece's partials of sum(g * xhat) (and LayerNorm's sum(g)) are published as flagged words;
+    Per row: the piece's partials of sum(g * xhat) (and LayerNorm's sum(g)) are published as one flagged word;
     the program waits for the row's words (a called wait: with STAGES > 1 the next rows' x / dy pieces are
     loaded by cp.async while it waits), combines them in a fixed order -- every program of the row gets the
     same c1, c2 -- and writes its piece of dx = rstd (g - xhat c1 - c2).  dW / dB of the piece's columns are
     accumulated over the group's rows in registers and written once as partial row ``group``; the reduce
     kernel sums the GROUPS rows in a fixed order.  Deterministic, no atomics on the gradients.
 
-    HOLD (the default where BWD_PERSIST_HOLD has an entry: RMSNorm 16K-64K, LayerNorm 64K; +0.04-0.11 of copy in the
-    session-13 sweep): the wait leaves the critical path.  The no-exchange diagnostic ran 0.87-0.88 of copy where
-    the default runs 0.64-0.65 at 16K-64K (session 12, issue10/run18_b/pack_sweep.txt): a third of the time is the
-    publish + wait of each row.  With HOLD, iteration k loads and publishes row k, then waits for row k - 1 --
-    which every sibling published an iteration ago -- and writes row k - 1's dx from its x / dy pieces, held in
-    registers in the input's dtype since the last iteration (no re-read).  One iteration runs past the last row
-    (its loads masked, nothing published); iteration 0 waits for its own row and writes nothing."""
+    HOLD takes the wait off the critical path (without an exchange the same loads and math would run 0.87-0.88
+    of copy where the exchanging kernel runs 0.64-0.65 at 16K-64K: a third of the time is the publish + wait of
+    each row).  Iteration k loads and publishes row k, then waits for row k - 1 -- which every sibling
+    published an iteration ago -- and writes row k - 1's dx from its x / dy pieces, held in registers in the
+    input's dtype since the last iteration (no re-read).  One iteration runs past the last row (its loads
+    masked, nothing published); iteration 0 waits for its own row and writes nothing."""
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
     DWP, DBP = _parts_ptrs(PARTS, GROUPS, N, HAS_W)
+    # This program's piece of the row and its row group.
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
     if HAS_W:
         w = tl.load(W + c64, mask=cm, other=0.0).to(tl.float32)
     else:
         w = 0.0  # (unread)
+    # dW / dB of the piece's columns over the group's rows.
     dw_acc = tl.zeros([BLOCK_N], tl.float32)
     db_acc = tl.zeros([BLOCK_N], tl.float32)
     if HOLD:
@@ -674,10 +608,10 @@ def _norm_bwd_persist_kernel(
             if PHASE != 1:  # publish row k
                 # (past the last row: the last row's statistics on zero pieces, nothing published)
                 _dy, xhat, g, _rstd = _xhat_g(x_raw, dy_raw, MEAN, RSTD, tl.minimum(r, M - 1), cm, w, IS_RMS, HAS_W)
-                _persist_publish(SLOTS, r, SPLITS, piece, g, xhat, live, IS_RMS, PACK)
+                _persist_publish(SLOTS, r, SPLITS, piece, g, xhat, live, IS_RMS)
             if PHASE != 0:  # wait for row k - 1 (iteration 0: row k itself) and write its dx from the held pieces
                 rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))
-                c1, c2 = _persist_wait(SLOTS, rp, SPLITS, N, IS_RMS, PACK)
+                c1, c2 = _persist_wait(SLOTS, rp, SPLITS, N, IS_RMS)
                 dy, xhat, g, rstd = _xhat_g(xp, dyp, MEAN, RSTD, rp, cm, w, IS_RMS, HAS_W)
                 dx = (g - xhat * c1 - c2) * rstd
                 tl.store(DX + rp * N + c64, dx.to(DX.dtype.element_ty), mask=cm & (c64 * 0 + row > group))
@@ -698,18 +632,11 @@ def _norm_bwd_persist_kernel(
     for row in tl.range(group, M, GROUPS, num_stages=STAGES):
         r = tl.cast(row, tl.int64)
         dy, xhat, g, rstd = _piece_xhat_g(X, DY, MEAN, RSTD, r, sx, sdy, c64, cm, w, IS_RMS, HAS_W)
-        if DIAG_NOSYNC:  # (diagnostic: see the argument; never a default)
-            if IS_RMS:
-                dx = (g - xhat * (tl.sum(g * xhat, axis=0) / N)) * rstd
-            else:
-                dx = (g - xhat * (tl.sum(g * xhat, axis=0) / N) - tl.sum(g, axis=0) / N) * rstd
-        else:
-            if PHASE != 1:  # publish this piece's partial sums
-                _persist_publish(SLOTS, r, SPLITS, piece, g, xhat, r < M, IS_RMS, PACK)
-            if PHASE != 0:
-                c1, c2 = _persist_wait(SLOTS, r, SPLITS, N, IS_RMS, PACK)
-                dx = (g - xhat * c1 - c2) * rstd
-        if PHASE != 0:
+        if PHASE != 1:  # publish this piece's partial sums
+            _persist_publish(SLOTS, r, SPLITS, piece, g, xhat, r < M, IS_RMS)
+        if PHASE != 0:  # wait for the row's other pieces, write this piece of dx, accumulate dW / dB
+            c1, c2 = _persist_wait(SLOTS, r, SPLITS, N, IS_RMS)
+            dx = (g - xhat * c1 - c2) * rstd
             tl.store(DX + r * N + c64, dx.to(DX.dtype.element_ty), mask=cm)
             if HAS_W:
                 if CAST_BEFORE_W:  # dx above uses the exact xhat (the rounding passes gradients through)
@@ -734,8 +661,7 @@ def _norm_reduce_partials_kernel(
     BLOCK_G: tl.constexpr,  # partial rows per loop iteration
     BLOCK_N: tl.constexpr,  # columns per program
     STAGES: tl.constexpr = 1,  # software pipelining of the loop over G (tl.range num_stages: the next tiles in flight)
-    PDL_WAIT: tl.constexpr = False,  # launched as a programmatic dependent of the backward kernel (bwd_pdl)
-    EVICT_FIRST: tl.constexpr = False,  # the partials loaded with L2 policy evict_first (read once)
+    PDL_WAIT: tl.constexpr = False,  # launched as a programmatic dependent of the backward kernel
 ):
     """Sum the G partial rows column-wise in a fixed order (deterministic), cast, store.
 
@@ -748,6 +674,7 @@ def _norm_reduce_partials_kernel(
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     gs = tl.arange(0, BLOCK_G)
+    # [BLOCK_G, BLOCK_N] accumulators, summed over their rows at the end: the order is fixed.
     dw = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
     db = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
     for g0 in tl.range(0, G, BLOCK_G, num_stages=STAGES):
@@ -756,9 +683,9 @@ def _norm_reduce_partials_kernel(
         offs = g.to(tl.int64)[:, None] * N + cols[None, :]
         # 0 is the identity of the sum
         if HAS_W:
-            dw += tl.load(DWP + offs, mask=mask, other=0.0, eviction_policy="evict_first" if EVICT_FIRST else "")
+            dw += tl.load(DWP + offs, mask=mask, other=0.0)
         if HAS_B:
-            db += tl.load(DBP + offs, mask=mask, other=0.0, eviction_policy="evict_first" if EVICT_FIRST else "")
+            db += tl.load(DBP + offs, mask=mask, other=0.0)
     if HAS_W:
         tl.store(DW + cols, tl.sum(dw, axis=0).to(DW.dtype.element_ty), mask=col_ok)
     if HAS_B:
@@ -797,9 +724,6 @@ def rms_norm_reference(x, normalized_shape, weight=None, eps=None):
 # ==================================================================================================
 # Launchers
 # ==================================================================================================
-# Configs: ops/layer_norm_config.py.
-
-
 def _row_layout(shape: Sequence[int], stride: Sequence[int], k: int) -> tuple[int, int, Optional[int]]:
     """(M, N, row stride) viewing a tensor as M rows of its last k dims; row stride None if a copy is needed.
 
@@ -876,21 +800,17 @@ def _fwd_plan(shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype, k:
     plan.kernel = plan.ints = None
     if m * n > 0:  # empty tensors launch nothing
         n_pow2 = next_power_of_2(n)
-        single, block, warps = _fwd_config(n_pow2, dtype.itemsize, n, is_rms)
+        c = cfg.fwd_config(n, n_pow2, dtype.itemsize, is_rms)
         plan.ints = (m, n, n if sx is None else sx)
         # CAST_BEFORE_W always passed: Kernel binds its fast launch only when every constexpr is in meta.
         meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, STORE_STATS=store_stats, CAST_BEFORE_W=cast_before_w,
-                    num_warps=warps)
-        if single:
-            packed = bool(get_override(_CFG, "fwd_packed", False)) and dtype.itemsize == 2  # candidate (session 21)
-            extra = dict(PACKED=packed, ASM=packed and not INTERPRET)
-            if packed and get_override(_CFG, "fwd_maxnreg", 0):
-                extra["maxnreg"] = get_override(_CFG, "fwd_maxnreg", 0)
-            plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, block),), check=(0, 1, 2, 3), BLOCK_M=block, BLOCK_N=n_pow2,
-                                 FUSED_STATS=bool(get_override(_CFG, "fwd_fused_stats", FWD_FUSED_STATS)), **extra, **meta)
+                    num_warps=c.warps)
+        if isinstance(c, cfg.FwdTile):
+            plan.kernel = Kernel(_norm_fwd_kernel, (triton.cdiv(m, c.block_m),), check=(0, 1, 2, 3),
+                                 BLOCK_M=c.block_m, BLOCK_N=n_pow2, **meta)
         else:
-            plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), check=(0, 1, 2, 3), BLOCK_N=min(block, n_pow2),
-                                 STAGES=max(1, _fwd_stages(n_pow2, dtype.itemsize, n, is_rms)), **meta)
+            plan.kernel = Kernel(_norm_fwd_loop_kernel, (m,), check=(0, 1, 2, 3), BLOCK_N=min(c.chunk, n_pow2),
+                                 STAGES=c.stages, **meta)
     if len(_FWD_PLANS) >= _MAX_PLANS:
         _FWD_PLANS.clear()
     _FWD_PLANS[key] = plan
@@ -901,8 +821,8 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
               k: int, has_w: bool, has_b: bool, is_rms: bool, device_index: int, cast_before_w: bool = False,
               persist_ok: bool = False) -> _BwdPlan:
     """Backward launch plan; cached per key.  ``persist_ok``: real tensors (eager), where wide rows may take the
-    persistent one-read kernel when configured (``_bwd_persist_config``; its grid comes from the compiled
-    binary's occupancy at the first call, ``plan.persist``); traced calls take the two-pass kernels."""
+    persistent one-read kernel (``layer_norm_config.persist_config``; its grid comes from the compiled binary's
+    occupancy at the first call, ``plan.persist``); traced calls take the two-pass kernels."""
     key = (shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w, persist_ok,
            override_epoch())
     try:
@@ -920,94 +840,89 @@ def _bwd_plan(shape: torch.Size, x_stride: tuple[int, ...], dy_stride: tuple[int
     sx = n if sx is None else sx
     sdy = n if sdy is None else sdy
     n_pow2 = next_power_of_2(n)
-    single, block, warps, per_sm = _bwd_config(n_pow2, dtype.itemsize, n, is_rms)
-    rows_unit = block if single else 1
-    g = max(1, min(per_sm * _sm_count(device_index), triton.cdiv(m, rows_unit)))
-    g = get_override(_CFG, "bwd_programs", g)
+    c = cfg.bwd_config(n, n_pow2, dtype.itemsize, is_rms)
+    single = isinstance(c, cfg.BwdTile)
+    # G programs, each over a contiguous group of rows (whole tiles of BLOCK_M rows for the single-block kernel).
+    rows_unit = c.block_m if single else 1
+    g = max(1, min(c.progs_per_sm * cfg.sm_count(device_index), triton.cdiv(m, rows_unit)))
+    g = cfg.bwd_programs(g)
     rows_per_prog = triton.cdiv(m, g)
     if single:  # round up so every program's tiles start on its own rows
-        rows_per_prog = triton.cdiv(rows_per_prog, block) * block
+        rows_per_prog = triton.cdiv(rows_per_prog, c.block_m) * c.block_m
     g = triton.cdiv(m, rows_per_prog)  # every program owns >= 1 row, so every partial row is written
     plan.g = g
     plan.nparts = (int(has_w) + int(has_b)) * g * n
     plan.ints = (m, n, sx, sdy, rows_per_prog)
-    meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, CAST_BEFORE_W=cast_before_w, num_warps=warps)
-    stages = _bwd_stages(n_pow2, dtype.itemsize, n, is_rms)
-    if stages:
-        meta["num_stages"] = stages
+    meta = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, CAST_BEFORE_W=cast_before_w, num_warps=c.warps)
+    if single and c.stages > 1:
+        meta["num_stages"] = c.stages
     plan.stats_kernel = None
     plan.persist = plan.fallback = None
-    pcfg = None if single or not persist_ok else _bwd_persist_config(n_pow2, dtype.itemsize, is_rms)
+    pcfg = None if single or not persist_ok else cfg.persist_config(n, n_pow2, dtype.itemsize, is_rms)
     if persist_ok and pcfg is None:
         # No persistent kernel for this row: one plan whatever ``persist_ok`` says, so the kernels the Python path
         # compiles are the ones the C++ fast path registers (``_cpp_register`` asks with persist_ok=False; with
-        # two plans its kernels were never compiled, it never registered, and every backward stayed on the
-        # Python path, paying a registration attempt per call: 241 us against 221 for LayerNorm fwd+bwd at
-        # (8, 768) bf16, issue9/run16_c host_h200.md).
+        # two plans its kernels were never compiled and every backward paid a registration attempt).
         plan = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w)
         _BWD_PLANS[key] = plan
         return plan
     if pcfg is not None:  # the one-read persistent kernel; the two-pass plan is its fallback
-        pblock, pwarps, per_sm_p, pstages, hold = pcfg
-        pblock = next_power_of_2(pblock)
+        pblock = next_power_of_2(pcfg.block)
         splits, piece = balanced_pieces(n, pblock)
-        plan.persist = dict(per_sm=per_sm_p, splits=splits, piece=piece, kernel=None, groups=0, reduce=None,
-                            meta=dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, BLOCK_N=pblock, CAST_BEFORE_W=cast_before_w,
-                                      STAGES=max(1, pstages), num_warps=pwarps))
-        if not is_rms and _bwd_persist_pack():  # both partial sums in one published word (see the kernel)
-            plan.persist["meta"]["PACK"] = True
-        if hold:  # publish row k, write row k - 1 (see the kernel; BWD_PERSIST_HOLD)
-            plan.persist["meta"]["HOLD"] = True
-        if get_override(_CFG, "bwd_persist_diag_nosync", False):  # diagnostic only: wrong dx (see the kernel)
-            plan.persist["meta"]["DIAG_NOSYNC"] = True
-        plan.fallback = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index, cast_before_w)
-    pdl = _pdl_level(device_index)
+        plan.persist = dict(splits=splits, piece=piece, kernel=None, groups=0, reduce=None,
+                            meta=dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, BLOCK_N=pblock,
+                                      CAST_BEFORE_W=cast_before_w, STAGES=cfg.PERSIST_STAGES, HOLD=pcfg.hold,
+                                      num_warps=pcfg.warps))
+        plan.fallback = _bwd_plan(shape, x_stride, dy_stride, dtype, k, has_w, has_b, is_rms, device_index,
+                                  cast_before_w)
+    pdl = _use_pdl(device_index)
     has_reduce = has_w or has_b
     if single:
-        acc_rows, pair_sum = _bwd_variants(n_pow2, dtype.itemsize, n, is_rms)
-        base = dict(BLOCK_M=block, BLOCK_N=n_pow2, STAGES=max(1, stages), ACC_ROWS=acc_rows,
-                    PAIR_SUM=pair_sum and not is_rms, **meta)
+        base = dict(BLOCK_M=c.block_m, BLOCK_N=n_pow2, STAGES=c.stages, ACC_ROWS=c.acc_rows,
+                    PAIR_SUM=c.pair_sum and not is_rms, **meta)
         plan.kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), PDL_WAIT=False, PDL_TRIGGER=False, **base)
         plan.eager_kernel = plan.kernel
         if pdl:  # eager launches only: Inductor cannot analyse the griddepcontrol instructions (it then takes every
             # argument for mutated), so traced launches keep plan.kernel
-            pdl_meta = dict(launch_pdl=True) if pdl >= 2 else {}
-            plan.eager_kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), PDL_WAIT=pdl >= 2,
-                                       PDL_TRIGGER=has_reduce, **pdl_meta, **base)
+            plan.eager_kernel = Kernel(_norm_bwd_kernel, (g,), check=(0, 1, 3, 4), PDL_WAIT=True,
+                                       PDL_TRIGGER=has_reduce, launch_pdl=True, **base)
     else:
-        chunk = min(block, n_pow2)
-        plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), check=(0, 1, 3, 4), BLOCK_N=chunk, STAGES=max(1, stages), **meta)
+        chunk = min(c.chunk, n_pow2)
+        plan.kernel = Kernel(_norm_bwd_loop_kernel, (g,), check=(0, 1, 3, 4), BLOCK_N=chunk, **meta)
         plan.eager_kernel = plan.kernel
-        plan.stats_kernel = Kernel(_norm_bwd_rowstats_kernel, (m,), check=(0, 1, 2, 3), IS_RMS=is_rms, HAS_W=has_w, BLOCK_N=chunk,
-                                   STAGES=max(1, stages), num_warps=warps)
+        plan.stats_kernel = Kernel(_norm_bwd_rowstats_kernel, (m,), check=(0, 1, 2, 3), IS_RMS=is_rms, HAS_W=has_w,
+                                   BLOCK_N=chunk, num_warps=c.warps)
     plan.reduce_kernel = _reduce_kernel(n, g, has_w, has_b) if has_reduce else None
-    plan.eager_reduce = _reduce_kernel(n, g, has_w, has_b, True) if has_reduce and single and pdl else plan.reduce_kernel
+    plan.eager_reduce = plan.reduce_kernel
+    if has_reduce and single and pdl:
+        plan.eager_reduce = _reduce_kernel(n, g, has_w, has_b, True)
     if len(_BWD_PLANS) >= _MAX_PLANS:
         _BWD_PLANS.clear()
     _BWD_PLANS[key] = plan
     return plan
 
 
-def _pdl_level(device_index: int) -> int:
-    """Programmatic dependent launch of the single-block backward's eager launches (layer_norm_config.BWD_PDL): 0 off,
-    1 the reduce a dependent of the row kernel, 2 the row kernel too.  Needs sm_90 or newer (griddepcontrol)."""
-    if INTERPRET or device_index < 0 or torch.cuda.get_device_capability(device_index)[0] < 9:
-        return 0
-    return _bwd_pdl()
+def _use_pdl(device_index: int) -> bool:
+    """Programmatic dependent launch of the single-block backward's eager launches: the row kernel waits for
+    whatever precedes it on the device (griddepcontrol.wait) and lets the dW / dB reduce launch after its rows, so
+    the reduce's launch overlaps the row kernel's tail instead of following it (LayerNorm 768: 0.870 of copy
+    against 0.841, do_bench of fwd+bwd minus fwd).  sm_90 and newer; the C++ fast path launches these with
+    cuLaunchKernelEx; traced launches (torch.compile) are plain."""
+    return not INTERPRET and device_index >= 0 and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def _reduce_kernel(n: int, g: int, has_w: bool, has_b: bool, pdl: bool = False) -> Kernel:
     """The fixed-order sum of G partial rows of dW / dB (``_norm_reduce_partials_kernel``); its shape from
-    ``layer_norm_config._reduce_config`` (16-column strips: many programs for a latency-bound sum).  ``pdl``: launched
-    as a programmatic dependent of the backward kernel (its launch overlaps that kernel's tail; bwd_pdl)."""
-    red_n, red_g, warps, stages, evict_first = _reduce_config(n, g)
+    ``layer_norm_config.reduce_config`` (16-column strips: many programs for a latency-bound sum).  ``pdl``:
+    launched as a programmatic dependent of the backward kernel (its launch overlaps that kernel's tail)."""
+    block_n, block_g = cfg.reduce_config(n, g)
     extra = dict(launch_pdl=True) if pdl else {}
-    return Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, red_n),), check=(1, 2), HAS_W=has_w, HAS_B=has_b,
-                  BLOCK_G=red_g, BLOCK_N=red_n, STAGES=stages, PDL_WAIT=pdl, EVICT_FIRST=evict_first,
-                  num_warps=warps, **extra)
+    return Kernel(_norm_reduce_partials_kernel, (triton.cdiv(n, block_n),), check=(1, 2), HAS_W=has_w, HAS_B=has_b,
+                  BLOCK_G=block_g, BLOCK_N=block_n, STAGES=cfg.REDUCE_STAGES, PDL_WAIT=pdl,
+                  num_warps=cfg.REDUCE_WARPS, **extra)
 
 
-def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b: bool, is_rms: bool):
+def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b: bool):
     """Run the persistent backward of ``plan`` (binding it at its first call, ``_rowsync.bind_persistent``);
     returns (partials buffer, G, reduce kernel), or None when not even one row group fits (the caller then
     takes ``plan.fallback``)."""
@@ -1015,12 +930,11 @@ def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b:
     if p.get("unfit"):
         return None
     m, n, sx, sdy = plan.m, plan.n, plan.ints[2], plan.ints[3]
-    words = 1 if is_rms or p["meta"].get("PACK") else 2  # per piece
-    slots = torch.zeros((m * p["splits"] * words,), dtype=torch.int64, device=x.device)
+    slots = torch.zeros((m * p["splits"],), dtype=torch.int64, device=x.device)  # one word a piece
     if p["kernel"] is None:
         # the partials' size depends on GROUPS: bind with the statistics buffer (float32) in their place
         args = (x, dy, dx, w, stats, stats, slots, m, n, sx, sdy, p["splits"], p["piece"])
-        bound = bind_persistent(_norm_bwd_persist_kernel, args, p["splits"], m, p["per_sm"], **p["meta"])
+        bound = bind_persistent(_norm_bwd_persist_kernel, args, p["splits"], m, cfg.PERSIST_MAX_PER_SM, **p["meta"])
         if bound is None:
             p["unfit"] = True  # decided once per plan: later calls go straight to the fallback
             return None
@@ -1035,34 +949,31 @@ def _bwd_persist_launch(plan: _BwdPlan, x, dy, dx, w, stats, has_w: bool, has_b:
     return parts, groups, p["reduce"]
 
 
-def _gluon_plan(plan: _BwdPlan, x: torch.Tensor, has_w: bool, has_b: bool, is_rms: bool):
+def _gluon_plan(plan: _BwdPlan, x: torch.Tensor, has_w: bool, has_b: bool):
     """The Gluon row backward's part of a backward plan, decided once per plan (plans are keyed on the
-    config-override epoch): False where it does not take the plan's width / dtype (BWD_GLUON, bwd_gluon), else
-    (G, its reduce kernel, its form: layer_norm_config.GluonVariant)."""
+    config-override epoch): False where the width / dtype is not its (``layer_norm_config.gluon_config``), else
+    (G, its reduce kernel: a programmatic dependent, as the Gluon kernel always launches on sm_90)."""
     if plan.gluon is None:
-        m, n = plan.m, plan.n
-        variant = None if n < 4096 or INTERPRET or not x.is_cuda else _bwd_gluon(
-            x.element_size(), next_power_of_2(n), is_rms)
         plan.gluon = False
-        if variant is not None:
-            g = min(_sm_count(x.get_device()), m)
-            plan.gluon = (g, _reduce_kernel(n, g, has_w, has_b, variant.pdl >= 1) if has_w or has_b else None, variant)
+        if not INTERPRET and x.is_cuda and cfg.gluon_config(next_power_of_2(plan.n), x.element_size()):
+            g = min(cfg.sm_count(x.get_device()), plan.m)
+            plan.gluon = (g, _reduce_kernel(plan.n, g, has_w, has_b, True) if has_w or has_b else None)
     return plan.gluon
 
 
-def _gluon_take(plan: _BwdPlan, x, x2, dy2, weight, has_w: bool, has_b: bool, is_rms: bool, cast_before_w: bool):
-    """(G, reduce kernel, form, flat weight) where the Gluon row backward takes the (M, N) rows ``x2`` / ``dy2`` of
+def _gluon_take(plan: _BwdPlan, x, x2, dy2, weight, has_w: bool, has_b: bool, cast_before_w: bool):
+    """(G, reduce kernel, flat weight) where the Gluon row backward takes the (M, N) rows ``x2`` / ``dy2`` of
     ``plan``, else None: its plan (``_gluon_plan``), then what ``layer_norm_gluon.supported`` checks."""
     from . import layer_norm_gluon as lg
 
-    gplan = _gluon_plan(plan, x, has_w, has_b, is_rms)
+    gplan = _gluon_plan(plan, x, has_w, has_b)
     if gplan is False:
         return None
-    g, reduce_kernel, v = gplan
+    g, reduce_kernel = gplan
     w = weight.contiguous().view(-1) if has_w else None
-    if lg.supported(x2, dy2, w, cast_before_w, v.stages, v.db_smem and has_b, v.warps, v.w_f32) is not None:
+    if lg.supported(x2, dy2, w, cast_before_w) is not None:
         return None
-    return g, reduce_kernel, v, w
+    return g, reduce_kernel, w
 
 
 def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has_b: bool, is_rms: bool,
@@ -1075,11 +986,11 @@ def _bwd_gluon_launch(plan: _BwdPlan, x, dy, dx, weight, stats, has_w: bool, has
     if not (x.is_contiguous() and dy.is_contiguous()):
         return None
     x2, dy2 = x.view(m, n), dy.view(m, n)
-    took = _gluon_take(plan, x, x2, dy2, weight, has_w, has_b, is_rms, cast_before_w)
+    took = _gluon_take(plan, x, x2, dy2, weight, has_w, has_b, cast_before_w)
     if took is None:
         return None
-    g, reduce_kernel, v, w = took
-    parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g, *v)
+    g, reduce_kernel, w = took
+    parts, _ = lg.norm_backward_rows(x2, dy2, dx.view(m, n), w, stats, has_b, is_rms, g)
     return parts, g, reduce_kernel
 
 
@@ -1105,7 +1016,10 @@ def norm_forward(
     plan = _fwd_plan(x.shape, x.stride(), x.dtype, k, weight is not None, bias is not None, is_rms, store_stats,
                      cast_before_w)
     y_dtype = x.dtype if out_dtype is None else out_dtype
-    y = torch.empty_like(x, dtype=y_dtype) if x.is_contiguous() else torch.empty(x.shape, dtype=y_dtype, device=x.device)
+    if x.is_contiguous():
+        y = torch.empty_like(x, dtype=y_dtype)
+    else:
+        y = torch.empty(x.shape, dtype=y_dtype, device=x.device)
     stats = torch.empty((plan.nstats,), dtype=torch.float32, device=x.device) if store_stats else x
     if plan.kernel is None:
         return y, (stats if store_stats else None)
@@ -1132,8 +1046,9 @@ def norm_backward(
 
     Allocations: dx, dw, db (no fill: every element is written), one float32 buffer of the G partial
     rows of dW then dB (no fill: each of the G programs writes its rows) and, for wide rows, the [M, 2]
-    row terms.  Launches: the dx + partials kernel and the fixed-order reduction of the partials.
-    ``cast_before_w`` as in ``norm_forward`` (dW then sums dy times the rounded xhat).
+    row terms or the persistent kernel's zeroed slots.  Launches: the dx + partials kernel(s) and the
+    fixed-order reduction of the partials.  ``cast_before_w`` as in ``norm_forward`` (dW then sums dy
+    times the rounded xhat).
     """
     has_w, has_b = weight is not None, bias is not None
     dx = torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -1151,11 +1066,12 @@ def norm_backward(
     if plan.copy_dy:
         dy = dy.contiguous()
     w = x if weight is None else weight.contiguous()
+    # Eager calls: the Gluon row backward, else the persistent kernel, where they take the rows.
     ran = None
     if persist_ok and plan.gluon is not False:
         ran = _bwd_gluon_launch(plan, x, dy, dx, weight, stats, has_w, has_b, is_rms, cast_before_w)
     if ran is None and plan.persist is not None:
-        ran = _bwd_persist_launch(plan, x, dy, dx, w, stats, has_w, has_b, is_rms)
+        ran = _bwd_persist_launch(plan, x, dy, dx, w, stats, has_w, has_b)
     if ran is not None:
         parts, g, reduce_kernel = ran
     else:
@@ -1327,7 +1243,9 @@ def _check_param(op: str, name: str, p, x: torch.Tensor, shape: tuple[int, ...])
         return
     check_tensor(op, name, p)
     if tuple(p.shape) != shape:  # (a torch.Size compared with a tuple goes through sym_eq: slow)
-        raise FusedShapeError(f"{op}: argument '{name}' must have shape {list(shape)} (normalized_shape), got {list(p.shape)}")
+        raise FusedShapeError(
+            f"{op}: argument '{name}' must have shape {list(shape)} (normalized_shape), got {list(p.shape)}"
+        )
     if p.dtype != x.dtype and p.dtype != torch.float32 and x.dtype in _KERNEL_DTYPES:
         raise TypeError(
             f"{op}: argument '{name}' has dtype {p.dtype}; with a {x.dtype} input it must be {x.dtype} or torch.float32"
@@ -1364,19 +1282,18 @@ _SCALAR_TYPE = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}  # c10::
 
 def _gluon_cpp_spec(bplan, x, weight, has_w, has_b, is_rms, cast_before_w):
     """(kernel, G, reduce kernel, TMA descriptors) of the Gluon row backward where it takes this plan's contiguous,
-    aligned rows (what the C++ fast path passes: dy made contiguous there), else None.  The descriptors: for the
-    host-descriptor form, the (pointer index, shape, strides) of x, dy and w that the C++ launch encodes at each
-    call (``_cpp.register``); none for the device-descriptor form (``device_desc``: pointers and ints only)."""
+    aligned rows (what the C++ fast path passes: dy made contiguous there), else None.  The descriptors: the
+    (pointer index, shape, strides) of x, dy and w that the C++ launch encodes at each call (``_cpp.register``)."""
     from . import layer_norm_gluon as lg
 
     m, n = bplan.m, bplan.n
     x2 = x.view(m, n)
-    took = _gluon_take(bplan, x, x2, x2, weight, has_w, has_b, is_rms, cast_before_w)
+    took = _gluon_take(bplan, x, x2, x2, weight, has_w, has_b, cast_before_w)
     if took is None:
         return None
-    g, reduce_kernel, v, w = took
-    kernel = lg.bwd_kernel(m, n, n, n, x.dtype, None if w is None else w.dtype, has_b, is_rms, g, *v)
-    return kernel, kernel.grid[0], reduce_kernel, () if v.device_desc else lg.cpp_descriptors(m, n, has_w)
+    g, reduce_kernel, w = took
+    kernel = lg.bwd_kernel(m, n, n, n, x.dtype, None if w is None else w.dtype, has_b, is_rms, g)
+    return kernel, kernel.grid[0], reduce_kernel, lg.cpp_descriptors(m, n, has_w)
 
 
 def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, out_dtype=None):
@@ -1411,7 +1328,7 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
         elif bplan.stats_kernel is not None or bplan.copy_x or bplan.copy_dy:  # wide rows: the Python path
             return False
         else:
-            # the eager launches (the ones the Python path compiled: programmatic dependents where bwd_pdl is on)
+            # the eager launches (the ones the Python path compiled: programmatic dependents on sm_90 and newer)
             specs.append((bplan.eager_kernel, (xd, xd, xd, wd, f32, f32), bplan.ints, _cpp.roles(6, len(bplan.ints))))
             if bplan.eager_reduce is not None:
                 specs.append((bplan.eager_reduce, (f32, wd, bd), (bplan.g, bplan.n), _cpp.roles(3, 2)))
@@ -1432,7 +1349,8 @@ def _cpp_register(plan, x, weight, bias, k, is_rms, grad, cast_before_w=False, o
         n = math.prod(x.shape[x.dim() - k:])
         ext.bind_norm([x.numel() // n, n, _SCALAR_TYPE[xd], _SCALAR_TYPE[wd] if has_w else -1,
                        _SCALAR_TYPE[bd] if has_b else -1, dev,
-                       int(is_rms) | (2 if grad else 0) | (4 if cast_before_w else 0) | (8 if out_dtype is not None else 0)], nid)
+                       int(is_rms) | (2 if grad else 0) | (4 if cast_before_w else 0)
+                       | (8 if out_dtype is not None else 0)], nid)
     return nid
 
 
@@ -1471,15 +1389,12 @@ def _dispatch(x, weight, bias, k, eps, is_rms):
     return norm_forward(x, weight, bias, k, eps, is_rms, False)[0]  # inference: no statistics
 
 
-# Under torch.compile the norms defer to Inductor by default: its generated LayerNorm fuses the residual
-# add and the dtype casts around the norm into one kernel, which a separate kernel cannot do.  Measured on
-# GPT-2 small (H200, B16 x 1024, benchmarks/results/issue9/e2e_h200.json): Inductor's norms took 1.78 ms
-# of GPU time per step, these kernels 2.09 ms plus 0.69 ms for the residual add Inductor then has to
-# materialize.  FUSED_LAYERS_NORM_UNDER_COMPILE=kernels makes Inductor emit these kernels instead (the
-# ops are torch.library.triton_op: Inductor sees and launches them itself).  Eager calls always run them.
-NORM_UNDER_COMPILE = os.environ.get("FUSED_LAYERS_NORM_UNDER_COMPILE", "inductor")
-if NORM_UNDER_COMPILE not in ("inductor", "kernels"):
-    raise ValueError(f"FUSED_LAYERS_NORM_UNDER_COMPILE={NORM_UNDER_COMPILE!r}; allowed: inductor, kernels")
+# Under torch.compile the norms defer to Inductor: its generated LayerNorm fuses the residual add and the dtype
+# casts around the norm into one kernel, which a separate kernel cannot do (GPT-2 small, H200, B16 x 1024:
+# Inductor's norms 1.78 ms of GPU time a step, these kernels 2.09 ms plus 0.69 ms for the residual add Inductor then
+# writes out).  Eager calls always run the kernels.  Tests set this False to have Inductor emit them (the ops are
+# torch.library.triton_op, as fused_rms_norm_variant's, which always traces into its kernels).
+_DEFER_TO_INDUCTOR = True
 
 
 def fused_layer_norm(
@@ -1496,12 +1411,12 @@ def fused_layer_norm(
     ``layer_norm``.  float64 inputs, and devices where Triton cannot run, use PyTorch.
     """
     if _cpp.ENABLED:  # a registered shape: one C++ call
-        y = _cpp.fast_call("norm_fast", input, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
-                           weight, bias, eps, False)
+        shape = (normalized_shape,) if type(normalized_shape) is int else normalized_shape
+        y = _cpp.fast_call("norm_fast", input, shape, weight, bias, eps, False)
         if y is not None:
             return y
     shape, k = _validate(_LN, input, normalized_shape, weight, bias)
-    if NORM_UNDER_COMPILE == "inductor" and is_compiling():
+    if _DEFER_TO_INDUCTOR and is_compiling():
         return F.layer_norm(input, shape, weight, bias, eps)
     x = input
     if _any_autocast():
@@ -1525,12 +1440,12 @@ def fused_rms_norm(
     dtype, autocast handled like ``rms_norm``.
     """
     if _cpp.ENABLED:  # a registered shape: one C++ call
-        y = _cpp.fast_call("norm_fast", input, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
-                           weight, None, eps, True)
+        shape = (normalized_shape,) if type(normalized_shape) is int else normalized_shape
+        y = _cpp.fast_call("norm_fast", input, shape, weight, None, eps, True)
         if y is not None:
             return y
     shape, k = _validate(_RMS, input, normalized_shape, weight, None)
-    if NORM_UNDER_COMPILE == "inductor" and is_compiling():
+    if _DEFER_TO_INDUCTOR and is_compiling():
         return F.rms_norm(input, shape, weight, eps)
     x = input
     if _any_autocast():
