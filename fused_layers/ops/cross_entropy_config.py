@@ -93,7 +93,7 @@ LINEAR_CHUNK_BYTES = 256 * 2**20
 
 def single_block(c_pow2: int) -> SingleBlock:
     """The single-block config of rows of width bucket ``c_pow2`` (narrow rows: 4096 elements a program)."""
-    cfg = SINGLE.get(max(c_pow2, 256), SingleBlock(1, 16))  # (wider: only where a test raises the limit)
+    cfg = SINGLE[max(c_pow2, 256)]
     if c_pow2 < 256:
         cfg = SingleBlock(4096 // c_pow2, cfg.num_warps)
     return cfg

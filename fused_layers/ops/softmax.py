@@ -25,11 +25,12 @@ partial dot) and combine the row's words themselves, with
 
 so every element is read once at any width.  Two forms:
 
-* register form (fp32): pipelined one row deep, rows k - 1, k, k + 1 in registers: publish row k, load row k + 1,
-  wait for row k - 1 and write it;
-* SMEM-pipelined form (16-bit; ``STAGES`` > 1): one row in registers, the next rows' loads in flight by cp.async
-  (the wait is a called function, so Triton pipelines the row loop); the 16-bit backward past ``HOLD_MIN_N`` HOLDs
-  row k - 1 in registers and writes it after publishing row k, so the wait leaves the critical path.
+* register form (fp32, but for the forward's 128K bucket): pipelined one row deep, rows k - 1, k, k + 1 in
+  registers: publish row k, load row k + 1, wait for row k - 1 and write it;
+* SMEM-pipelined form (16-bit, and that bucket; ``STAGES`` > 1): one row in registers, the next rows' loads in
+  flight by cp.async (the wait is a called function, so Triton pipelines the row loop); the 16-bit backward past
+  ``HOLD_MIN_N`` HOLDs row k - 1 in registers and writes it after publishing row k, so the wait leaves the critical
+  path.
 
 16-bit rows whose width or row stride is not a multiple of 16 elements cannot be loaded as 16-byte vectors
 (ops/_rows.py); the persistent kernels take them in the VEC8 form (``VEC_WIN`` > 0: pieces on a window of whole

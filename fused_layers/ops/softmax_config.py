@@ -115,7 +115,7 @@ HOLD_MIN_N = {("bwd", 2): 65537}
 
 def single_block(direction: str, elem: int, n_pow2: int) -> SingleBlock:
     """The single-block config of rows of width bucket ``n_pow2`` (narrow rows: 2048 elements a program)."""
-    cfg = SINGLE_BLOCK[elem].get(max(n_pow2, 256), SingleBlock(1, 32))  # (wider: only where a test raises the limit)
+    cfg = SINGLE_BLOCK[elem][max(n_pow2, 256)]
     if direction == "bwd":
         cfg = SINGLE_BLOCK_BWD.get((elem, n_pow2), cfg)
     if n_pow2 < 256:
