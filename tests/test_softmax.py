@@ -159,6 +159,13 @@ def test_misaligned_rows_routing(device):
     assert not vec8(plan(50304)) and plan(50304).persist is not None  # aligned rows: unchanged
     assert not vec8(plan(50257, torch.float32)) and plan(50257, torch.float32).persist is not None
     sm._PLANS.clear()
+    # rows along a non-last dim of a layout that is copied first: the copy's columns are strided, so no VEC8
+    x = (torch.randn(2, 3, 45, 2, device=device) * 3).permute(0, 2, 3, 1).to(torch.bfloat16)  # (2, 45, 2, 3)
+    with config_override("softmax", max_single_block=8, eager_max_single_block=8, persist_block=16):
+        p = sm._plan(x.shape, (x.stride(),), x.dtype, 1, True)
+        assert p.copy == [True] and p.persist is not None and p.persist[2]["VEC_WIN"] == 0
+        _check(x, 1)
+    sm._PLANS.clear()
     # right answers on the piece-wise route (small shapes under the interpreter: the rule is the same at any width)
     with config_override("softmax", max_single_block=64, eager_max_single_block=64):
         x = (torch.randn(5, 206, device=device, dtype=torch.bfloat16) * 4)[:, :203]  # rows 206 apart: no window
