@@ -48,16 +48,16 @@ def _run_every_op(device):
     FF.fused_attention(q, k, v, is_causal=True).square().sum().backward()
     FF.fused_attention(q, k, v, attn_mask=mask).square().sum().backward()
     FF.fused_attention(q, k, v, dropout_p=0.1).square().sum().backward()
-    # the persistent wide-row kernels (ops/_rowsync.bind_persistent), plain and VEC8 (16-bit rows of 45 columns)
+    # the wide-row kernels (persistent: ops/_rowsync.bind_persistent), VEC8 (16-bit rows of 45 columns) and plain (48)
     from fused_layers.ops._common import config_override
 
-    xb = torch.randn(5, 45, device=device, dtype=torch.bfloat16, requires_grad=True)
-    tb = torch.randint(0, 45, (5,), device=device)
-    for over in ({}, {"misaligned_vec8": False}):
-        with config_override("cross_entropy", max_single=16, wide_mode=3, persist_block=16, **over):
+    for n in (45, 48):
+        xb = torch.randn(5, n, device=device, dtype=torch.bfloat16, requires_grad=True)
+        tb = torch.randint(0, n, (5,), device=device)
+        with config_override("cross_entropy", max_single=16, persist_block=16):
             FF.fused_cross_entropy(xb, tb).backward()
             FF.fused_cross_entropy(x, t).backward()
-        with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, **over):
+        with config_override("softmax", max_single_block=8, persist_block=16):
             FF.fused_softmax(xb, -1).square().sum().backward()
             FF.fused_softmax(x, -1).square().sum().backward()
 

@@ -1,33 +1,50 @@
-"""FusedSoftmax / fused_softmax against a float64 reference: outputs and gradients."""
+"""FusedSoftmax / fused_softmax against a float64 reference: outputs and gradients.
+
+Small rows on the interpreter: ``config_override("softmax", ...)`` shrinks the single-block limit and the tiles so
+that the default wide-row kernels run at small widths; eager calls take the persistent kernels, traced calls (the
+launchers with ``persist_ok=False``, what Inductor emits) the piece-wise ones."""
 
 import pytest
 import torch
+from conftest import TOL
 from torch import nn
 
-from conftest import TOL
 from fused_layers import FusedSoftmax, fused_softmax
+from fused_layers.ops import softmax as sm
 from fused_layers.ops._common import config_override
+from fused_layers.ops._rows import rows_misaligned, vec8_window
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# Small on the interpreter; the streaming path is reached by forcing small blocks below.
 SHAPES = [(1, 1), (1, 7), (3, 31), (4, 64), (5, 65), (2, 129), (6, 257)]
+# Wide rows at small widths: 16-column pieces and chunks.
+WIDE = dict(max_single_block=8, eager_max_single_block=8, persist_block=16, wide_block=8, wide_piece=16)
 
 
-def _check(x: torch.Tensor, dim: int, fn=fused_softmax, grad=True):
-    """Output and input gradient of fn(x, dim) against float64 torch.softmax."""
+def _check(x: torch.Tensor, dim: int, fn=fused_softmax, grad=True, traced=False):
+    """Output and input gradient of fn(x, dim) against float64 torch.softmax; ``traced``: through the launchers on
+    the route of a traced call (the piece-wise kernels for wide rows)."""
     atol, rtol = TOL[x.dtype]
     xr = x.detach().double().requires_grad_(grad)
-    x = x.detach().requires_grad_(grad)
-    y = fn(x, dim)
+    x = x.detach().requires_grad_(grad and not traced)
+    d = dim % max(x.dim(), 1)
+    y = sm._forward(x, d, False) if traced else fn(x, dim)
     yr = torch.softmax(xr, dim)
     assert y.dtype == x.dtype and y.shape == x.shape
     torch.testing.assert_close(y.double(), yr, atol=atol, rtol=rtol)
     if grad:
         dy = torch.randn_like(y)
-        y.backward(dy)
+        if traced:
+            dx = sm._backward(y, dy, d, False)
+        else:
+            y.backward(dy)
+            dx = x.grad
         yr.backward(dy.double())
-        assert x.grad.dtype == x.dtype
-        torch.testing.assert_close(x.grad.double(), xr.grad, atol=atol, rtol=rtol)
+        assert dx.dtype == x.dtype
+        torch.testing.assert_close(dx.double(), xr.grad, atol=atol, rtol=rtol)
+
+
+def _persist_plans():
+    return [p for p in sm._PLANS.values() if p.persist is not None]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -39,54 +56,36 @@ def test_single_block(shape, dtype, device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [17, 64, 100, 257])
-def test_streaming_multi_block(n, dtype, device):
-    """Rows wider than the single-block limit: online softmax over chunks and pieces."""
+def test_piecewise_traced(n, dtype, device):
+    """Traced calls' wide rows: the one-launch piece-wise kernels, online softmax over chunks and pieces (one piece
+    a row, and several)."""
     x = torch.randn(3, n, device=device, dtype=dtype) * 4
     with config_override("softmax", max_single_block=8, wide_block=8):
-        _check(x, -1)
+        sm._PLANS.clear()
+        _check(x, -1, traced=True)
+        assert not _persist_plans() and all(p.wide for p in sm._PLANS.values())
     with config_override("softmax", max_single_block=8, wide_block=8, wide_piece=8):  # several pieces per row
-        _check(x, -1)
-    with config_override("softmax", max_single_block=8, wide_block=8, wide_piece=32, stages=3):  # pipelined chunk loops
-        _check(x, -1)
-    if dtype == torch.float32:  # piece-wise with every L2 hint (softmax_config.WIDE_EVICT)
-        with config_override("softmax", max_single_block=8, wide_block=8, wide_piece=16, wide_mode=0, wide_evict=7):
-            _check(x, -1)
+        _check(x, -1, traced=True)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [17, 64, 100])
-@pytest.mark.parametrize("form", ["regs", "lean", "smem", "smem_lag", "smem_lean", "smem_pair", "smem_hold"])
-def test_wide_persistent(n, dtype, form, device):
-    """Wide rows held in registers by persistent programs exchanging their partials (wide_mode=2,
-    ops/_rowsync.py): forward statistics and the backward's dot; balanced ragged pieces; several rows per
-    program (two launches on the interpreter).  Forms: pieces held ahead in registers, LEAN, and the
-    SMEM-pipelined form (persist_stages: one row in registers, the wait a function call), and its LAG variant
-    (row k - 1 written after row k is published, from a second load)."""
-    from fused_layers.ops import softmax as sm
-
-    lean, stages, lag, hold = "lean" in form, 3 if form.startswith("smem") else 1, form == "smem_lag", form == "smem_hold"
-    if stages > 1 and n == 64:
-        pytest.skip("the SMEM form: 17 and 100 columns cover its ragged pieces (CI time)")
-    if (lag or form in ("smem_lean", "smem_pair", "smem_hold")) and n == 17:
-        pytest.skip("the LAG / SMEM+LEAN / PAIR / HOLD variants: 100 columns (7 ragged pieces) cover them (CI time)")
-    if form != "regs" and dtype == torch.float16:
-        pytest.skip("fp16 loads and stores: the regs form covers them; the other forms share its I/O (CI time)")
-    if form not in ("regs", "smem") and dtype == torch.float32:
-        pytest.skip("the opt-in variants in bf16; their float32 path runs in the special-value part below (CI time)")
-    pair = form == "smem_pair"  # (7 rows over 3 row groups: pairs with and without a second row)
+@pytest.mark.parametrize("dtype,n,hold", [(torch.float32, 17, False), (torch.float32, 64, False),
+                                          (torch.float32, 100, False), (torch.float16, 48, False),
+                                          (torch.bfloat16, 112, False), (torch.bfloat16, 112, True),
+                                          (torch.float16, 48, True)])
+def test_wide_persistent(dtype, n, hold, device):
+    """Eager wide rows: persistent programs exchanging their partials (ops/_rowsync.py), forward statistics and the
+    backward's dot; balanced ragged pieces; several rows per program (two launches on the interpreter).  Forms by
+    dtype, as the defaults: float32 the register form, 16-bit the SMEM-pipelined form (aligned widths here: VEC8 is
+    below), the 16-bit backward with HOLD past hold_min_n."""
     x = torch.randn(7, n, device=device, dtype=dtype) * 4
-    # (16-bit rows of 17 / 100 columns are misaligned: misaligned_vec8 off keeps them on the form under test)
-    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_lean=lean,
-                         persist_stages=stages, persist_lag=lag, persist_pair=pair, persist_hold=hold,
-                         misaligned_vec8=False):
+    with config_override("softmax", **WIDE, **(dict(hold_min_n=1) if hold else {})):
         sm._PLANS.clear()
         _check(x, -1)
-        bound = [p for p in sm._PLANS.values() if p.persist is not None]
-        assert len(bound) == 2 and all(p.kernel is not None and p.groups >= 1 for p in bound)  # fwd and bwd ran persistent
-        assert [p.persist[2].get("LEAN", False) for p in bound].count(True) == (1 if lean else 0)  # the forward's form
-        assert all(p.persist[2].get("STAGES", 1) == stages and p.persist[2].get("LAG", False) == lag for p in bound)
-        assert [p.persist[2].get("PAIR", False) for p in bound].count(True) == (1 if pair else 0)  # the forward's
-        assert all(p.persist[2].get("HOLD", False) == hold for p in bound)  # forward and backward
+        bound = _persist_plans()
+        assert len(bound) == 2 and all(p.kernel is not None and p.groups >= 1 for p in bound)  # fwd and bwd ran
+        stages = 1 if dtype == torch.float32 else 3
+        assert all(p.persist[2]["STAGES"] == stages and p.persist[2]["VEC_WIN"] == 0 for p in bound)
+        assert [p.persist[2].get("HOLD", False) for p in bound].count(True) == (1 if hold else 0)  # the backward's
         _check(torch.randn(3, n, 5, device=device, dtype=dtype), 1)  # rows along a non-last dim
         _check(torch.randn(n, 6, device=device, dtype=dtype).t(), -1)  # strided rows
         x = x.float()
@@ -94,44 +93,42 @@ def test_wide_persistent(n, dtype, form, device):
         x[1, 5] = float("inf")  # +inf: NaN row
         x[2, : n // 2] = float("-inf")  # first pieces all -inf, later finite
         x[3, 3] = float("nan")
-        y = fused_softmax(x, -1)
-    torch.testing.assert_close(y, torch.softmax(x.double(), -1).float(), equal_nan=True, atol=1e-6, rtol=1e-5)
+        y = fused_softmax(x.to(dtype), -1)
+    torch.testing.assert_close(y.double(), torch.softmax(x.to(dtype).double(), -1), equal_nan=True, atol=TOL[dtype][0],
+                               rtol=TOL[dtype][1])
     assert torch.isnan(y[0]).all() and torch.isnan(y[1]).all() and torch.isnan(y[3]).all()
 
 
 def test_persistent_form_by_width():
-    """softmax_config._PERSIST_BY_WIDTH: the float32 forward takes the SMEM form (4K x 4 warps x 3 stages) in the 128K
-    bucket only (session 22's sweep); the register form elsewhere; the 16-bit forward 2K x 2 warps in the 32K bucket
-    (session 25); the backward forms unchanged; config overrides still win."""
-    from fused_layers.ops import softmax as sm
+    """softmax_config.PERSIST_BY_WIDTH: the float32 forward takes the SMEM form (4K x 4 warps x 3 stages) in the 128K
+    bucket only, the register form elsewhere; the 16-bit forward 2K x 2 warps in the 32K bucket; the backward forms
+    unchanged; persist_block still shrinks the pieces."""
 
     def form(n, dtype=torch.float32, fwd=True):
         shape = torch.Size([2, n])
         st = ((n, 1),) if fwd else ((n, 1), (n, 1))
         meta = sm._plan(shape, st, dtype, 1, True).persist[2]
-        return meta["BLOCK_N"], meta.get("STAGES", 1)
+        return meta["BLOCK_N"], meta["STAGES"]
 
     sm._PLANS.clear()
     assert form(100003) == (4096, 3) and form(131072) == (4096, 3)  # the 128K bucket
     assert form(65536) == (2048, 1) and form(262144) == (2048, 1)  # the register form
     assert form(100003, fwd=False) == (4096, 1)  # the float32 backward keeps its form
     assert form(100352, torch.bfloat16) == (4096, 3) and form(262144, torch.bfloat16) == (4096, 3)
-    # the 16-bit forward's 32K bucket: 2K pieces of 2-warp programs (session 25); 64K keeps 4K x 4 warps
     sm._PLANS.clear()
     meta = sm._plan(torch.Size([2, 30000]), ((30000, 1),), torch.bfloat16, 1, True).persist[2]
     assert (meta["BLOCK_N"], meta["num_warps"], meta["STAGES"]) == (2048, 2, 3)
     meta = sm._plan(torch.Size([2, 40000]), ((40000, 1),), torch.bfloat16, 1, True).persist[2]
     assert (meta["BLOCK_N"], meta["num_warps"]) == (4096, 4)
-    with config_override("softmax", persist_stages=1, persist_block=2048):
-        assert form(100003) == (2048, 1)
+    with config_override("softmax", persist_block=1024):
+        assert form(100003) == (1024, 3)
 
 
 def test_misaligned_rows_routing(device):
-    """16-bit rows whose width or row stride is not a multiple of 16 elements (softmax.rows_misaligned): eager forward
-    and backward rows whose inputs share the output's offsets mod 8 (softmax.rows_share_window) take the persistent
-    kernels' VEC8 form (softmax_config.MISALIGNED_VEC8); other such forward rows take the piece-wise kernels
-    (MISALIGNED_PIECEWISE); aligned rows, float32 and strided columns keep their routes; an explicit wide_mode wins."""
-    from fused_layers.ops import softmax as sm
+    """16-bit rows whose width or row stride is not a multiple of 16 elements (ops/_rows.py): eager forward and
+    backward rows whose inputs share the output's offsets mod 64 or 8 take the persistent kernels' VEC8 form; other
+    such forward rows take the piece-wise kernels (the backward its plain persistent form); aligned rows, float32 and
+    strided columns keep their routes."""
 
     def plan(n, dtype=torch.bfloat16, stride=None, fwd=True, dy_stride=None):
         sm._PLANS.clear()
@@ -139,43 +136,46 @@ def test_misaligned_rows_routing(device):
         return sm._plan(torch.Size([2, n]), st, dtype, 1, True)
 
     def vec8(p):
-        return p.persist is not None and bool(p.persist[2].get("VEC8"))
+        return p.persist is not None and p.persist[2]["VEC_WIN"] > 0
 
-    assert sm.rows_misaligned(torch.Size([2, 50257]), ((50257, 1),), 1, 2)
-    assert sm.rows_misaligned(torch.Size([2, 50304]), ((50312, 1),), 1, 2)  # aligned width, row stride 8 mod 16
-    assert not sm.rows_misaligned(torch.Size([2, 50304]), ((50304, 1),), 1, 2)
-    assert not sm.rows_misaligned(torch.Size([2, 50257]), ((50257, 1),), 1, 4)  # float32: unchanged
-    assert not sm.rows_misaligned(torch.Size([2, 50257, 3]), ((150771, 3, 1),), 1, 2)  # strided columns: unchanged
-    assert sm.rows_share_window(torch.Size([2, 50257]), ((50265, 1), (50257, 1)), 1)
-    assert not sm.rows_share_window(torch.Size([2, 50257]), ((50257, 1), (50260, 1)), 1)
+    assert rows_misaligned(torch.Size([2, 50257]), ((50257, 1),), 1, 2)
+    assert rows_misaligned(torch.Size([2, 50304]), ((50312, 1),), 1, 2)  # aligned width, row stride 8 mod 16
+    assert not rows_misaligned(torch.Size([2, 50304]), ((50304, 1),), 1, 2)
+    assert not rows_misaligned(torch.Size([2, 50257]), ((50257, 1),), 1, 4)  # float32: unchanged
+    assert not rows_misaligned(torch.Size([2, 50257, 3]), ((150771, 3, 1),), 1, 2)  # strided columns: unchanged
+    assert vec8_window(torch.Size([2, 50257]), ((50265, 1), (50257, 1)), 1, 2) == 8
+    assert vec8_window(torch.Size([2, 50257]), ((50257, 1), (50260, 1)), 1, 2) == 0
     for n, stride, win in ((50257, None, 64), (32001, None, 64), (100277, None, 64), (50304, 50312, 8),
                            (50257, 50265, 8), (50257, 50321, 64)):
         p = plan(n, stride=stride)
         assert vec8(p) and p.persist[2]["VEC_WIN"] == win, (n, stride)  # a 128-byte window where the rows share it
         assert p.splits * p.ints[-1] >= n + win - 1, (n, stride)  # pieces cover the row's window
         pb = plan(n, stride=stride, fwd=False)
-        assert vec8(pb) or not pb.wide, (n, stride)  # (the 16-bit backward's single block takes rows to 64K)
+        assert vec8(pb) or not pb.wide, (n, stride)
     p = plan(50257, stride=50260)  # a row stride not congruent to the output's: piece-wise forward
     assert p.persist is None and p.wide
     p = plan(50257, fwd=False, dy_stride=50260)  # ... the backward keeps its plain persistent form
     assert p.persist is not None and not vec8(p)
     assert not vec8(plan(50304)) and plan(50304).persist is not None  # aligned rows: unchanged
     assert not vec8(plan(50257, torch.float32)) and plan(50257, torch.float32).persist is not None
-    with config_override("softmax", misaligned_vec8=False):  # off: session 23's routes
-        assert plan(50257).persist is None and plan(50257, fwd=False).persist is not None
-        assert not vec8(plan(50257, fwd=False))
-    with config_override("softmax", wide_mode=0):  # an explicit wide_mode wins
-        assert plan(50257).persist is None and plan(50257, fwd=False).persist is None
+    sm._PLANS.clear()
+    # rows along a non-last dim of a layout that is copied first: the copy's columns are strided, so no VEC8
+    x = (torch.randn(2, 3, 45, 2, device=device) * 3).permute(0, 2, 3, 1).to(torch.bfloat16)  # (2, 45, 2, 3)
+    with config_override("softmax", max_single_block=8, eager_max_single_block=8, persist_block=16):
+        p = sm._plan(x.shape, (x.stride(),), x.dtype, 1, True)
+        assert p.copy == [True] and p.persist is not None and p.persist[2]["VEC_WIN"] == 0
+        _check(x, 1)
     sm._PLANS.clear()
     # right answers on the piece-wise route (small shapes under the interpreter: the rule is the same at any width)
-    with config_override("softmax", max_single_block=64, persist_max_single_block=64, misaligned_vec8=False):
-        x = torch.randn(5, 203, device=device, dtype=torch.bfloat16) * 4
+    with config_override("softmax", max_single_block=64, eager_max_single_block=64):
+        x = (torch.randn(5, 206, device=device, dtype=torch.bfloat16) * 4)[:, :203]  # rows 206 apart: no window
         _check(x, -1)
-        _check(torch.randn(5, 224, device=device, dtype=torch.bfloat16)[:, :201], -1)
+        eager = {len(k[1]): p for k, p in sm._PLANS.items() if k[4] and p.wide}  # by the number of inputs
+        assert eager[1].persist is None and eager[2].persist[2]["VEC_WIN"] == 64  # fwd piece-wise, bwd VEC8
 
 
 # Small VEC8 pieces under the interpreter: 16-column pieces, so a row of n columns spans ceil((n + 7) / 16) pieces.
-VEC8 = dict(max_single_block=8, persist_max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3)
+VEC8 = dict(max_single_block=8, eager_max_single_block=8, persist_block=16)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -185,13 +185,11 @@ def test_vec8_rows(n, pad, dtype, device):
     window, the head and tail columns as edge lanes): ragged widths, rows whose offsets cycle through every value mod
     8 (a width of 45 or 53 + 8), a width of 40 (8 mod 16: no edge on aligned rows), rows narrower than a vector;
     forward and backward against float64, with dy sliced from a wider buffer as well."""
-    from fused_layers.ops import softmax as sm
-
     x = (torch.randn(9, n + pad, device=device, dtype=dtype) * 4)[:, :n]
     with config_override("softmax", **VEC8):
         sm._PLANS.clear()
         _check(x, -1)
-        assert [p.persist[2].get("VEC8") for p in sm._PLANS.values() if p.persist is not None] == [True, True]
+        assert [p.persist[2]["VEC_WIN"] > 0 for p in _persist_plans()] == [True, True]
         y = fused_softmax(x, -1)
         dy = (torch.randn(9, n + 8, device=device, dtype=dtype))[:, :n]  # row stride n + 8: the same window
         dx = sm.softmax_backward(y, dy, 1)
@@ -215,12 +213,13 @@ def test_vec8_special_values(device):
     torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), equal_nan=True, atol=2e-3, rtol=2e-3)
 
 
-def test_wide_persistent_smem_many_pieces(device):
-    """The SMEM form's called wait combines the row's words 32 at a time (_rowsync.WAIT_CHUNK): 41 ragged pieces
-    (two chunks, the second partial), with -inf / +inf rows and a row whose first chunk of pieces is all -inf."""
-    x = torch.randn(4, 16 * 40 + 3, device=device, dtype=torch.bfloat16) * 4  # (float32 below)
+def test_wide_persistent_many_pieces(device):
+    """41 pieces a row: the SMEM form's called wait combines the row's words 32 at a time (_rowsync.WAIT_CHUNK: two
+    chunks, the second partial), the register form waits for all at once; with -inf / +inf rows and a row whose
+    first chunk of pieces is all -inf."""
+    x = torch.randn(4, 16 * 41, device=device, dtype=torch.bfloat16) * 4  # (float32 below)
     x[1, : 16 * 33] = float("-inf")  # the first chunk's pieces all -inf, the second finite
-    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3):
+    with config_override("softmax", max_single_block=8, persist_block=16):
         _check(x, -1)
         x = x.float()
         x[0, :] = float("-inf")
@@ -233,9 +232,7 @@ def test_wide_persistent_smem_many_pieces(device):
 def test_plan_shared_across_persist_flag(device):
     """A row that is not wide has one plan for eager and traced callers (so the C++ fast path registers the
     kernels the Python path launches); a wide float32 row has a persistent plan for eager calls only."""
-    from fused_layers.ops import softmax as sm
-
-    with config_override("softmax", max_single_block=8, wide_mode=2):
+    with config_override("softmax", max_single_block=8):
         for shape, wide in (((4, 8), False), ((4, 40), True)):
             st = (torch.empty(shape).stride(),)
             a = sm._plan(torch.Size(shape), st, torch.float32, 1, True)
@@ -245,14 +242,12 @@ def test_plan_shared_across_persist_flag(device):
 
 
 def test_eager_single_block_limit(device):
-    """``persist_max_single_block`` (softmax_config.PERSIST_MAX_SINGLE_BLOCK): eager calls take the persistent
-    kernels from a narrower row on than traced ones, the traced plan stays single-block, the two plans are not
-    shared either way round, and both give the right softmax."""
-    from fused_layers.ops import softmax as sm
-
+    """``eager_max_single_block`` (softmax_config.EAGER_MAX_SINGLE_BLOCK): eager calls take the persistent kernels
+    from a narrower row on than traced ones, the traced plan stays single-block, the two plans are not shared either
+    way round, and both give the right softmax."""
     shape = torch.Size((5, 37))
     st = (torch.empty(shape).stride(),)
-    with config_override("softmax", max_single_block=64, persist_max_single_block=16, wide_mode=2, persist_block=16):
+    with config_override("softmax", max_single_block=64, eager_max_single_block=16, persist_block=16):
         for first in (True, False):  # whichever caller plans first
             sm._PLANS.clear()
             a = sm._plan(shape, st, torch.float32, 1, first)
@@ -262,53 +257,44 @@ def test_eager_single_block_limit(device):
         x = torch.randn(shape, device=device) * 3
         _check(x, -1)  # eager (persistent), backward included
         assert any(p.persist is not None and p.kernel is not None for p in sm._PLANS.values())
-        with config_override("softmax", wide_mode=0):  # the limit applies only where wide rows go persistent
-            assert not sm._plan(shape, st, torch.float32, 1, True).wide
+        _check(x, -1, traced=True)  # traced (single block)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [9001, 12289, pytest.param(16384, marks=pytest.mark.gpu)])  # (ragged on the interpreter)
-def test_packed_single_block(n, dtype, device):
-    """PACKED single-block forward (softmax_config.PACKED_SINGLE_BLOCK: the 16-bit row held as loaded, converted at
-    each pass, ptxas's register cap; the default of bf16 16K-bucket forwards, fp16 through config_override): eager
-    plans take it, traced plans do not; against float64 on ragged and aligned widths, with -inf runs, an all -inf row,
-    +inf, NaN and huge logits."""
-    from fused_layers.ops import softmax as sm
-
+def test_packed_single_block(n, device):
+    """PACKED single-block forward (softmax_config.PACKED: the bf16 row held as loaded, converted at each pass,
+    ptxas's register cap; the default of eager bf16 16K-bucket forwards): eager plans take it, traced plans and fp16
+    do not; against float64 on ragged and aligned widths, with -inf runs, an all -inf row, +inf, NaN and huge
+    logits."""
     x = torch.randn(7, n, device=device) * 3
     x[1, : n // 3] = float("-inf")
     x[2] = float("-inf")
     x[3, n // 2] = float("inf")
     x[4, n - 1] = float("nan")
-    x[5] = x[5] * (1e4 if dtype == torch.bfloat16 else 2e3)  # huge, and finite in fp16
-    x = x.to(dtype)
-    on = {} if dtype == torch.bfloat16 else {"packed": 1}  # (fp16: off by default, it lost on the H200)
-    with config_override("softmax", **on):
-        st = (x.stride(),)
-        eager = sm._plan(x.shape, st, dtype, 1, True)
-        traced = sm._plan(x.shape, st, dtype, 1, False)
-        assert eager.packed and eager.kernel.meta["PACKED"] and not eager.wide
-        assert not traced.packed and not traced.kernel.meta.get("PACKED") and "maxnreg" not in traced.kernel.meta
-        y = fused_softmax(x, -1)
+    x[5] = x[5] * 1e4  # huge
+    x = x.to(torch.bfloat16)
+    st = (x.stride(),)
+    eager = sm._plan(x.shape, st, x.dtype, 1, True)
+    traced = sm._plan(x.shape, st, x.dtype, 1, False)
+    assert eager.packed and eager.kernel.meta["PACKED"] and not eager.wide
+    assert not traced.packed and not traced.kernel.meta["PACKED"] and "maxnreg" not in traced.kernel.meta
+    assert not sm._plan(x.shape, st, torch.float16, 1, True).packed
+    y = fused_softmax(x, -1)
     ref = torch.softmax(x.double(), -1)
-    atol, rtol = TOL[dtype]
+    atol, rtol = TOL[x.dtype]
     torch.testing.assert_close(y.double(), ref, equal_nan=True, atol=atol, rtol=rtol)
     assert torch.isnan(y[2]).all() and torch.isnan(y[3]).all() and torch.isnan(y[4]).all()
     assert not torch.isnan(y[[0, 1, 5, 6]]).any()
-    with config_override("softmax", **on):
-        _check(x[[0, 1, 5, 6]].contiguous(), -1)  # and the backward after it
-    if dtype == torch.float16:
-        assert not sm._plan(x.shape, st, dtype, 1, True).packed
-    with config_override("softmax", packed=0):
-        assert not sm._plan(x.shape, st, dtype, 1, True).packed
+    _check(x[[0, 1, 5, 6]].contiguous(), -1)  # and the backward after it
 
 
 @pytest.mark.parametrize("dim", [0, 1, -2, 2])
 def test_non_last_dim(dim, device):
     x = torch.randn(3, 11, 5, device=device)
     _check(x, dim)
-    with config_override("softmax", max_single_block=4, wide_block=4, wide_piece=8):
+    with config_override("softmax", max_single_block=4, persist_block=4, wide_block=4, wide_piece=8):
         _check(x, dim)
+        _check(x, dim, traced=True)
 
 
 def test_non_contiguous_inputs(device):
@@ -319,8 +305,9 @@ def test_non_contiguous_inputs(device):
     x4 = torch.randn(2, 3, 4, 5, device=device).permute(0, 2, 3, 1)  # needs the documented copy path
     _check(x4, 1)
     _check(torch.randn(4, 2, 9, device=device).transpose(0, 1)[:, 1:], -1)
-    with config_override("softmax", max_single_block=4, wide_block=4, wide_piece=8):
+    with config_override("softmax", max_single_block=4, persist_block=4, wide_block=4, wide_piece=8):
         _check(base[:, 1::2], -1)
+        _check(base[:, 1::2], -1, traced=True)
 
 
 def test_rank_and_empty(device):
@@ -335,8 +322,8 @@ def test_rank_and_empty(device):
         assert x.grad.shape == x.shape
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_special_values(stream, device):
+@pytest.mark.parametrize("route", ["single", "persistent", "traced"])
+def test_special_values(route, device):
     """-inf rows, +inf, NaN and huge logits follow torch.softmax exactly."""
     x = torch.randn(6, 23, device=device) * 2
     x[0] = float("-inf")  # all -inf: NaN row
@@ -345,9 +332,9 @@ def test_special_values(stream, device):
     x[3, 7] = float("nan")  # NaN: NaN row
     x[4] = x[4] * 1e37  # huge finite logits
     x[5, 20:] = float("-inf")  # trailing -inf
-    ctx = config_override("softmax", max_single_block=4, wide_block=4, wide_piece=8) if stream else config_override("softmax")
-    with ctx:
-        y = fused_softmax(x, -1)
+    ctx = config_override("softmax", max_single_block=4, persist_block=8, wide_block=4, wide_piece=8)
+    with ctx if route != "single" else config_override("softmax"):
+        y = sm._forward(x, 1, False) if route == "traced" else fused_softmax(x, -1)
     ref = torch.softmax(x.double(), -1).float()
     torch.testing.assert_close(y, ref, equal_nan=True, atol=1e-6, rtol=1e-5)
     assert torch.isnan(y[0]).all() and torch.isnan(y[2]).all() and torch.isnan(y[3]).all()
@@ -429,53 +416,16 @@ def test_fallback_without_triton(monkeypatch):
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [256, 1000, 1024, 4097, 32768, 65536, 100003, 262144, 1048576])
+@pytest.mark.parametrize("n", [256, 1000, 1024, 4097, 16384, 32768, 32769, 50304, 65536, 100003, 131072, 262144,
+                               1048576])
 def test_gpu_widths(n, dtype):
-    m = max(1, min(64, 2**22 // n))
+    """Every default route at real widths: single block (PACKED for bf16 16K), the persistent kernels (cooperative
+    launches, co-resident programs really waiting on each other, more rows than row groups; the register and SMEM
+    forms, HOLD) and the piece-wise kernels of traced calls."""
+    m = max(1, min(512, 2**24 // n))
     x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
     _check(x, -1)
-
-
-def test_persistent_diag_nosync_normalizes_each_piece(device):
-    """The timing diagnostic persist_diag_nosync (no exchange between a row's pieces: wrong output by design) does
-    what it says: each 16-column piece of the output sums to 1 on its own; the backward uses each piece's own dot.
-    It is never a default."""
-    from fused_layers.ops import softmax as sm
-
-    x = torch.randn(5, 48, device=device)
-    with config_override("softmax", max_single_block=8, wide_mode=2, persist_block=16, persist_stages=3,
-                         persist_diag_nosync=True):
-        sm._PLANS.clear()
-        y = sm.softmax_forward(x, 1)
-        dy = torch.randn_like(x)
-        dx = sm.softmax_backward(y, dy, 1)
-    yp, dyp = y.view(5, 3, 16), dy.view(5, 3, 16)
-    torch.testing.assert_close(yp.sum(-1), torch.ones(5, 3, device=device))
-    torch.testing.assert_close(dx.view(5, 3, 16), yp * (dyp - (yp * dyp).sum(-1, keepdim=True)))
-    sm._PLANS.clear()
-    assert not any(p.persist and p.persist[2].get("DIAG_NOSYNC") for p in sm._PLANS.values())
-    torch.testing.assert_close(fused_softmax(x, -1), torch.softmax(x, -1))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [32768 + 1, 50304, 65536, 100003, 262144, 1048576])
-@pytest.mark.parametrize("block", [None, 8192, "lean", "smem", "smem_lag", "smem_lean", "smem_pair", "smem_hold"])
-def test_gpu_wide_persistent(n, dtype, block):
-    """Persistent wide kernels on the GPU: co-resident programs really waiting on each other (cooperative
-    launch), more rows than row groups; the LEAN forward candidate, the SMEM form (the 16-bit default) and its
-    LAG candidate."""
-    m = max(1, min(512, 2**24 // n))
-    if block == "lean":
-        over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_lean=True)
-    elif block in ("smem", "smem_lag", "smem_lean", "smem_pair", "smem_hold"):
-        # (3 stages gave wrong rows at 64+ pieces a row before the called waits polled 32 words at a time, session 9)
-        over = dict(wide_mode=2, persist_block=4096, persist_warps=4, persist_stages=3, persist_lag=block == "smem_lag",
-                    persist_lean=block == "smem_lean", persist_pair=block == "smem_pair", persist_hold=block == "smem_hold")
-    else:
-        over = dict(wide_mode=2) if block is None else dict(wide_mode=2, persist_block=block, persist_warps=8)
-    with config_override("softmax", **over):
-        _check(torch.randn(m, n, device="cuda", dtype=dtype) * 3, -1)
+    _check(x, -1, traced=True)
 
 
 @pytest.mark.gpu
@@ -495,15 +445,6 @@ def test_gpu_vec8_rows(n, pad, dtype):
     torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), equal_nan=True, atol=TOL[dtype][0],
                                rtol=TOL[dtype][1])
     _check(x[4:], -1)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [32768 + 1, 65536, 262144])
-def test_gpu_wide_piecewise_l2_hints(n, dtype):
-    """The piece-wise wide kernels with every L2 hint (evict_last / evict_first loads, streaming stores)."""
-    with config_override("softmax", wide_mode=0, wide_evict=7):
-        _check(torch.randn(max(1, min(512, 2**24 // n)), n, device="cuda", dtype=dtype) * 3, -1)
 
 
 @pytest.mark.gpu
@@ -544,14 +485,12 @@ def test_gpu_non_last_dim_and_strided():
 @pytest.mark.parametrize("n,dtype,hold", [(131072, torch.bfloat16, True), (65536, torch.bfloat16, False),
                                           (262144, torch.float32, False)])
 def test_persistent_backward_hold_default(n, dtype, hold):
-    """PERSIST_HOLD_MIN_N (session 13): the 16-bit backward's SMEM form takes HOLD above 64K columns, the forward and
-    fp32 never by default; persist_hold=0 turns it off (plans only: the kernels' results are tested above)."""
-    from fused_layers.ops import softmax as sm
-
+    """softmax_config.HOLD_MIN_N: the 16-bit backward's SMEM form takes HOLD above 64K columns, the forward and fp32
+    never; hold_min_n moves the threshold (plans only: the kernels' results are tested above)."""
     shape, st = torch.Size((2, n)), (n, 1)
     bwd = sm._plan(shape, (st, st), dtype, -1, persist_ok=True)
     fwd = sm._plan(shape, (st,), dtype, -1, persist_ok=True)
-    assert bwd.persist is not None and bwd.persist[2].get("HOLD", False) == hold
-    assert fwd.persist is not None and not fwd.persist[2].get("HOLD", False)
-    with config_override("softmax", persist_hold=0):
-        assert not sm._plan(shape, (st, st), dtype, -1, persist_ok=True).persist[2].get("HOLD", False)
+    assert bwd.persist is not None and bwd.persist[2]["HOLD"] == hold
+    assert fwd.persist is not None and "HOLD" not in fwd.persist[2]
+    with config_override("softmax", hold_min_n=n + 1):
+        assert not sm._plan(shape, (st, st), dtype, -1, persist_ok=True).persist[2]["HOLD"]

@@ -1,5 +1,5 @@
-r"""Wide rows held on chip by several co-resident programs: the machinery the cross-entropy and the wide
-softmax share.
+r"""Wide rows held on chip by several co-resident programs: the machinery the wide softmax, the cross-entropy
+and the wide norm backward share.
 
 Why.  A row-wise softmax needs a statistic of the whole row (its max and sum of exponentials, or the
 dot sum(y * dy) of the backward) before it can write any element.  One program streaming a row that does
@@ -27,17 +27,17 @@ volatile polling).  Slots are zeroed before the launch, and a published word is 
 guarantee it (the softmax pair (max, sum exp) has sum >= 1 whenever max is finite, and max = -inf has
 nonzero bits; single values use ``pack_flagged``).
 
-Pipelined one row deep.  Iteration k of a program publishes row k's word, issues the load of row k + 1's
-piece, then waits for row k - 1 -- which every sibling published an iteration ago, so the wait rarely
-spins -- and writes row k - 1's output from the registers: three pieces in registers (rows k - 1, k,
-k + 1), in the input's dtype.  The first row is peeled off the loop, and the loop runs one iteration past
-the last row (for its output); the loops carry no data-dependent branch.
+Register form.  Iteration k of a program publishes row k's word, issues the load of row k + 1's piece,
+then waits for row k - 1 -- which every sibling published an iteration ago, so the wait rarely spins --
+and writes row k - 1's output from the registers: three pieces in registers (rows k - 1, k, k + 1), in the
+input's dtype.  The first row is peeled off the loop, and the loop runs one iteration past the last row
+(for its output); the loops carry no data-dependent branch.
 
-SMEM-pipelined form (opt-in, ``STAGES`` > 1 in the kernels): one row in registers; the wait is a function
-call (``wait_row_max_sum_call`` / ``wait_row_sum_call``, not inlined), so the row loop has no nested loop and
-Triton's pipeliner issues the next rows' piece loads by cp.async into shared memory while the program waits.
-The called waits poll 32 words at a time (``WAIT_CHUNK``) and use no shared memory: with a 64-word poll their
-block reduction did, and the pipelined loops computed wrong rows on the H200.
+SMEM-pipelined form (``STAGES`` > 1 in the kernels): one row in registers; the wait is a function call
+(``wait_row_max_sum_call`` / ``wait_row_sum_call``, not inlined), so the row loop has no nested loop and
+Triton's pipeliner issues the next rows' piece loads by cp.async into shared memory while the program
+waits.  The called waits poll 32 words at a time (``WAIT_CHUNK``) and use no shared memory: with a 64-word
+poll their block reduction did, and the pipelined loops computed wrong rows on the H200.
 
 The Triton interpreter runs programs one after another, so no program may wait there: kernels take a
 ``PHASE`` constexpr, 2 on the GPU (publish, wait, write in one launch) and 0 then 1 under the
@@ -75,8 +75,8 @@ def pack_flagged(a):
 @triton.jit
 def pack_sums(a, b):
     """Two float32 partial sums as one never-zero int64 word: bits(a) high, bits(b) low, a zero b published as
-    -0.0 (bit 31 set: it sums as +0.0 does), so the word is its own flag.  The wide norm backward's opt-in packed
-    form (one publish and one polled word a piece instead of two ``pack_flagged`` words)."""
+    -0.0 (bit 31 set: it sums as +0.0 does), so the word is its own flag (the wide norm backward: one publish and
+    one polled word a piece instead of two ``pack_flagged`` words)."""
     ua = a.to(tl.uint32, bitcast=True).to(tl.uint64)
     ub = b.to(tl.uint32, bitcast=True).to(tl.uint64) | ((b == 0.0).to(tl.uint64) << 31)
     return ((ua << 32) | ub).to(tl.int64, bitcast=True)
@@ -108,64 +108,9 @@ def publish_max_sum(x, SLOT, live):
 
 
 @triton.jit
-def piece_exp(x):
-    """A piece x (float32, -inf where masked) as (e, m_p, m_ps, s_p): its exponentials e = exp(x - m_ps), its max
-    m_p, m_ps = m_p (0 for an all -inf piece, so never -inf - -inf) and s_p = sum e; the exponent in FFMA form."""
-    m_p = tl.max(x, axis=0)
-    m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)
-    e = tl.exp2(x * 1.4426950408889634 - m_ps * 1.4426950408889634)
-    return e, m_p, m_ps, tl.sum(e, axis=0)
-
-
-@triton.jit
-def publish_piece(x, SLOT, live, PUBLISH: tl.constexpr, LEAN: tl.constexpr):
-    """The statistics step of the persistent forward kernels: publish (when PUBLISH and ``live``) the
-    (max, sum of exp(x - max)) of a piece x (float32, -inf where masked) at SLOT.  Returns (e, m_ps): with
-    LEAN the piece's exponentials and the max they are taken against (``piece_exp``), which the output step
-    rescales; else (x, 0), unused by the caller (which keeps the raw piece instead)."""
-    if LEAN:
-        e, m_p, m_ps, s_p = piece_exp(x)
-        if PUBLISH:
-            publish(SLOT, pack_pair(m_p, s_p), live)
-    else:
-        e = x
-        m_ps = 0.0
-        if PUBLISH:
-            publish_max_sum(x, SLOT, live)
-    return e, m_ps
-
-
-@triton.jit
-def piece_exp_scaled(x_raw, e, m_ps, ref, scale, LEAN: tl.constexpr):
-    """The output step's exp(x - ref) * scale over a piece: from the raw piece x_raw (any float dtype), or
-    (LEAN) from its exponentials e = exp(x - m_ps) of ``publish_piece``, one scalar exp2 for the piece."""
-    if LEAN:
-        out = e * (tl.exp2((m_ps - ref) * 1.4426950408889634) * scale)
-    else:
-        out = tl.exp2((x_raw.to(tl.float32) - ref) * 1.4426950408889634) * scale
-    return out
-
-
-@triton.jit
-def load_hint(ptrs, mask, other, EV: tl.constexpr):
-    """tl.load with an L2 eviction hint: EV 0 none, 1 evict_last (the data is read again soon), 2 evict_first
-    (its last use).  The two-pass wide-row kernels' opt-in hints (softmax WIDE_EVICT, cross-entropy STREAM_EVICT)."""
-    if EV == 1:
-        v = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_last")
-    elif EV == 2:
-        v = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
-    else:
-        v = tl.load(ptrs, mask=mask, other=other)
-    return v
-
-
-@triton.jit
-def store_hint(ptrs, value, mask, STREAM: tl.constexpr):
-    """tl.store, as a streaming store (``.cs``, evict-first in L2) when STREAM."""
-    if STREAM:
-        tl.store(ptrs, value, mask=mask, cache_modifier=".cs")
-    else:
-        tl.store(ptrs, value, mask=mask)
+def exp_scaled(x, ref, scale):
+    """The output step over a piece: exp(x - ref) * scale, from the raw piece x (any float dtype)."""
+    return tl.exp2((x.to(tl.float32) - ref) * 1.4426950408889634) * scale
 
 
 @triton.jit
@@ -213,7 +158,7 @@ def load_piece(BASE, r, M, INNER, so, si, sc, c64, cm, other):
 # --------------------------------------------------------------------------------------------------
 # Triton vectorizes a load (and the pipeliner's cp.async) only where it can prove 16-byte alignment: a row whose
 # first element sits at an offset that is not a multiple of 8 elements (a width or row stride not a multiple of 8:
-# 50,257, 30,522, 32,001) gets 2-byte accesses (LDG.E.U16 / STG.E.U16, benchmarks/scan_vec8.py), at half the rate of
+# 50,257, 30,522, 32,001) gets 2-byte accesses (LDG.E.U16 / STG.E.U16 in the SASS), at half the rate of
 # aligned rows or less.  A VEC8 piece is laid out on the row's *window*: window position w is element woff + w of the
 # buffer, woff = off - d the row's offset rounded down to a multiple of WIN elements (d = off % WIN; WIN = 64, a
 # 128-byte line, or 8, a 16-byte vector; ``tl.multiple_of`` lets Triton see it), so every 8 positions are one 16-byte
@@ -317,7 +262,7 @@ def wait_row_max_sum(ROW_SLOTS, SPLITS, SPLITS_P2: tl.constexpr):
 
 # The called waits poll 32 words at a time (WAIT_CHUNK): a tensor of 32 lanes is reduced within a warp, so the
 # called function uses no shared memory.  With 64+ lanes its block reduction does, and the SMEM-pipelined row loops
-# computed wrong rows on the H200 (session 9: 3+ stages, 64+ lanes; benchmarks/diag_persist_smem.py).
+# computed wrong rows on the H200 (3+ stages, 64+ lanes).
 WAIT_CHUNK = tl.constexpr(32)
 
 
@@ -473,10 +418,10 @@ def bind_persistent(fn, args: tuple, splits: int, rows: int, per_sm: int, **meta
 
 
 def with_constexpr_defaults(fn, meta: dict) -> dict:
-    """``meta`` with every defaulted constexpr of ``fn`` that it leaves out (the persistent kernels' opt-in forms:
-    LAG, HOLD, VEC8, ...) named at its default, except PHASE (set per launch): a launch through ``Kernel`` binds its
-    direct fast path only when every argument after the runtime ones is named (``Kernel._bind``; else each call pays
-    Triton's own dispatch), and Inductor's ``wrap_triton`` rejects a launch that leaves one to its default."""
+    """``meta`` with every defaulted constexpr of ``fn`` that it leaves out named at its default, except PHASE (set
+    per launch): a launch through ``Kernel`` binds its direct fast path only when every argument after the runtime
+    ones is named (``Kernel._bind``; else each call pays Triton's own dispatch), and Inductor's ``wrap_triton``
+    rejects a launch that leaves one to its default."""
     out = dict(meta)
     for name, prm in inspect.signature(getattr(fn, "fn", fn)).parameters.items():
         if (name not in out and name != "PHASE" and "constexpr" in str(prm.annotation)
@@ -494,5 +439,10 @@ def balanced_pieces(n: int, block: int) -> tuple[int, int]:
     return splits, piece
 
 
-__all__ = ["pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "piece_exp", "publish_piece", "piece_exp_scaled", "wait_row", "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call", "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_row", "vec_woff", "vec_load", "vec_step", "edge_cols", "edge_load", "max_sum2", "persistent_groups",
-           "interpreter_groups", "programs_per_sm", "bind_persistent", "with_constexpr_defaults", "balanced_pieces"]
+__all__ = [
+    "pack_pair", "pack_flagged", "pack_sums", "unpack_pair", "publish", "publish_max_sum", "exp_scaled", "wait_row",
+    "wait_row_max_sum", "wait_row_max_sum_call", "wait_row_sum_call", "wait_row_two_sums_call",
+    "wait_row_pair_sums_call", "program_piece", "piece_ptrs", "load_piece", "vec_row", "vec_woff", "vec_load",
+    "vec_step", "edge_cols", "edge_load", "max_sum2", "persistent_groups", "interpreter_groups", "programs_per_sm",
+    "bind_persistent", "with_constexpr_defaults", "balanced_pieces",
+]

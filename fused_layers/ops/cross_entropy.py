@@ -32,45 +32,28 @@ The main kernel (``_ce_fwd_kernel``), one program per BLOCK_M rows:
    itself, in its dtype), which ``_ce_sum_kernel`` reduces for ``mean`` / ``sum``;
 3. when a gradient is wanted: dx_j = (A p_j - B_j) / D, written in the logits' dtype.
 
-Rows by width (``cross_entropy_config.py``):
+Rows by width (launch configurations: ``cross_entropy_config.py``):
 
 * at most ``MAX_SINGLE`` (padded) columns: ``_ce_fwd_kernel`` loads the row once and keeps it in
   registers (one read, one write);
-* wider (default): ``_ce_fwd_kernel`` streaming one row per program in chunks of BLOCK_N, two passes.
-  Pass 1 keeps the running max and sum of exponentials per lane (``LANE_MAX``, ``_ce_fold_lanes``:
-  one exponential per element and no block reduction, so no barrier, until the row's end; without it
-  the max is per row, one block reduction per chunk) and loads chunks k + 1 (.. k + PREFETCH) before reducing chunk k:
-  with one 16-warp program per SM, about 32 KB must be in flight per SM to cover the HBM latency at
-  its share of the bandwidth (0.8 us x 32 GB/s), more than one 8K-column bf16 chunk (16 KB).
-  Pass 2 reads the row again -- from L2 while the rows in flight fit there (about 50 MB on an H200:
-  132 SMs x one 16-warp program x the row) -- walking the chunks last to first (``REVERSE``): the
-  chunks read last are the likeliest still in L2, so rows too wide for that (262K columns: 67 MB in
-  flight) still hit on their tail instead of missing on every chunk as a forward walk would under LRU;
-* alternative the benchmark sweeps (``WIDE_MODE`` 2): ``_ce_fwd_split_kernel``, pieces of a row
-  streamed by several programs with the wait only on earlier programs (the scheme of the wide
-  softmax), the second read of a piece from L2;
+* wider 16-bit rows with a gradient and class-index targets without smoothing, in eager calls:
+  ``_ce_fwd_persist_kernel``, persistent co-resident programs holding a piece of a row each and
+  exchanging (m, s) words (ops/_rowsync.py, the wide softmax's scheme): one read at any width.  One row
+  in registers, the next rows' pieces loaded ahead by cp.async while the program waits (the wait is a
+  called function, so Triton pipelines the row loop).  Rows not 16-element aligned take its VEC8 form
+  (ops/_rows.py) where the gradient shares their window, and stream where it does not;
+* of those, rows of at most 32,768 classes (a multiple of 256) on an sm_90 GPU, 2-D, reduced to mean /
+  sum with no given upstream gradient: ops/cross_entropy_gluon.py's TMA kernel, the row held in a
+  shared-memory ring (one read), where it takes the call (else the persistent kernel runs);
+* everything else wider (fp32, label smoothing, probabilities, traced calls): ``_ce_fwd_kernel``
+  streaming one row per program in chunks of BLOCK_N, two passes.  Pass 1 keeps the running max per
+  row and the sum of exponentials per lane (one block reduction a chunk, for the max), its chunk loads
+  pipelined through shared memory (``STAGES`` > 1) or one chunk ahead in registers.  Pass 2 reads the row
+  again -- from L2 while the rows in flight fit there (about 50 MB on an H200) -- walking the chunks
+  last to first: the chunks read last are the likeliest still in L2, so rows too wide for that (262K
+  columns: 67 MB in flight) still hit on their tail instead of missing on every chunk as a forward walk
+  would under LRU;
 * without a gradient: one streaming pass.
-
-* opt-in L2 hints for the stream (``STREAM_EVICT``): measured no gain (the second pass re-reads 77-88% of a
-  50K-262K row from DRAM by the counters, hints or not; a capped grid looping over the rows, tried in session 9,
-  lost and was removed);
-* ``WIDE_MODE`` 3 (the default of 16-bit logits with a gradient, class-index targets without smoothing, eager
-  calls; everything else streams): ``_ce_fwd_persist_kernel``, persistent co-resident programs holding a piece of
-  a row each and exchanging (m, s) words (ops/_rowsync.py, the wide softmax's scheme): one read at any width.
-  Its first form, the next rows' pieces held ahead in registers, measured slower than streaming (0.51-0.54 of
-  copy on the H200 against 0.63-0.65).  The SMEM-pipelined form (``STAGES`` > 1: one row in registers, the next
-  rows' pieces loaded ahead by cp.async while the program waits; the wait is a called function, so Triton
-  pipelines the row loop) measured 0.68 / 0.69 / 0.73 / 0.68 at 32K / 50K / 128K / 262K with 4 stages, against
-  the stream's 0.63 / 0.65 / 0.65 / 0.65 (cross_entropy_config.PERSIST_STAGES).
-* ``WIDE_MODE`` 4 (the default of 16-bit rows of at most 32,768 classes, a multiple of 256, since session 23;
-  ``cross_entropy_config.TMA_HOLD``): ops/softmax_gluon.py's TMA cross-entropy with the row held in a 64 KB
-  shared-memory ring, three 4-warp CTAs an SM: 0.76 / 0.80 of copy (do_bench / graph) at 32,000 against the
-  persistent kernel's 0.69 / 0.72.  It takes the call on an sm_90 GPU with 2-D logits, reduction mean / sum and
-  no given upstream gradient; otherwise the persistent kernel runs.
-
-(An earlier kernel holding the pieces of a row in registers across programs that wait for each other,
-non-persistent and without the cooperative launch, measured 0.53-0.58 of copy against 0.58-0.65 and
-relied on dispatch order for co-residency: removed.)
 
 All math is float32; the logits are read in their own dtype (no float32 copy).  The target's logit is
 read during the statistics pass, before any gradient is written, so the gradient may overwrite the
@@ -104,7 +87,7 @@ host read can be traced: there the NaN loss is the only sign.
 Layout.  A row is an (outer, inner) pair: for input (N, C, d1, ...), outer runs over N and inner over
 d1..., element (o, i, c) at ``o * sxo + i * sxi + c * sxc``: (N, C) views with any strides and
 contiguous (N, C, d...) inputs need no copy (the column stride is then d1*...: correct, but reads are
-strided); layouts that do not merge that way are copied to contiguous first (``_row_strides``).
+strided); layouts that do not merge that way are copied to contiguous first (ops/_rows.py).
 The gradient is allocated contiguous in the input's shape.
 """
 
@@ -129,31 +112,24 @@ from ._common import (
     use_fallback,
 )
 from ._library import FusedOp, Kernel
+from ._rows import contiguous_strides, row_strides, rows_misaligned, vec8_window
 from ._rowsync import (
     balanced_pieces,
     bind_persistent,
     edge_load,
-    load_hint,
-    load_piece,
+    exp_scaled,
     max_sum2,
     pack_pair,
-    piece_exp_scaled,
     piece_ptrs,
     program_piece,
     publish,
     publish_max_sum,
-    publish_piece,
-    store_hint,
-    vec_load,
     vec_step,
     vec_woff,
-    wait_row_max_sum,
     wait_row_max_sum_call,
 )
-from .softmax import _contiguous_strides, _row_strides
 
 _OP = "fused_cross_entropy"
-_LOG2E = 1.4426950408889634
 _REDUCTIONS = ("none", "mean", "sum")
 
 
@@ -166,7 +142,8 @@ def _ce_stats_update(x, m, s):
     m_new = tl.maximum(m, tl.max(x, axis=1))
     # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
     m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-    s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + tl.sum(tl.exp2((x - m_safe[:, None]) * 1.4426950408889634), axis=1)
+    s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + tl.sum(tl.exp2((x - m_safe[:, None]) * 1.4426950408889634),
+                                                                 axis=1)
     return m_new, s
 
 
@@ -214,66 +191,33 @@ def _ce_stats_chunk(xb, tb, W, off, row_ok, lim, C, sxc, stc, smoothing, m, s, s
 
 
 @triton.jit
-def _ce_load_chunk(xb, c, row_ok, lim, sxc, EV: tl.constexpr = 0):
+def _ce_load_chunk(xb, c, row_ok, lim, sxc):
     """Raw chunk x[rows, c] (logits' dtype) for columns c in [0, lim); -inf elsewhere (the identity of max,
     and exp(-inf - m) = 0 is the identity of the sum).  Columns below 0 or past lim are not read, so the
-    prefetch of the chunk after the last (or before the first) costs no traffic.  EV: L2 eviction hint of
-    the load (0 none, 1 evict_last: keep for the re-read, 2 evict_first: last use)."""
+    prefetch of the chunk after the last (or before the first) costs no traffic."""
     cm = row_ok[:, None] & ((c >= 0) & (c < lim))[None, :]
-    return load_hint(xb[:, None] + c[None, :].to(tl.int64) * sxc, cm, -float("inf"), EV)
+    return tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf"))
 
 
 @triton.jit
 def _ce_fold_chunk(x, tb, W, c, row_ok, lim, C, stc, smoothing, m, s_v, sum_w, sum_wx,
-                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr,
-                   LANE_MAX: tl.constexpr):
+                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
     """Pass 1 of the streaming kernel on one chunk x [BLOCK_M, BLOCK_N] (float32, -inf where masked).
 
     Like ``_ce_stats_chunk``, but the sum of exponentials stays per lane, s_v [BLOCK_M, BLOCK_N]:
     s_v' = s_v exp(m - m') + exp(x - m') with the row's running max m (one block reduction per chunk,
-    for the max, instead of two; s = sum(s_v) once at the end).  LANE_MAX: the max is per lane as well,
-    m [BLOCK_M, BLOCK_N] (``_ce_fold_lanes``): no block reduction (no barrier) in the loop at all.
+    for the max, instead of two; s = sum(s_v) once at the end).
     """
-    if LANE_MAX:  # m is per lane too: no reduction at all
-        m_new, s_v = _ce_fold_lanes(x, m, s_v)
-    else:
-        m_new = tl.maximum(m, tl.max(x, axis=1))
-        # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        alpha = tl.exp2((m - m_safe) * 1.4426950408889634)  # [BLOCK_M]: 0 while m was -inf (s_v was 0)
-        s_v = s_v * alpha[:, None] + tl.exp2((x - m_safe[:, None]) * 1.4426950408889634)
+    m_new = tl.maximum(m, tl.max(x, axis=1))
+    # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+    alpha = tl.exp2((m - m_safe) * 1.4426950408889634)  # [BLOCK_M]: 0 while m was -inf (s_v was 0)
+    s_v = s_v * alpha[:, None] + tl.exp2((x - m_safe[:, None]) * 1.4426950408889634)
     if SOFT or SMOOTH:
         cm = row_ok[:, None] & (c < lim)[None, :]
         sum_w, sum_wx = _ce_target_sums(x, tb, W, c, cm, lim, C, stc, smoothing, sum_w, sum_wx,
                                         SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
     return m_new, s_v, sum_w, sum_wx
-
-
-@triton.jit
-def _ce_fold_lanes(x, m_v, s_v):
-    """Pass 1 per lane, no reduction: running (m_v, s_v) [BLOCK_M, BLOCK_N] with one exponential per element.
-
-    With d = x - m_v: when x > m_v the lane's max becomes x and s_v' = s_v exp(-d) + 1, else
-    s_v' = s_v + exp(d): both are s_v exp(m_v - m_v') + exp(x - m_v'), and e = exp(-|d|) serves both.
-    m_v starts at -FLT_MAX (finite), so d is never -inf - -inf: an x of -inf adds exp(-inf) = 0, +inf makes
-    m_v = +inf (then NaN at the combine, as torch), NaN makes s_v NaN.  The row's (m, s) come from
-    ``_ce_combine_lanes`` once at the end.
-    """
-    d = x - m_v
-    e = tl.exp2(-tl.abs(d) * 1.4426950408889634)
-    up = d > 0
-    s_v = tl.where(up, s_v * e + 1.0, s_v + e)
-    m_v = tl.where(up, x, m_v)
-    return m_v, s_v
-
-
-@triton.jit
-def _ce_combine_lanes(m_v, s_v):
-    """Row statistics from the lanes: m = max m_v, s = sum s_v exp(m_v - m) (m = -FLT_MAX for an all -inf
-    row: s = 0 and lse = -inf, as with m = -inf)."""
-    m = tl.max(m_v, axis=1)
-    s = tl.sum(s_v * tl.exp2((m_v - m[:, None]) * 1.4426950408889634), axis=1)
-    return m, s
 
 
 @triton.jit
@@ -347,11 +291,8 @@ def _ce_row(T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum
 
 @triton.jit
 def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
-                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr,
-                   STREAM_STORE: tl.constexpr = False):
-    """Pass 2 on one chunk: dx = coef_a * p - B, stored at db (row bases) in DX's dtype (STREAM_STORE:
-    as a streaming store, ``.cs``: evict-first in L2, so the gradient does not push out logits that are
-    still to be re-read)."""
+                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 2 on one chunk: dx = coef_a * p - B, stored at db (row bases) in DX's dtype."""
     c = off + tl.arange(0, BLOCK_N)
     cm = row_ok[:, None] & (c < lim)[None, :]
     c64 = c[None, :].to(tl.int64)
@@ -370,7 +311,7 @@ def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, 
         g -= tl.where(c[None, :] == t[:, None], coef_t[:, None], 0.0)
         if SMOOTH:
             g -= (coef_b * (smoothing / (C * 1.0)))[:, None] * w
-    store_hint(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), cm, STREAM_STORE)
+    tl.store(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), mask=cm)
 
 
 @triton.jit(do_not_specialize=["M", "C", "ignore_index"])
@@ -445,18 +386,14 @@ def _ce_fwd_kernel(
     HAS_GRAD: tl.constexpr,  # write the gradient
     DEN_ON_DEVICE: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr,
-    PREFETCH: tl.constexpr,  # streaming: chunks loaded ahead (0, 1 or 2: chunk k + PREFETCH in flight at chunk k)
-    REVERSE: tl.constexpr,  # streaming: the gradient pass walks the chunks last to first
-    LANE_MAX: tl.constexpr,  # streaming: running max per lane (no block reduction in pass 1)
-    STAGES: tl.constexpr = 1,  # streaming: software-pipeline both chunk loops this deep (tl.range num_stages)
-    EVICT: tl.constexpr = 0,  # streaming: L2 hints, bits: 1 pass-1 loads evict_last, 2 pass-2 loads evict_first, 4 .cs gradient stores
+    STAGES: tl.constexpr,  # streaming: > 1 software-pipelines both chunk loops this deep; 1 prefetches one chunk
 ):
     """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient.
 
-    STAGES > 1 (with PREFETCH = 0): Triton pipelines the chunk loads of ``tl.range(num_stages=STAGES)``
-    through shared memory (cp.async), so STAGES - 1 chunks are in flight while one is reduced, at no
-    register cost; a plain ``range`` loop is not pipelined for loads that do not feed a dot (sm_90 SASS:
-    LDGSTS only with tl.range num_stages >= 2)."""
+    Streaming (not SINGLE): with STAGES > 1 Triton pipelines the chunk loads of ``tl.range(num_stages=STAGES)``
+    through shared memory (cp.async), so STAGES - 1 chunks are in flight while one is reduced, at no register cost
+    (a plain loop is not pipelined for loads that do not feed a dot); with STAGES = 1 chunk k + 1 is loaded into
+    registers before chunk k is reduced."""
     smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
     inv_den = tl.cast(inv_den, tl.float32)
     pid = tl.program_id(0)
@@ -480,33 +417,20 @@ def _ce_fwd_kernel(
     else:
         cols = tl.arange(0, BLOCK_N)
         s_v = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if LANE_MAX:
-            m_v = tl.full([BLOCK_M, BLOCK_N], -3.4028234663852886e38, tl.float32)  # -FLT_MAX, see _ce_fold_lanes
-        else:
-            m_v = m
-        if PREFETCH >= 1:
-            x_next = _ce_load_chunk(xb, cols, row_ok, C, sxc, EVICT & 1)
-        if PREFETCH >= 2:
-            x_next2 = _ce_load_chunk(xb, cols + BLOCK_N, row_ok, C, sxc, EVICT & 1)
+        m_v = m
+        if STAGES == 1:
+            x_next = _ce_load_chunk(xb, cols, row_ok, C, sxc)
         for off in tl.range(0, C, BLOCK_N, num_stages=STAGES):
             c = off + cols
-            if PREFETCH == 1:  # chunk k + 1 is in flight while chunk k is reduced
+            if STAGES == 1:  # chunk k + 1 is in flight while chunk k is reduced
                 x_raw = x_next
-                x_next = _ce_load_chunk(xb, c + BLOCK_N, row_ok, C, sxc, EVICT & 1)
-            elif PREFETCH == 2:  # chunks k + 1 and k + 2
-                x_raw = x_next
-                x_next = x_next2
-                x_next2 = _ce_load_chunk(xb, c + 2 * BLOCK_N, row_ok, C, sxc, EVICT & 1)
+                x_next = _ce_load_chunk(xb, c + BLOCK_N, row_ok, C, sxc)
             else:
-                x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc, EVICT & 1)
+                x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
             m_v, s_v, sum_w, sum_wx = _ce_fold_chunk(x_raw.to(tl.float32), tb, W, c, row_ok, C, C, stc, smoothing,
-                                                     m_v, s_v, sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N,
-                                                     LANE_MAX)
-        if LANE_MAX:
-            m, s = _ce_combine_lanes(m_v, s_v)
-        else:
-            m = m_v
-            s = tl.sum(s_v, axis=1)
+                                                     m_v, s_v, sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+        m = m_v
+        s = tl.sum(s_v, axis=1)
 
     # ---- loss of the row -------------------------------------------------------------------------
     if SOFT:
@@ -525,155 +449,37 @@ def _ce_fwd_kernel(
             _ce_grad_chunk(x, db, tb, W, 0, row_ok, C, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
                            SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
         else:
-            # Second read of the row (from L2 while it is still there).  REVERSE: last chunk first, so
-            # the chunks read last in pass 1 (the likeliest to still be in L2) are re-read first; with
-            # more rows in flight than L2 holds (262K-wide rows) a forward re-read would miss on every
-            # chunk under LRU, the reverse one hits on the row's tail.
+            # Second read of the row (from L2 while it is still there), last chunk first: the chunks read last
+            # in pass 1 (the likeliest to still be in L2) are re-read first; with more rows in flight than L2
+            # holds (262K-wide rows) a forward re-read would miss on every chunk under LRU, the reverse one hits
+            # on the row's tail.
             cols = tl.arange(0, BLOCK_N)
             n_chunks = tl.cdiv(C, BLOCK_N)
-            if REVERSE:
-                first = (n_chunks - 1) * BLOCK_N
-                step = -BLOCK_N
-            else:
-                first = n_chunks * 0
-                step = BLOCK_N
-            if PREFETCH >= 1:
-                x_next = _ce_load_chunk(xb, first + cols, row_ok, C, sxc, EVICT & 2)
-            if PREFETCH >= 2:
-                x_next2 = _ce_load_chunk(xb, first + step + cols, row_ok, C, sxc, EVICT & 2)
+            first = (n_chunks - 1) * BLOCK_N
+            step = -BLOCK_N
+            if STAGES == 1:
+                x_next = _ce_load_chunk(xb, first + cols, row_ok, C, sxc)
             for i in tl.range(0, n_chunks, num_stages=STAGES):
                 off = first + i * step
                 c = off + cols
-                # (the chunks loaded ahead are never the one written below: in-place gradients are safe)
-                if PREFETCH == 1:
+                # (the chunk loaded ahead is never the one written below: in-place gradients are safe)
+                if STAGES == 1:
                     x_raw = x_next
-                    x_next = _ce_load_chunk(xb, c + step, row_ok, C, sxc, EVICT & 2)
-                elif PREFETCH == 2:
-                    x_raw = x_next
-                    x_next = x_next2
-                    x_next2 = _ce_load_chunk(xb, c + 2 * step, row_ok, C, sxc, EVICT & 2)
+                    x_next = _ce_load_chunk(xb, c + step, row_ok, C, sxc)
                 else:
-                    x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc, EVICT & 2)
+                    x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
                 _ce_grad_chunk(x_raw.to(tl.float32), db, tb, W, off, row_ok, C, C, sdc, stc, smoothing, lse, coef_a,
-                               coef_b, coef_t, t, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N, (EVICT & 4) != 0)
+                               coef_b, coef_t, t, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
 
 
 @triton.jit
-def _ce_fwd_split_kernel(
-    X, T, W, LOSS, DX, DEN, RS,  # as in _ce_fwd_kernel
-    STATS,  # float32 [M * SPLITS, 5] (scratch): per piece (m, s, sum_w, sum_wx, x_t if t is in the piece)
-    COUNT,  # int32 [M], zeroed: pieces of each row whose statistics are published
-    M, C, INNER,
-    sxo, sxi, sxc, sto, sti, stc, sdo, sdi, sdc,
-    ignore_index, smoothing, inv_den,
-    SPLITS,  # pieces per row
-    PIECE,  # columns per piece (a multiple of BLOCK_N)
-    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
-    BLOCK_N: tl.constexpr,
-    SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
-    DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
-):
-    """Wide rows, several programs per row, one launch (the scheme of ``_softmax_fwd_wide_kernel``).
-
-    Program g publishes the statistics of piece g (release atomic on a per-row counter), then waits
-    (acquire) for the statistics of every piece of the row of piece h = g - SPLITS and writes h's
-    gradient (and, for the row's first piece, its loss).  Those pieces belong to programs < g only
-    (dispatched first, as the interpreter runs them too): no deadlock.  Piece h was read moments ago by
-    a program resident at the same time, so its second read comes from L2 (a few hundred pieces of
-    PIECE columns in flight, far below L2), at any vocabulary width.
-    """
-    smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
-    inv_den = tl.cast(inv_den, tl.float32)
-    g = tl.program_id(0)
-    zero = tl.arange(0, 1)  # [1]-shaped row vectors, so the BLOCK_M-row helpers serve here
-    # ---- phase 1: statistics of piece g ----------------------------------------------------------
-    if g < M * SPLITS:
-        r64 = (g // SPLITS).to(tl.int64) + zero
-        row_ok = r64 < M
-        start = (g % SPLITS) * PIECE
-        end = tl.minimum(start + PIECE, C)
-        xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi
-        if SOFT:
-            tb = T + (r64 // INNER) * sto + (r64 % INNER) * sti
-        else:
-            tb = xb
-        m = tl.full([1], -float("inf"), tl.float32)
-        s = tl.zeros([1], tl.float32)
-        sum_w = tl.zeros([1], tl.float32)
-        sum_wx = tl.zeros([1], tl.float32)
-        for off in range(start, end, BLOCK_N):
-            _x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, off, row_ok, end, C, sxc, stc, smoothing, m, s,
-                                                      sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
-        if SOFT:
-            xt_p = tl.zeros([1], tl.float32)
-        else:
-            xt_p = _ce_target_logit(T, xb, r64, row_ok, start, end, C, sxc)
-        st = STATS + g * 5 + zero
-        tl.store(st, m)
-        tl.store(st + 1, s)
-        tl.store(st + 2, sum_w)
-        tl.store(st + 3, sum_wx)
-        tl.store(st + 4, xt_p)
-        tl.debug_barrier()  # the statistics are written before the count says so
-        tl.atomic_add(COUNT + (g // SPLITS), 1, sem="release")
-    # ---- phase 2: loss and gradient of piece h = g - SPLITS --------------------------------------
-    h = g - SPLITS
-    if h >= 0:
-        row = h // SPLITS
-        cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
-        while cnt < SPLITS:  # wait for the (earlier) programs of this row
-            cnt = tl.atomic_add(COUNT + row, 0, sem="acquire")
-        p = tl.arange(0, SPLITS_P2)
-        pm = p < SPLITS
-        st = STATS + (tl.cast(row, tl.int64) * SPLITS + p) * 5
-        m_p = tl.load(st, mask=pm, other=-float("inf"), volatile=True)
-        s_p = tl.load(st + 1, mask=pm, other=0.0, volatile=True)
-        sw_p = tl.load(st + 2, mask=pm, other=0.0, volatile=True)
-        swx_p = tl.load(st + 3, mask=pm, other=0.0, volatile=True)
-        xt_p = tl.load(st + 4, mask=pm, other=0.0, volatile=True)
-        m_row = tl.max(m_p, axis=0)
-        m_safe = tl.where(m_row == -float("inf"), 0.0, m_row)
-        s_row = tl.sum(s_p * tl.exp2((m_p - m_safe) * 1.4426950408889634), axis=0)
-        r64 = tl.cast(row, tl.int64) + zero
-        row_ok = r64 < M
-        xb = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi
-        if SOFT:
-            tb = T + (r64 // INNER) * sto + (r64 % INNER) * sti
-        else:
-            tb = xb
-        m = m_row + tl.zeros([1], tl.float32)
-        s = s_row + tl.zeros([1], tl.float32)
-        sum_w = tl.sum(sw_p, axis=0) + tl.zeros([1], tl.float32)
-        sum_wx = tl.sum(swx_p, axis=0) + tl.zeros([1], tl.float32)
-        x_t = tl.sum(xt_p, axis=0) + tl.zeros([1], tl.float32)  # only the target's piece is not 0
-        loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
-            T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
-            SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, 1)
-        first = ((h % SPLITS) + zero) == 0  # [1]: the first piece writes the loss
-        tl.store(LOSS + r64, loss.to(LOSS.dtype.element_ty), mask=row_ok & first)
-        db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
-        start = (h % SPLITS) * PIECE
-        end = tl.minimum(start + PIECE, C)
-        cols = tl.arange(0, BLOCK_N)
-        for off in range(start, end, BLOCK_N):
-            c = off + cols
-            cm = row_ok[:, None] & (c < end)[None, :]
-            x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
-            _ce_grad_chunk(x, db, tb, W, off, row_ok, end, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
-                           SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
-
-
-@triton.jit
-def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piece, start, cm, c64, C, INNER, sxo, sxi,
-                    sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2: tl.constexpr,
-                    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr,
-                    HAS_ROW_SCALE: tl.constexpr, LEAN: tl.constexpr, CALL: tl.constexpr, live=True,
-                    VEC8: tl.constexpr = False, VEC_WIN: tl.constexpr = 8, d=0):
-    """Row rp of ``_ce_fwd_persist_kernel`` once its piece (x_p; LEAN: e_p, mps_p) is published: wait for the
-    row's statistics, lse, the loss (written by the program owning the target t) and this piece's gradient.
-    ``live`` False (the LAG form's first iteration; its ``cm`` then masks every column): write no loss.
-    VEC8: the piece is on the row's window (c64 the window positions, d the row's phase: ops/_rowsync.py), the gradient written
-    through DX's.  Returns (lse, coef, t) for the caller's edge lanes: their gradient is coef p - coef [c = t]."""
+def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, t, rp, piece, start, cm, c64, C, INNER, sxo, sxi, sxc, sdo,
+                    sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                    DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, VEC_WIN: tl.constexpr, d):
+    """Row rp of ``_ce_fwd_persist_kernel`` once its piece x_p is published: wait for the row's statistics, lse,
+    the loss (written by the program owning the target t) and this piece's gradient.  VEC_WIN > 0: the piece is on
+    the row's window (c64 the window positions, d the row's phase: ops/_rowsync.py), the gradient written through
+    DX's.  Returns (lse, coef, t) for the caller's edge lanes: their gradient is coef p - coef [c = t]."""
     # What the row needs besides its statistics, loaded before the wait (their latency hides there).
     ign = t == ignore_index
     bad = (~ign) & ((t < 0) | (t >= C))
@@ -692,41 +498,36 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, e_p, mps_p, t, rp, piec
     # loss: it reads x_t from its own piece, which no other program writes.
     owner = t // PIECE == piece
     x_t = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxc, t), mask=owner, other=0.0).to(tl.float32)
-    if CALL:  # (a call: the SMEM-pipelined row loop stays pipelined, see _rowsync.wait_row_max_sum_call)
-        m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
-        lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
-    else:
-        m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
-        lse = m + tl.log(s)
+    # (a call: the SMEM-pipelined row loop stays pipelined, see _rowsync.wait_row_max_sum_call)
+    m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
+    lse = m + tl.log(s)  # an all -inf row: -inf + log(0) = -inf, then NaN below, as torch
     loss = tl.where(ign, 0.0, w_t * (lse - x_t))
     loss = tl.where(bad, float("nan"), loss) * scale
-    tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=owner & live)
+    tl.store(LOSS + rp, loss.to(LOSS.dtype.element_ty), mask=owner)
     if HAS_ROW_SCALE:
         scale = scale * rs
     scale = tl.where(bad, float("nan"), scale)
     # Ignored rows: 0 * p (0, or NaN where p is NaN, as torch); not divided by D (D may be 0).
     coef = tl.where(ign, 0.0, w_t * scale)
     # (the target's column within the piece compared in 32 bits)
-    # Where the store's pointers are computed moves ptxas's schedule (H200, session 24, 8,192 bf16 rows, fwd + bwd,
-    # do_bench; issue10/run31_d, run31_e): the aligned kernel computes them in the store (pointers first: 1,216 -> 1,168
-    # SASS instructions, off the uniform datapath, 0.643 / 0.673 / 0.611 against 0.699 / 0.730 / 0.681 at 50,304 /
-    # 128,256 / 262,144); VEC8 before dx (in the store: 0.573 / 0.550 / 0.595 against 0.613 / 0.598 / 0.661 at
-    # 50,257 / 30,522 / 100,277).
-    if VEC8:  # column t is window position t + d; DX's rows share X's d (the host checks)
+    # Where the store's pointers are computed moves ptxas's schedule (bf16, 8,192 rows): the aligned kernel computes
+    # them in the store (0.699 against 0.643 of copy at 50,304 with the pointers first), VEC8 before dx (0.613
+    # against 0.573 at 50,257 with them in the store).
+    if VEC_WIN > 0:  # column t is window position t + d; DX's rows share X's d (the host checks)
         hit = tl.arange(0, BLOCK_N) == (t + d - start).to(tl.int32)
         dptrs = DX + vec_woff((rp // INNER) * sdo + (rp % INNER) * sdi, d, VEC_WIN) + c64
-        dx = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
+        dx = exp_scaled(x_p, lse, coef) - tl.where(hit, coef, 0.0)  # coef p - B
         tl.store(dptrs, dx.to(DX.dtype.element_ty), mask=cm)
     else:
         hit = tl.arange(0, BLOCK_N) == (t - start).to(tl.int32)
-        dx = piece_exp_scaled(x_p, e_p, mps_p, lse, coef, LEAN) - tl.where(hit, coef, 0.0)  # coef p - B
+        dx = exp_scaled(x_p, lse, coef) - tl.where(hit, coef, 0.0)  # coef p - B
         tl.store(piece_ptrs(DX, rp, INNER, sdo, sdi, sdc, c64), dx.to(DX.dtype.element_ty), mask=cm)
     return lse, coef, t
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
 def _ce_fwd_persist_kernel(
-    X,  # logits; element (row (o, i), class c) at X + o*sxo + i*sxi + c*sxc (bf16/fp16/fp32)
+    X,  # logits; element (row (o, i), class c) at X + o*sxo + i*sxi + c*sxc (bf16/fp16)
     T,  # int64/uint8 [M]: class-index targets (flat, contiguous)
     W,  # [C] class weights (read when HAS_WEIGHT)
     LOSS,  # [M] (written): each row's loss (/ D for 'mean'), written by the program holding its target
@@ -742,51 +543,25 @@ def _ce_fwd_persist_kernel(
     SPLITS,  # pieces per row
     PIECE,  # columns per piece (<= BLOCK_N; the last piece of a row may be shorter)
     GROUPS,  # row groups: program g holds piece g % SPLITS of rows g // SPLITS, + GROUPS, + 2 GROUPS, ...
-    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
     BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
     HAS_WEIGHT: tl.constexpr, DEN_ON_DEVICE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
     PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter), see _rowsync
-    LEAN: tl.constexpr = False,  # keep the statistics pass's exponentials (fp32) for the gradient: one
-                                 # conversion and one exp2 per element (candidate, as the softmax's LEAN)
-    STAGES: tl.constexpr = 1,  # > 1: the SMEM-pipelined form (one row in registers; the next rows' loads in
-                               # flight by cp.async, as _softmax_fwd_persist_kernel)
-    LAG: tl.constexpr = False,  # with STAGES > 1: row k - 1's loss and gradient after row k is published, its piece
-                                # re-read from L2 (candidate, as _softmax_fwd_persist_kernel's LAG)
-    VEC8: tl.constexpr = False,  # with STAGES > 1 (not LAG / LEAN): 16-bit rows at any alignment (sxc = 1), pieces
-                                 # on the row's window of whole 16-byte vectors, the head and tail as edge lanes
-                                 # (ops/_rowsync.py; SPLITS * PIECE >= C + VEC_WIN - 1; DX's row offsets = X's
-                                 # mod VEC_WIN)
-    VEC_WIN: tl.constexpr = 8,  # VEC8: the window's alignment in elements (8: 16 bytes; 64: 128-byte lines)
+    STAGES: tl.constexpr,  # > 1: rows whose piece loads are in flight by cp.async (the SMEM-pipelined form)
+    VEC_WIN: tl.constexpr,  # > 0: the VEC8 form on a window of VEC_WIN elements (16-bit rows at any alignment,
+                            # sxc = 1; SPLITS * PIECE >= C + VEC_WIN - 1; DX's row offsets = X's mod VEC_WIN)
 ):
     """Wide rows with class-index targets, one read: persistent co-resident programs, each holding one piece
-    of a row in registers (ops/_rowsync.py), pipelined one row deep as ``_softmax_fwd_persist_kernel``.
+    of a row in registers (ops/_rowsync.py), in the SMEM-pipelined form of ``_softmax_fwd_persist_kernel``.
 
-    Iteration k: publish (m_p, s_p) of row k's piece, issue the load of row k + 1's piece, wait for row
-    k - 1's pieces (published one iteration ago), combine them into lse, write that piece's gradient
+    Iteration k: load row k's piece (the loads of the next STAGES - 1 rows are in flight), publish its (m_p, s_p),
+    wait for the row's other pieces, combine them into lse and write this piece's gradient
     dx = (w_t p - w_t [c = t]) / D from the registers; the program whose piece holds the target (the first
     piece for ignored and out-of-range rows) writes the row's loss w_t (lse - x_t) / D.  Label smoothing
     and probability targets take the streaming kernel (their extra row sums would need a second exchange).
     """
     inv_den = tl.cast(inv_den, tl.float32)  # floats may arrive as float64
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, C, BLOCK_N)
-    if STAGES > 1 and LAG:  # one iteration past the last row (for its output); iteration 0 writes nothing
-        for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            # -inf where masked (and for the row past the end): the identity of max; exp(-inf - m) = 0 of the sum.
-            x = load_piece(X, r, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
-            if PHASE != 1:
-                publish_max_sum(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
-            if PHASE != 0:
-                rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))  # row k - 1 (iteration 0: row k)
-                live = r > tl.cast(group, tl.int64)
-                cm_live = cm & (c64 * 0 + r > group)  # (a vector mask: the interpreter takes no vector & scalar)
-                t = tl.load(T + rp).to(tl.int64)
-                xp = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxc, c64), mask=cm_live, other=-float("inf"))
-                _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, xp, xp, 0.0, t, rp, piece, start, cm_live, c64, C, INNER, sxo,
-                                sxi, sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N,
-                                HAS_WEIGHT, DEN_ON_DEVICE, HAS_ROW_SCALE, False, True, live)
-        return
-    if STAGES > 1 and VEC8:
+    if VEC_WIN > 0:
         in_piece = tl.arange(0, BLOCK_N) < PIECE
         # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
         # The edge lanes (the row's first piece) are loaded a row ahead, in registers, off the row's critical path.
@@ -803,57 +578,23 @@ def _ce_fwd_persist_kernel(
                 publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
             if PHASE != 0:
                 lse, coef, tt = _ce_persist_row(
-                    X, W, LOSS, DX, DEN, RS, SLOTS, x, x, 0.0, t, r, piece, start, body, c64, C, INNER, sxo, sxi, sxc,
-                    sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N, HAS_WEIGHT,
-                    DEN_ON_DEVICE, HAS_ROW_SCALE, False, True, True, True, VEC_WIN, d)
+                    X, W, LOSS, DX, DEN, RS, SLOTS, x, t, r, piece, start, body, c64, C, INNER, sxo, sxi, sxc,
+                    sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, BLOCK_N, HAS_WEIGHT, DEN_ON_DEVICE,
+                    HAS_ROW_SCALE, VEC_WIN, d)
                 dxe = tl.exp2((xe - lse) * 1.4426950408889634) * coef - tl.where(ec == tt, coef, 0.0)
                 tl.store(DX + ((r // INNER) * sdo + (r % INNER) * sdi) + ec, dxe.to(DX.dtype.element_ty), mask=em)
         return
-    if STAGES > 1:
-        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxc, c64), mask=cm, other=-float("inf"))
-            t = tl.load(T + r).to(tl.int64)
-            e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
-            if PHASE != 0:
-                _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x, e, mps, t, r, piece, start, cm, c64, C, INNER, sxo,
-                                sxi, sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2, BLOCK_N,
-                                HAS_WEIGHT, DEN_ON_DEVICE, HAS_ROW_SCALE, LEAN, True)
-        return
-    r = tl.cast(group, tl.int64)
-    # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-    # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
-    x_prev = load_piece(X, r, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
-    # LEAN: p = e * exp(m_p - lse) from the statistics' e = exp(x - m_p) (see _softmax_fwd_persist_kernel)
-    e_prev, mps_prev = publish_piece(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
-    t_prev = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
-    r = r + GROUPS
-    x_cur = load_piece(X, r, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
-    # The targets travel one row ahead too: no dependent load waits after the row's exchange.
-    t_cur = tl.load(T + r, mask=r < M, other=ignore_index).to(tl.int64)
-    # Rows k = 1, 2, ...: one iteration past the last row, for its output.
-    for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
+    for row in tl.range(group, M, GROUPS, num_stages=STAGES):
         r = tl.cast(row, tl.int64)
-        # ---- row k: this piece's (max, sum of exp) ---------------------------------------------------
-        e_cur, mps_cur = publish_piece(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
-        # ---- row k + 1's piece is in flight from here on ---------------------------------------------
-        rn = r + GROUPS
-        x_next = load_piece(X, rn, M, INNER, sxo, sxi, sxc, c64, cm, -float("inf"))
-        t_next = tl.load(T + rn, mask=rn < M, other=ignore_index).to(tl.int64)
-        # ---- row k - 1: lse, loss, gradient ----------------------------------------------------------
+        # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+        x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxc, c64), mask=cm, other=-float("inf"))
+        t = tl.load(T + r).to(tl.int64)
+        if PHASE != 1:
+            publish_max_sum(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
         if PHASE != 0:
-            _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_prev, e_prev, mps_prev, t_prev, r - GROUPS, piece, start, cm,
-                            c64, C, INNER, sxo, sxi, sxc, sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, SPLITS_P2,
-                            BLOCK_N, HAS_WEIGHT, DEN_ON_DEVICE, HAS_ROW_SCALE, LEAN, False)
-        if LEAN:
-            e_prev = e_cur
-            mps_prev = mps_cur
-        else:
-            x_prev = x_cur
-        x_cur = x_next
-        t_prev = t_cur
-        t_cur = t_next
+            _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x, t, r, piece, start, cm, c64, C, INNER, sxo, sxi, sxc,
+                            sdo, sdi, sdc, ignore_index, inv_den, SPLITS, PIECE, BLOCK_N, HAS_WEIGHT, DEN_ON_DEVICE,
+                            HAS_ROW_SCALE, 0, 0)
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -956,7 +697,8 @@ def validate(input, target, weight, ignore_index, reduction, label_smoothing) ->
             raise RuntimeError(f"{_OP}: argument 'weight' should be defined either for all {C} classes or no classes "
                                f"but got weight tensor of shape: {list(weight.shape)}")
         if weight.dtype != input.dtype:
-            raise RuntimeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; it must match the input's {input.dtype}")
+            raise RuntimeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; it must match the input's "
+                               f"{input.dtype}")
     devs = {t.device for t in (input, target, weight) if t is not None}
     if len(devs) > 1:
         raise ValueError(f"{_OP}: 'input', 'target' and 'weight' must be on one device, got {sorted(map(str, devs))}")
@@ -971,8 +713,10 @@ def validate(input, target, weight, ignore_index, reduction, label_smoothing) ->
     exp = (input.shape[:1] + input.shape[2:]) if input.dim() >= 2 else torch.Size([])
     if target.shape != exp:
         if input.dim() >= 2 and target.dim() >= 1 and target.shape[0] != input.shape[0]:
-            raise ValueError(f"{_OP}: Expected input batch_size ({input.shape[0]}) to match target batch_size ({target.shape[0]}).")
-        raise RuntimeError(f"{_OP}: argument 'target' has shape {list(target.shape)}; expected {list(exp)} for an input of shape {list(input.shape)}")
+            raise ValueError(f"{_OP}: Expected input batch_size ({input.shape[0]}) to match target batch_size "
+                             f"({target.shape[0]}).")
+        raise RuntimeError(f"{_OP}: argument 'target' has shape {list(target.shape)}; expected {list(exp)} for an "
+                           f"input of shape {list(input.shape)}")
     return False
 
 
@@ -981,7 +725,7 @@ class _Plan:
     the bound kernels (``_library.Kernel``) and their integer arguments."""
 
     __slots__ = ("copy_x", "copy_t", "ints", "M", "C", "splits", "piece", "kernel", "den_kernel", "persist",
-                 "groups", "fallback", "tma", "tma_config")
+                 "groups", "fallback", "tma")
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -995,6 +739,12 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
 
     Every integer a kernel receives (sizes, strides, ``ignore_index``, pieces) is a function of the key:
     the bound kernels' compiled binaries are specialized on them (``_library.Kernel``).
+
+    Routes: rows up to ``MAX_SINGLE`` (padded) columns take the single-block kernel.  Wider 16-bit rows with a
+    gradient and class-index targets without smoothing, in eager calls (``persist_ok``), take the persistent
+    kernel (bound at the first call: its grid comes from the compiled binary's occupancy) -- in its VEC8 form where
+    they are not 16-element aligned and the gradient shares their window, and behind the TMA kernel (``tma``) where
+    that one's ring holds them; misaligned rows without a shared window stream.  Everything else streams.
     """
     key = (shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index, den_on_device, has_row_scale,
            has_grad, persist_ok, override_epoch())
@@ -1007,17 +757,17 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         return plan
     plan = _Plan()
     elem = dtype.itemsize
-    v = _row_strides(shape, xstride, 1)
+    v = row_strides(shape, xstride, 1)
     plan.copy_x = v is None
-    outer, inner, sxo, sxi, sxc = v if v is not None else _contiguous_strides(shape, 1)
+    outer, inner, sxo, sxi, sxc = v if v is not None else contiguous_strides(shape, 1)
     if soft:
-        vt = _row_strides(shape, tstride, 1)
+        vt = row_strides(shape, tstride, 1)
         plan.copy_t = vt is None
-        st = (vt if vt is not None else _contiguous_strides(shape, 1))[2:]
+        st = (vt if vt is not None else contiguous_strides(shape, 1))[2:]
     else:
         plan.copy_t = False
         st = (0, 0, 0)
-    sd = _contiguous_strides(shape, 1)[2:]
+    sd = contiguous_strides(shape, 1)[2:]
     C = shape[1]
     M = outer * inner
     plan.M, plan.C = M, C
@@ -1026,94 +776,44 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
     plan.den_kernel = _den_kernel(has_weight) if den_on_device else None
     plan.splits = 0
     plan.persist = plan.groups = plan.fallback = None
-    plan.tma, plan.tma_config = False, None
+    plan.tma = False
     if M == 0 or C == 0:
         plan.kernel, plan.ints = None, ()
     else:
         c_pow2 = next_power_of_2(C)
-        max_single = get_override("cross_entropy", "max_single", cfg.MAX_SINGLE)
-        if c_pow2 <= max_single:
-            block_m, warps = cfg._SINGLE.get(max(c_pow2, 256), (1, 16))
-            if c_pow2 < 256:
-                block_m = 4096 // c_pow2
-            block_n, single, stages = c_pow2, True, 1
-        else:
-            block_n, warps, stages = cfg.stream_config(C, elem)
-            block_m, single = 1, False
-            block_n = get_override("cross_entropy", "block_n", block_n)
-        block_m = min(get_override("cross_entropy", "block_m", block_m), next_power_of_2(M))
-        # Wide rows with a gradient: 1 = stream (one program per row, two passes, the second from L2),
-        # 2 = split (_ce_fwd_split_kernel: several programs per row).  Without a gradient the streaming
-        # kernel is one pass.
-        # 16-bit rows that fit the TMA kernel's ring take it with the row held (cfg.TMA_HOLD; the kernel itself
-        # checks the GPU and the layout per call, else the persistent kernel runs)
-        # 16-bit rows not 16-element aligned (width or row stride): the persistent kernel's loads are 16-byte vectors
-        # only on the rows' windows (VEC8, cfg.MISALIGNED_VEC8), which need the gradient's rows (C apart) at the
-        # logits' offsets mod 8; other such rows stream (cfg.MISALIGNED_STREAM).  The TMA kernel needs 16-byte strides.
-        misaligned = elem == 2 and inner == 1 and sxc == 1 and bool(C % 16 or sxo % 16)
-        grain = int(get_override("cross_entropy", "misaligned_grain", cfg.MISALIGNED_GRAIN))  # (64: off lines too)
-        wins = get_override("cross_entropy", "vec_window", cfg.MISALIGNED_WINDOW)
-        win = next((w for w in ((wins,) if isinstance(wins, int) else wins) if (sxo - C) % w == 0), 0)
-        vec8 = (elem == 2 and inner == 1 and sxc == 1 and bool(C % grain or sxo % grain) and win > 0 and has_grad
-                and persist_ok and not (soft or smooth)
-                and bool(get_override("cross_entropy", "misaligned_vec8", cfg.MISALIGNED_VEC8)))
-        hold = cfg.tma_hold_config(C, elem) if has_grad and persist_ok and not (soft or smooth or misaligned) else None
-        wide_default = (4 if hold is not None else 3 if vec8 else 1 if misaligned and cfg.MISALIGNED_STREAM
-                        else cfg.WIDE_MODE.get(elem, 1))
-        wide = get_override("cross_entropy", "wide_mode", wide_default) if not single else 1
-        plan.tma_config = get_override("cross_entropy", "tma_config", hold if wide == 4 else None)
-        if wide not in (1, 2, 3, 4):
-            raise ValueError(f"{_OP}: wide_mode {wide} does not exist (1 = stream, 2 = split, 3 = persistent, "
-                             "4 = TMA)")
-        base = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd) + (ignore_index,)
-        # 4: the TMA kernel of ops/softmax_gluon.py where it takes the call (2-D logits with unit column stride on an
-        # sm_90 GPU, reduction mean / sum, no row scale: checked per call), else the persistent kernel (3).
-        plan.tma = wide == 4 and has_grad and persist_ok and not (soft or smooth or has_row_scale) and inner == 1
-        if wide in (3, 4) and has_grad and persist_ok and not (soft or smooth):
-            # Persistent pieces held in registers (_ce_fwd_persist_kernel): balanced pieces of at most
-            # BLOCK_N columns, 64-aligned starts.  The grid needs the compiled kernel's occupancy, so the
-            # Kernel is made at the first launch (_persist_kernels); the streaming plan is its fallback.
-            pblock, pwarps, per_sm = cfg.PERSIST_BY_WIDTH.get((elem, next_power_of_2(C)), cfg.PERSIST[elem])
-            pblock = get_override("cross_entropy", "persist_block", pblock)
-            splits, piece = balanced_pieces(C + win - 1 if vec8 else C, pblock)  # (VEC8: the row's window, C + d)
+        single = c_pow2 <= get_override("cross_entropy", "max_single", cfg.MAX_SINGLE)
+        misaligned = rows_misaligned(shape, (xstride,), 1, elem)
+        win = vec8_window(shape, (xstride,), 1, elem)
+        persistent = (not single and elem == 2 and has_grad and persist_ok and not (soft or smooth)
+                      and (not misaligned or win > 0))
+        if persistent:
+            # Pieces of at most BLOCK_N columns, balanced, 64-aligned starts (VEC8: over the row's window, C + d);
+            # the streaming plan is the fallback where not even one row group fits the GPU.
+            p = cfg.persistent(elem, c_pow2)
+            block = get_override("cross_entropy", "persist_block", p.block_n)
+            splits, piece = balanced_pieces(C + win - 1 if win else C, block)
             plan.splits, plan.piece = splits, piece
             plan.ints = (M, C, inner, sxo, sxi, sxc) + tuple(sd) + (ignore_index,)  # the kernel's, no T strides
             plan.kernel = None
-            plan.persist = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=pblock, HAS_WEIGHT=has_weight,
-                                DEN_ON_DEVICE=den_on_device, HAS_ROW_SCALE=has_row_scale,
-                                LEAN=bool(get_override("cross_entropy", "persist_lean", False)),
-                                num_warps=get_override("cross_entropy", "persist_warps", pwarps),
-                                per_sm=get_override("cross_entropy", "persist_per_sm", per_sm))
-            pstages = int(get_override("cross_entropy", "persist_stages", cfg.PERSIST_STAGES.get(elem, 1)))
-            if vec8:  # (the SMEM-pipelined form only)
-                plan.persist.update(STAGES=max(pstages, 2), VEC8=True, VEC_WIN=win, LEAN=False)
-            elif pstages > 1:  # the SMEM-pipelined form (else the register form, its key left out as before)
-                plan.persist["STAGES"] = pstages
-                if get_override("cross_entropy", "persist_lag", False):  # candidate (see the kernel)
-                    plan.persist["LAG"] = True
+            plan.persist = dict(BLOCK_N=block, HAS_WEIGHT=has_weight, DEN_ON_DEVICE=den_on_device,
+                                HAS_ROW_SCALE=has_row_scale, STAGES=p.stages, VEC_WIN=win, num_warps=p.num_warps,
+                                per_sm=p.per_sm)
+            # the TMA kernel where its ring holds the row (it checks the GPU and the alignment per call)
+            plan.tma = (not misaligned and not has_row_scale and inner == 1 and cfg.tma_hold(C, elem) is not None)
             plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
                                   den_on_device, has_row_scale, has_grad, False)
-        elif wide == 2 and has_grad:
-            sblock = get_override("cross_entropy", "split_block", cfg.SPLIT_BLOCK[elem])
-            piece = triton.cdiv(get_override("cross_entropy", "piece", cfg.PIECE[elem]), sblock) * sblock
-            splits = triton.cdiv(C, piece)
-            plan.splits, plan.piece = splits, piece
-            plan.ints = base
-            # grid + SPLITS: the last row's phase 2
-            plan.kernel = Kernel(_ce_fwd_split_kernel, (M * splits + splits,), check=None,
-                                 SPLITS_P2=next_power_of_2(splits), BLOCK_N=sblock, **flags,
-                                 num_warps=get_override("cross_entropy", "split_warps", cfg.SPLIT_WARPS))
         else:
-            plan.ints = base
-            plan.kernel = Kernel(
-                _ce_fwd_kernel, (triton.cdiv(M, block_m),), check=None, BLOCK_M=block_m, BLOCK_N=block_n,
-                EVICT=0 if single else int(get_override("cross_entropy", "evict", cfg.STREAM_EVICT)),
-                SINGLE=single, **flags, HAS_GRAD=has_grad,
-                PREFETCH=int(get_override("cross_entropy", "prefetch", cfg.STREAM_PREFETCH if stages == 1 else 0)),
-                REVERSE=bool(get_override("cross_entropy", "reverse", cfg.STREAM_REVERSE)),
-                LANE_MAX=bool(get_override("cross_entropy", "lane_max", cfg.STREAM_LANE_MAX)),
-                STAGES=int(get_override("cross_entropy", "stages", stages)) if not single else 1,
-                num_warps=get_override("cross_entropy", "num_warps", warps))
+            if single:
+                sb = cfg.single_block(c_pow2)
+                block_m, block_n, warps, stages = min(sb.block_m, next_power_of_2(M)), c_pow2, sb.num_warps, 1
+            else:
+                stream = cfg.STREAM[elem]
+                block_m, warps, stages = 1, stream.num_warps, stream.stages
+                block_n = get_override("cross_entropy", "block_n", stream.block_n)
+            plan.ints = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd) + (ignore_index,)
+            plan.kernel = Kernel(_ce_fwd_kernel, (triton.cdiv(M, block_m),), check=None, BLOCK_M=block_m,
+                                 BLOCK_N=block_n, SINGLE=single, **flags, HAS_GRAD=has_grad, STAGES=stages,
+                                 num_warps=warps)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = plan
@@ -1308,9 +1008,9 @@ def cross_entropy_forward(
             den if mean_hard else input, row_scale if row_scale is not None else input)
     tma_done = (plan.tma and input.is_cuda and grad is not None and grad_out is None and loss_out is None
                 and reduction != "none"
-                and _tma_launch(input, t, weight, ignore_index, den, mean_hard, loss_rows, grad, plan.tma_config))
+                and _tma_launch(input, t, weight, ignore_index, den, mean_hard, loss_rows, grad))
     if tma_done:
-        pass  # (WIDE_MODE 4: loss rows and gradient written)
+        pass  # (loss rows and gradient written)
     elif plan.persist is not None:
         slots = torch.zeros(M * plan.splits, dtype=torch.int64, device=dev)
         pargs = (*args, slots, *plan.ints, inv_den, plan.splits, plan.piece)
@@ -1320,10 +1020,6 @@ def cross_entropy_forward(
         else:
             for k in kernels:  # one launch on the GPU; phases 0 and 1 under the interpreter
                 k(*pargs, plan.groups)
-    elif plan.splits:
-        stats = torch.empty(M * plan.splits * 5, dtype=torch.float32, device=dev)
-        count = torch.zeros(M, dtype=torch.int32, device=dev)
-        plan.kernel(*args, stats, count, *plan.ints, float(label_smoothing), inv_den, plan.splits, plan.piece)
     else:
         plan.kernel(*args, *plan.ints, float(label_smoothing), inv_den)
     if loss_out is not None:
@@ -1338,14 +1034,15 @@ def cross_entropy_forward(
     return loss, grad
 
 
-def _tma_launch(x, t, weight, ignore_index, den, mean, loss_rows, grad, config=None) -> bool:
-    """WIDE_MODE 4: ops/softmax_gluon.ce_launch on 2-D logits (``config``: its launch tuple, None = its default);
-    False where it declines them (the caller runs the persistent kernel)."""
-    from . import softmax_gluon  # (imported on first use: Gluon's import is not free)
+def _tma_launch(x, t, weight, ignore_index, den, mean, loss_rows, grad) -> bool:
+    """The TMA kernel (ops/cross_entropy_gluon.py) on 2-D logits; False where it declines them (the caller runs
+    the persistent kernel)."""
+    from . import cross_entropy_gluon  # (imported on first use: Gluon's import is not free)
 
     if x.dim() != 2 or t.dtype != torch.int64:
         return False
-    return softmax_gluon.ce_launch(x, t, weight, ignore_index, den, mean, loss_rows, grad, config)
+    return cross_entropy_gluon.ce_launch(x, t, weight, ignore_index, den, mean, loss_rows, grad,
+                                         cfg.TMA_HOLD[x.element_size()])
 
 
 def scale_grad_(grad: torch.Tensor, grad_output: torch.Tensor, reduction: str) -> torch.Tensor:

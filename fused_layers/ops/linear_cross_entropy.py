@@ -171,7 +171,8 @@ def _empty_or(t, like):
 @torch.library.custom_op("fused_layers::linear_cross_entropy_fwd", mutates_args=())
 def _lce_fwd_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
                 ignore_index: int, reduction: str, label_smoothing: float, compute_grad: bool,
-                cdtype: torch.dtype, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                cdtype: torch.dtype,
+                out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     loss, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
                                                     label_smoothing, compute_grad, cdtype, out_dtype)
     return loss, _empty_or(gh, hidden), _empty_or(gw, weight), _empty_or(gb, hidden)
@@ -230,7 +231,8 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, ignore_index, reduction, label_smoothing, cdtype, out_dtype):
-        ctx.reduction, ctx.ignore_index, ctx.label_smoothing, ctx.cdtype = reduction, ignore_index, label_smoothing, cdtype
+        ctx.reduction, ctx.ignore_index = reduction, ignore_index
+        ctx.label_smoothing, ctx.cdtype = label_smoothing, cdtype
         ctx.has_bias = bias is not None
         ctx.used = False
         if reduction == "none":
@@ -254,7 +256,8 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
         else:
             if ctx.used:
                 raise RuntimeError(f"{_OP}: backward ran twice through the same graph; the gradients computed in "
-                                   "the forward are scaled in place, so retain_graph=True double backward is not supported")
+                                   "the forward are scaled in place, so retain_graph=True double backward is not "
+                                   "supported")
             ctx.used = True
             gh, gw, gb = ctx.saved_tensors
             for g in (gh, gw, gb):

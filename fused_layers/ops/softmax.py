@@ -4,48 +4,58 @@ Forward.  For a row x of width N,
 
     y_j = exp(x_j - m) / s,   m = max_j x_j,   s = sum_j exp(x_j - m).
 
-*Single block* (the row fits in registers): a program loads a tile of BLOCK_M rows x BLOCK_N columns
-once, reduces max and sum in float32 and writes y: the fewest bytes (read x, write y).
-
-*Wide rows (online softmax)*, with no width cap.  Each row is cut into SPLITS pieces of PIECE columns.
-Piece statistics come from streaming the piece in chunks of BLOCK_N with running values (m, s): for
-a new chunk c,
-
-    m' = max(m, max(c)),    s' = s * exp(m - m') + sum(exp(c - m')),
-
-(with m' = -inf handled so that -inf - -inf never produces NaN for a row that later turns finite): one
-exp per element.  The row's totals are M = max_p m_p and S = sum_p s_p * exp(m_p - M), and
-y = exp(x - M) / S.
-
-One launch does both phases: program g publishes the statistics of piece g (a release atomic on a
-per-row counter), then waits (acquire) until all pieces of the row of piece g - SPLITS are published
-and writes that piece's y.  Those pieces belong to programs < g only, which the GPU dispatches first
-(the forward-progress assumption of decoupled look-back scans), so the wait cannot deadlock; and piece
-g - SPLITS was read by a program that ran a moment ago, so its second read comes from L2, not HBM.
-Bytes from HBM stay close to the minimum (read x once, write y once) at any width.
-
-*Wide rows, persistent* (the default for float32 wide rows in eager calls; ops/_rowsync.py): the row's
-pieces are held in registers by co-resident programs (one cooperative launch sized from the compiled
-kernel's occupancy), each publishing its piece's (m_p, s_p) as one 64-bit word and combining the row's
-words itself: x is read once at any width.  Pipelined one row deep: row k's word is published and row
-k + 1's piece loaded before the program waits for row k - 1 and writes its y.  The backward does the same
-with the partial dots.  Traced calls (torch.compile) take the one-launch piece-wise kernels above.
-
-Backward.  From the saved output y and the incoming gradient dy:
+Backward, from the saved output y and the incoming gradient dy,
 
     dx_j = y_j * (dy_j - sum_k y_k dy_k).
 
-Single block: one pass (read y and dy, write dx).  Wide rows: the same one-launch scheme as the
-forward, with partial dots sum_p(y * dy) per piece in place of (m_p, s_p).
+Both need a statistic of the whole row before any element can be written: (m, s) in the forward, the dot
+sum(y * dy) in the backward.  The kernels differ in where the row lives while that statistic is formed.
 
-Special values follow ``torch.softmax``: a row of all -inf gives NaN (0/0), a +inf or a NaN anywhere in
-a row makes the whole row NaN, huge finite logits are exact thanks to the max subtraction.
+*Single block* (rows up to ``MAX_SINGLE_BLOCK`` columns, padded): a program loads a tile of BLOCK_M rows x BLOCK_N
+columns once into registers, reduces in float32 and writes: the fewest bytes (read x, write y; read y and dy,
+write dx).  The eager bf16 forward of the 16K bucket holds the row PACKED in bf16 (half the registers) under a
+register cap, so that three programs share an SM.
 
-Layout.  Rows are addressed as (outer, inner) pairs: for ``dim`` d of a tensor of shape
-(A..., N, C...), ``outer`` runs over A... and ``inner`` over C...; element (o, i, n) of x lives at
-``o * sxo + i * sxi + n * sxn``.  This covers the last dim, any other dim of a contiguous tensor and
-most strided views with no copy; other layouts are copied to contiguous first (``_row_strides``).
-Outputs are allocated contiguous in the input's shape, like ``torch.softmax``.
+*Wide rows, eager calls: persistent* (ops/_rowsync.py).  A row is cut into SPLITS pieces of at most BLOCK_N
+columns, each held in registers by its own program; the programs of a row are co-resident (one cooperative launch
+sized from the compiled kernel's occupancy), publish their piece's partials as one 64-bit word ((m_p, s_p), or the
+partial dot) and combine the row's words themselves, with
+
+    M = max_p m_p,   S = sum_p s_p exp(m_p - M),
+
+so every element is read once at any width.  Two forms:
+
+* register form (fp32, but for the forward's 128K bucket): pipelined one row deep, rows k - 1, k, k + 1 in
+  registers: publish row k, load row k + 1, wait for row k - 1 and write it;
+* SMEM-pipelined form (16-bit, and that bucket; ``STAGES`` > 1): one row in registers, the next rows' loads in
+  flight by cp.async (the wait is a called function, so Triton pipelines the row loop); the 16-bit backward past
+  ``HOLD_MIN_N`` HOLDs row k - 1 in registers and writes it after publishing row k, so the wait leaves the critical
+  path.
+
+16-bit rows whose width or row stride is not a multiple of 16 elements cannot be loaded as 16-byte vectors
+(ops/_rows.py); the persistent kernels take them in the VEC8 form (``VEC_WIN`` > 0: pieces on a window of whole
+vectors, the ragged head and tail as separate lanes) where every tensor of the launch shares the window, and the
+forward takes the piece-wise kernels below where they do not.
+
+*Wide rows, traced calls: piece-wise, one launch* (what Inductor emits under torch.compile).  Each piece's
+statistics come from streaming it in chunks of BLOCK_N with running values: for a new chunk c,
+
+    m' = max(m, max(c)),    s' = s * exp(m - m') + sum(exp(c - m'))
+
+(with m' = -inf read as 0 in the exponents, so -inf - -inf never appears): one exp per element.  Program g
+publishes the statistics of piece g (a release atomic on a per-row counter), then waits (acquire) until every
+piece of the row of piece g - SPLITS is published and writes that piece.  Those pieces belong to programs < g only,
+which the GPU dispatches first (the forward-progress assumption of decoupled look-back scans), so the wait cannot
+deadlock; and piece g - SPLITS was read a moment ago, so its second read comes from L2.  The backward does the same
+with partial dots.
+
+Special values follow ``torch.softmax``: a row of all -inf gives NaN (0/0), a +inf or a NaN anywhere in a row makes
+the whole row NaN, huge finite logits are exact thanks to the max subtraction.
+
+Layout.  Rows are (outer, inner) pairs (ops/_rows.py): element (o, i, n) of x lives at ``o * sxo + i * sxi +
+n * sxn``, which covers the last dim, any other dim of a contiguous tensor and most strided views with no copy;
+other layouts are copied to contiguous first.  Outputs are allocated contiguous in the input's shape, like
+``torch.softmax``.  Launch configurations: ops/softmax_config.py.
 """
 
 from __future__ import annotations
@@ -54,6 +64,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _cpp
+from . import softmax_config as cfg
 from ._common import (
     bits_to_f32,
     check_float_dtype,
@@ -61,53 +73,34 @@ from ._common import (
     concrete,
     config_override,  # noqa: F401  (re-exported for tests: config_override("softmax", ...))
     get_override,
-    override_epoch,
     next_power_of_2,
     normalize_dim,
+    override_epoch,
     use_fallback,
 )
-from . import _cpp
-from ._library import FusedOp, Kernel
+from ._library import _PLAIN, FusedOp, Kernel
+from ._rows import contiguous_strides, row_strides, rows_misaligned, vec8_window
 from ._rowsync import (
     balanced_pieces,
     bind_persistent,
     edge_load,
-    load_hint,
+    exp_scaled,
     load_piece,
     max_sum2,
-    pack_pair,
-    piece_exp_scaled,
     pack_flagged,
-    publish_max_sum,
+    pack_pair,
     piece_ptrs,
     program_piece,
     publish,
-    publish_piece,
-    store_hint,
+    publish_max_sum,
     unpack_pair,
+    vec_load,
+    vec_step,
+    vec_woff,
     wait_row,
     wait_row_max_sum,
     wait_row_max_sum_call,
     wait_row_sum_call,
-    vec_load,
-    vec_step,
-    vec_woff,
-)
-from .softmax_config import (  # noqa: F401
-    MAX_SINGLE_BLOCK,
-    MISALIGNED_PIECEWISE,
-    MISALIGNED_GRAIN,
-    MISALIGNED_VEC8,
-    MISALIGNED_WINDOW,
-    PERSIST_HOLD_MIN_N,
-    PERSIST_MAX_SINGLE_BLOCK,
-    WIDE_MODE,
-    WIDE_EVICT,
-    WIDE_STAGES,
-    _packed_config,
-    _persist_config,
-    _single_block_config,
-    _wide_config,
 )
 
 _OP = "fused_softmax"
@@ -127,15 +120,15 @@ def _softmax_fwd_kernel(
     syo, syi, syn,  # strides of Y for (outer, inner, column)
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next power of two >= N: the whole row in one tile
-    PACKED: tl.constexpr = False,  # 16-bit x: hold the row in its own dtype, converted again at each pass
+    PACKED: tl.constexpr,  # 16-bit x: hold the row in its own dtype, converted again at each pass
 ):
     """Single-block softmax: each program normalizes BLOCK_M full rows held in registers.
 
     PACKED (16-bit inputs): the row stays in registers as loaded, two values a register, and each pass converts
     what it reads (max in x's dtype, exact; sum and output in float32), so a thread holds half the registers of
     the float32 row: with ptxas's register cap, bf16 16K takes three 16-warp programs an SM instead of two
-    (softmax_config.PACKED_SINGLE_BLOCK, where the measurements are).  The output is exp2((x - m) log2 e - log2 s),
-    the same float32 math as e / s up to exp2 / log2 rounding."""
+    (softmax_config.PACKED).  The output is exp2((x - m) log2 e - log2 s), the same float32 math as e / s up to
+    exp2 / log2 rounding."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -185,9 +178,6 @@ def _softmax_fwd_wide_kernel(
     PIECE,  # columns per piece (a multiple of BLOCK_N)
     SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
     BLOCK_N: tl.constexpr,  # chunk streamed per loop iteration
-    STAGES: tl.constexpr = 1,  # software pipelining of the chunk loops (tl.range num_stages; softmax_config)
-    EVICT: tl.constexpr = 0,  # L2 hints (softmax_config.WIDE_EVICT): 1 phase-1 loads evict_last, 2 phase-2 loads
-                              # evict_first, 4 streaming (.cs) stores; bits
 ):
     """Wide rows in one launch: program g computes the statistics of piece g, then writes piece g - SPLITS.
 
@@ -205,9 +195,9 @@ def _softmax_fwd_wide_kernel(
         base = X + (row // INNER) * sxo + (row % INNER) * sxi
         m_p = -float("inf")  # running max of the piece
         s_p = 0.0  # running sum of exp(x - m_p)
-        for off in tl.range(start, end, BLOCK_N, num_stages=STAGES):
+        for off in tl.range(start, end, BLOCK_N, num_stages=1):
             c = off + cols
-            x = load_hint(base + c.to(tl.int64) * sxn, c < end, -float("inf"), EVICT & 1).to(tl.float32)
+            x = tl.load(base + c.to(tl.int64) * sxn, mask=c < end, other=-float("inf")).to(tl.float32)
             m_new = tl.maximum(m_p, tl.max(x, axis=0))
             # While only -inf has been seen, subtract 0 instead (-inf - -inf would be NaN).
             m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
@@ -239,13 +229,108 @@ def _softmax_fwd_wide_kernel(
         end = tl.minimum(start + PIECE, N)
         xb = X + (row // INNER) * sxo + (row % INNER) * sxi
         yb = Y + (row // INNER) * syo + (row % INNER) * syi
-        for off in tl.range(start, end, BLOCK_N, num_stages=STAGES):
+        for off in tl.range(start, end, BLOCK_N, num_stages=1):
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
-            x = load_hint(xb + c64 * sxn, cm, -float("inf"), EVICT & 2).to(tl.float32)
+            x = tl.load(xb + c64 * sxn, mask=cm, other=-float("inf")).to(tl.float32)
             y = tl.exp2((x - m) * 1.4426950408889634) * inv_s
-            store_hint(yb + c64 * syn, y.to(Y.dtype.element_ty), cm, (EVICT & 4) != 0)
+            tl.store(yb + c64 * syn, y.to(Y.dtype.element_ty), mask=cm)
+
+
+@triton.jit(do_not_specialize=["GROUPS"])
+def _softmax_fwd_persist_kernel(
+    X, Y,  # input / output (see _softmax_fwd_kernel)
+    M, N, INNER,
+    sxo, sxi, sxn,
+    syo, syi, syn,
+    SPLITS,  # pieces per row: program g holds piece g % SPLITS of rows g // SPLITS, + GROUPS, + 2 GROUPS, ...
+    PIECE,  # columns per piece (<= BLOCK_N; the last piece of a row may be shorter)
+    SLOTS,  # int64 [M * SPLITS], zeroed: each piece's published (max, sum of exp(x - max)) (ops/_rowsync.py)
+    GROUPS,  # row groups (the grid is GROUPS * SPLITS co-resident programs)
+    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
+    BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
+    PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter)
+    STAGES: tl.constexpr,  # 1: the register form; > 1: the SMEM-pipelined form
+    VEC_WIN: tl.constexpr,  # > 0 (SMEM form only): the VEC8 form on a window of VEC_WIN elements (16-bit rows at
+                            # any alignment, unit column stride; SPLITS * PIECE >= N + VEC_WIN - 1; Y's row offsets
+                            # congruent to X's mod VEC_WIN)
+):
+    """Wide rows, one read, persistent (ops/_rowsync.py).
+
+    Register form (STAGES 1), pipelined one row deep: iteration k publishes the (max, sum) of its piece of row k,
+    issues the load of row k + 1's piece, then waits for row k - 1 (published by every sibling one iteration ago,
+    so the wait rarely spins) and writes its y from the registers.  Three pieces in registers (rows k - 1, k,
+    k + 1), kept in the input's dtype.
+
+    SMEM-pipelined form (STAGES > 1): iteration k loads row k's piece, publishes, waits for row k and writes it;
+    ``tl.range(num_stages=STAGES)`` has Triton issue the piece loads of rows k + 1 .. k + STAGES - 1 ahead by
+    cp.async into shared memory, so the loads stay in flight while the program waits, without the registers of the
+    rows held ahead.
+
+    VEC8 (VEC_WIN > 0): the SMEM form with pieces on the row's window (``_rowsync.vec_step``), the head and tail
+    columns as edge lanes loaded a row ahead.
+    """
+    piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
+    if VEC_WIN > 0:
+        in_piece = tl.arange(0, BLOCK_N) < PIECE
+        # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+        # The edge lanes (the row's first piece) are loaded a row ahead, in registers, off the row's critical path.
+        ec_n, em_n, xe_n = edge_load(X, tl.cast(group, tl.int64), M, INNER, sxo, sxi, N, piece, -float("inf"), VEC_WIN)
+        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            # row r's piece and edge lanes (those loaded an iteration ago); the next row's edge lanes in flight
+            off, d, body, x, ec, em, xe, ec_n, em_n, xe_n = vec_step(
+                X, r, GROUPS, M, INNER, sxo, sxi, N, start, piece, in_piece, c64, ec_n, em_n, xe_n, -float("inf"),
+                BLOCK_N, VEC_WIN)
+            if PHASE != 1:
+                m_p, s_p = max_sum2(x.to(tl.float32), xe)
+                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
+            if PHASE != 0:
+                # (a call, so that the loop stays pipelined; all -inf row: m = -inf, NaN below as torch)
+                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)
+                offy = (r // INNER) * syo + (r % INNER) * syi
+                y = exp_scaled(x, m, 1.0 / s)
+                tl.store(Y + vec_woff(offy, d, VEC_WIN) + c64, y.to(Y.dtype.element_ty), mask=body)
+                ye = exp_scaled(xe, m, 1.0 / s)
+                tl.store(Y + offy + ec, ye.to(Y.dtype.element_ty), mask=em)
+        return
+    if STAGES > 1:
+        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
+            r = tl.cast(row, tl.int64)
+            # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
+            if PHASE != 1:
+                publish_max_sum(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+            if PHASE != 0:
+                # (a call, so that the loop stays pipelined; all -inf row: m = -inf, NaN below as torch)
+                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)
+                y = exp_scaled(x, m, 1.0 / s)
+                tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
+        return
+    r = tl.cast(group, tl.int64)
+    # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
+    # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
+    x_prev = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
+    if PHASE != 1:
+        publish_max_sum(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+    r = r + GROUPS
+    x_cur = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
+    # Rows k = 1, 2, ...: one iteration past the last row, for its output.
+    for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
+        r = tl.cast(row, tl.int64)
+        if PHASE != 1:
+            publish_max_sum(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
+        rn = r + GROUPS  # row k + 1's piece is in flight from here on
+        x_next = load_piece(X, rn, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
+        if PHASE != 0:  # the output of row k - 1
+            rp = r - GROUPS
+            # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
+            m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
+            y = exp_scaled(x_prev, m, 1.0 / s)
+            tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
+        x_prev = x_cur
+        x_cur = x_next
 
 
 # ==================================================================================================
@@ -279,6 +364,7 @@ def _softmax_bwd_kernel(
     tl.store(DX + (o * sgo + i * sgi)[:, None] + cols[None, :] * sgn, dx.to(DX.dtype.element_ty), mask=mask)
 
 
+
 @triton.jit
 def _softmax_bwd_wide_kernel(
     Y, DY, DX,  # saved output, incoming gradient, input gradient (written); strides below
@@ -291,8 +377,6 @@ def _softmax_bwd_wide_kernel(
     SPLITS, PIECE,
     SPLITS_P2: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    STAGES: tl.constexpr = 1,  # as in _softmax_fwd_wide_kernel
-    EVICT: tl.constexpr = 0,  # as in _softmax_fwd_wide_kernel
 ):
     """Wide-row backward in one launch, ordered like _softmax_fwd_wide_kernel: program g computes the
     partial dot of piece g, then writes dx = y * (dy - dot) for piece g - SPLITS."""
@@ -305,12 +389,12 @@ def _softmax_bwd_wide_kernel(
         yb = Y + (row // INNER) * syo + (row % INNER) * syi
         db = DY + (row // INNER) * sdo + (row % INNER) * sdi
         acc = tl.zeros([BLOCK_N], tl.float32)
-        for off in tl.range(start, end, BLOCK_N, num_stages=STAGES):
+        for off in tl.range(start, end, BLOCK_N, num_stages=1):
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
-            y = load_hint(yb + c64 * syn, cm, 0.0, EVICT & 1).to(tl.float32)
-            dy = load_hint(db + c64 * sdn, cm, 0.0, EVICT & 1).to(tl.float32)
+            y = tl.load(yb + c64 * syn, mask=cm, other=0.0).to(tl.float32)
+            dy = tl.load(db + c64 * sdn, mask=cm, other=0.0).to(tl.float32)
             acc += y * dy
         tl.store(DOT + g, tl.sum(acc, axis=0))
         tl.debug_barrier()
@@ -328,189 +412,13 @@ def _softmax_bwd_wide_kernel(
         yb = Y + (row // INNER) * syo + (row % INNER) * syi
         db = DY + (row // INNER) * sdo + (row % INNER) * sdi
         gb = DX + (row // INNER) * sgo + (row % INNER) * sgi
-        for off in tl.range(start, end, BLOCK_N, num_stages=STAGES):
+        for off in tl.range(start, end, BLOCK_N, num_stages=1):
             c = off + cols
             cm = c < end
             c64 = c.to(tl.int64)
-            y = load_hint(yb + c64 * syn, cm, 0.0, EVICT & 2).to(tl.float32)
-            dy = load_hint(db + c64 * sdn, cm, 0.0, EVICT & 2).to(tl.float32)
-            store_hint(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), cm, (EVICT & 4) != 0)
-
-
-@triton.jit(do_not_specialize=["GROUPS"])
-def _softmax_fwd_persist_kernel(
-    X, Y,  # input / output (see _softmax_fwd_kernel)
-    M, N, INNER,
-    sxo, sxi, sxn,
-    syo, syi, syn,
-    SPLITS,  # pieces per row: program g holds piece g % SPLITS of rows g // SPLITS, + GROUPS, + 2 GROUPS, ...
-    PIECE,  # columns per piece (<= BLOCK_N; the last piece of a row may be shorter)
-    SLOTS,  # int64 [M * SPLITS], zeroed: each piece's published (max, sum of exp(x - max)) (ops/_rowsync.py)
-    GROUPS,  # row groups (the grid is GROUPS * SPLITS co-resident programs)
-    SPLITS_P2: tl.constexpr,  # next power of two >= SPLITS
-    BLOCK_N: tl.constexpr,  # power of two >= PIECE: a piece is one register tile
-    PHASE: tl.constexpr,  # 2: one launch (GPU); 0 then 1: two launches (the interpreter)
-    LEAN: tl.constexpr = False,  # keep the statistics pass's exponentials (fp32) for the output: one
-                                 # conversion and one exp2 per element (a bf16 candidate: fewer instructions)
-    STAGES: tl.constexpr = 1,  # > 1: the SMEM-pipelined form (below)
-    LAG: tl.constexpr = False,  # with STAGES > 1: write row k - 1 (re-read from L2) after publishing row k
-    DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG OUTPUT: with STAGES > 1, each piece normalized by
-                                        # its own statistics, no publish and no wait: the same loads, math and
-                                        # stores without the exchange, to time what the exchange costs
-    PAIR: tl.constexpr = False,  # with STAGES > 1: two rows an iteration (rows k and k + GROUPS published, then
-                                 # both waited for), half the exchanges per byte (candidate, persist_pair)
-    HOLD: tl.constexpr = False,  # with STAGES > 1: as LAG, row k - 1 written after row k is published, but from its
-                                 # piece held in registers since the last iteration (persist_hold; lost forward)
-    VEC8: tl.constexpr = False,  # with STAGES > 1 (no other option): 16-bit rows at any alignment (unit column
-                                 # stride), pieces on the row's window of whole 16-byte vectors, the head and tail as
-                                 # edge lanes (ops/_rowsync.py; SPLITS * PIECE >= N + VEC_WIN - 1; Y's row offsets
-                                 # = X's mod VEC_WIN)
-    VEC_WIN: tl.constexpr = 8,  # VEC8: the window's alignment in elements (8: 16 bytes; 64: 128-byte lines)
-):
-    """Wide rows, one read, persistent (ops/_rowsync.py), pipelined one row deep.  Iteration k of a
-    program: publish the (max, sum) of its piece of row k, issue the load of row k + 1's piece, then wait
-    for row k - 1 (published by every sibling one iteration ago, so the wait rarely spins) and write its y
-    from the registers.  Three pieces in registers (rows k - 1, k, k + 1), kept in the input's dtype.
-
-    LEAN: row k - 1 is kept as its exponentials e = exp(x - m_p) from the statistics pass (float32) and
-    written as y = e * exp(m_p - m) / s: one exp2 and one conversion per element instead of two (the
-    last multiply folds into one FFMA form, x * log2 e - m_p * log2 e).  An all -inf piece has m_p = -inf
-    and e = 0 (m_p is taken as 0 there, as in the statistics), so y = 0 * exp(-m) / s: 0 for a finite row,
-    NaN for an all -inf row (exp(+inf) = inf), as torch.softmax; a NaN or +inf makes s NaN, so every y.
-
-    STAGES > 1 (the SMEM-pipelined form): one piece in registers.  Iteration k loads row k's piece, publishes,
-    waits for row k and writes it; ``tl.range(num_stages=STAGES)`` has Triton issue the piece loads of rows
-    k + 1 .. k + STAGES - 1 ahead by cp.async into shared memory, so the loads stay in flight while the program
-    waits, without the registers of the rows held ahead (session 9's counters: the register-held form keeps
-    about 32 KB in flight per SM at bf16, 55% of the DRAM peak, against 80% for fp32's 57 KB).
-
-    LAG (opt-in with STAGES > 1, ``persist_lag``): iteration k publishes row k's statistics, then waits for row
-    k - 1 -- which every sibling published an iteration ago, so the wait should not spin -- and writes row
-    k - 1 from a second load of its piece, which L2 still holds (the rows in flight across the GPU are a few
-    MB): the DRAM reads stay one, the wait's latency leaves the critical path.  One iteration runs past the last
-    row (for its output); iteration 0 waits for its own row and writes nothing.
-
-    HOLD (with STAGES > 1, ``persist_hold``; the 16-bit backward's default above 64K columns, softmax_config.
-    PERSIST_HOLD_MIN_N: 0.87-0.89 of copy against 0.74-0.85 at 128K-256K; it lost in the forward): LAG's schedule
-    with row k - 1's piece kept in registers (in the input's dtype) instead of loaded again: no second read, one
-    more piece of registers.  Session 12's no-exchange
-    diagnostic (issue10/run18_b/softmax_lean.log) puts the exchange's cost in the bf16 forward at 256K (0.76 without
-    it against 0.67-0.70) and the backward at 256K (0.86 against 0.75), not below 128K."""
-    piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
-    if STAGES > 1 and VEC8:
-        in_piece = tl.arange(0, BLOCK_N) < PIECE
-        # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-        # The edge lanes (the row's first piece) are loaded a row ahead, in registers, off the row's critical path.
-        ec_n, em_n, xe_n = edge_load(X, tl.cast(group, tl.int64), M, INNER, sxo, sxi, N, piece, -float("inf"), VEC_WIN)
-        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            # row r's piece and edge lanes (those loaded an iteration ago); the next row's edge lanes in flight
-            off, d, body, x, ec, em, xe, ec_n, em_n, xe_n = vec_step(
-                X, r, GROUPS, M, INNER, sxo, sxi, N, start, piece, in_piece, c64, ec_n, em_n, xe_n, -float("inf"),
-                BLOCK_N, VEC_WIN)
-            if PHASE != 1:
-                m_p, s_p = max_sum2(x.to(tl.float32), xe)
-                publish(SLOTS + r * SPLITS + piece, pack_pair(m_p, s_p), r < M)
-            if PHASE != 0:
-                # (a call, so that the loop stays pipelined; all -inf row: m = -inf, NaN below as torch)
-                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)
-                offy = (r // INNER) * syo + (r % INNER) * syi
-                y = piece_exp_scaled(x, x, 0.0, m, 1.0 / s, False)
-                tl.store(Y + vec_woff(offy, d, VEC_WIN) + c64, y.to(Y.dtype.element_ty), mask=body)
-                ye = piece_exp_scaled(xe, xe, 0.0, m, 1.0 / s, False)
-                tl.store(Y + offy + ec, ye.to(Y.dtype.element_ty), mask=em)
-        return
-    if STAGES > 1 and (LAG or HOLD):
-        xh = tl.full([BLOCK_N], -float("inf"), X.dtype.element_ty)  # HOLD: row k - 1's piece (iteration 0: unwritten)
-        for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            # -inf where masked (and for the row past the end): the identity of max; exp(-inf - m) = 0 of the sum.
-            x = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
-            if PHASE != 1:
-                publish_max_sum(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M)
-            if PHASE != 0:
-                rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))  # row k - 1 (iteration 0: row k, unwritten)
-                m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
-                live = cm & (c64 * 0 + row > group)
-                if HOLD:  # from registers
-                    xp = xh
-                else:  # LAG: loaded again (L2)
-                    xp = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxn, c64), mask=live, other=-float("inf"))
-                y = piece_exp_scaled(xp, xp, 0.0, m, 1.0 / s, False)  # (all -inf row: m = -inf, NaN as torch)
-                tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=live)
-            if HOLD:
-                xh = x
-        return
-    if STAGES > 1 and PAIR:
-        # PAIR: iteration k holds rows r = group + 2k GROUPS and r2 = r + GROUPS (the program's rows two at a time);
-        # both pieces are published before the first wait, so one exchange's latency serves two rows.
-        for row in tl.range(group, M, 2 * GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            r2 = r + GROUPS
-            ok2 = r2 < M
-            # -inf where masked (and for a second row past the end): the identity of max; exp(-inf - m) = 0 of the sum.
-            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
-            x2 = tl.load(piece_ptrs(X, r2, INNER, sxo, sxi, sxn, c64), mask=cm & (c64 * 0 + r2 < M), other=-float("inf"))
-            e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
-            e2, mps2 = publish_piece(x2.to(tl.float32), SLOTS + r2 * SPLITS + piece, ok2, PHASE != 1, LEAN)
-            if PHASE != 0:
-                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)
-                y = piece_exp_scaled(x, e, mps, m, 1.0 / s, LEAN)
-                tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
-                if ok2:
-                    m2, s2 = wait_row_max_sum_call(SLOTS + r2 * SPLITS, SPLITS)
-                    y2 = piece_exp_scaled(x2, e2, mps2, m2, 1.0 / s2, LEAN)
-                    tl.store(piece_ptrs(Y, r2, INNER, syo, syi, syn, c64), y2.to(Y.dtype.element_ty), mask=cm)
-        return
-    if STAGES > 1 and DIAG_NOSYNC:  # (diagnostic: see the argument; never a default, output wrong)
-        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
-            if PHASE != 0:
-                xf = x.to(tl.float32)
-                m_p = tl.max(xf, axis=0)
-                m_ps = tl.where(m_p == -float("inf"), 0.0, m_p)
-                s_p = tl.sum(tl.exp2((xf - m_ps) * 1.4426950408889634), axis=0)
-                y = piece_exp_scaled(x, x, 0.0, m_p, 1.0 / s_p, False)
-                tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
-        return
-    if STAGES > 1:
-        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-            x = tl.load(piece_ptrs(X, r, INNER, sxo, sxi, sxn, c64), mask=cm, other=-float("inf"))
-            e, mps = publish_piece(x.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
-            if PHASE != 0:
-                # (a call, so that the loop stays pipelined; all -inf row: m = -inf, NaN below as torch)
-                m, s = wait_row_max_sum_call(SLOTS + r * SPLITS, SPLITS)
-                y = piece_exp_scaled(x, e, mps, m, 1.0 / s, LEAN)
-                tl.store(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
-        return
-    r = tl.cast(group, tl.int64)
-    # -inf where masked: the identity of max, and exp(-inf - m) = 0 is the identity of the sum.
-    # Row k = 0 (peeled: nothing to write yet): publish, and load row 1.
-    x_prev = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
-    e_prev, mps_prev = publish_piece(x_prev.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
-    r = r + GROUPS
-    x_cur = load_piece(X, r, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
-    # Rows k = 1, 2, ...: one iteration past the last row, for its output.
-    for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
-        r = tl.cast(row, tl.int64)
-        e_cur, mps_cur = publish_piece(x_cur.to(tl.float32), SLOTS + r * SPLITS + piece, r < M, PHASE != 1, LEAN)
-        rn = r + GROUPS  # row k + 1's piece is in flight from here on
-        x_next = load_piece(X, rn, M, INNER, sxo, sxi, sxn, c64, cm, -float("inf"))
-        if PHASE != 0:  # the output of row k - 1
-            rp = r - GROUPS
-            # A row of all -inf keeps m = -inf: exp(-inf - -inf) = NaN below, as torch.softmax gives.
-            m, s = wait_row_max_sum(SLOTS + rp * SPLITS, SPLITS, SPLITS_P2)
-            y = piece_exp_scaled(x_prev, e_prev, mps_prev, m, 1.0 / s, LEAN)
-            tl.store(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), y.to(Y.dtype.element_ty), mask=cm)
-        if LEAN:
-            e_prev = e_cur
-            mps_prev = mps_cur
-        else:
-            x_prev = x_cur
-        x_cur = x_next
+            y = tl.load(yb + c64 * syn, mask=cm, other=0.0).to(tl.float32)
+            dy = tl.load(db + c64 * sdn, mask=cm, other=0.0).to(tl.float32)
+            tl.store(gb + c64 * sgn, (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
 
 
 @triton.jit(do_not_specialize=["GROUPS"])
@@ -526,19 +434,20 @@ def _softmax_bwd_persist_kernel(
     SPLITS_P2: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PHASE: tl.constexpr,
-    STAGES: tl.constexpr = 1,  # > 1: the SMEM-pipelined form, as in _softmax_fwd_persist_kernel
-    LAG: tl.constexpr = False,  # with STAGES > 1: as in _softmax_fwd_persist_kernel (row k - 1 re-read from L2)
-    DIAG_NOSYNC: tl.constexpr = False,  # DIAGNOSTIC ONLY, WRONG OUTPUT: as in _softmax_fwd_persist_kernel (each
-                                        # piece's own partial dot, no publish, no wait)
-    HOLD: tl.constexpr = False,  # with STAGES > 1: as in _softmax_fwd_persist_kernel (row k - 1 from registers)
-    VEC8: tl.constexpr = False,  # with STAGES > 1 (no other option): as in _softmax_fwd_persist_kernel (Y's, DY's
-                                 # and DX's row offsets equal mod VEC_WIN)
-    VEC_WIN: tl.constexpr = 8,  # as in _softmax_fwd_persist_kernel
+    STAGES: tl.constexpr,  # 1: the register form; > 1: the SMEM-pipelined form (as _softmax_fwd_persist_kernel)
+    HOLD: tl.constexpr,  # with STAGES > 1: write row k - 1 after publishing row k, from registers (below)
+    VEC_WIN: tl.constexpr,  # > 0 (SMEM form only): the VEC8 form, as _softmax_fwd_persist_kernel (Y's, DY's and
+                            # DX's row offsets congruent mod VEC_WIN)
 ):
-    """Wide-row backward, one read of y and dy, pipelined as _softmax_fwd_persist_kernel: publish row k's
-    partial dot, load row k + 1, wait for row k - 1 and write its dx = y * (dy - dot)."""
+    """Wide-row backward, one read of y and dy, in the forms of _softmax_fwd_persist_kernel: publish a row's partial
+    dot, wait for the row's other pieces, write dx = y * (dy - dot).
+
+    HOLD: iteration k publishes row k's partial dot, then waits for row k - 1 -- published by every sibling an
+    iteration ago, so the wait rarely spins -- and writes row k - 1 from the pieces of y and dy it kept in registers
+    (one more piece of registers, no second read).  One iteration runs past the last row (for its output); iteration
+    0 waits for its own row and writes nothing."""
     piece, group, start, cm, c64 = program_piece(SPLITS, PIECE, N, BLOCK_N)
-    if STAGES > 1 and VEC8:
+    if VEC_WIN > 0:
         in_piece = tl.arange(0, BLOCK_N) < PIECE
         # 0 where masked: the identity of the sum.  y's window phase d is dy's and dx's (the host checks).
         # The edge lanes (the row's first piece) are loaded a row ahead, in registers, off the row's critical path.
@@ -567,8 +476,8 @@ def _softmax_bwd_persist_kernel(
                 tl.store(DX + vec_woff(offg, d, VEC_WIN) + c64, (y * (dy - dot)).to(DX.dtype.element_ty), mask=body)
                 tl.store(DX + offg + ec, (ye * (dye - dot)).to(DX.dtype.element_ty), mask=em)
         return
-    if STAGES > 1 and (LAG or HOLD):
-        yh = tl.zeros([BLOCK_N], Y.dtype.element_ty)  # HOLD: row k - 1's pieces (iteration 0: nothing written)
+    if STAGES > 1 and HOLD:
+        yh = tl.zeros([BLOCK_N], Y.dtype.element_ty)  # row k - 1's pieces (iteration 0: nothing written)
         dyh = tl.zeros([BLOCK_N], DY.dtype.element_ty)
         for row in tl.range(group, M + GROUPS, GROUPS, num_stages=STAGES):
             r = tl.cast(row, tl.int64)
@@ -576,31 +485,16 @@ def _softmax_bwd_persist_kernel(
             y = load_piece(Y, r, M, INNER, syo, syi, syn, c64, cm, 0.0)
             dy = load_piece(DY, r, M, INNER, sdo, sdi, sdn, c64, cm, 0.0)
             if PHASE != 1:
-                publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y.to(tl.float32) * dy.to(tl.float32), axis=0)), r < M)
+                publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y.to(tl.float32) * dy.to(tl.float32), axis=0)),
+                        r < M)
             if PHASE != 0:
                 rp = tl.maximum(r - GROUPS, tl.cast(group, tl.int64))  # row k - 1 (iteration 0: row k, unwritten)
                 dot = wait_row_sum_call(SLOTS + rp * SPLITS, SPLITS)
                 live = cm & (c64 * 0 + row > group)
-                if HOLD:  # from registers
-                    yp = yh
-                    dyp = dyh
-                else:  # LAG: loaded again (L2)
-                    yp = tl.load(piece_ptrs(Y, rp, INNER, syo, syi, syn, c64), mask=live, other=0.0)
-                    dyp = tl.load(piece_ptrs(DY, rp, INNER, sdo, sdi, sdn, c64), mask=live, other=0.0)
-                dx = yp.to(tl.float32) * (dyp.to(tl.float32) - dot)
+                dx = yh.to(tl.float32) * (dyh.to(tl.float32) - dot)
                 tl.store(piece_ptrs(DX, rp, INNER, sgo, sgi, sgn, c64), dx.to(DX.dtype.element_ty), mask=live)
-            if HOLD:
-                yh = y
-                dyh = dy
-        return
-    if STAGES > 1 and DIAG_NOSYNC:  # (diagnostic: see the argument; never a default, output wrong)
-        for row in tl.range(group, M, GROUPS, num_stages=STAGES):
-            r = tl.cast(row, tl.int64)
-            y = tl.load(piece_ptrs(Y, r, INNER, syo, syi, syn, c64), mask=cm, other=0.0).to(tl.float32)
-            dy = tl.load(piece_ptrs(DY, r, INNER, sdo, sdi, sdn, c64), mask=cm, other=0.0).to(tl.float32)
-            if PHASE != 0:
-                dot = tl.sum(y * dy, axis=0)
-                tl.store(piece_ptrs(DX, r, INNER, sgo, sgi, sgn, c64), (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
+            yh = y
+            dyh = dy
         return
     if STAGES > 1:  # one row in registers, the next rows' loads in flight in shared memory
         for row in tl.range(group, M, GROUPS, num_stages=STAGES):
@@ -612,23 +506,24 @@ def _softmax_bwd_persist_kernel(
                 publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y * dy, axis=0)), r < M)
             if PHASE != 0:
                 dot = wait_row_sum_call(SLOTS + r * SPLITS, SPLITS)
-                tl.store(piece_ptrs(DX, r, INNER, sgo, sgi, sgn, c64), (y * (dy - dot)).to(DX.dtype.element_ty), mask=cm)
+                tl.store(piece_ptrs(DX, r, INNER, sgo, sgi, sgn, c64), (y * (dy - dot)).to(DX.dtype.element_ty),
+                         mask=cm)
         return
     r = tl.cast(group, tl.int64)
     # 0 where masked: the identity of the sum.
     y_prev = load_piece(Y, r, M, INNER, syo, syi, syn, c64, cm, 0.0)
     dy_prev = load_piece(DY, r, M, INNER, sdo, sdi, sdn, c64, cm, 0.0)
     if PHASE != 1:  # row 0, peeled
-        publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y_prev.to(tl.float32) * dy_prev.to(tl.float32), axis=0)),
-                r < M)
+        publish(SLOTS + r * SPLITS + piece,
+                pack_flagged(tl.sum(y_prev.to(tl.float32) * dy_prev.to(tl.float32), axis=0)), r < M)
     r = r + GROUPS
     y_cur = load_piece(Y, r, M, INNER, syo, syi, syn, c64, cm, 0.0)
     dy_cur = load_piece(DY, r, M, INNER, sdo, sdi, sdn, c64, cm, 0.0)
     for row in tl.range(group + GROUPS, M + GROUPS, GROUPS, num_stages=1):
         r = tl.cast(row, tl.int64)
         if PHASE != 1:  # (rows past the end publish nothing)
-            publish(SLOTS + r * SPLITS + piece, pack_flagged(tl.sum(y_cur.to(tl.float32) * dy_cur.to(tl.float32), axis=0)),
-                    r < M)
+            publish(SLOTS + r * SPLITS + piece,
+                    pack_flagged(tl.sum(y_cur.to(tl.float32) * dy_cur.to(tl.float32), axis=0)), r < M)
         rn = r + GROUPS
         y_next = load_piece(Y, rn, M, INNER, syo, syi, syn, c64, cm, 0.0)
         dy_next = load_piece(DY, rn, M, INNER, sdo, sdi, sdn, c64, cm, 0.0)
@@ -662,91 +557,25 @@ def softmax_backward_reference(y: torch.Tensor, dy: torch.Tensor, dim: int = -1)
 
 
 # ==================================================================================================
-# Launchers
+# Launch plans
 # ==================================================================================================
-# Configs: ops/softmax_config.py.
-
-
-def _row_strides(shape: torch.Size, stride: tuple[int, ...], dim: int):
-    """(OUTER, INNER, s_outer, s_inner, s_col) for rows along ``dim``, or None if a copy is needed.
-
-    Rows are (outer, inner) pairs: dims before ``dim`` must merge into one stride and dims after it
-    into another (true for the last dim, any dim of a contiguous tensor, transposes and slices).
-    """
-    groups = []
-    for lo, hi in ((0, dim), (dim + 1, len(shape))):
-        size, st = 1, 0
-        for k in range(hi - 1, lo - 1, -1):  # merge from the innermost dim outwards
-            if shape[k] == 1:
-                continue
-            if size == 1:
-                st = stride[k]
-            elif stride[k] != st * size:
-                return None
-            size *= shape[k]
-        groups.append((size, st))
-    (outer, so), (inner, si) = groups
-    return outer, inner, so, si, (stride[dim] if shape else 1)
-
-
-def _contiguous_strides(shape: torch.Size, dim: int) -> tuple[int, ...]:
-    out, acc = [], 1
-    for k in range(len(shape) - 1, -1, -1):
-        out.append(acc)
-        acc *= shape[k]
-    return _row_strides(shape, tuple(reversed(out)), dim)
-
-
 class _Plan:
     """Everything a launch needs that depends only on shapes, strides, dtype and dim (cached)."""
 
-    __slots__ = ("copy", "wide", "kernel", "m", "splits", "ints", "cpp", "persist", "groups", "fallback", "tma", "packed")
+    __slots__ = ("copy", "wide", "kernel", "m", "splits", "ints", "cpp", "persist", "groups", "fallback", "packed")
 
 
 _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
 
 
-def rows_misaligned(shape, strides, dim: int, elem: int, grain: int = 16) -> bool:
-    """16-bit rows with unit column stride whose width or row stride (of any input, in elements) is not a multiple
-    of ``grain``.  16: their loads cannot be 16-byte vectors (Triton knows an integer's divisibility by 16 only), and
-    the persistent kernels' cp.async then degrades to 2-byte loads.  64: rows not on 128-byte lines either.  (A row
-    copied to a contiguous buffer first has the width as its stride.)  False for other dtypes and strided columns."""
-    if elem != 2 or not len(shape):
-        return False
-    n = shape[dim]
-    row_strides = []
-    for st in strides:
-        v = _row_strides(shape, st, dim)
-        if v is None:
-            row_strides.append(n)  # copied: rows n apart
-            continue
-        _, inner, so, _, sc = v
-        if inner != 1 or sc != 1:
-            return False  # strided columns: no vectors either way (routing unchanged)
-        row_strides.append(so)
-    return bool(n % grain) or any(so % grain for so in row_strides)
-
-
-def rows_share_window(shape, strides, dim: int, win: int = 8) -> bool:
-    """Every input's rows (of ``rows_misaligned`` rows: unit column stride, one row index) at offsets congruent modulo
-    ``win`` elements to the contiguous output's (rows ``shape[dim]`` apart): the VEC8 persistent forms read and write
-    every row through one window (ops/_rowsync.py).  Inputs to be copied are (their copy is contiguous)."""
-    n = shape[dim]
-    for st in strides:
-        v = _row_strides(shape, st, dim)
-        if v is not None and (v[2] - n) % win:
-            return False
-    return True
-
-
-def _max_single_block(elem: int, direction: str, persist_ok: bool) -> int:
-    """The widest row (padded) a single-block program takes: MAX_SINGLE_BLOCK, or less where the persistent
-    kernels, which only eager calls take, beat the single block (softmax_config.PERSIST_MAX_SINGLE_BLOCK)."""
-    limit = get_override("softmax", "max_single_block", MAX_SINGLE_BLOCK)
-    if persist_ok and get_override("softmax", "wide_mode", WIDE_MODE.get((direction, elem), 0)) in (2, 3):
-        limit = min(limit, get_override("softmax", "persist_max_single_block",
-                                        PERSIST_MAX_SINGLE_BLOCK.get((direction, elem), limit)))
+def _max_single_block(elem: int, direction: str, persistent: bool) -> int:
+    """The widest row (padded) a single-block program takes: MAX_SINGLE_BLOCK, or less where wide rows go
+    persistent (eager calls) and that beats the single block (softmax_config.EAGER_MAX_SINGLE_BLOCK)."""
+    limit = get_override("softmax", "max_single_block", cfg.MAX_SINGLE_BLOCK)
+    if persistent:
+        limit = min(limit, get_override("softmax", "eager_max_single_block",
+                                        cfg.EAGER_MAX_SINGLE_BLOCK.get((direction, elem), limit)))
     return limit
 
 
@@ -755,11 +584,10 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     """Launch plan for inputs with ``strides`` (x; or y and dy) and a contiguous output.
 
     Cached, with the bound kernel: the per-call host cost is a dict lookup and one direct launch.
-    ``persist_ok``: real tensors (eager), where wide rows may take the persistent kernels (their grid
-    comes from the compiled binary's occupancy, at the first call); traced calls take the one-launch
-    piece-wise kernels, which Inductor emits in its own code.  A row that is not wide has one plan whatever
-    ``persist_ok`` says (cached under both keys): its bound kernels, and the C++ fast path's registration of
-    them, are shared by every caller.
+    ``persist_ok``: real tensors (eager), where wide rows take the persistent kernels (their grid comes from the
+    compiled binary's occupancy, at the first call); traced calls take the one-launch piece-wise kernels, which
+    Inductor emits in its own code.  A row that is not wide has one plan whatever ``persist_ok`` says (cached under
+    both keys): its bound kernels, and the C++ fast path's registration of them, are shared by every caller.
     """
     key = (shape, strides, dtype, dim, persist_ok, override_epoch())
     try:
@@ -769,22 +597,15 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     if plan is not None:
         return plan
     elem = dtype.itemsize
-    fwd = len(strides) == 1
-    n_pow2 = next_power_of_2(shape[dim] if len(shape) else 1)
-    packed = _packed_config(n_pow2, str(dtype)[6:]) if fwd and persist_ok else None  # eager bf16 forwards (config)
-    # 16-bit rows not 16-element aligned take the persistent kernels' VEC8 form where every row shares the output's
-    # window (softmax_config.MISALIGNED_VEC8: whole 16-byte vectors); other such forward rows take the piece-wise
-    # kernels, as traced calls do (MISALIGNED_PIECEWISE: the plain persistent form's loads are 2 bytes wide there)
-    # (an explicit wide_mode override wins)
-    misaligned = persist_ok and rows_misaligned(shape, strides, dim, elem)
-    grain = int(get_override("softmax", "misaligned_grain", MISALIGNED_GRAIN))  # (64: rows off 128-byte lines too)
-    wins = get_override("softmax", "vec_window", MISALIGNED_WINDOW)
-    win = next((w for w in ((wins,) if isinstance(wins, int) else wins) if rows_share_window(shape, strides, dim, w)),
-               0) if persist_ok and rows_misaligned(shape, strides, dim, elem, grain) else 0
-    vec8 = win > 0 and bool(get_override("softmax", "misaligned_vec8", MISALIGNED_VEC8))
-    persist_rows = persist_ok and not (fwd and MISALIGNED_PIECEWISE and get_override("softmax", "wide_mode", None)
-                                       is None and misaligned and not vec8)
-    wide = n_pow2 > _max_single_block(elem, "fwd" if fwd else "bwd", persist_rows) and packed is None
+    direction = "fwd" if len(strides) == 1 else "bwd"
+    n = shape[dim] if len(shape) else 1
+    n_pow2 = next_power_of_2(n)
+    packed = cfg.PACKED.get(n_pow2) if direction == "fwd" and persist_ok and dtype == torch.bfloat16 else None
+    # Eager 16-bit rows not 16-element aligned: the persistent kernels' VEC8 form where every tensor shares a window
+    # (ops/_rows.py); the forward's other such rows take the piece-wise kernels, as traced calls do.
+    win = vec8_window(shape, strides, dim, elem) if persist_ok else 0
+    persistent = persist_ok and not (direction == "fwd" and not win and rows_misaligned(shape, strides, dim, elem))
+    wide = n_pow2 > _max_single_block(elem, direction, persistent) and packed is None
     twin_key = key[:4] + (not persist_ok,) + key[5:]
     twin = _PLANS.get(twin_key)
     if twin is not None and not twin.wide and not wide and packed is None and not twin.packed:
@@ -793,85 +614,76 @@ def _plan(shape: torch.Size, strides: tuple[tuple[int, ...], ...], dtype: torch.
     plan = _Plan()
     plan.cpp = {}  # (device, with backward) -> C++ fast-path handles, or False (ops/_cpp.py)
     plan.persist = plan.groups = plan.fallback = None
-    plan.tma = False
     views, plan.copy = [], []
     for st in strides:
-        v = _row_strides(shape, st, dim)
+        v = row_strides(shape, st, dim)
         plan.copy.append(v is None)
-        views.append(v if v is not None else _contiguous_strides(shape, dim))
+        views.append(v if v is not None else contiguous_strides(shape, dim))
     outer, inner, *_ = views[0]
-    n = shape[dim] if len(shape) else 1
     m = outer * inner
-    out = _contiguous_strides(shape, dim)[2:]
+    out = contiguous_strides(shape, dim)[2:]
     ins = tuple(x for v in views for x in v[2:])
     plan.m = m
     plan.wide = wide
     plan.packed = packed is not None
-    if not plan.wide:
-        block_m, warps = _single_block_config(n_pow2, elem, "fwd" if fwd else "bwd")
+    check = (0,) if direction == "fwd" else (0, 1)
+    if not wide:
+        sb = cfg.single_block(direction, elem, n_pow2)
         plan.ints = (m, n, inner) + ins + out
         plan.splits = 0
-        fn = _softmax_fwd_kernel if fwd else _softmax_bwd_kernel
-        extra = dict(PACKED=packed is not None) if fwd else {}
-        if packed is not None:  # one row a program, its warps, ptxas's register cap (eager plans only)
-            block_m, warps = 1, packed[0]
-            if packed[1]:
-                extra["maxnreg"] = packed[1]
-        plan.kernel = Kernel(fn, (triton.cdiv(m, block_m),), check=(0,) if fwd else (0, 1), BLOCK_M=block_m,
-                             BLOCK_N=n_pow2, num_warps=warps, **extra)
-    elif (mode := get_override("softmax", "wide_mode", WIDE_MODE.get(("fwd" if fwd else "bwd", elem), 0))) in (2, 3) \
-            and persist_rows:
-        # mode 3: the TMA kernels of ops/softmax_gluon.py for rows they take (softmax over the last dim of rows with
-        # unit column stride, on an sm_90 GPU; checked per call), else the persistent kernels.
-        plan.tma = inner == 1 and mode == 3
-        # persistent pieces in registers (_softmax_*_persist_kernel): kernels bound at the first call
-        block, warps, per_sm, stages = _persist_config(elem, "fwd" if fwd else "bwd", n_pow2)
-        splits, piece = balanced_pieces(n + win - 1 if vec8 else n, block)  # (VEC8: the row's window, n + d)
+        if direction == "fwd":
+            extra = dict(PACKED=packed is not None)
+            if packed is not None:  # one row a program, its warps, ptxas's register cap (eager plans only)
+                sb = cfg.SingleBlock(1, packed.num_warps)
+                extra["maxnreg"] = packed.maxnreg
+            plan.kernel = Kernel(_softmax_fwd_kernel, (triton.cdiv(m, sb.block_m),), check=check, BLOCK_M=sb.block_m,
+                                 BLOCK_N=n_pow2, num_warps=sb.num_warps, **extra)
+        else:
+            plan.kernel = Kernel(_softmax_bwd_kernel, (triton.cdiv(m, sb.block_m),), check=check, BLOCK_M=sb.block_m,
+                                 BLOCK_N=n_pow2, num_warps=sb.num_warps)
+    elif persistent:  # pieces held in registers by co-resident programs: bound at the first call
+        p = cfg.persistent(direction, elem, n_pow2)
+        block = get_override("softmax", "persist_block", p.block_n)
+        splits, piece = balanced_pieces(n + win - 1 if win else n, block)  # (VEC8: the row's window, n + d)
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
         plan.splits = splits
         plan.kernel = None
-        meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, num_warps=warps)
-        if vec8:  # the SMEM-pipelined form, no other option
-            meta.update(STAGES=max(stages, 2), VEC8=True, VEC_WIN=win)
-        elif fwd and get_override("softmax", "persist_lean", False):  # candidate, not a default (see the kernel)
-            meta["LEAN"] = True
-        if stages > 1 and not vec8:  # the SMEM-pipelined form (else the key is left out: the register form as before)
-            meta["STAGES"] = stages
-            if get_override("softmax", "persist_lag", False):  # candidate, not a default (see the kernel)
-                meta["LAG"] = True
-            hold_min = PERSIST_HOLD_MIN_N.get(("fwd" if fwd else "bwd", elem))
-            if get_override("softmax", "persist_hold", hold_min is not None and n >= hold_min):  # (PERSIST_HOLD_MIN_N)
-                meta["HOLD"] = True
-            if get_override("softmax", "persist_diag_nosync", False):  # diagnostic only: wrong output (the kernel)
-                meta["DIAG_NOSYNC"] = True
-            if fwd and get_override("softmax", "persist_pair", False):  # candidate, not a default (see the kernel)
-                meta["PAIR"] = True
-        plan.persist = (_softmax_fwd_persist_kernel if fwd else _softmax_bwd_persist_kernel, per_sm, meta)
+        # (VEC8 exists in the SMEM form only: every 16-bit entry of the table is one)
+        meta = dict(SPLITS_P2=next_power_of_2(splits), BLOCK_N=block, STAGES=max(p.stages, 2) if win else p.stages,
+                    VEC_WIN=win, num_warps=p.num_warps)
+        if direction == "bwd":
+            hold_min = get_override("softmax", "hold_min_n", cfg.HOLD_MIN_N.get((direction, elem)))
+            meta["HOLD"] = p.stages > 1 and not win and hold_min is not None and n >= hold_min
+        plan.persist = (_softmax_fwd_persist_kernel if direction == "fwd" else _softmax_bwd_persist_kernel, p.per_sm,
+                        meta)
         plan.fallback = _plan(shape, strides, dtype, dim, False)
-    else:
-        block, splits, piece, warps = _wide_config(n, elem, "fwd" if fwd else "bwd")
+    else:  # piece-wise, one launch
+        pw = cfg.PIECEWISE[(direction, elem)]
+        block = get_override("softmax", "wide_block", pw.block_n)
+        piece = triton.cdiv(get_override("softmax", "wide_piece", pw.piece), block) * block
+        piece = min(piece, triton.cdiv(n, block) * block)
+        splits = triton.cdiv(n, piece)
         plan.ints = (m, n, inner) + ins + out + (splits, piece)
         plan.splits = splits
-        fn = _softmax_fwd_wide_kernel if fwd else _softmax_bwd_wide_kernel
+        fn = _softmax_fwd_wide_kernel if direction == "fwd" else _softmax_bwd_wide_kernel
         # grid + SPLITS: the last row's phase 2
-        plan.kernel = Kernel(fn, (m * splits + splits,), check=(0,) if fwd else (0, 1), SPLITS_P2=next_power_of_2(splits), BLOCK_N=block,
-                             STAGES=int(get_override("softmax", "stages", WIDE_STAGES)),
-                             EVICT=int(get_override("softmax", "wide_evict", WIDE_EVICT)), num_warps=warps)
+        plan.kernel = Kernel(fn, (m * splits + splits,), check=check, SPLITS_P2=next_power_of_2(splits), BLOCK_N=block,
+                             num_warps=pw.num_warps)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = plan
-    if not plan.wide and not plan.packed and n_pow2 <= _max_single_block(elem, "fwd" if fwd else "bwd", not persist_ok):
+    if not plan.wide and not plan.packed and n_pow2 <= _max_single_block(elem, direction, not persist_ok):
         _PLANS[twin_key] = plan  # single block for either caller: one plan
     return plan
 
 
+# ==================================================================================================
+# Launchers
+# ==================================================================================================
 def _validate(x: object, dim: int) -> tuple[torch.Tensor, int]:
     x = check_tensor(_OP, "input", x)
     check_float_dtype(_OP, "input", x, allow_float64=True)
     return x, normalize_dim(_OP, dim, x.dim())
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _persist_launch(plan: _Plan, tensors: tuple) -> bool:
@@ -890,36 +702,21 @@ def _persist_launch(plan: _Plan, tensors: tuple) -> bool:
     return True
 
 
-def _tma(plan: _Plan, *tensors: torch.Tensor) -> torch.Tensor | None:
-    """WIDE_MODE 3: the TMA kernel of ops/softmax_gluon.py over the last dim (forward for x, backward for y, dy), its
-    result in the input's shape; None where it does not take the tensors (then the persistent kernels run)."""
-    from . import softmax_gluon  # (imported on first use: Gluon's import is not free)
-
-    n = tensors[0].shape[-1]
-    try:  # rows with unit column stride (no copy: a layout that needs one is declined)
-        rows = [t.view(plan.m, n) for t in tensors]
-    except RuntimeError:
-        return None
-    if any(softmax_gluon.supported(r) is not None for r in rows):
-        return None
-    launch = softmax_gluon.softmax_forward_tma if len(rows) == 1 else softmax_gluon.softmax_backward_tma
-    return launch(*rows).view(tensors[0].shape)
-
-
 def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Launch the softmax forward of ``x`` along ``dim`` (already normalized); returns a contiguous y.
 
-    Layouts that ``_row_strides`` cannot express (e.g. a 4-D permute mixing both sides of ``dim``) are
+    Layouts that ``row_strides`` cannot express (e.g. a 4-D permute mixing both sides of ``dim``) are
     copied to contiguous first: one extra read and write of x.
     """
+    return _forward(x, dim, type(x) in _PLAIN)
+
+
+def _forward(x: torch.Tensor, dim: int, persist_ok: bool) -> torch.Tensor:
+    """``softmax_forward`` on the route of an eager (``persist_ok``) or a traced call."""
     y = torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
-    plan = _plan(x.shape, (x.stride(),), x.dtype, dim, type(x) in _PLAIN)
-    if plan.tma and x.is_cuda:
-        y2 = _tma(plan, x)
-        if y2 is not None:
-            return y2
+    plan = _plan(x.shape, (x.stride(),), x.dtype, dim, persist_ok)
     if plan.copy[0]:
         x = x.contiguous()
     if plan.persist is not None and _persist_launch(plan, (x, y)):
@@ -937,16 +734,17 @@ def softmax_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def softmax_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tensor:
     """Launch the softmax backward: dx = y * (dy - sum(y * dy)) along ``dim``; returns a contiguous dx."""
+    return _backward(y, dy, dim, type(y) in _PLAIN and type(dy) in _PLAIN)
+
+
+def _backward(y: torch.Tensor, dy: torch.Tensor, dim: int, persist_ok: bool) -> torch.Tensor:
+    """``softmax_backward`` on the route of an eager (``persist_ok``) or a traced call."""
     dx = torch.empty_like(y) if y.is_contiguous() else torch.empty(y.shape, dtype=y.dtype, device=y.device)
     if y.numel() == 0:
         return dx
     if dy.dtype != y.dtype:
         dy = dy.to(y.dtype)
-    plan = _plan(y.shape, (y.stride(), dy.stride()), y.dtype, dim, type(y) in _PLAIN and type(dy) in _PLAIN)
-    if plan.tma and y.is_cuda:
-        dx2 = _tma(plan, y, dy)
-        if dx2 is not None:
-            return dx2
+    plan = _plan(y.shape, (y.stride(), dy.stride()), y.dtype, dim, persist_ok)
     if plan.copy[0]:
         y = y.contiguous()
     if plan.copy[1]:
