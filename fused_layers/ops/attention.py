@@ -358,15 +358,16 @@ def _attn_fwd_kernel(
 def _attn_bwd_preprocess(
     O, DO,  # noqa: E741  (output and its gradient, indexed like Q: strides so*, sdo*)
     DELTA,  # fp32 rowsum(dO * O), laid out like LSE (strides slb, slh)
-    CU_Q,
+    CU_Q,  # int32 [B + 1] cumulative sequence offsets (only when VARLEN)
     sob, soh, sos, sod,
     sdob, sdoh, sdos, sdod,
     slb, slh,
     H, SQ, HEAD_DIM,
     VARLEN: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_D: tl.constexpr,
 ):
+    """One program: delta = rowsum(dO * O) of BLOCK_M query rows of one head (the backward's dS term)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H

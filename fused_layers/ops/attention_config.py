@@ -67,7 +67,7 @@ TILES_FP32: dict[tuple[str, int], Tiles] = {
 # Under the interpreter: 16 x 16 tiles, so that the tests' small shapes span several of them.
 TILES_INTERPRETER = Tiles(16, 16, 4, 2)
 
-# The backward's delta = rowsum(dO * O) kernel: query rows a program.
+# The backward's delta = rowsum(dO * O) kernel: query rows a program (not timed: a memory-bound pass of 2 reads).
 PREPROCESS_BLOCK_M = 64
 
 
