@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fused_layers import fused_attention
-from fused_layers.ops._common import config_override
-from fused_layers.ops.attention import _dropout_bits, attention_dropout_mask, draw_dropout_seed
+from fused_layers.ops.attention import attention_dropout_mask, draw_dropout_seed
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -50,23 +49,18 @@ CASES = [  # (B, Hq, Hkv, Sq, Sk, D, causal, key padding)
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}H{}/{}S{}x{}D{}{}{}".format(*c[:6], "c" if c[6] else "", "m" if c[7] else ""))
+def _case_id(c):
+    return "B{}H{}/{}S{}x{}D{}{}{}".format(*c[:6], "c" if c[6] else "", "m" if c[7] else "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bits", [16, 8])  # random bits per element (attention config "dropout_bits")
-def test_dropout_matches_reference_with_same_mask(case, dtype, device, bits):
-    if bits == 8 and dtype == torch.bfloat16 and case[6]:
-        pytest.skip("8-bit masks: the float32 cases and the non-causal bf16 ones are enough")
-    with config_override("attention", dropout_bits=bits):
-        _dropout_matches_reference(case, dtype, device)
-
-
-def _dropout_matches_reference(case, dtype, device):
+def test_dropout_matches_reference_with_same_mask(case, dtype, device):
     dev = _dev(device)
     B, Hq, Hkv, Sq, Sk, D, causal, padded = case
-    p = 0.1  # not a multiple of 2^-bits: the kept values are scaled by 1 / (1 - p rounded to the mask's steps)
-    bits = _dropout_bits()
-    p_eff = round(p * 2**bits) / 2**bits
+    p = 0.1  # not a multiple of 1/256: the kept values are scaled by 1 / (1 - p rounded to the mask's steps)
+    p_eff = round(p * 256) / 256
     q = torch.randn(B, Hq, Sq, D, device=dev, dtype=dtype, requires_grad=True)
     k = torch.randn(B, Hkv, Sk, D, device=dev, dtype=dtype, requires_grad=True)
     v = torch.randn(B, Hkv, Sk, D, device=dev, dtype=dtype, requires_grad=True)
@@ -90,46 +84,17 @@ def _dropout_matches_reference(case, dtype, device):
         torch.testing.assert_close(a.double(), b, atol=tol * scale * 2, rtol=tol * 2, msg=f"d{name}")
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_seven_philox_rounds(device):
-    """dropout_rounds=7 (a sweep candidate: 30% less mask work): another stream, and the kernels' output and
-    gradients still match the reference built from its mask."""
-    seed = torch.tensor([99], dtype=torch.int64, device=_dev(device))
-    k10 = attention_dropout_mask(seed, 1, 2, 48, 48, 0.3)
-    with config_override("attention", dropout_rounds=7):
-        k7 = attention_dropout_mask(seed, 1, 2, 48, 48, 0.3)
-        if device == "cpu":
-            _mask_statistics(8)
-        _dropout_matches_reference(CASES[0], torch.float32, device)
-    assert 0.25 < (k7 != k10).float().mean().item() < 0.6
-    with config_override("attention", dropout_rounds=6), pytest.raises(ValueError, match="dropout_rounds"):
-        attention_dropout_mask(seed, 1, 1, 8, 8, 0.5)
-
-
-@pytest.mark.parametrize("bits", [16, 8])
-def test_mask_statistics(bits):
-    with config_override("attention", dropout_bits=bits):
-        _mask_statistics(bits)
-    seed = torch.tensor([99], dtype=torch.int64)
-    with config_override("attention", dropout_bits=8):
-        k8 = attention_dropout_mask(seed, 1, 2, 48, 48, 0.3)
-    with config_override("attention", dropout_bits=16):
-        k16 = attention_dropout_mask(seed, 1, 2, 48, 48, 0.3)
-    assert 0.25 < (k8 != k16).float().mean().item() < 0.6  # two streams, not one a prefix of the other
-    with config_override("attention", dropout_bits=12), pytest.raises(ValueError, match="dropout_bits"):
-        attention_dropout_mask(seed, 1, 1, 8, 8, 0.5)
-
-
-def _mask_statistics(bits):
+def test_mask_statistics():
+    """The keep mask keeps 1 - p (p in steps of 1/256) with no structure along rows, columns or heads; another seed
+    gives another mask."""
     p = 0.2
     seed = torch.tensor([123456789], dtype=torch.int64)
     keep = attention_dropout_mask(seed, 2, 4, 64, 64, p)
     n = keep.numel()
     frac = keep.float().mean().item()
-    p_eff = round(p * 2**bits) / 2**bits  # p acts in steps of 2^-bits
+    p_eff = round(p * 256) / 256
     assert abs(frac - (1 - p_eff)) < 5 * math.sqrt(p * (1 - p) / n)
-    # no structure along rows, columns or heads: each slice keeps about 1 - p
-    for d in (2, 3):
+    for d in (2, 3):  # each slice keeps about 1 - p
         fr = keep.float().mean(dim=d)
         assert (fr - (1 - p)).abs().max() < 0.25
     heads = keep.flatten(2)
@@ -168,7 +133,8 @@ def test_sdpa_positional_signature():
     q, k, v = (torch.randn(2, 2, 11, 16) for _ in range(3))
     # (query, key, value, attn_mask, dropout_p, is_causal, *, scale, enable_gqa), as F.scaled_dot_product_attention
     torch.testing.assert_close(fused_attention(q, k, v, None, 0.0, True, scale=0.3),
-                               F.scaled_dot_product_attention(q, k, v, None, 0.0, True, scale=0.3), atol=2e-5, rtol=2e-5)
+                               F.scaled_dot_product_attention(q, k, v, None, 0.0, True, scale=0.3),
+                               atol=2e-5, rtol=2e-5)
     with pytest.raises(TypeError):
         fused_attention(q, k, v, None, 0.0, True, 0.3)  # scale is keyword-only, as in SDPA
 
@@ -204,12 +170,12 @@ def test_dropout_under_torch_compile_draws_a_new_mask_each_call():
 
 
 def test_dropout_p_that_rounds_to_one_drops_everything_without_nan():
-    """p = 0.999 rounds to 256/256 at 8 bits: every probability is dropped; the output and gradients are
-    0 (F.dropout with p = 1), not NaN from a 1 / (1 - 1) scale."""
-    q, k, v = (torch.randn(1, 2, 20, 16, requires_grad=True, device="cuda" if torch.cuda.is_available() else "cpu") for _ in range(3))
-    with config_override("attention", dropout_bits=8):
-        out = fused_attention(q, k, v, dropout_p=0.999)
-        out.sum().backward()
+    """p = 0.999 rounds to 256/256: every probability is dropped; the output and gradients are 0 (F.dropout with
+    p = 1), not NaN from a 1 / (1 - 1) scale."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (torch.randn(1, 2, 20, 16, requires_grad=True, device=dev) for _ in range(3))
+    out = fused_attention(q, k, v, dropout_p=0.999)
+    out.sum().backward()
     assert torch.equal(out, torch.zeros_like(out))
     for t in (q, k, v):
         assert torch.isfinite(t.grad).all() and t.grad.abs().max() == 0

@@ -42,9 +42,9 @@ def test_kinds_follow_the_compiled_signature():
 
 
 def test_roles_of_attention_launches():
-    """Attention kernels take their floats before their ints, and the dK/dV kernel one pointer after them."""
+    """Attention kernels take their floats before their ints."""
     assert _cpp.roles(2, 3, 1) == "ppiiif"
-    assert _cpp.roles(2, 2, 1, floats_first=True, tail_ptrs=1) == "ppfiip"
+    assert _cpp.roles(2, 2, 1, floats_first=True) == "ppfii"
 
 
 @pytest.mark.parametrize("bad", [
@@ -494,7 +494,7 @@ _CPP_POINTERS = {
     "_softmax_bwd_kernel": ["Y", "DY", "DX"],
     "_attn_fwd_kernel": ["Q", "K", "V", "O", "LSE", "KB", "CU_Q", "CU_K", "SEED"],
     "_attn_bwd_preprocess": ["O", "DO", "DELTA", "CU_Q"],
-    "_attn_bwd_dkdv_kernel": ["Q", "K", "V", "DO", "DK", "DV", "LSE", "DELTA", "KB", "CU_Q", "CU_K", "SEED", "DQA"],
+    "_attn_bwd_dkdv_kernel": ["Q", "K", "V", "DO", "DK", "DV", "LSE", "DELTA", "KB", "CU_Q", "CU_K", "SEED"],
     "_attn_bwd_dq_kernel": ["Q", "K", "V", "DO", "DQ", "LSE", "DELTA", "KB", "CU_Q", "CU_K", "SEED"],
 }
 
@@ -572,7 +572,7 @@ def test_cpu_fast_call_lookup(dry_run):
     k, v = (torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(2))
     st = list(q.stride())
     plan = ext.register_attention(_fake_launch(ext, "p" * 9 + "fff"), _fake_launch(ext, "pppp"),
-                                  _fake_launch(ext, "p" * 12 + "ffff" + "p"), _fake_launch(ext, "p" * 11 + "ffff"),
+                                  _fake_launch(ext, "p" * 12 + "ffff"), _fake_launch(ext, "p" * 11 + "ffff"),
                                   st, [1, 4, 16], st, list(k.stride()), list(v.stride()))
     ext.bind_attention(q, k, v, True, 0.0, True, plan, 1.0)
     assert fused_attention(q, k, v, is_causal=True, enable_gqa=True).grad_fn.name() == "FusedAttentionBackward"
@@ -593,7 +593,7 @@ def test_cpu_softmax_and_attention_node_wiring(dry_run):
     k, v = (torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(2))
     strides = list(q.stride())
     plan = ext.register_attention(_fake_launch(ext, "p" * 9 + "fff"), _fake_launch(ext, "pppp"),
-                                  _fake_launch(ext, "p" * 12 + "ffff" + "p"), _fake_launch(ext, "p" * 11 + "ffff"),
+                                  _fake_launch(ext, "p" * 12 + "ffff"), _fake_launch(ext, "p" * 11 + "ffff"),
                                   strides, [1, 4, 16], strides, list(k.stride()), list(v.stride()))
     out = ext.attention_apply(q, k, v, 0.5, 0.35, None, 0.0, 1.0, plan)
     assert out.grad_fn.name() == "FusedAttentionBackward" and len(out.grad_fn.next_functions) == 3

@@ -723,7 +723,7 @@ struct AttnBackward : public Node {
     const void* sp = seed.defined() ? seed.data_ptr() : qp;  // the forward's seed regenerates its mask
     launch(g_launches[(size_t)P.pre], {out.data_ptr(), dout.data_ptr(), delta.data_ptr(), qp}, {});
     launch(g_launches[(size_t)P.dkdv], {qp, k.data_ptr(), v.data_ptr(), dout.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                                        lse.data_ptr(), delta.data_ptr(), qp, qp, qp, sp, qp},
+                                        lse.data_ptr(), delta.data_ptr(), qp, qp, qp, sp},
            {qk_scale_, scale_, dropout_p_, dropout_scale_});
     launch(g_launches[(size_t)P.dq], {qp, k.data_ptr(), v.data_ptr(), dout.data_ptr(), dq.data_ptr(), lse.data_ptr(),
                                       delta.data_ptr(), qp, qp, qp, sp},

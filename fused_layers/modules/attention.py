@@ -67,7 +67,9 @@ def _mask_fusable(attn_mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tens
     if attn_mask is None:
         return True
     if q.dim() != 4 or k.dim() != 4:
-        return q.dim() == k.dim() == 3 and key_bias_from_mask(attn_mask, q.shape[0], 1, q.shape[-2], k.shape[-2]) is not None
+        if not q.dim() == k.dim() == 3:
+            return False
+        return key_bias_from_mask(attn_mask, q.shape[0], 1, q.shape[-2], k.shape[-2]) is not None
     try:
         return key_bias_from_mask(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2]) is not None
     except ValueError:
@@ -169,10 +171,12 @@ class FusedMultiheadAttention(nn.MultiheadAttention):
         if attn_mask is not None:
             causal = bool(is_causal) or _is_causal_mask(attn_mask, tgt_len, src_len)
         elif is_causal:
-            raise RuntimeError("FusedMultiheadAttention: need attn_mask if specifying the is_causal hint (as nn.MultiheadAttention)")
+            raise RuntimeError("FusedMultiheadAttention: need attn_mask if specifying the is_causal hint "
+                               "(as nn.MultiheadAttention)")
         why = self._fallback_reason(query, need_weights, attn_mask, is_causal, causal)
         if why is not None:
-            warn_once(f"FusedMultiheadAttention:{why}", f"FusedMultiheadAttention: {why}; using nn.MultiheadAttention.forward.")
+            warn_once(f"FusedMultiheadAttention:{why}",
+                      f"FusedMultiheadAttention: {why}; using nn.MultiheadAttention.forward.")
             return super().forward(
                 query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
                 attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal,

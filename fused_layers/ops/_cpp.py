@@ -172,13 +172,12 @@ def fast_call(fn_name: str, *args: Any) -> Any:
         return None
 
 
-def roles(n_ptrs: int, n_ints: int, n_floats: int = 0, floats_first: bool = False, tail_ptrs: int = 0,
-          descs: int = 0) -> str:
+def roles(n_ptrs: int, n_ints: int, n_floats: int = 0, floats_first: bool = False, descs: int = 0) -> str:
     """The runtime arguments of a launch, in the kernel's order: 'p' pointer, 'i' int, 'f' float, 'd' a host
     TMA descriptor (TensorDescriptor; see ``register``).  Most kernels take pointers, ints, floats; attention's
-    take pointers, floats, ints (and one more pointer); the Gluon norm backward pointers, ints, descriptors."""
+    take pointers, floats, ints; the Gluon norm backward pointers, ints, descriptors."""
     mid = "f" * n_floats + "i" * n_ints if floats_first else "i" * n_ints + "f" * n_floats
-    return "p" * n_ptrs + mid + "p" * tail_ptrs + "d" * descs
+    return "p" * n_ptrs + mid + "d" * descs
 
 
 def _kinds(compiled: Any, fn: Any, roles: str) -> str | None:

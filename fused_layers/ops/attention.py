@@ -11,18 +11,21 @@ key; for Sq < Sk row i sees only keys 0..i).
 
 Forward (online softmax).  A program owns BLOCK_M query rows and streams K and V in tiles of BLOCK_N
 keys, never materializing S.  It keeps, per row, the running max m, the running sum l and an fp32
-accumulator A.  Working in base 2 with the scale folded in (s2 = S * log2(e), exp2 is the native
-instruction), for each tile
+accumulator A.  Working in base 2 (exp2 is the native instruction) with c = scale * log2(e) > 0 and the
+raw scores x = Q K^T of a tile, for each tile
 
-    m' = max(m, rowmax(s2)),   P~ = exp2(s2 - m'),   a = exp2(m - m'),
-    l' = a * l + rowsum(P~),   A' = a * A + P~ V,
+    m' = max(m, c * rowmax(x)),   P~ = exp2(c * x - m'),   a = exp2(m - m'),
+    l' = a * l + rowsum(P~),      A' = a * A + P~ V,
 
 and at the end O = A / l and the base-2 log-sum-exp L = m + log2(l) is saved (fp32, O(S) memory) for
-the backward.  A row with no allowed key (all of its keys masked) keeps m = -inf: the kernel subtracts 0
-instead of -inf there (no -inf - -inf = NaN), so l = 0 and the row's output is 0, which is what SDPA
-returns on this torch version; its saved L is +inf so that the backward recomputes P = 0 for it (zero
-gradients, like SDPA).  Within a program the key range is split in two: tiles that are fully visible to
-every row (no mask arithmetic at all) and the tiles on the causal diagonal or the ragged end of Sk (masked).
+the backward.  The scale sits inside exp2's argument (one FMA a score) and on the row max, since c > 0
+gives max(c x) = c max(x); with a key bias the scores are scaled first, s2 = c x + b log2(e), and
+m' = max(m, rowmax(s2)), P~ = exp2(s2 - m').  A row with no allowed key (all of its keys masked) keeps
+m = -inf: the kernel subtracts 0 instead of -inf there (no -inf - -inf = NaN), so l = 0 and the row's
+output is 0, which is what SDPA returns on this torch version; its saved L is +inf so that the backward
+recomputes P = 0 for it (zero gradients, like SDPA).  Within a program the key range is split in two:
+tiles that are fully visible to every row (no mask arithmetic at all) and the tiles on the causal diagonal
+or the ragged end of Sk (masked).
 
 Backward.  With dO the incoming gradient, recompute P = exp2(s2 - L) from the saved L, then
 
@@ -33,7 +36,9 @@ Three kernels: ``_attn_bwd_preprocess`` computes delta; ``_attn_bwd_dkdv_kernel`
 one K/V head and loops over the query blocks of *every query head of its group* (grouped-query
 attention: the dK/dV of a shared K/V head sum over its Hq/Hkv query heads in registers, no atomics);
 ``_attn_bwd_dq_kernel`` owns BLOCK_M queries and loops over key blocks.  Query rows past the end of the
-sequence load L = +inf, so they contribute P = 0 without any mask arithmetic.
+sequence load L = +inf, so they contribute P = 0 without any mask arithmetic.  Where it measured faster
+(dense bf16, Sk >= 4096, ``attention_config.BWD_TMA_CASES``) the dK/dV kernel loads its Q and dO tiles
+through TMA tensor descriptors (``USE_TMA``) instead of pointer loads.
 
 Layouts.  Dense tensors are (B, H, S, D) with any strides (views of a fused qkv projection, transposes
 of (B, S, H, D)); no copy is made.  Packed variable-length sequences (``fused_attention_varlen``, the
@@ -53,72 +58,52 @@ O = (P * Z) V: the forward drops elements of P~ before the P~ V product only (th
 undropped P~, as softmax-then-dropout does) and multiplies O by 1 / (1 - p) in the epilogue; the saved L
 is unchanged.  Backward: dV = (P * Z)^T dO, dP = (dO V^T) * Z, dS = P * (dP - delta) with the same
 delta = rowsum(dO * O) (= rowsum(P * dP)).  M is never stored: every kernel regenerates it from
-Philox-4x32 (``_dropout_keep``), with the counters (key j // 16, query i, b * H + h, 1) and
+Philox-4x32-10 (``_dropout_keep``), with the counters (key j // 16, query i, b * H + h, 1) and
 a 64-bit seed drawn from torch's RNG per call, so the backward sees the forward's mask and
 ``torch.manual_seed`` reproduces it.  One Philox call serves 16 keys of a row (8 bits each, so p acts in
-steps of 1/256, as FlashAttention-2's dropout; ``dropout_bits=16``: 8 keys, steps of 2^-16), and the kept
-values are scaled by 1 / (1 - p') with p' the rounded p (``_dropout_scale``): E[O] is the undropped O.
+steps of 1/256, as FlashAttention-2's dropout), and the kept values are scaled by 1 / (1 - p') with p'
+the rounded p (``_dropout_scale``): E[O] is the undropped O.
 
 Not implemented: masks that vary along the query dim (SDPA fallback), a value head dim different from
 the query's.
 
-Tile sizes, warps and pipeline stages come from a table per (kernel, head-dim bucket, causal, dtype),
-never per sequence length, filled by an offline sweep on an H200 (``benchmarks/bench_attention.py
---sweep``), so a first call compiles one config per kernel; ``FUSED_LAYERS_ATTENTION_AUTOTUNE=1`` uses
-Triton's autotuner over a few configs per bucket instead (keyed on head-dim bucket, causal, dtype).
-
-Hopper variants (issue 13).  One is kept: ``bwd_tma``, the dK/dV kernel with its Q and dO tiles loaded
-through TMA tensor descriptors (``_attn_bwd_dkdv_kernel`` with ``USE_TMA``; the dQ kernel runs after it as usual).
-On the H200 it beat the default backward by 2-4 % where Sk >= 4096 at D64, and D128 non-causal, and lost
-elsewhere, so it runs by default exactly there, for dense bf16 on a Triton with device-side descriptors
-(``attention_config._bwd_tma_auto``; never under the interpreter);
-``config_override("attention", bwd_tma=1)`` (or 0) forces it on (off).  The others were timed on the
-H200 and removed (benchmarks/results/issue13/attention_variants.md): a forward through TMA descriptors,
-with warp specialization and / or a persistent heaviest-first grid, was slower than the default forward
-in every case (warp-specialized 4-warp forms also gave wrong output at D=64, S=1024), and a backward
-that accumulated dQ by fp32 atomics inside the dK/dV kernel was slower than the default everywhere.
-
-Forward: ``fwd_fold_scale`` (on by default, it won every case of the H200 sweep) keeps the raw q . k in
-the tile and applies the scale to its row max and inside exp2's argument, one FMA per score:
-p = exp2(qk * c - m) with m = max(m_old, max(qk) * c), c = scale * log2(e) > 0.
-
-Prepared, off until timed on a GPU (attention_config):
-* ``bwd_dq_reduce``: the dK/dV kernel also forms dQ_tile = scale * dS K for each query tile and adds it to
-  an fp32 buffer by TMA reduce-add, summing over the key blocks (programs).  The dQ kernel, which recomputes
-  Q K^T and dO V^T, does not run: 10 instead of 14 units of B * H * S^2 * D matmul work (ncu, issue 13).
+Which kernels run.  ``fused_attention`` runs these Triton kernels, except on sm_90 for large eager dense
+bf16 / fp16 calls at head dims 64 / 128 with Sq == Sk, no mask and no dropout, whose forward and dK/dV
+kernel are the Gluon ones of ops/attention_gluon.py (``attention_config.GLUON_*``).  The swapped modules
+(``FusedAttention``, ``FusedMultiheadAttention``) call SDPA instead where cuDNN's attention is the faster
+kernel (``prefer_sdpa``).  Tile sizes, warps and pipeline stages come from ``attention_config.tiles``:
+one config per (kernel, head-dim bucket, causal, dtype), never per sequence length.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from . import _cpp
 from ._common import (
     INTERPRET,
     check_float_dtype,
     check_same_device,
     check_tensor,
-    config_override,  # noqa: F401  (re-exported for tests: config_override("attention", block_m=16, ...))
-    override_epoch,
     concrete,
+    config_override,  # noqa: F401  (the tests' tile hook: config_override("attention", block_m=16, ...))
     next_power_of_2,
+    override_epoch,
     use_fallback,
     warn_once,
 )
-from . import _cpp
 from ._library import FusedOp, Kernel, ensure_triton_allocator
-from .attention_config import (  # noqa: F401
-    _AUTOTUNE, _TABLE, _TUNE, _TUNE_FP32, _VARIANTS, _bucket_configs, _config, _dropout_bits, _dropout_code, _use_bwd_tma, _variant,
-)
+from .attention_config import BWD_TMA_CASES, BWD_TMA_MIN_SEQLEN_K, PREPROCESS_BLOCK_M, tiles
 
 _OP = "fused_attention"
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
+DROPOUT_STEPS = 256  # the keep mask's resolution: 8 random bits an element
 
 
 # ==================================================================================================
@@ -133,44 +118,26 @@ def _dropout_keep(
     dropout_p,  # probability of dropping an element
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,  # keys in the tile (a multiple of 16)
-    BITS: tl.constexpr = 16 | (10 << 8),  # bits per element (8, the library's default, or 16: "dropout_bits")
-    #                                         | Philox rounds << 8 (10 by default: "dropout_rounds")
 ):
     """[BLOCK_M, BLOCK_N] True where P[b, h, row, key] is kept.
 
-    BITS = 16: one Philox-4x32-10 call per 8 keys of a row: counters (key // 8, row, b * H + h, 0) give
-    4 x 32 bits, cut into 8 16-bit uniforms, one per key (a fixed order of the 8); a key is kept when its
-    16 bits are >= round(p * 2^16) (so p acts in steps of 2^-16).
-    BITS = 8 (the default, attention_config.dropout_bits): one call per 16 keys, counters
-    (key // 16, row, b * H + h, 1), 16 8-bit uniforms,
-    kept when >= round(p * 256): p acts in steps of 1/256 (as FlashAttention-2's dropout, which SDPA's
-    flash backend runs) for half the Philox work per element.
-    Every kernel calls this with the same (row, key) -> bits map.
+    One Philox-4x32-10 call per 16 keys of a row: the counters (key // 16, row, b * H + h, 1) give 4 x 32
+    bits, cut into 16 8-bit uniforms, one per key (a fixed order of the 16); a key is kept when its byte is
+    >= round(p * 256), so p acts in steps of 1/256 (as FlashAttention-2's dropout, which SDPA's flash
+    backend runs).  Every kernel calls this with the same (row, key) -> bits map.
     """
-    NBITS: tl.constexpr = BITS % 256
-    ROUNDS: tl.constexpr = BITS // 256
-    if NBITS == 8:
-        G: tl.constexpr = BLOCK_N // 16
-        grp = key_start // 16 + tl.arange(0, G)
-        zero = rows[:, None] * 0 + grp[None, :] * 0  # int32 [BLOCK_M, G]
-        r0, r1, r2, r3 = tl.philox(seed, (grp[None, :] + zero).to(tl.uint32), (rows[:, None] + zero).to(tl.uint32),
-                                   (zero + bh).to(tl.uint32), (zero + 1).to(tl.uint32), n_rounds=ROUNDS)
-        w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK_M, G, 4])
-        lo = tl.join(w & 0xFF, (w >> 8) & 0xFF)  # [BLOCK_M, G, 4, 2]
-        hi = tl.join((w >> 16) & 0xFF, w >> 24)
-        bytes_ = tl.reshape(tl.join(lo, hi), [BLOCK_M, BLOCK_N])
-        thr8 = tl.cast(dropout_p * 256.0 + 0.5, tl.uint32)
-        return bytes_ >= thr8
-    else:
-        G2: tl.constexpr = BLOCK_N // 8
-        grp2 = key_start // 8 + tl.arange(0, G2)
-        zero2 = rows[:, None] * 0 + grp2[None, :] * 0  # int32 [BLOCK_M, G]
-        s0, s1, s2, s3 = tl.philox(seed, (grp2[None, :] + zero2).to(tl.uint32), (rows[:, None] + zero2).to(tl.uint32),
-                                   (zero2 + bh).to(tl.uint32), zero2.to(tl.uint32), n_rounds=ROUNDS)
-        w2 = tl.reshape(tl.join(tl.join(s0, s1), tl.join(s2, s3)), [BLOCK_M, G2, 4])
-        halves = tl.reshape(tl.join(w2 & 0xFFFF, w2 >> 16), [BLOCK_M, BLOCK_N])
-        thr = tl.cast(dropout_p * 65536.0 + 0.5, tl.uint32)
-        return halves >= thr
+    G: tl.constexpr = BLOCK_N // 16  # Philox calls a row of the tile
+    grp = key_start // 16 + tl.arange(0, G)
+    zero = rows[:, None] * 0 + grp[None, :] * 0  # int32 [BLOCK_M, G]: broadcasts the counters
+    r0, r1, r2, r3 = tl.philox(seed, (grp[None, :] + zero).to(tl.uint32), (rows[:, None] + zero).to(tl.uint32),
+                               (zero + bh).to(tl.uint32), (zero + 1).to(tl.uint32), n_rounds=10)
+    # 4 words of 32 bits -> 16 bytes, one per key: [BLOCK_M, G, 4] -> [BLOCK_M, G, 4, 2, 2] -> [BLOCK_M, BLOCK_N]
+    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK_M, G, 4])
+    lo = tl.join(w & 0xFF, (w >> 8) & 0xFF)  # [BLOCK_M, G, 4, 2]
+    hi = tl.join((w >> 16) & 0xFF, w >> 24)
+    bytes_ = tl.reshape(tl.join(lo, hi), [BLOCK_M, BLOCK_N])
+    thr8 = tl.cast(dropout_p * 256.0 + 0.5, tl.uint32)
+    return bytes_ >= thr8
 
 
 @triton.jit
@@ -181,7 +148,6 @@ def _dropout_mask_kernel(
     dropout_p,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BITS: tl.constexpr,  # as the attention kernels' HAS_DROPOUT
 ):
     """Materialize the keep mask the attention kernels use (tests / debugging only)."""
     pid_m = tl.program_id(0)
@@ -191,7 +157,7 @@ def _dropout_mask_kernel(
     base = OUT + pid_bh.to(tl.int64) * SQ * SK
     for start_n in range(0, SK, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        keep = _dropout_keep(seed, pid_bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N, BITS)
+        keep = _dropout_keep(seed, pid_bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N)
         mask = (rows[:, None] < SQ) & (cols[None, :] < SK)
         tl.store(base + rows[:, None].to(tl.int64) * SK + cols[None, :], keep.to(tl.int8), mask=mask)
 
@@ -218,7 +184,6 @@ def _attn_fwd_inner(
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    FOLD_SCALE: tl.constexpr = False,  # scale inside the exponent's FMA (no key bias only; fwd_fold_scale)
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -232,13 +197,12 @@ def _attn_fwd_inner(
             k = tl.load(k_ptrs + start_n * sks)
         else:
             k = tl.load(k_ptrs + start_n * sks, mask=d_mask[None, :], other=0.0)
-        # Scores in base 2: s2 = (q . k) * scale * log2(e) [+ bias * log2(e)].  With FOLD_SCALE the raw
-        # q . k stays in qk and the scale is applied to its row max and inside exp2's argument, one FMA
-        # per score instead of a multiply and a subtract (scale > 0, so max(qk) * scale = max(qk * scale)).
+        # Scores.  Without a key bias the raw q . k stays in qk and c = scale * log2(e) is applied to its
+        # row max and inside exp2's argument, one FMA a score (c > 0: max(qk) * c = max(qk * c)).  With a
+        # bias, the base-2 scores s2 = (q . k) * c + bias * log2(e) are formed first.
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
-        if not FOLD_SCALE:
-            qk = qk * qk_scale
         if HAS_KB:
+            qk = qk * qk_scale
             # -inf (a dropped key, or a key past the end) is the identity of the max that follows.
             kb = tl.load(kb_ptrs + cols * skbn, mask=cols < seqlen_k, other=-float("inf")).to(tl.float32)
             qk = qk + kb[None, :] * 1.4426950408889634
@@ -247,23 +211,23 @@ def _attn_fwd_inner(
             if CAUSAL:
                 keep = keep & (cols[None, :] <= offs_m[:, None])
             qk = tl.where(keep, qk, -float("inf"))
-        # Online softmax update.
-        if FOLD_SCALE:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        else:
+        # Online softmax update: the new row max, the old terms rescaled by alpha = exp2(m_old - m_new).
+        if HAS_KB:
             m_new = tl.maximum(m_i, tl.max(qk, 1))
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row that has seen no key yet
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha
         acc = acc * alpha[:, None]
         m_i = m_new
-        if FOLD_SCALE:
-            p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
-        else:
+        if HAS_KB:
             p = tl.math.exp2(qk - m_ref[:, None])
+        else:
+            p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
         l_i = l_i + tl.sum(p, 1)  # the softmax normalizer sums the probabilities before dropout
         if HAS_DROPOUT:  # dropped probabilities add nothing to P V (the 1 / (1 - p) is in the epilogue)
-            p = tl.where(_dropout_keep(seed, bh, offs_m, start_n, dropout_p, BLOCK_M, BLOCK_N, HAS_DROPOUT), p, 0.0)
+            p = tl.where(_dropout_keep(seed, bh, offs_m, start_n, dropout_p, BLOCK_M, BLOCK_N), p, 0.0)
         if MASKED:
             v = tl.load(v_ptrs + start_n * svs, mask=kv_mask, other=0.0)
         elif EVEN_D:
@@ -279,7 +243,7 @@ def _attn_fwd_kernel(
     Q,  # queries: element (b, h, i, d) at Q + b*sqb + h*sqh + (q_start + i)*sqs + d*sqd
     K,  # keys, head hk = h // GROUP: K + b*skb + hk*skh + (k_start + j)*sks + d*skd
     V,  # values, same indexing as K with the sv* strides
-    O,  # output, same indexing as Q with the so* strides
+    O,  # noqa: E741  (output, same indexing as Q with the so* strides)
     LSE,  # fp32 base-2 log-sum-exp per query row: LSE + b*slb + h*slh + q_start + i
     KB,  # fp32 per-key additive bias (b, h, j) at KB + b*skbb + h*skbh + j*skbn (only when HAS_KB)
     CU_Q, CU_K,  # int32 [B + 1] cumulative sequence offsets (only when VARLEN)
@@ -305,8 +269,8 @@ def _attn_fwd_kernel(
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per streamed tile
     HAS_DROPOUT: tl.constexpr = False,
-    FOLD_SCALE: tl.constexpr = False,  # see _attn_fwd_inner (variant fwd_fold_scale; never with HAS_KB)
 ):
+    """One program: BLOCK_M query rows of one query head; streams the key tiles they see."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
     # Heaviest blocks first: with a causal mask, later query blocks see more keys.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -363,13 +327,13 @@ def _attn_fwd_kernel(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
         seqlen_k, 0, n_full, qk_scale, seed, pid_bh, dropout_p,
         MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, FOLD_SCALE=FOLD_SCALE,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
         seqlen_k, n_full, n_end, qk_scale, seed, pid_bh, dropout_p,
         MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, FOLD_SCALE=FOLD_SCALE,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
     )
     # Epilogue: normalize; a row with no allowed key (l = 0) outputs 0 and saves L = +inf.
     empty = l_i == 0.0
@@ -392,17 +356,18 @@ def _attn_fwd_kernel(
 # ==================================================================================================
 @triton.jit
 def _attn_bwd_preprocess(
-    O, DO,  # output and its gradient, indexed like Q (strides so*, sdo*)
+    O, DO,  # noqa: E741  (output and its gradient, indexed like Q: strides so*, sdo*)
     DELTA,  # fp32 rowsum(dO * O), laid out like LSE (strides slb, slh)
-    CU_Q,
+    CU_Q,  # int32 [B + 1] cumulative sequence offsets (only when VARLEN)
     sob, soh, sos, sod,
     sdob, sdoh, sdos, sdod,
     slb, slh,
     H, SQ, HEAD_DIM,
     VARLEN: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_D: tl.constexpr,
 ):
+    """One program: delta = rowsum(dO * O) of BLOCK_M query rows of one head (the backward's dS term)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -438,8 +403,6 @@ def _attn_bwd_dkdv_inner(
     seqlen_q, lo, hi, qk_scale,
     seed, bh, dropout_p, dropout_scale,  # dropout (HAS_DROPOUT only): the forward's mask is regenerated
     key_start,  # first key of this program's block (dropout only)
-    dq_dst,  # (DQ_REDUCE) the fp32 dQ accumulator of these rows: a tensor descriptor (2) or pointers (1)
-    sdqa, sm_scale,  # (DQ_REDUCE) its row stride (pointer form) and the softmax scale
     MASKED: tl.constexpr,  # causal mask on the diagonal tiles
     HAS_KB: tl.constexpr,
     EVEN_D: tl.constexpr,
@@ -448,7 +411,6 @@ def _attn_bwd_dkdv_inner(
     HAS_DROPOUT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
-    DQ_REDUCE: tl.constexpr,  # 0: dQ by the dQ kernel; 1: fp32 atomics; 2: TMA reduce-add (bwd_dq_reduce)
 ):
     for start_m in tl.range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
@@ -474,23 +436,13 @@ def _attn_bwd_dkdv_inner(
             pT = tl.where(rows[None, :] >= cols[:, None], pT, 0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # dP^T = V dO^T
         if HAS_DROPOUT:  # with Z = keep / (1 - p): dV += (P Z)^T dO, dP = (dO V^T) Z
-            keepT = tl.trans(_dropout_keep(seed, bh, rows, key_start, dropout_p, BLOCK_M, BLOCK_N, HAS_DROPOUT))
+            keepT = tl.trans(_dropout_keep(seed, bh, rows, key_start, dropout_p, BLOCK_M, BLOCK_N))
             dv = tl.dot(tl.where(keepT, pT * dropout_scale, 0.0).to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
             dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
         else:
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)  # dV += P^T dO
         dsT = pT * (dpT - delta[None, :])  # dS^T (scale applied at the end)
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)  # dK += dS^T Q
-        if DQ_REDUCE > 0:
-            # dQ += scale * dS K for this query tile, summed over the key blocks (programs) in fp32 in
-            # memory: 2 of the backward's 10 matmul units, instead of the dQ kernel's 6 (it recomputes
-            # Q K^T and dO V^T).  TMA's reduce-add drops rows >= seqlen_q and dims >= D by itself.
-            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * sm_scale
-            if DQ_REDUCE == 2:
-                dq_dst.atomic_add([start_m, 0], dq)
-            else:
-                dq_mask = row_ok[:, None] & d_mask[None, :]
-                tl.atomic_add(dq_dst + start_m * sdqa, dq, mask=dq_mask, sem="relaxed")
     return dk, dv
 
 
@@ -513,7 +465,6 @@ def _attn_bwd_dkdv_kernel(
     HKV,  # K/V heads
     GROUP,  # query heads per K/V head
     SQ, SK, HEAD_DIM,
-    DQA,  # (DQ_REDUCE) zeroed fp32 dQ accumulator, contiguous [B, HKV * GROUP, SQ, HEAD_DIM] (dense only)
     VARLEN: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_KB: tl.constexpr,
@@ -523,10 +474,14 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr,  # query rows per inner step
     BLOCK_N: tl.constexpr,  # keys per program
     HAS_DROPOUT: tl.constexpr = False,
-    USE_TMA: tl.constexpr = False,  # Q / dO tiles through tensor descriptors (bwd_tma; sqd == sdod == 1)
-    DQ_REDUCE: tl.constexpr = 0,  # dQ here too (bwd_dq_reduce): 1 fp32 atomics (interpreter), 2 TMA reduce-add
+    USE_TMA: tl.constexpr = False,  # Q / dO tiles through TMA tensor descriptors (sqd == sdod == 1)
 ):
-    """One program: BLOCK_N keys of one K/V head; dK, dV summed over every query head of the group."""
+    """One program: BLOCK_N keys of one K/V head; dK, dV summed over every query head of the group.
+
+    USE_TMA: the Q and dO tiles come through device-side tensor descriptors (TMA on sm_90), one 2-D descriptor per
+    (sequence, query head) based at that head's first row, so any batch / head / sequence strides, GQA and varlen
+    work unchanged; the copy engine zero-fills rows past the sequence and head dims past D, so those loads need no
+    mask."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # float arguments may arrive as fp64 (Inductor's launch)
     sm_scale = tl.cast(sm_scale, tl.float32)
     pid_n = tl.program_id(0)
@@ -591,27 +546,18 @@ def _attn_bwd_dkdv_kernel(
             do_src = do_base + offs_m[:, None] * sdos + offs_d[None, :] * sdod
         lse_ptr = LSE + b64 * slb + h64 * slh + q_start
         delta_ptr = DELTA + b64 * slb + h64 * slh + q_start
-        # (DQ_REDUCE, dense) this query head's rows of the fp32 dQ accumulator
-        dqa_base = DQA + ((b64 * (HKV * GROUP) + h64) * SQ) * HEAD_DIM
-        if DQ_REDUCE == 2:
-            dq_dst = tl.make_tensor_descriptor(dqa_base, shape=[seqlen_q, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                               block_shape=[BLOCK_M, BLOCK_D])
-        else:
-            dq_dst = dqa_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
         if CAUSAL:
             dk, dv = _attn_bwd_dkdv_inner(
                 dk, dv, k, v, kb, q_src, do_src, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
                 seqlen_q, lo, hi_mask, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
-                dq_dst, HEAD_DIM, sm_scale,
                 MASKED=True, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA, DQ_REDUCE=DQ_REDUCE,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA,
             )
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, kb, q_src, do_src, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
             seqlen_q, lo_full, seqlen_q, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
-            dq_dst, HEAD_DIM, sm_scale,
             MASKED=False, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA, DQ_REDUCE=DQ_REDUCE,
+            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA,
         )
     dk = dk * sm_scale
     dk_off = b64 * sdkb + hk64 * sdkh + k_start.to(tl.int64) * sdks
@@ -637,7 +583,6 @@ def _attn_bwd_dq_inner(
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    FOLD_SCALE: tl.constexpr = False,  # scale inside the exponent's FMA (no key bias only; fwd_fold_scale)
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -665,7 +610,7 @@ def _attn_bwd_dq_inner(
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # dP = dO V^T
         if HAS_DROPOUT:  # dP = (dO V^T) Z, Z = keep / (1 - p)
-            keep_d = _dropout_keep(seed, bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N, HAS_DROPOUT)
+            keep_d = _dropout_keep(seed, bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N)
             dp = tl.where(keep_d, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)  # dQ += dS K
@@ -762,17 +707,6 @@ def _attn_bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=qd_mask)
 
 
-# --------------------------------------------------------------------------------------------------
-# Backward variant bwd_tma (issue 13): _attn_bwd_dkdv_kernel with USE_TMA, its Q and dO tiles loaded
-# through device-side tensor descriptors (``tl.make_tensor_descriptor``, TMA on sm_90), one 2-D descriptor
-# per (sequence, query head) based at that head's first row: any batch / head / sequence strides, GQA and
-# varlen work unchanged; rows past the sequence and head dims past D are zero-filled by the copy engine,
-# so those loads need no mask.  sqd and sdod must be 1; the dQ kernel runs after it as usual.  Needs
-# 16-byte aligned bases and other strides (the launcher checks and falls back), and
-# ``triton.set_allocator`` (the launcher sets a torch allocator when none is set).  On the H200 it beat the
-# default by 2-4 % of the backward where Sk >= 4096 at D64, and D128 non-causal, and lost elsewhere: it runs
-# there by default (attention_config._bwd_tma_auto, benchmarks/results/issue13/attention_variants.md).
-# --------------------------------------------------------------------------------------------------
 # ==================================================================================================
 # PyTorch reference (float64 inputs, devices Triton cannot run on, masks the kernels cannot fuse)
 # ==================================================================================================
@@ -809,36 +743,6 @@ def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=Fa
 # ==================================================================================================
 # Launchers
 # ==================================================================================================
-# Configs: ops/attention_config.py.
-
-
-def _configs(kind: str) -> list:
-    seen, out = set(), []
-    for cfgs in list(_TUNE[kind].values()) + [_TUNE_FP32[kind]]:
-        for c in cfgs:
-            if c not in seen:
-                seen.add(c)
-                m, n, w, s = c
-                out.append(triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s))
-    return out
-
-
-def _prune_factory(kind: str):
-    def prune(configs, named_args, **kwargs):
-        bd = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
-        want = set(_bucket_configs(kind, bd, named_args["Q"].dtype))
-        keep = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in want]
-        return keep or configs[:1]
-
-    return prune
-
-
-_AUTOTUNE_KEY = ["BLOCK_D", "CAUSAL", "HAS_KB", "VARLEN", "HAS_DROPOUT"]  # tensor dtypes are added by the autotuner
-_fwd_tuned = triton.autotune(_configs("fwd"), key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_factory("fwd")})(_attn_fwd_kernel)
-_dkdv_tuned = triton.autotune(_configs("dkdv"), key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_factory("dkdv")})(_attn_bwd_dkdv_kernel)
-_dq_tuned = triton.autotune(_configs("dq"), key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_factory("dq")})(_attn_bwd_dq_kernel)
-
-
 def _input_precision(dtype: torch.dtype) -> str:
     """Dot precision: full fp32 for float32 inputs unless the user enabled tf32 (Triton's default,
     "tf32", is what 16-bit operands always use: it only affects float32 operands)."""
@@ -888,23 +792,21 @@ def _permuted_stride(shape, order) -> tuple[int, ...]:
 # varlen bounds, causal, tf32 setting, override epoch), computed once with the bound kernels.
 # --------------------------------------------------------------------------------------------------
 class _FwdPlan:
-    __slots__ = ("empty", "order", "lse_shape", "kernel", "ints", "tuned", "grid_bh", "meta", "cpp")
+    __slots__ = ("empty", "order", "lse_shape", "kernel", "ints", "cpp")
 
 
 class _BwdPlan:
-    __slots__ = ("empty", "zero", "orders", "pre", "pre_ints", "dkdv", "dkdv_ints", "dq", "dq_ints", "tuned",
-                 "meta", "grids", "dkdv_tma", "dkdv_tma_ok", "dkdv_dqr", "dkdv_dqr_ok", "dqa_shape")
+    __slots__ = ("empty", "zero", "orders", "pre", "pre_ints", "dkdv", "dkdv_ints", "dq", "dq_ints", "dkdv_tma",
+                 "dkdv_tma_ok")
 
 
 # --------------------------------------------------------------------------------------------------
-# The bwd_tma variant (issue 13; attention_config._use_bwd_tma): what the installed Triton offers, and
-# which calls it can serve.  A call it cannot serve runs the default kernels.
+# The dK/dV kernel's TMA loads (USE_TMA): device-side tensor descriptors (``tl.make_tensor_descriptor``)
+# need a Triton that has them, unit head-dim strides and 16-byte aligned bases and other strides, and
+# ``triton.set_allocator`` (set to a torch allocator when none is).  A call they cannot serve runs the
+# pointer-load kernel.
 # --------------------------------------------------------------------------------------------------
-def _triton_has_tma() -> bool:
-    return hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
-
-
-HAS_TMA_DESCRIPTORS = _triton_has_tma()
+HAS_TMA_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
 
 
 def _tma_strides_ok(stride, elem_size: int) -> bool:
@@ -912,32 +814,12 @@ def _tma_strides_ok(stride, elem_size: int) -> bool:
     return stride[-1] == 1 and all((s * elem_size) % 16 == 0 for s in stride[:-1])
 
 
-_ensure_allocator = ensure_triton_allocator  # (moved to ops/_library.py: the norms' Gluon backward uses it too)
-
-
-_VARIANT_FAILURES: list[str] = []  # variants disabled after a failed first launch (read by the GPU sweep)
-
-
-def _launch_variant(plan, attr: str, args: tuple) -> bool:
-    """Launch the variant Kernel ``plan.<attr>``.  On its first launch for the plan a failure (a compile
-    error of the installed Triton, e.g. one without working device-side descriptors) disables it for
-    the plan, warns once and returns False, and the caller runs the default kernels; once it has
-    launched, errors propagate.  Under the interpreter nothing is caught (tests must see failures)."""
-    kernel = getattr(plan, attr)
-    ok_attr = attr + "_ok"
-    if INTERPRET or getattr(plan, ok_attr):
-        kernel(*args)
-        return True
-    try:
-        kernel(*args)
-    except Exception as e:  # noqa: BLE001
-        setattr(plan, attr, None)
-        msg = f"{kernel.fn.__name__} {dict((k, v) for k, v in kernel.meta.items() if k.isupper())}: {type(e).__name__}: {str(e)[:300]}"
-        _VARIANT_FAILURES.append(msg)
-        warn_once(f"{_OP}:variant:{msg[:200]}", f"{_OP}: a variant kernel failed to launch, using the default kernels: {msg}")
-        return False
-    setattr(plan, ok_attr, True)
-    return True
+def _use_bwd_tma(dtype: torch.dtype, max_seqlen_k: int, causal: bool, block_d: int, varlen: bool) -> bool:
+    """Whether a backward plan takes the dK/dV kernel's TMA loads: where they measured faster on the H200
+    (``attention_config.BWD_TMA_CASES``: dense bf16, seqlen_k >= 4096, BLOCK_D 64, or 128 when not causal), on
+    a Triton with device-side descriptors, never under the interpreter (the plan also checks the strides)."""
+    return (HAS_TMA_DESCRIPTORS and not INTERPRET and not varlen and dtype == torch.bfloat16
+            and max_seqlen_k >= BWD_TMA_MIN_SEQLEN_K and (block_d, bool(causal)) in BWD_TMA_CASES)
 
 
 def _tma_call_ok(q, do) -> bool:
@@ -945,24 +827,40 @@ def _tma_call_ok(q, do) -> bool:
     if type(q) not in (torch.Tensor, torch.nn.Parameter) or ((q.data_ptr() | do.data_ptr()) & 15):
         return False
     if not INTERPRET:
-        _ensure_allocator()
+        ensure_triton_allocator()
     return True
 
 
-def _gluon_call_ok(q, k, v, causal: bool, variant: str) -> bool:
-    """A Gluon kernel (attention_config variant ``variant``: -1 auto, 0 off, else forced on) takes this call: plain
-    tensors (not traced) that attention_gluon.supported accepts (never under the interpreter: Gluon has none); in
-    auto mode only where the kernel won and the call is large enough (attention_gluon.auto_ok)."""
-    mode = _variant(variant)
-    if not mode or INTERPRET or not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (q, k, v)):
+def _launch_tma(plan: _BwdPlan, args: tuple) -> bool:
+    """Launch the plan's TMA dK/dV kernel.  On its first launch a failure (a compile error of an installed
+    Triton whose device-side descriptors do not work) drops it from the plan with a warning and returns
+    False: the caller runs the pointer-load kernel.  Once it has launched, errors propagate; under the
+    interpreter nothing is caught (tests must see failures)."""
+    kernel = plan.dkdv_tma
+    if INTERPRET or plan.dkdv_tma_ok:
+        kernel(*args)
+        return True
+    try:
+        kernel(*args)
+    except Exception as e:  # noqa: BLE001
+        plan.dkdv_tma = None
+        msg = f"{type(e).__name__}: {str(e)[:300]}"
+        warn_once(f"{_OP}:tma:{msg[:200]}", f"{_OP}: the dK/dV kernel with TMA loads failed to launch, using "
+                  f"pointer loads: {msg}")
+        return False
+    plan.dkdv_tma_ok = True
+    return True
+
+
+def _gluon_takes(q, k, v, causal: bool, kernel: str) -> bool:
+    """The Gluon ``kernel`` ("fwd" or "dkdv", ops/attention_gluon.py) takes this dense call: plain tensors (not
+    traced) that ``attention_gluon.supported`` accepts (never under the interpreter: Gluon has none), large enough
+    and where it measured faster (``attention_gluon.auto_ok``)."""
+    if INTERPRET or not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (q, k, v)):
         return False
     from . import attention_gluon  # (imported on first use: Gluon's import is not free)
 
-    # GQA (and k / v in a layout of their own): the forwards; the dK / dV kernel with variant bwd_gluon_gqa
-    gqa = variant == "fwd_gluon" or (variant == "bwd_gluon_dkdv" and _variant("bwd_gluon_gqa") != 0)
-    if attention_gluon.supported(q, k, v, causal, gqa=gqa) is not None:
-        return False
-    return mode > 0 or attention_gluon.auto_ok(variant, q, causal)
+    return attention_gluon.supported(q, k, v, causal) is None and attention_gluon.auto_ok(kernel, q, causal)
 
 
 _FWD_PLANS: dict[tuple, _FwdPlan] = {}
@@ -994,16 +892,12 @@ def _fwd_plan(key) -> _FwdPlan:
         *_strides4(qst, varlen), *_strides4(kst, varlen), *_strides4(vst, varlen), *_strides4(ost, varlen),
         *lse_st, *(kbst or (0, 0, 0)), H, H // HKV, SQ, SK, D,
     )
-    plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
-                     INPUT_PRECISION=prec, HAS_DROPOUT=_dropout_code() if dropout else 0,
-                     FOLD_SCALE=kbst is None and _variant("fwd_fold_scale") == 1)
-    plan.grid_bh = B * H
-    fixed = _config("fwd", bd, causal, dtype)
-    plan.tuned = fixed is None
     plan.kernel = None
-    if fixed is not None and not plan.empty:
-        plan.kernel = Kernel(_attn_fwd_kernel, (triton.cdiv(SQ, fixed["BLOCK_M"]), B * H), check=(0, 1, 2, 5, 6, 7),
-                             **plan.meta, **fixed)
+    if not plan.empty:
+        cfg = tiles("fwd", bd, causal, dtype)
+        plan.kernel = Kernel(_attn_fwd_kernel, (triton.cdiv(SQ, cfg["BLOCK_M"]), B * H), check=(0, 1, 2, 5, 6, 7),
+                             VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
+                             INPUT_PRECISION=prec, HAS_DROPOUT=dropout, **cfg)
     return plan
 
 
@@ -1016,10 +910,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: tor
     ``dropout_p`` > 0 drops attention probabilities (Philox, keyed by ``seed``, an int64 [1] tensor)."""
     varlen = cu_q is not None
     dropout = dropout_p > 0.0
-    if not varlen and kb is None and not dropout and _gluon_call_ok(q, k, v, causal, "fwd_gluon"):
-        from . import attention_gluon  # (attention_config: variant fwd_gluon)
+    if not varlen and kb is None and not dropout and _gluon_takes(q, k, v, causal, "fwd"):
+        from . import attention_gluon
 
-        return attention_gluon.attention_forward_auto(q, k, v, causal, scale, _variant("fwd_gluon"))
+        return attention_gluon.forward(q, k, v, causal, scale)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, None if kb is None else kb.stride(),
            varlen, cu_q.shape[0] if varlen else 0, max_q, max_k, causal,
            _input_precision(q.dtype), dropout, override_epoch())
@@ -1037,22 +931,17 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: tor
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
     if plan.empty:
         return out, lse
-    args = (q, k, v, out, lse, q if kb is None else kb, cu_q if varlen else q, cu_k if varlen else q,
-            seed if dropout else q, scale * LOG2E, dropout_p, _dropout_scale(dropout_p) if dropout else 1.0, *plan.ints)
-    if plan.kernel is not None:
-        plan.kernel(*args)
-    else:  # FUSED_LAYERS_ATTENTION_AUTOTUNE=1: the autotuner picks BLOCK_M
-        sq = plan.ints[-3]
-        _fwd_tuned[lambda META: (triton.cdiv(sq, META["BLOCK_M"]), plan.grid_bh)](*args, **plan.meta)
+    plan.kernel(q, k, v, out, lse, q if kb is None else kb, cu_q if varlen else q, cu_k if varlen else q,
+                seed if dropout else q, scale * LOG2E, dropout_p, _dropout_scale(dropout_p) if dropout else 1.0,
+                *plan.ints)
     return out, lse
 
 
 def _dropout_scale(dropout_p: float) -> float:
-    """The kept values' scale, 1 / (1 - p'), with p' = p rounded to the mask's steps of 2^-bits exactly as the
+    """The kept values' scale, 1 / (1 - p'), with p' = p rounded to the mask's steps of 1/256 exactly as the
     kernels round it (their threshold), so E[output] equals the undropped output for any p; 0 where p'
     rounds to 1 (everything dropped: the output is 0, as F.dropout with p = 1)."""
-    steps = 1 << _dropout_bits()
-    p_eff = math.floor(dropout_p * steps + 0.5) / steps
+    p_eff = math.floor(dropout_p * DROPOUT_STEPS + 0.5) / DROPOUT_STEPS
     return 1.0 / (1.0 - p_eff) if p_eff < 1.0 else 0.0
 
 
@@ -1071,42 +960,31 @@ def _bwd_plan(key) -> _BwdPlan:
     lse_st = (0, lst[0]) if varlen else (lst[0], lst[1])
     kb3 = kbst or (0, 0, 0)
     bd = max(16, next_power_of_2(D))
-    pre_bm = 64 if not INTERPRET else 16
-    plan.pre = Kernel(_attn_bwd_preprocess, (triton.cdiv(SQ, pre_bm), B * H), check=(0, 1, 3), VARLEN=varlen, BLOCK_M=pre_bm,
-                      BLOCK_D=bd)
+    pre_bm = 16 if INTERPRET else PREPROCESS_BLOCK_M
+    plan.pre = Kernel(_attn_bwd_preprocess, (triton.cdiv(SQ, pre_bm), B * H), check=(0, 1, 3), VARLEN=varlen,
+                      BLOCK_M=pre_bm, BLOCK_D=bd)
     plan.pre_ints = (*_strides4(ost, varlen), *_strides4(dost, varlen), *lse_st, H, SQ, D)
     common = (*_strides4(qst, varlen), *_strides4(kst, varlen), *_strides4(vst, varlen), *_strides4(dost, varlen))
     plan.dkdv_ints = (*common, *_strides4(dkst, varlen), *_strides4(dvst, varlen), *lse_st, *kb3,
                       HKV, H // HKV, SQ, SK, D)
     plan.dq_ints = (*common, *_strides4(dqst, varlen), *lse_st, *kb3, H, H // HKV, SQ, SK, D)
-    plan.meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
-                     INPUT_PRECISION=prec, HAS_DROPOUT=_dropout_code() if dropout else 0)
-    plan.grids = (SQ, SK, B * H, B * HKV)
-    f_dkdv, f_dq = _config("dkdv", bd, causal, dtype), _config("dq", bd, causal, dtype)
-    plan.tuned = f_dkdv is None or f_dq is None
-    plan.dkdv = plan.dq = plan.dkdv_tma = plan.dkdv_dqr = None
-    plan.dkdv_tma_ok = plan.dkdv_dqr_ok = False
-    plan.dqa_shape = (B, H, SQ, D)
-    if not plan.tuned:
-        # USE_TMA / DQ_REDUCE are passed even where off: torch.compile's wrap_triton wants every constexpr named
-        plan.dkdv = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
-                           check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv, USE_TMA=False, DQ_REDUCE=0)
-        plan.dq = Kernel(_attn_bwd_dq_kernel, (triton.cdiv(SQ, f_dq["BLOCK_M"]), B * H), check=(0, 1, 2, 3, 5, 7, 8, 9),
-                         **plan.meta, **f_dq)
-        # bwd_tma (attention_config._use_bwd_tma: on by default where it measured faster): the dK/dV kernel
-        # with Q / dO tiles through TMA descriptors, where descriptors can serve q and dO (same arguments).
-        if (_use_bwd_tma(dtype, SK, causal, bd, HAS_TMA_DESCRIPTORS, varlen=varlen)
-                and all(_tma_strides_ok(_strides4(st, varlen), dtype.itemsize) for st in (qst, dost))):
-            plan.dkdv_tma = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
-                                   check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv, USE_TMA=True, DQ_REDUCE=0)
-        # bwd_dq_reduce (attention_config: off until measured): dQ accumulated in the dK/dV kernel, no dQ
-        # kernel.  Dense only, D a multiple of 16 (the accumulator's rows as a descriptor); TMA reduce-add on
-        # a GPU with device-side descriptors, fp32 atomics under the interpreter (which has no TMA reduce).
-        if _variant("bwd_dq_reduce") == 1 and not varlen and D % 16 == 0 and (INTERPRET or HAS_TMA_DESCRIPTORS):
-            use_tma = plan.dkdv_tma is not None
-            plan.dkdv_dqr = Kernel(_attn_bwd_dkdv_kernel, (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV),
-                                   check=(0, 1, 2, 3, 6, 8, 9, 10), **plan.meta, **f_dkdv, USE_TMA=use_tma,
-                                   DQ_REDUCE=1 if INTERPRET else 2)
+    meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
+                INPUT_PRECISION=prec, HAS_DROPOUT=dropout)
+    f_dkdv, f_dq = tiles("dkdv", bd, causal, dtype), tiles("dq", bd, causal, dtype)
+    # USE_TMA is passed even where off: torch.compile's wrap_triton wants every constexpr named
+    grid_dkdv = (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV)
+    plan.dkdv = Kernel(_attn_bwd_dkdv_kernel, grid_dkdv, check=(0, 1, 2, 3, 6, 8, 9, 10), **meta, **f_dkdv,
+                       USE_TMA=False)
+    plan.dq = Kernel(_attn_bwd_dq_kernel, (triton.cdiv(SQ, f_dq["BLOCK_M"]), B * H), check=(0, 1, 2, 3, 5, 7, 8, 9),
+                     **meta, **f_dq)
+    # The same dK/dV kernel with its Q / dO tiles through TMA descriptors, where it measured faster and
+    # descriptors can serve q and dO (same arguments).
+    plan.dkdv_tma = None
+    plan.dkdv_tma_ok = False
+    if (_use_bwd_tma(dtype, SK, causal, bd, varlen)
+            and all(_tma_strides_ok(_strides4(st, varlen), dtype.itemsize) for st in (qst, dost))):
+        plan.dkdv_tma = Kernel(_attn_bwd_dkdv_kernel, grid_dkdv, check=(0, 1, 2, 3, 6, 8, 9, 10), **meta, **f_dkdv,
+                               USE_TMA=True)
     return plan
 
 
@@ -1150,43 +1028,20 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     qk_scale = scale * LOG2E
     sd = seed if dropout else q
     dscale = _dropout_scale(dropout_p) if dropout else 1.0
-    dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints, q)
+    dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints)
     dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)
-    if (not varlen and kb is None and not dropout and not plan.tuned
-            and _gluon_call_ok(q, k, v, causal, "bwd_gluon_dkdv")):
-        from . import attention_gluon as ag  # (attention_config: variants bwd_gluon_dkdv, bwd_gluon_dq)
+    if not varlen and kb is None and not dropout and _gluon_takes(q, k, v, causal, "dkdv"):
+        from . import attention_gluon as ag
 
-        D = q.shape[-1]
-        if ag._bwd_supported(q, k, v, do, (dk, dv), causal, ag.DKDV_CONFIGS[D][:2]) is None:  # (q, k, v: checked)
-            if ag.fused_dq_ok(q, causal, _variant("bwd_gluon_fused_dq")):
-                # dQ too, by atomics into a zeroed fp32 buffer: no dQ kernel (bwd_gluon_fused_dq)
-                dqa = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-                ag._dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, ag.DKDV_CONFIGS[D], dqa)
-                dq.copy_(dqa)
-                return dq, dk, dv
-            ag._dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, ag.DKDV_CONFIGS[D])
-            if (_gluon_call_ok(q, k, v, causal, "bwd_gluon_dq")
-                    and ag._bwd_supported(q, k, v, do, (dq,), causal, ag.DQ_CONFIGS[D][:2]) is None):
-                ag._dq(q, k, v, do, lse, delta, dq, causal, scale, ag.DQ_CONFIGS[D])
-            else:
-                plan.dq(*dq_args)
+        if ag.dkdv_grads_ok(q, k, do, dk, dv) is None:  # (q, k, v: checked)
+            ag.dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale)  # Gluon dK / dV, then the Triton dQ kernel
+            plan.dq(*dq_args)
             return dq, dk, dv
-    if plan.dkdv_dqr is not None and _tma_call_ok(q, do):
-        # bwd_dq_reduce: dK, dV and the fp32 dQ in one kernel, then dQ cast into q's layout
-        dqa = torch.zeros(plan.dqa_shape, dtype=torch.float32, device=q.device)
-        if _launch_variant(plan, "dkdv_dqr", dkdv_args[:-1] + (dqa,)):
-            dq.copy_(dqa.view(dq.shape))
-            return dq, dk, dv
-    if plan.dkdv_tma is not None and _tma_call_ok(q, do) and _launch_variant(plan, "dkdv_tma", dkdv_args):
-        plan.dq(*dq_args)  # bwd_tma: dK / dV done, the dQ kernel as usual
-    elif not plan.tuned:
+    if plan.dkdv_tma is not None and _tma_call_ok(q, do) and _launch_tma(plan, dkdv_args):
+        plan.dq(*dq_args)
+    else:
         plan.dkdv(*dkdv_args)
         plan.dq(*dq_args)
-    else:  # FUSED_LAYERS_ATTENTION_AUTOTUNE=1
-        SQ, SK, BH, BHKV = plan.grids
-        _dkdv_tuned[lambda META: (triton.cdiv(SK, META["BLOCK_N"]), BHKV)](*dkdv_args, **plan.meta, USE_TMA=False,
-                                                                          DQ_REDUCE=0)
-        _dq_tuned[lambda META: (triton.cdiv(SQ, META["BLOCK_M"]), BH)](*dq_args, **plan.meta)
     return dq, dk, dv
 
 
@@ -1230,7 +1085,7 @@ def _fwd_key(q, k, v, max_q, max_k, causal, dropout=False):
 def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dropout_p=0.0, seed=None):
     """Register a dense plan's kernels with the C++ fast path (the forward; with ``grad`` the backward's
     preprocess, dK/dV and dQ kernels for a dO laid out like the output): the plan id, None while the forward
-    is not compiled for these dtypes yet, False if unsupported (the dQ-reduce backward, autotuning)."""
+    is not compiled for these dtypes yet, False if unsupported."""
     dev, qd, f32 = q.get_device(), q.dtype, torch.float32
     fwd = _cpp.register_all(dev, (plan.kernel, (qd,) * 4 + (f32,) + (qd,) * 4, plan.ints,
                                   _cpp.roles(9, len(plan.ints), 3, floats_first=True)))
@@ -1243,14 +1098,15 @@ def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dr
     bkey = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), tuple(ost), qd, None, False, 0, max_q, max_k, causal,
             _input_precision(qd), dropout_p > 0.0, override_epoch())
     bplan = _BWD_PLANS.get(bkey)
-    if bplan is None or bplan.dq is None or bplan.dq.compiled(bplan.dq.aligned_key(dev, (qd,) * 5 + (f32, f32) + (qd,) * 4)) is None:
+    if bplan is None or bplan.dq.compiled(bplan.dq.aligned_key(dev, (qd,) * 5 + (f32, f32) + (qd,) * 4)) is None:
         # Compile the backward for a dO laid out like the output (the layout the C++ node gives it): one
         # launch on zeros, results discarded.
         zo = torch.empty_strided(q.shape, ost, dtype=qd, device=q.device).zero_()
-        attention_backward(zo, q.detach(), k.detach(), v.detach(), zo, torch.zeros(plan.lse_shape, dtype=f32, device=q.device),
-                           None, None, None, max_q, max_k, causal, scale, dropout_p, seed)
+        lse0 = torch.zeros(plan.lse_shape, dtype=f32, device=q.device)
+        attention_backward(zo, q.detach(), k.detach(), v.detach(), zo, lse0, None, None, None, max_q, max_k, causal,
+                           scale, dropout_p, seed)
         bplan = _BWD_PLANS.get(bkey)
-    if bplan is None or bplan.tuned or bplan.empty or bplan.zero or bplan.dkdv is None or bplan.dkdv_dqr is not None:
+    if bplan is None or bplan.empty or bplan.zero:
         return False
     # The dK/dV kernel the Python path runs for this plan: the TMA one where it is on (and launched), else the
     # plain one; same parameters (the TMA one also takes Triton's global scratch, allocated per launch).
@@ -1259,8 +1115,9 @@ def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dr
         dev,
         (bplan.pre, (qd, qd, f32, qd), bplan.pre_ints, _cpp.roles(4, len(bplan.pre_ints))),
         (dkdv, (qd,) * 6 + (f32, f32) + (qd,) * 4, bplan.dkdv_ints,
-         _cpp.roles(12, len(bplan.dkdv_ints), 4, floats_first=True, tail_ptrs=1)),
-        (bplan.dq, (qd,) * 5 + (f32, f32) + (qd,) * 4, bplan.dq_ints, _cpp.roles(11, len(bplan.dq_ints), 4, floats_first=True)),
+         _cpp.roles(12, len(bplan.dkdv_ints), 4, floats_first=True)),
+        (bplan.dq, (qd,) * 5 + (f32, f32) + (qd,) * 4, bplan.dq_ints,
+         _cpp.roles(11, len(bplan.dq_ints), 4, floats_first=True)),
     )
     if not handles:  # (compiled by the warm-up above: None would be a kernel it did not launch)
         return False
@@ -1315,8 +1172,7 @@ def attention_dropout_mask(seed: torch.Tensor, B: int, H: int, Sq: int, Sk: int,
     out = torch.empty((B, H, Sq, Sk), dtype=torch.int8, device=seed.device)
     if out.numel():
         bm, bn = (16, 16) if INTERPRET else (64, 64)
-        _dropout_mask_kernel[(triton.cdiv(Sq, bm), B * H)](seed, out, Sq, Sk, float(dropout_p), BLOCK_M=bm, BLOCK_N=bn,
-                                                            BITS=_dropout_code())
+        _dropout_mask_kernel[(triton.cdiv(Sq, bm), B * H)](seed, out, Sq, Sk, float(dropout_p), BLOCK_M=bm, BLOCK_N=bn)
     return out.bool()
 
 
@@ -1368,22 +1224,14 @@ def key_bias_from_mask(attn_mask: torch.Tensor, B: int, H: int, Sq: int, Sk: int
 
 # --------------------------------------------------------------------------------------------------
 # Which attention a swapped module runs.  On Hopper, torch's SDPA picks cuDNN's attention for dense
-# bf16/fp16 inputs, and cuDNN is faster than these kernels in every dense case measured (H200,
-# benchmarks/results/attention_h200.md: our forward 0.67-0.90x and backward 0.49-0.91x of cuDNN's, ahead of
-# FlashAttention-2 and Flex).  A swapped module must never make the step slower, so for the dense cases
-# (no mask, head dim 64 or 128, bf16/fp16, compute capability 9.x, cuDNN SDPA enabled) the modules call
-# SDPA.  That includes GQA / MQA (SDPA's ``enable_gqa``, torch >= 2.5) and dropout, measured 2026-12-01:
-# Llama-shape GQA 16/4 x 64, S 2,048, causal, fwd+bwd: SDPA 0.411 ms against ours 0.512 (p = 0), 0.639
-# against 1.019 (p = 0.1) (benchmarks/results/issue11/dropout_h200.json); GQA 32/8 x 128, S 4,096: cuDNN
-# 544 / 449 TFLOP/s against 437 / 333; and the step-time A/B of the HF Llama / Qwen2 models undid the
-# fused attention (0.97x / 0.94x of unfused).  Everything else (key-padding masks fused as a bias, other
-# head dims, float32, varlen) runs the Triton kernels, which beat SDPA's other backends there.
-# FUSED_LAYERS_ATTENTION_BACKEND=triton (or sdpa) forces one side; the functional ``fused_attention``
-# always runs the Triton kernels.
+# bf16 / fp16 inputs, and cuDNN is the faster kernel there (H200: these kernels' forward 0.67-0.90x and
+# backward 0.49-0.91x of cuDNN's), including GQA / MQA through SDPA's ``enable_gqa`` (Llama-shape GQA 16/4 x 64,
+# S 2,048, causal, forward + backward: SDPA 0.411 ms against 0.512) and dropout (0.639 against 1.019 ms at
+# p = 0.1).  A swapped module must never make the step slower, so for those cases (no mask, head dim 64 or
+# 128, compute capability 9.x, cuDNN SDPA enabled) the modules call SDPA; key-padding masks (fused as a
+# bias), other head dims, float32 and varlen run the Triton kernels, which beat SDPA's other backends there.
+# The functional ``fused_attention`` always runs these kernels.
 # --------------------------------------------------------------------------------------------------
-ATTENTION_BACKEND = os.environ.get("FUSED_LAYERS_ATTENTION_BACKEND", "auto")
-if ATTENTION_BACKEND not in ("auto", "triton", "sdpa"):
-    raise ValueError(f"FUSED_LAYERS_ATTENTION_BACKEND={ATTENTION_BACKEND!r}; allowed: auto, triton, sdpa")
 _CUDNN_FASTER: dict[int, bool] = {}
 
 
@@ -1393,12 +1241,12 @@ def _cudnn_sdpa_available(device_index: int) -> bool:
     (``assume_constant_result``: Dynamo runs it once while tracing and bakes the answer in): traced as code,
     ``torch.backends.cuda.cudnn_sdp_enabled()`` is a torch function returning a bool, a graph break in every
     attention call whenever the cache was still empty when tracing began (a model compiled before any eager
-    call): GPT-2 small fused + compile ran 45-51 ms a step on 34 ms of GPU, 0.67-0.74x compiled SDPA
-    (benchmarks/results/issue9/run16_f, the graph-break log)."""
+    call): GPT-2 small fused + compile ran 45-51 ms a step on 34 ms of GPU, 0.67-0.74x compiled SDPA."""
     hit = _CUDNN_FASTER.get(device_index)
     if hit is None:
         major, _ = torch.cuda.get_device_capability(device_index)
-        hit = _CUDNN_FASTER[device_index] = major == 9 and getattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: False)()
+        enabled = getattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: False)
+        hit = _CUDNN_FASTER[device_index] = major == 9 and enabled()
     return hit
 
 
@@ -1418,9 +1266,8 @@ def _sdpa_faster(dtype: torch.dtype, shape: tuple, hkv: int, has_mask: bool) -> 
 def prefer_sdpa(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
     """True when a swapped attention module should call SDPA (cuDNN) rather than the Triton kernels.
     Callers pass ``enable_gqa=True`` to SDPA when K/V have fewer heads."""
-    if ATTENTION_BACKEND != "auto":
-        return ATTENTION_BACKEND == "sdpa"
-    return (q.is_cuda and _sdpa_faster(q.dtype, tuple(q.shape), k.shape[-3] if k.dim() == 4 else -1, attn_mask is not None)
+    hkv = k.shape[-3] if k.dim() == 4 else -1
+    return (q.is_cuda and _sdpa_faster(q.dtype, tuple(q.shape), hkv, attn_mask is not None)
             and _cudnn_sdpa_available(q.get_device()))
 
 
@@ -1486,13 +1333,16 @@ def fused_attention(
     if k.shape[-1] != D:
         raise ValueError(f"{_OP}: 'key' head dim {k.shape[-1]} != 'query' head dim {D}")
     if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
-        raise ValueError(f"{_OP}: 'key' {tuple(key.shape)} and 'value' {tuple(value.shape)} must have the same heads and length")
+        raise ValueError(f"{_OP}: 'key' {tuple(key.shape)} and 'value' {tuple(value.shape)} must have the same heads "
+                         "and length")
     Hkv, Sk = k.shape[1], k.shape[2]
     if Hkv != Hq:
         if not enable_gqa:
-            raise ValueError(f"{_OP}: 'query' has {Hq} heads but 'key'/'value' {Hkv}; pass enable_gqa=True for grouped-query attention")
+            raise ValueError(f"{_OP}: 'query' has {Hq} heads but 'key'/'value' {Hkv}; pass enable_gqa=True for "
+                             "grouped-query attention")
         if Hkv == 0 or Hq % Hkv:
-            raise ValueError(f"{_OP}: 'key'/'value' heads ({Hkv}) must divide 'query' heads ({Hq}) for grouped-query attention")
+            raise ValueError(f"{_OP}: 'key'/'value' heads ({Hkv}) must divide 'query' heads ({Hq}) for grouped-query "
+                             "attention")
     if D > MAX_HEAD_DIM:
         raise ValueError(f"{_OP}: head dim {D} of 'query' is not supported (at most {MAX_HEAD_DIM})")
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -1547,7 +1397,8 @@ def fused_attention_varlen(
         check_tensor(op, n, t)
         check_same_device(op, "q", q, **{n: t})
         if t.dim() != 1 or t.dtype not in (torch.int32, torch.int64) or t.numel() < 1:
-            raise ValueError(f"{op}: argument '{n}' must be a 1-D int32/int64 tensor of B + 1 offsets, got {t.dtype} {tuple(t.shape)}")
+            raise ValueError(f"{op}: argument '{n}' must be a 1-D int32/int64 tensor of B + 1 offsets, got {t.dtype} "
+                             f"{tuple(t.shape)}")
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"{op}: 'cu_seqlens_q' and 'cu_seqlens_k' must have the same length (B + 1)")
     if not (q.dim() == k.dim() == v.dim() == 3):

@@ -1,25 +1,18 @@
-"""Hopper attention kernels written in Gluon (Triton's explicit layout / shared-memory / barrier language): issue 13.
-GPU only (Gluon has no interpreter), sm_90.  ops/attention.py runs them by default on large eager calls they take
-(attention_config variants ``fwd_gluon``, ``bwd_gluon_dkdv``, ``bwd_gluon_dq``; ``auto_ok`` and the tables at the end
-of this file); ``benchmarks/bench_attention_gluon.py`` times them beside the Triton kernels and cuDNN:
+"""Hopper attention kernels in Gluon (Triton's explicit layout / shared-memory / barrier language), sm_90 only
+(Gluon has no interpreter).  ops/attention.py runs them on large eager dense calls they take (``supported``,
+``auto_ok``; the thresholds are in ops/attention_config.py):
 
-  * ``attention_forward_gluon_ws``: FlashAttention-3's warp-specialized ping-pong (two consumer warpgroups, a TMA
-    producer warp), the default forward at D128 and D64 causal: 1.00-1.13x cuDNN at D128 S >= 4K (session 14); on a
-    persistent grid (one program an SM, session 17) the default for short rows (``FWD_PERSIST_MAX_S``);
-  * ``attention_forward_gluon``: one warpgroup a CTA (below), the default at D64 non-causal;
-  * ``attention_dkdv_gluon``: the backward's dK / dV kernel (the Triton dQ kernel runs after it);
-  * ``attention_dq_gluon``: a dQ kernel (opt-in: it did not beat the Triton one, session 14).
+  * the forward, FlashAttention-3's warp-specialized ping-pong (``_attn_fwd_gluon_ws_kernel``): two consumer
+    warpgroups of 64 query rows take turns at the tensor cores while a producer warp keeps a ring of K / V tiles full
+    by TMA; at D128, and at D64 causal; on a persistent grid (one program an SM) for short rows;
+  * the one-warpgroup forward (``_attn_fwd_gluon_kernel``: 64 rows a CTA, two CTAs an SM): at D64 non-causal, and
+    where S is not a multiple of the ping-pong's 128-row tiles;
+  * the backward's dK / dV kernel (``_attn_bwd_dkdv_gluon_kernel``), followed by the Triton dQ kernel.
 
-q, k, v are read in place in two layouts (``_layout``): contiguous (B, H, S, D), and sequence-major ((B, S, H, D)
-memory, also slices of one packed (B, S, 3, H, D) projection); ``_head_origin`` maps a (batch, head) to its first row
-and column in the 2-D view a TMA descriptor sees.  Launches go through ops/_library.Kernel (bound once per call shape,
-then Triton's launcher directly), the descriptors made once per shape with their ``base`` set per call.
-
-Why Gluon.  The Triton forward (ops/attention.py) reaches 0.67-0.93 of cuDNN's forward.  ncu (issue13/ncu/): cuDNN runs
-3 warpgroups at 73% SM busy, ours 2 warpgroups at 48%; Triton 3.6's pipeliner loads K / V with cp.async and waits for
-each Q K^T before its softmax, so a warpgroup's tensor cores idle while it exponentiates.  Triton's automatic warp
-specialization (``tl.range(warp_specialize=True)``) and TMA variants were measured slower (issue13/run6_variants/).
-Gluon states the schedule directly:
+Why Gluon.  The Triton forward reaches 0.67-0.93 of cuDNN's.  Profiled on the H200 (Nsight Compute), cuDNN runs 3
+warpgroups at 73 % SM busy, the Triton forward 2 at 48 %: Triton's pipeliner loads K / V with cp.async and waits for
+each Q K^T before its softmax, so a warpgroup's tensor cores idle while it exponentiates.  Gluon states the
+schedule directly:
 
   * Q, K, V tiles arrive by TMA into an NVMMA-swizzled ring of STAGES K / V buffers, one mbarrier per buffer and
     operand (a Q K^T can start when its K has landed, before its V);
@@ -33,11 +26,16 @@ Gluon states the schedule directly:
 Math (ops/attention.py's derivation): base 2 with the scale folded in, c = scale * log2(e);
 m_j = max(m_{j-1}, rowmax(S_j) c), alpha = exp2(m_{j-1} - m_j), P_j = exp2(S_j c - m_j), l_j = l_{j-1} alpha +
 rowsum(P_j), O_j = O_{j-1} alpha + P_j V_j; O = O_n / l_n and the base-2 log-sum-exp L = m_n + log2(l_n) (the Triton
-backward's LSE, so the two forwards are interchangeable).
+backward's LSE, so the Triton backward can follow a Gluon forward).
 
-Scope: (B, H, S, D) inputs in one of the two layouts above, Sq == Sk, S a multiple of BLOCK_M and BLOCK_N, D in
-{64, 128}, bf16 / fp16, no mask, no dropout, no GQA.  ``supported`` says whether a call qualifies; the caller falls
-back to the Triton kernels otherwise.
+Layouts.  q, k, v are read in place in two layouts (``_layout``): contiguous (B, H, S, D), and sequence-major
+((B, S, H, D) memory, also slices of one packed (B, S, 3, H, D) projection); k and v may have a layout of their own
+and fewer heads than q (grouped-query attention).  ``_head_origin`` maps a (batch, head) to its first row and column
+in the 2-D view a TMA descriptor sees.  Launches go through ops/_library.Kernel (bound once per call shape, then
+Triton's launcher directly), the descriptors made once per shape with their ``base`` set per call.
+
+Scope: (B, H, S, D) inputs in those layouts, Sq == Sk, S a multiple of the tiles, D in {64, 128}, bf16 / fp16, no
+mask, no dropout.  ``supported`` says whether a call qualifies; the caller runs the Triton kernels otherwise.
 """
 
 from __future__ import annotations
@@ -47,9 +45,18 @@ import math
 import torch
 
 from ._library import Kernel
+from .attention_config import (
+    GLUON_DKDV_MAX_S,
+    GLUON_DKDV_TILES,
+    GLUON_FWD_KERNEL,
+    GLUON_FWD_PERSISTENT_MAX_S,
+    GLUON_FWD_TILES,
+    GLUON_MIN_WORK,
+    GLUON_PINGPONG_TILES,
+)
 
 try:  # Gluon: Triton >= 3.5 with the NVIDIA Hopper dialect
-    import triton
+    import triton  # noqa: F401
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -66,21 +73,6 @@ except Exception:  # pragma: no cover - depends on the installed Triton
     HAS_GLUON = False
 
 LOG2E = 1.4426950408889634
-
-# (head dim) -> (BLOCK_M, BLOCK_N, num_warps, STAGES); shared memory: Q BLOCK_M x D + 2 x STAGES x BLOCK_N x D.
-# One warpgroup of 64 query rows a CTA, so that several CTAs share an SM and one's softmax overlaps another's wgmma
-# (the scheduler's ping-pong): H200, session 13 (benchmarks/results/issue13/run19_g/), TFLOP/s of the forward at
-# S 1K / 4K / 16K, non-causal and causal, against the first form (128 rows, 8 warps, one CTA an SM):
-#   D128  64 x 64, 3 stages (112 KB: 2 CTAs an SM)   458 / 376 / 502 / 458 / 513 / 504   (first form 389-480 / 295-420)
-#         64 x 64 x 2 stages 387-452 / 320-422; 64 x 128 x 2 stages (144 KB: one CTA) 311-390 / 239-325
-#   D64   64 x 128, 3 stages (104 KB: 2 CTAs)        377-386 / 190-282 / 425-427 / 377-381 / 437-445 / 428-432
-#         64 x 64 x 4 stages 385 / 194-308 / 407 / 369-375 / 410-414 / 395; 64 x 128 x 2 stages 388-409 / 193-209 /
-#         440 / 327 / 423-427 / 344-347; 128 x 128 x 8 warps 316-318 / 196-229 / 366-369 / 314 / 384 / 369
-# (D64 S1024 causal spreads 190-308 run to run for every config: 4,096 short CTAs.)
-CONFIGS = {64: (64, 128, 4, 3), 128: (64, 64, 4, 3)}
-# Persistent grid (programs an SM; 0 = one program a query block, what the table above measured).  Measured in
-# session 14 (issue13/run20_a/): 1 or 2 programs an SM ran at 0.5-0.9x of one program a block in every case.
-PERSISTENT_PER_SM = 0
 
 
 if HAS_GLUON:
@@ -140,15 +132,45 @@ if HAS_GLUON:
             tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, G, RBk, RHk, CHk, pid_m, bh,
-                       base, tile_phase,
-                       q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr,
-                       STAGES: gl.constexpr, num_warps: gl.constexpr):
-        """One query block (pid_m, bh): the whole online softmax over its key blocks, O and LSE stored.  ``base``:
-        K / V blocks this program consumed before (ring slot of block j: (base + j) % STAGES, its mbarrier phase
-        ((base + j) // STAGES) & 1); ``tile_phase``: Q's mbarrier phase.  Returns the blocks consumed."""
+    def _attn_fwd_gluon_kernel(
+        LSE,  # fp32 (B*H, S) base-2 log-sum-exp, contiguous
+        q_desc,  # TMA descriptor of Q in its 2-D view (_head_origin), block (BLOCK_M, D)
+        k_desc,  # TMA descriptor of K in its 2-D view (_head_origin), block (BLOCK_N, D)
+        v_desc,  # TMA descriptor of V in its 2-D view (_head_origin), block (BLOCK_N, D)
+        o_desc,  # TMA descriptor of O in its 2-D view (_head_origin), block (BLOCK_M, D) (Q's layout)
+        qk_scale,  # scale * log2(e)
+        S,  # sequence length (queries = keys), a multiple of BLOCK_M and BLOCK_N
+        H,  # query heads
+        RB, RH, CH,  # head origins in the descriptors' 2-D views (_head_origin)
+        G,  # query heads a key / value head (grouped-query attention; 1 otherwise)
+        RBk, RHk, CHk,  # the key / value heads' origins in K's and V's views
+        BLOCK_M: gl.constexpr,  # query rows of the program: 16 a warp
+        BLOCK_N: gl.constexpr,  # keys a ring slot
+        HEAD_D: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        STAGES: gl.constexpr,  # K / V ring slots (>= 2: block j + 1 loads while block j is read)
+        num_warps: gl.constexpr,
+    ):
+        """One program: the query block of BLOCK_M rows of one head, the whole online softmax over its key blocks;
+        O and LSE stored."""
         dtype: gl.constexpr = q_desc.dtype
+        # Shared memory: Q (reused for O), a ring of STAGES K and V tiles, one mbarrier per buffer.
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        fence_async_shared()
+        if CAUSAL:
+            pid_m = S // BLOCK_M - 1 - gl.program_id(0)  # heaviest first: the diagonal's far end starts first
+        else:
+            pid_m = gl.program_id(0)
+        bh = gl.program_id(1)  # (batch, query head)
         row0, col0 = _head_origin(bh, H, RB, RH, CH)  # this (batch, head)'s first row and its column
         q_row = row0 + pid_m * BLOCK_M  # first row of this query block
         kv_row, kv_col = _kv_origin(bh, H, G, RBk, RHk, CHk)  # its key / value head's first row and column
@@ -167,23 +189,24 @@ if HAS_GLUON:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-        # Step 1: Q, then the first STAGES key / value blocks (those that exist).  Every slot is free: the previous
-        # tile (persistent programs) waited for all its loads and wgmmas.
+        # Step 1: Q, then the first STAGES key / value blocks (those that exist); block j goes to ring slot
+        # j % STAGES, whose mbarrier completes its (j // STAGES)-th phase.
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row, col0], q_bar, q_smem)
         for i in gl.static_range(STAGES):
             live = i < n_blocks
-            sl = (base + i) % STAGES
-            mbarrier.expect(k_bars.index(sl), k_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kv_col], k_bars.index(sl), k_smem.index(sl), pred=live)
-            mbarrier.expect(v_bars.index(sl), v_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kv_col], v_bars.index(sl), v_smem.index(sl), pred=live)
+            mbarrier.expect(k_bars.index(i), k_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kv_col], k_bars.index(i), k_smem.index(i),
+                                            pred=live)
+            mbarrier.expect(v_bars.index(i), v_desc.block_type.nbytes, pred=live)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kv_col], v_bars.index(i), v_smem.index(i),
+                                            pred=live)
 
         # Step 2: block 0's scores and softmax (nothing to overlap with yet).
-        mbarrier.wait(q_bar, phase=tile_phase)
-        mbarrier.wait(k_bars.index(base % STAGES), phase=(base // STAGES) & 1)
+        mbarrier.wait(q_bar, phase=0)
+        mbarrier.wait(k_bars.index(0), phase=0)
         s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(base % STAGES).permute((1, 0)), s, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
         if CAUSAL:
             if n_blocks == 1:
@@ -194,11 +217,11 @@ if HAS_GLUON:
 
         # Step 3: iteration j overlaps the softmax of block j with the P V wgmma of block j - 1.
         for j in range(1, n_blocks):
-            slot = (base + j) % STAGES
-            prev = (base + j - 1) % STAGES
-            mbarrier.wait(k_bars.index(slot), phase=((base + j) // STAGES) & 1)
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_bars.index(slot), phase=(j // STAGES) & 1)
             s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s, use_acc=False, is_async=True)
-            mbarrier.wait(v_bars.index(prev), phase=((base + j - 1) // STAGES) & 1)
+            mbarrier.wait(v_bars.index(prev), phase=((j - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done; P_{j-1} V_{j-1} may still run
             if CAUSAL:
@@ -210,81 +233,20 @@ if HAS_GLUON:
             nxt = j - 1 + STAGES
             live = nxt < n_blocks
             mbarrier.expect(k_bars.index(prev), k_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, kv_col], k_bars.index(prev), k_smem.index(prev), pred=live)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, kv_col], k_bars.index(prev),
+                                            k_smem.index(prev), pred=live)
             mbarrier.expect(v_bars.index(prev), v_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, kv_col], v_bars.index(prev), v_smem.index(prev), pred=live)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, kv_col], v_bars.index(prev),
+                                            v_smem.index(prev), pred=live)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
         # Step 4: the last block's P V, then O = acc / l and L = m + log2(l).
-        last = base + n_blocks - 1
+        last = n_blocks - 1
         mbarrier.wait(v_bars.index(last % STAGES), phase=(last // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
         acc, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         _store_out(acc, m_i, l_i, LSE, bh, S, pid_m * BLOCK_M, q_row, col0, q_smem, o_desc, BLOCK_M, row_s, row_o)
-        return n_blocks
-
-    @gluon.jit
-    def _attn_fwd_gluon_kernel(
-        LSE,  # fp32 (B*H, S) base-2 log-sum-exp, contiguous
-        q_desc,  # TMA descriptor of Q in its 2-D view (_head_origin), block (BLOCK_M, D)
-        k_desc,  # TMA descriptor of K in its 2-D view (_head_origin), block (BLOCK_N, D)
-        v_desc,  # TMA descriptor of V in its 2-D view (_head_origin), block (BLOCK_N, D)
-        o_desc,  # TMA descriptor of O in its 2-D view (_head_origin), block (BLOCK_M, D) (Q's layout)
-        qk_scale,  # scale * log2(e)
-        S,  # sequence length (queries = keys), a multiple of BLOCK_M and BLOCK_N
-        BH,  # batch x heads
-        H,  # heads
-        RB, RH, CH,  # head origins in the descriptors' 2-D views (_head_origin)
-        G,  # query heads a key / value head (grouped-query attention; 1 otherwise)
-        RBk, RHk, CHk,  # the key / value heads' origins in K's and V's views
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        HEAD_D: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        STAGES: gl.constexpr,
-        PERSISTENT: gl.constexpr,  # a grid of a few programs an SM walking the query blocks heaviest first
-        num_warps: gl.constexpr,
-    ):
-        dtype: gl.constexpr = q_desc.dtype
-        # Shared memory: Q (reused for O), a ring of STAGES K and V tiles, one mbarrier per buffer.
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_bars.index(i), count=1)
-            mbarrier.init(v_bars.index(i), count=1)
-        fence_async_shared()
-        n_qblocks = S // BLOCK_M
-        if PERSISTENT:
-            # Tile t: query block t // BH from the far end of the diagonal (causal: heaviest first), head t % BH;
-            # round-robin over the programs, so every program starts on a heavy block and ends on light ones.
-            base = 0
-            tile_phase = 0
-            for t in range(gl.program_id(0), n_qblocks * BH, gl.num_programs(0)):
-                if CAUSAL:
-                    pid_m = n_qblocks - 1 - t // BH
-                else:
-                    pid_m = t // BH
-                used = _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, G, RBk, RHk, CHk, pid_m,
-                                      t % BH, base, tile_phase,
-                                      q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
-                                      BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES, num_warps)
-                base += used
-                tile_phase ^= 1
-        else:
-            if CAUSAL:
-                pid_m = n_qblocks - 1 - gl.program_id(0)  # heaviest first: the diagonal's far end starts first
-            else:
-                pid_m = gl.program_id(0)
-            _attn_fwd_tile(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, S, H, RB, RH, CH, G, RBk, RHk, CHk, pid_m,
-                           gl.program_id(1), 0, 0,
-                           q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
-                           BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES, num_warps)
         mbarrier.invalidate(q_bar)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_bars.index(i))
@@ -292,12 +254,12 @@ if HAS_GLUON:
 
 
     # ------------------------------------------------------------------------------------------------------------
-    # The ping-pong (session 13; a default forward since session 14), FlashAttention-3's warp specialization.  A CTA
-    # holds a query tile of 2 x 64 rows: two consumer warpgroups (the default partition and a 4-warp worker), each owning 64
-    # rows, and a 1-warp producer that keeps the K / V ring full by TMA (ready barriers: the TMA's byte count; empty
-    # barriers: one arrival from each consumer once its wgmmas that read the buffer have retired).  The consumers take
-    # turns at the tensor cores (turn barriers): consumer c waits for its turn, issues its S_j = Q K_j^T and
-    # O += P_{j-1} V_{j-1}, hands the turn over and runs its softmax while the other's matrix products run.
+    # The ping-pong, FlashAttention-3's warp specialization.  A CTA holds a query tile of 2 x 64 rows: two consumer
+    # warpgroups (the default partition and a 4-warp worker), each owning 64 rows, and a 1-warp producer that keeps
+    # the K / V ring full by TMA (ready barriers: the TMA's byte count; empty barriers: one arrival from each consumer
+    # once its wgmmas that read the buffer have retired).  The consumers take turns at the tensor cores (turn
+    # barriers): consumer c waits for its turn, issues its S_j = Q K_j^T and O += P_{j-1} V_{j-1}, hands the turn over
+    # and runs its softmax while the other's matrix products run.
     # ------------------------------------------------------------------------------------------------------------
 
     @gluon.jit
@@ -311,15 +273,17 @@ if HAS_GLUON:
             if c >= STAGES:  # wait until both consumers are done with the block that used this slot
                 mbarrier.wait(k_empty.index(slot), phase=((c // STAGES) - 1) & 1)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, kv_col], k_ready.index(slot), k_smem.index(slot))
+            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, kv_col], k_ready.index(slot),
+                                            k_smem.index(slot))
             if c >= STAGES:
                 mbarrier.wait(v_empty.index(slot), phase=((c // STAGES) - 1) & 1)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, kv_col], v_ready.index(slot), v_smem.index(slot))
+            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, kv_col], v_ready.index(slot),
+                                            v_smem.index(slot))
 
     @gluon.jit
-    def _ws_consumer_tile(o_desc, LSE, qk_scale, S, bh, q_row, col0, q0, n_blocks, c0, T0, q_smem, o_smem, k_smem, v_smem,
-                          k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
+    def _ws_consumer_tile(o_desc, LSE, qk_scale, S, bh, q_row, col0, q0, n_blocks, c0, T0, q_smem, o_smem, k_smem,
+                          v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
                           q_desc, q_bar, nq_row, nq_col, has_next,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr,
                           STAGES: gl.constexpr, PERSISTENT: gl.constexpr):
@@ -420,19 +384,20 @@ if HAS_GLUON:
     @gluon.jit
     def _ws_producer_persistent(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, S, BH, H, G,
                                 RBk, RHk, CHk, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-        """The producer of a persistent program: every tile's key blocks through one ring, running ahead across tiles."""
+        """The producer of a persistent program: every tile's key blocks through one ring, running ahead across
+        tiles."""
         n_tiles = S // 128
         c = 0
         for t in range(gl.program_id(0), n_tiles * BH, gl.num_programs(0)):
             tile, bh, n_blocks = _ws_tile_of(t, n_tiles, BH, S, CAUSAL, BLOCK_N)
             kv_row, kv_col = _kv_origin(bh, H, G, RBk, RHk, CHk)
-            _ws_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_blocks, c,
-                         BLOCK_N, STAGES)
+            _ws_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_blocks,
+                         c, BLOCK_N, STAGES)
             c += n_blocks
 
     @gluon.jit
-    def _ws_consumer_persistent(q_desc, o_desc, LSE, qk_scale, S, BH, H, RB, RH, CH, q_smem, o_smem, q_bar, k_smem, v_smem,
-                                k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
+    def _ws_consumer_persistent(q_desc, o_desc, LSE, qk_scale, S, BH, H, RB, RH, CH, q_smem, o_smem, q_bar, k_smem,
+                                v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
                                 FIRST: gl.constexpr, HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                 HEAD_D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
         """A consumer of a persistent program: rows HALF.. HALF + 63 of each of its tiles; ring position, turns and Q's
@@ -456,8 +421,8 @@ if HAS_GLUON:
             ntile, nbh, nblocks_unused = _ws_tile_of(t + step, n_tiles, BH, S, CAUSAL, BLOCK_N)
             nrow0, ncol0 = _head_origin(nbh, H, RB, RH, CH)
             mbarrier.wait(q_bar, phase=q_phase)
-            _ws_consumer_tile(o_desc, LSE, qk_scale, S, bh, row0 + q0, col0, q0, n_blocks, c, turns, q_smem, o_smem, k_smem,
-                              v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
+            _ws_consumer_tile(o_desc, LSE, qk_scale, S, bh, row0 + q0, col0, q0, n_blocks, c, turns, q_smem, o_smem,
+                              k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, my_turn, other_turn,
                               q_desc, q_bar, nrow0 + ntile * 128 + HALF, ncol0, t + step < total,
                               BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES, True)
             c += n_blocks
@@ -519,8 +484,8 @@ if HAS_GLUON:
                                            o_smem.index(1), q_bars.index(1), k_smem, v_smem, k_ready, v_ready, k_empty,
                                            v_empty, turn.index(1), turn.index(0),
                                            False, BLOCK_M, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
-                (_ws_producer_persistent, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, S, BH, H, G,
-                                           RBk, RHk, CHk, BLOCK_N, STAGES, CAUSAL)),
+                (_ws_producer_persistent, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, S, BH, H,
+                                           G, RBk, RHk, CHk, BLOCK_N, STAGES, CAUSAL)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             n_tiles = S // (2 * BLOCK_M)
@@ -535,23 +500,22 @@ if HAS_GLUON:
             kv_row, kv_col = _kv_origin(bh, H, G, RBk, RHk, CHk)
             q0 = tile * 2 * BLOCK_M
             gl.warp_specialize([
-                (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0, n_blocks, q_smem.index(0), q_bars.index(0),
-                                k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(0), turn.index(1),
-                                True, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
-                (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0 + BLOCK_M, n_blocks, q_smem.index(1), q_bars.index(1),
-                                k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(1), turn.index(0),
-                                False, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
-                (_ws_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_blocks,
-                                0, BLOCK_N, STAGES)),
+                (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0, n_blocks, q_smem.index(0),
+                                q_bars.index(0), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn.index(0),
+                                turn.index(1), True, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
+                (_ws_consumer, (q_desc, o_desc, LSE, qk_scale, S, bh, row0, col0, q0 + BLOCK_M, n_blocks,
+                                q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                                turn.index(1), turn.index(0), False, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, STAGES)),
+                (_ws_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col,
+                                n_blocks, 0, BLOCK_N, STAGES)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
-
     # ------------------------------------------------------------------------------------------------------------
-    # Backward (session 13; default since session 14): the dK / dV kernel in Gluon, the forward's recipe (one
-    # warpgroup a CTA, several CTAs an SM, a TMA ring, asynchronous wgmma groups overlapping the elementwise work);
-    # dQ stays with the Triton dQ kernel.  Per CTA: BLOCK_N keys of one head, K and V loaded once; per query block
-    # i (BLOCK_M rows): S^T = K Q_i^T and dP^T = V dO_i^T issued together, P^T = exp2(S^T c - L_i) while dP^T runs,
-    # dV += P^T dO_i issued, dS^T = P^T (dP^T - delta_i) while dV runs, dK += dS^T Q_i; dK scaled once at the end.
+    # Backward: the dK / dV kernel, the forward's recipe (one warpgroup a CTA, several CTAs an SM, a TMA ring,
+    # asynchronous wgmma groups overlapping the elementwise work); dQ comes from the Triton dQ kernel.  Per CTA: BLOCK_N
+    # keys of one head, K and V loaded once; per query block i (BLOCK_M rows): S^T = K Q_i^T and dP^T = V dO_i^T issued
+    # together, P^T = exp2(S^T c - L_i) while dP^T runs, dV += P^T dO_i issued, dS^T = P^T (dP^T - delta_i) while dV
+    # runs, dK += dS^T Q_i; dK scaled once at the end.
     # ------------------------------------------------------------------------------------------------------------
 
     @gluon.jit
@@ -573,7 +537,6 @@ if HAS_GLUON:
     def _attn_bwd_dkdv_gluon_kernel(
         LSE,  # fp32 (B*H, S) base-2 log-sum-exp of the forward
         DELTA,  # fp32 (B*H, S) rowsum(dO * O)
-        DQ,  # (FUSED_DQ) fp32 (B*H, S, D) contiguous, zeroed: scale * dQ accumulated by atomics; else unused
         q_desc,  # TMA descriptor of Q in its 2-D view (_head_origin), block (BLOCK_M, D)
         do_desc,  # TMA descriptor of dO in its 2-D view (_head_origin), block (BLOCK_M, D)
         k_desc,  # TMA descriptor of K in its 2-D view (_head_origin), block (BLOCK_N, D)
@@ -593,9 +556,10 @@ if HAS_GLUON:
         CAUSAL: gl.constexpr,
         STAGES: gl.constexpr,
         GQA: gl.constexpr,  # G > 1
-        FUSED_DQ: gl.constexpr,  # also dQ_i += scale dS_i K (dS^T through shared memory), added into DQ by atomics
         num_warps: gl.constexpr,
     ):
+        """One program: BLOCK_N keys of one key / value head, dK and dV summed over the query blocks of its G query
+        heads."""
         dtype: gl.constexpr = q_desc.dtype
         n0 = gl.program_id(0) * BLOCK_N  # first key of this block (causal: block 0, the heaviest, starts first)
         bhk = gl.program_id(1)  # key / value head: b * (H / G) + its index
@@ -609,8 +573,9 @@ if HAS_GLUON:
         n_iter = S // BLOCK_M - i_start  # query blocks a query head
         n_total = G * n_iter  # ... over the G query heads, one after the other
 
+        # S^T and dP^T: [BLOCK_N, BLOCK_M]
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, BLOCK_M, 16])  # S^T, dP^T: [BLOCK_N, BLOCK_M]
+                                                            instr_shape=[16, BLOCK_M, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                             instr_shape=[16, HEAD_D, 16])  # dK, dV: [BLOCK_N, D]
         op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
@@ -638,12 +603,6 @@ if HAS_GLUON:
             tma.async_copy_global_to_shared(q_desc, [q_row, q_col], bars.index(t), q_smem.index(t), pred=live)
             tma.async_copy_global_to_shared(do_desc, [q_row, q_col], bars.index(t), do_smem.index(t), pred=live)
 
-        if FUSED_DQ:
-            ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M],
-                                                gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
-            dq_t = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=kv_layout)
-            dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, kv_layout))
-            dq_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
         dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
         st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
@@ -672,18 +631,7 @@ if HAS_GLUON:
             dst = pt * (dpt - gl.expand_dims(delta, 0))
             dst_op = gl.convert_layout(dst.to(dtype), op_layout)
             dk_tok = warpgroup_mma(dst_op, q_t, dk, is_async=True)
-            if FUSED_DQ:
-                # dQ_i = dS_i K: dS^T to shared memory, read back transposed as the A operand (K is B as it lies)
-                ds_smem.store(dst.to(dtype))
-                fence_async_shared()
-                gl.thread_barrier()
-                dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_t, use_acc=False, is_async=True)
-                dv, dk, dq_t, pt_done, dst_done = warpgroup_mma_wait(num_outstanding=0,
-                                                                     deps=(dv_tok, dk_tok, dq_tok, pt_op, dst_op))
-                dq_ptr = DQ + gl.expand_dims((bhq.to(gl.int64) * S + q0 + dq_rows) * HEAD_D, 1) + gl.expand_dims(dq_cols, 0)
-                gl.atomic_add(dq_ptr, dq_t * sm_scale, sem="relaxed")
-            else:
-                dv, dk, pt_done, dst_done = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, pt_op, dst_op))
+            dv, dk, pt_done, dst_done = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, pt_op, dst_op))
             # the slot's Q and dO are free: fetch query block t + STAGES into it
             nxt = t + STAGES
             live = nxt < n_total
@@ -700,143 +648,6 @@ if HAS_GLUON:
         fence_async_shared()
         tma.async_copy_shared_to_global(dk_desc, [kv_row + n0, kv_col], k_smem)
         tma.async_copy_shared_to_global(dv_desc, [kv_row + n0, kv_col], v_smem)
-        tma.store_wait(pendings=0)
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Backward, dQ (session 14): the Triton dQ kernel's work in Gluon, the dK / dV kernel's recipe turned around.  Per
-    # CTA: BLOCK_M queries of one head, Q and dO loaded once, a TMA ring of K / V blocks; per key block j:
-    # S_j = Q K_j^T and dP_j = dO V_j^T are issued, then dQ += dS_{j-1} K_{j-1} (the previous block's), so that the
-    # tensor cores run dP_j and dQ_{j-1} while P_j = exp2(S_j c - L) and dS_j = P_j (dP_j - delta) are computed.
-    # dQ is scaled once at the end and stored by TMA through Q's buffer.
-    # ------------------------------------------------------------------------------------------------------------
-
-    @gluon.jit
-    def _dq_probs(s, lse, qk_scale, q0, k0, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  layout: gl.constexpr):
-        """P = exp2(S c - L) of one key block from k0 (0 where a key comes after its query, causal)."""
-        p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
-        if CAUSAL:
-            if k0 + BLOCK_N > q0 + 1:  # a key block reaching past this block's first query
-                rows = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-                cols = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-                p = gl.where(gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0), p, 0.0)
-        return p
-
-    @gluon.jit
-    def _attn_bwd_dq_gluon_kernel(
-        LSE,  # fp32 (B*H, S) base-2 log-sum-exp of the forward
-        DELTA,  # fp32 (B*H, S) rowsum(dO * O)
-        q_desc,  # TMA descriptor of Q in its 2-D view (_head_origin), block (BLOCK_M, D)
-        do_desc,  # TMA descriptor of dO in its 2-D view (_head_origin), block (BLOCK_M, D)
-        k_desc,  # TMA descriptor of K in its 2-D view (_head_origin), block (BLOCK_N, D)
-        v_desc,  # TMA descriptor of V in its 2-D view (_head_origin), block (BLOCK_N, D)
-        dq_desc,  # TMA descriptor of dQ in its 2-D view (_head_origin), block (BLOCK_M, D) (Q's layout)
-        qk_scale,  # scale * log2(e)
-        sm_scale,  # scale (dQ = scale dS K)
-        S,  # sequence length (queries = keys), a multiple of BLOCK_M and BLOCK_N
-        H,  # heads
-        RB, RH, CH,  # head origins in the descriptors' 2-D views (_head_origin)
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        HEAD_D: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        STAGES: gl.constexpr,
-        num_warps: gl.constexpr,
-    ):
-        dtype: gl.constexpr = q_desc.dtype
-        n_qblocks = S // BLOCK_M
-        if CAUSAL:
-            pid_m = n_qblocks - 1 - gl.program_id(0)  # heaviest first
-            n_blocks = ((pid_m + 1) * BLOCK_M + BLOCK_N - 1) // BLOCK_N  # key blocks up to the diagonal
-        else:
-            pid_m = gl.program_id(0)
-            n_blocks = S // BLOCK_N
-        bh = gl.program_id(1)
-        row0, col0 = _head_origin(bh, H, RB, RH, CH)  # this head's first row and column in the 2-D views
-        q0 = pid_m * BLOCK_M
-
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])  # S, dP: [BLOCK_M, BLOCK_N]
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, HEAD_D, 16])  # dQ: [BLOCK_M, D]
-        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)  # (dQ at the end)
-        do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], do_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-        qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(qdo_bar, count=1)
-        for t in gl.static_range(STAGES):
-            mbarrier.init(k_bars.index(t), count=1)
-            mbarrier.init(v_bars.index(t), count=1)
-        fence_async_shared()
-
-        # Step 1: Q and dO once; the first STAGES key / value blocks (those that exist).
-        mbarrier.expect(qdo_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row0 + q0, col0], qdo_bar, q_smem)
-        tma.async_copy_global_to_shared(do_desc, [row0 + q0, col0], qdo_bar, do_smem)
-        for t in gl.static_range(STAGES):
-            live = t < n_blocks
-            mbarrier.expect(k_bars.index(t), k_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(k_desc, [row0 + t * BLOCK_N, col0], k_bars.index(t), k_smem.index(t), pred=live)
-            mbarrier.expect(v_bars.index(t), v_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(v_desc, [row0 + t * BLOCK_N, col0], v_bars.index(t), v_smem.index(t), pred=live)
-        rows = q0 + gl.arange(0, BLOCK_M, layout=row_s)
-        lse = gl.load(LSE + bh.to(gl.int64) * S + rows)
-        delta = gl.load(DELTA + bh.to(gl.int64) * S + rows)
-
-        # Step 2: block 0's S, dP and dS (nothing to overlap with yet but dP with P).
-        s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        dp = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        mbarrier.wait(qdo_bar, phase=0)
-        mbarrier.wait(k_bars.index(0), phase=0)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
-        mbarrier.wait(v_bars.index(0), phase=0)
-        dp_tok = warpgroup_mma(do_smem, v_smem.index(0).permute((1, 0)), dp, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-        p = _dq_probs(s, lse, qk_scale, q0, 0, CAUSAL, BLOCK_M, BLOCK_N, s_layout)
-        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
-        ds_op = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), op_layout)
-        dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout)
-
-        # Step 3: iteration j issues S_j, dP_j, then dQ += dS_{j-1} K_{j-1}; P_j and dS_j run beside the last two.
-        for j in range(1, n_blocks):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_bars.index(slot), phase=(j // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s, use_acc=False, is_async=True)
-            mbarrier.wait(v_bars.index(slot), phase=(j // STAGES) & 1)
-            dp_tok = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), dp, use_acc=False, is_async=True)
-            dq_tok = warpgroup_mma(ds_op, k_smem.index(prev), dq, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=2, deps=(s_tok,))  # S_j done; dP_j and dQ_{j-1} may run
-            p = _dq_probs(s, lse, qk_scale, q0, j * BLOCK_N, CAUSAL, BLOCK_M, BLOCK_N, s_layout)
-            dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok,))  # dP_j done; dQ_{j-1} may run
-            ds = p * (dp - gl.expand_dims(delta, 1))
-            dq, ds_done = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
-            # block j - 1's K and V buffers are free (dP_{j-1} and dQ_{j-1} retired): fetch block j - 1 + STAGES
-            nxt = j - 1 + STAGES
-            live = nxt < n_blocks
-            mbarrier.expect(k_bars.index(prev), k_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(k_desc, [row0 + nxt * BLOCK_N, col0], k_bars.index(prev), k_smem.index(prev), pred=live)
-            mbarrier.expect(v_bars.index(prev), v_desc.block_type.nbytes, pred=live)
-            tma.async_copy_global_to_shared(v_desc, [row0 + nxt * BLOCK_N, col0], v_bars.index(prev), v_smem.index(prev), pred=live)
-            ds_op = gl.convert_layout(ds.to(dtype), op_layout)
-
-        # Step 4: the last block's dQ, then dQ * scale by TMA through Q's buffer (every wgmma reading it has retired).
-        last = (n_blocks - 1) % STAGES
-        dq_tok = warpgroup_mma(ds_op, k_smem.index(last), dq, is_async=True)
-        dq, ds_done = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
-        mbarrier.invalidate(qdo_bar)
-        for t in gl.static_range(STAGES):
-            mbarrier.invalidate(k_bars.index(t))
-            mbarrier.invalidate(v_bars.index(t))
-        q_smem.store((dq * sm_scale).to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(dq_desc, [row0 + q0, col0], q_smem)
         tma.store_wait(pendings=0)
 
 
@@ -861,6 +672,11 @@ def _origin(kind: int, H: int, S: int, D: int) -> tuple:
     return (H * S, S, 0) if kind == 0 else (S, 0, D)
 
 
+def _origin(kind: int, H: int, S: int, D: int) -> tuple:
+    """(RB, RH, CH) of _head_origin for a layout kind."""
+    return (H * S, S, 0) if kind == 0 else (S, 0, D)
+
+
 _SUPPORTED: dict = {}
 _MAX_CACHED = 4096
 
@@ -873,21 +689,20 @@ def _remember(cache: dict, key, value):
     return value
 
 
-def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, gqa: bool = False) -> str | None:
-    """None when the Gluon kernels take the call, else why not (the caller then runs the Triton kernels).  ``gqa``
-    (the forwards): k and v may have fewer heads than q (a divisor of its heads) and a layout of their own; the
-    backward kernels take neither.  Every rule but the data's alignment depends on shapes, strides, dtypes and
-    device only: cached (a call's host cost)."""
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device, gqa)
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> str | None:
+    """None when the Gluon kernels take the call, else why not (the caller then runs the Triton kernels).  k and v
+    may have fewer heads than q (a divisor of its heads) and a layout of their own.  Every rule but the data's
+    alignment depends on shapes, strides, dtypes and device only: cached (a call's host cost)."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device)
     why = _SUPPORTED.get(key, 0)
     if why == 0:
-        why = _remember(_SUPPORTED, key, _supported(q, k, v, gqa))
+        why = _remember(_SUPPORTED, key, _supported(q, k, v))
     if why is None and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16:
         return "data must be 16-byte aligned"
     return why
 
 
-def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> str | None:
+def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     if not HAS_GLUON:
         return "no Gluon in this Triton"
     if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
@@ -902,18 +717,42 @@ def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> 
         return "empty inputs"
     if (k.shape[0], k.shape[2], k.shape[3]) != (B, S, D):
         return "k, v must have q's batch, sequence length (Sq == Sk) and head dim"
-    if HKV != H and not (gqa and H % HKV == 0):
-        return ("k, v must have q's heads" if not gqa else f"q's heads ({H}) must be a multiple of k's and v's ({HKV})")
-    if D not in CONFIGS:
-        return f"head dim {D} not in {sorted(CONFIGS)}"
-    bm, bn, _, _ = CONFIGS[D]
+    if H % HKV:
+        return f"q's heads ({H}) must be a multiple of k's and v's ({HKV})"
+    if D not in GLUON_FWD_TILES:
+        return f"head dim {D} not in {sorted(GLUON_FWD_TILES)}"
+    bm, bn = GLUON_FWD_TILES[D].block_m, GLUON_FWD_TILES[D].block_n
     if S % bm or S % bn:
         return f"sequence length {S} not a multiple of {bm} and {bn}"
     lays = [_layout(q, B, H, S, D), _layout(k, B, HKV, S, D), _layout(v, B, HKV, S, D)]
-    if None in lays or lays[1][0] != lays[2][0] or (not gqa and lays[0][0] != lays[1][0]):
-        return ("q, k, v must all be contiguous (B, H, S, D), or all (B, S, H, D) in memory (heads side by side in a "
-                "row of 16-byte aligned stride)" + (": k and v alike" if gqa else ""))
+    if None in lays or lays[1][0] != lays[2][0]:
+        return ("q, k, v must each be contiguous (B, H, S, D) or (B, S, H, D) in memory (heads side by side in a "
+                "row of 16-byte aligned stride), k and v alike")
     return None
+
+
+def auto_ok(kernel: str, q: torch.Tensor, causal: bool) -> bool:
+    """The Gluon ``kernel`` ("fwd" or "dkdv") takes this (supported) call: from GLUON_MIN_WORK up, and the dK / dV
+    kernel only to the lengths of GLUON_DKDV_MAX_S."""
+    B, H, S, D = q.shape
+    if B * H * S * S * D // (2 if causal else 1) < GLUON_MIN_WORK:
+        return False
+    if kernel == "fwd":
+        return True
+    top = GLUON_DKDV_MAX_S.get(D, 0)
+    return top is None or S <= top
+
+
+def fwd_kernel(D: int, S: int, causal: bool) -> str:
+    """The forward kernel that takes a (supported) call: "ws_persistent" (the ping-pong on a persistent grid) up to
+    GLUON_FWD_PERSISTENT_MAX_S, else the one GLUON_FWD_KERNEL names, "ws" (the ping-pong) or "plain" (one
+    warpgroup); the ping-pong needs S a multiple of its 128-row tiles and of its key tile."""
+    key = (D, bool(causal))
+    if S % max(128, GLUON_PINGPONG_TILES[D].block_n):
+        return "plain"
+    if S <= GLUON_FWD_PERSISTENT_MAX_S.get(key, 0):
+        return "ws_persistent"
+    return GLUON_FWD_KERNEL[key]
 
 
 class _Launch:
@@ -934,7 +773,8 @@ def _descs(tensors, blocks) -> list:
     for t, block in zip(tensors, blocks):
         B, H, S, D = t.shape
         _, rows, width, stride = _layout(t, B, H, S, D)
-        layout = gl.NVMMASharedLayout.get_default_for([block, D], gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16)
+        dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+        layout = gl.NVMMASharedLayout.get_default_for([block, D], dtype)
         out.append(TensorDescriptor(t, [rows, width], [stride, 1], [block, D], layout))
     return out
 
@@ -953,72 +793,6 @@ def _seq_major_stride(B: int, H: int, S: int, D: int) -> tuple:
     return (S * H * D, D, H * D, 1)
 
 
-def _fwd_launch(q, k, v, causal: bool, ws: bool, config, per_sm: int) -> _Launch:
-    key = ("fwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, bool(causal), ws, config,
-           per_sm)
-    plan = _LAUNCHES.get(key)
-    if plan is not None:
-        return plan
-    B, H, S, D = q.shape
-    HKV = k.shape[1]
-    kind, kind_kv = _layout(q, B, H, S, D)[0], _layout(k, B, HKV, S, D)[0]
-    heads = (H, *_origin(kind, H, S, D), H // HKV, *_origin(kind_kv, HKV, S, D))
-    plan = _Launch()
-    plan.out_stride = _seq_major_stride(B, H, S, D) if kind == 1 else (H * S * D, S * D, D, 1)
-    out = torch.empty_strided(q.shape, plan.out_stride, dtype=q.dtype, device=q.device)
-    if ws:
-        bn, stages, cregs, pregs = config[:4]
-        persist = config[4] if len(config) > 4 else 0
-        plan.descs = _descs((q, k, v, out), (64, bn, bn, 64))
-        plan.ints = (S, B * H, *heads)
-        tiles = (S // 128) * B * H
-        # persistent: `persist` programs an SM (a negative value: that many programs in all, a test's way to give each
-        # program many tiles), at most one a tile; else one program a 128-row query tile
-        grid = ((min(persist * _sm_count(q.device) if persist > 0 else -persist, tiles), 1) if persist
-                else (S // 128, B * H))
-        plan.kernel = Kernel(_attn_fwd_gluon_ws_kernel, grid, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal),
-                             STAGES=stages, CONSUMER_REGS=cregs, PRODUCER_REGS=pregs, PERSISTENT=bool(persist),
-                             num_warps=4)
-    else:
-        bm, bn, warps, stages = config
-        plan.descs = _descs((q, k, v, out), (bm, bn, bn, bm))
-        plan.ints = (S, B * H, *heads)
-        # persistent: per_sm programs an SM (at most one a query block); else one program a query block
-        grid = (min(per_sm * _sm_count(q.device), (S // bm) * B * H), 1) if per_sm else (S // bm, B * H)
-        plan.kernel = Kernel(_attn_fwd_gluon_kernel, grid, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal),
-                             STAGES=stages, PERSISTENT=bool(per_sm), num_warps=warps)
-    return _remember(_LAUNCHES, key, plan)
-
-
-def _forward(q, k, v, causal, scale, ws: bool, config, per_sm: int = 0):
-    plan = _fwd_launch(q, k, v, causal, ws, config, per_sm)
-    B, H, S, D = q.shape
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    out = torch.empty_strided(q.shape, plan.out_stride, dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
-    _fire(plan, (lse,), (q, k, v, out), scale * LOG2E)
-    return out, lse
-
-
-def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                            scale: float | None = None, config: tuple | None = None, per_sm: int | None = None):
-    """(O, LSE): O laid out like q (head-major or sequence-major), LSE fp32 (B, H, S) base-2.  Raises ValueError
-    when ``supported`` says no.  ``per_sm``: a persistent grid of that many programs an SM walking the query blocks
-    heaviest first (measured slower, session 14; default PERSISTENT_PER_SM = 0, one program a query block)."""
-    why = supported(q, k, v, causal, gqa=True)
-    if why is not None:
-        raise ValueError(f"attention_forward_gluon: {why}")
-    D = q.shape[-1]
-    bm, bn, warps, stages = config = tuple(config or CONFIGS[D])
-    if stages < 2 or bm > bn or bm != 64 * (warps // 4) or warps % 4:
-        # (one stage deadlocks: block j + 1 is loaded into the only buffer after block j's P V; BLOCK_M > BLOCK_N
-        # would leave two masked key blocks on the causal diagonal, which the kernel does not mask)
-        raise ValueError(f"attention_forward_gluon: config {(bm, bn, warps, stages)} needs STAGES >= 2, BLOCK_M <= "
-                         "BLOCK_N and 16 query rows a warp (BLOCK_M = 16 x num_warps)")
-    per_sm = PERSISTENT_PER_SM if per_sm is None else int(per_sm)
-    return _forward(q, k, v, causal, scale, False, config, per_sm)
-
-
 _SMS: dict = {}
 
 
@@ -1029,229 +803,114 @@ def _sm_count(device) -> int:
     return _SMS[idx]
 
 
-# The ping-pong's shapes (head dim -> (BLOCK_N, STAGES, consumer registers, producer registers)); 128-row query tiles.
-# Session 14 (issue13/run21_a/, TFLOP/s at S 1K / 4K / 16K, non-causal / causal): D64 128 x 2 stages 366 / 253 / 448 /
-# 389 / 435 / 459 against 128 x 3 345 / 248 / 414 / 386 / 431 / 453 and 64 x 4 322 / 231 / 382 / 331 / 400 / 392;
-# D128 128 x 2 519 / 385 / 612 / 532 / 636 / 619 against 64 x 3 467 / 354 / 533 / 465 / 491 / 527 and 64 x 4
-# 473 / 355 / 540 / 465 / 557 / 483.
-WS_CONFIGS = {64: (128, 2, 232, 40), 128: (128, 2, 232, 40)}
-
-
-def attention_forward_gluon_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                               scale: float | None = None, config: tuple | None = None):
-    """The warp-specialized ping-pong (see the kernel): (O, LSE) as attention_forward_gluon."""
-    why = supported(q, k, v, causal, gqa=True)
-    S = q.shape[2]
-    if why is None and S % 128:
-        why = f"sequence length {S} not a multiple of 128"
-    if why is not None:
-        raise ValueError(f"attention_forward_gluon_ws: {why}")
-    config = tuple(config or WS_CONFIGS[q.shape[-1]])
-    bn, stages = config[:2]
-    if stages < 2 or S % bn or len(config) not in (4, 5):
-        raise ValueError(f"attention_forward_gluon_ws: config {config} needs (BLOCK_N, STAGES >= 2, consumer registers, "
-                         f"producer registers[, persistent programs an SM]) with S a multiple of BLOCK_N ({bn})")
-    return _forward(q, k, v, causal, scale, True, config)
-
-
-# The dK / dV kernel's shapes: head dim -> (BLOCK_M queries a step, BLOCK_N keys a CTA, num_warps, STAGES).  Session
-# 14 (issue13/run20_a/, TFLOP/s of the whole backward at S 1K / 4K / 16K, non-causal / causal): D128 64 x 64 x 2
-# stages 375 / 291 / 438 / 383 / 454 / 437 against 32 x 64 x 3 stages 346 / 274 / 398 / 363 / 414 / 408 and
-# 32 x 128 x 8 warps 301-387 (Triton's backward 335 / 248 / 398 / 343 / 417 / 395).
-DKDV_CONFIGS = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2)}
-
-
-def _bwd_supported(q, k, v, do, grads, causal: bool, tiles: tuple) -> str | None:
-    """After ``supported`` said yes for q, k, v: None when a Gluon backward kernel with (BLOCK_M, BLOCK_N) ``tiles``
-    takes the call: S a multiple of both tiles; dO of q's shape, dtype and layout kind; ``grads`` (dK, dV) of k's, or
-    (dQ,) of q's.  The dQ kernel reads K / V at q's heads and layout kind (no GQA); the dK / dV kernel has origins of
-    its own for the key / value heads."""
-    B, H, S, D = q.shape
-    bm, bn = tiles
-    if S % bm or S % bn:
-        return f"sequence length {S} not a multiple of {bm} and {bn}"
-    kind, kind_kv = _layout(q, B, H, S, D)[0], _layout(k, B, k.shape[1], S, D)[0]
-    like = (k, kind_kv) if len(grads) == 2 else (q, kind)
-    if len(grads) == 1 and (k.shape != q.shape or kind_kv != kind):
-        return "the dQ kernel needs k, v of q's heads and layout (no GQA)"
-    for t, (ref, ref_kind) in zip((do, *grads), ((q, kind),) + (like,) * len(grads)):
-        lay = _layout(t, *ref.shape) if t.shape == ref.shape and t.dtype == q.dtype else None
-        if lay is None or lay[0] != ref_kind or t.data_ptr() % 16:
-            return "dO and the gradients must have q's (dO, dQ) or k's (dK, dV) shape, dtype and layout kind"
-    return None
-
-
-def dkdv_supported(q, k, v, do, dk, dv, causal: bool) -> str | None:
-    """None when the Gluon dK / dV kernel takes this backward, else why not."""
-    why = supported(q, k, v, causal)
-    return why if why is not None else _bwd_supported(q, k, v, do, (dk, dv), causal, DKDV_CONFIGS[q.shape[-1]][:2])
-
-
-def _check_bwd_config(name: str, config: tuple, S: int) -> None:
-    bm, bn, warps, stages = config
-    if stages < 2 or bm > bn or S % bm or S % bn:
-        raise ValueError(f"{name}: config {config} needs STAGES >= 2, BLOCK_M <= BLOCK_N and S a multiple of both")
-
-
-def _bwd_launch(which: str, fn, q, k, v, do, grads, causal: bool, config: tuple, fused_dq: bool = False) -> _Launch:
-    """The launch of a backward kernel: ``which`` "dkdv" (descriptors q, dO, K, V, dK, dV; a program per key block;
-    ``fused_dq``: also dQ by atomics) or "dq" (q, dO, K, V, dQ; a program per query block)."""
-    key = (which, q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), *(g.stride() for g in grads),
-           q.dtype, q.device, bool(causal), config, fused_dq)
+def _fwd_launch(q, k, v, causal: bool, kind: str) -> _Launch:
+    key = ("fwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, bool(causal), kind)
     plan = _LAUNCHES.get(key)
     if plan is not None:
         return plan
     B, H, S, D = q.shape
-    bm, bn, warps, stages = config
     HKV = k.shape[1]
-    kind, kind_kv = _layout(q, B, H, S, D)[0], _layout(k, B, HKV, S, D)[0]
+    q_kind, kv_kind = _layout(q, B, H, S, D)[0], _layout(k, B, HKV, S, D)[0]
+    heads = (H, *_origin(q_kind, H, S, D), H // HKV, *_origin(kv_kind, HKV, S, D))
     plan = _Launch()
-    plan.out_stride = None
-    blocks = (bm, bm, bn, bn, bn, bn) if which == "dkdv" else (bm, bm, bn, bn, bm)
-    plan.descs = _descs((q, do, k, v, *grads), blocks)
-    plan.ints = (S, H, *_origin(kind, H, S, D))
-    if which == "dkdv":  # a program per key block of each key / value head, with their origins
-        plan.ints += (H // HKV, *_origin(kind_kv, HKV, S, D))
-    grid = (S // bn, B * HKV) if which == "dkdv" else (S // bm, B * H)
-    gqa = dict(GQA=HKV != H, FUSED_DQ=bool(fused_dq)) if which == "dkdv" else {}
-    plan.kernel = Kernel(fn, grid, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D, CAUSAL=bool(causal), STAGES=stages, **gqa,
-                         num_warps=warps)
+    plan.out_stride = _seq_major_stride(B, H, S, D) if q_kind == 1 else (H * S * D, S * D, D, 1)
+    out = torch.empty_strided(q.shape, plan.out_stride, dtype=q.dtype, device=q.device)
+    if kind == "plain":
+        t = GLUON_FWD_TILES[D]
+        plan.descs = _descs((q, k, v, out), (t.block_m, t.block_n, t.block_n, t.block_m))
+        plan.ints = (S, *heads)
+        plan.kernel = Kernel(_attn_fwd_gluon_kernel, (S // t.block_m, B * H), BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                             HEAD_D=D, CAUSAL=bool(causal), STAGES=t.stages, num_warps=t.num_warps)
+    else:
+        t = GLUON_PINGPONG_TILES[D]
+        plan.descs = _descs((q, k, v, out), (64, t.block_n, t.block_n, 64))
+        plan.ints = (S, B * H, *heads)
+        tiles = (S // 128) * B * H
+        # persistent: one program an SM (at most one a tile), each walking tiles; else one program a 128-row tile
+        persistent = kind == "ws_persistent"
+        grid = (min(_sm_count(q.device), tiles), 1) if persistent else (S // 128, B * H)
+        plan.kernel = Kernel(_attn_fwd_gluon_ws_kernel, grid, BLOCK_N=t.block_n, HEAD_D=D, CAUSAL=bool(causal),
+                             STAGES=t.stages, CONSUMER_REGS=t.consumer_regs, PRODUCER_REGS=t.producer_regs,
+                             PERSISTENT=persistent, num_warps=4)
     return _remember(_LAUNCHES, key, plan)
 
 
-def attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, config: tuple | None = None,
-                         dq_acc: torch.Tensor | None = None):
-    """dK and dV into ``dk``, ``dv`` (Gluon); ``lse`` the forward's base-2 LSE, ``delta`` rowsum(dO O), both fp32
-    (B, H, S) contiguous.  ``dq_acc``: a zeroed fp32 (B, H, S, D) contiguous buffer that also receives dQ (added by
-    atomics from every key block's program: the backward in one kernel, no dQ kernel)."""
-    why = dkdv_supported(q, k, v, do, dk, dv, causal)
-    if why is None and dq_acc is not None and (dq_acc.dtype != torch.float32 or dq_acc.shape != q.shape
-                                               or not dq_acc.is_contiguous() or dq_acc.device != q.device):
-        why = "dq_acc must be a contiguous float32 tensor of q's shape on q's device"
+def _forward(q, k, v, causal: bool, scale: float | None, kind: str):
+    """(O, LSE) by the forward kernel ``kind`` ("plain", "ws", "ws_persistent") for a call ``supported`` took."""
+    plan = _fwd_launch(q, k, v, causal, kind)
+    B, H, S, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out = torch.empty_strided(q.shape, plan.out_stride, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
+    _fire(plan, (lse,), (q, k, v, out), scale * LOG2E)
+    return out, lse
+
+
+def forward(q, k, v, causal: bool, scale: float | None):
+    """The Gluon forward for a call ``supported`` took (not checked again here): the kernel ``fwd_kernel`` names."""
+    return _forward(q, k, v, causal, scale, fwd_kernel(q.shape[-1], q.shape[2], causal))
+
+
+def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                            scale: float | None = None):
+    """(O, LSE): O laid out like q (head-major or sequence-major), LSE fp32 (B, H, S) base-2.  Raises ValueError
+    when ``supported`` says no."""
+    why = supported(q, k, v, causal)
     if why is not None:
-        raise ValueError(f"attention_dkdv_gluon: {why}")
-    config = tuple(config or DKDV_CONFIGS[q.shape[-1]])
-    _check_bwd_config("attention_dkdv_gluon", config, q.shape[2])
-    return _dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, config, dq_acc)
+        raise ValueError(f"attention_forward_gluon: {why}")
+    return forward(q, k, v, causal, scale)
 
 
-def _dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, config: tuple, dq_acc=None):
-    """attention_dkdv_gluon after its checks (ops/attention.py calls it once dkdv_supported said yes)."""
-    plan = _bwd_launch("dkdv", _attn_bwd_dkdv_gluon_kernel, q, k, v, do, (dk, dv), causal, config, dq_acc is not None)
-    _fire(plan, (lse, delta, lse if dq_acc is None else dq_acc), (q, do, k, v, dk, dv), scale * LOG2E, scale)
+def dkdv_grads_ok(q, k, do, dk, dv) -> str | None:
+    """After ``supported`` said yes for q, k, v: None when the dK / dV kernel takes this backward (dO of q's shape,
+    dtype and layout kind, dK and dV of k's; S a multiple of its tiles), else why not."""
+    B, H, S, D = q.shape
+    t = GLUON_DKDV_TILES[D]
+    if S % t.block_m or S % t.block_n:
+        return f"sequence length {S} not a multiple of {t.block_m} and {t.block_n}"
+    q_kind, kv_kind = _layout(q, B, H, S, D)[0], _layout(k, B, k.shape[1], S, D)[0]
+    for g, ref, ref_kind in ((do, q, q_kind), (dk, k, kv_kind), (dv, k, kv_kind)):
+        lay = _layout(g, *ref.shape) if g.shape == ref.shape and g.dtype == q.dtype else None
+        if lay is None or lay[0] != ref_kind or g.data_ptr() % 16:
+            return "dO and the gradients must have q's (dO) or k's (dK, dV) shape, dtype and layout kind"
+    return None
+
+
+def _dkdv_launch(q, k, v, do, dk, dv, causal: bool) -> _Launch:
+    """The dK / dV kernel's launch: descriptors q, dO, K, V, dK, dV; a program per key block of each key / value
+    head."""
+    key = ("dkdv", q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), dk.stride(), dv.stride(),
+           q.dtype, q.device, bool(causal))
+    plan = _LAUNCHES.get(key)
+    if plan is not None:
+        return plan
+    B, H, S, D = q.shape
+    t = GLUON_DKDV_TILES[D]
+    HKV = k.shape[1]
+    q_kind, kv_kind = _layout(q, B, H, S, D)[0], _layout(k, B, HKV, S, D)[0]
+    plan = _Launch()
+    plan.out_stride = None
+    bm, bn = t.block_m, t.block_n
+    plan.descs = _descs((q, do, k, v, dk, dv), (bm, bm, bn, bn, bn, bn))
+    plan.ints = (S, H, *_origin(q_kind, H, S, D), H // HKV, *_origin(kv_kind, HKV, S, D))
+    plan.kernel = Kernel(_attn_bwd_dkdv_gluon_kernel, (S // bn, B * HKV), BLOCK_M=bm, BLOCK_N=bn, HEAD_D=D,
+                         CAUSAL=bool(causal), STAGES=t.stages, GQA=HKV != H, num_warps=t.num_warps)
+    return _remember(_LAUNCHES, key, plan)
+
+
+def dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float):
+    """dK and dV into ``dk``, ``dv`` for a backward ``supported`` and ``dkdv_grads_ok`` took (not checked again)."""
+    plan = _dkdv_launch(q, k, v, do, dk, dv, causal)
+    _fire(plan, (lse, delta), (q, do, k, v, dk, dv), scale * LOG2E, scale)
     return dk, dv
 
 
-# The dQ kernel's shapes: head dim -> (BLOCK_M queries a CTA, BLOCK_N keys a step, num_warps, STAGES).  Shared memory
-# Q + dO + 2 x STAGES x BLOCK_N x D: D128 64 x 64 x 2 stages is 96 KB (two CTAs an SM).
-DQ_CONFIGS = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2)}
-
-
-def dq_supported(q, k, v, do, dq, causal: bool) -> str | None:
-    """None when the Gluon dQ kernel takes this backward, else why not."""
+def attention_dkdv_gluon(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float):
+    """dK and dV into ``dk``, ``dv`` (Gluon); ``lse`` the forward's base-2 LSE, ``delta`` rowsum(dO O), both fp32
+    (B, H, S) contiguous.  Raises ValueError when the kernel does not take the call."""
     why = supported(q, k, v, causal)
-    return why if why is not None else _bwd_supported(q, k, v, do, (dq,), causal, DQ_CONFIGS[q.shape[-1]][:2])
-
-
-def attention_dq_gluon(q, k, v, do, lse, delta, dq, causal: bool, scale: float, config: tuple | None = None):
-    """dQ into ``dq`` (Gluon); ``lse`` the forward's base-2 LSE, ``delta`` rowsum(dO O), both fp32 (B, H, S)."""
-    why = dq_supported(q, k, v, do, dq, causal)
+    if why is None:
+        why = dkdv_grads_ok(q, k, do, dk, dv)
     if why is not None:
-        raise ValueError(f"attention_dq_gluon: {why}")
-    config = tuple(config or DQ_CONFIGS[q.shape[-1]])
-    _check_bwd_config("attention_dq_gluon", config, q.shape[2])
-    bm, _, warps, _ = config
-    if bm != 64 * (warps // 4) or warps % 4:
-        raise ValueError(f"attention_dq_gluon: config {config} needs 64 query rows a warpgroup")
-    return _dq(q, k, v, do, lse, delta, dq, causal, scale, config)
-
-
-def _dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float, config: tuple):
-    """attention_dq_gluon after its checks (ops/attention.py calls it once dq_supported said yes)."""
-    plan = _bwd_launch("dq", _attn_bwd_dq_gluon_kernel, q, k, v, do, (dq,), causal, config)
-    _fire(plan, (lse, delta), (q, do, k, v, dq), scale * LOG2E, scale)
-    return dq
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Which kernel takes a call by default (attention_config variants at -1, "auto"), from the H200 tables of session 14
-# (benchmarks/results/issue13/run20_a/, TFLOP/s at S 1K / 4K / 16K):
-#   forward, (head dim, causal) -> "ws" (the ping-pong; S a multiple of 128) or "plain" (one warpgroup a CTA):
-#     D128: ws 521 / 389 / 608 / 537 / 643 / 626 against plain 460 / 380 / 507 / 459 / 519 / 506;
-#     D64 non-causal: plain 386 / 433 / 445 against ws 344 / 411 / 432; D64 causal: ws 252 / 382 / 457 against
-#     plain 172-279 / 382-384 / 434.
-FWD_KERNEL = {(64, False): "plain", (64, True): "ws", (128, False): "ws", (128, True): "ws"}
-#   the ping-pong on a persistent grid (one program an SM, WS_CONFIGS + (1,)) instead, for S up to (head dim, causal)
-#   -> S here (session 17, issue13/run24_b/ws/attention_gluon.md, TFLOP/s at S 1K / 4K / 16K, persistent against the
-#   kernel FWD_KERNEL names): D64 404 / 448 / 450 against plain 382 / 433 / 449; D64 causal 285 / 399 / 428 against
-#   ws 250 / 385 / 457; D128 588 / 593 / 595 against ws 531 / 603 / 636; D128 causal 367 / 501 / 552 against ws 391 /
-#   533 / 622 (not taken).  Short rows win: a tile's prologue and epilogue overlap the next tile's loads.  Two more runs
-#   at S 1K / 4K (run24_c/ws, run24_d/ws): D64 408 / 449 and 405 / 442 against plain 384 / 433 and 382 / 431; D128 S1K
-#   613 and 585 against ws 531 and 525; D64 causal S1K 285 and 285 against ws 254 and 253, but S4K 381 and 377 against
-#   ws 383 and 390 (a tie over three runs: D64 causal stops at 2K).  Deeper rings (D64 128-key x 3 stages, 64 x 4;
-#   D128 64 x 4) tied or lost (run24_d).
-FWD_PERSIST_MAX_S = {(64, False): 4096, (64, True): 2048, (128, False): 1024}
-#   backward dK / dV: head dim -> the longest S it takes (None: all).  D128 the Gluon dK / dV + Triton dQ backward is
-#   1.08-1.17x the Triton backward at every S; D64 1.02-1.09x to S 4K (causal), a tie or 1-2 % behind at S 16K.
-DKDV_MAX_S = {64: 4096, 128: None}
-#   dQ: head dim -> the longest S it takes (None: all; absent: off).  Off: the Gluon dQ kernel after the Gluon dK / dV
-#   one (issue13/run21_a/) gained 2-4 % at D128 S 1K-4K non-causal, tied at 16K, and lost at D128 S1K causal (220
-#   against 289 TFLOP/s) and at D64 S1K (217 / 158 against 322 / 248).
-DQ_MAX_S: dict = {}
-#   dQ inside the dK / dV kernel (bwd_gluon_fused_dq): (head dim, causal) -> the longest S auto mode takes it for
-#   (absent: not in auto mode).  Empty: session 17 (issue13/run24_e/bwd/attention_gluon.md) measured it at 0.68-0.88x
-#   of the split backward in every case (D64 S1K causal 214 against 244 TFLOP/s, D128 S16K causal 283 against 442);
-#   the atomics alone, with the dK / dV kernel's grid and nothing else to do, take 0.42-0.86 of cuDNN's whole backward
-#   (diag_dq_atomics.py, run24_e/atomics/).  Correct (GPU tests); D128 also spills (21-30 stores).
-FUSED_DQ_MAX_S: dict = {}
-
-
-def fused_dq_ok(q: torch.Tensor, causal: bool, mode: int) -> bool:
-    """The dK / dV kernel also computes dQ (variant bwd_gluon_fused_dq = ``mode``) for this call, which the Gluon dK /
-    dV kernel takes."""
-    if mode <= 0:
-        return mode < 0 and q.shape[2] <= FUSED_DQ_MAX_S.get((q.shape[-1], bool(causal)), 0)
-    return True
-
-
-# The smallest call auto mode takes: B * H * Sq * Sk * D (halved when causal).  The Gluon kernels launch from Python
-# (TensorDescriptor objects and Gluon's JIT launch, no C++ fast path), so a small call, where the host's cost per
-# launch is larger than the kernel, stays on the Triton kernels and the C++ fast path (issue 9's host-bound steps).
-# 2^32 is about 40 us of forward and 100 us of backward on the H200.
-GLUON_MIN_WORK = 2**32
-
-
-def auto_ok(variant: str, q: torch.Tensor, causal: bool) -> bool:
-    """Auto mode of ``variant`` (fwd_gluon, bwd_gluon_dkdv, bwd_gluon_dq) takes this (supported) call."""
-    B, H, S, D = q.shape
-    if B * H * S * S * D // (2 if causal else 1) < GLUON_MIN_WORK:
-        return False
-    if variant == "fwd_gluon":
-        return True
-    table = DKDV_MAX_S if variant == "bwd_gluon_dkdv" else DQ_MAX_S
-    if D not in table:
-        return False
-    return table[D] is None or S <= table[D]
-
-
-def fwd_kernel(D: int, S: int, causal: bool, mode: int = -1) -> str:
-    """The forward kernel ``mode`` (fwd_gluon's value: -1 auto, 1 one warpgroup, 2 the ping-pong, 3 the ping-pong on a
-    persistent grid) takes for a (supported) call: "plain", "ws" or "ws_persistent".  The ping-pong needs S a multiple
-    of 128 and of its key tile; elsewhere the one-warpgroup kernel runs."""
-    key = (D, bool(causal))
-    if mode < 0:
-        mode = 3 if S <= FWD_PERSIST_MAX_S.get(key, 0) else (2 if FWD_KERNEL.get(key) == "ws" else 1)
-    if mode >= 2 and S % max(128, WS_CONFIGS[D][0]) == 0:
-        return "ws_persistent" if mode == 3 else "ws"
-    return "plain"
-
-
-def attention_forward_auto(q, k, v, causal: bool, scale: float | None, mode: int = -1):
-    """The Gluon forward for a call ``supported`` took (not checked again here), the kernel ``fwd_kernel`` names."""
-    D, S = q.shape[-1], q.shape[2]
-    kind = fwd_kernel(D, S, causal, mode)
-    if kind == "ws_persistent":
-        return _forward(q, k, v, causal, scale, True, WS_CONFIGS[D] + (1,))
-    if kind == "ws":
-        return _forward(q, k, v, causal, scale, True, WS_CONFIGS[D])
-    return _forward(q, k, v, causal, scale, False, CONFIGS[D], PERSISTENT_PER_SM)
+        raise ValueError(f"attention_dkdv_gluon: {why}")
+    return dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale)
