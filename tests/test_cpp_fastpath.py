@@ -9,20 +9,20 @@ import shutil
 import sys
 import types
 
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fused_layers import fused_attention, fused_layer_norm, fused_rms_norm, fused_softmax
 from fused_layers.ops import _cpp
-from fused_layers.ops import layer_norm as ln_ops
 from fused_layers.ops import attention as at_ops
+from fused_layers.ops import layer_norm as ln_ops
 from fused_layers.ops import softmax as sm_ops
 
 # The registration tests run the attention backward once on CPU tensors (to compile it): interpreter only;
 # on a GPU the tests of the real C++ path (test_gpu_*) register the same kernels.
-interpreter_only = pytest.mark.skipif(not at_ops.INTERPRET, reason="launches kernels on CPU tensors: TRITON_INTERPRET=1 only")
+interpreter_only = pytest.mark.skipif(not at_ops.INTERPRET,
+                                      reason="launches kernels on CPU tensors: TRITON_INTERPRET=1 only")
 
 
 def _compiled(signature):
@@ -199,7 +199,8 @@ def test_tma_specs_and_kinds():
     assert _cpp._tma_specs(md, ((0, [300, 64, 256], [16384, 256, 2]), (3, [64, 256], [256, 1]))) is None
     # register_all takes specs with and without descriptors; a kernel not compiled yet: None (the Python path runs)
     k = SimpleNamespace(aligned_key=lambda dev, dtypes: (dev, *dtypes), compiled=lambda key: None)
-    assert _cpp.register_all(0, (k, (torch.float32,), (4,), "pi"), (k, (torch.float32,), (), "pd", ((0, [4], [1]),))) is None
+    specs = (k, (torch.float32,), (4,), "pi"), (k, (torch.float32,), (), "pd", ((0, [4], [1]),))
+    assert _cpp.register_all(0, *specs) is None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -240,7 +241,10 @@ def test_gpu_cpp_node_matches_float64(rms, dtype, pdtype, n, affine, cpp_on):
     x = (torch.randn(37, n, device=dev) * 2 + 0.5).to(dtype).requires_grad_()
     w = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine != "none" else None
     b = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine == "wb" else None
-    ours = (lambda x, w, b: fused_rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: fused_layer_norm(x, (n,), w, b, 1e-5))
+    if rms:
+        ours = lambda x, w, b: fused_rms_norm(x, (n,), w, 1e-6)  # noqa: E731
+    else:
+        ours = lambda x, w, b: fused_layer_norm(x, (n,), w, b, 1e-5)  # noqa: E731
     ref = (lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5))
     for it in range(3):  # the first call runs the Python path (Triton compiles), later ones the C++ node
         dy = torch.randn(37, n, device=dev, dtype=dtype)
@@ -248,11 +252,13 @@ def test_gpu_cpp_node_matches_float64(rms, dtype, pdtype, n, affine, cpp_on):
         d64 = [None if t is None else t.detach().double().requires_grad_() for t in (x, w, b)]
         want = _ref(ref, *d64, dy.double())
         for g, r in zip(got, want):
-            tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 or pdtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+            low = torch.bfloat16 in (dtype, pdtype)
+            tol = dict(atol=3e-2, rtol=3e-2) if low else dict(atol=1e-4, rtol=1e-4)
             if g is not got[0]:  # parameter gradients sum 37 rows
                 tol = {k: v * 4 for k, v in tol.items()}
             torch.testing.assert_close(g.double(), r, **tol)
-        assert got[0].dtype == dtype and all(g.dtype == t.dtype for g, t in zip(got[1:], [t for t in (x, w, b) if t is not None]))
+        params = [t for t in (x, w, b) if t is not None]
+        assert got[0].dtype == dtype and all(g.dtype == t.dtype for g, t in zip(got[1:], params))
     assert _used_cpp(x, w, b, 1, rms), "the C++ node never ran"
     assert got[0].grad_fn.name() == "FusedNormBackward", got[0].grad_fn  # the C++ node (norm_fast's, by now)
 
@@ -289,7 +295,10 @@ def test_gpu_cpp_inference_forward(rms, cpp_on):
     b = None if rms else torch.randn(n, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         y = fused_rms_norm(x, (n,), w, 1e-6) if rms else fused_layer_norm(x, (n,), w, b)
-    ref = F.rms_norm(x.double(), (n,), w.double(), 1e-6) if rms else F.layer_norm(x.double(), (n,), w.double(), b.double())
+    if rms:
+        ref = F.rms_norm(x.double(), (n,), w.double(), 1e-6)
+    else:
+        ref = F.layer_norm(x.double(), (n,), w.double(), b.double())
     torch.testing.assert_close(y.double(), ref, atol=3e-2, rtol=3e-2)
     assert y.grad_fn is None and _used_cpp(x, w, b, 1, rms, grad=False)
 
@@ -349,7 +358,10 @@ def test_gpu_fast_call_takes_registered_shapes_only(rms, cpp_on):
     w = torch.randn(n, device="cuda", dtype=dt, requires_grad=True)
     b = None if rms else torch.randn(n, device="cuda", dtype=dt, requires_grad=True)
     eps = None if rms else 1e-5  # RMSNorm's eps=None: torch's default for the dtype
-    fused = (lambda x, w: fused_rms_norm(x, (n,), w, eps)) if rms else (lambda x, w: fused_layer_norm(x, (n,), w, b, eps))
+    if rms:
+        fused = lambda x, w: fused_rms_norm(x, (n,), w, eps)  # noqa: E731
+    else:
+        fused = lambda x, w: fused_layer_norm(x, (n,), w, b, eps)  # noqa: E731
     ref = (lambda x, w: F.rms_norm(x, (n,), w, eps)) if rms else (lambda x, w: F.layer_norm(x, (n,), w, b, eps))
     for _ in range(2):
         fused(x, w).backward(torch.randn_like(x))
@@ -435,7 +447,10 @@ def test_gpu_cpp_node_gluon_row_backward(rms, pdtype, affine, cpp_on):
     x = (torch.randn(300, n, device=dev) * 2 + 0.5).to(dtype).requires_grad_()
     w = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine != "none" else None
     b = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine == "wb" and not rms else None
-    ours = (lambda x, w, b: fused_rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: fused_layer_norm(x, (n,), w, b, 1e-5))
+    if rms:
+        ours = lambda x, w, b: fused_rms_norm(x, (n,), w, 1e-6)  # noqa: E731
+    else:
+        ours = lambda x, w, b: fused_layer_norm(x, (n,), w, b, 1e-5)  # noqa: E731
     ref = (lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)) if rms else (lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5))
     with ln_ops.config_override("layer_norm", gluon=True):
         for it in range(4):  # the first call runs the Python path (compiles), later ones the C++ node
@@ -665,8 +680,8 @@ def test_norm_registration_matches_the_kernels(rms, affine, grad, recorded):
     plan = ln_ops._fwd_plan(x.shape, x.stride(), x.dtype, 1, w is not None, b is not None, rms, grad, False)
     out = ln_ops._cpp_register(plan, x, w, b, 1, rms, grad)
     names = [_name(c[0]) for c in recorded]
-    expect = ["_norm_fwd_kernel"] + (["_norm_bwd_kernel"] + (["_norm_reduce_partials_kernel"] if affine != "none" else [])
-                                     if grad else [])
+    bwd = ["_norm_bwd_kernel"] + (["_norm_reduce_partials_kernel"] if affine != "none" else [])
+    expect = ["_norm_fwd_kernel"] + (bwd if grad else [])
     assert names == expect
     for c in recorded:
         _check_against_kernel(*c)
@@ -806,7 +821,8 @@ def test_gpu_attention_fast_call(cpp_on):
     do = torch.randn_like(q)
     got = torch.autograd.grad(y, (q, k, v), do)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    want = torch.autograd.grad(F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, enable_gqa=True), (q64, k64, v64), do.double())
+    out64 = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, enable_gqa=True)
+    want = torch.autograd.grad(out64, (q64, k64, v64), do.double())
     for g, r in zip(got, want):
         torch.testing.assert_close(g.double(), r, atol=5e-2, rtol=5e-2)
     assert fast(q, k, v, 0.0, True, None, False) is None  # GQA without enable_gqa: the Python path raises

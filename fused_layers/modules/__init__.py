@@ -5,4 +5,7 @@ from .loss import FusedCrossEntropyLoss, FusedLinearCrossEntropyLoss, LinearCros
 from .norm import FusedLayerNorm, FusedRMSNorm
 from .softmax import FusedSoftmax
 
-__all__ = ["FusedAttention", "FusedMultiheadAttention", "FusedLayerNorm", "FusedRMSNorm", "Attention", "FusedSoftmax", "FusedCrossEntropyLoss", "FusedLinearCrossEntropyLoss", "LinearCrossEntropyLoss"]
+__all__ = [
+    "FusedAttention", "FusedMultiheadAttention", "FusedLayerNorm", "FusedRMSNorm", "Attention", "FusedSoftmax",
+    "FusedCrossEntropyLoss", "FusedLinearCrossEntropyLoss", "LinearCrossEntropyLoss",
+]

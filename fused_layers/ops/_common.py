@@ -129,7 +129,8 @@ def normalize_dim(op: str, dim: int, ndim: int) -> int:
         raise TypeError(f"{op}: argument 'dim' must be an int, got {type(dim).__name__}")
     n = max(ndim, 1)  # a 0-d tensor accepts dim in [-1, 0], like torch
     if not -n <= dim < n:
-        raise IndexError(f"{op}: argument 'dim' out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+        raise IndexError(f"{op}: argument 'dim' out of range (expected to be in range of [{-n}, {n - 1}], "
+                         f"but got {dim})")
     return dim % n
 
 

@@ -138,7 +138,7 @@ if HAS_GLUON:
         DY,  # dy, (M, N) rows of stride sdy, the same
         DX,  # dx, (M, N) contiguous, x's dtype (written)
         W,  # weight [N] in x's dtype or float32 (HAS_W; else any pointer)
-        STATS,  # float32 statistics of the forward: LayerNorm means at [0, M), 1/std at [M, 2M); RMSNorm 1/std at [0, M)
+        STATS,  # float32 forward statistics: LayerNorm means at [0, M), 1/std at [M, 2M); RMSNorm 1/std at [0, M)
         PARTS,  # float32 partials: [G, N] dW rows (HAS_W), then [G, N] dB rows (HAS_B); G = the grid
         M,  # rows
         N,  # columns, R * 256

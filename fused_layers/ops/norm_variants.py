@@ -121,7 +121,8 @@ def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float
     if input.dtype == torch.float64 or weight.dtype == torch.float64 or use_fallback(_OP, input):
         return rms_norm_variant_reference(input, weight, eps, cast_before_weight, keep_input_dtype)
     if weight.dtype != input.dtype and weight.dtype != torch.float32:
-        raise TypeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; with a {input.dtype} input it must be {input.dtype} or torch.float32")
+        raise TypeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; with a {input.dtype} input it must be "
+                        f"{input.dtype} or torch.float32")
     needs_grad = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
     if needs_grad and _cpp.ENABLED and _cpp.eager_ok():  # (training: the C++ node)
         out_dtype = _out_dtype(input, weight, keep_input_dtype)
@@ -129,4 +130,5 @@ def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float
                       None if out_dtype == input.dtype else out_dtype)
         if y is not None:
             return y
-    return variant_op(input, weight, float(eps), bool(cast_before_weight), bool(keep_input_dtype), needs_grad=needs_grad)
+    return variant_op(input, weight, float(eps), bool(cast_before_weight), bool(keep_input_dtype),
+                      needs_grad=needs_grad)
