@@ -124,7 +124,7 @@ def test_extension_builds_in_the_background(monkeypatch):
 def test_extension_is_built_optimized(monkeypatch):
     """torch.utils.cpp_extension.load adds no optimization flag: the build must ask for -O3 (the first GPU
     runs were -O0, and every tensor / intrusive_ptr / pybind helper was a call: 3x the host instructions of a
-    C++ forward, benchmarks/diag_cpp_cpu.py)."""
+    C++ forward)."""
     import torch.utils.cpp_extension as ce
 
     seen = {}

@@ -253,12 +253,12 @@ size_t pack(const Launch& L, PtrIt p, PtrIt p_end, FltIt f, FltIt f_end, uint64_
 }
 
 // Launch `L` with the call's pointers and floats.
-// Diagnostics (benchmarks/diag_cpp_cpu.py): launches return at once, so the host cost of everything else
-// (argument conversion, allocations, the autograd node, the engine) can be measured without a GPU.
+// Dry run (set_dry_run; a test hook): launches return at once, so everything else (argument conversion,
+// allocations, the autograd node, the engine) runs, and is tested, without a GPU.
 bool g_dry_run = false;
 
-// A tensor the fast paths take: CUDA; in a dry run CPU tensors too, so that the whole call from Python can
-// be timed on a machine without a GPU (benchmarks/diag_cpp_cpu.py).
+// A tensor the fast paths take: CUDA; in a dry run CPU tensors too, so that the whole call from Python runs
+// on a machine without a GPU.
 bool on_device(const at::Tensor& t) { return t.is_cuda() || (g_dry_run && t.device().is_cpu()); }
 
 void launch(const Launch& L, std::initializer_list<const void*> ptrs, std::initializer_list<double> floats) {

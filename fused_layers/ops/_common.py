@@ -10,8 +10,7 @@ Dispatch rule (one place, used by every op):
 Eager calls take a *direct path* (``torch.autograd.Function`` straight into the launchers); under
 ``torch.compile`` the same launchers are reached through ``torch.library`` custom ops (fake + autograd
 registered) so the graph has no break. The direct path exists because the custom-op dispatcher costs
-tens of microseconds per call in eager mode, comparable to a small kernel (measured in
-``benchmarks/bench_softmax.py``, ``dispatch`` section).
+tens of microseconds per call in eager mode, comparable to a small kernel (``python -m benchmarks host``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Tables are keyed by element size in bytes (2: bf16 / fp16, 4: fp32) and width bucket (the next power of two of
 the class count C).  Numbers are fractions of the copy bandwidth (one read of the logits + one write of the
-gradient) on an H200, 8,192 rows, forward + backward, measured by benchmarks/bench_cross_entropy.py; each default
-names the number that decided it.  Columns "32K / 50K / 128K / 262K" are C = 32,000 / 50,304 / 128,256 / 262,144.
+gradient) on an H200, 8,192 rows, forward + backward (`python -m benchmarks ops`, and sweeps of these entries);
+each default names the number that decided it.  Columns "32K / 50K / 128K / 262K" are C = 32,000 / 50,304 /
+128,256 / 262,144.
 
 ``config_override("cross_entropy", ...)`` is the tests' hook to shrink thresholds and tiles so that the interpreter
 runs the default kernels at small sizes: ``max_single``, ``block_n`` and ``persist_block``

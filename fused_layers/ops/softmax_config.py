@@ -3,7 +3,7 @@
 Tables are keyed by direction ("fwd" / "bwd"), element size in bytes (2: bf16 / fp16, 4: fp32) and width bucket
 (the next power of two of the row width N), so the number of compiled kernels is bounded by the buckets, never by
 the shapes a run produces.  Numbers are fractions of the copy bandwidth (one read + one write) on an H200, 2^26
-elements, measured by benchmarks/bench_softmax.py; each default names the number that decided it.
+elements (`python -m benchmarks ops`, and sweeps of these entries); each default names the number that decided it.
 
 ``config_override("softmax", ...)`` is the tests' hook to shrink thresholds and tiles so that the interpreter runs
 the default kernels at small sizes: ``max_single_block``, ``eager_max_single_block``, ``wide_block``,
