@@ -8,10 +8,12 @@ For an output or a gradient ``ours`` of a fused op, ``ref`` the same quantity co
 ``scale`` is the quantity's own size (``max |ref|`` unless given: a CE gradient's is ~1/rows under mean reduction,
 a LayerNorm dx's is that of one row, never sqrt(rows) of it), so a wrong result is never hidden by an absolute
 tolerance sized for another quantity. K = 2 because two correct float32-accumulating implementations differ
-only in summation order and in which way a near-tie rounds, which on the suite's shapes keeps our error below
-1.5x PyTorch's, while a gradient off by 5 % or a dropped column is 3x or more (tests/test_tolerance.py measures
-both). The floor, one unit of the dtype's precision at the quantity's scale, covers tiny tensors where PyTorch's
-rounding happens to be exact. float32 results keep their float64 tolerances (conftest.TOL).
+only in summation order and in which way a near-tie rounds (each within about one rounding of the output), while a
+gradient off by 5 % is 6 units of bf16 precision (2^-7) off and a dropped column 100 % of its entries
+(tests/test_tolerance.py checks that the rule accepts the one and rejects the other). The floor, one unit of the
+dtype's precision at the quantity's scale, covers tiny tensors where PyTorch's rounding happens to be exact. With
+``relative=True`` the rule also holds entry by entry, each error relative to its own entry (probabilities).
+float32 results keep their float64 tolerances (conftest.TOL).
 """
 
 import torch
