@@ -246,6 +246,7 @@ def run(args) -> int:
         return 2
     import triton
 
+    key = _key(triton.__version__)  # the tree as it is when the compiles start
     todo = [(op, i) for op in ops for i in range(len(cases(op)))]
     print(f"[sass] {len(todo)} cases ({', '.join(f'{op} {len(cases(op))}' for op in ops)}), sm_90, "
           f"triton {triton.__version__}, {args.jobs} job(s)", flush=True)
@@ -273,7 +274,6 @@ def run(args) -> int:
         for op, i in todo:
             report(*_compile(op, i))
 
-    key = _key(triton.__version__)
     rows = [dict(key, op=op, case=cases(op)[i].name, kernel=cases(op)[i].kernel, **results[(op, i)])
             for op, i in todo if "sha" in results[(op, i)]]
     skipped = sum("skipped" in r for r in results.values())
