@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from benchmarks.sass import Case
 from fused_layers.ops import attention as attn
 from fused_layers.ops import attention_gluon as attn_gluon
 from fused_layers.ops import cross_entropy as ce
@@ -22,6 +21,8 @@ from fused_layers.ops import cross_entropy_gluon as ce_gluon
 from fused_layers.ops import layer_norm as ln
 from fused_layers.ops import layer_norm_gluon as ln_gluon
 from fused_layers.ops import softmax as sm
+
+from .sass import Case
 
 PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
