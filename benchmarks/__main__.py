@@ -12,6 +12,7 @@ SUITES = {
     "models": ("models", "HF GPT-2 / Llama / Qwen2 / Gemma, timm ViT: a training step unfused / fused / Liger (GPU)"),
     "train": ("training", "the demo GPT-2 step of train.py, eager and torch.compile, unfused / fused (GPU)"),
     "host": ("host", "host (CPU) cost per eager call on tiny shapes, fused / PyTorch / Liger (GPU)"),
+    "sass": ("sass", "the SASS of every default kernel configuration, compiled for sm_90: fingerprints, --check (CPU)"),
     "plot": ("plot", "draw docs/figures/*.png from the results tables (CPU, matplotlib)"),
     "table": ("plot", "print the newest row of each case of a results table as Markdown (CPU)"),
 }

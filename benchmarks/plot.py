@@ -32,6 +32,7 @@ TABLE_COLUMNS = {
     "train": ["model", "batch", "mode", "arm", "step_ms", "step_ms_lo", "step_ms_hi", "speedup", "tokens_per_s",
               "extra_peak_gib", "date", "commit"],
     "host": ["op", "pass", "shape", "impl", "host_us", "vs_torch", "date", "commit"],
+    "sass": ["op", "case", "triton", "sha", "regs", "shared", "insns", "date", "commit"],
 }
 
 

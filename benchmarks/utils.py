@@ -47,6 +47,7 @@ COLUMNS: dict[str, list[str]] = {
                     "speedup_hi", "tokens_per_s", "extra_peak_gib", "loss", "rounds", "steps", "note"],
     "host": KEY + ["op", "pass", "dtype", "shape", "impl", "host_us", "host_us_lo", "host_us_hi", "vs_torch",
                    "calls", "rounds", "note"],
+    "sass": KEY + ["op", "case", "kernel", "sha", "regs", "shared", "insns", "opcodes"],
 }
 # The columns that name a case (with the key's gpu): latest() keeps the newest row of each.
 CASE: dict[str, list[str]] = {
@@ -54,6 +55,7 @@ CASE: dict[str, list[str]] = {
     "models": ["gpu", "model", "mode", "arm"],
     "train": ["gpu", "model", "batch", "mode", "arm"],
     "host": ["gpu", "op", "pass", "dtype", "shape", "impl"],
+    "sass": ["gpu", "triton", "op", "case"],  # fingerprints differ between Triton versions
 }
 
 
@@ -344,7 +346,7 @@ def speedups(times: dict[str, list[float]], base: str) -> dict[str, tuple[float,
 # Printing
 # --------------------------------------------------------------------------------------------------
 TEXT_COLUMNS = set(KEY) | {"op", "pass", "dtype", "shape", "impl", "timer", "note", "transformers", "liger", "model",
-                           "config", "batch", "mode", "arm", "swapped"}
+                           "config", "batch", "mode", "arm", "swapped", "case", "kernel", "sha", "opcodes"}
 
 
 def markdown(rows: Sequence[dict], cols: Sequence[str]) -> str:

@@ -10,7 +10,7 @@ import pytest
 from benchmarks import utils
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITES = ["ops", "models", "train", "host"]
+SUITES = ["ops", "models", "train", "host", "sass"]
 
 
 @pytest.mark.parametrize("suite", SUITES)
@@ -27,7 +27,7 @@ def test_table_parses_with_its_key(suite):
             assert r[k], f"{path}: a row without {k}: {r}"
         assert len(r["date"]) == 10 and r["date"][4] == "-" and r["date"][7] == "-", r["date"]
         assert None not in r, f"{path}: a row with more cells than columns: {r}"
-    numeric = {"ops": "ms", "models": "speedup", "train": "step_ms", "host": "host_us"}[suite]
+    numeric = {"ops": "ms", "models": "speedup", "train": "step_ms", "host": "host_us", "sass": "insns"}[suite]
     assert all(utils.num(r[numeric]) > 0 for r in rows)
     assert utils.latest(rows, utils.CASE[suite])
 
@@ -70,10 +70,52 @@ def _cli(*args):
 def test_help_lists_every_suite():
     r = _cli("--help")
     assert r.returncode == 0, r.stderr
-    for suite in ("ops", "models", "train", "host", "plot", "table"):
+    for suite in ("ops", "models", "train", "host", "sass", "plot", "table"):
         assert suite in r.stdout
     r = _cli("models", "--help")
     assert r.returncode == 0 and "--rounds" in r.stdout and "--smoke" in r.stdout
+    r = _cli("sass", "--help")
+    assert r.returncode == 0, r.stderr
+    for option in ("--ops", "--jobs", "--check", "--out", "--dry-run"):
+        assert option in r.stdout
+
+
+def test_sass_cases_name_only_what_their_kernels_have():
+    """Every case of the sass suite builds its compile signature (no compile): the constexprs and arguments it names
+    are its kernel's, every constexpr without a default has a value, and names are unique per op."""
+    import dataclasses
+
+    from benchmarks import sass
+
+    for op in sass.OPS:
+        cases = sass.cases(op)
+        assert cases, op
+        assert len({c.name for c in cases}) == len(cases), op
+        for c in cases:
+            sig, constexprs, _ = c.signature()
+            assert list(sig) == sass.Case.kernel_args(c.fn)
+            assert set(c.constexprs) <= set(sass.Case.kernel_constexprs(c.fn)), c.name
+    c = sass.cases("softmax")[0]
+    with pytest.raises(ValueError, match="no constexpr"):
+        dataclasses.replace(c, constexprs=dict(c.constexprs, NO_SUCH_CONSTEXPR=1)).signature()
+    with pytest.raises(ValueError, match="no value"):
+        dataclasses.replace(c, constexprs={}).signature()
+
+
+def test_sass_check_lists_changed_new_and_gone_cases():
+    from benchmarks import sass
+
+    def row(case, sha, date="2026-01-02", triton="3.6.0"):
+        return dict(gpu=sass.GPU, triton=triton, date=date, op="norm", case=case, sha=sha, regs="40", shared="0",
+                    insns="100", opcodes="FFMA:3 MOV:2")
+
+    table = [row("a", "old"), row("a", "1111", date="2026-01-03"), row("b", "2222"), row("gone", "3333"),
+             row("b", "other triton", triton="3.9.0")]
+    now = [row("a", "1111"), dict(row("b", "9999"), opcodes="FFMA:4 MOV:2"), row("new", "4444")]
+    lines = sass.compare(now, {("norm", c) for c in ("a", "b", "new")}, table, ["norm"], "3.6.0")
+    assert sorted(line.split()[0] for line in lines) == ["CHANGED", "GONE", "NEW"]
+    assert any("FFMA 3->4" in line for line in lines)
+    assert sass.compare(now[:1], {("norm", "a")}, table[:2], ["norm"], "3.6.0") == []
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message of a machine without CUDA")
