@@ -221,6 +221,38 @@ def test_persistent_smem_many_pieces(device):
         _check(x, t, reduction="none", weight=torch.rand(c, device=device, dtype=torch.bfloat16))
 
 
+def _check_in_place(x, t, vec_win):
+    """cross_entropy_forward with the gradient written over the logits (``grad_out=input``, as the fused linear
+    cross-entropy does): each row's loss and gradient (upstream 1) against float64 F.cross_entropy of the logits."""
+    from fused_layers.ops import cross_entropy as ce
+
+    xr = x.double().requires_grad_()
+    ref = F.cross_entropy(xr, t, reduction="none")
+    ref.backward(torch.ones_like(ref))
+    xi = x.clone()
+    ce._PLANS.clear()
+    loss, _ = ce.cross_entropy_forward(xi, t, reduction="none", out_dtype=torch.float32, grad_out=xi)
+    assert [p.persist["VEC_WIN"] for p in ce._PLANS.values() if p.persist is not None] == [vec_win]
+    torch.testing.assert_close(loss.double(), ref.detach(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(xi.double(), xr.grad, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("c", [37, 48])
+def test_persistent_in_place(c, device):
+    """The gradient written over the logits: the program that writes the target's column reads its logit first, and
+    no other program writes that column -- in the VEC8 form (37: 16-position pieces on the row's 64-element window)
+    the target's column is often not in piece t // PIECE, and a head or tail column is the first piece's.  Rows at
+    16 offsets mod 64, targets in the last 8 columns (VEC8: the tail columns where a row has them), then spread over
+    the row (the head, the piece boundaries), ignored rows; the plain form at 48."""
+    m = 16
+    x = torch.randn(m, c, device=device, dtype=torch.bfloat16) * 4
+    r = torch.arange(m, device=device)
+    with config_override("cross_entropy", **VEC8):
+        for t in (c - 1 - r % 8, r * 7 % c):
+            t[5::6] = -100
+            _check_in_place(x, t, 64 if c % 16 else 0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_wide_rows_special_values_and_layouts(dtype, device):
     """Special values, (N, C, d) and column-major logits and an out-of-range target on the wide-row routes: the
@@ -521,6 +553,20 @@ def test_gpu_vec8_rows(c, pad, dtype):
 
 
 @pytest.mark.gpu
+def test_gpu_persistent_in_place():
+    """The gradient written over the logits at GPT-2's 50,257 classes (the default VEC8 form: 2,048-position pieces on
+    the row's 64-element window, one cooperative launch): targets up to 63 columns below a piece's end (in the next
+    piece where the row's window phase passes them) and in the last 8 columns (the tail columns, the first piece's),
+    every row offset mod 64, more rows than row groups."""
+    c, m = 50257, 512
+    x = torch.randn(m, c, device="cuda", dtype=torch.bfloat16) * 2
+    r = torch.arange(m, device="cuda")
+    for t in (2048 * (1 + r % 24) - 1 - r % 64, c - 1 - r % 8):
+        t[::7] = -100
+        _check_in_place(x, t, 64)
+
+
+@pytest.mark.gpu
 def test_gpu_special_strided_and_errors():
     x = torch.randn(64, 50304, device="cuda", dtype=torch.bfloat16)
     t = torch.randint(0, 50304, (64,), device="cuda")
@@ -630,23 +676,32 @@ def test_linear_cross_entropy_half(dtype):
 
 @pytest.mark.parametrize("v", [37, 48])
 def test_linear_cross_entropy_wide_row_kernels(v):
-    """The logits chunk is overwritten by its gradient in place: every wide-row kernel must read the target's logit
-    before any program of the row writes.  The stream (float32 logits, smoothing) and the persistent kernel (bf16
-    logits under autocast: VEC8 at 37 classes, the plain form at 48)."""
+    """The logits chunk is overwritten by its gradient in place: the program that writes the target's column must read
+    its logit first, and no other program write it.  The stream (float32 logits, smoothing) and the persistent kernel
+    (bf16 logits under autocast: VEC8 at 37 classes, the plain form at 48), targets in the last 8 columns (VEC8: the
+    tail columns, which the row's first piece writes) on every other row: each row's loss (the pass with a gradient
+    of 'none', as its backward runs it) against float64 F.cross_entropy of the same bf16 logits."""
     from fused_layers import fused_linear_cross_entropy
     from fused_layers.ops import cross_entropy as ce
+    from fused_layers.ops.linear_cross_entropy import linear_cross_entropy_forward
 
     with config_override("cross_entropy", **WIDE):
         _check_linear(12, 8, v, label_smoothing=0.1)
         hid = torch.randn(24, 16, requires_grad=True)
         w = torch.randn(v, 16, requires_grad=True)
-        t = torch.randint(0, v, (24,))
+        r = torch.arange(24)
+        t = torch.where(r % 2 == 0, v - 1 - r // 2 % 8, torch.randint(0, v, (24,)))
         t[::5] = -100
         ce._PLANS.clear()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = fused_linear_cross_entropy(hid, w, t)
-            ref = F.cross_entropy(F.linear(hid, w).float(), t)
-        assert [p.persist["VEC_WIN"] for p in ce._PLANS.values() if p.persist is not None] == [64 if v % 16 else 0]
+            logits = F.linear(hid, w)
+            ref = F.cross_entropy(logits.float(), t)
+        rows, *_ = linear_cross_entropy_forward(hid.detach(), w.detach(), t, None, -100, "none", 0.0, True,
+                                                torch.bfloat16, torch.float32, row_scale=torch.ones(24))
+        assert [p.persist["VEC_WIN"] for p in ce._PLANS.values() if p.persist is not None] == [64 if v % 16 else 0] * 2
+    torch.testing.assert_close(rows.double(), F.cross_entropy(logits.double(), t, reduction="none"), atol=1e-4,
+                               rtol=1e-5)
     torch.testing.assert_close(loss, ref, atol=2e-2, rtol=2e-2)
     for a, b in zip(torch.autograd.grad(loss, (hid, w)), torch.autograd.grad(ref, (hid, w))):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)

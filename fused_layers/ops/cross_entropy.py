@@ -56,8 +56,9 @@ Rows by width (launch configurations: ``cross_entropy_config.py``):
 * without a gradient: one streaming pass.
 
 All math is float32; the logits are read in their own dtype (no float32 copy).  The target's logit is
-read during the statistics pass, before any gradient is written, so the gradient may overwrite the
-logits in place (the fused linear cross-entropy does).
+read before its column's gradient is written (the streaming kernel: in the statistics pass; the persistent
+kernel: by the program that writes that column), so the gradient may overwrite the logits in place (the
+fused linear cross-entropy does).
 
 Backward.  The saved gradient is that of the loss for an upstream gradient of 1; the backward scales
 it by grad_output: in place, by ``_ce_scale_kernel``, whose programs read the scalar and return at
@@ -494,9 +495,15 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, t, rp, piece, start, cm
         scale = inv_den
     if HAS_ROW_SCALE:
         rs = tl.load(RS + rp).to(tl.float32)
-    # The program whose piece holds the target (the first piece for ignored / bad rows) writes the
-    # loss: it reads x_t from its own piece, which no other program writes.
-    owner = t // PIECE == piece
+    # The program that writes column t (column 0 for ignored / bad rows) reads x_t and writes the loss: no other
+    # program writes that column, and this one only after the read (DX may be X: the linear cross-entropy).
+    if VEC_WIN > 0:  # column t is window position t + d: in a piece's whole vectors, or an edge column (the first's)
+        w = (t + d).to(tl.int32)
+        k = w - start  # (the position within this piece, compared in 32 bits)
+        in_body = (w >= ((d + 7) >> 3 << 3).to(tl.int32)) & (w < ((d + C) >> 3 << 3).to(tl.int32))
+        owner = tl.where(in_body, (k >= 0) & (k < PIECE), piece == 0)
+    else:
+        owner = t // PIECE == piece
     x_t = tl.load(piece_ptrs(X, rp, INNER, sxo, sxi, sxc, t), mask=owner, other=0.0).to(tl.float32)
     # (a call: the SMEM-pipelined row loop stays pipelined, see _rowsync.wait_row_max_sum_call)
     m, s = wait_row_max_sum_call(SLOTS + rp * SPLITS, SPLITS)
@@ -514,7 +521,7 @@ def _ce_persist_row(X, W, LOSS, DX, DEN, RS, SLOTS, x_p, t, rp, piece, start, cm
     # them in the store (0.699 against 0.643 of copy at 50,304 with the pointers first), VEC8 before dx (0.613
     # against 0.573 at 50,257 with them in the store).
     if VEC_WIN > 0:  # column t is window position t + d; DX's rows share X's d (the host checks)
-        hit = tl.arange(0, BLOCK_N) == (t + d - start).to(tl.int32)
+        hit = tl.arange(0, BLOCK_N) == k
         dptrs = DX + vec_woff((rp // INNER) * sdo + (rp % INNER) * sdi, d, VEC_WIN) + c64
         dx = exp_scaled(x_p, lse, coef) - tl.where(hit, coef, 0.0)  # coef p - B
         tl.store(dptrs, dx.to(DX.dtype.element_ty), mask=cm)
