@@ -181,7 +181,7 @@ def _compile(op: str, index: int) -> tuple[str, int, dict]:
         return op, index, dict(skipped=SKIPPED)  # Triton 3.9 fails on every one of them: the API moved
     try:
         return op, index, fingerprint(case)
-    except Exception as e:  # noqa: BLE001 - a case that does not compile is reported, the others still run
+    except Exception as e:  # a case that does not compile is reported; the others still run
         return op, index, dict(error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
 
 
