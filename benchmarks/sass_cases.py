@@ -181,7 +181,7 @@ def _ce_fwd(name, dt, c, block_m, block_n, warps, single, stages=1, grad=True, m
               HAS_GRAD=grad, DEN_ON_DEVICE=mean and not soft, HAS_ROW_SCALE=row_scale, STAGES=stages)
     form = "single" if single else "stream"
     return launch("cross_entropy", f"fwd {form} {dt} {c} {name}".strip(), ce._ce_fwd_kernel, cx, ptrs, ints,
-                  floats=("smoothing", "inv_den"), num_warps=warps)
+                  floats=("smoothing", "inv_den", "softcap"), num_warps=warps)
 
 
 def _ce_persist(name, dt, c, block, warps, stages=4, weight=False, mean=True, row_scale=False, vec_win=0,

@@ -741,13 +741,28 @@ def test_hf_causal_lm_loss_matches_transformers(family, device):
 @needs_hf
 def test_hf_lm_head_fusion_only_where_the_forward_allows():
     """The fused linear path needs a forward whose logits go straight from lm_head to the loss and the
-    output (read from its syntax tree); post-processed logits (soft-capping, scaling) keep the loss-only swap."""
-    from fused_layers.integrations._hf import _lm_head_feeds_only_the_loss as why
+    output (read from its syntax tree), or through exactly Gemma 2's final soft-capping (which the fused loss
+    computes); otherwise post-processed logits (scaling) keep the loss-only swap."""
+    from fused_layers.integrations._hf import _lm_head_plan
+
+    def why(cls):
+        return _lm_head_plan(cls)[0]
 
     for name in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "GPT2LMHeadModel", "OPTForCausalLM"):
-        assert why(getattr(transformers, name)) is None, name
-    for name in ("Gemma2ForCausalLM", "CohereForCausalLM"):
-        assert why(getattr(transformers, name)) is not None, name
+        assert _lm_head_plan(getattr(transformers, name)) == (None, None), name
+    for name in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+        assert _lm_head_plan(getattr(transformers, name)) == (None, "final_logit_softcapping"), name
+    assert why(transformers.CohereForCausalLM) is not None
+
+    class Capped(transformers.LlamaForCausalLM):  # soft-capping by another recipe: refused
+        def forward(self, input_ids=None, labels=None, **kwargs):
+            h = self.model(input_ids=input_ids).last_hidden_state
+            logits = self.lm_head(h)
+            if self.config.final_logit_softcapping is not None:
+                logits = torch.tanh(logits / self.config.final_logit_softcapping)
+            return self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
+
+    assert "assigns logits 2 times" in why(Capped)
 
     class Scaled(transformers.LlamaForCausalLM):  # a model that rescales its logits
         def forward(self, input_ids=None, labels=None, **kwargs):
@@ -757,6 +772,33 @@ def test_hf_lm_head_fusion_only_where_the_forward_allows():
             return self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
 
     assert "assigns logits 2 times" in why(Scaled)
+
+
+@needs_hf
+def test_gemma2_soft_capped_head_is_fused():
+    """Gemma 2 (final_logit_softcapping): the LM head + loss run as the fused linear cross-entropy with the cap in
+    its kernel, loss and every gradient as the model's own forward computes them; the config is left as it was."""
+    import copy
+
+    from fused_layers.integrations import _hf
+
+    cfg = transformers.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                    max_position_embeddings=32, final_logit_softcapping=2.0,
+                                    attn_implementation="eager")
+    ref = transformers.Gemma2ForCausalLM(cfg).train()
+    m = copy.deepcopy(ref)
+    rep = swap_modules(m, kinds=["cross_entropy"])
+    assert rep.counts() == {"cross_entropy": 1} and m._fused_linear_refused is None, str(rep)
+    ids = torch.randint(0, 64, (2, 10))
+    a, b = _step(ref, ids), _step(m, ids)
+    assert a[1] is not None and b[1] is None  # the fused head ran: no (tokens, vocab) logits
+    assert m.config.final_logit_softcapping == 2.0
+    _compare_steps(a, b, tol=1e-5)
+    m.config.final_logit_softcapping = None  # a changed cap is read at the call
+    ref.config.final_logit_softcapping = None
+    _compare_steps(_step(ref, ids), _step(m, ids), tol=1e-5)
+    assert _hf.HF_SKIP_LOGITS
 
 
 @needs_hf

@@ -292,37 +292,93 @@ def fused_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size:
         if x.dtype == torch.float64 or use_fallback("cross_entropy", x):
             return nn.functional.cross_entropy(x.float(), t, ignore_index=ignore_index, reduction=reduction)
         need_grad = x.requires_grad and torch.is_grad_enabled()
-        return cross_entropy_op(x, t, None, ignore_index, reduction, 0.0, need_grad, torch.float32,
+        return cross_entropy_op(x, t, None, ignore_index, reduction, 0.0, need_grad, torch.float32, 0.0,
                                 needs_grad=need_grad)
 
     return _causal_lm_loss(logits, vocab_size, labels, num_items_in_batch, ignore_index, shift_labels, rows_loss)
 
 
-def _lm_head_feeds_only_the_loss(cls: type) -> Optional[str]:
-    """Why ``cls.forward`` may not run the LM head + loss as one fused linear cross-entropy (None: it may).
+def _softcap_block(node, parents) -> Optional[str]:
+    """The config attribute ``X`` if ``node`` is exactly Gemma 2's final soft-capping of the logits::
+
+        if self.config.X is not None:
+            logits = logits / self.config.X
+            logits = torch.tanh(logits)
+            logits = logits * self.config.X
+    """
+    import ast
+
+    def cfg_attr(e) -> Optional[str]:  # self.config.X -> "X"
+        if (isinstance(e, ast.Attribute) and isinstance(e.value, ast.Attribute) and e.value.attr == "config"
+                and isinstance(e.value.value, ast.Name) and e.value.value.id == "self"):
+            return e.attr
+        return None
+
+    def is_logits(e) -> bool:
+        return isinstance(e, ast.Name) and e.id == "logits"
+
+    test = getattr(node, "test", None)
+    if not (isinstance(node, ast.If) and not node.orelse and isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.IsNot) and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None and len(node.body) == 3):
+        return None
+    attr = cfg_attr(test.left)
+    if attr is None:
+        return None
+    div, tanh, mul = node.body
+    ok = all(isinstance(a, ast.Assign) and len(a.targets) == 1 and is_logits(a.targets[0]) for a in node.body)
+    ok = ok and isinstance(div.value, ast.BinOp) and isinstance(div.value.op, ast.Div) and is_logits(div.value.left) \
+        and cfg_attr(div.value.right) == attr
+    ok = ok and isinstance(tanh.value, ast.Call) and len(tanh.value.args) == 1 and is_logits(tanh.value.args[0]) \
+        and isinstance(tanh.value.func, ast.Attribute) and tanh.value.func.attr == "tanh" and not tanh.value.keywords
+    ok = ok and isinstance(mul.value, ast.BinOp) and isinstance(mul.value.op, ast.Mult) and is_logits(mul.value.left) \
+        and cfg_attr(mul.value.right) == attr
+    return attr if ok else None
+
+
+def _lm_head_plan(cls: type) -> tuple[Optional[str], Optional[str]]:
+    """Whether ``cls.forward`` may run the LM head + loss as one fused linear cross-entropy: ``(why not, softcap)``
+    (``why not`` None: it may; ``softcap`` the config attribute of its final logit soft-capping, or None).
 
     Checked on the forward's syntax tree, so any transformers version or model copy qualifies by what it
-    does: ``logits`` is assigned once, from ``self.lm_head(...)`` (optionally ``.contiguous()``), and is
-    otherwise only passed on: as ``logits=logits`` (to ``self.loss_function`` and the output), as the first
-    arguments of ``self.loss_function``, or returned in a tuple.  A forward that
-    rescales or soft-caps the logits (Gemma 2's ``final_logit_softcapping``, Cohere's ``logit_scale``)
-    assigns ``logits`` again or uses it in arithmetic and is refused."""
+    does: ``logits`` is assigned once, from ``self.lm_head(...)`` (optionally ``.contiguous()``), optionally
+    soft-capped by exactly Gemma 2's block (``_softcap_block``: the fused loss caps inside its kernel, and the
+    attribute is read nowhere else in the model's module), and is otherwise only passed on: as
+    ``logits=logits`` (to ``self.loss_function`` and the output), as the first arguments of
+    ``self.loss_function``, or returned in a tuple.  A forward that rescales the logits otherwise (Cohere's
+    ``logit_scale``) assigns ``logits`` again or uses it in arithmetic and is refused."""
     import ast
     import textwrap
 
     fwd = cls.__dict__.get("forward") or getattr(cls, "forward", None)
     try:
         fwd = inspect.unwrap(fwd)
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fwd)))
+        fwd_src = textwrap.dedent(inspect.getsource(fwd))
+        tree = ast.parse(fwd_src)
     except (OSError, TypeError, ValueError, SyntaxError) as e:
-        return f"its forward's source is not readable ({type(e).__name__})"
-    stores, bad = [], []
+        return f"its forward's source is not readable ({type(e).__name__})", None
     parents = {}
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
             parents[child] = node
+    softcap, capped = None, set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == "logits":
+        attr = _softcap_block(node, parents)
+        if attr is not None:
+            if softcap is not None:
+                return "its forward soft-caps the logits twice", None
+            softcap = attr
+            capped = {id(n) for n in ast.walk(node)}
+    if softcap is not None:
+        try:
+            module_src = inspect.getsource(sys.modules[fwd.__module__])
+        except (OSError, TypeError, KeyError):
+            return "its module's source is not readable (soft-capped logits)", None
+        if module_src.count(softcap) != fwd_src.count(softcap):
+            return f"config.{softcap} is read outside its forward", None
+    stores, bad = [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "logits" and id(node) not in capped:
             if isinstance(node.ctx, ast.Store):
                 stores.append(node)
                 continue
@@ -336,7 +392,7 @@ def _lm_head_feeds_only_the_loss(cls: type) -> Optional[str]:
                 continue
             bad.append(getattr(node, "lineno", "?"))
     if len(stores) != 1:
-        return f"its forward assigns logits {len(stores)} times (post-processed logits)"
+        return f"its forward assigns logits {len(stores)} times (post-processed logits)", None
     assign = parents.get(stores[0])
     call = getattr(assign, "value", None)
     while (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "contiguous"
@@ -344,13 +400,13 @@ def _lm_head_feeds_only_the_loss(cls: type) -> Optional[str]:
         call = call.func.value
     if not (isinstance(assign, ast.Assign) and isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
             and call.func.attr == "lm_head" and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"):
-        return "its logits do not come straight from self.lm_head(...)"
+        return "its logits do not come straight from self.lm_head(...)", None
     if bad:
-        return "its forward uses the logits for more than the loss and the output"
+        return "its forward uses the logits for more than the loss and the output", None
     heads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "lm_head"]
     if len(heads) != 1:  # the head is stood in for during the call: nothing else may touch it
-        return f"its forward refers to self.lm_head {len(heads)} times"
-    return None
+        return f"its forward refers to self.lm_head {len(heads)} times", None
+    return None, softcap
 
 
 #: The HF fused linear cross-entropy: in training with labels, the LM head + loss run chunked over tokens
@@ -366,9 +422,9 @@ class _CaptureHidden(nn.Module):
         return hidden_states
 
 
-def _linear_loss(head: nn.Linear):
+def _linear_loss(head: nn.Linear, softcap: Optional[float] = None):
     """The loss_function of a fused forward: its "logits" are the hidden states (_CaptureHidden), and the
-    head + loss run as the fused linear cross-entropy."""
+    head + loss run as the fused linear cross-entropy (of the logits soft-capped by ``softcap``)."""
     def loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
              num_items_in_batch: Optional[torch.Tensor] = None, ignore_index: int = -100,
              shift_labels: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
@@ -376,7 +432,7 @@ def _linear_loss(head: nn.Linear):
 
         def rows_loss(h: torch.Tensor, t: torch.Tensor, reduction: str) -> torch.Tensor:
             return fused_linear_cross_entropy(h, head.weight, t, head.bias, ignore_index=ignore_index,
-                                              reduction=reduction).float()
+                                              reduction=reduction, softcap=softcap).float()
 
         return _causal_lm_loss(logits, logits.shape[-1], labels, num_items_in_batch, ignore_index, shift_labels,
                                rows_loss)
@@ -390,7 +446,7 @@ def _build_causal_lm(cls: type) -> dict:
         sig = inspect.signature(source_forward)
     except (TypeError, ValueError):  # pragma: no cover
         sig = None
-    linear_why = _lm_head_feeds_only_the_loss(cls)
+    linear_why, softcap_attr = _lm_head_plan(cls)
 
     def _get(self):
         return self.__dict__.get("_fused_lce_loss") or self.__dict__.get("_loss_function", fused_causal_lm_loss)
@@ -425,13 +481,21 @@ def _build_causal_lm(cls: type) -> dict:
             return source_forward(self, *args, **kwargs)
         mods = self.__dict__["_modules"]
         head = mods["lm_head"]
+        cfg = self.config
+        # The "logits" the forward sees are hidden states: its soft-capping block (verified by _lm_head_plan) is
+        # switched off for the call, and the fused loss caps the real logits instead.
+        cap = getattr(cfg, softcap_attr, None) if softcap_attr is not None else None
         mods["lm_head"] = _CaptureHidden()
-        self.__dict__["_fused_lce_loss"] = _linear_loss(head)
+        self.__dict__["_fused_lce_loss"] = _linear_loss(head, cap)
+        if cap is not None:
+            setattr(cfg, softcap_attr, None)
         try:
             out = source_forward(self, *args, **kwargs)
         finally:
             mods["lm_head"] = head
             self.__dict__.pop("_fused_lce_loss", None)
+            if cap is not None:
+                setattr(cfg, softcap_attr, cap)
         # the "logits" are hidden states: drop them (the point is never to hold (tokens, vocab) logits)
         if not hasattr(out, "items"):
             raise RuntimeError(f"{type(self).__name__}: the fused LM head + loss expected a ModelOutput, got "
