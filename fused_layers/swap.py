@@ -144,6 +144,8 @@ class SwapEntry:
     to_cls: str
     #: how the class was recognised: "" (a torch source class), "mapping", or "known: <registry entry>"
     via: str = ""
+    #: what of the kind this module does not fuse, and why ("" when it fuses all of it)
+    note: str = ""
 
 
 @dataclass
@@ -192,8 +194,8 @@ class SwapReport:
 
     def rows(self) -> list[list[str]]:
         """Rows ``[name, kind, status, detail]`` for a text table / W&B table."""
-        rows = [[e.name, e.kind, "swapped", f"{e.from_cls} -> {e.to_cls}" + (f" ({e.via})" if e.via else "")]
-                for e in self.swapped]
+        rows = [[e.name, e.kind, "swapped", f"{e.from_cls} -> {e.to_cls}" + (f" ({e.via})" if e.via else "")
+                 + (f"; {e.note}" if e.note else "")] for e in self.swapped]
         rows += [[e.name, e.kind, "skipped", e.reason] for e in self.skipped]
         return rows
 
@@ -203,7 +205,8 @@ class SwapReport:
         lines = [f"fused_layers swap report: {len(self.swapped)} swapped, {len(self.skipped)} skipped"]
         swapped: dict[tuple[str, str], list[str]] = {}
         for e in self.swapped:
-            change = f"{_short(e.from_cls)} -> {_short(e.to_cls)}" + (f" ({e.via})" if e.via else "")
+            change = (f"{_short(e.from_cls)} -> {_short(e.to_cls)}" + (f" ({e.via})" if e.via else "")
+                      + (f"; {e.note}" if e.note else ""))
             swapped.setdefault((e.kind, change), []).append(e.name or "<root>")
         skipped: dict[tuple[str, str], list[str]] = {}
         for e in self.skipped:
@@ -474,7 +477,10 @@ def swap_modules(
         after = getattr(target, "_fused_after_swap", None)
         if after is not None:
             after(module)
-        report.swapped.append(SwapEntry(name, kind, _qualname(cls), _qualname(target), via))
+        note = ""
+        if getattr(target, "_fused_linear_refused", None):  # an HF causal LM whose forward keeps its LM head
+            note = f"LM head not fused, loss only: {target._fused_linear_refused}"
+        report.swapped.append(SwapEntry(name, kind, _qualname(cls), _qualname(target), via, note))
         if kind == "attention" and known is None:
             fused_attention_prefixes.append(name)
         if known is not None and known.name == "hf_attention":

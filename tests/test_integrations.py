@@ -753,6 +753,11 @@ def test_hf_lm_head_fusion_only_where_the_forward_allows():
     for name in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         assert _lm_head_plan(getattr(transformers, name)) == (None, "final_logit_softcapping"), name
     assert why(transformers.CohereForCausalLM) is not None
+    cohere = transformers.CohereForCausalLM(transformers.CohereConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2))
+    rep = swap_modules(cohere, kinds=["cross_entropy"])
+    assert "LM head not fused, loss only: its forward" in str(rep), str(rep)
 
     class Capped(transformers.LlamaForCausalLM):  # soft-capping by another recipe: refused
         def forward(self, input_ids=None, labels=None, **kwargs):
@@ -819,10 +824,43 @@ def test_gpt2_tied_head_linear_loss_matches():
         outs.append((out.loss.detach(), None, {n: p.grad.clone() for n, p in model.named_parameters()}))
     _compare_steps(*outs, tol=1e-5)
     seen = []
-    handle = m.lm_head.register_forward_pre_hook(lambda mod, args: seen.append(1))  # as FSDP's unshard hook
+    pre = m.lm_head.register_forward_pre_hook(lambda mod, args: seen.append("pre"))  # as FSDP's unshard hook
+    post = m.lm_head.register_forward_hook(lambda mod, args, out: seen.append("post"))  # as FSDP's reshard hook
     out = m(input_ids=ids, labels=ids)
-    handle.remove()
-    assert seen and out.logits is not None  # a hooked head is called: transformers' path, the loss alone fused
+    pre.remove()
+    post.remove()
+    # a hooked head is called, and the fused head + loss runs inside that call
+    assert seen == ["pre", "post"] and out.logits is None
+    torch.testing.assert_close(out.loss, outs[0][0], atol=1e-5, rtol=1e-5)
+
+
+@needs_hf
+def test_hf_adapter_on_lm_head_keeps_its_forward():
+    """A head with a forward of its own (a LoRA-style adapter) must run: the fused head steps aside with one warning
+    naming why, the loss alone is fused, and the adapter trains (its gradient as unswapped)."""
+    import copy
+
+    class LoraHead(nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+            self.a = nn.Linear(base.in_features, 4, bias=False)
+            self.b = nn.Linear(4, base.out_features, bias=False)
+            nn.init.normal_(self.b.weight)
+
+        def forward(self, x):
+            return self.base(x) + self.b(self.a(x))
+
+    ref = _tiny_llama().train()
+    ref.lm_head = LoraHead(ref.lm_head)
+    m = copy.deepcopy(ref)
+    swap_modules(m, kinds=["cross_entropy"])
+    ids = torch.randint(0, 48, (2, 9))
+    with pytest.warns(UserWarning, match="LM head \\+ loss are not fused .*forward of its own"):
+        b = _step(m, ids)
+    a = _step(ref, ids)
+    assert b[1] is not None and "lm_head.b.weight" in b[2]
+    _compare_steps(a, b, tol=1e-5)
 
 
 @needs_hf

@@ -404,8 +404,10 @@ def _lm_head_plan(cls: type) -> tuple[Optional[str], Optional[str]]:
     if bad:
         return "its forward uses the logits for more than the loss and the output", None
     heads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "lm_head"]
-    if len(heads) != 1:  # the head is stood in for during the call: nothing else may touch it
+    if len(heads) != 1:  # the head computes the loss during its call: nothing else may touch it
         return f"its forward refers to self.lm_head {len(heads)} times", None
+    if any(isinstance(n, ast.Name) and n.id == "labels" and isinstance(n.ctx, ast.Store) for n in ast.walk(tree)):
+        return "its forward changes the labels before its loss", None
     return None, softcap
 
 
@@ -415,29 +417,24 @@ def _lm_head_plan(cls: type) -> tuple[Optional[str], Optional[str]]:
 HF_SKIP_LOGITS = os.environ.get("FUSED_LAYERS_HF_SKIP_LOGITS", "1") not in ("0", "false", "False")
 
 
-class _CaptureHidden(nn.Module):
-    """Stands in for ``lm_head`` during a fused forward: the "logits" the model passes on are its hidden states."""
+def _head_linear(head: nn.Module) -> tuple[Optional[nn.Linear], Optional[str]]:
+    """The ``nn.Linear`` whose forward computes ``head``'s output, or ``(None, why not)``.
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return hidden_states
+    A plain ``nn.Linear``; the same sharded by FSDP2 (``fully_shard`` makes its class an ``FSDPLinear`` subclass,
+    forward unchanged) or partitioned by DeepSpeed ZeRO-3 (hooks only); or the ``nn.Linear`` an FSDP1 wrapper
+    holds.  Anything with a forward of its own (a PEFT adapter, a quantized layer) computes something else."""
+    inner = head
+    if type(head).__name__ == "FullyShardedDataParallel":  # FSDP1: the wrapper's forward unshards, then calls it
+        inner = getattr(head, "_fsdp_wrapped_module", None)
+    if isinstance(inner, nn.Linear) and type(inner).forward is nn.Linear.forward:
+        return inner, None
+    return None, (f"its lm_head is a {type(head).__name__} with a forward of its own (an adapter or a wrapper), "
+                  "not a linear layer")
 
 
-def _linear_loss(head: nn.Linear, softcap: Optional[float] = None):
-    """The loss_function of a fused forward: its "logits" are the hidden states (_CaptureHidden), and the
-    head + loss run as the fused linear cross-entropy (of the logits soft-capped by ``softcap``)."""
-    def loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
-             num_items_in_batch: Optional[torch.Tensor] = None, ignore_index: int = -100,
-             shift_labels: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
-        from ..ops.linear_cross_entropy import fused_linear_cross_entropy
-
-        def rows_loss(h: torch.Tensor, t: torch.Tensor, reduction: str) -> torch.Tensor:
-            return fused_linear_cross_entropy(h, head.weight, t, head.bias, ignore_index=ignore_index,
-                                              reduction=reduction, softcap=softcap).float()
-
-        return _causal_lm_loss(logits, logits.shape[-1], labels, num_items_in_batch, ignore_index, shift_labels,
-                               rows_loss)
-
-    return loss
+def _is_dtensor(t: torch.Tensor) -> bool:
+    dt = sys.modules.get("torch.distributed.tensor")
+    return dt is not None and isinstance(t, getattr(dt, "DTensor", ()))
 
 
 def _build_causal_lm(cls: type) -> dict:
@@ -454,49 +451,90 @@ def _build_causal_lm(cls: type) -> dict:
     def _set(self, value):
         self.__dict__["_loss_function"] = value
 
-    def _linear_ok(self, args: tuple, kwargs: dict) -> bool:
+    def _linear_call(self, args: tuple, kwargs: dict) -> Optional[dict]:
+        """The call's bound arguments where the fused LM head + loss may run it, else None."""
         if linear_why is not None or not HF_SKIP_LOGITS or not self.training or not torch.is_grad_enabled():
-            return False
+            return None
         if "_loss_function" in self.__dict__ or torch.compiler.is_compiling():
-            return False
+            return None
         cfg = getattr(self, "config", None)
         if not getattr(cfg, "return_dict", True):  # tuple outputs: keep transformers' path
-            return False
-        head = self.__dict__["_modules"].get("lm_head")
-        if type(head) is not nn.Linear or sig is None:
-            return False
-        if head._forward_pre_hooks or head._forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
-            return False  # hooks on the head (FSDP unsharding, adapters, probes) must see it called
+            return None
+        if sig is None:
+            return None
         try:
             bound = sig.bind(self, *args, **kwargs).arguments
         except TypeError:
-            return False
+            return None
         keep = bound.get("logits_to_keep", 0)
         extra = bound.get("kwargs", {})
-        return (bound.get("labels") is not None and isinstance(keep, int) and keep == 0
-                and extra.get("return_dict") is not False)
+        if (bound.get("labels") is None or not isinstance(keep, int) or keep != 0
+                or extra.get("return_dict") is False):
+            return None
+        return bound
 
     def forward(self, *args: Any, **kwargs: Any):
-        if not _linear_ok(self, args, kwargs):
+        bound = _linear_call(self, args, kwargs)
+        if bound is None:
             return source_forward(self, *args, **kwargs)
-        mods = self.__dict__["_modules"]
-        head = mods["lm_head"]
+        head = self.__dict__["_modules"].get("lm_head")
+        lin, why = _head_linear(head)
+        if lin is None:
+            warn_once(f"hf_lm_head:{type(self).__name__}:{why}",
+                      f"fused_layers: {type(self).__name__}'s LM head + loss are not fused ({why}); the loss alone "
+                      "is fused and the (tokens, vocabulary) logits are made.")
+            return source_forward(self, *args, **kwargs)
+        fwd_labels = bound["labels"]
+        extra = bound.get("kwargs", {})
+        ignore_index = extra.get("ignore_index", -100)
         cfg = self.config
-        # The "logits" the forward sees are hidden states: its soft-capping block (verified by _lm_head_plan) is
-        # switched off for the call, and the fused loss caps the real logits instead.
         cap = getattr(cfg, softcap_attr, None) if softcap_attr is not None else None
-        mods["lm_head"] = _CaptureHidden()
-        self.__dict__["_fused_lce_loss"] = _linear_loss(head, cap)
-        if cap is not None:
+        done: dict = {}
+
+        def head_forward(hidden: torch.Tensor) -> torch.Tensor:
+            # Runs inside the head's own call, after its pre-forward hooks (FSDP's unshard, ZeRO-3's gather) and
+            # before its post-forward ones: the weight is whole here.  Returns the loss as the "logits", so the
+            # hooks that FSDP registers on the head's output see the loss's backward.
+            w, b = lin.weight, lin.bias
+            if _is_dtensor(w):  # a tensor-parallel head: its own forward (and the model's soft-capping)
+                warn_once("hf_lm_head:dtensor", "fused_layers: the LM head's weight is a DTensor (tensor "
+                          "parallel) during its forward; its logits are made and the loss alone is fused.")
+                logits = nn.functional.linear(hidden, w, b)
+                return logits if cap is None else torch.tanh(logits / cap) * cap
+            from ..ops.linear_cross_entropy import fused_linear_cross_entropy
+
+            def rows_loss(h: torch.Tensor, t: torch.Tensor, reduction: str) -> torch.Tensor:
+                return fused_linear_cross_entropy(h, w, t, b, ignore_index=ignore_index, reduction=reduction,
+                                                  softcap=cap).float()
+
+            loss = _causal_lm_loss(hidden, hidden.shape[-1], fwd_labels, extra.get("num_items_in_batch"), ignore_index,
+                                   extra.get("shift_labels"), rows_loss)
+            done["loss"] = loss
+            return loss
+
+        def loss_function(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, **kw: Any) -> torch.Tensor:
+            if "loss" not in done:  # the head made real logits (see head_forward)
+                return fused_causal_lm_loss(logits, labels, vocab_size, **kw)
+            if labels is not fwd_labels or logits is not done["loss"]:
+                raise RuntimeError(f"{type(self).__name__}: the fused LM head + loss computed the loss of the "
+                                   "forward's labels, but the model passed other labels or logits to its loss; "
+                                   "set FUSED_LAYERS_HF_SKIP_LOGITS=0 to keep transformers' path")
+            return logits
+
+        lin.__dict__["forward"] = head_forward
+        self.__dict__["_fused_lce_loss"] = loss_function
+        if cap is not None:  # the head's loss caps the logits; the model's own block (_lm_head_plan) is switched off
             setattr(cfg, softcap_attr, None)
         try:
             out = source_forward(self, *args, **kwargs)
         finally:
-            mods["lm_head"] = head
+            lin.__dict__.pop("forward", None)
             self.__dict__.pop("_fused_lce_loss", None)
             if cap is not None:
                 setattr(cfg, softcap_attr, cap)
-        # the "logits" are hidden states: drop them (the point is never to hold (tokens, vocab) logits)
+        if "loss" not in done:
+            return out
+        # the "logits" are the loss: drop them (the point is never to hold (tokens, vocab) logits)
         if not hasattr(out, "items"):
             raise RuntimeError(f"{type(self).__name__}: the fused LM head + loss expected a ModelOutput, got "
                                f"{type(out).__name__}; set FUSED_LAYERS_HF_SKIP_LOGITS=0 to keep transformers' path")

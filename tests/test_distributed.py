@@ -1,0 +1,171 @@
+"""Swapped models under data parallelism and sharding, in 2 CPU processes (gloo, the kernels in Triton's interpreter).
+
+One spawn runs every scenario on both ranks, each against the same model unswapped and wrapped the same way, and
+returns per step the losses, whether the fused LM head + loss ran (``outputs.logits`` is None), and the largest
+gradient difference (full, unsharded gradients):
+
+* FSDP2 (``fully_shard``) on every decoder layer, on the LM head by itself (as torchtitan's plans do) and on the root,
+  every kind swapped, two SGD steps;
+* FSDP1 with the LM head auto-wrapped on its own (``ModuleWrapPolicy({nn.Linear, the decoder layer})``);
+* DDP, every kind swapped.
+
+The fused head runs inside the head's own call, so the wrappers' unshard / reshard hooks fire around it.  DeepSpeed
+ZeRO-3 is not covered here: it does not run on a CPU-only machine without its CPU accelerator build.
+"""
+
+import copy
+import os
+import socket
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():  # pragma: no cover
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+WORLD = 2
+
+
+def _tiny_llama():
+    cfg = transformers.LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                   attn_implementation="sdpa")
+    return transformers.LlamaForCausalLM(cfg).train()
+
+
+def _fsdp2(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model.lm_head)
+    fully_shard(model)
+    return model
+
+
+def _fsdp1(model):
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    policy = ModuleWrapPolicy({type(model.model.layers[0]), nn.Linear})
+    return FSDP(model, auto_wrap_policy=policy, device_id=torch.device("cpu"), use_orig_params=True)
+
+
+def _ddp(model):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model)
+
+
+def _grads(wrapped, how):
+    if how == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        with FSDP.summon_full_params(wrapped, with_grads=True):
+            return {n.replace("_fsdp_wrapped_module.", ""): p.grad.clone() for n, p in wrapped.named_parameters()}
+    out = {}
+    for n, p in wrapped.named_parameters():
+        g = p.grad
+        out[n.replace("module.", "", 1) if how == "ddp" else n] = g.full_tensor() if hasattr(g, "full_tensor") else g
+    return out
+
+
+SCENARIOS = {  # name: (wrap, kinds to swap, steps)
+    "fsdp2": (_fsdp2, None, 2),
+    "fsdp1": (_fsdp1, ["cross_entropy"], 1),
+    "ddp": (_ddp, None, 1),
+}
+
+
+def _run(rank, port, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TRITON_INTERPRET="1")
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        from fused_layers import swap_modules
+
+        results = {}
+        for name, (wrap, kinds, steps) in SCENARIOS.items():
+            torch.manual_seed(0)
+            ref = _tiny_llama()
+            fused = copy.deepcopy(ref)
+            report = swap_modules(fused, kinds=kinds)
+            runs = []
+            for model in (ref, fused):
+                wrapped = wrap(model)
+                opt = torch.optim.SGD(wrapped.parameters(), lr=0.5)
+                torch.manual_seed(1 + rank)  # each rank its own batch
+                per_step = []
+                for _ in range(steps):
+                    ids = torch.randint(0, 48, (2, 12))
+                    opt.zero_grad(set_to_none=True)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        out = wrapped(input_ids=ids, labels=ids)
+                    out.loss.backward()
+                    per_step.append((out.loss.item(), out.logits is None, _grads(wrapped, name)))
+                    opt.step()
+                runs.append(per_step)
+            steps_out = []
+            for (la, _, ga), (lb, head_fused, gb) in zip(*runs):
+                err = max((ga[n] - gb[n]).abs().max().item() for n in ga)
+                steps_out.append(dict(loss_ref=la, loss=lb, head_fused=head_fused, grad_err=err,
+                                      same_names=ga.keys() == gb.keys()))
+            results[name] = dict(steps=steps_out, counts=report.counts())
+        queue.put((rank, results))
+    except BaseException as e:  # the parent reports it
+        queue.put((rank, repr(e)))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results():
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_run, args=(r, port, queue)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    out = {}
+    try:
+        for _ in range(WORLD):
+            rank, res = queue.get(timeout=600)
+            out[rank] = res
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    bad = {r: v for r, v in out.items() if isinstance(v, str)}
+    assert not bad, f"a rank failed: {bad}"
+    return out
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_sharded_swap_trains_as_unswapped(scenario, results):
+    """Every rank: the fused LM head + loss ran (no logits), and each step's loss and every full gradient equal the
+    unswapped model's under the same wrapper (float32)."""
+    for rank in range(WORLD):
+        res = results[rank][scenario]
+        assert res["counts"].get("cross_entropy") == 1, res["counts"]
+        if SCENARIOS[scenario][1] is None:
+            assert res["counts"].get("attention") == 2 and res["counts"].get("rms_norm") == 5, res["counts"]
+        for step in res["steps"]:
+            assert step["head_fused"], f"rank {rank}: the fused LM head did not run"
+            assert step["same_names"]
+            assert step["loss"] == pytest.approx(step["loss_ref"], abs=1e-5, rel=1e-5)
+            assert step["grad_err"] < 1e-5, f"rank {rank}: gradient differs by {step['grad_err']}"
