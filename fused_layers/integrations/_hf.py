@@ -38,6 +38,7 @@ all keys there instead (a row no loss reads).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
@@ -473,6 +474,7 @@ def _build_causal_lm(cls: type) -> dict:
             return None
         return bound
 
+    @functools.wraps(source_forward)  # its signature: the Trainer keeps the batch columns the forward takes
     def forward(self, *args: Any, **kwargs: Any):
         bound = _linear_call(self, args, kwargs)
         if bound is None:
