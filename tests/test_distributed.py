@@ -5,7 +5,8 @@ returns per step the losses, whether the fused LM head + loss ran (``outputs.log
 gradient difference (full, unsharded gradients):
 
 * FSDP2 (``fully_shard``) on every decoder layer, on the LM head by itself (as torchtitan's plans do) and on the root,
-  every kind swapped, two SGD steps;
+  every kind swapped, three SGD steps: fused, every swap undone, swapped again (what the step-time A/B does between
+  its arms; the sharded classes keep their FSDP wrapper class through both);
 * FSDP1 with the LM head auto-wrapped on its own (``ModuleWrapPolicy({nn.Linear, the decoder layer})``);
 * DDP, every kind swapped.
 
@@ -75,10 +76,10 @@ def _grads(wrapped, how):
     return out
 
 
-SCENARIOS = {  # name: (wrap, kinds to swap, steps)
-    "fsdp2": (_fsdp2, None, 2),
-    "fsdp1": (_fsdp1, ["cross_entropy"], 1),
-    "ddp": (_ddp, None, 1),
+SCENARIOS = {  # name: (wrap, kinds to swap, the fused model's state at each step)
+    "fsdp2": (_fsdp2, None, ("fused", "restored", "fused")),
+    "fsdp1": (_fsdp1, ["cross_entropy"], ("fused",)),
+    "ddp": (_ddp, None, ("fused",)),
 }
 
 
@@ -86,7 +87,7 @@ def _run(rank, port, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TRITON_INTERPRET="1")
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        from fused_layers import swap_modules
+        from fused_layers import restore_modules, swap_modules
 
         results = {}
         for name, (wrap, kinds, steps) in SCENARIOS.items():
@@ -100,21 +101,28 @@ def _run(rank, port, queue):
                 opt = torch.optim.SGD(wrapped.parameters(), lr=0.5)
                 torch.manual_seed(1 + rank)  # each rank its own batch
                 per_step = []
-                for _ in range(steps):
+                for state in steps:
+                    if model is fused and state == "restored":
+                        restore_modules(model)
+                    elif model is fused and state == "fused" and per_step:
+                        swap_modules(model, kinds=kinds)
                     ids = torch.randint(0, 48, (2, 12))
                     opt.zero_grad(set_to_none=True)
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
                         out = wrapped(input_ids=ids, labels=ids)
                     out.loss.backward()
-                    per_step.append((out.loss.item(), out.logits is None, _grads(wrapped, name)))
+                    classes_kept = all(type(m).__name__.startswith("FSDP") for m in (model, model.lm_head,
+                                                                                     model.model.layers[0])) \
+                        if name == "fsdp2" else True
+                    per_step.append((out.loss.item(), out.logits is None, _grads(wrapped, name), classes_kept))
                     opt.step()
                 runs.append(per_step)
             steps_out = []
-            for (la, _, ga), (lb, head_fused, gb) in zip(*runs):
+            for state, (la, _, ga, _), (lb, head_fused, gb, kept) in zip(steps, *runs):
                 err = max((ga[n] - gb[n]).abs().max().item() for n in ga)
-                steps_out.append(dict(loss_ref=la, loss=lb, head_fused=head_fused, grad_err=err,
-                                      same_names=ga.keys() == gb.keys()))
+                steps_out.append(dict(state=state, loss_ref=la, loss=lb, head_fused=head_fused, grad_err=err,
+                                      same_names=ga.keys() == gb.keys(), wrapper_kept=kept))
             results[name] = dict(steps=steps_out, counts=report.counts())
         queue.put((rank, results))
     except BaseException as e:  # the parent reports it
@@ -157,15 +165,15 @@ def results():
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_sharded_swap_trains_as_unswapped(scenario, results):
-    """Every rank: the fused LM head + loss ran (no logits), and each step's loss and every full gradient equal the
-    unswapped model's under the same wrapper (float32)."""
+    """Every rank: the fused LM head + loss ran (no logits) where the model was swapped, and not where every swap was
+    undone; each step's loss and every full gradient equal the unswapped model's under the same wrapper (float32)."""
     for rank in range(WORLD):
         res = results[rank][scenario]
         assert res["counts"].get("cross_entropy") == 1, res["counts"]
         if SCENARIOS[scenario][1] is None:
             assert res["counts"].get("attention") == 2 and res["counts"].get("rms_norm") == 5, res["counts"]
         for step in res["steps"]:
-            assert step["head_fused"], f"rank {rank}: the fused LM head did not run"
-            assert step["same_names"]
+            assert step["head_fused"] == (step["state"] == "fused"), f"rank {rank}: {step}"
+            assert step["same_names"] and step["wrapper_kept"]
             assert step["loss"] == pytest.approx(step["loss_ref"], abs=1e-5, rel=1e-5)
             assert step["grad_err"] < 1e-5, f"rank {rank}: gradient differs by {step['grad_err']}"
