@@ -517,7 +517,9 @@ def _build_causal_lm(cls: type) -> dict:
         def loss_function(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, **kw: Any) -> torch.Tensor:
             if "loss" not in done:  # the head made real logits (see head_forward)
                 return fused_causal_lm_loss(logits, labels, vocab_size, **kw)
-            if labels is not fwd_labels or logits is not done["loss"]:
+            # (the head's output may come back re-wrapped by its hooks, as ZeRO-3's do to hook the backward: the same
+            # 0-d loss, another tensor object)
+            if labels is not fwd_labels or not isinstance(logits, torch.Tensor) or logits.dim() != 0:
                 raise RuntimeError(f"{type(self).__name__}: the fused LM head + loss computed the loss of the "
                                    "forward's labels, but the model passed other labels or logits to its loss; "
                                    "set FUSED_LAYERS_HF_SKIP_LOGITS=0 to keep transformers' path")
