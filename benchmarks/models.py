@@ -11,6 +11,10 @@ Models, built from their libraries' configs with random weights (no download), b
 * ``qwen2``  HF Qwen2, 12 of Qwen2-0.5B's layers (d896, 14 heads / 2 KV heads, FFN 4,864), tied head,
              vocab 151,936; 4 x 2,048
 * ``gemma``  HF Gemma, 6 x d1,024, 8 heads / 1 KV head (MQA), head dim 128, FFN 8,192, vocab 256,000; 4 x 1,024
+* ``llama3`` HF Llama with Llama 3's vocabulary (128,256) and RoPE base (500,000), otherwise ``llama``; 4 x 2,048
+* ``mistral`` HF Mistral, ``llama``'s sizes with a 1,024-token sliding window; 4 x 2,048
+* ``gemma2`` HF Gemma 2, 6 x d1,024, 8 heads / 4 KV heads, head dim 128, FFN 8,192, vocab 256,000, attention
+             soft-capping 50, final logit soft-capping 30, a 512-token window on every other layer; 4 x 1,024
 * ``vit``    timm ``vit_base_patch16_224`` (ViT-B/16), 1,000 classes; 64 x 224^2
 
 Arms, each its own model built from the same seed (identical weights) and its own optimizer:
@@ -44,14 +48,18 @@ import traceback
 
 from . import utils
 
-MODELS = ["gpt2", "llama", "qwen2", "gemma", "vit"]
+MODELS = ["gpt2", "llama", "qwen2", "gemma", "llama3", "mistral", "gemma2", "vit"]
 LIGER = {"llama": "apply_liger_kernel_to_llama", "qwen2": "apply_liger_kernel_to_qwen2",
-         "gemma": "apply_liger_kernel_to_gemma"}
+         "gemma": "apply_liger_kernel_to_gemma", "llama3": "apply_liger_kernel_to_llama",
+         "mistral": "apply_liger_kernel_to_mistral", "gemma2": "apply_liger_kernel_to_gemma2"}
 CONFIG = {
     "gpt2": "GPT-2 small, 12 x d768, vocab 50,257, dropout 0.1",
     "llama": "8 x d1024, GQA 16/4, FFN 2816, vocab 32,000",
     "qwen2": "12 x d896, GQA 14/2, FFN 4864, vocab 151,936, tied head",
     "gemma": "6 x d1024, MQA 8/1, head dim 128, FFN 8192, vocab 256,000",
+    "llama3": "8 x d1024, GQA 16/4, FFN 2816, vocab 128,256, RoPE base 500,000",
+    "mistral": "8 x d1024, GQA 16/4, FFN 2816, vocab 32,000, sliding window 1024",
+    "gemma2": "6 x d1024, GQA 8/4, head dim 128, FFN 8192, vocab 256,000, softcap 50 / 30, window 512",
     "vit": "timm vit_base_patch16_224, 1,000 classes",
 }
 
@@ -111,12 +119,28 @@ def build(name: str, smoke: bool):
             cls, (bs, seq) = T.GemmaForCausalLM, (4, 1024)
             cfg = T.GemmaConfig(vocab_size=256000, hidden_size=1024, intermediate_size=8192, num_hidden_layers=6,
                                 num_attention_heads=8, num_key_value_heads=1, head_dim=128, **base)
+        elif name == "llama3":
+            cls, (bs, seq) = T.LlamaForCausalLM, (4, 2048)
+            cfg = T.LlamaConfig(vocab_size=128256, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                                num_attention_heads=16, num_key_value_heads=4, rope_theta=500000.0, **base)
+        elif name == "mistral":
+            cls, (bs, seq) = T.MistralForCausalLM, (4, 2048)
+            cfg = T.MistralConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                                  num_attention_heads=16, num_key_value_heads=4, sliding_window=1024, **base)
+        elif name == "gemma2":
+            cls, (bs, seq) = T.Gemma2ForCausalLM, (4, 1024)
+            cfg = T.Gemma2Config(vocab_size=256000, hidden_size=1024, intermediate_size=8192, num_hidden_layers=6,
+                                 num_attention_heads=8, num_key_value_heads=4, head_dim=128, sliding_window=512,
+                                 attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                 **dict(base, attn_implementation="eager"))  # its own default: SDPA cannot soft-cap
         else:
             raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
         if smoke:
             for k, v in dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, head_dim=8).items():
                 setattr(cfg, k, v)
+            if getattr(cfg, "sliding_window", None):
+                cfg.sliding_window = 8
             cfg.num_key_value_heads = min(cfg.num_key_value_heads, 2)
     if smoke:
         bs, seq = 2, 16
