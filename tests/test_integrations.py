@@ -526,6 +526,60 @@ def test_hf_attention_unsupported_falls_back_once(spy):
         torch.testing.assert_close(out, sdpa_attention_forward(mod, q, k, v, mask, **kw)[0])
 
 
+def _tiny_gemma2(**over):
+    kw = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=4,
+              attn_logit_softcapping=50.0, attn_implementation="eager")
+    kw.update(over)
+    return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**kw))
+
+
+@pytest.fixture
+def eager_calls(monkeypatch):
+    """Counts the calls of Gemma 2's own ``eager_attention_forward`` (the model's configured implementation)."""
+    mod = importlib.import_module("transformers.models.gemma2.modeling_gemma2")
+    calls = []
+    real = mod.eager_attention_forward
+
+    def wrapped(*a, **k):
+        calls.append(k)
+        return real(*a, **k)
+
+    monkeypatch.setattr(mod, "eager_attention_forward", wrapped)
+    return calls
+
+
+@needs_hf
+def test_hf_fallback_runs_the_models_own_implementation(eager_calls, monkeypatch):
+    """A call ours cannot take (here: a mask that is neither padding nor causal + padding, built by the model
+    from a 4-D mask the caller passes) runs the implementation the model had before the switch ("eager" for
+    Gemma 2), never SDPA: the outputs and every gradient equal the unswapped model's."""
+    import copy
+
+    from fused_layers.ops import _common
+
+    monkeypatch.setattr(_common, "_warned", set())  # the warning is once per process
+    ref = _tiny_gemma2()
+    m = copy.deepcopy(ref)
+    assert swap_modules(m).counts()["attention"] == 2 and m.config._attn_implementation == "fused_layers"
+    ids = torch.randint(0, 48, (2, 10))
+    keep = torch.rand(2, 1, 10, 10) > 0.3
+    keep |= torch.eye(10, dtype=torch.bool)
+    mask = torch.zeros(2, 1, 10, 10).masked_fill(~keep, torch.finfo(torch.float32).min)
+    for mk in (None, mask):
+        a = _step(ref, ids, mk)
+        eager_calls.clear()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            b = _step(m, ids, mk)
+        assert len(eager_calls) == 2  # both layers ran the model's own eager attention
+        _compare_steps(a, b, tol=1e-5)
+        if mk is None:
+            assert any("model's own attention implementation ('eager')" in str(x.message) for x in w)
+    restore_modules(m)
+    assert m.config._attn_implementation == "eager"
+
+
 @needs_hf
 def test_hf_mask_decomposition_cached_per_tensor():
     from fused_layers.integrations._hf import decompose_mask

@@ -21,14 +21,17 @@ boolean mask).  ``swap_modules`` gives each attention module that calls ``ALL_AT
 fused subclass and switches the model to "fused_layers" with the model's own
 ``set_attn_implementation``; ``restore_modules`` switches back to what it was when the last one is
 restored.  The registered function runs our kernels for modules of a fused subclass (inside their
-forward) and SDPA for any other module, so a model whose layers are partly restored (``policy=faster``)
-is right everywhere.
+forward) and the model's own implementation for any other module, so a model whose layers are partly
+restored (``policy=faster``) is right everywhere.
 
 What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding
 mask, or causal (Sq == Sk) AND a key-padding mask (decomposed once per mask tensor, the model passes the
 same tensor to every layer); GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
 repeated); ``scaling``; attention dropout in training.  Anything else -- sliding windows, soft-capping,
-attention sinks, position biases, other masks, ``output_attentions`` -- runs SDPA after one warning.
+attention sinks, position biases, other masks, ``output_attentions`` -- runs, after one warning, the
+attention implementation the model was configured with before the switch (``own_attention``: "eager" gets
+the additive mask transformers' ``eager_mask`` would have built), so it computes exactly what the
+unswapped model computes; SDPA, for one, has no soft-capping.
 Where the project's attention modules call SDPA because cuDNN is measured faster (``prefer_sdpa``: dense,
 no mask, MHA, head dim 64/128 on Hopper), so does this function.
 A query row whose keys are all masked (a padded query under causal + left padding) gives 0, as SDPA
@@ -474,6 +477,65 @@ def _sdpa(*args, **kwargs):
     return sdpa_attention_forward(*args, **kwargs)
 
 
+# The attention implementation each module's model had before ``switch_models`` set "fused_layers" (weak keys:
+# a module that is deleted drops out).  A module not in it (a copy made after the switch) runs "eager".
+_PREV_IMPL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _eager_function(module: nn.Module):
+    """The ``eager_attention_forward`` of the module's modeling file (the function transformers itself runs for
+    "eager"), looked up along the class's MRO (the fused subclass first, then the model's own class)."""
+    for cls in type(module).__mro__:
+        fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
+        if fn is not None:
+            return fn
+    return None
+
+
+def _eager_mask(mask: Optional[torch.Tensor], query: torch.Tensor, sk: int, causal: bool) -> Optional[torch.Tensor]:
+    """The additive mask transformers' ``eager_mask`` builds, from the mask ``sdpa_mask`` built for "fused_layers":
+    a boolean mask becomes 0 / finfo.min in the query's dtype; no mask (SDPA's causal skip: plain causal, or no
+    mask at all) becomes the top-left causal mask SDPA's ``is_causal`` applies (none for one query row)."""
+    sq = query.shape[2]
+    if mask is None:
+        if not (causal and sq > 1):
+            return None
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=query.device).tril()[None, None]
+    if mask.dtype != torch.bool:
+        return mask
+    zero = torch.zeros((), dtype=query.dtype, device=mask.device)
+    return torch.where(mask, zero, torch.finfo(query.dtype).min)
+
+
+def own_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: Any, dropout: float = 0.0, scaling: Optional[float] = None,
+                  is_causal: Optional[bool] = None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """Run the attention the module's model was configured with before the switch, on the mask built for
+    "fused_layers" (``sdpa_mask``'s): "sdpa" takes it as it is; "eager" gets it as ``eager_mask`` makes it; a
+    flash-attention implementation runs itself where there is no mask (its own masks are 2-D padding masks);
+    anything else runs the module's ``eager_attention_forward``, which computes every feature a model has."""
+    prev = _PREV_IMPL.get(module, "eager")
+    kw = dict(dropout=dropout, scaling=scaling, **kwargs)
+    if is_causal is not None:
+        kw["is_causal"] = is_causal
+    if prev == "sdpa":
+        return _sdpa(module, query, key, value, attention_mask, **kw)
+    if "flash" in prev and attention_mask is None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        if prev in ALL_ATTENTION_FUNCTIONS:
+            return ALL_ATTENTION_FUNCTIONS[prev](module, query, key, value, None, **kw)
+    eager = _eager_function(module)
+    if eager is None:  # a module of a file without one (not a transformers model file): SDPA, as before the switch
+        return _sdpa(module, query, key, value, attention_mask, **kw)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        return _sdpa(module, query, key, value, attention_mask, **kw)
+    mask = _eager_mask(attention_mask, query, key.shape[2], bool(causal))
+    kw.pop("is_causal", None)
+    return eager(module, query, key, value, mask, **kw)
+
+
 # One slot: the decomposition of the last mask tensor seen (a model passes the same tensor to every layer).
 _MASK_CACHE: list = [None, None, None]  # [weakref to mask, its _version, result]
 
@@ -539,9 +601,9 @@ def fused_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function convention: q (B, Hq, Sq, D), k / v (B, Hkv, Sk, D), returns
     ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, SDPA otherwise (see module docstring)."""
-    if not (_ACTIVE and _ACTIVE[-1] is module):
-        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
-                     **kwargs)
+    if not (_ACTIVE and _ACTIVE[-1] is module):  # a module that is not swapped: the model's own attention
+        return own_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                             is_causal=is_causal, **kwargs)
     why = None
     if kwargs.get("softcap") is not None:
         why = "soft-capping"
@@ -568,9 +630,11 @@ def fused_attention_forward(
             else:
                 kmask, causal = dec
     if why is not None:
-        warn_once(f"hf_attention:{why}", f"fused_layers attention: {why} is not fused; using SDPA for these calls.")
-        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
-                     **kwargs)
+        prev = _PREV_IMPL.get(module, "eager")
+        warn_once(f"hf_attention:{why}:{prev}", f"fused_layers attention: {why} is not fused; these calls run the "
+                  f"model's own attention implementation ({prev!r}).")
+        return own_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                             is_causal=is_causal, **kwargs)
     if attention_mask is None:
         # SDPA's rule (transformers' sdpa_attention_forward): causal only with several queries and no mask;
         # with more keys than queries (prefill of an empty static cache) the extra keys are cropped.
@@ -634,6 +698,8 @@ def switch_models(model: nn.Module, attention_names: list[str]) -> dict[str, str
                 failed[name] = f"set_attn_implementation refused: {type(e).__name__}: {e}"
                 continue
             root.__dict__[PREV_ATTR] = prev
+        for m in root.modules():  # what each module's calls run where ours cannot
+            _PREV_IMPL[m] = root.__dict__[PREV_ATTR]
         cfg = getattr(modules[name], "config", None)
         if getattr(cfg, "_attn_implementation", None) != IMPL:
             impl = getattr(cfg, "_attn_implementation", None)
@@ -653,3 +719,5 @@ def unswitch_models(model: nn.Module) -> None:
             continue
         root.set_attn_implementation(prev)
         root.__dict__.pop(PREV_ATTR, None)
+        for m in root.modules():
+            _PREV_IMPL.pop(m, None)
