@@ -1,0 +1,189 @@
+"""Sliding windows (``window``) and logit soft-capping (``softcap``) in the attention kernels.
+
+Semantics (transformers'): query i sees key j only if ``j > i - window`` (``sliding_window_overlay``), with and
+without the causal mask; soft-capping ``softcap * tanh(scale * q . k / softcap)`` after the scale and before any
+mask (Gemma 2's ``eager_attention_forward``).  Reference: the float64 PyTorch math (``_math_reference``), itself
+checked against transformers' own masks and Gemma 2's eager attention when transformers is installed.
+CPU: the interpreter, 16 x 16 tiles, small shapes; GPU: bf16 at S 1K-4K, asserting the Triton kernels ran.
+"""
+
+import importlib
+
+import pytest
+import torch
+from test_attention_variants import launched  # noqa: F401  (fixture)
+
+from fused_layers import fused_attention, fused_attention_varlen
+from fused_layers.ops import attention as A
+from fused_layers.ops.attention import attention_varlen_reference, config_override
+
+TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+def _grads(fn, tensors, do):
+    ts = [t.detach().requires_grad_() for t in tensors]
+    out = fn(*ts)
+    return (out, *torch.autograd.grad(out, ts, do))
+
+
+def _check(q, k, v, causal, window, softcap, mask=None, tol=TOL):
+    """Out, dq, dk, dv of fused_attention against the float64 reference."""
+    gqa = q.shape[1] != k.shape[1]
+    do = torch.randn(q.shape, device=q.device, dtype=q.dtype)
+    got = _grads(lambda a, b, c: fused_attention(a, b, c, mask, is_causal=causal, enable_gqa=gqa, window=window,
+                                                 softcap=softcap), (q, k, v), do)
+    ref = _grads(lambda a, b, c: A._math_reference(a, b, c, mask, causal, None, 0.0, window, softcap),
+                 (q.double(), k.double(), v.double()), do.double())
+    for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert g.dtype == q.dtype, name
+        torch.testing.assert_close(g.double(), r, **tol, msg=lambda m: f"{name}: {m}")
+
+
+# (B, Hq, Hkv, Sq, Sk, D, causal, window, softcap): windows smaller than a tile, a few tiles, larger than the
+# sequence; Sq != Sk both ways; GQA; soft-capping alone and with a window; ragged lengths and head dims.
+CASES = [
+    (1, 2, 2, 37, 37, 16, True, 5, None),
+    (1, 4, 2, 45, 45, 24, True, 20, 2.0),  # GQA, D 24 padded to 32
+    (1, 2, 2, 37, 37, 16, True, None, 1.5),
+    (1, 2, 1, 33, 41, 16, False, 7, 3.0),  # not causal: keys right of the query all visible
+    (2, 2, 2, 29, 29, 16, True, 100, None),  # window larger than the sequence: plain causal
+    (1, 2, 2, 50, 20, 16, True, 3, None),  # Sq > Sk: the last rows see no key (output 0)
+    (1, 2, 2, 20, 50, 16, False, 1, 0.5),  # window 1
+]
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal,window,softcap", CASES)
+def test_window_softcap_match_reference(B, Hq, Hkv, Sq, Sk, D, causal, window, softcap, device):
+    q = torch.randn(B, Hq, Sq, D, device=device)
+    k, v = torch.randn(B, Hkv, Sk, D, device=device), torch.randn(B, Hkv, Sk, D, device=device)
+    with config_override("attention", block_m=16, block_n=16):
+        _check(q, k, v, causal, window, softcap)
+
+
+def test_window_softcap_key_padding_and_strides(device):
+    """With a key-padding mask (fully padded rows give 0), on (B, S, H, D) transposed views, default tiles."""
+    B, H, S, D = 2, 2, 45, 32
+    q, k, v = (torch.randn(B, S, H, D, device=device).transpose(1, 2) for _ in range(3))
+    keep = torch.ones(B, 1, 1, S, dtype=torch.bool, device=device)
+    keep[0, ..., :7] = False
+    _check(q, k, v, True, 9, 5.0, mask=keep)
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # the rows that do read the NaN tiles (not checked)
+def test_window_skips_key_tiles_left_of_it(device):
+    """The kernels never read whole tiles left of a block's window: NaN in keys / values 0..31 leaves the rows
+    48..63 (window 16: keys from 33 on) finite and exact, forward and dQ; NaN in the queries and dO of rows
+    48..63 leaves dK / dV of keys 0..15 (seen by rows up to 30) finite and exact."""
+    S, D, w = 64, 16, 16
+    q, k, v, do = (torch.randn(1, 1, S, D, device=device) for _ in range(4))
+    kp, vp = k.clone(), v.clone()
+    kp[..., :32, :] = float("nan")
+    vp[..., :32, :] = float("nan")
+    qp, dop = q.clone(), do.clone()
+    qp[..., 48:, :] = float("nan")
+    dop[..., 48:, :] = float("nan")
+    ref = _grads(lambda a, b, c: A._math_reference(a, b, c, None, True, None, 0.0, w, None),
+                 (q.double(), k.double(), v.double()), do.double())
+    with config_override("attention", block_m=16, block_n=16):
+        out, dq, _, _ = _grads(lambda a, b, c: fused_attention(a, b, c, is_causal=True, window=w), (q, kp, vp), do)
+        _, _, dk, dv = _grads(lambda a, b, c: fused_attention(a, b, c, is_causal=True, window=w), (qp, k, v), dop)
+    torch.testing.assert_close(out[..., 48:, :].double(), ref[0][..., 48:, :], **TOL)
+    torch.testing.assert_close(dq[..., 48:, :].double(), ref[1][..., 48:, :], **TOL)
+    torch.testing.assert_close(dk[..., :16, :].double(), ref[2][..., :16, :], **TOL)
+    torch.testing.assert_close(dv[..., :16, :].double(), ref[3][..., :16, :], **TOL)
+
+
+@pytest.mark.parametrize("causal,window,softcap", [(True, 4, None), (False, 6, 2.0), (True, None, 1.5)])
+def test_varlen_window_softcap(causal, window, softcap, device):
+    cu = torch.tensor([0, 5, 22, 55], dtype=torch.int32, device=device)
+    q = torch.randn(55, 4, 16, device=device)
+    k, v = torch.randn(55, 2, 16, device=device), torch.randn(55, 2, 16, device=device)
+    do = torch.randn_like(q)
+
+    def fused(a, b, c):
+        return fused_attention_varlen(a, b, c, cu, cu, 33, 33, causal, window=window, softcap=softcap)
+
+    with config_override("attention", block_m=16, block_n=16):
+        got = _grads(fused, (q, k, v), do)
+    ref = _grads(lambda a, b, c: attention_varlen_reference(a, b, c, cu, cu, causal, None, window, softcap),
+                 (q.double(), k.double(), v.double()), do.double())
+    for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        torch.testing.assert_close(g.double(), r, **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_bad_window_and_softcap(device):
+    q = torch.randn(1, 1, 4, 8, device=device)
+    cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
+    for fn in (lambda **kw: fused_attention(q, q, q, **kw),
+               lambda **kw: fused_attention_varlen(q[0], q[0], q[0], cu, cu, 4, 4, **kw)):
+        for kw, exc, match in [(dict(window=0), ValueError, "'window' must be >= 1"),
+                               (dict(window=2.0), TypeError, "'window' must be a positive int"),
+                               (dict(window=True), TypeError, "'window'"),
+                               (dict(softcap=-1.0), ValueError, "'softcap' must be a finite float > 0"),
+                               (dict(softcap=float("inf")), ValueError, "'softcap'"),
+                               (dict(softcap="30"), TypeError, "'softcap' must be a positive float")]:
+            with pytest.raises(exc, match=match):
+                fn(**kw)
+
+
+def test_reference_is_transformers_semantics():
+    """_math_reference's window and soft-capping equal transformers' sliding-window causal mask with Gemma 2's
+    eager attention (soft-capping after the scale, before the mask)."""
+    try:
+        mu = importlib.import_module("transformers.masking_utils")
+        g2 = importlib.import_module("transformers.models.gemma2.modeling_gemma2")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"transformers not importable: {e}")
+    S, D, w, cap = 12, 8, 5, 2.0
+    q, k, v = (torch.randn(1, 2, S, D, dtype=torch.float64) for _ in range(3))
+    fn = mu.sliding_window_causal_mask_function(w)
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    keep = fn(0, 0, i, j)
+    mask = torch.zeros(1, 1, S, S, dtype=torch.float64).masked_fill(~keep, torch.finfo(torch.float64).min)
+
+    class Mod(torch.nn.Module):
+        num_key_value_groups = 1
+        head_dim = D
+
+    ref, _ = g2.eager_attention_forward(Mod().eval(), q, k, v, mask, scaling=0.3, softcap=cap)
+    got = A._math_reference(q, k, v, None, True, 0.3, 0.0, w, cap)
+    torch.testing.assert_close(got.transpose(1, 2), ref)
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU: realistic sizes, bf16; the Triton kernels (never Gluon, never SDPA) ran.
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("S,D,Hq,Hkv,causal,window,softcap", [
+    (1024, 64, 8, 8, True, 256, None),
+    (2048, 128, 16, 4, True, 512, 50.0),
+    (4096, 128, 8, 8, True, 4096 + 1, None),
+    (4096, 64, 8, 2, True, None, 30.0),
+    (2048, 128, 8, 8, False, 300, 20.0),
+])
+def test_gpu_bf16_window_softcap(S, D, Hq, Hkv, causal, window, softcap, launched):  # noqa: F811
+    dev, dt = "cuda", torch.bfloat16
+    q = torch.randn(1, Hq, S, D, device=dev, dtype=dt)
+    k, v = torch.randn(1, Hkv, S, D, device=dev, dtype=dt), torch.randn(1, Hkv, S, D, device=dev, dtype=dt)
+    do = torch.randn_like(q)
+    got = _grads(lambda a, b, c: fused_attention(a, b, c, is_causal=causal, enable_gqa=Hq != Hkv, window=window,
+                                                 softcap=softcap), (q, k, v), do)
+    assert {A._attn_fwd_kernel, A._attn_bwd_dq_kernel} <= set(launched), launched
+    ref = _grads(lambda a, b, c: A._math_reference(a, b, c, None, causal, None, 0.0, window, softcap),
+                 (q.double(), k.double(), v.double()), do.double())
+    for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert g.dtype == dt and torch.isfinite(g).all(), name
+        rel = ((g.double() - r).norm() / r.norm()).item()
+        assert rel < 2e-2, f"{name}: relative error {rel:.2e}"
+
+
+@pytest.mark.gpu
+def test_gpu_varlen_window_softcap_bf16(launched):  # noqa: F811
+    lens = [1000, 17, 513, 2048]
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    q, k, v = (torch.randn(int(cu[-1]), h, 128, device="cuda", dtype=torch.bfloat16) for h in (16, 4, 4))
+    out = fused_attention_varlen(q, k, v, cu, cu, max(lens), max(lens), True, window=256, softcap=50.0)
+    assert A._attn_fwd_kernel in launched
+    ref = attention_varlen_reference(q.double(), k.double(), v.double(), cu, cu, True, None, 256, 50.0)
+    rel = ((out.double() - ref).norm() / ref.norm()).item()
+    assert rel < 2e-2, rel
