@@ -25,10 +25,12 @@ forward) and the model's own implementation for any other module, so a model who
 restored (``policy=faster``) is right everywhere.
 
 What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding
-mask, or causal (Sq == Sk) AND a key-padding mask (decomposed once per mask tensor, the model passes the
-same tensor to every layer); GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
-repeated); ``scaling``; attention dropout in training.  Anything else -- sliding windows, soft-capping,
-attention sinks, position biases, other masks, ``output_attentions`` -- runs, after one warning, the
+mask, or causal (Sq == Sk) AND a key-padding mask, or causal AND the layer's ``sliding_window`` AND a
+key-padding mask (decomposed once per mask tensor and window, the model passes the same tensor to every layer
+of a kind): the window goes to the kernels, which skip the key tiles outside it; ``softcap`` (Gemma 2's logit
+soft-capping) in the kernels; GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
+repeated); ``scaling``; attention dropout in training.  Anything else -- attention sinks, position biases,
+other masks, ``output_attentions`` -- runs, after one warning, the
 attention implementation the model was configured with before the switch (``own_attention``: "eager" gets
 the additive mask transformers' ``eager_mask`` would have built), so it computes exactly what the
 unswapped model computes; SDPA, for one, has no soft-capping.
@@ -536,8 +538,23 @@ def own_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     return eager(module, query, key, value, mask, **kw)
 
 
-# One slot: the decomposition of the last mask tensor seen (a model passes the same tensor to every layer).
-_MASK_CACHE: list = [None, None, None]  # [weakref to mask, its _version, result]
+# The decompositions of the last few mask tensors seen (a model passes the same tensor to every layer of a kind;
+# models with sliding-window layers have two).  Entries: (weakref to the mask, its _version, window, result).
+_MASK_CACHE: list = []
+_MASK_CACHE_SIZE = 4
+
+
+def _cached(mask: torch.Tensor, window: Optional[int], compute):
+    for ref, ver, win, res in _MASK_CACHE:
+        if ref() is mask and ver == mask._version and win == window:
+            return res
+    res = compute()
+    try:
+        _MASK_CACHE.insert(0, (weakref.ref(mask), mask._version, window, res))
+    except TypeError:
+        return res
+    del _MASK_CACHE[_MASK_CACHE_SIZE:]
+    return res
 
 
 def _tril(sq: int, sk: int, device) -> torch.Tensor:
@@ -554,15 +571,38 @@ def decompose_mask(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch
     """
     if mask.dim() != 4 or mask.shape[-1] != sk or mask.shape[-2] not in (1, sq) or mask.requires_grad:
         return None
-    ref, ver, res = _MASK_CACHE
-    if ref is not None and ref() is mask and ver == mask._version:
-        return res
-    res = _decompose(mask, sq, sk)
-    try:
-        _MASK_CACHE[:] = [weakref.ref(mask), mask._version, res]
-    except TypeError:
-        pass
-    return res
+    return _cached(mask, None, lambda: _decompose(mask, sq, sk))
+
+
+def decompose_window_mask(mask: torch.Tensor, sq: int, sk: int, window: int) -> Optional[tuple]:
+    """``(key mask,)`` such that ``mask`` is causal AND the sliding window ``window`` (query i sees key j only if
+    i - window < j <= i, transformers' ``sliding_window_causal_mask_function``) AND that key mask (B|1, H|1, 1, Sk),
+    ``(None,)`` where no key is padded, or None.  With Sq == Sk every query sees its own key through causal and
+    window, so the diagonal is the key mask.  Boolean or additive as ``decompose_mask``; cached per (tensor,
+    window)."""
+    if (mask.dim() != 4 or sq != sk or mask.shape[-1] != sk or mask.shape[-2] != sq or mask.requires_grad
+            or isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        return None
+    return _cached(mask, window, lambda: _decompose_window(mask, sq, window))
+
+
+def _decompose_window(mask: torch.Tensor, s: int, window: int) -> Optional[torch.Tensor]:
+    i = torch.arange(s, device=mask.device)[:, None]
+    j = torch.arange(s, device=mask.device)[None, :]
+    band = (j <= i) & (j > i - window)
+    diag = mask.diagonal(dim1=-2, dim2=-1)[:, :, None, :]  # (B, H, 1, S): the key mask
+    if mask.dtype == torch.bool:
+        if not torch.equal(mask, diag & band):
+            return None
+        return (None,) if bool(diag.all()) else (diag,)
+    dropped = torch.finfo(mask.dtype).min / 2
+    # inside the band the mask must equal the key bias; outside it must drop the key
+    if not torch.equal(torch.where(band, mask, diag.expand_as(mask)), diag.expand_as(mask)):
+        return None
+    if bool((torch.where(band, torch.full_like(mask, float("-inf")), mask) > dropped).any()):
+        return None
+    diag = diag.masked_fill(diag <= dropped, float("-inf"))
+    return (None,) if bool((diag == 0).all()) else (diag,)
 
 
 def _decompose(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch.Tensor, bool]]:
@@ -605,10 +645,11 @@ def fused_attention_forward(
         return own_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                              is_causal=is_causal, **kwargs)
     why = None
-    if kwargs.get("softcap") is not None:
-        why = "soft-capping"
-    elif kwargs.get("sliding_window") is not None:
-        why = "a sliding window"
+    softcap, window = kwargs.get("softcap"), kwargs.get("sliding_window")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap <= 0):
+        why = f"soft-capping {softcap!r}"
+    elif window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        why = f"a sliding window {window!r}"
     elif kwargs.get("position_bias") is not None:
         why = "a position bias"
     elif kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
@@ -620,15 +661,18 @@ def fused_attention_forward(
     sq, sk = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     kmask = None
+    win = None  # the window the kernels apply: only where the mask has it (the mask is what transformers applies)
     if why is None and attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             why = f"a {type(attention_mask).__name__} mask"
         else:
             dec = decompose_mask(attention_mask, sq, sk)
-            if dec is None:
-                why = "a mask that is neither key padding nor causal + key padding"
-            else:
+            if dec is not None:
                 kmask, causal = dec
+            elif window is not None and (kw := decompose_window_mask(attention_mask, sq, sk, window)) is not None:
+                (kmask,), causal, win = kw, True, window
+            else:
+                why = "a mask that is neither key padding nor causal (+ sliding window) + key padding"
     if why is not None:
         prev = _PREV_IMPL.get(module, "eager")
         warn_once(f"hf_attention:{why}:{prev}", f"fused_layers attention: {why} is not fused; these calls run the "
@@ -643,12 +687,13 @@ def fused_attention_forward(
             key, value = key[:, :, :sq], value[:, :, :sq]
     from ..ops.attention import fused_attention, prefer_sdpa
 
-    if kmask is None and prefer_sdpa(query, key, None):  # where cuDNN is measured faster, as FusedAttention does
+    # where cuDNN is measured faster, as FusedAttention does (SDPA has no window or soft-capping)
+    if kmask is None and win is None and softcap is None and prefer_sdpa(query, key, None):
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
                      **kwargs)
     gqa = query.shape[1] != key.shape[1]
     out = fused_attention(query, key, value, attn_mask=kmask, dropout_p=float(dropout), is_causal=causal, scale=scaling,
-                          enable_gqa=gqa)
+                          enable_gqa=gqa, window=win, softcap=None if softcap is None else float(softcap))
     return out.transpose(1, 2).contiguous(), None
 
 
