@@ -187,3 +187,26 @@ def test_gpu_varlen_window_softcap_bf16(launched):  # noqa: F811
     ref = attention_varlen_reference(q.double(), k.double(), v.double(), cu, cu, True, None, 256, 50.0)
     rel = ((out.double() - ref).norm() / ref.norm()).item()
     assert rel < 2e-2, rel
+
+
+def test_varlen_dropout_is_the_dense_batchs(device):
+    """Packed sequence b gets the dropout mask a dense batch draws for its row b (same seed): equal lengths packed
+    give the dense batch's output and gradients."""
+    B, H, S, D = 2, 2, 19, 16
+    q, k, v = (torch.randn(B, H, S, D, device=device) for _ in range(3))
+    do = torch.randn_like(q)
+    cu = torch.tensor([0, S, 2 * S], dtype=torch.int32, device=device)
+
+    def packed(t):
+        return t.transpose(1, 2).reshape(B * S, H, D)
+
+    torch.manual_seed(5)
+    dense = _grads(lambda a, b, c: fused_attention(a, b, c, dropout_p=0.25, is_causal=True, window=6), (q, k, v), do)
+    torch.manual_seed(5)
+    var = _grads(lambda a, b, c: fused_attention_varlen(a, b, c, cu, cu, S, S, True, window=6, dropout_p=0.25),
+                 tuple(packed(t) for t in (q, k, v)), packed(do))
+    for name, d, p in zip(("out", "dq", "dk", "dv"), dense, var):
+        torch.testing.assert_close(p, packed(d), atol=1e-6, rtol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert not torch.allclose(dense[0], fused_attention(q, k, v, is_causal=True, window=6))  # something was dropped
+    with pytest.raises(ValueError, match="'dropout_p' must be in"):
+        fused_attention_varlen(q[0], k[0], v[0], cu[:2], cu[:2], S, S, dropout_p=1.0)

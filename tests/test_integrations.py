@@ -662,6 +662,64 @@ def test_hf_window_mask_decomposition():
 
 
 @needs_hf
+@pytest.mark.parametrize("family,marks", [("llama", "flash_kwargs"), ("qwen2", "position_ids")])
+def test_hf_packed_batch_equals_sequences_alone(family, marks, monkeypatch):
+    """Three sequences packed into one row (DataCollatorWithFlattening): with its flash-attention kwargs
+    (cu_seq_lens_q/k, max_length_q/k; the model builds no mask), or with position_ids alone (use_cache=False: the
+    model builds the block-diagonal mask), the swapped model runs the varlen kernel once per layer, and each
+    sequence's logits and every parameter gradient (a random cotangent on the logits) equal the sequences run
+    alone.  Qwen2 with a sliding window of 3 on layer 1: the window applies per sequence."""
+    import copy
+
+    calls = []
+    real = attn_ops.fused_attention_varlen
+    monkeypatch.setattr(attn_ops, "fused_attention_varlen", lambda *a, **k: calls.append(k) or real(*a, **k))
+    over = dict(use_sliding_window=True, sliding_window=3, max_window_layers=1) if family == "qwen2" else {}
+    ref = _tiny_llama(family, **over)
+    m = copy.deepcopy(ref)
+    swap_modules(m)
+    seqs = [[1, 2, 3, 4, 5, 9, 10], [6, 7, 8], [11, 12, 13, 14, 15]]
+    batch = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": s} for s in seqs])
+    batch.pop("labels")
+    if marks == "position_ids":
+        batch = dict(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+    cot = torch.randn(1, sum(map(len, seqs)), 48)
+    m.zero_grad(set_to_none=True)
+    out = m(**batch).logits
+    out.backward(cot)
+    got = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    assert len(calls) == 2 and [c.get("window") for c in calls] == ([None, 3] if family == "qwen2" else [None] * 2)
+    ref.zero_grad(set_to_none=True)
+    start = 0
+    for s in seqs:
+        alone = ref(input_ids=torch.tensor([s])).logits
+        alone.backward(cot[:, start:start + len(s)])
+        torch.testing.assert_close(out[:, start:start + len(s)].detach(), alone.detach(), atol=1e-5, rtol=1e-5)
+        start += len(s)
+    for n, p in ref.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(got[n], p.grad, atol=1e-5, rtol=1e-5, msg=n)
+
+
+@needs_hf
+def test_hf_packing_detection():
+    from fused_layers.integrations._hf import _packed
+
+    q = torch.zeros(1, 2, 6, 4)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2]])
+    cu, cu_k, mq, mk = _packed(q, q, None, None, {"position_ids": pos})
+    assert cu.tolist() == [0, 3, 6] and cu_k is cu and mq == mk == 3
+    assert _packed(q, q, None, None, {"position_ids": torch.arange(6)[None]}) is None  # one sequence
+    assert _packed(q.expand(2, -1, -1, -1), q, None, None, {"position_ids": pos}) is None  # not one row
+    seq = torch.tensor([0, 0, 0, 1, 1, 1])
+    block = ((seq[:, None] == seq[None, :]) & torch.ones(6, 6, dtype=torch.bool).tril())[None, None]
+    assert _packed(q, q, block, None, {"position_ids": pos}) is not None
+    assert _packed(q, q, torch.ones(1, 1, 6, 6, dtype=torch.bool).tril(), None, {"position_ids": pos}) is None
+    kw = dict(cu_seq_lens_q=torch.tensor([0, 2, 6], dtype=torch.int32), cu_seq_lens_k=torch.tensor([0, 2, 6]))
+    assert _packed(q, q, None, None, kw)[2:] == (4, 4)  # lengths from the offsets when max_length_* is absent
+
+
+@needs_hf
 def test_hf_mask_decomposition_cached_per_tensor():
     from fused_layers.integrations._hf import decompose_mask
 

@@ -29,7 +29,12 @@ mask, or causal (Sq == Sk) AND a key-padding mask, or causal AND the layer's ``s
 key-padding mask (decomposed once per mask tensor and window, the model passes the same tensor to every layer
 of a kind): the window goes to the kernels, which skip the key tiles outside it; ``softcap`` (Gemma 2's logit
 soft-capping) in the kernels; GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
-repeated); ``scaling``; attention dropout in training.  Anything else -- attention sinks, position biases,
+repeated); ``scaling``; attention dropout in training.  Packed, padding-free batches (several sequences in
+one row, as ``DataCollatorWithFlattening`` builds them) run the varlen kernel, so no attention crosses a
+sequence boundary: marked by the ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (+ ``max_length_q`` / ``max_length_k``)
+kwargs, read as flash-attention reads them, or by ``position_ids`` that restart, with no mask or the
+block-diagonal one transformers builds from them (transformers' sdpa and eager paths see the packing only in
+the latter case).  Anything else -- attention sinks, position biases,
 other masks, ``output_attentions`` -- runs, after one warning, the
 attention implementation the model was configured with before the switch (``own_attention``: "eager" gets
 the additive mask transformers' ``eager_mask`` would have built), so it computes exactly what the
@@ -628,6 +633,87 @@ def _decompose(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch.Ten
     return last, True
 
 
+# --------------------------------------------------------------------------------------------------
+# Packed (padding-free) batches: several sequences in one row, as DataCollatorWithFlattening builds them
+# --------------------------------------------------------------------------------------------------
+_PACK_CACHE: list = []  # (weakref to position_ids, its _version, (cu, max_len) or None); one slot
+
+
+def _packed_from_position_ids(position_ids: torch.Tensor) -> Optional[tuple[torch.Tensor, int]]:
+    """(cu_seqlens int32, max length) of a (1, S) ``position_ids`` that restarts (a new sequence wherever the
+    position does not follow the previous one, as transformers' ``find_packed_sequence_indices``), or None for
+    one sequence.  One host sync per position_ids tensor (cached: every layer gets the same one)."""
+    if _PACK_CACHE:
+        ref, ver, res = _PACK_CACHE[0]
+        if ref() is position_ids and ver == position_ids._version:
+            return res
+    pos = position_ids.reshape(-1)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[1:] = pos[1:] != pos[:-1] + 1
+    idx = starts.nonzero().reshape(-1)
+    res = None
+    if idx.numel() > 1:
+        cu = torch.cat([idx, idx.new_tensor([pos.numel()])]).to(torch.int32)
+        res = (cu, int(cu.diff().max()))
+    try:
+        _PACK_CACHE[:] = [(weakref.ref(position_ids), position_ids._version, res)]
+    except TypeError:
+        pass
+    return res
+
+
+def _is_packed_mask(mask: torch.Tensor, cu: torch.Tensor, s: int, window: Optional[int]) -> bool:
+    """``mask`` is the block-diagonal causal (+ sliding window) boolean mask transformers builds for the packed
+    sequences ``cu`` (``packed_sequence_mask_function``) of ``s`` tokens in all; cached per (tensor, window)."""
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[-2:] != (s, s) or mask.shape[0] != 1:
+        return False
+
+    def compute():
+        seq = torch.zeros(s, dtype=torch.int64, device=mask.device)
+        seq[cu[1:-1].long().to(mask.device)] = 1
+        seq = seq.cumsum(0)
+        i = torch.arange(s, device=mask.device)[:, None]
+        j = torch.arange(s, device=mask.device)[None, :]
+        expect = (seq[:, None] == seq[None, :]) & (j <= i)
+        if window is not None:
+            expect &= j > i - window
+        return torch.equal(mask, expect[None, None].expand_as(mask))
+
+    return _cached(mask, ("packed", window), compute)
+
+
+def _packed(query: torch.Tensor, key: torch.Tensor, attention_mask: Any, window: Optional[int],
+            kwargs: dict) -> Optional[tuple[torch.Tensor, torch.Tensor, int, int]]:
+    """(cu_q, cu_k, max_q, max_k) where one row holds several sequences: the ``cu_seq_lens_q`` / ``cu_seq_lens_k``
+    (+ ``max_length_q`` / ``max_length_k``) kwargs of ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``
+    (read as flash-attention reads them: the mask is not consulted), or else ``position_ids`` that restart, with
+    no mask (transformers' masks then cross the sequence boundaries) or the block-diagonal mask transformers
+    builds from them.  None for an ordinary batch."""
+    if query.shape[0] != 1:
+        return None
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor):
+        if cu_q.dim() != 1 or cu_k.shape != cu_q.shape:
+            return None
+        mq, mk = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        mq = int(cu_q.diff().max()) if mq is None else int(mq)
+        mk = int(cu_k.diff().max()) if mk is None else int(mk)
+        return cu_q.to(query.device), cu_k.to(query.device), mq, mk
+    pos = kwargs.get("position_ids")
+    sq, sk = query.shape[2], key.shape[2]
+    if not isinstance(pos, torch.Tensor) or sq != sk or sq < 2 or pos.shape[-1] != sq or pos.numel() != sq:
+        return None
+    found = _packed_from_position_ids(pos)
+    if found is None:
+        return None
+    cu, mx = found
+    if attention_mask is not None and not (isinstance(attention_mask, torch.Tensor)
+                                           and _is_packed_mask(attention_mask, cu, sq, window)):
+        return None
+    cu = cu.to(query.device)
+    return cu, cu, mx, mx
+
+
 def fused_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -660,6 +746,15 @@ def fused_attention_forward(
         why = f"head dims q {query.shape[-1]} / v {value.shape[-1]}"
     sq, sk = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    packed = _packed(query, key, attention_mask, window, kwargs) if why is None else None
+    if packed is not None:
+        from ..ops.attention import fused_attention_varlen
+
+        cu_q, cu_k, max_q, max_k = packed
+        out = fused_attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                                     cu_q, cu_k, max_q, max_k, bool(causal), scaling, window=window,
+                                     softcap=None if softcap is None else float(softcap), dropout_p=float(dropout))
+        return out.unsqueeze(0), None
     kmask = None
     win = None  # the window the kernels apply: only where the mask has it (the mask is what transformers applies)
     if why is None and attention_mask is not None:

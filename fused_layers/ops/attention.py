@@ -1581,6 +1581,7 @@ def fused_attention_varlen(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Attention over packed variable-length sequences (the layout of ``flash_attn_varlen_func``).
 
@@ -1588,8 +1589,9 @@ def fused_attention_varlen(
     sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q against rows
     ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` of k and v (int32 or int64, B + 1 non-decreasing offsets
     starting at 0); ``max_seqlen_q`` / ``max_seqlen_k`` bound the lengths (they size the launch grid).
-    Causal alignment is top-left per sequence; ``window`` and ``softcap`` as in ``fused_attention``, per
-    sequence. Returns (total_q, Hq, D).
+    Causal alignment is top-left per sequence; ``window``, ``softcap`` and ``dropout_p`` as in
+    ``fused_attention``, per sequence (sequence b's dropout mask is the one a dense batch draws for its batch
+    row b). Returns (total_q, Hq, D).
     """
     op = "fused_attention_varlen"
     _check_qkv(q, k, v, ("q", "k", "v"))
@@ -1618,10 +1620,19 @@ def fused_attention_varlen(
         if not isinstance(val, int) or isinstance(val, bool) or val < 0:
             if not isinstance(val, torch.SymInt):
                 raise TypeError(f"{op}: argument '{n}' must be a non-negative int, got {val!r}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"{op}: argument 'dropout_p' must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"{op}: argument 'dropout_p' must be in [0, 1), got {dropout_p}")
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     if q.dtype == torch.float64 or use_fallback(op, q):
+        if dropout_p > 0.0:
+            raise NotImplementedError(f"{op}: dropout_p > 0 needs the Triton kernels (float16 / bfloat16 / float32 "
+                                      "on a device Triton runs on)")
         return attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, sc, window, softcap)
     cu_q = cu_seqlens_q.to(torch.int32)
     cu_k = cu_seqlens_k.to(torch.int32)
-    return _run(q, k, v, None, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), bool(is_causal), sc, 0.0, None,
+    dp = float(dropout_p)
+    seed = draw_dropout_seed(q.device) if dp > 0.0 else None
+    return _run(q, k, v, None, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), bool(is_causal), sc, dp, seed,
                 win, cap)
