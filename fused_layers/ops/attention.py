@@ -68,7 +68,7 @@ Sliding window (``window`` = w > 0, transformers' ``sliding_window``).  Query i 
 j > i - w (and j <= i with ``is_causal``; without it every key right of i too), in the causal mask's top-left
 coordinates.  A query block [m0, m0 + BLOCK_M) then needs keys from m0 - w + 1 on, and keys from
 m0 + BLOCK_M - w on are in the window of all its rows, so its key range splits into a masked left edge, the
-unmasked middle, and the masked diagonal / ragged end (``_key_range``); tiles left of m0 - w + 1 are never
+unmasked middle, and the masked diagonal / ragged end (``_window_range``); tiles left of m0 - w + 1 are never
 read (a window saves their work).  The dK/dV kernel mirrors it: key block [n0, n0 + BLOCK_N) is seen by rows
 i < n0 + BLOCK_N + w - 1, and by every row i < n0 + w without a mask.  A row whose window holds no key (Sq > Sk)
 outputs 0, like a fully masked row.
@@ -190,34 +190,21 @@ def _tanh(x):
 
 
 @triton.jit
-def _key_range(
+def _window_range(
     start_m,  # first query row of the block
-    seqlen_k,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,  # 0: no window; w > 0: row i sees key j only if j > i - w
+    n_full,  # without the window: keys [0, n_full) are visible to every row of the block, [n_full, n_end) masked
+    WINDOW: tl.constexpr,  # w > 0: row i sees key j only if j > i - w
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """The key tiles a query block streams, split into three consecutive ranges (tile-aligned starts):
-    [n_lo, n_a) masked (the window's left edge), [n_a, n_b) visible to every row (no mask arithmetic),
-    [n_b, n_end) masked (the causal diagonal, the ragged end of Sk).  Tiles left of the window are skipped."""
-    if CAUSAL:
-        n_end = tl.minimum(seqlen_k, start_m + BLOCK_M)
-        n_full = (tl.minimum(start_m, seqlen_k) // BLOCK_N) * BLOCK_N
-    else:
-        n_end = seqlen_k
-        n_full = (seqlen_k // BLOCK_N) * BLOCK_N
-    if WINDOW > 0:
-        # the block's first row needs keys from start_m - w + 1 on; keys from start_m + BLOCK_M - w on are in
-        # the window of every row of the block
-        n_lo = (tl.maximum(start_m - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
-        n_b = tl.maximum(n_full, n_lo)
-        n_a = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(start_m + BLOCK_M - WINDOW, 0), BLOCK_N) * BLOCK_N, n_lo), n_b)
-    else:
-        n_lo = 0
-        n_a = 0
-        n_b = n_full
-    return n_lo, n_a, n_b, n_end
+    """With a window, the key tiles a query block streams split into [n_lo, n_a) masked (the window's left edge),
+    [n_a, n_b) visible to every row (no mask arithmetic) and [n_b, n_end) masked (the causal diagonal, the ragged
+    end of Sk); tiles left of n_lo are skipped.  The block's first row needs keys from start_m - w + 1 on; keys
+    from start_m + BLOCK_M - w on are in the window of every row of the block."""
+    n_lo = (tl.maximum(start_m - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
+    n_b = tl.maximum(n_full, n_lo)
+    n_a = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(start_m + BLOCK_M - WINDOW, 0), BLOCK_N) * BLOCK_N, n_lo), n_b)
+    return n_lo, n_a, n_b
 
 
 # ==================================================================================================
@@ -382,11 +369,19 @@ def _attn_fwd_kernel(
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
-    # Key range (_key_range): [n_a, n_b) is visible to every row of the block with no mask; [n_b, n_end) holds
-    # the causal diagonal and / or the ragged last tile; with a window, [n_lo, n_a) its left edge (tiles left
-    # of n_lo are never read).
-    n_lo, n_a, n_b, n_end = _key_range(start_m, seqlen_k, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
+    # Key range: [0, n_full) is visible to every row of the block with no mask; [n_full, n_end) holds
+    # the causal diagonal and / or the ragged last tile.  With a window (_window_range): [n_lo, n_a) masked (its
+    # left edge), [n_a, n_b) unmasked, [n_b, n_end) masked; tiles left of n_lo are never read.
+    if CAUSAL:
+        n_end = tl.minimum(seqlen_k, start_m + BLOCK_M)
+        n_full = (tl.minimum(start_m, seqlen_k) // BLOCK_N) * BLOCK_N
+    else:
+        n_end = seqlen_k
+        n_full = (seqlen_k // BLOCK_N) * BLOCK_N
+    n_a = 0
+    n_b = n_full
     if WINDOW > 0:
+        n_lo, n_a, n_b = _window_range(start_m, n_full, WINDOW, BLOCK_M, BLOCK_N)
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
             seqlen_k, n_lo, n_a, qk_scale, seed, pid_bh, dropout_p,
@@ -795,12 +790,20 @@ def _attn_bwd_dq_kernel(
     k_ptrs = K + b64 * skb + hk64 * skh + k_start.to(tl.int64) * sks + offs_n[:, None] * sks + offs_d[None, :] * skd
     v_ptrs = V + b64 * svb + hk64 * svh + k_start.to(tl.int64) * svs + offs_n[:, None] * svs + offs_d[None, :] * svd
     kb_ptrs = KB + b64 * skbb + h64 * skbh
-    n_lo, n_a, n_b, n_end = _key_range(start_m, seqlen_k, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
+    if CAUSAL:
+        n_end = tl.minimum(seqlen_k, start_m + BLOCK_M)
+        n_full = (tl.minimum(start_m, seqlen_k) // BLOCK_N) * BLOCK_N
+    else:
+        n_end = seqlen_k
+        n_full = (seqlen_k // BLOCK_N) * BLOCK_N
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
-    if WINDOW > 0:
+    n_a = 0
+    n_b = n_full
+    if WINDOW > 0:  # as in the forward
+        n_lo, n_a, n_b = _window_range(start_m, n_full, WINDOW, BLOCK_M, BLOCK_N)
         dq = _attn_bwd_dq_inner(
             dq, q, do, lse, delta, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, rows, offs_n, d_mask,
             seqlen_k, n_lo, n_a, qk_scale, seed, pid_bh, dropout_p, dropout_scale,
