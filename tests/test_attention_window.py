@@ -210,3 +210,79 @@ def test_varlen_dropout_is_the_dense_batchs(device):
     assert not torch.allclose(dense[0], fused_attention(q, k, v, is_causal=True, window=6))  # something was dropped
     with pytest.raises(ValueError, match="'dropout_p' must be in"):
         fused_attention_varlen(q[0], k[0], v[0], cu[:2], cu[:2], S, S, dropout_p=1.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# SDPA's full signature: PyTorch's own OpInfo samples of F.scaled_dot_product_attention
+# --------------------------------------------------------------------------------------------------
+def _sdpa_samples():
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except Exception as e:  # noqa: BLE001 - torch's test helpers need expecttest
+        pytest.skip(f"torch's OpInfo database not importable: {e}")
+    (op,) = [o for o in op_db if o.name == "nn.functional.scaled_dot_product_attention"]
+    return list(op.sample_inputs("cpu", torch.float32, requires_grad=True))
+
+
+@pytest.mark.filterwarnings("ignore:fused_attention")
+def test_sdpa_opinfo_samples(launched):  # noqa: F811
+    """Every OpInfo sample (3-D queries with 4-D keys, dropout, a 2-D mask): fused_attention returns SDPA's shape
+    and, without dropout, the values and gradients of float64 SDPA; our kernels ran for each, except the mask that
+    varies along the query dim (SDPA ran: no launch)."""
+    import torch.nn.functional as F
+
+    samples, seen = _sdpa_samples(), set()
+    assert len(samples) >= 20
+    for s in samples:
+        q, (k, v) = s.input, s.args
+        kw = dict(s.kwargs)
+        mask = kw.get("attn_mask")
+        key = (q.shape, k.shape, v.shape, None if mask is None else mask.shape,
+               tuple((n, x) for n, x in sorted(kw.items()) if n != "attn_mask"))
+        if key in seen:  # (the samples come in pairs of one signature: the interpreter's time is the budget)
+            continue
+        seen.add(key)
+        launched.clear()
+        ins = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = fused_attention(*ins, **kw)
+        ref_ins = [t.detach().double().requires_grad_() for t in (q, k, v)]  # float64 SDPA: the reference
+        if mask is not None and mask.is_floating_point():
+            kw_ref = dict(kw, attn_mask=mask.double())
+        else:
+            kw_ref = kw
+        ref = F.scaled_dot_product_attention(*ref_ins, **kw_ref)
+        assert out.shape == ref.shape and out.dtype == q.dtype, (q.shape, k.shape, kw)
+        assert bool(launched) == (mask is None or mask.shape[-2] == 1), (q.shape, k.shape, kw)
+        if kw.get("dropout_p", 0.0) > 0.0:  # (another mask than SDPA's: the shape, and finite values)
+            assert torch.isfinite(out).all()
+            continue
+        do = torch.randn_like(out)
+        got = torch.autograd.grad(out, ins, do)
+        exp = torch.autograd.grad(ref, ref_ins, do.double())
+        # the samples' entries reach 9 in magnitude (scores to ~200): float32 tolerances scaled by it
+        for g, e in zip((out, *got), (ref, *exp)):
+            torch.testing.assert_close(g.double(), e, atol=1e-4 * max(1.0, e.abs().max().item()), rtol=1e-4)
+
+
+def test_sdpa_broadcasting(device):
+    """Batch dims broadcast as SDPA's: a K/V head of 1 (MQA without enable_gqa), a batch of 1, five dims,
+    2-D inputs, a 3-D query with grouped 4-D keys; shapes that do not broadcast raise as SDPA does (RuntimeError)."""
+    import torch.nn.functional as F
+
+    r = lambda *sh: torch.randn(*sh, device=device)  # noqa: E731
+    for q, k, v, kw in [(r(2, 4, 5, 8), r(2, 1, 7, 8), r(2, 1, 7, 8), dict(is_causal=True)),
+                        (r(1, 4, 5, 8), r(3, 4, 7, 8), r(3, 4, 7, 8), {}),
+                        (r(2, 2, 2, 5, 8), r(2, 2, 7, 8), r(1, 2, 7, 8), {}),
+                        (r(5, 8), r(7, 8), r(7, 8), dict(is_causal=True)),
+                        (r(4, 5, 8), r(2, 2, 7, 8), r(2, 2, 7, 8), dict(enable_gqa=True))]:
+        do = torch.randn(torch.broadcast_shapes(q.shape[:-1], k.shape[:-2] + (1,)) + (8,), device=device) \
+            if not kw.get("enable_gqa") else torch.randn(2, 4, 5, 8, device=device)
+        got = _grads(lambda a, b, c: fused_attention(a, b, c, **kw), (q, k, v), do)
+        exp = _grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw), (q, k, v), do)
+        for g, e in zip(got, exp):
+            assert g.shape == e.shape
+            torch.testing.assert_close(g, e, **TOL)
+    with pytest.raises(RuntimeError, match="do not broadcast"):
+        fused_attention(r(2, 4, 5, 8), r(3, 4, 7, 8), r(3, 4, 7, 8))
+    with pytest.raises(RuntimeError, match="at least 2 dims"):
+        fused_attention(r(8), r(7, 8), r(7, 8))

@@ -104,6 +104,7 @@ import triton.language as tl
 from . import _cpp
 from ._common import (
     INTERPRET,
+    FusedShapeError,
     check_float_dtype,
     check_same_device,
     check_tensor,
@@ -1377,6 +1378,57 @@ def _check_window_softcap(op: str, window, softcap) -> tuple[int, float]:
     return w, c
 
 
+def _broadcast_shapes(op: str, what: str, *shapes) -> tuple[int, ...]:
+    try:
+        return tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        raise FusedShapeError(f"{op}: the {what} of 'query' {tuple(shapes[0])}, 'key' {tuple(shapes[1])} and 'value' "
+                              f"{tuple(shapes[2])} do not broadcast") from None
+
+
+def _sdpa_layout(q, k, v, attn_mask, enable_gqa):
+    """SDPA's batch broadcasting on inputs the kernels' own layout does not cover: q (*N, L, E), k (*N, S, E),
+    v (*N, S, Ev) with the batch dims *N broadcast together (with ``enable_gqa``, the head dim -3 of q and of k / v
+    stay apart, so that K/V heads can divide the query's).  Returns (q, k, v, mask) as 4-D (B, H, *, *) tensors --
+    broadcast dims expanded with stride 0, more than two batch dims flattened into B -- and the output's shape."""
+    for n, t in (("query", q), ("key", k), ("value", v)):
+        if t.dim() < 2:
+            raise FusedShapeError(f"{_OP}: argument '{n}' must have at least 2 dims (..., S, E), got {t.dim()}-D")
+    if enable_gqa and max(q.dim(), k.dim(), v.dim()) >= 3:
+        def head(t):
+            return t.shape[-3] if t.dim() >= 3 else 1
+
+        def lead(t):
+            return t.shape[:-3] if t.dim() >= 3 else ()
+
+        batch = _broadcast_shapes(_OP, "batch dims", lead(q), lead(k), lead(v))
+        if head(k) != head(v):
+            raise FusedShapeError(f"{_OP}: 'key' and 'value' must have the same number of heads, got {head(k)} and "
+                                  f"{head(v)}")
+        hq, hkv = head(q), head(k)
+        qb, kb_ = batch + (hq,), batch + (hkv,)
+    else:
+        batch = _broadcast_shapes(_OP, "batch dims", q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        qb = kb_ = batch
+    out_shape = qb + (q.shape[-2], v.shape[-1])
+
+    def to4(t, b):
+        t = t.expand(b + t.shape[-2:])
+        if len(b) > 2:
+            return t.reshape((-1, b[-1]) + t.shape[-2:])
+        return t.reshape((1,) * (2 - len(b)) + tuple(t.shape))
+
+    mask = attn_mask
+    if mask is not None:
+        lm = mask.shape[-2] if mask.dim() >= 2 else 1  # 1: a key mask, kept as one (the fusable form)
+        try:
+            mask = to4(mask.expand(qb + (lm, k.shape[-2])), qb)
+        except RuntimeError:
+            raise FusedShapeError(f"{_OP}: argument 'attn_mask' of shape {tuple(attn_mask.shape)} does not broadcast "
+                                  f"to {qb + (q.shape[-2], k.shape[-2])}") from None
+    return to4(q, qb), to4(k, kb_), to4(v, kb_), mask, out_shape
+
+
 def key_bias_from_mask(attn_mask: torch.Tensor, B: int, H: int, Sq: int, Sk: int) -> torch.Tensor | None:
     """The fp32 per-key bias (B, H, Sk) (broadcast strides) equivalent to ``attn_mask``, or None.
 
@@ -1488,7 +1540,10 @@ def fused_attention(
     Same layout and semantics as ``F.scaled_dot_product_attention``: q (B, Hq, Sq, D), k and v
     (B, Hkv, Sk, D) (3-D inputs (B, S, D) are one head), any strides; ``is_causal`` aligned to the
     top-left; ``scale`` defaults to 1/sqrt(D); ``enable_gqa`` lets Hkv divide Hq. Returns (B, Hq, Sq, D)
-    in q's dtype, laid out in memory like q.
+    in q's dtype, laid out in memory like q.  SDPA's batch broadcasting holds too (q (*N, Sq, D) against
+    k / v (*N', Sk, D) with *N and *N' broadcast: a 3-D query with 4-D keys, a batch or K/V head of 1, more
+    than two batch dims, 2-D inputs): those run the same kernels on 4-D views, broadcast dims expanded with
+    stride 0 (their gradients summed by autograd).
 
     ``attn_mask`` that does not vary along the query dim (a key-padding mask, bool or additive, shaped
     (B or 1, H or 1, 1, Sk) or broadcastable) runs fused, also together with ``is_causal``; any other mask
@@ -1507,11 +1562,18 @@ def fused_attention(
             return out
     _check_qkv(query, key, value)
     q, k, v = query, key, value
-    if not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
-        raise ValueError(
-            f"{_OP}: 'query', 'key', 'value' must all be 4-D (B, H, S, D) or 3-D (B, S, D), got "
-            f"{q.dim()}-D, {k.dim()}-D, {v.dim()}-D"
-        )
+    own_layout = q.dim() == k.dim() == v.dim() and q.dim() in (3, 4) and q.shape[0] == k.shape[0] == v.shape[0]
+    if own_layout and not enable_gqa and q.dim() == 4:
+        own_layout = q.shape[1] == k.shape[1] or k.shape[1] != 1 or v.shape[1] != 1  # K/V heads broadcast (MQA)
+    if not own_layout:
+        # SDPA's batch broadcasting (a 3-D query with 4-D keys, a batch or K/V head of 1, more than two batch
+        # dims, 2-D inputs): the same call on 4-D (B, H, *, *) inputs, broadcast dims expanded with stride 0
+        if attn_mask is not None:
+            check_tensor(_OP, "attn_mask", attn_mask)
+        q4, k4, v4, m4, out_shape = _sdpa_layout(q, k, v, attn_mask, enable_gqa)
+        out = fused_attention(q4, k4, v4, m4, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
+                              window=window, softcap=softcap)
+        return out.reshape(out_shape)
     if attn_mask is not None:
         check_tensor(_OP, "attn_mask", attn_mask)
         check_same_device(_OP, "query", q, attn_mask=attn_mask)
