@@ -271,6 +271,7 @@ def test_sdpa_broadcasting(device):
 
     r = lambda *sh: torch.randn(*sh, device=device)  # noqa: E731
     for q, k, v, kw in [(r(2, 4, 5, 8), r(2, 1, 7, 8), r(2, 1, 7, 8), dict(is_causal=True)),
+                        (r(2, 4, 5, 8), r(2, 1, 7, 8), r(2, 4, 7, 8), {}),
                         (r(1, 4, 5, 8), r(3, 4, 7, 8), r(3, 4, 7, 8), {}),
                         (r(2, 2, 2, 5, 8), r(2, 2, 7, 8), r(1, 2, 7, 8), {}),
                         (r(5, 8), r(7, 8), r(7, 8), dict(is_causal=True)),

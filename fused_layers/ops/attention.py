@@ -1564,7 +1564,7 @@ def fused_attention(
     q, k, v = query, key, value
     own_layout = q.dim() == k.dim() == v.dim() and q.dim() in (3, 4) and q.shape[0] == k.shape[0] == v.shape[0]
     if own_layout and not enable_gqa and q.dim() == 4:
-        own_layout = q.shape[1] == k.shape[1] or k.shape[1] != 1 or v.shape[1] != 1  # K/V heads broadcast (MQA)
+        own_layout = q.shape[1] == k.shape[1] == v.shape[1] or 1 not in (k.shape[1], v.shape[1])  # else: broadcast
     if not own_layout:
         # SDPA's batch broadcasting (a 3-D query with 4-D keys, a batch or K/V head of 1, more than two batch
         # dims, 2-D inputs): the same call on 4-D (B, H, *, *) inputs, broadcast dims expanded with stride 0
