@@ -726,7 +726,8 @@ def fused_attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function convention: q (B, Hq, Sq, D), k / v (B, Hkv, Sk, D), returns
-    ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, SDPA otherwise (see module docstring)."""
+    ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, the model's own implementation otherwise
+    (see module docstring)."""
     if not (_ACTIVE and _ACTIVE[-1] is module):  # a module that is not swapped: the model's own attention
         return own_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                              is_causal=is_causal, **kwargs)
