@@ -21,14 +21,24 @@ boolean mask).  ``swap_modules`` gives each attention module that calls ``ALL_AT
 fused subclass and switches the model to "fused_layers" with the model's own
 ``set_attn_implementation``; ``restore_modules`` switches back to what it was when the last one is
 restored.  The registered function runs our kernels for modules of a fused subclass (inside their
-forward) and SDPA for any other module, so a model whose layers are partly restored (``policy=faster``)
-is right everywhere.
+forward) and the model's own implementation for any other module, so a model whose layers are partly
+restored (``policy=faster``) is right everywhere.
 
 What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding
-mask, or causal (Sq == Sk) AND a key-padding mask (decomposed once per mask tensor, the model passes the
-same tensor to every layer); GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
-repeated); ``scaling``; attention dropout in training.  Anything else -- sliding windows, soft-capping,
-attention sinks, position biases, other masks, ``output_attentions`` -- runs SDPA after one warning.
+mask, or causal (Sq == Sk) AND a key-padding mask, or causal AND the layer's ``sliding_window`` AND a
+key-padding mask (decomposed once per mask tensor and window, the model passes the same tensor to every layer
+of a kind): the window goes to the kernels, which skip the key tiles outside it; ``softcap`` (Gemma 2's logit
+soft-capping) in the kernels; GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
+repeated); ``scaling``; attention dropout in training.  Packed, padding-free batches (several sequences in
+one row, as ``DataCollatorWithFlattening`` builds them) run the varlen kernel, so no attention crosses a
+sequence boundary: marked by the ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (+ ``max_length_q`` / ``max_length_k``)
+kwargs, read as flash-attention reads them, or by ``position_ids`` that restart, with no mask or the
+block-diagonal one transformers builds from them (transformers' sdpa and eager paths see the packing only in
+the latter case).  Anything else -- attention sinks, position biases,
+other masks, ``output_attentions`` -- runs, after one warning, the
+attention implementation the model was configured with before the switch (``own_attention``: "eager" gets
+the additive mask transformers' ``eager_mask`` would have built), so it computes exactly what the
+unswapped model computes; SDPA, for one, has no soft-capping.
 Where the project's attention modules call SDPA because cuDNN is measured faster (``prefer_sdpa``: dense,
 no mask, MHA, head dim 64/128 on Hopper), so does this function.
 A query row whose keys are all masked (a padded query under causal + left padding) gives 0, as SDPA
@@ -580,8 +590,82 @@ def _sdpa(*args, **kwargs):
     return sdpa_attention_forward(*args, **kwargs)
 
 
-# One slot: the decomposition of the last mask tensor seen (a model passes the same tensor to every layer).
-_MASK_CACHE: list = [None, None, None]  # [weakref to mask, its _version, result]
+# The attention implementation each module's model had before ``switch_models`` set "fused_layers" (weak keys:
+# a module that is deleted drops out).  A module not in it (a copy made after the switch) runs "eager".
+_PREV_IMPL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _eager_function(module: nn.Module):
+    """The ``eager_attention_forward`` of the module's modeling file (the function transformers itself runs for
+    "eager"), looked up along the class's MRO (the fused subclass first, then the model's own class)."""
+    for cls in type(module).__mro__:
+        fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
+        if fn is not None:
+            return fn
+    return None
+
+
+def _eager_mask(mask: Optional[torch.Tensor], query: torch.Tensor, sk: int, causal: bool) -> Optional[torch.Tensor]:
+    """The additive mask transformers' ``eager_mask`` builds, from the mask ``sdpa_mask`` built for "fused_layers":
+    a boolean mask becomes 0 / finfo.min in the query's dtype; no mask (SDPA's causal skip: plain causal, or no
+    mask at all) becomes the top-left causal mask SDPA's ``is_causal`` applies (none for one query row)."""
+    sq = query.shape[2]
+    if mask is None:
+        if not (causal and sq > 1):
+            return None
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=query.device).tril()[None, None]
+    if mask.dtype != torch.bool:
+        return mask
+    zero = torch.zeros((), dtype=query.dtype, device=mask.device)
+    return torch.where(mask, zero, torch.finfo(query.dtype).min)
+
+
+def own_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: Any, dropout: float = 0.0, scaling: Optional[float] = None,
+                  is_causal: Optional[bool] = None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """Run the attention the module's model was configured with before the switch, on the mask built for
+    "fused_layers" (``sdpa_mask``'s): "sdpa" takes it as it is; "eager" gets it as ``eager_mask`` makes it; a
+    flash-attention implementation runs itself where there is no mask (its own masks are 2-D padding masks);
+    anything else runs the module's ``eager_attention_forward``, which computes every feature a model has."""
+    prev = _PREV_IMPL.get(module, "eager")
+    kw = dict(dropout=dropout, scaling=scaling, **kwargs)
+    if is_causal is not None:
+        kw["is_causal"] = is_causal
+    if prev == "sdpa":
+        return _sdpa(module, query, key, value, attention_mask, **kw)
+    if "flash" in prev and attention_mask is None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        if prev in ALL_ATTENTION_FUNCTIONS:
+            return ALL_ATTENTION_FUNCTIONS[prev](module, query, key, value, None, **kw)
+    eager = _eager_function(module)
+    if eager is None:  # a module of a file without one (not a transformers model file): SDPA, as before the switch
+        return _sdpa(module, query, key, value, attention_mask, **kw)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        return _sdpa(module, query, key, value, attention_mask, **kw)
+    mask = _eager_mask(attention_mask, query, key.shape[2], bool(causal))
+    kw.pop("is_causal", None)
+    return eager(module, query, key, value, mask, **kw)
+
+
+# The decompositions of the last few mask tensors seen (a model passes the same tensor to every layer of a kind;
+# models with sliding-window layers have two).  Entries: (weakref to the mask, its _version, window, result).
+_MASK_CACHE: list = []
+_MASK_CACHE_SIZE = 4
+
+
+def _cached(mask: torch.Tensor, window: Optional[int], compute):
+    for ref, ver, win, res in _MASK_CACHE:
+        if ref() is mask and ver == mask._version and win == window:
+            return res
+    res = compute()
+    try:
+        _MASK_CACHE.insert(0, (weakref.ref(mask), mask._version, window, res))
+    except TypeError:
+        return res
+    del _MASK_CACHE[_MASK_CACHE_SIZE:]
+    return res
 
 
 def _tril(sq: int, sk: int, device) -> torch.Tensor:
@@ -598,15 +682,38 @@ def decompose_mask(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch
     """
     if mask.dim() != 4 or mask.shape[-1] != sk or mask.shape[-2] not in (1, sq) or mask.requires_grad:
         return None
-    ref, ver, res = _MASK_CACHE
-    if ref is not None and ref() is mask and ver == mask._version:
-        return res
-    res = _decompose(mask, sq, sk)
-    try:
-        _MASK_CACHE[:] = [weakref.ref(mask), mask._version, res]
-    except TypeError:
-        pass
-    return res
+    return _cached(mask, None, lambda: _decompose(mask, sq, sk))
+
+
+def decompose_window_mask(mask: torch.Tensor, sq: int, sk: int, window: int) -> Optional[tuple]:
+    """``(key mask,)`` such that ``mask`` is causal AND the sliding window ``window`` (query i sees key j only if
+    i - window < j <= i, transformers' ``sliding_window_causal_mask_function``) AND that key mask (B|1, H|1, 1, Sk),
+    ``(None,)`` where no key is padded, or None.  With Sq == Sk every query sees its own key through causal and
+    window, so the diagonal is the key mask.  Boolean or additive as ``decompose_mask``; cached per (tensor,
+    window)."""
+    if (mask.dim() != 4 or sq != sk or mask.shape[-1] != sk or mask.shape[-2] != sq or mask.requires_grad
+            or isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        return None
+    return _cached(mask, window, lambda: _decompose_window(mask, sq, window))
+
+
+def _decompose_window(mask: torch.Tensor, s: int, window: int) -> Optional[torch.Tensor]:
+    i = torch.arange(s, device=mask.device)[:, None]
+    j = torch.arange(s, device=mask.device)[None, :]
+    band = (j <= i) & (j > i - window)
+    diag = mask.diagonal(dim1=-2, dim2=-1)[:, :, None, :]  # (B, H, 1, S): the key mask
+    if mask.dtype == torch.bool:
+        if not torch.equal(mask, diag & band):
+            return None
+        return (None,) if bool(diag.all()) else (diag,)
+    dropped = torch.finfo(mask.dtype).min / 2
+    # inside the band the mask must equal the key bias; outside it must drop the key
+    if not torch.equal(torch.where(band, mask, diag.expand_as(mask)), diag.expand_as(mask)):
+        return None
+    if bool((torch.where(band, torch.full_like(mask, float("-inf")), mask) > dropped).any()):
+        return None
+    diag = diag.masked_fill(diag <= dropped, float("-inf"))
+    return (None,) if bool((diag == 0).all()) else (diag,)
 
 
 def _decompose(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch.Tensor, bool]]:
@@ -632,6 +739,87 @@ def _decompose(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch.Ten
     return last, True
 
 
+# --------------------------------------------------------------------------------------------------
+# Packed (padding-free) batches: several sequences in one row, as DataCollatorWithFlattening builds them
+# --------------------------------------------------------------------------------------------------
+_PACK_CACHE: list = []  # (weakref to position_ids, its _version, (cu, max_len) or None); one slot
+
+
+def _packed_from_position_ids(position_ids: torch.Tensor) -> Optional[tuple[torch.Tensor, int]]:
+    """(cu_seqlens int32, max length) of a (1, S) ``position_ids`` that restarts (a new sequence wherever the
+    position does not follow the previous one, as transformers' ``find_packed_sequence_indices``), or None for
+    one sequence.  One host sync per position_ids tensor (cached: every layer gets the same one)."""
+    if _PACK_CACHE:
+        ref, ver, res = _PACK_CACHE[0]
+        if ref() is position_ids and ver == position_ids._version:
+            return res
+    pos = position_ids.reshape(-1)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[1:] = pos[1:] != pos[:-1] + 1
+    idx = starts.nonzero().reshape(-1)
+    res = None
+    if idx.numel() > 1:
+        cu = torch.cat([idx, idx.new_tensor([pos.numel()])]).to(torch.int32)
+        res = (cu, int(cu.diff().max()))
+    try:
+        _PACK_CACHE[:] = [(weakref.ref(position_ids), position_ids._version, res)]
+    except TypeError:
+        pass
+    return res
+
+
+def _is_packed_mask(mask: torch.Tensor, cu: torch.Tensor, s: int, window: Optional[int]) -> bool:
+    """``mask`` is the block-diagonal causal (+ sliding window) boolean mask transformers builds for the packed
+    sequences ``cu`` (``packed_sequence_mask_function``) of ``s`` tokens in all; cached per (tensor, window)."""
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[-2:] != (s, s) or mask.shape[0] != 1:
+        return False
+
+    def compute():
+        seq = torch.zeros(s, dtype=torch.int64, device=mask.device)
+        seq[cu[1:-1].long().to(mask.device)] = 1
+        seq = seq.cumsum(0)
+        i = torch.arange(s, device=mask.device)[:, None]
+        j = torch.arange(s, device=mask.device)[None, :]
+        expect = (seq[:, None] == seq[None, :]) & (j <= i)
+        if window is not None:
+            expect &= j > i - window
+        return torch.equal(mask, expect[None, None].expand_as(mask))
+
+    return _cached(mask, ("packed", window), compute)
+
+
+def _packed(query: torch.Tensor, key: torch.Tensor, attention_mask: Any, window: Optional[int],
+            kwargs: dict) -> Optional[tuple[torch.Tensor, torch.Tensor, int, int]]:
+    """(cu_q, cu_k, max_q, max_k) where one row holds several sequences: the ``cu_seq_lens_q`` / ``cu_seq_lens_k``
+    (+ ``max_length_q`` / ``max_length_k``) kwargs of ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``
+    (read as flash-attention reads them: the mask is not consulted), or else ``position_ids`` that restart, with
+    no mask (transformers' masks then cross the sequence boundaries) or the block-diagonal mask transformers
+    builds from them.  None for an ordinary batch."""
+    if query.shape[0] != 1:
+        return None
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor):
+        if cu_q.dim() != 1 or cu_k.shape != cu_q.shape:
+            return None
+        mq, mk = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        mq = int(cu_q.diff().max()) if mq is None else int(mq)
+        mk = int(cu_k.diff().max()) if mk is None else int(mk)
+        return cu_q.to(query.device), cu_k.to(query.device), mq, mk
+    pos = kwargs.get("position_ids")
+    sq, sk = query.shape[2], key.shape[2]
+    if not isinstance(pos, torch.Tensor) or sq != sk or sq < 2 or pos.shape[-1] != sq or pos.numel() != sq:
+        return None
+    found = _packed_from_position_ids(pos)
+    if found is None:
+        return None
+    cu, mx = found
+    if attention_mask is not None and not (isinstance(attention_mask, torch.Tensor)
+                                           and _is_packed_mask(attention_mask, cu, sq, window)):
+        return None
+    cu = cu.to(query.device)
+    return cu, cu, mx, mx
+
+
 def fused_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -644,15 +832,17 @@ def fused_attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function convention: q (B, Hq, Sq, D), k / v (B, Hkv, Sk, D), returns
-    ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, SDPA otherwise (see module docstring)."""
-    if not (_ACTIVE and _ACTIVE[-1] is module):
-        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
-                     **kwargs)
+    ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, the model's own implementation otherwise
+    (see module docstring)."""
+    if not (_ACTIVE and _ACTIVE[-1] is module):  # a module that is not swapped: the model's own attention
+        return own_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                             is_causal=is_causal, **kwargs)
     why = None
-    if kwargs.get("softcap") is not None:
-        why = "soft-capping"
-    elif kwargs.get("sliding_window") is not None:
-        why = "a sliding window"
+    softcap, window = kwargs.get("softcap"), kwargs.get("sliding_window")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap <= 0):
+        why = f"soft-capping {softcap!r}"
+    elif window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        why = f"a sliding window {window!r}"
     elif kwargs.get("position_bias") is not None:
         why = "a position bias"
     elif kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
@@ -663,20 +853,34 @@ def fused_attention_forward(
         why = f"head dims q {query.shape[-1]} / v {value.shape[-1]}"
     sq, sk = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    packed = _packed(query, key, attention_mask, window, kwargs) if why is None else None
+    if packed is not None:
+        from ..ops.attention import fused_attention_varlen
+
+        cu_q, cu_k, max_q, max_k = packed
+        out = fused_attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                                     cu_q, cu_k, max_q, max_k, bool(causal), scaling, window=window,
+                                     softcap=None if softcap is None else float(softcap), dropout_p=float(dropout))
+        return out.unsqueeze(0), None
     kmask = None
+    win = None  # the window the kernels apply: only where the mask has it (the mask is what transformers applies)
     if why is None and attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             why = f"a {type(attention_mask).__name__} mask"
         else:
             dec = decompose_mask(attention_mask, sq, sk)
-            if dec is None:
-                why = "a mask that is neither key padding nor causal + key padding"
-            else:
+            if dec is not None:
                 kmask, causal = dec
+            elif window is not None and (kw := decompose_window_mask(attention_mask, sq, sk, window)) is not None:
+                (kmask,), causal, win = kw, True, window
+            else:
+                why = "a mask that is neither key padding nor causal (+ sliding window) + key padding"
     if why is not None:
-        warn_once(f"hf_attention:{why}", f"fused_layers attention: {why} is not fused; using SDPA for these calls.")
-        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
-                     **kwargs)
+        prev = _PREV_IMPL.get(module, "eager")
+        warn_once(f"hf_attention:{why}:{prev}", f"fused_layers attention: {why} is not fused; these calls run the "
+                  f"model's own attention implementation ({prev!r}).")
+        return own_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                             is_causal=is_causal, **kwargs)
     if attention_mask is None:
         # SDPA's rule (transformers' sdpa_attention_forward): causal only with several queries and no mask;
         # with more keys than queries (prefill of an empty static cache) the extra keys are cropped.
@@ -685,12 +889,13 @@ def fused_attention_forward(
             key, value = key[:, :, :sq], value[:, :, :sq]
     from ..ops.attention import fused_attention, prefer_sdpa
 
-    if kmask is None and prefer_sdpa(query, key, None):  # where cuDNN is measured faster, as FusedAttention does
+    # where cuDNN is measured faster, as FusedAttention does (SDPA has no window or soft-capping)
+    if kmask is None and win is None and softcap is None and prefer_sdpa(query, key, None):
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
                      **kwargs)
     gqa = query.shape[1] != key.shape[1]
     out = fused_attention(query, key, value, attn_mask=kmask, dropout_p=float(dropout), is_causal=causal, scale=scaling,
-                          enable_gqa=gqa)
+                          enable_gqa=gqa, window=win, softcap=None if softcap is None else float(softcap))
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -740,6 +945,8 @@ def switch_models(model: nn.Module, attention_names: list[str]) -> dict[str, str
                 failed[name] = f"set_attn_implementation refused: {type(e).__name__}: {e}"
                 continue
             root.__dict__[PREV_ATTR] = prev
+        for m in root.modules():  # what each module's calls run where ours cannot
+            _PREV_IMPL[m] = root.__dict__[PREV_ATTR]
         cfg = getattr(modules[name], "config", None)
         if getattr(cfg, "_attn_implementation", None) != IMPL:
             impl = getattr(cfg, "_attn_implementation", None)
@@ -759,3 +966,5 @@ def unswitch_models(model: nn.Module) -> None:
             continue
         root.set_attn_implementation(prev)
         root.__dict__.pop(PREV_ATTR, None)
+        for m in root.modules():
+            _PREV_IMPL.pop(m, None)
