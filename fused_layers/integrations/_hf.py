@@ -20,14 +20,15 @@ masks a model builds are exactly those ``sdpa`` gets: ``None`` for causal withou
 boolean mask).  ``swap_modules`` gives each attention module that calls ``ALL_ATTENTION_FUNCTIONS`` a
 fused subclass and switches the model to "fused_layers" with the model's own
 ``set_attn_implementation``; ``restore_modules`` switches back to what it was when the last one is
-restored.  The registered function runs our kernels for modules of a fused subclass (inside their
-forward) and SDPA for any other module, so a model whose layers are partly restored (``policy=faster``)
-is right everywhere.
+restored.  The registered function runs our kernels for modules of a fused subclass (a check on the
+module's type, nothing for Dynamo to guard beyond it) and SDPA for any other module, so a model whose
+layers are partly restored (``policy=faster``) is right everywhere.
 
-What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding
-mask, or causal (Sq == Sk) AND a key-padding mask (decomposed once per mask tensor, the model passes the
-same tensor to every layer); GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
-repeated); ``scaling``; attention dropout in training.  Anything else -- sliding windows, soft-capping,
+What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding mask,
+or causal (Sq == Sk) AND a key-padding mask (decomposed once per mask tensor, the model passes the same tensor
+to every layer; under torch.compile a mask tensor runs SDPA, since telling which mask it is means reading its
+values, a graph break in every layer); GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
+repeated); ``scaling``; attention dropout in training. Anything else -- sliding windows, soft-capping,
 attention sinks, position biases, other masks, ``output_attentions`` -- runs SDPA after one warning.
 Where the project's attention modules call SDPA because cuDNN is measured faster (``prefer_sdpa``: dense,
 no mask, MHA, head dim 64/128 on Hopper), so does this function.
@@ -47,7 +48,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..ops._common import use_fallback, warn_once
+from ..ops._common import is_compiling, use_fallback, warn_once
 from ..ops.norm_variants import fused_rms_norm_variant, variant_supported
 from . import REGISTRY, LookAlike
 
@@ -174,9 +175,6 @@ REGISTRY.extend([
 # --------------------------------------------------------------------------------------------------
 # Attention
 # --------------------------------------------------------------------------------------------------
-_ACTIVE: list[nn.Module] = []  # the fused HF attention modules whose forward is running (innermost last)
-
-
 def _is_hf_attention(cls: type) -> bool:
     if not cls.__module__.startswith("transformers.models."):
         return False
@@ -197,14 +195,9 @@ def _attention_check(m: nn.Module) -> Optional[str]:
 
 
 def _build_attention(cls: type) -> dict:
-    source_forward = cls.forward
-
-    def forward(self, *args: Any, **kwargs: Any):
-        _ACTIVE.append(self)
-        try:
-            return source_forward(self, *args, **kwargs)
-        finally:
-            _ACTIVE.pop()
+    """The fused subclass keeps its source's forward: the registered attention function fuses the calls whose
+    module is of a fused class (``_fused_module``), a check on the module's type alone, so nothing mutable
+    (a stack of running modules) is read or written while Dynamo traces."""
 
     def _fused_ledger_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """For the speedup ledger, which replays recorded calls: no KV cache (a stateful object that each
@@ -216,7 +209,7 @@ def _build_attention(cls: type) -> dict:
             kwargs["use_cache"] = False
         return tuple(None if base and isinstance(a, base) else a for a in args), kwargs
 
-    return {"forward": forward, "_fused_ledger_inputs": staticmethod(_fused_ledger_inputs)}
+    return {"_fused_ledger_inputs": staticmethod(_fused_ledger_inputs)}
 
 
 REGISTRY.append(
@@ -539,7 +532,7 @@ def fused_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function convention: q (B, Hq, Sq, D), k / v (B, Hkv, Sk, D), returns
     ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, SDPA otherwise (see module docstring)."""
-    if not (_ACTIVE and _ACTIVE[-1] is module):
+    if getattr(type(module), "_fused_layers_lookalike", None) != "hf_attention":  # not a swapped module
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
                      **kwargs)
     why = None
@@ -561,6 +554,12 @@ def fused_attention_forward(
     if why is None and attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             why = f"a {type(attention_mask).__name__} mask"
+        elif is_compiling():
+            # Which mask this is shows only in its values, and reading them (decompose_mask) would break the
+            # graph at every layer.  transformers materializes the causal mask under torch.compile even
+            # without padding where torch reports tracing as exporting (torch < 2.14, its masking_utils
+            # says), so this is the common compiled case there; the unswapped model runs SDPA on that mask.
+            why = "a mask tensor under torch.compile"
         else:
             dec = decompose_mask(attention_mask, sq, sk)
             if dec is None:

@@ -1,0 +1,246 @@
+"""torch.compile of swapped models on the CPU, with the GPU's routing forced: no graph break and no more
+recompiles than the unswapped model.
+
+What runs only on CUDA and is traced by Dynamo: the C++ fast path's checks (``_cpp.ENABLED``, the
+extension that a background build sets), the cuDNN routing (``prefer_sdpa``), and what transformers builds
+for the attention function under compile.  ``gpu_route`` forces those branches here (the kernels still
+run in Triton's interpreter, the routing takes the GPU's decisions) and ``backend="eager"`` keeps the
+check to Dynamo: graphs, breaks and recompiles are counted from ``torch._dynamo.utils.counters``.
+``compile_counts`` is shared with tests/test_compile_gpu.py, which runs the same sequence through Inductor.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from fused_layers import restore_modules, swap_modules
+
+try:
+    import transformers
+except Exception:  # pragma: no cover - the [hf] extra
+    transformers = None
+
+needs_hf = pytest.mark.skipif(transformers is None, reason="transformers not installed")
+
+
+def compile_counts(model: nn.Module, batches, step, backend="eager", mode=None, after=None) -> dict:
+    """Compile ``model`` and run, as the failing runs did: an eval forward under no_grad, then training steps
+    (``step(compiled, batch)`` runs forward + backward), then eval again; ``after(i)`` runs before step i.
+    Returns graph breaks, unique graphs and recompiles (Dynamo's counters)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend=backend, mode=mode)
+    model.eval()
+    with torch.no_grad():
+        compiled(**batches[0])
+    model.train()
+    for i, b in enumerate(batches):
+        if after is not None:
+            after(i)
+        for p in model.parameters():
+            p.grad = None
+        step(compiled, b)
+    model.eval()
+    with torch.no_grad():
+        compiled(**batches[0])
+    model.train()
+    return {"breaks": sum(counters["graph_break"].values()), "break_reasons": dict(counters["graph_break"]),
+            "graphs": counters["stats"]["unique_graphs"], "recompiles": sum(counters["recompiles"].values())}
+
+
+def assert_no_worse(fused: dict, plain: dict) -> None:
+    """No graph break, unique graph or recompile the unswapped model does not have (transformers' own code
+    breaks the graph in some models, e.g. a logger call of GPT-2's: those count for both)."""
+    assert fused["breaks"] <= plain["breaks"], fused["break_reasons"]
+    assert set(fused["break_reasons"]) <= set(plain["break_reasons"]), fused["break_reasons"]
+    assert fused["graphs"] <= plain["graphs"], (fused, plain)
+    assert fused["recompiles"] <= plain["recompiles"], (fused, plain)
+
+
+@pytest.fixture
+def gpu_route(monkeypatch):
+    """The routing the GPU takes, with the kernels in the interpreter: the C++ fast path on (not built yet),
+    cuDNN measured faster for this device (prefer_sdpa's dense bf16 / fp16 head dim 64 / 128 cases)."""
+    from fused_layers.ops import _cpp
+    from fused_layers.ops import attention as attn_ops
+
+    monkeypatch.setattr(_cpp, "ENABLED", True)
+    monkeypatch.setattr(_cpp, "_ext", None)
+    monkeypatch.setattr(attn_ops, "ROUTE_DEVICE_TYPE", "cpu")
+    monkeypatch.setitem(attn_ops._CUDNN_FASTER, -1, True)
+    return _cpp
+
+
+def _ext_built_at(cpp, i):
+    """The C++ extension's background build finishes between the first and second training step."""
+    def after(step):
+        if step == 1:
+            cpp._ext = object()  # never called while compiling (fast_call checks is_compiling first)
+    return after
+
+
+# --------------------------------------------------------------------------------------------------
+# transformers
+# --------------------------------------------------------------------------------------------------
+def _hf_model(family: str, dtype: torch.dtype):
+    T = transformers
+    small = dict(vocab_size=64, hidden_size=128, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, max_position_embeddings=32, attn_implementation="sdpa")
+    if family == "gpt2":
+        m = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=64, n_embd=128, n_layer=1, n_head=2, n_positions=32,
+                                           attn_implementation="sdpa"))
+    else:
+        cfg, cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                    "gemma": ("GemmaConfig", "GemmaForCausalLM")}[family]
+        kw = dict(small, head_dim=64) if family == "gemma" else small
+        m = getattr(T, cls)(getattr(T, cfg)(**kw))
+    m.config.use_cache = False
+    return m.to(dtype)
+
+
+def _lm_step(compiled, b):
+    compiled(**b).loss.backward()
+
+
+def _lm_batches(n=2, mask=None):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(0, 64, (1, 8), generator=g)
+        b = {"input_ids": ids, "labels": ids}
+        if mask is not None:
+            b["attention_mask"] = mask
+        out.append(b)
+    return out
+
+
+@needs_hf
+@pytest.mark.slow
+@pytest.mark.parametrize("family,dtype", [("llama", torch.bfloat16), ("qwen2", torch.float32),
+                                          ("gpt2", torch.bfloat16), ("gemma", torch.bfloat16)])
+def test_hf_compiled_gpu_route_no_break_no_extra_recompile(gpu_route, family, dtype):
+    """bf16 head dim 64: the attention routes to SDPA as on Hopper; float32: the kernels.  The C++ build
+    finishing mid-run (``_cpp._ext`` set) was a recompile of every frame: Dynamo guarded on it."""
+    torch.manual_seed(0)
+    model = _hf_model(family, dtype)
+    batches = _lm_batches()
+    plain = compile_counts(model, batches, _lm_step)
+    report = swap_modules(model)
+    assert report.counts().get("attention") == 1
+    fused = compile_counts(model, batches, _lm_step, after=_ext_built_at(gpu_route, 1))
+    restore_modules(model)
+    assert_no_worse(fused, plain)
+
+
+@needs_hf
+@pytest.mark.slow
+def test_hf_materialized_mask_under_compile_runs_sdpa_without_a_break(gpu_route):
+    """transformers builds a 4-D mask under compile where torch reports tracing as exporting (torch < 2.14);
+    telling a causal + padding mask apart means reading it (decompose_mask: torch.equal, .any()), a
+    data-dependent graph break in every layer.  Compiled, a mask tensor runs SDPA (one warning, emitted while
+    tracing, no break); eager calls still fuse it.  Same loss and gradients as the unswapped model."""
+    torch.manual_seed(0)
+    model = _hf_model("llama", torch.float32)
+    ref = _hf_model("llama", torch.float32)
+    ref.load_state_dict(model.state_dict())
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool).tril()  # what sdpa_mask materializes: causal, no padding
+    batches = _lm_batches(1, mask)
+    swap_modules(model)
+    from fused_layers.ops import _common
+
+    _common._warned.discard("hf_attention:a mask tensor under torch.compile")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        fused = compile_counts(model, batches, _lm_step)
+    assert fused["breaks"] == 0, fused["break_reasons"]
+    assert any("a mask tensor under torch.compile" in str(x.message) for x in w)
+    torch._dynamo.reset()
+    model.zero_grad(set_to_none=True)
+    out = torch.compile(model, backend="eager")(**batches[0])
+    out.loss.backward()
+    want = ref(**batches[0])
+    want.loss.backward()
+    torch.testing.assert_close(out.loss, want.loss)
+    grads = {n: p.grad for n, p in ref.named_parameters()}
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+# --------------------------------------------------------------------------------------------------
+# torch modules and the demo GPT
+# --------------------------------------------------------------------------------------------------
+class _Encoder(nn.Module):
+    def __init__(self, d=128, h=2):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d, h, dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+
+    def forward(self, x, mask=None):
+        return self.enc(x, mask=mask, is_causal=mask is not None)
+
+
+def _sum_step(compiled, b):
+    compiled(**b).float().square().sum().backward()
+
+
+@pytest.mark.slow
+def test_transformer_encoder_compiled_no_break(gpu_route):
+    torch.manual_seed(0)
+    model = _Encoder().to(torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    mask = nn.Transformer.generate_square_subsequent_mask(8, dtype=torch.bfloat16)
+    batches = [{"x": torch.randn(1, 8, 128, generator=g).to(torch.bfloat16), "mask": mask} for _ in range(2)]
+    plain = compile_counts(model, batches, _sum_step)
+    swap_modules(model)
+    fused = compile_counts(model, batches, _sum_step, after=_ext_built_at(gpu_route, 1))
+    assert_no_worse(fused, plain)
+
+
+@pytest.mark.slow
+def test_demo_gpt_compiled_no_break(gpu_route):
+    from lm_demo.model import GPT
+
+    torch.manual_seed(0)
+    model = GPT(vocab_size=64, seq_len=8, d_model=128, n_layer=1, n_head=2, attn_impl="reference").to(torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    batches = [{"idx": torch.randint(0, 64, (1, 8), generator=g), "targets": torch.randint(0, 64, (1, 8), generator=g)}
+               for _ in range(2)]
+
+    def step(compiled, b):
+        compiled(**b).backward()
+
+    plain = compile_counts(model, batches, step)
+    swap_modules(model)
+    fused = compile_counts(model, batches, step, after=_ext_built_at(gpu_route, 1))
+    assert_no_worse(fused, plain)
+
+
+def test_warn_once_under_compile_warns_once_without_a_break():
+    """warnings.warn is not traceable: from compiled code the warning is given while tracing."""
+    from torch._dynamo.utils import counters
+
+    from fused_layers.ops import _common
+
+    key = "test_compile:warn"
+    _common._warned.discard(key)
+
+    def f(x):
+        _common.warn_once(key, "compiled warning")
+        return x + 1
+
+    torch._dynamo.reset()
+    counters.clear()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = torch.compile(f, backend="eager")
+        c(torch.ones(2))
+        c(torch.ones(2))
+        _common.warn_once(key, "compiled warning")  # eager: already given
+    assert [str(x.message) for x in w] == ["compiled warning"]
+    assert not counters["graph_break"]
