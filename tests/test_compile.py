@@ -17,7 +17,9 @@ import pytest
 import torch
 from torch import nn
 
+import fused_layers.functional as FF
 from fused_layers import restore_modules, swap_modules
+from fused_layers.ops.norm_variants import fused_rms_norm_variant
 
 try:
     import transformers
@@ -123,7 +125,7 @@ def _lm_batches(n=2, mask=None):
 @needs_hf
 @pytest.mark.slow
 @pytest.mark.parametrize("family,dtype", [("llama", torch.bfloat16), ("qwen2", torch.float32),
-                                          ("gpt2", torch.bfloat16), ("gemma", torch.bfloat16)])
+                                          ("gpt2", torch.bfloat16)])  # (Gemma: tests/test_compile_gpu.py)
 def test_hf_compiled_gpu_route_no_break_no_extra_recompile(gpu_route, family, dtype):
     """bf16 head dim 64: the attention routes to SDPA as on Hopper; float32: the kernels.  The C++ build
     finishing mid-run (``_cpp._ext`` set) was a recompile of every frame: Dynamo guarded on it."""
@@ -244,3 +246,82 @@ def test_warn_once_under_compile_warns_once_without_a_break():
         _common.warn_once(key, "compiled warning")  # eager: already given
     assert [str(x.message) for x in w] == ["compiled warning"]
     assert not counters["graph_break"]
+
+
+# --------------------------------------------------------------------------------------------------
+# The compile-time routes (ops/compile_config.py)
+# --------------------------------------------------------------------------------------------------
+def _ops_in_graph(fn, *args) -> set[str]:
+    """The fused_layers ops Dynamo records for ``fn(*args)`` (forward graph)."""
+    seen: set[str] = set()
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            name = str(node.target)
+            if "fused_layers" in name:
+                seen.add(name.split("fused_layers.")[-1].split(".")[0])
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return seen
+
+
+_ROUTED = {  # op -> (a call of its functional, the registered op it records on the "kernels" route)
+    "layer_norm": (lambda x: FF.fused_layer_norm(x, (16,)), "norm_fwd"),
+    "rms_norm": (lambda x: FF.fused_rms_norm(x, (16,)), "norm_fwd"),
+    "rms_norm_variant": (lambda x: fused_rms_norm_variant(x, torch.ones(16), 1e-6), "rms_norm_variant_fwd"),
+    "softmax": (lambda x: FF.fused_softmax(x, -1), "softmax_fwd"),
+    "cross_entropy": (lambda x: FF.fused_cross_entropy(x, torch.zeros(4, dtype=torch.long)), "cross_entropy_fwd"),
+    "linear_cross_entropy": (lambda x: FF.fused_linear_cross_entropy(x, torch.ones(5, 16),
+                                                                     torch.zeros(4, dtype=torch.long)),
+                             "linear_cross_entropy_fwd"),
+}
+
+
+def test_compiled_routes_are_data_and_decide_what_dynamo_records(monkeypatch):
+    """Every op of the table records its registered op on the "kernels" route and none on "inductor" (its
+    PyTorch computation, for Inductor to generate and fuse); the defaults: norms to Inductor (the measured
+    case), the rest on the kernels, the linear cross-entropy always (Inductor would hold the logits)."""
+    import dataclasses
+
+    from fused_layers.ops import compile_config
+
+    default = compile_config.COMPILED
+    assert dataclasses.is_dataclass(default) and set(_ROUTED) == {f.name for f in dataclasses.fields(default)}
+    assert (default.layer_norm, default.rms_norm) == ("inductor", "inductor")
+    assert default.linear_cross_entropy == "kernels"
+    x = torch.randn(4, 16)
+    for op, (call, recorded) in _ROUTED.items():
+        for r in ("kernels", "inductor"):
+            monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(default, **{op: r}))
+            assert (recorded in _ops_in_graph(call, x)) == (r == "kernels"), (op, r)
+
+
+@needs_hf
+@pytest.mark.slow
+def test_hf_causal_lm_compiled_keeps_the_chunked_linear_cross_entropy():
+    """Compiled training of a transformers causal LM runs the LM head + loss chunked (no logits in the graph's
+    outputs, the fused op recorded): the fusion Inductor cannot do.  Loss and every gradient as unswapped."""
+    torch.manual_seed(0)
+    model = _hf_model("llama", torch.float32)
+    ref = _hf_model("llama", torch.float32)
+    ref.load_state_dict(model.state_dict())
+    swap_modules(model)
+    (b,) = _lm_batches(1)
+    seen: set[str] = set()
+
+    def backend(gm, example_inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes)
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=backend)(**b)
+    assert out.logits is None and any("linear_cross_entropy" in t for t in seen)
+    out.loss.backward()
+    want = ref(**b)
+    want.loss.backward()
+    torch.testing.assert_close(out.loss, want.loss)
+    grads = {n: p.grad for n, p in ref.named_parameters()}
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 
 from fused_layers import FusedAttention, FusedLayerNorm, FusedRMSNorm, FusedSoftmax
+from fused_layers.ops import compile_config
 
 pytestmark = pytest.mark.gpu
 
@@ -50,9 +53,9 @@ def _rel_err(a, b):
 def test_inductor_emits_our_kernels(monkeypatch):
     from torch._inductor.utils import run_and_get_code
 
-    from fused_layers.ops import layer_norm as ln_ops
-
-    monkeypatch.setattr(ln_ops, "_DEFER_TO_INDUCTOR", False)  # the default lets Inductor write the norms
+    # the default lets Inductor write the norms
+    monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(compile_config.COMPILED, layer_norm="kernels",
+                                                                         rms_norm="kernels"))
     torch._dynamo.reset()
     model = _Block().cuda().to(torch.bfloat16)
     x = torch.randn(2, 64, 128, device="cuda", dtype=torch.bfloat16)
@@ -71,9 +74,10 @@ def test_reduce_overhead_no_break_no_sync_no_recompile(monkeypatch, norms, d):
     the device probe's cache empty, as in a model compiled before any eager call (the probe once broke the graph
     there).  "kernels": Inductor emits the norm kernels too (as it always does for fused_rms_norm_variant)."""
     from fused_layers.ops import attention as attn_ops
-    from fused_layers.ops import layer_norm as ln_ops
 
-    monkeypatch.setattr(ln_ops, "_DEFER_TO_INDUCTOR", norms == "inductor")
+    route = "inductor" if norms == "inductor" else "kernels"
+    monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(compile_config.COMPILED, layer_norm=route,
+                                                                         rms_norm=route))
     monkeypatch.setattr(attn_ops, "_CUDNN_FASTER", {})
     import torch._dynamo.utils as dyn_utils
 

@@ -48,6 +48,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ..ops import compile_config
 from ..ops._common import is_compiling, use_fallback, warn_once
 from ..ops.norm_variants import fused_rms_norm_variant, variant_supported
 from . import REGISTRY, LookAlike
@@ -282,7 +283,8 @@ def fused_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size:
 
     def rows_loss(x: torch.Tensor, t: torch.Tensor, reduction: str) -> torch.Tensor:
         validate(x, t, None, ignore_index, reduction, 0.0)
-        if x.dtype == torch.float64 or use_fallback("cross_entropy", x):
+        if (x.dtype == torch.float64 or use_fallback("cross_entropy", x)
+                or (is_compiling() and compile_config.COMPILED.cross_entropy == "inductor")):
             return nn.functional.cross_entropy(x.float(), t, ignore_index=ignore_index, reduction=reduction)
         need_grad = x.requires_grad and torch.is_grad_enabled()
         return cross_entropy_op(x, t, None, ignore_index, reduction, 0.0, need_grad, torch.float32,
@@ -394,7 +396,8 @@ def _build_causal_lm(cls: type) -> dict:
     def _linear_ok(self, args: tuple, kwargs: dict) -> bool:
         if linear_why is not None or not HF_SKIP_LOGITS or not self.training or not torch.is_grad_enabled():
             return False
-        if "_loss_function" in self.__dict__ or torch.compiler.is_compiling():
+        if "_loss_function" in self.__dict__ or (is_compiling() and compile_config.COMPILED.linear_cross_entropy
+                                                  != "kernels"):  # compiled too: Inductor would hold the logits
             return False
         cfg = getattr(self, "config", None)
         if not getattr(cfg, "return_dict", True):  # tuple outputs: keep transformers' path

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from . import compile_config
 from . import cross_entropy_config as cfg
 from ._common import check_tensor, get_override, is_compiling, use_fallback
 from .cross_entropy import _REDUCTIONS, check_target_flag, cross_entropy_forward, launch_den, scale_grad_
@@ -284,7 +285,8 @@ def fused_linear_cross_entropy(
     """
     _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoothing)
     cdtype = _compute_dtype(hidden)
-    if cdtype == torch.float64 or use_fallback(_OP, hidden) or target.requires_grad:
+    if (cdtype == torch.float64 or use_fallback(_OP, hidden) or target.requires_grad
+            or (is_compiling() and compile_config.COMPILED.linear_cross_entropy == "inductor")):
         logits = torch.nn.functional.linear(hidden, weight, bias)
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                                                  ignore_index=ignore_index, reduction=reduction,

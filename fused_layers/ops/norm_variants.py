@@ -28,8 +28,15 @@ from __future__ import annotations
 
 import torch
 
-from . import _cpp
-from ._common import SUPPORTED_DTYPES, check_float_dtype, check_same_device, check_tensor, use_fallback
+from . import _cpp, compile_config
+from ._common import (
+    SUPPORTED_DTYPES,
+    check_float_dtype,
+    check_same_device,
+    check_tensor,
+    is_compiling,
+    use_fallback,
+)
 from ._library import FusedOp
 from .layer_norm import _cpp_norm, norm_backward, norm_forward
 
@@ -119,6 +126,8 @@ def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float
             f"elements, got shape {list(weight.shape)}"
         )
     if input.dtype == torch.float64 or weight.dtype == torch.float64 or use_fallback(_OP, input):
+        return rms_norm_variant_reference(input, weight, eps, cast_before_weight, keep_input_dtype)
+    if is_compiling() and compile_config.COMPILED.rms_norm_variant == "inductor":  # Inductor writes it (see there)
         return rms_norm_variant_reference(input, weight, eps, cast_before_weight, keep_input_dtype)
     if weight.dtype != input.dtype and weight.dtype != torch.float32:
         raise TypeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; with a {input.dtype} input it must be "
