@@ -643,3 +643,32 @@ def test_recording_hooks_leave_no_graph_break_under_torch_compile():
     assert led.recompiled
     assert graphs_per_call() == 1
     torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_compiled_run_ab_verdict_holds_for_the_run_gpu(tmp_path):
+    """The demo GPT compiled (model.compile=true) on the GPU: every arm's compile is outside the timed rounds
+    and reported, the kept configuration's own steps land within the A/B's spread for it (5% slack for the
+    GPU's noise across 3 rounds), and the kept configuration's peak (read after the A/B) is no higher than
+    the A/B's, whose unfused arm holds the LM head's logits."""
+    from lm_demo.model import GPTLM
+
+    torch.manual_seed(0)
+    model = GPTLM(vocab_size=8192, seq_len=512, d_model=512, n_layer=4, n_head=8, compile=True)
+    data = torch.randint(0, 8192, (64 * 8, 513))
+    loader = DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=8)
+    cb = FusedLayersCallback(policy="always", measure=False, warmup_steps=3, ab_rounds=3, ab_warmup_rounds=1,
+                             ab_max_steps=40, ab_check_steps=8)
+    trainer = L.Trainer(max_steps=60, accelerator="gpu", devices=1, precision="bf16-mixed", callbacks=[cb],
+                        logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, default_root_dir=tmp_path)
+    trainer.fit(model, loader)
+    ab, kept = cb.ab, cb.kept
+    assert ab.compiled and ab.meaningful and set(ab.compile_seconds) == set(ab.arms)
+    assert kept is not None and kept.agrees is not None, cb.ab_status
+    arm = ab.results[kept.arm]
+    slack = 0.05 * arm.median_ms
+    assert min(arm.step_ms) - slack <= kept.median_ms <= max(arm.step_ms) + slack, (kept.summary(), ab.format())
+    peaks = cb.summary()["peak_memory_gib"]
+    assert peaks["kept"] is not None and peaks["kept"] <= peaks["ab"] + 1e-3, peaks
