@@ -127,11 +127,11 @@ def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float
         )
     if input.dtype == torch.float64 or weight.dtype == torch.float64 or use_fallback(_OP, input):
         return rms_norm_variant_reference(input, weight, eps, cast_before_weight, keep_input_dtype)
-    if is_compiling() and compile_config.COMPILED.rms_norm_variant == "inductor":  # Inductor writes it (see there)
-        return rms_norm_variant_reference(input, weight, eps, cast_before_weight, keep_input_dtype)
     if weight.dtype != input.dtype and weight.dtype != torch.float32:
         raise TypeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; with a {input.dtype} input it must be "
                         f"{input.dtype} or torch.float32")
+    if is_compiling() and compile_config.COMPILED.rms_norm_variant == "inductor":  # Inductor writes it (see there)
+        return rms_norm_variant_reference(input, weight, eps, cast_before_weight, keep_input_dtype)
     needs_grad = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
     if needs_grad and _cpp.ENABLED and _cpp.eager_ok():  # (training: the C++ node)
         out_dtype = _out_dtype(input, weight, keep_input_dtype)
