@@ -168,7 +168,7 @@ def test_models_globals_switch_gives_each_arm_its_own_module_globals(monkeypatch
     assert mod.rope == "original" and mod.added == "new"
 
 
-def test_models_compiled_routes_option():
+def test_models_compiled_routes_option(capsys):
     """--compiled-routes sets the fused arm's compile routes (ops/compile_config.py) for the GPU run that decides
     them; a wrong op or route is refused before anything runs."""
     from benchmarks.models import compiled_routes
@@ -179,5 +179,12 @@ def test_models_compiled_routes_option():
     for bad in ("attention=inductor", "softmax=triton", "softmax"):
         with pytest.raises(ValueError, match="expected op=kernels|inductor"):
             compiled_routes(bad)
-    r = _cli("models", "--smoke", "--compiled-routes", "softmax=fast")
-    assert r.returncode == 2 and "--compiled-routes: 'softmax=fast'" in r.stdout
+    import argparse
+
+    from benchmarks import models
+
+    p = argparse.ArgumentParser()
+    models.add_arguments(p)
+    p.add_argument("--smoke", action="store_true")
+    assert models.run(p.parse_args(["--smoke", "--compiled-routes", "softmax=fast"])) == 2
+    assert "--compiled-routes: 'softmax=fast'" in capsys.readouterr().out
