@@ -140,10 +140,10 @@ def _lm_batches(n=2, mask=None):
 
 @needs_hf
 @pytest.mark.slow
-@pytest.mark.parametrize("family,dtype", [("llama", torch.bfloat16), ("qwen2", torch.float32),
-                                          ("gpt2", torch.bfloat16)])  # (Gemma: tests/test_compile_gpu.py)
+@pytest.mark.parametrize("family,dtype", [("llama", torch.bfloat16), ("gpt2", torch.bfloat16)])
+# (Qwen2, Gemma: tests/test_compile_gpu.py; the float32 kernel route: the demo GPT and the tests below)
 def test_hf_compiled_gpu_route_no_break_no_extra_recompile(gpu_route, family, dtype):
-    """bf16 head dim 64: the attention routes to SDPA as on Hopper; float32: the kernels.  The C++ build
+    """bf16 head dim 64: the attention routes to SDPA as on Hopper (the HF function's checks, then SDPA).  The C++ build
     finishing mid-run (``_cpp._ext`` set) was a recompile of every frame: Dynamo guarded on it."""
     torch.manual_seed(0)
     model = _hf_model(family, dtype)
@@ -225,7 +225,8 @@ def test_demo_gpt_compiled_no_break(gpu_route):
     from lm_demo.model import GPT
 
     torch.manual_seed(0)
-    model = GPT(vocab_size=64, seq_len=8, d_model=128, n_layer=1, n_head=2, attn_impl="reference").to(torch.bfloat16)
+    # float32: the attention kernels' route (bf16 at head dim 64 routes to SDPA, as the encoder test does)
+    model = GPT(vocab_size=64, seq_len=8, d_model=128, n_layer=1, n_head=2, attn_impl="reference")
     g = torch.Generator().manual_seed(0)
     batches = [{"idx": torch.randint(0, 64, (1, 8), generator=g), "targets": torch.randint(0, 64, (1, 8), generator=g)}
                for _ in range(2)]
