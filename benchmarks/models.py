@@ -2,6 +2,7 @@
 
     python -m benchmarks models                               # every model, eager
     python -m benchmarks models --models llama,qwen2 --modes eager,compile
+    python -m benchmarks models --models llama --modes compile --compiled-routes rms_norm_variant=inductor
 
 Models, built from their libraries' configs with random weights (no download), bf16 parameters, AdamW
 (fused), one step = forward, loss, backward, optimizer step:
@@ -72,6 +73,9 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--steps", type=int, default=3, help="steps per arm and round")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per model and mode (its subprocess)")
+    p.add_argument("--compiled-routes", default="",
+                   help="the fused arm's routes under torch.compile (fused_layers/ops/compile_config.py), e.g. "
+                        "rms_norm_variant=inductor,softmax=kernels; the arm is then named fused[<routes>]")
     p.add_argument("--child-json", help=argparse.SUPPRESS)  # internal: one model's rows, from its subprocess
 
 
@@ -246,6 +250,14 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = True
+    routes = compiled_routes(args.compiled_routes) if mode == "compile" else {}
+    if routes:
+        import dataclasses
+
+        from fused_layers.ops import compile_config
+
+        compile_config.COMPILED = dataclasses.replace(compile_config.COMPILED, **routes)  # this process only
+    fused_name = "fused[" + ";".join(f"{k}={v}" for k, v in routes.items()) + "]" if routes else "fused"
     env = utils.environment()
     env.update(transformers=utils.version_of("transformers"), liger=utils.version_of("liger-kernel"))
     switch = GlobalsSwitch()
@@ -290,14 +302,32 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
         med, lo, hi = utils.median_lo_hi(ts)
         sp = ratios.get(n, (None, None, None))
         loss = info[n]["loss"]
-        rows.append(dict(env, model=model_name, config=CONFIG[model_name], batch=arms[n].batch_desc, mode=mode, arm=n,
+        name = fused_name if n == "fused" else n
+        rows.append(dict(env, model=model_name, config=CONFIG[model_name], batch=arms[n].batch_desc, mode=mode,
+                         arm=name,
                          step_ms=med, step_ms_lo=lo, step_ms_hi=hi, speedup=sp[0], speedup_lo=sp[1], speedup_hi=sp[2],
                          extra_peak_gib=info[n]["extra_peak_gib"], loss=loss,
                          loss_diff=None if ref_loss is None else abs(loss - ref_loss), swapped=info[n]["swapped"],
                          rounds=args.rounds, steps=args.steps, note="smoke (CPU)" if args.smoke else ""))
-        print(f"[{model_name}/{mode}/{n}] {med:.2f} ms [{lo:.2f}-{hi:.2f}]"
+        print(f"[{model_name}/{mode}/{name}] {med:.2f} ms [{lo:.2f}-{hi:.2f}]"
               + (f", {sp[0]:.3f}x [{sp[1]:.3f}-{sp[2]:.3f}]" if sp[0] else ""), flush=True)
     return rows
+
+
+def compiled_routes(spec: str) -> dict[str, str]:
+    """``"op=route,..."`` -> {op: route}, checked against ``CompiledRoutes`` (ValueError naming what is wrong)."""
+    import dataclasses
+
+    from fused_layers.ops.compile_config import CompiledRoutes
+
+    ops = [f.name for f in dataclasses.fields(CompiledRoutes)]
+    out = {}
+    for item in (x for x in spec.split(",") if x):
+        op, _, route = item.partition("=")
+        if op not in ops or route not in ("kernels", "inductor"):
+            raise ValueError(f"{item!r}: expected op=kernels|inductor with op one of {ops}")
+        out[op] = route
+    return out
 
 
 def run(args) -> int:
@@ -307,6 +337,11 @@ def run(args) -> int:
     bad = sorted(set(models) - set(MODELS)) + sorted(set(modes) - {"eager", "compile"})
     if bad:
         print(f"python -m benchmarks models: unknown {bad}; models {MODELS}, modes eager, compile")
+        return 2
+    try:
+        compiled_routes(args.compiled_routes)
+    except ValueError as e:
+        print(f"python -m benchmarks models: --compiled-routes: {e}")
         return 2
     if args.child_json:  # inside the per-model subprocess
         rows = run_model(models[0], modes[0], args)
@@ -320,7 +355,8 @@ def run(args) -> int:
                 out = os.path.join(tmp, "rows.json")
                 cmd = [sys.executable, "-m", "benchmarks", "models", "--models", m, "--modes", mode,
                        "--arms", args.arms, "--warmup", str(args.warmup), "--rounds", str(args.rounds),
-                       "--steps", str(args.steps), "--child-json", out] + (["--smoke"] if args.smoke else [])
+                       "--steps", str(args.steps), "--child-json", out,
+                       "--compiled-routes", args.compiled_routes] + (["--smoke"] if args.smoke else [])
                 t0 = time.perf_counter()
                 try:
                     subprocess.run(cmd, cwd=utils.ROOT, timeout=args.timeout, check=False)

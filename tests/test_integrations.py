@@ -452,15 +452,15 @@ class _Mod(nn.Module):
 
 
 def _active(module):
-    """Run the registered function as the fused subclass's forward would (module marked active)."""
-    from fused_layers.integrations import _hf
+    """Run the registered function as it runs for a swapped module (the module's class a fused subclass)."""
+    cls = module.__class__
 
     class _Ctx:
         def __enter__(self):
-            _hf._ACTIVE.append(module)
+            module.__class__ = type(f"Fused{cls.__name__}", (cls,), {"_fused_layers_lookalike": "hf_attention"})
 
         def __exit__(self, *a):
-            _hf._ACTIVE.pop()
+            module.__class__ = cls
 
     return _Ctx()
 

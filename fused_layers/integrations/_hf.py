@@ -20,25 +20,25 @@ masks a model builds are exactly those ``sdpa`` gets: ``None`` for causal withou
 boolean mask).  ``swap_modules`` gives each attention module that calls ``ALL_ATTENTION_FUNCTIONS`` a
 fused subclass and switches the model to "fused_layers" with the model's own
 ``set_attn_implementation``; ``restore_modules`` switches back to what it was when the last one is
-restored.  The registered function runs our kernels for modules of a fused subclass (inside their
-forward) and the model's own implementation for any other module, so a model whose layers are partly
-restored (``policy=faster``) is right everywhere.
+restored.  The registered function runs our kernels for modules of a fused subclass (a check on the
+module's type, nothing for Dynamo to guard beyond it) and the model's own implementation for any other
+module, so a model whose layers are partly restored (``policy=faster``) is right everywhere.
 
-What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding
-mask, or causal (Sq == Sk) AND a key-padding mask, or causal AND the layer's ``sliding_window`` AND a
-key-padding mask (decomposed once per mask tensor and window, the model passes the same tensor to every layer
-of a kind): the window goes to the kernels, which skip the key tiles outside it; ``softcap`` (Gemma 2's logit
-soft-capping) in the kernels; GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
-repeated); ``scaling``; attention dropout in training.  Packed, padding-free batches (several sequences in
-one row, as ``DataCollatorWithFlattening`` builds them) run the varlen kernel, so no attention crosses a
-sequence boundary: marked by the ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (+ ``max_length_q`` / ``max_length_k``)
-kwargs, read as flash-attention reads them, or by ``position_ids`` that restart, with no mask or the
-block-diagonal one transformers builds from them (transformers' sdpa and eager paths see the packing only in
-the latter case).  Anything else -- attention sinks, position biases,
-other masks, ``output_attentions`` -- runs, after one warning, the
-attention implementation the model was configured with before the switch (``own_attention``: "eager" gets
-the additive mask transformers' ``eager_mask`` would have built), so it computes exactly what the
-unswapped model computes; SDPA, for one, has no soft-capping.
+What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding mask, or
+causal (Sq == Sk) AND a key-padding mask, or causal AND the layer's ``sliding_window`` AND a key-padding mask
+(decomposed once per mask tensor and window, the model passes the same tensor to every layer of a kind; under
+torch.compile a mask tensor runs the model's own implementation, since telling which mask it is means reading its
+values, a graph break in every layer): the window goes to the kernels, which skip the key tiles outside it;
+``softcap`` (Gemma 2's logit soft-capping) in the kernels; GQA through ``num_key_value_groups`` (the kernels'
+native GQA, K/V not repeated); ``scaling``; attention dropout in training. Packed, padding-free batches (several
+sequences in one row, as ``DataCollatorWithFlattening`` builds them) run the varlen kernel, so no attention crosses
+a sequence boundary: marked by the ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (+ ``max_length_q`` / ``max_length_k``)
+kwargs, read as flash-attention reads them, or by ``position_ids`` that restart, with no mask or the block-diagonal
+one transformers builds from them (transformers' sdpa and eager paths see the packing only in the latter case).
+Anything else -- attention sinks, position biases, other masks, ``output_attentions`` -- runs, after one warning,
+the attention implementation the model was configured with before the switch (``own_attention``: "eager" gets the
+additive mask transformers' ``eager_mask`` would have built), so it computes exactly what the unswapped model
+computes; SDPA, for one, has no soft-capping.
 Where the project's attention modules call SDPA because cuDNN is measured faster (``prefer_sdpa``: dense,
 no mask, MHA, head dim 64/128 on Hopper), so does this function.
 A query row whose keys are all masked (a padded query under causal + left padding) gives 0, as SDPA
@@ -58,7 +58,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..ops._common import use_fallback, warn_once
+from ..ops import compile_config
+from ..ops._common import is_compiling, use_fallback, warn_once
 from ..ops.norm_variants import fused_rms_norm_variant, variant_supported
 from . import REGISTRY, LookAlike
 
@@ -185,9 +186,6 @@ REGISTRY.extend([
 # --------------------------------------------------------------------------------------------------
 # Attention
 # --------------------------------------------------------------------------------------------------
-_ACTIVE: list[nn.Module] = []  # the fused HF attention modules whose forward is running (innermost last)
-
-
 def _is_hf_attention(cls: type) -> bool:
     if not cls.__module__.startswith("transformers.models."):
         return False
@@ -208,14 +206,9 @@ def _attention_check(m: nn.Module) -> Optional[str]:
 
 
 def _build_attention(cls: type) -> dict:
-    source_forward = cls.forward
-
-    def forward(self, *args: Any, **kwargs: Any):
-        _ACTIVE.append(self)
-        try:
-            return source_forward(self, *args, **kwargs)
-        finally:
-            _ACTIVE.pop()
+    """The fused subclass keeps its source's forward: the registered attention function fuses the calls whose
+    module is of a fused class (``_fused_module``), a check on the module's type alone, so nothing mutable
+    (a stack of running modules) is read or written while Dynamo traces."""
 
     def _fused_ledger_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """For the speedup ledger, which replays recorded calls: no KV cache (a stateful object that each
@@ -227,7 +220,7 @@ def _build_attention(cls: type) -> dict:
             kwargs["use_cache"] = False
         return tuple(None if base and isinstance(a, base) else a for a in args), kwargs
 
-    return {"forward": forward, "_fused_ledger_inputs": staticmethod(_fused_ledger_inputs)}
+    return {"_fused_ledger_inputs": staticmethod(_fused_ledger_inputs)}
 
 
 REGISTRY.append(
@@ -300,7 +293,8 @@ def fused_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size:
 
     def rows_loss(x: torch.Tensor, t: torch.Tensor, reduction: str) -> torch.Tensor:
         validate(x, t, None, ignore_index, reduction, 0.0)
-        if x.dtype == torch.float64 or use_fallback("cross_entropy", x):
+        if (x.dtype == torch.float64 or use_fallback("cross_entropy", x)
+                or (is_compiling() and compile_config.COMPILED.cross_entropy == "inductor")):
             return nn.functional.cross_entropy(x.float(), t, ignore_index=ignore_index, reduction=reduction)
         need_grad = x.requires_grad and torch.is_grad_enabled()
         return cross_entropy_op(x, t, None, ignore_index, reduction, 0.0, need_grad, torch.float32, 0.0,
@@ -466,7 +460,8 @@ def _build_causal_lm(cls: type) -> dict:
         """The call's bound arguments where the fused LM head + loss may run it, else None."""
         if linear_why is not None or not HF_SKIP_LOGITS or not self.training or not torch.is_grad_enabled():
             return None
-        if "_loss_function" in self.__dict__ or torch.compiler.is_compiling():
+        if "_loss_function" in self.__dict__ or (is_compiling() and compile_config.COMPILED.linear_cross_entropy
+                                                  != "kernels"):  # compiled too: Inductor would hold the logits
             return None
         cfg = getattr(self, "config", None)
         if not getattr(cfg, "return_dict", True):  # tuple outputs: keep transformers' path
@@ -802,11 +797,15 @@ def _packed(query: torch.Tensor, key: torch.Tensor, attention_mask: Any, window:
         if cu_q.dim() != 1 or cu_k.shape != cu_q.shape:
             return None
         mq, mk = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        if is_compiling() and (mq is None or mk is None):  # reading the lengths would break the graph
+            return None
         mq = int(cu_q.diff().max()) if mq is None else int(mq)
         mk = int(cu_k.diff().max()) if mk is None else int(mk)
         return cu_q.to(query.device), cu_k.to(query.device), mq, mk
     pos = kwargs.get("position_ids")
     sq, sk = query.shape[2], key.shape[2]
+    if is_compiling():  # where the positions restart shows only in their values: the model's own path, as unswapped
+        return None
     if not isinstance(pos, torch.Tensor) or sq != sk or sq < 2 or pos.shape[-1] != sq or pos.numel() != sq:
         return None
     found = _packed_from_position_ids(pos)
@@ -834,7 +833,7 @@ def fused_attention_forward(
     """transformers' attention-function convention: q (B, Hq, Sq, D), k / v (B, Hkv, Sk, D), returns
     ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, the model's own implementation otherwise
     (see module docstring)."""
-    if not (_ACTIVE and _ACTIVE[-1] is module):  # a module that is not swapped: the model's own attention
+    if getattr(type(module), "_fused_layers_lookalike", None) != "hf_attention":  # not a swapped module
         return own_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                              is_causal=is_causal, **kwargs)
     why = None
@@ -867,6 +866,12 @@ def fused_attention_forward(
     if why is None and attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             why = f"a {type(attention_mask).__name__} mask"
+        elif is_compiling():
+            # Which mask this is shows only in its values, and reading them (decompose_mask) would break the
+            # graph at every layer.  transformers materializes the causal mask under torch.compile even
+            # without padding where torch reports tracing as exporting (torch < 2.14, its masking_utils
+            # says), so this is the common compiled case there; the unswapped model runs SDPA on that mask.
+            why = "a mask tensor under torch.compile"
         else:
             dec = decompose_mask(attention_mask, sq, sk)
             if dec is not None:

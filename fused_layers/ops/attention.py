@@ -1472,6 +1472,9 @@ def key_bias_from_mask(attn_mask: torch.Tensor, B: int, H: int, Sq: int, Sk: int
 # The functional ``fused_attention`` always runs these kernels.
 # --------------------------------------------------------------------------------------------------
 _CUDNN_FASTER: dict[int, bool] = {}
+#: The device type whose tensors ``prefer_sdpa`` may hand to cuDNN (a module global, read while Dynamo traces:
+#: the CPU tests set it to "cpu" to trace the GPU route under the interpreter).
+ROUTE_DEVICE_TYPE = "cuda"
 
 
 @torch.compiler.assume_constant_result
@@ -1506,7 +1509,7 @@ def prefer_sdpa(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None
     """True when a swapped attention module should call SDPA (cuDNN) rather than the Triton kernels.
     Callers pass ``enable_gqa=True`` to SDPA when K/V have fewer heads."""
     hkv = k.shape[-3] if k.dim() == 4 else -1
-    return (q.is_cuda and _sdpa_faster(q.dtype, tuple(q.shape), hkv, attn_mask is not None)
+    return (q.device.type == ROUTE_DEVICE_TYPE and _sdpa_faster(q.dtype, tuple(q.shape), hkv, attn_mask is not None)
             and _cudnn_sdpa_available(q.get_device()))
 
 

@@ -105,6 +105,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import compile_config
 from . import cross_entropy_config as cfg
 from ._common import (
     INTERPRET,
@@ -1209,7 +1210,8 @@ def fused_cross_entropy(
         reduction = _Reduction.legacy_get_string(size_average, reduce)
     soft = validate(input, target, weight, ignore_index, reduction, label_smoothing)
     cap = check_softcap(_OP, softcap)
-    if input.dtype == torch.float64 or (soft and target.requires_grad) or use_fallback(_OP, input):
+    if (input.dtype == torch.float64 or (soft and target.requires_grad) or use_fallback(_OP, input)
+            or (is_compiling() and compile_config.COMPILED.cross_entropy == "inductor")):  # (see compile_config)
         if cap:
             input = torch.tanh(input / cap) * cap
         return torch.nn.functional.cross_entropy(input, target, weight=weight, ignore_index=ignore_index,

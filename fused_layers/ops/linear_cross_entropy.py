@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from . import compile_config
 from . import cross_entropy_config as cfg
 from ._common import check_tensor, get_override, is_compiling, use_fallback
 from .cross_entropy import _REDUCTIONS, check_softcap, check_target_flag, cross_entropy_forward, launch_den, scale_grad_
@@ -302,7 +303,8 @@ def fused_linear_cross_entropy(
     _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoothing)
     cap = check_softcap(_OP, softcap)
     cdtype = _compute_dtype(hidden)
-    if cdtype == torch.float64 or use_fallback(_OP, hidden) or target.requires_grad:
+    if (cdtype == torch.float64 or use_fallback(_OP, hidden) or target.requires_grad
+            or (is_compiling() and compile_config.COMPILED.linear_cross_entropy == "inductor")):
         logits = torch.nn.functional.linear(hidden, weight, bias)
         if cap:
             logits = torch.tanh(logits / cap) * cap
