@@ -6,6 +6,8 @@ Needs torch and triton only.  The Lightning callback is ``fused_layers.lightning
 
 from . import functional
 from .functional import (
+    fused_add_layer_norm,
+    fused_add_rms_norm,
     fused_attention,
     fused_attention_varlen,
     fused_cross_entropy,
@@ -37,5 +39,5 @@ __all__ = [
     "LinearCrossEntropyLoss", "fused_attention", "fused_attention_varlen", "FusedAttention", "FusedMultiheadAttention",
     "functional", "fused_layer_norm", "fused_rms_norm", "FusedLayerNorm", "FusedRMSNorm", "fused_softmax", "Attention",
     "FusedSoftmax", "swap_modules", "restore_modules", "SwapReport", "fused_gated_activation", "fused_swiglu",
-    "fused_geglu",
+    "fused_geglu", "fused_add_rms_norm", "fused_add_layer_norm",
 ]
