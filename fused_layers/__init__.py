@@ -16,6 +16,7 @@ from .functional import (
     fused_layer_norm,
     fused_linear_cross_entropy,
     fused_rms_norm,
+    fused_rope,
     fused_softmax,
     fused_swiglu,
 )
@@ -40,4 +41,5 @@ __all__ = [
     "functional", "fused_layer_norm", "fused_rms_norm", "FusedLayerNorm", "FusedRMSNorm", "fused_softmax", "Attention",
     "FusedSoftmax", "swap_modules", "restore_modules", "SwapReport", "fused_gated_activation", "fused_swiglu",
     "fused_geglu", "fused_add_rms_norm", "fused_add_layer_norm",
+    "fused_rope",
 ]
