@@ -20,6 +20,9 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=8, hidden_activation="gelu_pytorch_tanh")),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5, pad_token_id=0)),
+    # the norm after the residual add is pre_feedforward_layernorm (post_attention_layernorm precedes the add)
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=8, hidden_activation="gelu_pytorch_tanh",
+                                                       attn_implementation="eager")),
 }
 NEW = ("gated_mlp", "rope", "residual_norm")
 
@@ -27,7 +30,8 @@ NEW = ("gated_mlp", "rope", "residual_norm")
 def _tiny(family, **over):
     cfg_name, model_name, extra = FAMILIES[family]
     kw = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=32, attn_implementation="sdpa", **extra)
+              num_key_value_heads=2, max_position_embeddings=32, attn_implementation="sdpa")
+    kw.update(extra)
     kw.update(over)
     torch.manual_seed(0)
     m = getattr(transformers, model_name)(getattr(transformers, cfg_name)(**kw))
@@ -71,17 +75,17 @@ def _spies(monkeypatch):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_swapped_model_matches(family, monkeypatch):
+def test_swapped_model_matches(family, monkeypatch, device):
     """Only the three new kinds swapped: logits and every gradient against the unswapped model; the fused kernels
     ran (2 MLPs, 2 layers' RoPE, 2 residual norms); restore puts the model's apply_rotary_pos_emb back."""
-    ref = _tiny(family)
+    ref = _tiny(family).to(device)
     m = copy.deepcopy(ref)
     rep = swap_modules(m, kinds=list(NEW))
     assert rep.counts() == {"gated_mlp": 2, "rope": 1, "residual_norm": 2}, str(rep)
     modname = type(m.model.rotary_emb).__mro__[1].__module__  # (the fused subclass's base: the model's class)
     assert _hf_decoder.rope_installed(modname)
     calls = _spies(monkeypatch)
-    ids = torch.randint(0, 48, (2, 5))
+    ids = torch.randint(0, 48, (2, 5), device=device)
     _compare(_step(ref, ids), _step(m, ids))
     assert calls == {"gated": 2, "rope": 2, "res": 2}, calls
     _compare(_step(ref, ids), _step(ref, ids))  # the unswapped model is untouched by the dispatcher
@@ -91,14 +95,14 @@ def test_swapped_model_matches(family, monkeypatch):
     assert all(type(x).__name__.startswith("Fused") is False for x in m.modules())
 
 
-def test_all_kinds_together_and_gradient_checkpointing():
+def test_all_kinds_together_and_gradient_checkpointing(device):
     """Every kind (attention, norms and loss too) on Llama with gradient checkpointing on (the layers recompute
     their forward in the backward): logits and gradients match, and again after one optimizer step of both."""
-    ref = _tiny("llama")
+    ref = _tiny("llama").to(device)
     m = copy.deepcopy(ref)
     rep = swap_modules(m)
     assert {"attention", "rms_norm", *NEW} <= set(rep.counts()), str(rep)
-    ids = torch.randint(0, 48, (2, 5))
+    ids = torch.randint(0, 48, (2, 5), device=device)
     for model in (ref, m):
         model.train()
         # (transformers 5.25 renames it activation_checkpointing_enable; older releases have only this name)
@@ -132,6 +136,19 @@ def test_left_alone_with_reasons():
     assert rep.counts().get("rope", 0) in (0, 1)
     if not rep.counts().get("rope"):
         assert reasons and "differs from the verified ones" in reasons[0]
+
+
+def test_decoder_layer_sites():
+    """The three statements found by their shape in each family's own forward: the norm's attribute; a layer whose
+    statement after the add is not a verified norm (OLMo 2: the MLP) is refused with its reason."""
+    import transformers.models.olmo2.modeling_olmo2 as mo
+    import transformers.models.phi3.modeling_phi3 as mp
+
+    assert _hf_decoder._fused_inner(mp.Phi3DecoderLayer)[1] == "post_attention_layernorm"
+    cfg = transformers.Olmo2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, max_position_embeddings=32)
+    layer = mo.Olmo2DecoderLayer(cfg, 0)
+    assert "its mlp is Olmo2MLP, not a verified" in _hf_decoder._layer_check(layer)
 
 
 def test_activation_recognition():

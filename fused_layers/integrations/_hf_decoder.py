@@ -23,20 +23,25 @@ whose code differs is not matched, and a module whose instance does not fit is l
   process-wide change, and one that is exact by construction (the fused path is taken only for the function whose
   source we verified: Llama's half-split, Phi-3's partial rotary, GLM's interleaved partial rotary).  Under
   ``torch.compile`` the original function runs (no identity bookkeeping inside a graph).
-* ``residual_norm``: decoder layers of Llama's shape (Llama, Mistral, Qwen2/3, Gemma, Qwen2-MoE, Starcoder2, GLM)
-  and Phi-3's (a dropout on each branch) whose ``post_attention_layernorm`` is a verified RMSNorm (Llama's order or
-  Gemma's ``1 + w``): ``h = residual + attn_out; residual = h; y = post_attention_layernorm(h)`` becomes one
-  ``fused_add_rms_norm`` (ops/residual_norm.py).  The fused forward is the verified source with those three lines
-  replaced, put inside the class's own wrappers (transformers' kwarg deprecation; gradient checkpointing is added by
-  ``GradientCheckpointingLayer`` to every subclass, ours too).  A norm with hooks, or inputs the kernel does not take,
-  runs the three lines as written.
+* ``residual_norm``: decoder layers (``*DecoderLayer`` of transformers) whose forward holds, once, the three
+  statements ``X = R + Y; R = X; X = self.<norm>(X)`` (Llama's ``hidden_states = residual + hidden_states; residual =
+  hidden_states; hidden_states = self.post_attention_layernorm(hidden_states)``; Phi-3's with ``Y =
+  self.resid_attn_dropout(hidden_states)``; Gemma 2/3's ``pre_feedforward_layernorm``: 140 classes in transformers
+  5.25) and whose ``<norm>`` is a verified RMSNorm (Llama's order or Gemma's ``1 + w``, ``_hf.py``'s entries).  The
+  fused forward is the class's own, rewritten on its syntax tree: those three statements become ``R, X =
+  self._fused_add_norm(self.<norm>, Y, R)`` (one ``fused_add_rms_norm``, ops/residual_norm.py), everything else as
+  written, compiled against the model module's own globals and put back inside the class's own wrappers
+  (transformers' kwarg deprecation; gradient checkpointing is added by ``GradientCheckpointingLayer`` to every
+  subclass, ours too).  So the check is on what changes, and a new release's layer qualifies by having the same
+  three statements.  A norm with hooks, or inputs the kernel does not take, runs the three statements as written.
 """
 
 from __future__ import annotations
 
-import builtins
+import ast
 import inspect
 import sys
+import textwrap
 import types
 import weakref
 from typing import Any, Optional
@@ -322,120 +327,24 @@ def rope_installed(module_name: str) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------
-# Residual add + norm in decoder layers.  Verified sources (transformers 5.25) and their fused versions:
-# the same function with ``h = residual + attn; residual = h; h = post_attention_layernorm(h)`` replaced.
+# Residual add + norm in decoder layers.  The class's own forward, with its three statements
+#     X = R + Y;   R = X;   X = self.<norm>(X)
+# (Llama's ``hidden_states = residual + hidden_states; residual = hidden_states; hidden_states =
+# self.post_attention_layernorm(hidden_states)``, Phi-3's with ``Y = self.resid_attn_dropout(hidden_states)``)
+# rewritten on its syntax tree into
+#     R, X = self._fused_add_norm(self.<norm>, Y, R)
+# and everything else kept as written.
 # --------------------------------------------------------------------------------------------------
-LLAMA_LAYER_FORWARD = '''
-def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
-            position_embeddings=None, **kwargs):
-    residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
-    # Self Attention
-    hidden_states, _ = self.self_attn(
-        hidden_states=hidden_states,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        cache=cache,
-        use_cache=use_cache,
-        position_embeddings=position_embeddings,
-        **kwargs,
-    )
-    hidden_states = residual + hidden_states
-
-    # Fully Connected
-    residual = hidden_states
-    hidden_states = self.post_attention_layernorm(hidden_states)
-    hidden_states = self.mlp(hidden_states)
-    hidden_states = residual + hidden_states
-    return hidden_states
-'''
-
-LLAMA_LAYER_FUSED = '''
-def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
-            position_embeddings=None, **kwargs):
-    residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
-    hidden_states, _ = self.self_attn(
-        hidden_states=hidden_states,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        cache=cache,
-        use_cache=use_cache,
-        position_embeddings=position_embeddings,
-        **kwargs,
-    )
-    residual, hidden_states = _fused_add_norm(self.post_attention_layernorm, hidden_states, residual)
-    hidden_states = self.mlp(hidden_states)
-    hidden_states = residual + hidden_states
-    return hidden_states
-'''
-
-PHI3_LAYER_FORWARD = '''
-def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
-            position_embeddings=None, **kwargs):
-    residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
-
-    hidden_states, self_attn_weights = self.self_attn(
-        hidden_states=hidden_states,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        cache=cache,
-        use_cache=use_cache,
-        position_embeddings=position_embeddings,
-        **kwargs,
-    )
-    hidden_states = residual + self.resid_attn_dropout(hidden_states)  # main diff with Llama
-
-    residual = hidden_states
-    hidden_states = self.post_attention_layernorm(hidden_states)
-    hidden_states = self.mlp(hidden_states)
-    hidden_states = residual + self.resid_mlp_dropout(hidden_states)  # main diff with Llama
-    return hidden_states
-'''
-
-PHI3_LAYER_FUSED = '''
-def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
-            position_embeddings=None, **kwargs):
-    residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
-    hidden_states, self_attn_weights = self.self_attn(
-        hidden_states=hidden_states,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        cache=cache,
-        use_cache=use_cache,
-        position_embeddings=position_embeddings,
-        **kwargs,
-    )
-    residual, hidden_states = _fused_add_norm(self.post_attention_layernorm, self.resid_attn_dropout(hidden_states),
-                                              residual)
-    hidden_states = self.mlp(hidden_states)
-    hidden_states = residual + self.resid_mlp_dropout(hidden_states)
-    return hidden_states
-'''
-
-
-def _norm_entry(norm: nn.Module) -> Optional[str]:
-    """The registry entry of the norm module's class (or of the class it was swapped from), else None."""
-    from . import is_fused_class, match
-
-    cls = type(norm)
-    if is_fused_class(cls):
-        cls = cls.__dict__.get("_fused_layers_source") or cls.__mro__[1]
-    entry = match(cls)
-    return entry.name if entry is not None else None
-
-
 def _fused_add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(h, norm(h)) with h = residual + x: one kernel where it computes exactly that, the three lines otherwise."""
     entry = _norm_entry(norm)
     w = getattr(norm, "weight", None)
-    if (entry in ("hf_llama_rms_norm", "hf_gemma_rms_norm") and isinstance(w, torch.Tensor) and w.dim() == 1
+    if (entry in _NORMS and isinstance(w, torch.Tensor) and w.dim() == 1
             and not (norm._forward_hooks or norm._forward_pre_hooks or nn.modules.module._global_forward_hooks
                      or nn.modules.module._global_forward_pre_hooks)
+            and isinstance(x, torch.Tensor) and isinstance(residual, torch.Tensor)
             and x.dtype == residual.dtype and x.shape == residual.shape and x.dtype in SUPPORTED_DTYPES
-            and w.shape[0] == x.shape[-1] and w.device == x.device and residual.device == x.device
+            and x.dim() >= 1 and w.shape[0] == x.shape[-1] and w.device == x.device and residual.device == x.device
             and triton_runnable(x)):
         from ..ops.residual_norm import fused_add_rms_norm
 
@@ -447,27 +356,114 @@ def _fused_add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) ->
     return h, norm(h)
 
 
-_LAYER_VARIANTS = ((LLAMA_LAYER_FORWARD, LLAMA_LAYER_FUSED), (PHI3_LAYER_FORWARD, PHI3_LAYER_FUSED))
+#: the norms a fused decoder layer computes itself (registry entries of _hf.py, verified there)
+_NORMS = ("hf_llama_rms_norm", "hf_gemma_rms_norm")
 
 
-def _layer_fused_source(cls: type) -> Optional[str]:
-    fp = fingerprint(cls.__dict__.get("forward"))
-    return next((fused for src, fused in _LAYER_VARIANTS if fp is not None and fp == _compile_forward(src)), None)
+def _norm_entry(norm: nn.Module) -> Optional[str]:
+    """The registry entry of the norm module's class (or of the class it was swapped from) when the instance passes
+    that entry's check, else None."""
+    from . import is_fused_class, match
+
+    cls = type(norm)
+    if is_fused_class(cls):
+        cls = cls.__dict__.get("_fused_layers_source") or cls.__mro__[1]
+    entry = match(cls)
+    if entry is None or (entry.check is not None and entry.check(norm) is not None):  # (Gemma's: its _norm too)
+        return None
+    return entry.name
+
+
+def _name(node: ast.AST) -> Optional[str]:
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _add_norm_site(body: list) -> Optional[tuple[int, str, str, str, ast.expr]]:
+    """(index, X, R, norm attribute, Y) of the one ``X = R + Y; R = X; X = self.<norm>(X)`` in ``body``, else
+    None (none, or more than one)."""
+    found = []
+    for i in range(len(body) - 2):
+        a, b, c = body[i:i + 3]
+        if not all(isinstance(t, ast.Assign) and len(t.targets) == 1 for t in (a, b, c)):
+            continue
+        x = _name(a.targets[0])
+        if not (x and isinstance(a.value, ast.BinOp) and isinstance(a.value.op, ast.Add)):
+            continue
+        r = _name(a.value.left)
+        if not (r and r != x and _name(b.targets[0]) == r and _name(b.value) == x and _name(c.targets[0]) == x):
+            continue
+        call = c.value
+        if (isinstance(call, ast.Call) and not call.keywords and len(call.args) == 1 and _name(call.args[0]) == x
+                and isinstance(call.func, ast.Attribute) and _name(call.func.value) == "self"):
+            found.append((i, x, r, call.func.attr, a.value.right))
+    return found[0] if len(found) == 1 else None
+
+
+def _inner_forward(cls: type) -> Optional[types.FunctionType]:
+    fwd = cls.__dict__.get("forward")
+    try:
+        inner = inspect.unwrap(fwd) if fwd is not None else None
+    except ValueError:
+        return None
+    return inner if isinstance(inner, types.FunctionType) else None
+
+
+_SITES: dict[type, Optional[tuple[types.FunctionType, str]]] = {}
+
+
+def _fused_inner(cls: type) -> Optional[tuple[types.FunctionType, str]]:
+    """(the class's innermost forward with its residual add + norm fused, the norm's attribute name), or None where
+    the forward has no such site, or its source cannot be read, or it closes over variables (cached per class).
+
+    The new function is the rewritten source compiled as the original's code was: same file name, the defining
+    module's globals (no copy: names looked up at call time resolve as the original's do), the original's defaults."""
+    if cls in _SITES:
+        return _SITES[cls]
+    out = None
+    inner = _inner_forward(cls)
+    if inner is not None and not inner.__code__.co_freevars:
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(inner)))
+            ast.increment_lineno(tree, inner.__code__.co_firstlineno - 1)  # tracebacks point into the model's file
+        except (OSError, TypeError, SyntaxError):
+            tree = None
+        fn = tree.body[0] if tree is not None and tree.body else None
+        site = _add_norm_site(fn.body) if isinstance(fn, ast.FunctionDef) else None
+        if site is not None:
+            i, x, r, attr, y = site
+            self_attr = ast.Attribute(ast.Name("self", ast.Load()), attr, ast.Load())
+            helper = ast.Attribute(ast.Name("self", ast.Load()), "_fused_add_norm", ast.Load())
+            fn.body[i:i + 3] = [ast.Assign(
+                targets=[ast.Tuple([ast.Name(r, ast.Store()), ast.Name(x, ast.Store())], ast.Store())],
+                value=ast.Call(helper, [self_attr, y, ast.Name(r, ast.Load())], []))]
+            fn.decorator_list, fn.returns = [], None  # (annotations are not evaluated: the code object alone is kept)
+            for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs, fn.args.vararg, fn.args.kwarg]:
+                if a is not None:
+                    a.annotation = None
+            module = ast.fix_missing_locations(ast.Module([fn], []))
+            code = compile(module, inner.__code__.co_filename, "exec")
+            fn_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+            new = types.FunctionType(fn_code, inner.__globals__, inner.__name__, inner.__defaults__)
+            new.__kwdefaults__ = inner.__kwdefaults__
+            new.__qualname__, new.__doc__, new.__module__ = inner.__qualname__, inner.__doc__, inner.__module__
+            out = (new, attr)
+    _SITES[cls] = out
+    return out
 
 
 def _is_decoder_layer(cls: type) -> bool:
     return (cls.__module__.startswith("transformers.models.") and cls.__name__.endswith("DecoderLayer")
-            and _layer_fused_source(cls) is not None)
+            and _fused_inner(cls) is not None)
 
 
 def _layer_check(m: nn.Module) -> Optional[str]:
-    norm = getattr(m, "post_attention_layernorm", None)
+    attr = _fused_inner(type(m))[1]
+    norm = getattr(m, attr, None)
     if not isinstance(norm, nn.Module):
-        return "no post_attention_layernorm module"
-    entry = _norm_entry(norm)
-    if entry not in ("hf_llama_rms_norm", "hf_gemma_rms_norm"):
-        return (f"its post_attention_layernorm is {type(norm).__qualname__}, not a verified Llama / Gemma RMSNorm "
-                "(the residual add and the norm stay apart)")
+        return f"its {attr} is not a module"
+    if _norm_entry(norm) not in _NORMS:
+        return (f"its {attr} is {type(norm).__qualname__}, not a verified Llama / Gemma RMSNorm (the residual add "
+                "and the norm stay apart)")
     if _rewrapped(type(m)) is None:
         return "its forward's wrappers could not be rebuilt around the fused forward"
     return None
@@ -508,24 +504,17 @@ _REWRAPPED: dict[type, Optional[types.FunctionType]] = {}
 
 
 def _rewrapped(cls: type) -> Optional[types.FunctionType]:
-    """The fused forward of a decoder-layer class, inside the class's own wrappers (cached per class).  The
-    gradient-checkpointing wrapper (``forward_with_checkpointing``) is left out: ``GradientCheckpointingLayer`` adds
-    it to the fused subclass itself."""
-    if cls in _REWRAPPED:
-        return _REWRAPPED[cls]
-    src = _layer_fused_source(cls)
-    out = None
-    if src is not None:
-        ns: dict[str, Any] = {"__builtins__": builtins, "_fused_add_norm": _fused_add_norm}
-        exec(compile(src.strip() + "\n", f"<fused_layers {cls.__qualname__}.forward>", "exec"), ns)
-        inner = ns["forward"]
-        inner.__qualname__ = f"Fused{cls.__qualname__}.forward"
-        fwd = cls.__dict__["forward"]
-        if getattr(fwd, "__code__", None) is not None and fwd.__code__.co_name == "forward_with_checkpointing":
+    """The fused forward of a decoder-layer class inside the class's own wrappers (transformers' kwarg deprecation),
+    cached per class.  The gradient-checkpointing wrapper (``forward_with_checkpointing``) is left out:
+    ``GradientCheckpointingLayer`` adds it to every subclass, the fused one too."""
+    if cls not in _REWRAPPED:
+        fused = _fused_inner(cls)
+        fwd = cls.__dict__.get("forward")
+        if fused is not None and getattr(fwd, "__code__", None) is not None \
+                and fwd.__code__.co_name == "forward_with_checkpointing":
             fwd = fwd.__wrapped__
-        out = _rewrap(fwd, inner)
-    _REWRAPPED[cls] = out
-    return out
+        _REWRAPPED[cls] = None if fused is None else _rewrap(fwd, fused[0])
+    return _REWRAPPED[cls]
 
 
 def _build_layer(cls: type) -> dict:
@@ -533,7 +522,7 @@ def _build_layer(cls: type) -> dict:
     if fwd is None:  # (the check refused such classes; a direct build gets the class's own forward)
         fwd = cls.forward
     # the ledger replays module calls: a whole decoder layer (attention, caches) is measured by the step A/B instead
-    return {"forward": fwd, "_fused_ledger_skip": True}
+    return {"forward": fwd, "_fused_add_norm": staticmethod(_fused_add_norm), "_fused_ledger_skip": True}
 
 
 REGISTRY.extend([
