@@ -139,3 +139,14 @@ def test_llama_mlp_size_bf16(activation):
     _check(gate, up, activation, torch.bfloat16)
     gu = torch.randn(2, 1024, 2 * 8192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     _check(gu, None, activation, torch.bfloat16)
+
+
+def test_opcheck(device):
+    """The registered ops' schema, fake kernel and autograd registration (what torch.compile relies on)."""
+    g = torch.randn(3, 8, device=device, requires_grad=True)
+    u = torch.randn(3, 8, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.fused_layers.gated_activation_fwd.default, (g, u, 0))
+    torch.library.opcheck(torch.ops.fused_layers.gated_activation_fwd.default, (torch.randn(3, 16, device=device),
+                                                                              None, 2))
+    torch.library.opcheck(torch.ops.fused_layers.gated_activation_bwd.default,
+                          (torch.randn(3, 8, device=device), g.detach(), u.detach(), 1))

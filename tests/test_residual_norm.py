@@ -153,3 +153,15 @@ def test_decoder_sizes_bf16(n):
     w = (1 + 0.1 * torch.randn(n, device="cuda")).bfloat16().requires_grad_()
     _run(lambda x, r, w: fused_add_rms_norm(x, r, w, 1e-6, cast_before_weight=True), _rms64(True), x, r, [w],
          torch.bfloat16)
+
+
+def test_opcheck(device):
+    """The registered ops' schema, fake kernel and autograd registration (what torch.compile relies on)."""
+    x = torch.randn(3, 16, device=device, requires_grad=True)
+    r = torch.randn(3, 16, device=device, requires_grad=True)
+    w = torch.randn(16, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.fused_layers.residual_norm_fwd.default, (x, r, w, None, 1e-6, True, True, False))
+    h, y, stats = torch.ops.fused_layers.residual_norm_fwd.default(x.detach(), r.detach(), w.detach(), None, 1e-6,
+                                                                  True, False, False)
+    torch.library.opcheck(torch.ops.fused_layers.residual_norm_bwd.default,
+                          (torch.randn_like(y), torch.randn_like(h), h, w.detach(), None, stats, True, False))

@@ -169,3 +169,39 @@ def test_llama8b_heads_bf16(interleaved):
         hq, hk = _hf("llama")(q.detach(), k.detach(), cos, sin)
         torch.testing.assert_close(qe, hq, atol=atol, rtol=rtol)
         torch.testing.assert_close(ke, hk, atol=atol, rtol=rtol)
+
+
+def test_opcheck(device):
+    """The registered ops' schema, fake kernel and autograd registration (what torch.compile relies on)."""
+    q, k = _qk(1, 2, 1, 3, 8, device)
+    cos, sin = _cos_sin(1, 3, 8, device)
+    torch.library.opcheck(torch.ops.fused_layers.rope_fwd.default, (q, k, cos, sin, False, 1))
+    torch.library.opcheck(torch.ops.fused_layers.rope_bwd.default,
+                          (torch.randn_like(q), torch.randn_like(k), cos, sin, True, 1))
+
+
+@pytest.mark.slow
+def test_decoder_ops_compile_fullgraph(device):
+    """RoPE, residual + norm and the gated activation through torch.compile(fullgraph=True) (the registered ops, their
+    autograd, two differentiable outputs each for the first two): the eager results and gradients."""
+    from fused_layers import fused_add_rms_norm, fused_swiglu
+
+    def f(x, r, w, q, k, cos, sin, g, u):
+        h, y = fused_add_rms_norm(x, r, w, 1e-6, cast_before_weight=True)
+        q2, k2 = fused_rope(q, k, cos, sin)
+        return h.sum() + y.square().sum() + q2.square().sum() + k2.sum() + fused_swiglu(g, u).square().sum()
+
+    leaves = [torch.randn(4, 16, device=device), torch.randn(4, 16, device=device), torch.randn(16, device=device),
+              *_qk(1, 2, 1, 3, 8, device)]
+    leaves = [t.detach().requires_grad_() for t in leaves]
+    g, u = (torch.randn(4, 8, device=device, requires_grad=True) for _ in range(2))
+    cos, sin = _cos_sin(1, 3, 8, device)
+    args = (*leaves, cos, sin, g, u)
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")(*args)
+    grads = torch.autograd.grad(out, [*leaves, g, u])
+    ref = f(*args)
+    want = torch.autograd.grad(ref, [*leaves, g, u])
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-5)
+    for a, b in zip(grads, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
