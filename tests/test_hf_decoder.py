@@ -95,6 +95,28 @@ def test_swapped_model_matches(family, monkeypatch, device):
     assert all(type(x).__name__.startswith("Fused") is False for x in m.modules())
 
 
+def test_autocast_mixed_dtypes(monkeypatch, device):
+    """float32 weights under bf16 autocast (the usual fine-tuning set-up): bf16 projections, a float32 residual
+    stream, float32 cos / sin. Every fused path is still taken (the residual add of a bf16 attention output to the
+    float32 stream, RoPE of bf16 q / k by float32 cos / sin), and the model's logits and gradients are the
+    unswapped model's within bf16 rounding."""
+    ref = _tiny("llama").to(device)
+    m = copy.deepcopy(ref)
+    swap_modules(m, kinds=list(NEW))
+    calls = _spies(monkeypatch)
+    ids = torch.randint(0, 48, (2, 5), device=device)
+    dev_type = torch.device(device).type
+    with torch.autocast(dev_type, dtype=torch.bfloat16):
+        a, b = _step(ref, ids), _step(m, ids)
+    assert calls == {"gated": 2, "rope": 2, "res": 2}, calls
+    (la, ga), (lb, gb) = a, b
+    rel = lambda x, y: ((x.float() - y.float()).norm() / y.float().norm()).item()  # noqa: E731
+    assert rel(lb, la) < 2e-2
+    for n in ga:
+        assert rel(gb[n], ga[n]) < 5e-2, (n, rel(gb[n], ga[n]))
+    restore_modules(m)
+
+
 def test_all_kinds_together_and_gradient_checkpointing(device):
     """Every kind (attention, norms and loss too) on Llama with gradient checkpointing on (the layers recompute
     their forward in the backward): logits and gradients match, and again after one optimizer step of both."""

@@ -86,6 +86,31 @@ def test_hf_weight_orders(device):
     torch.testing.assert_close(y, want, atol=1e-2, rtol=1e-2)
 
 
+def test_autocast_dtypes(device):
+    """A bf16 attention output meets a float32 residual stream and a float32 weight (HF under autocast): h and y in
+    float32 as ``residual + x`` and LlamaRMSNorm give them, each input's gradient in its own dtype."""
+    x = torch.randn(5, 48, device=device, dtype=torch.bfloat16, requires_grad=True)
+    r = torch.randn(5, 48, device=device, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(48, device=device)).requires_grad_()
+    h, y = fused_add_rms_norm(x, r, w, 1e-6, cast_before_weight=True)
+    assert h.dtype == y.dtype == torch.float32
+    hr = r + x  # (exact in float32)
+    hf = hr.float()
+    want = w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6))
+    torch.testing.assert_close(h, hr, atol=0, rtol=0)
+    torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
+    dh, dy = torch.randn_like(h), torch.randn_like(y)
+    gx, gr, gw = torch.autograd.grad((h, y), (x, r, w), (dh, dy))
+    x2, r2, w2 = (t.detach().clone().requires_grad_() for t in (x, r, w))
+    h2 = r2 + x2
+    y2 = w2 * (h2 * torch.rsqrt(h2.pow(2).mean(-1, keepdim=True) + 1e-6))
+    ex, er, ew = torch.autograd.grad((h2, y2), (x2, r2, w2), (dh, dy))
+    assert gx.dtype == torch.bfloat16 and gr.dtype == torch.float32
+    torch.testing.assert_close(gx, ex)
+    torch.testing.assert_close(gr, er, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gw, ew, atol=1e-4, rtol=1e-5)
+
+
 def test_wide_rows_compose_the_norm_kernels(device):
     """Past the single-block width (forced down here) the add runs first and the norm's own kernels follow."""
     from fused_layers.ops import residual_norm
@@ -126,8 +151,8 @@ def test_errors(device):
     with pytest.raises(ValueError, match="same shape") as e:
         fused_add_rms_norm(x, torch.randn(3, 4, device=device))
     assert isinstance(e.value, RuntimeError)
-    with pytest.raises(TypeError, match="same dtype"):
-        fused_add_rms_norm(x, x.half())
+    with pytest.raises(TypeError, match="'residual' has dtype torch.int64"):
+        fused_add_rms_norm(x, x.long())
     with pytest.raises(ValueError, match="'weight' must be 1-D"):
         fused_add_rms_norm(x, x, torch.ones(4, device=device))
     with pytest.raises(TypeError, match="'residual' must be a torch.Tensor"):

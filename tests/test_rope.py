@@ -103,6 +103,20 @@ def test_bf16_against_float64(device, interleaved):
         torch.testing.assert_close(g.double(), w, atol=atol, rtol=rtol)
 
 
+def test_float32_cos_with_bf16_q(device):
+    """Under autocast HF's rotary embedding may return float32 cos / sin for bf16 q and k: ``q * cos`` promotes, so
+    the result is float32 (HF's values), the gradients bf16."""
+    q, k = _qk(1, 2, 1, 5, 16, device, dtype=torch.bfloat16)
+    cos, sin = _cos_sin(1, 5, 16, device)
+    qe, ke = fused_rope(q, k, cos, sin)
+    hq, hk = _hf("llama")(q.detach(), k.detach(), cos, sin)
+    assert qe.dtype == ke.dtype == hq.dtype == torch.float32
+    torch.testing.assert_close(qe, hq, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ke, hk, atol=1e-6, rtol=1e-6)
+    gq, gk = torch.autograd.grad((qe, ke), (q, k), (torch.ones_like(qe), torch.ones_like(ke)))
+    assert gq.dtype == gk.dtype == torch.bfloat16
+
+
 def test_inplace_without_grad_and_one_output_used(device):
     q, k = _qk(1, 2, 2, 4, 16, device)
     cos, sin = _cos_sin(1, 4, 8, device)

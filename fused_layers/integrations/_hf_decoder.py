@@ -272,7 +272,7 @@ def _dispatcher(original: Any, interleaved: bool, partial: bool):
                 and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
                 and unsqueeze_dim in (1, 2) and cos.dim() == 3 and cos.shape == sin.shape
                 and q.dtype == k.dtype and q.dtype in SUPPORTED_DTYPES and cos.dtype == sin.dtype
-                and torch.promote_types(q.dtype, cos.dtype) == q.dtype  # HF's result dtype is q's
+                and cos.dtype in SUPPORTED_DTYPES  # (the result takes promote_types(q, cos), as HF's does)
                 and (partial or cos.shape[-1] == q.shape[-1]) and cos.shape[-1] % 2 == 0
                 and 0 < cos.shape[-1] <= q.shape[-1] and triton_runnable(q)):
             s = q.shape[2 if unsqueeze_dim == 1 else 1]
@@ -342,13 +342,13 @@ def _fused_add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) ->
     if (entry in _NORMS and isinstance(w, torch.Tensor) and w.dim() == 1
             and not (norm._forward_hooks or norm._forward_pre_hooks or nn.modules.module._global_forward_hooks
                      or nn.modules.module._global_forward_pre_hooks)
-            and isinstance(x, torch.Tensor) and isinstance(residual, torch.Tensor)
-            and x.dtype == residual.dtype and x.shape == residual.shape and x.dtype in SUPPORTED_DTYPES
+            and isinstance(x, torch.Tensor) and isinstance(residual, torch.Tensor) and x.shape == residual.shape
+            and x.dtype in SUPPORTED_DTYPES and residual.dtype in SUPPORTED_DTYPES and w.dtype in SUPPORTED_DTYPES
             and x.dim() >= 1 and w.shape[0] == x.shape[-1] and w.device == x.device and residual.device == x.device
             and triton_runnable(x)):
         from ..ops.residual_norm import fused_add_rms_norm
 
-        if entry == "hf_llama_rms_norm" and w.dtype in (x.dtype, torch.float32):
+        if entry == "hf_llama_rms_norm":  # (h in promote_types(x, residual), y in promote_types(h, weight))
             return fused_add_rms_norm(x, residual, w, norm.variance_epsilon, cast_before_weight=True)
         if entry == "hf_gemma_rms_norm":
             return fused_add_rms_norm(x, residual, w, norm.eps, keep_input_dtype=True, weight_offset=1.0)

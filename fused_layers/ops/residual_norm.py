@@ -5,7 +5,8 @@ A pre-norm decoder layer (Llama and its copies) runs, between attention and MLP,
     h = residual + attn_out;    residual = h;    y = post_attention_layernorm(h)
 
 as two kernels that read h twice.  Here one kernel reads x and the residual once, writes h (the next residual, in
-x's dtype) and y, and saves the norm's float32 statistics; the backward takes the gradients of *both* outputs:
+the promoted dtype of the two, as ``residual + x``) and y, and saves the norm's float32 statistics; the backward
+takes the gradients of *both* outputs:
 
     d x = d residual = dh + dnorm(dy),
 
@@ -28,9 +29,10 @@ contiguous group of rows in tiles accumulating dW / dB partial rows that ``layer
 of h and of the gradient): correct at any width, fused where models are.
 
 Layout.  x and the residual are viewed as M rows of their last dim (unit column stride, one row stride each; other
-layouts are copied); h, y and dx are contiguous.  Dtypes: x and the residual alike (float16, bfloat16, float32);
-the weight and bias in x's dtype or float32.  float64 and devices where Triton cannot run use
-``residual_norm_reference``.
+layouts are copied); h, y and dx are contiguous.  Dtypes: x and the residual float16, bfloat16 or float32, not
+necessarily alike (under autocast a bfloat16 attention output meets a float32 residual stream): h takes their
+promoted dtype, as ``residual + x`` does, and "x's dtype" above means h's; the weight and bias any of the three.
+float64 and devices where Triton cannot run use ``residual_norm_reference``.
 """
 
 from __future__ import annotations
@@ -43,8 +45,6 @@ import triton.language as tl
 
 from . import layer_norm_config as cfg
 from ._common import (
-    SUPPORTED_DTYPES,
-    FusedDtypeError,
     FusedShapeError,
     check_float_dtype,
     check_same_device,
@@ -83,7 +83,7 @@ def _res_norm_fwd_kernel(
     HAS_B: tl.constexpr,
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next power of two >= N: the whole row in one tile
-    CAST_BEFORE_W: tl.constexpr,  # round xhat to X's dtype before the weight (HF Llama-family order)
+    CAST_BEFORE_W: tl.constexpr,  # round xhat to H's dtype before the weight (HF Llama-family order)
 ):
     """Each program adds and normalizes BLOCK_M full rows held in registers."""
     eps = tl.cast(eps, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
@@ -119,7 +119,7 @@ def _res_norm_fwd_kernel(
     y = hc * rstd[:, None]
     if HAS_W:
         if CAST_BEFORE_W:
-            y = y.to(X.dtype.element_ty).to(tl.float32)
+            y = y.to(H.dtype.element_ty).to(tl.float32)
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
         y = y * w[None, :]
     if HAS_B:
@@ -145,7 +145,7 @@ def _res_norm_bwd_kernel(
     HAS_B: tl.constexpr,
     BLOCK_M: tl.constexpr,  # rows per tile
     BLOCK_N: tl.constexpr,  # next power of two >= N
-    CAST_BEFORE_W: tl.constexpr,  # the forward rounded xhat to X's dtype before the weight: dW uses that
+    CAST_BEFORE_W: tl.constexpr,  # the forward rounded xhat to H's dtype before the weight: dW uses that
 ):
     """dx = dh + rstd (g - xhat c1 - c2) per row in one pass; dW / dB partial rows over this program's rows."""
     MEAN, RSTD = _stats_ptrs(STATS, M, IS_RMS)
@@ -205,16 +205,20 @@ def _res_norm_bwd_kernel(
 # ==================================================================================================
 # PyTorch reference (tests, the fallback where Triton cannot run)
 # ==================================================================================================
-def _out_dtype(x: torch.Tensor, weight: Optional[torch.Tensor], keep_input_dtype: bool) -> torch.dtype:
-    return x.dtype if keep_input_dtype or weight is None else torch.promote_types(x.dtype, weight.dtype)
+def _h_dtype(x: torch.Tensor, residual: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, residual.dtype)
+
+
+def _out_dtype(h_dtype: torch.dtype, weight: Optional[torch.Tensor], keep_input_dtype: bool) -> torch.dtype:
+    return h_dtype if keep_input_dtype or weight is None else torch.promote_types(h_dtype, weight.dtype)
 
 
 def residual_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor] = None,
                             bias: Optional[torch.Tensor] = None, eps: float = 1e-6, is_rms: bool = True,
                             cast_before_weight: bool = False,
                             keep_input_dtype: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, y): h = x + residual in x's dtype, y = norm(h) with float32 statistics (float64 stays float64) in the
-    weight order and dtype of the module docstring."""
+    """(h, y): h = x + residual (in their promoted dtype), y = norm(h) with float32 statistics (float64 stays
+    float64) in the weight order and dtype of the module docstring."""
     h = x + residual
     acc = torch.float64 if h.dtype == torch.float64 else torch.float32
     hf = h.to(acc)
@@ -223,11 +227,11 @@ def residual_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: Opt
     else:
         xc = hf - hf.mean(-1, keepdim=True)
         xhat = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
-    out_dtype = _out_dtype(x, weight, keep_input_dtype)
+    out_dtype = _out_dtype(h.dtype, weight, keep_input_dtype)
     if weight is None:
         y = xhat
     elif cast_before_weight:
-        y = weight * xhat.to(x.dtype)
+        y = weight * xhat.to(h.dtype)
     else:
         y = weight.to(acc) * xhat
     if bias is not None:
@@ -307,14 +311,15 @@ def residual_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: Optio
                           bias: Optional[torch.Tensor], eps: float, is_rms: bool, cast_before_w: bool,
                           keep_input_dtype: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the forward: (h, y, stats), h and y contiguous; stats as ``layer_norm.norm_forward``'s."""
-    out_dtype = _out_dtype(x, weight, keep_input_dtype)
-    plan = _plan("fwd", x.shape, (x.stride(), residual.stride()), x.dtype, weight is not None, bias is not None,
+    h_dtype = _h_dtype(x, residual)
+    out_dtype = _out_dtype(h_dtype, weight, keep_input_dtype)
+    plan = _plan("fwd", x.shape, (x.stride(), residual.stride()), h_dtype, weight is not None, bias is not None,
                  is_rms, cast_before_w, -1)
     if not plan.single:  # wide rows (or no rows): the add, then the norm's own kernels
         h = torch.add(x, residual).contiguous()
         y, stats = norm_forward(h, weight, bias, 1, eps, is_rms, cast_before_w=cast_before_w, out_dtype=out_dtype)
         return h, y, stats
-    h = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    h = torch.empty(x.shape, dtype=h_dtype, device=x.device)
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     stats = torch.empty((plan.m if is_rms else 2 * plan.m,), dtype=torch.float32, device=x.device)
     x = x.contiguous() if plan.copy[0] else x
@@ -359,8 +364,9 @@ def residual_norm_backward(dy: torch.Tensor, dh: torch.Tensor, h: torch.Tensor, 
 # Registration (ops/_library.py): two differentiable outputs (h, y), the statistics saved
 # ==================================================================================================
 def _setup_context(ctx, inputs, outputs):
-    _x, _residual, weight, bias, _eps, is_rms, cast_before_w, _keep = inputs
+    x, residual, weight, bias, _eps, is_rms, cast_before_w, _keep = inputs
     ctx.is_rms, ctx.cast_before_w = is_rms, cast_before_w
+    ctx.dtypes = (x.dtype, residual.dtype)
     ctx.has_w, ctx.has_b = weight is not None, bias is not None
     ctx.save_for_backward(outputs[0], weight, bias, outputs[2])
 
@@ -370,7 +376,10 @@ def _grads(ctx, backward, dh, dy):
     dh = torch.zeros_like(h) if dh is None else dh  # (an output no loss reached)
     dy = torch.zeros_like(h) if dy is None else dy
     dx, dw, db = backward(dy, dh, h, weight, bias, stats, ctx.is_rms, ctx.cast_before_w)
-    return dx, dx, (dw if ctx.has_w else None), (db if ctx.has_b else None), None, None, None, None
+    # one gradient for both, in h's dtype; an input of a narrower dtype (x in bf16, the residual in float32 under
+    # autocast) gets it in its own
+    dxs = tuple(dx if dt == dx.dtype else dx.to(dt) for dt in ctx.dtypes)
+    return *dxs, (dw if ctx.has_w else None), (db if ctx.has_b else None), None, None, None, None
 
 
 residual_norm_op = FusedOp("residual_norm", residual_norm_forward, residual_norm_backward, _setup_context, _grads,
@@ -382,9 +391,7 @@ def _validate(x: object, residual: object, weight: object, bias: object, op: str
     check_tensor(op, "residual", residual)
     check_float_dtype(op, "input", x, allow_float64=True)
     check_same_device(op, "input", x, residual=residual, weight=weight, bias=bias)
-    if residual.dtype != x.dtype:
-        raise FusedDtypeError(f"{op}: arguments 'input' ({x.dtype}) and 'residual' ({residual.dtype}) must have the "
-                              "same dtype")
+    check_float_dtype(op, "residual", residual, allow_float64=True)
     if residual.shape != x.shape or x.dim() == 0:
         raise FusedShapeError(f"{op}: arguments 'input' and 'residual' must have the same shape of at least one dim, "
                               f"got {list(x.shape)} and {list(residual.shape)}")
@@ -395,17 +402,14 @@ def _validate(x: object, residual: object, weight: object, bias: object, op: str
         if p.dim() != 1 or p.shape[0] != x.shape[-1]:
             raise FusedShapeError(f"{op}: argument '{name}' must be 1-D with input.shape[-1] = {x.shape[-1]} "
                                   f"elements, got shape {list(p.shape)}")
-        if p.dtype not in (x.dtype, torch.float32, torch.float64):
-            raise FusedDtypeError(f"{op}: argument '{name}' has dtype {p.dtype}; with a {x.dtype} input it must be "
-                                  f"{x.dtype} or torch.float32")
+        check_float_dtype(op, name, p, allow_float64=True)
 
 
 def _call(x, residual, weight, bias, eps, is_rms, cast_before_weight, keep_input_dtype, op):
     _validate(x, residual, weight, bias, op)
-    if (x.dtype == torch.float64 or any(p is not None and p.dtype == torch.float64 for p in (weight, bias))
+    if (any(p is not None and p.dtype == torch.float64 for p in (x, residual, weight, bias))
             or use_fallback(op, x)):
         return residual_norm_reference(x, residual, weight, bias, eps, is_rms, cast_before_weight, keep_input_dtype)
-    assert x.dtype in SUPPORTED_DTYPES
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (x, residual, weight, bias))
     return residual_norm_op(x, residual, weight, bias, float(eps), bool(is_rms), bool(cast_before_weight),
@@ -417,10 +421,11 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Opti
                        weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = input + residual`` and RMSNorm of h over the last dim, in one kernel: returns ``(h, norm(h))``.
 
-    ``h`` is in input's dtype (the next residual); the norm reads h as stored, with float32 statistics.
-    ``cast_before_weight``: round the normalized row to input's dtype before the weight multiply (HF Llama family:
-    ``weight * h.to(input_dtype)``), else multiply in float32 and round once.  y's dtype is ``promote_types(input,
-    weight)``, or input's with ``keep_input_dtype``.  ``weight_offset``: the weight used is ``weight.float() +
+    ``h`` is in ``promote_types(input, residual)`` (the next residual; a bfloat16 input and a float32 residual, as
+    under autocast, give float32); the norm reads h as stored, with float32 statistics.  ``cast_before_weight``:
+    round the normalized row to h's dtype before the weight multiply (HF Llama family: ``weight *
+    h.to(input_dtype)``), else multiply in float32 and round once.  y's dtype is ``promote_types(h, weight)``, or h's
+    with ``keep_input_dtype``.  ``weight_offset``: the weight used is ``weight.float() +
     weight_offset`` (Gemma: 1.0, with ``keep_input_dtype=True``).  Both outputs are differentiable; the backward
     gives input and residual the same gradient ``dh + dnorm(dy)``.
     """

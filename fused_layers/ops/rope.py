@@ -31,6 +31,9 @@ BLOCK_D columns, loading the cos / sin row once.  Each tile is read twice, at it
 second from L1 / L2).  Columns past D_rot are copied by an out-of-place call and left alone by an in-place one.
 Math in float32, one rounding to q's dtype (HF's bf16 forward rounds each product and the sum: within a unit of it).
 
+Dtypes: q and k alike; cos and sin alike, any float dtype; the result takes ``promote_types(q, cos)``, as HF's
+``q * cos`` does (a float32 cos with bfloat16 q under autocast gives float32), the gradients q's dtype.
+
 Layouts: q, k any strides with a unit-stride head dim (``transpose(1, 2)`` of a projection's output, HF's case, with
 no copy); the outputs keep the inputs' layout (``empty_like``); cos / sin any strides with a unit last stride.
 """
@@ -228,8 +231,9 @@ def _launch(q, k, cos, sin, layout, interleaved, backward, inplace):
         cos, sin = cos.contiguous(), sin.contiguous()
     if inplace:
         qo, ko = q, k
-    else:
-        qo, ko = torch.empty_like(q), torch.empty_like(k)
+    else:  # HF's q * cos promotes: a float32 cos (autocast) gives a float32 result, as it does there
+        out = q.dtype if backward else torch.promote_types(q.dtype, cos.dtype)
+        qo, ko = torch.empty_like(q, dtype=out), torch.empty_like(k, dtype=out)
     plan = _plan(q, k, qo, ko, cos, layout, interleaved, backward, not inplace)
     if plan.kernel is not None:
         plan.kernel(q, k, qo, ko, cos, sin, *plan.ints)
@@ -252,6 +256,7 @@ def _setup_context(ctx, inputs, outputs):
     q, k, cos, sin, interleaved, layout = inputs
     ctx.interleaved, ctx.layout = interleaved, layout
     ctx.shapes = (q.shape, k.shape)
+    ctx.dtype = q.dtype
     ctx.save_for_backward(cos, sin)  # q and k are not needed: the backward is a rotation of the gradients
 
 
@@ -263,6 +268,8 @@ def _grads(ctx, backward, dq, dk):
     if dk is None:
         dk = ref.new_zeros(ctx.shapes[1])
     dq, dk = backward(dq, dk, cos, sin, ctx.interleaved, ctx.layout)
+    if dq.dtype != ctx.dtype:  # (a float32 result of bfloat16 q and k: their gradients in their own dtype)
+        dq, dk = dq.to(ctx.dtype), dk.to(ctx.dtype)
     return dq, dk, None, None, None, None
 
 
@@ -323,6 +330,6 @@ def fused_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
             or use_fallback(_OP, q)):
         return rope_reference(q, k, cos, sin, interleaved, unsqueeze_dim)
     needs_grad = grad_on and (q.requires_grad or k.requires_grad)
-    if inplace and not needs_grad and not is_compiling():
+    if inplace and not needs_grad and not is_compiling() and torch.promote_types(q.dtype, cos.dtype) == q.dtype:
         return _launch(q, k, cos, sin, unsqueeze_dim, bool(interleaved), False, True)
     return rope_op(q, k, cos, sin, bool(interleaved), int(unsqueeze_dim), needs_grad=needs_grad)
