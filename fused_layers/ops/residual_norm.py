@@ -287,8 +287,9 @@ def _plan(direction: str, shape, strides: tuple, dtype: torch.dtype, has_w: bool
         c = cfg.fwd_config(n, n_pow2, dtype.itemsize, is_rms)
         block_m, warps = (c.block_m, c.warps) if isinstance(c, cfg.FwdTile) else (1, 8)
         plan.ints = (m, n, *rows)
-        plan.kernel = Kernel(_res_norm_fwd_kernel, (triton.cdiv(m, block_m),), check=(0, 1, 4, 5), BLOCK_M=block_m,
-                             num_warps=warps, **meta)
+        # every tensor checked: x's, the residual's and the weight's dtypes, and so y's, are not in the plan's key
+        plan.kernel = Kernel(_res_norm_fwd_kernel, (triton.cdiv(m, block_m),), check=tuple(range(7)),
+                             BLOCK_M=block_m, num_warps=warps, **meta)
     elif plan.single:
         c = cfg.bwd_config(n, n_pow2, dtype.itemsize, is_rms)
         block_m, warps, per_sm = (c.block_m, c.warps, c.progs_per_sm) if isinstance(c, cfg.BwdTile) else (1, 8, 2)
@@ -297,8 +298,8 @@ def _plan(direction: str, shape, strides: tuple, dtype: torch.dtype, has_w: bool
         rows_per_prog = triton.cdiv(triton.cdiv(m, g), block_m) * block_m
         plan.g = triton.cdiv(m, rows_per_prog)
         plan.ints = (m, n, *rows, rows_per_prog)
-        plan.kernel = Kernel(_res_norm_bwd_kernel, (plan.g,), check=(1, 2, 4), BLOCK_M=block_m, num_warps=warps,
-                             **meta)
+        plan.kernel = Kernel(_res_norm_bwd_kernel, (plan.g,), check=tuple(range(7)), BLOCK_M=block_m,
+                             num_warps=warps, **meta)
         if has_w or has_b:
             plan.reduce = _reduce_kernel(n, plan.g, has_w, has_b)
     if len(_PLANS) >= _MAX_PLANS:
