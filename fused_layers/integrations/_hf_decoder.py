@@ -26,11 +26,11 @@ whose code differs is not matched, and a module whose instance does not fit is l
 * ``residual_norm``: decoder layers (``*DecoderLayer`` of transformers) whose forward holds, once, the three
   statements ``X = R + Y; R = X; X = self.<norm>(X)`` (Llama's ``hidden_states = residual + hidden_states; residual =
   hidden_states; hidden_states = self.post_attention_layernorm(hidden_states)``; Phi-3's with ``Y =
-  self.resid_attn_dropout(hidden_states)``; Gemma 2/3's ``pre_feedforward_layernorm``: 140 classes in transformers
-  5.25) and whose ``<norm>`` is a verified RMSNorm (Llama's order or Gemma's ``1 + w``, ``_hf.py``'s entries).  The
-  fused forward is the class's own, rewritten on its syntax tree: those three statements become ``R, X =
-  self._fused_add_norm(self.<norm>, Y, R)`` (one ``fused_add_rms_norm``, ops/residual_norm.py), everything else as
-  written, compiled against the model module's own globals and put back inside the class's own wrappers
+  self.resid_attn_dropout(hidden_states)``; Gemma 2/3's ``pre_feedforward_layernorm``: 142 classes of transformers
+  5.25 have the site) and whose ``<norm>`` is a verified RMSNorm (Llama's order or Gemma's ``1 + w``: ``_hf.py``'s
+  entries).  The fused forward is the class's own, rewritten on its syntax tree: those three statements become ``R,
+  X = self._fused_add_norm(self.<norm>, Y, R)`` (one ``fused_add_rms_norm``, ops/residual_norm.py), everything else
+  as written, compiled against the model module's own globals and put back inside the class's own wrappers
   (transformers' kwarg deprecation; gradient checkpointing is added by ``GradientCheckpointingLayer`` to every
   subclass, ours too).  So the check is on what changes, and a new release's layer qualifies by having the same
   three statements.  A norm with hooks, or inputs the kernel does not take, runs the three statements as written.
