@@ -190,3 +190,12 @@ def test_opcheck(device):
                                                                   True, False, False)
     torch.library.opcheck(torch.ops.fused_layers.residual_norm_bwd.default,
                           (torch.randn_like(y), torch.randn_like(h), h, w.detach(), None, stats, True, False))
+
+
+def test_empty_rows(device):
+    x = torch.randn(0, 16, device=device, requires_grad=True)
+    r = torch.randn(0, 16, device=device, requires_grad=True)
+    w = torch.randn(16, device=device, requires_grad=True)
+    h, y = fused_add_rms_norm(x, r, w)
+    (h.sum() + y.sum()).backward()
+    assert h.shape == y.shape == x.grad.shape == (0, 16) and torch.count_nonzero(w.grad) == 0

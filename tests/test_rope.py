@@ -219,3 +219,11 @@ def test_decoder_ops_compile_fullgraph(device):
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-5)
     for a, b in zip(grads, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_empty_sequence(device):
+    q, k = _qk(1, 2, 1, 0, 8, device)
+    cos, sin = _cos_sin(1, 0, 8, device)
+    qe, ke = fused_rope(q, k, cos, sin)
+    (qe.sum() + ke.sum()).backward()
+    assert qe.shape == q.shape and q.grad.shape == q.shape
