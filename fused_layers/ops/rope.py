@@ -316,7 +316,8 @@ def fused_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
         cos, sin: (B or 1, S, D_rot) or (S, D_rot), as HF's rotary embedding returns them; the first D_rot (even,
             <= D) dims of each head rotate, the others pass through (partial rotary).
         interleaved: pairs (2i, 2i + 1) rotated by cos / sin[..., i] (GPT-J / GLM) instead of the halves
-            (``rotate_half``: Llama).
+            (``rotate_half``: Llama).  cos / sin keep HF's layout (``cat(freqs, freqs)``, as GLM's function takes
+            them): the first D_rot / 2 values are the pairs', the second half is not read.
         inplace: write the result into q and k where autograd allows it (neither needs a gradient: inference);
             otherwise new tensors in q's / k's layouts.
 
