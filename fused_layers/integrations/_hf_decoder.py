@@ -21,7 +21,8 @@ whose code differs is not matched, and a module whose instance does not fit is l
   and with any attention implementation, keeps each kind switchable on its own (restoring the rotary module stops
   the fusion, the last one puts the original function back), and changes nothing for other models: the only
   process-wide change, and one that is exact by construction (the fused path is taken only for the function whose
-  source we verified: Llama's half-split, Phi-3's partial rotary, GLM's interleaved partial rotary).  Under
+  source we verified: Llama's half-split, Phi-3's partial rotary, GLM's interleaved partial rotary; 123 of the 184
+  modeling modules of transformers 5.25 with a rotary embedding, Cohere, GPT-NeoX or Gemma 3n not among them).  Under
   ``torch.compile`` the original function runs (no identity bookkeeping inside a graph).
 * ``residual_norm``: decoder layers (``*DecoderLayer`` of transformers) whose forward holds, once, the three
   statements ``X = R + Y; R = X; X = self.<norm>(X)`` (Llama's ``hidden_states = residual + hidden_states; residual =
