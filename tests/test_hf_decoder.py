@@ -117,6 +117,36 @@ def test_autocast_mixed_dtypes(monkeypatch, device):
     restore_modules(m)
 
 
+def _saved_activation_bytes(m, ids):
+    """Bytes of the tensors autograd keeps for the backward (parameters left out, each storage once)."""
+    params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+    seen = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        m(input_ids=ids)
+    return sum(seen.values())
+
+
+def test_what_autograd_keeps(device):
+    """The memory the kinds exist for, counted exactly (bf16 Llama, 2 layers, 10 tokens): the fused MLP keeps one
+    bf16 intermediate-size tensor less a layer (act(gate) is recomputed), the fused residual + norm one float32
+    hidden-size tensor less (HF's RMSNorm keeps h.float())."""
+    ref = _tiny("llama", intermediate_size=48).to(device, torch.bfloat16)
+    ids = torch.randint(0, 48, (2, 5), device=device)
+    base = _saved_activation_bytes(ref, ids)
+    layers, tokens = 2, 10
+    for kind, saved in (("gated_mlp", layers * tokens * 48 * 2), ("residual_norm", layers * tokens * 32 * 4)):
+        m = copy.deepcopy(ref)
+        swap_modules(m, kinds=[kind])
+        assert base - _saved_activation_bytes(m, ids) == saved, kind
+
+
 def test_all_kinds_together_and_gradient_checkpointing(device):
     """Every kind (attention, norms and loss too) on Llama with gradient checkpointing on (the layers recompute
     their forward in the backward): logits and gradients match, and again after one optimizer step of both."""
