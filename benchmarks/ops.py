@@ -7,7 +7,11 @@ Peers, each where it runs: ``torch`` (PyTorch eager: ``torch.softmax``, ``F.laye
 ``F.cross_entropy``, ``F.linear`` + ``F.cross_entropy``), ``compile`` (``torch.compile`` of that same reference),
 ``liger`` (Liger-Kernel, when installed), and for attention SDPA with its default dispatch (``sdpa``) and each
 backend forced (``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``); ``--flex`` adds FlexAttention. The
-cross-entropy also runs ``torch_fp32`` (``F.cross_entropy(x.float(), t)``, what Hugging Face's loss does).
+cross-entropy also runs ``torch_fp32`` (``F.cross_entropy(x.float(), t)``, what Hugging Face's loss does). The
+decoder-layer ops (``--ops gated_activation,residual_rms_norm,rope``; rows ``gated_silu``, ``gated_gelu_tanh``,
+``residual_rms_norm``, ``rope``) run against the eager formulas of Hugging Face's Llama (``act(gate) * up``;
+``h = residual + x`` then ``LlamaRMSNorm``; ``apply_rotary_pos_emb``, Phi-3's partial form), their compiled form and
+Liger-Kernel's SwiGLU / GeGLU, fused add + RMSNorm and RoPE.
 
 Method: every implementation is warmed up first (one forward + backward: Triton JIT, torch.compile, the
 library's eager C++ fast path, which is built on a background thread and waited for). Then each pass is
@@ -30,7 +34,8 @@ from typing import Callable
 
 from . import utils
 
-OPS = ["softmax", "layer_norm", "rms_norm", "cross_entropy", "linear_cross_entropy", "attention"]
+OPS = ["softmax", "layer_norm", "rms_norm", "cross_entropy", "linear_cross_entropy", "attention", "gated_activation",
+       "residual_rms_norm", "rope"]
 ELEMENTS = 2**26  # softmax and norms: rows x width, 128 MiB in bf16: far past L2
 WIDTHS = {"softmax": [1024, 4096, 16384, 32768, 65536, 262144],
           "layer_norm": [768, 1024, 2048, 4096, 8192, 16384],
@@ -42,6 +47,11 @@ ATTENTION = [(16, 16, 16, 1024, 64, False), (16, 16, 16, 1024, 64, True), (16, 1
              (16, 16, 16, 1024, 128, True), (4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True),
              (4, 32, 8, 4096, 128, True), (1, 16, 16, 16384, 128, True)]
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# decoder layers: (tokens, intermediate size) of Llama 2 7B, Llama 3 8B; the residual + RMSNorm at hidden sizes of
+# Llama 3.2 1B ... 70B; RoPE (B, Hq, Hkv, S, D, rotated dims): Llama 3 8B, Phi-2 (partial rotary, 32 of 80)
+GATED = [(8192, 11008), (8192, 14336)]
+RESIDUAL_WIDTHS = [2048, 4096, 5120, 8192]
+ROPE = [(4, 32, 8, 2048, 128, 128), (4, 32, 32, 2048, 80, 32)]
 
 
 def add_arguments(p) -> None:
@@ -354,6 +364,138 @@ def _flex(causal: bool, S: int):
     return lambda q, k, v, causal_, gqa: compiled(q, k, v, block_mask=bm, enable_gqa=gqa)
 
 
+def _liger_decoder(name: str):
+    """Liger-Kernel's SwiGLU / GeGLU product, fused add + RMSNorm (Llama casting) and RoPE, or None."""
+    try:
+        if name == "silu":
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+            return LigerSiLUMulFunction.apply
+        if name == "gelu_tanh":
+            from liger_kernel.ops.geglu import LigerGELUMulFunction
+
+            return LigerGELUMulFunction.apply
+        if name == "residual_rms_norm":  # (its two outputs: the normalized row and the sum, in either order)
+            from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+
+            return lambda x, res, w: LigerFusedAddRMSNormFunction.apply(x, res, w, 1e-6, 0.0, "llama", False)
+        if name == "rope":
+            from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+            return liger_rotary_pos_emb
+    except Exception:  # noqa: BLE001 - Liger is optional
+        return None
+    return None
+
+
+def bench_gated(r: Runner, peers: bool):
+    """act(gate) * up: bytes a pass must move: forward reads gate and up and writes y, backward reads dy, gate, up
+    and writes both gradients."""
+    import torch
+    import torch.nn.functional as F
+
+    from fused_layers import fused_gated_activation
+
+    for act in ("silu", "gelu_tanh"):
+        ref = (lambda g, u: F.silu(g) * u) if act == "silu" else (lambda g, u: F.gelu(g, approximate="tanh") * u)
+        impls = {"fused": lambda g, u, act=act: fused_gated_activation(g, u, act)}
+        if peers:
+            impls["torch"] = ref
+            if not r.smoke:
+                impls["compile"] = _compile(ref)
+                if _liger_decoder(act) is not None:
+                    impls["liger"] = _liger_decoder(act)
+        for n, inter in ([(16, 40)] if r.smoke else GATED):
+            g = torch.randn(n, inter, device=r.dev, dtype=torch.bfloat16, requires_grad=True)
+            u = torch.randn_like(g, requires_grad=True)
+            dy = torch.randn_like(g)
+            e = g.numel() * g.element_size()
+            for name, f in impls.items():
+                r.run_impl(f"gated_{act}", "bf16", shape_name(n, inter), name, lambda f=f: f(g, u), [g, u], dy,
+                           ("fwd", "bwd", "fwd+bwd"), nbytes={"fwd": 3 * e, "bwd": 5 * e, "fwd+bwd": 8 * e})
+            g = u = dy = None
+            r.free()
+
+
+def bench_residual_norm(r: Runner, peers: bool):
+    """h = x + residual and Llama's RMSNorm of h (both outputs, both gradients): forward reads x and the residual and
+    writes h and y, backward reads h, dy and dh and writes dx (the residual's gradient is the same tensor)."""
+    import torch
+
+    from fused_layers import fused_add_rms_norm
+
+    def ref(x, res, w):
+        h = res + x
+        hf = h.float()
+        return h, w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+
+    impls = {"fused": lambda x, res, w: fused_add_rms_norm(x, res, w, 1e-6, cast_before_weight=True)}
+    if peers:
+        impls["torch"] = ref
+        if not r.smoke:
+            impls["compile"] = _compile(ref)
+            if _liger_decoder("residual_rms_norm") is not None:
+                impls["liger"] = _liger_decoder("residual_rms_norm")
+    for n in ([64] if r.smoke else RESIDUAL_WIDTHS):
+        rows = max(1, (64 if r.smoke else ELEMENTS) // n)
+        x = torch.randn(rows, n, device=r.dev, dtype=torch.bfloat16, requires_grad=True)
+        res = torch.randn_like(x, requires_grad=True)
+        w = torch.randn(n, device=r.dev, dtype=torch.bfloat16, requires_grad=True)
+        grads = (torch.randn_like(x), torch.randn_like(x))
+        e = x.numel() * x.element_size()
+        for name, f in impls.items():
+            r.run_impl("residual_rms_norm", "bf16", shape_name(rows, n), name, lambda f=f: f(x, res, w), [x, res, w],
+                       grads, ("fwd", "bwd", "fwd+bwd"), nbytes={"fwd": 4 * e, "bwd": 4 * e, "fwd+bwd": 8 * e})
+        x = res = w = grads = None
+        r.free()
+
+
+def bench_rope(r: Runner, peers: bool):
+    """RoPE of q and k from HF's (B, S, D_rot) cos / sin, q and k in HF's layout (a transposed projection output):
+    each pass reads q and k and writes their result (cos / sin not counted)."""
+    import torch
+
+    from fused_layers import fused_rope
+
+    def rotate_half(x):
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+    def ref(q, k, cos, sin):  # HF's (Phi-3's form: partial rotary)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        d = c.shape[-1]
+        qr, kr = q[..., :d], k[..., :d]
+        return (torch.cat([qr * c + rotate_half(qr) * s, q[..., d:]], -1),
+                torch.cat([kr * c + rotate_half(kr) * s, k[..., d:]], -1))
+
+    impls = {"fused": fused_rope}
+    if peers:
+        impls["torch"] = ref
+        if not r.smoke:
+            impls["compile"] = _compile(ref)
+            lg = _liger_decoder("rope")
+            if lg is not None:
+                impls["liger"] = lambda q, k, cos, sin: lg(q, k, cos, sin)
+    for B, hq, hk, S, D, d_rot in ([(1, 2, 1, 8, 16, 16)] if r.smoke else ROPE):
+        q = torch.randn(B, S, hq, D, device=r.dev, dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+        k = torch.randn(B, S, hk, D, device=r.dev, dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+        inv = 1.0 / (10000.0 ** (torch.arange(0, d_rot, 2, device=r.dev).float() / d_rot))
+        fr = torch.arange(S, device=r.dev).float()[:, None] * inv
+        emb = torch.cat((fr, fr), -1)[None].expand(B, -1, -1)
+        cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
+        grads = (torch.randn(q.shape, device=r.dev, dtype=torch.bfloat16),
+                 torch.randn(k.shape, device=r.dev, dtype=torch.bfloat16))
+        e = (q.numel() + k.numel()) * q.element_size()
+        for name, f in impls.items():
+            if name == "liger" and d_rot != D:
+                continue  # (Liger's RoPE rotates the whole head)
+            r.run_impl("rope", "bf16", f"B{B} Hq{hq} Hkv{hk} S{S} D{D} rot{d_rot}", name,
+                       lambda f=f: f(q, k, cos, sin), [q, k], grads, ("fwd", "bwd", "fwd+bwd"),
+                       nbytes={"fwd": 2 * e, "bwd": 2 * e, "fwd+bwd": 4 * e})
+        q = k = cos = sin = grads = None
+        r.free()
+
+
 def run(args) -> int:
     utils.require_cuda("ops", args.smoke)
     import torch
@@ -389,6 +531,12 @@ def run(args) -> int:
             bench_cross_entropy(r, peers)
         elif op == "linear_cross_entropy":
             bench_linear_cross_entropy(r, peers)
+        elif op == "gated_activation":
+            bench_gated(r, peers)
+        elif op == "residual_rms_norm":
+            bench_residual_norm(r, peers)
+        elif op == "rope":
+            bench_rope(r, peers)
         else:
             bench_attention(r, peers, args.flex)
     utils.write_results(args, "ops", r.rows)

@@ -35,7 +35,7 @@ from typing import Any
 from . import utils
 
 GPU = "sm_90 (offline compile)"  # the table's gpu column
-OPS = ("softmax", "cross_entropy", "norm", "attention")
+OPS = ("softmax", "cross_entropy", "norm", "attention", "decoder")
 GLUON_API = "3.6"  # the Triton whose Gluon API the Gluon kernels are written against
 SKIPPED = f"skipped: needs Triton {GLUON_API} Gluon API"
 

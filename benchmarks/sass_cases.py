@@ -18,8 +18,11 @@ from fused_layers.ops import attention as attn
 from fused_layers.ops import attention_gluon as attn_gluon
 from fused_layers.ops import cross_entropy as ce
 from fused_layers.ops import cross_entropy_gluon as ce_gluon
+from fused_layers.ops import gated_activation as gated
 from fused_layers.ops import layer_norm as ln
 from fused_layers.ops import layer_norm_gluon as ln_gluon
+from fused_layers.ops import residual_norm as resn
+from fused_layers.ops import rope
 from fused_layers.ops import softmax as sm
 
 from .sass import Case
@@ -606,5 +609,75 @@ def attention_cases() -> Iterator[Case]:
     yield _gluon_dkdv("fp16", 64, False, gqa=True)
 
 
+# --------------------------------------------------------------------------------------------------
+# The decoder-layer ops (ops/gated_activation.py, residual_norm.py, rope.py) at Llama shapes: 4 x 2,048 tokens,
+# intermediate 11,008, hidden 4,096; heads of Llama 3 8B (32 query, 8 key of 128), q / k in HF's transposed layout
+# --------------------------------------------------------------------------------------------------
+def _gated(direction, act, dt="bf16", n=11008, stride=None):
+    """One program a (row, 1,024 columns): gated_activation_config FWD / BWD (1,024 x 4 warps)."""
+    st = n if stride is None else stride
+    label = f"{direction} {act} {dt} {n}" + ("" if stride is None else " halves of gate_up")
+    if direction == "fwd":
+        return launch("decoder", f"gated {label}", gated._gated_fwd_kernel,
+                      dict(ACT=gated.ACTIVATIONS[act], BLOCK_N=1024), {"G": PTR[dt], "U": PTR[dt], "Y": PTR[dt]},
+                      dict(N=n, sg=st, su=st), num_warps=4)
+    return launch("decoder", f"gated {label}", gated._gated_bwd_kernel, dict(ACT=gated.ACTIVATIONS[act], BLOCK_N=1024),
+                  {"DY": PTR[dt], "G": PTR[dt], "U": PTR[dt], "DG": PTR[dt], "DU": PTR[dt]},
+                  dict(N=n, sdy=n, sg=st, su=st, sdg=st, sdu=st), num_warps=4)
+
+
+def _res_norm(direction, n, block_m, warps, dt="bf16", rdt=None, wdt="bf16", cast=True, rows_per_prog=None):
+    """Residual add + RMSNorm: the single-block shapes of layer_norm_config at the width (no LayerNorm bias)."""
+    rdt = rdt or dt
+    hdt = "fp32" if "fp32" in (dt, rdt) else dt
+    ydt = "fp32" if "fp32" in (hdt, wdt) else hdt
+    cx = dict(IS_RMS=True, HAS_W=True, HAS_B=False, BLOCK_M=block_m, BLOCK_N=p2(n), CAST_BEFORE_W=cast)
+    label = f"residual rms {direction} {dt}" + (f" + {rdt} residual" if rdt != dt else "") + f" {n}"
+    if direction == "fwd":
+        return launch("decoder", label, resn._res_norm_fwd_kernel, cx,
+                      {"X": PTR[dt], "R": PTR[rdt], "H": PTR[hdt], "Y": PTR[ydt], "W": PTR[wdt], "B": PTR[dt],
+                       "STATS": "*fp32"}, dict(M=8192, N=n, sx=n, sr=n), floats=("eps",), num_warps=warps)
+    return launch("decoder", label, resn._res_norm_bwd_kernel, cx,
+                  {"H": PTR[hdt], "DY": PTR[ydt if ydt == hdt else hdt], "DH": PTR[hdt], "DX": PTR[hdt],
+                   "W": PTR[wdt], "STATS": "*fp32", "PARTS": "*fp32"},
+                  dict(M=8192, N=n, sdy=n, sdh=n, ROWS_PER_PROG=rows_per_prog), num_warps=warps)
+
+
+def _rope(direction, interleaved, d=128, d_rot=128, dt="bf16", cdt="bf16"):
+    """A program a (batch, position): 32 query and 8 key heads in one 32 x 128 tile each (rope_config TILE, 8 warps)."""
+    s, hq, hk = 2048, 32, 8
+    odt = "fp32" if "fp32" in (dt, cdt) and direction == "fwd" else dt
+    label = f"rope {direction} {'interleaved' if interleaved else 'half-split'} {dt} D{d} rot{d_rot}" + (
+        f" {cdt} cos" if cdt != dt else "")
+    ints = dict(S=s, HQ=hq, HK=hk, sqb=s * hq * d, sqs=hq * d, sqh=d, skb=s * hk * d, sks=hk * d, skh=d,
+                sob=s * hq * d, sos=hq * d, soh=d, skob=s * hk * d, skos=hk * d, skoh=d, scb=s * d_rot, scs=d_rot,
+                D=d, D_ROT=d_rot)
+    return launch("decoder", label, rope._rope_kernel,
+                  dict(INTERLEAVED=interleaved, BACKWARD=direction == "bwd", WRITE_PASS=True, BLOCK_H=32,
+                       BLOCK_D=p2(d)),
+                  {"Q": PTR[dt], "K": PTR[dt], "QO": PTR[odt], "KO": PTR[odt], "COS": PTR[cdt], "SIN": PTR[cdt]},
+                  ints, num_warps=8)
+
+
+def decoder_cases() -> Iterator[Case]:
+    for act in ("silu", "gelu", "gelu_tanh"):
+        yield _gated("fwd", act)
+        yield _gated("bwd", act)
+    yield _gated("fwd", "silu", n=8192, stride=16384)  # Phi-3 mini's gate_up_proj output, chunked in two
+    yield _gated("bwd", "silu", n=8192, stride=16384)
+    # residual + RMSNorm, Llama's order: fwd FwdTile, bwd BwdTile (G = 132 SMs x progs_per_sm, whole tiles)
+    yield _res_norm("fwd", 4096, 1, 4)
+    yield _res_norm("bwd", 4096, 2, 16, rows_per_prog=64)
+    yield _res_norm("fwd", 8192, 1, 8)
+    yield _res_norm("bwd", 8192, 1, 16, rows_per_prog=64)
+    yield _res_norm("fwd", 4096, 1, 4, rdt="fp32", wdt="fp32")  # autocast: a float32 residual stream and weight
+    yield _res_norm("bwd", 4096, 2, 16, rdt="fp32", wdt="fp32", rows_per_prog=64)
+    for direction in ("fwd", "bwd"):
+        yield _rope(direction, False)
+        yield _rope(direction, True)
+        yield _rope(direction, False, d=96, d_rot=48)  # Phi-3-like partial rotary
+    yield _rope("fwd", False, cdt="fp32")  # autocast: float32 cos / sin, a float32 result
+
+
 OPS = {"softmax": softmax_cases, "cross_entropy": cross_entropy_cases, "norm": norm_cases,
-       "attention": attention_cases}
+       "attention": attention_cases, "decoder": decoder_cases}

@@ -6,13 +6,19 @@ Needs torch and triton only.  The Lightning callback is ``fused_layers.lightning
 
 from . import functional
 from .functional import (
+    fused_add_layer_norm,
+    fused_add_rms_norm,
     fused_attention,
     fused_attention_varlen,
     fused_cross_entropy,
+    fused_gated_activation,
+    fused_geglu,
     fused_layer_norm,
     fused_linear_cross_entropy,
     fused_rms_norm,
+    fused_rope,
     fused_softmax,
+    fused_swiglu,
 )
 from .modules import (
     Attention,
@@ -33,5 +39,7 @@ __all__ = [
     "fused_cross_entropy", "FusedCrossEntropyLoss", "fused_linear_cross_entropy", "FusedLinearCrossEntropyLoss",
     "LinearCrossEntropyLoss", "fused_attention", "fused_attention_varlen", "FusedAttention", "FusedMultiheadAttention",
     "functional", "fused_layer_norm", "fused_rms_norm", "FusedLayerNorm", "FusedRMSNorm", "fused_softmax", "Attention",
-    "FusedSoftmax", "swap_modules", "restore_modules", "SwapReport",
+    "FusedSoftmax", "swap_modules", "restore_modules", "SwapReport", "fused_gated_activation", "fused_swiglu",
+    "fused_geglu", "fused_add_rms_norm", "fused_add_layer_norm",
+    "fused_rope",
 ]

@@ -22,7 +22,11 @@ LayerNorm2d, timm's SDPA-calling attention, every transformers attention module 
 ``AttentionInterface``) are swapped by default whenever their library is imported, each into a fused
 subclass of its own class (only ``forward`` differs).  They count as their kind (``kinds`` switches
 them) and the report names the registry entry.  Hugging Face attention modules also switch their model
-to the attention implementation "fused_layers" (and back on restore).
+to the attention implementation "fused_layers" (and back on restore).  Three kinds exist only as such
+look-alikes (``Kind.known_only``: no torch class, nothing a ``mapping`` can name): ``gated_mlp``
+(transformers' gated MLPs), ``rope`` (the RoPE of their attention, through the model's rotary-embedding
+module) and ``residual_norm`` (their decoder layers' residual add + post-attention norm);
+``integrations/_hf_decoder.py`` says what each verifies.
 
 Rules.  By default only modules whose type *is* a source class are swapped (a subclass may override
 ``forward``, so it is reported and left alone unless ``mapping`` names it).  A module that is already
@@ -106,6 +110,9 @@ class Kind:
     metric: str  #: "GB/s" (memory-bound: bytes of input + output) or "TFLOP/s" (attention)
     #: attributes a mapped (non-subclass) user class must have for the fused forward to work
     needs: tuple[str, ...] = ()
+    #: a kind of third-party look-alikes only (``fused_layers.integrations``): no torch source class, no fused class
+    #: of ours, nothing a ``mapping`` can name
+    known_only: bool = False
 
 
 KINDS: dict[str, Kind] = {
@@ -119,6 +126,11 @@ KINDS: dict[str, Kind] = {
         # also turns a LinearCrossEntropyLoss (LM head + loss) holding it into the chunked fused head + loss
         Kind("cross_entropy", "torch.nn.CrossEntropyLoss", "FusedCrossEntropyLoss", "GB/s",
              ("weight", "ignore_index", "reduction", "label_smoothing")),
+        # transformers' decoder layers (integrations/_hf_decoder.py): the gated MLP's activation-times-up, RoPE of
+        # the attention, the residual add + post-attention norm
+        Kind("gated_mlp", "", "", "GB/s", known_only=True),
+        Kind("rope", "", "", "GB/s", known_only=True),
+        Kind("residual_norm", "", "", "GB/s", known_only=True),
     )
 }
 
@@ -129,6 +141,8 @@ def _import(path: str) -> Any:
 
 
 def source_class(kind: str) -> type[nn.Module] | None:
+    if KINDS[kind].known_only:
+        return None
     try:
         return _import(KINDS[kind].source)
     except (ImportError, AttributeError):  # e.g. nn.RMSNorm on torch < 2.4
@@ -138,6 +152,8 @@ def source_class(kind: str) -> type[nn.Module] | None:
 def target_class(kind: str) -> type[nn.Module] | None:
     """The fused class of ``kind``, imported lazily; ``None`` while it does not exist."""
     name = KINDS[kind].target
+    if KINDS[kind].known_only:
+        return None
     for mod in ("fused_layers.modules", "fused_layers"):
         try:
             return getattr(importlib.import_module(mod), name)
@@ -150,7 +166,9 @@ def available_kinds() -> dict[str, str | None]:
     """``{kind: None}`` for kinds that can be swapped now, ``{kind: reason}`` for those that cannot."""
     out: dict[str, str | None] = {}
     for k in KINDS:
-        if source_class(k) is None:
+        if KINDS[k].known_only:
+            out[k] = None  # (its look-alikes are matched when their library is imported)
+        elif source_class(k) is None:
             out[k] = f"source class {KINDS[k].source} not available in this torch"
         elif target_class(k) is None:
             out[k] = f"target not available (fused_layers has no {KINDS[k].target} yet)"
@@ -339,6 +357,10 @@ def _normalize_mapping(mapping: Mapping[Any, Any] | None) -> dict[type, tuple[st
         if kind not in KINDS:
             raise ValueError(f"swap_modules: argument 'mapping' maps {key!r} to unknown kind {kind!r}; "
                              f"allowed: {sorted(KINDS)}")
+        if KINDS[kind].known_only:
+            raise ValueError(f"swap_modules: argument 'mapping' maps {key!r} to kind {kind!r}, which swaps only the "
+                             "known transformers classes it verifies (no mapping); allowed: "
+                             f"{sorted(k for k in KINDS if not KINDS[k].known_only)}")
         if isinstance(key, str):
             try:
                 cls = _import(key)
@@ -448,7 +470,7 @@ def swap_modules(
         tgt = target_class(k)
         if tgt is not None:
             targets[tgt] = k
-        if k in wanted and (src is None or tgt is None):
+        if k in wanted and not KINDS[k].known_only and (src is None or tgt is None):
             report.unavailable[k] = available_kinds()[k] or "not available"
 
     from . import integrations

@@ -162,7 +162,8 @@ def test_hf_materialized_mask_under_compile_runs_sdpa_without_a_break(gpu_route)
     """transformers builds a 4-D mask under compile where torch reports tracing as exporting (torch < 2.14);
     telling a causal + padding mask apart means reading it (decompose_mask: torch.equal, .any()), a
     data-dependent graph break in every layer.  Compiled, a mask tensor runs the model's own implementation (SDPA
-    here; one warning, emitted while tracing, no break); eager calls still fuse it.  Same loss and gradients as the unswapped model."""
+    here; one warning, emitted while tracing, no break); eager calls still fuse it.  Same loss and gradients as the
+    unswapped model."""
     torch.manual_seed(0)
     model = _hf_model("llama", torch.float32)
     ref = _hf_model("llama", torch.float32)

@@ -19,6 +19,7 @@ from torch import nn
 from fused_layers import integrations, restore_modules, swap_modules
 from fused_layers.integrations import _sdpa
 from fused_layers.ops import attention as attn_ops
+from fused_layers.swap import KINDS
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -347,6 +348,11 @@ def test_sdpa_fused_full_signature_matches_sdpa():
 # ==================================================================================================
 # HF attention
 # ==================================================================================================
+#: the kinds these tests swap in HF models: the decoder-layer ones (MLP, RoPE, residual norm) are tested in
+#: tests/test_hf_decoder.py, and left out here to keep the interpreter's time and the A/B's arms down
+_NOT_DECODER = [k for k in KINDS if not KINDS[k].known_only]
+
+
 def _tiny_llama(family="llama", **over):
     cfgs = {
         "llama": ("LlamaConfig", "LlamaForCausalLM"),
@@ -387,7 +393,7 @@ def test_hf_model_swap_attention_and_norms(family, device, spy):
     dev = _dev(device)
     ref = _tiny_llama(family).to(dev)
     m = copy.deepcopy(ref)
-    rep = swap_modules(m)
+    rep = swap_modules(m, kinds=_NOT_DECODER)  # (the decoder-layer kinds: tests/test_hf_decoder.py)
     counts = rep.counts()
     assert counts == {"attention": 2, "rms_norm": 5, "cross_entropy": 1}, str(rep)  # + the model's loss
     assert m.config._attn_implementation == "fused_layers"
@@ -853,7 +859,8 @@ def test_callback_switches_hf_model_and_policy_faster_restores_attention(tmp_pat
 
     lm = HFLM()
     lm.model.config.use_cache = False
-    cb = FusedLayersCallback(policy="faster", warmup_steps=1, record_steps=1, measure=False, ab_rounds=2,
+    cb = FusedLayersCallback(policy="faster", kinds={k: k in _NOT_DECODER for k in KINDS}, warmup_steps=1,
+                             record_steps=1, measure=False, ab_rounds=2,
                              ab_warmup_rounds=1, ab_max_steps=40, step_timer=StepTimer())
     trainer = L.Trainer(max_steps=1 + 3 * 5 + 1, accelerator="cpu", devices=1, callbacks=[cb], logger=False,
                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,

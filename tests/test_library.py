@@ -39,6 +39,13 @@ def _run_every_op(device):
     FF.fused_layer_norm(x, (37,), w, b, 1e-5).square().sum().backward()
     FF.fused_rms_norm(x, (37,), w, 1e-5).square().sum().backward()
     FF.fused_softmax(x, -1).square().sum().backward()
+    for act in ("silu", "gelu", "gelu_tanh"):
+        FF.fused_gated_activation(x, b.expand(5, 37), act).square().sum().backward()
+    for hy in (FF.fused_add_rms_norm(x, b.expand(5, 37), w), FF.fused_add_layer_norm(x, b.expand(5, 37), w, b)):
+        sum(t.square().sum() for t in hy).backward()
+    qr, kr = (torch.randn(1, 9, h, 16, device=device).transpose(1, 2).requires_grad_() for h in (2, 1))
+    for inter in (False, True):
+        sum(t.square().sum() for t in FF.fused_rope(qr, kr, *torch.randn(2, 1, 9, 8, device=device), inter)).backward()
     t = torch.randint(0, 37, (5,), device=device)
     FF.fused_cross_entropy(x, t).backward()
     FF.fused_cross_entropy(x, t, label_smoothing=0.1, reduction="sum").backward()
@@ -75,7 +82,8 @@ def test_every_launch_names_all_its_constexprs(launches, device):
     names = {n for n, _ in launches}
     for want in ("_norm_fwd_kernel", "_norm_bwd_kernel", "_softmax_fwd_kernel", "_softmax_bwd_kernel",
                  "_attn_fwd_kernel", "_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel", "_ce_fwd_persist_kernel",
-                 "_softmax_fwd_persist_kernel", "_softmax_bwd_persist_kernel"):
+                 "_softmax_fwd_persist_kernel", "_softmax_bwd_persist_kernel", "_gated_fwd_kernel",
+                 "_gated_bwd_kernel", "_res_norm_fwd_kernel", "_res_norm_bwd_kernel", "_rope_kernel"):
         assert want in names, f"{want} was not launched through Kernel"
     for (name, _), (kern, n_args) in launches.items():
         params = list(kern.fn.arg_names)

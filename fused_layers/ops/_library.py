@@ -247,6 +247,9 @@ class FusedOp:
             of the first output.
         eager_forward / eager_backward: optional launcher variants for the eager path (same results, but
             free to return ``None`` where the op must return an empty placeholder tensor).
+        outputs: how many leading outputs are the op's differentiable results (default 1); with more, the op
+            returns a tuple of them and ``grads`` takes one gradient per result (``None`` where none flowed),
+            ``grads(ctx, backward, *grad_outs)``.
     """
 
     def __init__(
@@ -258,8 +261,10 @@ class FusedOp:
         grads: Callable,
         eager_forward: Callable | None = None,
         eager_backward: Callable | None = None,
+        outputs: int = 1,
     ) -> None:
         self.name = name
+        self.outputs = n_out = outputs
         self.forward = eager_forward or forward
         self.backward = eager_backward or backward
         self.fwd_op = _register(f"{name}_fwd", forward)
@@ -268,12 +273,12 @@ class FusedOp:
 
         def _setup(ctx, inputs, output):
             outs = output if isinstance(output, tuple) else (output,)
-            if len(outs) > 1:
-                ctx.mark_non_differentiable(*outs[1:])
+            if len(outs) > n_out:
+                ctx.mark_non_differentiable(*outs[n_out:])
             setup_context(ctx, inputs, outs)
 
         def _backward(ctx, *grad_outputs):
-            return grads(ctx, bwd_op, grad_outputs[0])
+            return grads(ctx, bwd_op, *grad_outputs[:n_out])
 
         self.fwd_op.register_autograd(_backward, setup_context=_setup)
 
@@ -286,11 +291,14 @@ class FusedOp:
                 if not isinstance(outs, tuple):
                     outs = (outs,)
                 setup_context(ctx, inputs, outs)
+                if n_out > 1:
+                    ctx.set_materialize_grads(False)  # an unused result's gradient arrives as None, not zeros
+                    return outs[:n_out]
                 return outs[0]
 
             @staticmethod
-            def backward(ctx, grad_out):
-                return grads(ctx, eager_bwd, grad_out)
+            def backward(ctx, *grad_outs):
+                return grads(ctx, eager_bwd, *grad_outs)
 
         _Function.__name__ = _Function.__qualname__ = f"{name.title().replace('_', '')}Function"
         self.function = _Function
@@ -301,12 +309,17 @@ class FusedOp:
 
     def __call__(self, *inputs: Any, needs_grad: bool) -> torch.Tensor:
         """The op's result: the registered op while Dynamo traces, else the eager direct path."""
+        n = self.outputs
         if is_compiling():
             out = self.fwd_op(*inputs)
+            if n > 1:
+                return tuple(out[:n])
             return out[0] if isinstance(out, (tuple, list)) else out
         if needs_grad:
             if _functorch_active():
                 return self.function.apply(*inputs)
             return self._apply(*inputs)
         out = self.forward(*inputs)
+        if n > 1:
+            return tuple(out[:n])
         return out[0] if type(out) is tuple else out

@@ -1,0 +1,338 @@
+r"""The gated MLP activation ``act(gate) * up`` (SwiGLU, GeGLU): Triton forward and backward.
+
+The MLP of Llama, Mistral, Qwen2/3, Gemma and Phi-3 is ``down(act(gate(x)) * up(x))``.  Written in PyTorch, the
+product keeps three intermediate-width tensors alive for the backward (``gate``, ``up`` and ``act(gate)``) and runs
+three elementwise kernels.  Here the forward is one kernel, and the backward *recomputes* ``act(gate)`` from the
+saved ``gate`` instead of keeping it: autograd holds gate and up only (the inputs, which the projections' own
+backward needs anyway when they are the outputs of linears; nothing new), one intermediate-width tensor less per
+layer than eager PyTorch.
+
+Forward.  For a gate value g and an up value u, with the activation a(g),
+
+    y = a(g) * u
+
+Backward, from dy,
+
+    dg = dy * u * a'(g),        du = dy * a(g)
+
+with the activations and their derivatives (sigma the logistic function, Phi / phi the normal CDF / density):
+
+    SiLU:        a(g) = g sigma(g),                       a'(g) = sigma(g) (1 + g (1 - sigma(g)))
+    GELU (erf):  a(g) = g Phi(g),  Phi(g) = (1 + erf(g / sqrt 2)) / 2,
+                 a'(g) = Phi(g) + g phi(g),  phi(g) = exp(-g^2 / 2) / sqrt(2 pi)
+    GELU (tanh): a(g) = g (1 + t) / 2,  t = tanh(k (g + c g^3)),  k = sqrt(2 / pi),  c = 0.044715,
+                 a'(g) = (1 + t) / 2 + g (1 - t^2) k (1 + 3 c g^2) / 2
+
+tanh is computed as 1 - 2 / (exp(2u) + 1) (exact limits: exp overflowing to inf gives 1, exp underflowing to 0
+gives -1).  Everything is float32 in registers; y, dg and du are rounded once to the inputs' dtype.  Eager PyTorch
+in bfloat16 rounds ``a(g)`` to bfloat16 before the product (one more rounding): the kernels are the more accurate
+of the two, within one bfloat16 rounding of it.
+
+Layouts.  ``gate`` and ``up`` are viewed as M rows of width N = their last dim, with unit column stride and one row
+stride each (contiguous tensors, and the two halves of one ``gate_up`` projection output, Phi-3's
+``gate_up_proj(x).chunk(2, -1)``, with no copy).  Passing that concatenated tensor alone (``up=None``) also writes
+the backward's two gradients into one [..., 2N] gradient, the layout its linear wants, instead of two halves that
+autograd would then concatenate.  Other layouts are copied to contiguous first.
+
+Launch: one program per (row, block of ``BLOCK_N`` columns), rows on grid axis 0 (up to 2^31 - 1), the column
+blocks on axis 1.  Configuration: ops/gated_activation_config.py.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import gated_activation_config as cfg
+from ._common import (
+    SUPPORTED_DTYPES,
+    FusedDtypeError,
+    FusedShapeError,
+    check_float_dtype,
+    check_same_device,
+    check_tensor,
+    concrete,
+    override_epoch,
+    use_fallback,
+)
+from ._library import FusedOp, Kernel
+from ._rows import row_strides
+
+_OP = "fused_gated_activation"
+
+#: The activations by name, as the kernels' ``ACT`` constexpr.  The names are transformers' ``hidden_act`` ones
+#: where they exist ("silu", "gelu", "gelu_pytorch_tanh"); "swish" and "gelu_tanh" are accepted aliases.
+ACTIVATIONS = {"silu": 0, "swish": 0, "gelu": 1, "gelu_tanh": 2, "gelu_pytorch_tanh": 2}
+_SILU, _GELU, _GELU_TANH = 0, 1, 2
+
+
+# ==================================================================================================
+# Kernels
+# ==================================================================================================
+@triton.jit
+def _act_and_grad(g, ACT: tl.constexpr, NEED_GRAD: tl.constexpr):
+    """(a(g), a'(g)) in float32 for the activation ``ACT`` (module docstring); a'(g) is 0 unless NEED_GRAD."""
+    da = g * 0.0
+    if ACT == 0:  # SiLU
+        s = 1.0 / (1.0 + tl.exp(-g))  # sigma(g); exp(-g) = inf for very negative g gives s = 0, a(g) = -0
+        a = g * s
+        if NEED_GRAD:
+            da = s * (1.0 + g * (1.0 - s))
+    elif ACT == 1:  # GELU, exact (erf)
+        cdf = 0.5 * (1.0 + tl.erf(g * 0.7071067811865476))  # Phi(g), 1 / sqrt 2
+        a = g * cdf
+        if NEED_GRAD:  # Phi(g) + g phi(g), 1 / sqrt(2 pi) = 0.3989...
+            da = cdf + g * 0.3989422804014327 * tl.exp(-0.5 * g * g)
+    else:  # GELU, tanh approximation
+        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)  # k (g + c g^3), k = sqrt(2 / pi)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)  # tanh(inner), exact at both ends
+        a = 0.5 * g * (1.0 + t)
+        if NEED_GRAD:  # 3 c = 0.134145
+            da = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * g * g)
+    return a, da
+
+
+@triton.jit
+def _gated_fwd_kernel(
+    G,  # pointer to the gate, [M, N], row stride sg, unit column stride
+    U,  # pointer to the up projection, [M, N], row stride su, unit column stride
+    Y,  # pointer to the output, [M, N] contiguous
+    N,  # row width (the intermediate size)
+    sg, su,  # row strides of G and U (elements)
+    ACT: tl.constexpr,  # 0 SiLU, 1 GELU (erf), 2 GELU (tanh)
+    BLOCK_N: tl.constexpr,  # columns per program
+):
+    """y = a(g) * u for BLOCK_N columns of one row."""
+    row = tl.program_id(0).to(tl.int64)  # 64-bit offsets: tensors beyond 2^31 elements address correctly
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    # Load, then float32 before any math (the interpreter's 16-bit arithmetic is not the GPU's).
+    g = tl.load(G + row * sg + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + row * su + cols, mask=mask, other=0.0).to(tl.float32)
+    a, _ = _act_and_grad(g, ACT, False)
+    tl.store(Y + row * N + cols, (a * u).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gated_bwd_kernel(
+    DY,  # pointer to the incoming gradient, [M, N], row stride sdy, unit column stride
+    G, U,  # pointers to the saved gate and up (as in _gated_fwd_kernel)
+    DG, DU,  # pointers to the gradients of gate and up (written), row strides sdg / sdu (two halves of one
+    #          [M, 2N] tensor when the input was the concatenated gate_up)
+    N,  # row width
+    sdy, sg, su, sdg, sdu,  # row strides (elements)
+    ACT: tl.constexpr,  # as in _gated_fwd_kernel
+    BLOCK_N: tl.constexpr,  # columns per program
+):
+    """dg = dy * u * a'(g), du = dy * a(g) for BLOCK_N columns of one row, a(g) recomputed from g."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    dy = tl.load(DY + row * sdy + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + row * sg + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + row * su + cols, mask=mask, other=0.0).to(tl.float32)
+    # The activation is recomputed here: the forward saved no a(g).
+    a, da = _act_and_grad(g, ACT, True)
+    tl.store(DG + row * sdg + cols, (dy * u * da).to(DG.dtype.element_ty), mask=mask)
+    tl.store(DU + row * sdu + cols, (dy * a).to(DU.dtype.element_ty), mask=mask)
+
+
+# ==================================================================================================
+# PyTorch reference (tests, the fallback where Triton cannot run)
+# ==================================================================================================
+def activation_reference(g: torch.Tensor, activation: str) -> torch.Tensor:
+    """a(g) by PyTorch, in g's dtype."""
+    code = ACTIVATIONS[activation]
+    if code == _SILU:
+        return torch.nn.functional.silu(g)
+    return torch.nn.functional.gelu(g, approximate="tanh" if code == _GELU_TANH else "none")
+
+
+def gated_activation_reference(gate: torch.Tensor, up: Optional[torch.Tensor] = None,
+                               activation: str = "silu") -> torch.Tensor:
+    """``act(gate) * up`` computed in float32 (float64 stays float64), returned in gate's dtype; ``up=None``:
+    ``gate`` is the concatenation [..., 2N] of gate and up."""
+    if up is None:
+        gate, up = gate.chunk(2, dim=-1)
+    acc = torch.float64 if gate.dtype == torch.float64 else torch.float32
+    return (activation_reference(gate.to(acc), activation) * up.to(acc)).to(gate.dtype)
+
+
+# ==================================================================================================
+# Launch plans and launchers
+# ==================================================================================================
+class _Plan:
+    __slots__ = ("m", "n", "copy", "kernel", "ints")
+
+
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
+
+
+def _rows(shape, stride) -> Optional[int]:
+    """The row stride of a tensor viewed as rows of its last dim (unit column stride), or None: copy it."""
+    if len(shape) == 0:
+        return None
+    v = row_strides(shape, stride, len(shape) - 1)
+    if v is None or (shape[-1] > 1 and v[4] != 1):
+        return None
+    return v[2] if v[0] > 1 else shape[-1]
+
+
+def _plan(direction: str, shape, strides: tuple, act: int) -> _Plan:
+    """The launch plan of one direction for tensors of ``shape`` (the [.., N] halves) with ``strides`` (the
+    inputs' then the outputs'), cached with its bound kernel."""
+    key = (direction, shape, strides, act, override_epoch())
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
+        return _plan(direction, concrete(shape), tuple(concrete(s) for s in strides), act)
+    if plan is not None:
+        return plan
+    plan = _Plan()
+    n = shape[-1] if len(shape) else 1
+    m = 1
+    for s in shape[:-1]:
+        m *= s
+    row = [_rows(shape, st) for st in strides]
+    plan.m, plan.n = m, n
+    plan.copy = [r is None for r in row]
+    row = [n if r is None else r for r in row]
+    c = cfg.FWD if direction == "fwd" else cfg.BWD
+    plan.ints = (n, *row)
+    plan.kernel = None
+    if m * n > 0:
+        fn = _gated_fwd_kernel if direction == "fwd" else _gated_bwd_kernel
+        ntensors = 3 if direction == "fwd" else 5
+        plan.kernel = Kernel(fn, (m, triton.cdiv(n, c.block)), check=tuple(range(ntensors)), ACT=act,
+                             BLOCK_N=c.block, num_warps=c.warps)
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _halves(gate: torch.Tensor, up: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    if up is None:
+        n = gate.shape[-1] // 2
+        return gate[..., :n], gate[..., n:]
+    return gate, up
+
+
+def gated_forward(gate: torch.Tensor, up: Optional[torch.Tensor], act: int) -> torch.Tensor:
+    """Launch y = a(gate) * up; ``up=None``: ``gate`` is the concatenated [..., 2N] gate_up.  y is contiguous,
+    in gate's dtype."""
+    g, u = _halves(gate, up)
+    y = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+    plan = _plan("fwd", g.shape, (g.stride(), u.stride()), act)
+    if plan.kernel is None:
+        return y
+    g = g.contiguous() if plan.copy[0] else g
+    u = u.contiguous() if plan.copy[1] else u
+    plan.kernel(g, u, y, *plan.ints)
+    return y
+
+
+def gated_backward(dy: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor],
+                   act: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the backward: (d gate, d up); with ``up=None`` (d gate_up [..., 2N], an empty placeholder)."""
+    g, u = _halves(gate, up)
+    if up is None:
+        dgu = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        dg, du = _halves(dgu, None)
+        outs = (dgu, torch.empty((0,), dtype=gate.dtype, device=gate.device))
+    else:
+        dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+        du = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+        outs = (dg, du)
+    if dy.dtype != g.dtype:
+        dy = dy.to(g.dtype)
+    plan = _plan("bwd", g.shape, (dy.stride(), g.stride(), u.stride(), dg.stride(), du.stride()), act)
+    if plan.kernel is None:
+        return outs
+    dy = dy.contiguous() if plan.copy[0] else dy
+    g = g.contiguous() if plan.copy[1] else g
+    u = u.contiguous() if plan.copy[2] else u
+    plan.kernel(dy, g, u, dg, du, *plan.ints)  # (the outputs are allocated in a layout without copies)
+    return outs
+
+
+# ==================================================================================================
+# Registration (ops/_library.py): custom ops for torch.compile, autograd, the eager direct path
+# ==================================================================================================
+def _setup_context(ctx, inputs, outputs):
+    gate, up, act = inputs
+    ctx.act, ctx.has_up = act, up is not None
+    ctx.save_for_backward(gate, up)  # the inputs only: a(gate) is recomputed in the backward
+
+
+def _grads(ctx, backward, dy):
+    gate, up = ctx.saved_tensors
+    dg, du = backward(dy, gate, up, ctx.act)
+    return dg, (du if ctx.has_up else None), None
+
+
+gated_op = FusedOp("gated_activation", gated_forward, gated_backward, _setup_context, _grads)
+
+
+def _validate(gate: object, up: object, activation: object) -> tuple[torch.Tensor, Optional[torch.Tensor], int]:
+    gate = check_tensor(_OP, "gate", gate)
+    if up is not None:
+        up = check_tensor(_OP, "up", up)
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise ValueError(f"{_OP}: argument 'activation' must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    check_float_dtype(_OP, "gate", gate, allow_float64=True)
+    if gate.dim() == 0:
+        raise FusedShapeError(f"{_OP}: argument 'gate' must have at least one dimension, got a 0-d tensor")
+    if up is None:
+        if gate.shape[-1] % 2:
+            raise FusedShapeError(f"{_OP}: with up=None, argument 'gate' is the concatenated gate_up and its last dim "
+                                  f"must be even, got shape {list(gate.shape)}")
+    else:
+        check_same_device(_OP, "gate", gate, up=up)
+        if up.dtype != gate.dtype:
+            raise FusedDtypeError(f"{_OP}: arguments 'gate' ({gate.dtype}) and 'up' ({up.dtype}) must have the same "
+                                  "dtype")
+        if up.shape != gate.shape:
+            raise FusedShapeError(f"{_OP}: arguments 'gate' and 'up' must have the same shape, got "
+                                  f"{list(gate.shape)} and {list(up.shape)}")
+    return gate, up, ACTIVATIONS[activation]
+
+
+def fused_gated_activation(gate: torch.Tensor, up: Optional[torch.Tensor] = None,
+                           activation: str = "silu") -> torch.Tensor:
+    """``act(gate) * up`` in one kernel; the backward recomputes ``act(gate)`` (saves gate and up only).
+
+    Args:
+        gate: the gate projection's output, (..., N), float16 / bfloat16 / float32 (float64 and devices where
+            Triton cannot run use ``gated_activation_reference``).
+        up: the up projection's output, same shape and dtype; ``None``: ``gate`` is the two concatenated,
+            (..., 2N), gate first (Phi-3's ``gate_up_proj`` output, ``chunk(2, dim=-1)``'s order).
+        activation: ``"silu"`` (SwiGLU; alias ``"swish"``), ``"gelu"`` (GeGLU, exact erf) or ``"gelu_tanh"``
+            (GeGLU, tanh approximation; alias ``"gelu_pytorch_tanh"``).
+
+    Returns: (..., N), contiguous, in gate's dtype; math in float32, rounded once.
+    """
+    gate, up, act = _validate(gate, up, activation)
+    if gate.dtype == torch.float64 or use_fallback(_OP, gate):
+        return gated_activation_reference(gate, up, activation)
+    if gate.dtype not in SUPPORTED_DTYPES:  # pragma: no cover - _validate took float64 and these only
+        raise FusedDtypeError(f"{_OP}: argument 'gate' has dtype {gate.dtype}")
+    needs_grad = torch.is_grad_enabled() and (gate.requires_grad or (up is not None and up.requires_grad))
+    return gated_op(gate, up, act, needs_grad=needs_grad)
+
+
+def fused_swiglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``silu(gate) * up`` (Llama, Mistral, Qwen2/3, Phi-3): ``fused_gated_activation(gate, up, "silu")``."""
+    return fused_gated_activation(gate, up, "silu")
+
+
+def fused_geglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None, approximate: str = "tanh") -> torch.Tensor:
+    """``gelu(gate, approximate=approximate) * up`` (Gemma: ``"tanh"``; ``"none"``: exact erf), as
+    ``fused_gated_activation``."""
+    if approximate not in ("tanh", "none"):
+        raise ValueError(f"fused_geglu: argument 'approximate' must be 'tanh' or 'none', got {approximate!r}")
+    return fused_gated_activation(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu")
