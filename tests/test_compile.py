@@ -298,6 +298,29 @@ _ROUTED = {  # op -> (a call of its functional, the registered op it records on 
 }
 
 
+def _hf_mlp_call():
+    """A swapped transformers LlamaMLP (the gated_activation look-alike), called on (4, 16) inputs."""
+    import transformers as T
+
+    mlp = T.models.llama.modeling_llama.LlamaMLP(T.LlamaConfig(hidden_size=16, intermediate_size=32,
+                                                               num_attention_heads=2, num_key_value_heads=2))
+    swap_modules(mlp)
+    return mlp
+
+
+def _hf_add_norm_call():
+    """The residual add + norm of a swapped decoder layer (its ``_fused_add_norm``) on a LlamaRMSNorm."""
+    import transformers as T
+
+    from fused_layers.integrations._hf_decoder import _fused_add_norm
+
+    norm = T.models.llama.modeling_llama.LlamaRMSNorm(16)
+    _fused_add_norm(norm, torch.ones(2, 16), torch.ones(2, 16))  # eager first, as the swap's check runs it
+    return lambda x: _fused_add_norm(norm, x, x * 2)
+
+
+
+
 def test_compiled_routes_are_data_and_decide_what_dynamo_records(monkeypatch):
     """Every op of the table records its registered op on the "kernels" route and none on "inductor" (its
     PyTorch computation, for Inductor to generate and fuse); the defaults: norms to Inductor (the measured
@@ -307,11 +330,21 @@ def test_compiled_routes_are_data_and_decide_what_dynamo_records(monkeypatch):
     from fused_layers.ops import compile_config
 
     default = compile_config.COMPILED
-    assert dataclasses.is_dataclass(default) and set(_ROUTED) == {f.name for f in dataclasses.fields(default)}
+    routed = dict(_ROUTED)
+    try:  # the transformers look-alikes' routes
+        import transformers  # noqa: F401
+
+        routed["gated_activation"] = (_hf_mlp_call(), "gated_activation_fwd")
+        routed["residual_norm"] = (_hf_add_norm_call(), "residual_norm_fwd")
+    except ImportError:
+        pass
+    fields = {f.name for f in dataclasses.fields(default)}
+    assert dataclasses.is_dataclass(default) and set(routed) <= fields
+    assert fields - set(routed) <= {"gated_activation", "residual_norm"}  # (those two need transformers)
     assert (default.layer_norm, default.rms_norm) == ("inductor", "inductor")
     assert default.linear_cross_entropy == "kernels"
     x = torch.randn(4, 16)
-    for op, (call, recorded) in _ROUTED.items():
+    for op, (call, recorded) in routed.items():
         for r in ("kernels", "inductor"):
             monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(default, **{op: r}))
             assert (recorded in _ops_in_graph(call, x)) == (r == "kernels"), (op, r)

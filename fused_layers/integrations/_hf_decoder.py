@@ -50,6 +50,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ..ops import compile_config
 from ..ops._common import SUPPORTED_DTYPES, is_compiling, triton_runnable
 from . import REGISTRY, LookAlike, _compile_forward, fingerprint
 
@@ -91,7 +92,10 @@ def activation_name(act: Any) -> Optional[str]:
     if not t.__module__.startswith("transformers.") or t.__name__ not in _HF_ACT_SOURCES:
         return None
     name, src = _HF_ACT_SOURCES[t.__name__]
-    if fingerprint(t.__dict__.get("forward")) != _compile_forward(src):
+    ok = _ACT_VERIFIED.get(t)
+    if ok is None:  # (a syntax-tree comparison: once per class, at the swap's check, never while Dynamo traces)
+        ok = _ACT_VERIFIED[t] = fingerprint(t.__dict__.get("forward")) == _compile_forward(src)
+    if not ok:
         return None
     inner = act.__dict__.get("act")
     if t.__name__ == "GELUActivation" and inner is not nn.functional.gelu:
@@ -100,6 +104,9 @@ def activation_name(act: Any) -> Optional[str]:
                                         and inner.keywords == {"approximate": "tanh"}):
         return None
     return name
+
+
+_ACT_VERIFIED: dict[type, bool] = {}
 
 
 def _mlp_check(attr: str, projections: tuple[str, ...]):
@@ -124,6 +131,8 @@ def _build_llama_mlp(cls: type) -> dict:
     source_forward = cls.forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_compiling() and compile_config.route("gated_activation") == "inductor":
+            return source_forward(self, x)
         act = activation_name(self.act_fn)
         if act is None or not triton_runnable(x):
             return source_forward(self, x)
@@ -141,6 +150,8 @@ def _build_phi3_mlp(cls: type) -> dict:
     source_forward = cls.forward
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if is_compiling() and compile_config.route("gated_activation") == "inductor":
+            return source_forward(self, hidden_states)
         act = activation_name(self.activation_fn)
         if act is None or not triton_runnable(hidden_states):
             return source_forward(self, hidden_states)
@@ -300,6 +311,7 @@ def _build_rotary(cls: type) -> dict:
     def _fused_after_swap(self):
         mod = sys.modules[modname]
         _HOLDERS.setdefault(modname, weakref.WeakSet()).add(self)
+        weakref.finalize(self, _uninstall_if_unheld, modname)  # a fused model dropped without a restore
         if modname not in _INSTALLED:
             interleaved, partial = _rope_variant(mod)
             original = mod.apply_rotary_pos_emb
@@ -311,15 +323,21 @@ def _build_rotary(cls: type) -> dict:
         holders = _HOLDERS.get(modname)
         if holders is not None:
             holders.discard(self)
-        if not holders and modname in _INSTALLED:  # the last fused rotary module of this model family
-            original, disp = _INSTALLED.pop(modname)
-            mod = sys.modules[modname]
-            if mod.apply_rotary_pos_emb is disp:
-                mod.apply_rotary_pos_emb = original
+        _uninstall_if_unheld(modname)
 
     # the ledger replays module calls: the rotary module's own forward is unchanged, nothing to time
     return {"forward": forward, "_fused_after_swap": _fused_after_swap, "_fused_before_restore": _fused_before_restore,
             "_fused_ledger_skip": True}
+
+
+def _uninstall_if_unheld(modname: str) -> None:
+    """Put the model module's own ``apply_rotary_pos_emb`` back once no fused rotary module of it is left."""
+    holders = _HOLDERS.get(modname)
+    if not any(True for _ in (holders or ())) and modname in _INSTALLED:  # (iterating skips the dying)
+        original, disp = _INSTALLED.pop(modname)
+        mod = sys.modules.get(modname)
+        if mod is not None and mod.apply_rotary_pos_emb is disp:
+            mod.apply_rotary_pos_emb = original
 
 
 def rope_installed(module_name: str) -> bool:
@@ -338,6 +356,9 @@ def rope_installed(module_name: str) -> bool:
 # --------------------------------------------------------------------------------------------------
 def _fused_add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(h, norm(h)) with h = residual + x: one kernel where it computes exactly that, the three lines otherwise."""
+    if is_compiling() and compile_config.route("residual_norm") == "inductor":
+        h = residual + x
+        return h, norm(h)
     entry = _norm_entry(norm)
     w = getattr(norm, "weight", None)
     if (entry in _NORMS and isinstance(w, torch.Tensor) and w.dim() == 1
@@ -361,18 +382,25 @@ def _fused_add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) ->
 _NORMS = ("hf_llama_rms_norm", "hf_gemma_rms_norm")
 
 
+_NORM_ENTRIES: dict[type, Optional[str]] = {}
+
+
 def _norm_entry(norm: nn.Module) -> Optional[str]:
     """The registry entry of the norm module's class (or of the class it was swapped from) when the instance passes
     that entry's check, else None."""
     from . import is_fused_class, match
 
     cls = type(norm)
+    if cls in _NORM_ENTRIES:  # (syntax-tree checks: once per class, at the swap's check, never while Dynamo traces)
+        return _NORM_ENTRIES[cls]
     if is_fused_class(cls):
         cls = cls.__dict__.get("_fused_layers_source") or cls.__mro__[1]
     entry = match(cls)
-    if entry is None or (entry.check is not None and entry.check(norm) is not None):  # (Gemma's: its _norm too)
-        return None
-    return entry.name
+    name = None
+    if entry is not None and (entry.check is None or entry.check(norm) is None):  # (Gemma's: its _norm too)
+        name = entry.name
+    _NORM_ENTRIES[type(norm)] = name
+    return name
 
 
 def _name(node: ast.AST) -> Optional[str]:

@@ -30,6 +30,8 @@ class CompiledRoutes:
     softmax: Route
     cross_entropy: Route  #: ``fused_cross_entropy`` and transformers' causal-LM loss on given logits
     linear_cross_entropy: Route  #: the LM head + loss, chunked (the demo's loss module, transformers' causal LMs)
+    gated_activation: Route  #: transformers' gated MLPs (the look-alikes; the functional op always runs the kernels)
+    residual_norm: Route  #: transformers' decoder layers' residual add + norm (the look-alikes, likewise)
 
 
 COMPILED = CompiledRoutes(
@@ -50,6 +52,11 @@ COMPILED = CompiledRoutes(
     # A fusion Inductor cannot do: its graph holds the (N, V) logits of the LM head (and the loss's float32 copy
     # of them), the chunked kernel never more than one chunk of them.
     linear_cross_entropy="kernels",
+    # act(gate) * up is pointwise: Inductor makes it one kernel with its neighbours and its partitioner recomputes
+    # it in the backward instead of saving it, which is what the kernel does eagerly (compiled timing to be taken).
+    gated_activation="inductor",
+    # The add and the norm are what Inductor fuses into one kernel for the norms above.
+    residual_norm="inductor",
 )
 
 
