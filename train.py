@@ -108,8 +108,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             log.info(f"resuming from {ckpt_path}")
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
         fit_seconds = time.perf_counter() - t0
-        if (trainer.global_step > 0 and not validated_at_end(memory, trainer)
-                and cfg.trainer.get("limit_val_batches") != 0):
+        # loggers (the memory one too) record on rank 0 only: its answer holds for every rank, or the ranks disagree
+        # on running the validation's collectives
+        validated = trainer.strategy.broadcast(validated_at_end(memory, trainer))
+        if trainer.global_step > 0 and not validated and cfg.trainer.get("limit_val_batches") != 0:
             trainer.validate(model, datamodule=datamodule, verbose=False)  # runs shorter than val_check_interval
         ckpt_cb = next((cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)), None)
         last_ckpt = None

@@ -288,13 +288,13 @@ def resolve_ckpt_path(value: str | None, roots: tuple[str, ...] = ("outputs", "m
     if value is None:
         return None
     if value == "last":
-        found = [p for r in roots for p in Path(r).glob("**/checkpoints/last.ckpt")]
+        found = [p for r in roots for p in Path(r).glob("**/checkpoints/last.ckpt") if _is_checkpoint(p)]
         if not found:
             where = " or ".join(r + "/" for r in roots)
             _fail("ckpt_path", f"'last': no checkpoints/last.ckpt under {where} (has a run finished here?)")
         return str(max(found, key=lambda p: p.stat().st_mtime))
     p = Path(value).expanduser()
-    if not p.is_file():
+    if not _is_checkpoint(p):
         _fail("ckpt_path", f"{value!r}: no such file")
     return str(p)
 
@@ -418,6 +418,12 @@ def check_strategy(cfg: Any) -> None:
             _fail("strategy", "deepspeed is not installed (pip install deepspeed); or pick strategy=fsdp2, fsdp or ddp")
         if int(st.stage) not in (1, 2, 3):
             _fail("strategy.stage", f"must be 1, 2 or 3, got {st.stage}")
+    if name in ("fsdp", "deepspeed"):  # Lightning builds these for CUDA devices only
+        accelerator = str(cfg.trainer.get("accelerator", "auto"))
+        if accelerator == "cpu" or (accelerator == "auto" and not _cuda_available()):
+            where = "" if accelerator == "cpu" else " on a machine without one"
+            _fail("trainer.accelerator", f"strategy={name} needs GPUs (Lightning's {name} strategy is CUDA-only), "
+                                         f"got {accelerator!r}{where}; on the CPU use strategy=ddp or fsdp2")
     if name == "fsdp2":
         allowed = ("32-true", "bf16-mixed", "bf16-true", "16-true")  # what Lightning's ModelParallelStrategy takes
         if str(cfg.trainer.precision) not in allowed:
@@ -427,12 +433,25 @@ def check_strategy(cfg: Any) -> None:
                               f"is none of {', '.join(MODEL_SCHEMAS)}")
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _is_checkpoint(p: Path) -> bool:
+    """A checkpoint file, or the folder of a sharded one (FSDP2's distributed checkpoint: ``meta.pt`` + shards)."""
+    return p.is_file() or (p.is_dir() and (p / "meta.pt").is_file())
+
+
 def check_checkpoint_fits(path: str, cfg: Any) -> None:
     """The checkpoint's model hyper-parameters that fix parameter shapes must equal the config's."""
     import torch
 
+    meta = Path(path) / "meta.pt"  # a sharded checkpoint: its hyper-parameters are in the metadata file
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        ck = torch.load(meta if meta.is_file() else path, map_location="cpu", weights_only=False,
+                        mmap=not meta.is_file())
     except Exception as e:
         _fail("ckpt_path", f"{path!r} is not a readable checkpoint ({type(e).__name__}: {e})")
     hp = ck.get("hyper_parameters") or {}

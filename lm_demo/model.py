@@ -274,7 +274,8 @@ class LlamaLM(_CausalLM):
 
     The loss is the model's own: ``model(input_ids=x, labels=x, shift_labels=y).loss`` (``y``, the next tokens,
     given as the shifted labels, so every position of the window is a target). ``gradient_checkpointing``
-    recomputes each decoder layer in backward (``gradient_checkpointing_enable``, non-reentrant).
+    recomputes each decoder layer in backward (transformers' ``activation_checkpointing_enable``, called
+    ``gradient_checkpointing_enable`` before 5.25; non-reentrant).
     """
 
     def __init__(
@@ -317,8 +318,12 @@ class LlamaLM(_CausalLM):
             config.rope_parameters = {**config.rope_parameters, "rope_theta": rope_theta}
         self.model = transformers.LlamaForCausalLM(config)
         self.model.train()
-        if gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if gradient_checkpointing:  # transformers >= 5.25 names it activation checkpointing (the old name warns)
+            enable = getattr(self.model, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.example_input_array = torch.zeros(2, min(seq_len, 16), dtype=torch.long)
         self.__dict__["_compiled"] = None
         self.__dict__["_tokens_per_batch"] = None
@@ -329,7 +334,7 @@ class LlamaLM(_CausalLM):
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         self.__dict__["_tokens_per_batch"] = (x.shape[0], x.shape[1])
-        return self._net()(input_ids=x, labels=x, shift_labels=y).loss
+        return self._net()(input_ids=x, labels=x, shift_labels=y.contiguous()).loss  # transformers views it
 
     def shard_units(self) -> tuple[list[nn.Module], nn.Module | None, set[type[nn.Module]]]:
         layers = list(self.model.model.layers)
