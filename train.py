@@ -139,8 +139,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> float | None:
+    from lm_demo.strategy import distributed_job
+
     try:
-        summary = train(cfg)
+        with distributed_job():  # under -m, the ranks Lightning starts run this job alone; then its group ends
+            summary = train(cfg)
     except ConfigError as e:  # the preflight passed this config: only a file that vanished since gets here
         if HydraConfig.initialized():
             remove_run_dir(HydraConfig.get().runtime.output_dir, HydraConfig.get().job.name)

@@ -11,12 +11,18 @@
 * ``deepspeed``: ``DeepSpeedStrategy(stage=...)``.
 
 The fused callback swaps in ``setup``, before any of these wraps or shards: the wrapped model is the swapped one.
+
+`distributed_job` makes ``python train.py -m ... trainer.devices=2`` work: Lightning starts the other ranks by
+running the command line again, which under ``-m`` would be the whole sweep in each child (job 0 of the child beside
+job 1 of the parent); inside it a child runs this job alone, in this job's run dir, and the next job starts afresh.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any
+import sys
+from typing import Any, Iterator
 
 from torch import nn
 
@@ -74,3 +80,48 @@ def _fsdp2_strategy() -> Any:
             super().setup_environment()
 
     return FSDP2Strategy(data_parallel_size="auto", tensor_parallel_size=1)
+
+
+@contextlib.contextmanager
+def distributed_job() -> Iterator[None]:
+    """One job of train.py, distributed or not, as a unit a multirun can repeat in the same process.
+
+    * The ranks Lightning starts for a job of a Hydra multirun run that job only (its task overrides, in its run
+      dir), as they do for a single run (outside a multirun: Lightning's own command).
+    * At the end the job's process group is destroyed and the variables Lightning set for it (``MASTER_PORT``,
+      ``LOCAL_RANK``, ``WORLD_SIZE``, ...) are taken back: the next job starts its own ranks and group."""
+    import os
+
+    from lightning.pytorch.strategies.launchers import subprocess_script as launcher
+
+    original = launcher._hydra_subprocess_cmd
+    env = dict(os.environ)
+
+    def job_command(local_rank: int) -> tuple[list[str], str]:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        from hydra.utils import get_original_cwd, to_absolute_path
+
+        hc = HydraConfig.get()
+        if hc.mode != RunMode.MULTIRUN:
+            return original(local_rank)
+        import __main__
+
+        spec = getattr(__main__, "__spec__", None)
+        command = ([sys.executable, "-m", spec.name] if spec is not None
+                   else [sys.executable, to_absolute_path(sys.argv[0])])
+        command += [*hc.overrides.task, f'hydra.run.dir="{hc.runtime.output_dir}"',
+                    f"hydra.job.name=train_ddp_process_{local_rank}", "hydra.output_subdir=null"]
+        return command, get_original_cwd()
+
+    launcher._hydra_subprocess_cmd = job_command
+    try:
+        yield
+    finally:
+        launcher._hydra_subprocess_cmd = original
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(env)

@@ -437,7 +437,7 @@ def test_reference_attention_matches_sdpa_and_gpt2_size():
 # the Llama family (HF LlamaForCausalLM) and the strategy group
 # ------------------------------------------------------------------------------------------------
 LLAMA = ["model=llama_tiny", "model.n_kv_head=1", "model.intermediate_size=64", "model.seq_len=16", "logger=none",
-         "~callbacks.throughput", "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
+         "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
 
 
 def test_llama_1b_conf_size_and_synthetic_data(tmp_path):
@@ -470,6 +470,7 @@ def test_llama_tiny_trains_fused_as_unfused(tmp_path):
     fused = train_script.train(compose_cfg(tmp_path / "f", *LLAMA, "fused=true", "callbacks.fused.ab_rounds=0",
                                            "callbacks.fused.measure=false"))
     assert base["global_step"] == fused["global_step"] == 2 and finite(base["metrics"]["val/loss"])
+    assert base["metrics"]["train/device/items_per_sec"] > 0 and base["metrics"]["train/device/flops_per_sec"] > 0
     assert fused["fused_layers"]["swapped"] == {"layer_norm": 0, "rms_norm": 3, "softmax": 0,
                                                 "multihead_attention": 0, "attention": 1, "cross_entropy": 1}
     for key in ("train/loss", "val/loss"):
@@ -562,25 +563,88 @@ def test_fsdp2_shards_the_swapped_model(tmp_path):
         assert sharded["metrics"][key] == pytest.approx(base["metrics"][key], abs=2e-4), key
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy, fused", [("ddp", "false"), ("fsdp2", "true")])
-def test_two_cpu_ranks(tmp_path, strategy, fused):
-    """`python train.py model=llama_tiny trainer.devices=2 strategy=...` on the CPU: Lightning launches the second
-    rank (gloo), both train 2 steps and validate together; fsdp2 with the fused layers, whose LM head runs fused."""
-    cmd = [sys.executable, str(ROOT / "train.py"), *LLAMA, "trainer.accelerator=cpu", "trainer.devices=2",
-           f"strategy={strategy}", f"fused={fused}", "data.batch_size=2", "data.max_bytes=20000",
-           "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
-           "trainer.enable_checkpointing=false", "callbacks.fused.ab_rounds=0", "callbacks.fused.measure=false",
-           f"hydra.run.dir={tmp_path}"]
+def _two_cpu_ranks(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python train.py model=llama_tiny trainer.devices=2 ARGS`` on the CPU: Lightning starts the second rank."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *args, *LLAMA, "trainer.accelerator=cpu", "trainer.devices=2",
+           "data.batch_size=2", "data.max_bytes=20000", "trainer.enable_progress_bar=false",
+           "trainer.enable_model_summary=false", "trainer.enable_checkpointing=false", "callbacks.fused.ab_rounds=0",
+           "callbacks.fused.measure=false"]
     env = {k: v for k, v in os.environ.items()
            if k not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")}
     env.update(TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))  # the second rank imports this checkout too
     r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (tmp_path / "summary.json").is_file(), (r.stdout[-2000:], r.stderr[-3000:])
+    return r
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_ranks(tmp_path):
+    """strategy=ddp on 2 gloo ranks: both train 2 steps and validate together."""
+    _two_cpu_ranks(tmp_path, "strategy=ddp", f"hydra.run.dir={tmp_path}")
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["global_step"] == 2 and finite(s["metrics"]["val/loss"]) and finite(s["metrics"]["train/loss"])
-    assert s["config"]["strategy"]["name"] == strategy
-    if fused == "true":
-        assert s["fused_layers"]["swapped_total"] == 8  # 2 layers: 5 norms, 2 attentions, the head + loss
-        assert "are not fused" not in r.stderr + r.stdout  # the fused head ran on the gathered head
+    assert s["global_step"] == 2 and finite(s["metrics"]["val/loss"]) and s["config"]["strategy"]["name"] == "ddp"
+
+
+@pytest.mark.slow
+def test_fsdp2_multirun_on_two_cpu_ranks(tmp_path):
+    """`python train.py -m fused=false,true strategy=fsdp2 trainer.devices=2`: each job starts its own second rank
+    (which runs that job alone), the model is sharded over both, the fused job's LM head runs fused on the gathered
+    head, both jobs train to the same losses, and the sweep's comparison lists both."""
+    r = _two_cpu_ranks(tmp_path, "-m", "fused=false,true", "strategy=fsdp2", "logger=csv",
+                       f"hydra.sweep.dir={tmp_path}")
+    unfused, fused = (json.loads((tmp_path / str(n) / "summary.json").read_text()) for n in (0, 1))
+    assert unfused["global_step"] == fused["global_step"] == 2 and fused["config"]["strategy"]["name"] == "fsdp2"
+    assert unfused["fused_layers"] is None and fused["fused_layers"]["swapped_total"] == 8  # 5 norms, 2 attn, head
+    assert "are not fused" not in r.stderr + r.stdout
+    for key in ("train/loss", "val/loss"):
+        assert fused["metrics"][key] == pytest.approx(unfused["metrics"][key], abs=2e-4), key
+    rows = json.loads((tmp_path / "comparison.json").read_text())["rows"]
+    assert [row["label"] for row in rows] == ["fused=false", "fused=true"]
+
+
+# ------------------------------------------------------------------------------------------------
+# on GPUs
+# ------------------------------------------------------------------------------------------------
+#: a small Llama in bf16 on synthetic ids over a 32,000-token vocabulary: big enough for the GPU paths
+LLAMA_GPU = ["model=llama_tiny", "model.d_model=256", "model.n_head=4", "model.n_kv_head=2",
+             "model.intermediate_size=512", "model.vocab_size=32000", "model.seq_len=512", "model.warmup_steps=2",
+             "data=synthetic", "data.batch_size=4", "data.synthetic_samples=64", "trainer=gpu", "trainer.max_steps=6",
+             "trainer.val_check_interval=6", "trainer.limit_val_batches=2", "trainer.num_sanity_val_steps=0",
+             "trainer.enable_progress_bar=false", "trainer.enable_checkpointing=false", "logger=none",
+             "callbacks.fused.policy=always", "callbacks.fused.ab_rounds=0", "callbacks.fused.measure=false"]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_llama_gpu_bf16_fused_trains_as_unfused(tmp_path):
+    """One GPU, bf16-mixed: the fused Llama (norms, attention, LM head + loss) trains to the unfused losses."""
+    def run_job(sub, *extra):
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("train", overrides=[*LLAMA_GPU, f"output_dir={tmp_path / sub}", *extra])
+        return train_script.train(cfg)
+
+    base = run_job("u")
+    fused = run_job("f", "fused=true")
+    assert fused["fused_layers"]["swapped_total"] == 8
+    for key in ("train/loss", "val/loss"):
+        assert fused["metrics"][key] == pytest.approx(base["metrics"][key], abs=3e-2), key
+    assert fused["metrics"]["peak_memory_gib"] < base["metrics"]["peak_memory_gib"]  # no (tokens, vocab) logits
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp2"])
+def test_llama_two_gpus_fused(tmp_path, strategy):
+    """`train.py trainer.devices=2 strategy=NAME fused=true` on 2 GPUs (NCCL): both ranks train and validate, and
+    the LM head + loss runs fused under every strategy (no warning that it fell back)."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *LLAMA_GPU, "trainer.devices=2", f"strategy={strategy}",
+           "fused=true", f"hydra.run.dir={tmp_path}"]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["global_step"] == 6 and finite(s["metrics"]["val/loss"]) and s["fused_layers"]["swapped_total"] == 8
+    assert "are not fused" not in r.stderr + r.stdout
