@@ -160,6 +160,17 @@ def test_deepspeed_strategy_without_deepspeed_is_one_line(tmp_path):
                         "or pick strategy=fsdp2, fsdp or ddp\n"), r.stderr[-2000:]
 
 
+def test_llama_without_transformers_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else
+                        find_spec(name, *a))
+    code, out, err = preflight(capsys, "model=llama_tiny")
+    assert code == 2 and out == "" and list(tmp_path.iterdir()) == []
+    assert err.startswith("config error: model: lm_demo.model.LlamaLM builds transformers' LlamaForCausalLM") and \
+        "pip install 'fused-layers[hf]'" in err and err.count("\n") == 1, err
+
+
 def test_config_error_inside_the_job_removes_the_run_dir(tmp_path):
     """A config error that only the job sees (the preflight skipped here, as if a file vanished in between):
     the same one line and exit code 2, and the run dir Hydra had made is gone again."""
