@@ -2,7 +2,10 @@
 
 ``conf/train.yaml`` lists ``train_schema`` first in its defaults, so every value composed on top is checked
 against these dataclasses: ``fused=maybe`` and a misspelt key fail while composing (``lm_demo/cli.py`` turns
-that into one line naming the key). ``callbacks`` and ``logger`` are dicts of named ``_target_`` entries (so
+that into one line naming the key). Each model conf brings its own schema through its defaults list
+(``/gpt_model_schema@_here_`` or ``/llama_model_schema@_here_``: `MODEL_SCHEMAS`), so ``model.mlp_ratio`` is a key of
+the demo GPT and ``model.n_kv_head`` one of the Llama family; ``strategy`` (`StrategyConfig`) is the strategy group's
+node, built by ``lm_demo/strategy.py``. ``callbacks`` and ``logger`` are dicts of named ``_target_`` entries (so
 ``~callbacks.throughput`` drops one); the fused callback's entry is typed through ``fused_callback_schema``
 (see ``conf/callbacks/fused.yaml``). Trainer arguments not listed in `TrainerConfig` can still be passed with
 ``+trainer.NAME=VALUE``.
@@ -357,13 +360,13 @@ def check_config(cfg: Any) -> None:
         _fail("data.seq_len", f"must be <= model.seq_len ({m.seq_len}, the longest position), got {d.seq_len}")
     if "dropout" in m and not 0.0 <= float(m.dropout) < 1.0:
         _fail("model.dropout", f"must be in [0, 1), got {m.dropout}")
-    if not float(m.lr) > 0.0:
+    if "lr" in m and not float(m.lr) > 0.0:
         _fail("model.lr", f"must be > 0, got {m.lr}")
-    if not 0.0 <= float(m.min_lr_ratio) <= 1.0:
+    if "min_lr_ratio" in m and not 0.0 <= float(m.min_lr_ratio) <= 1.0:
         _fail("model.min_lr_ratio", f"must be in [0, 1], got {m.min_lr_ratio}")
-    if int(m.warmup_steps) < 0:
+    if "warmup_steps" in m and int(m.warmup_steps) < 0:
         _fail("model.warmup_steps", f"must be >= 0, got {m.warmup_steps}")
-    if len(m.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in m.betas):
+    if "betas" in m and (len(m.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in m.betas)):
         _fail("model.betas", f"must be two numbers in [0, 1), got {list(m.betas)}")
     check_strategy(cfg)
     if int(cfg.trainer.max_steps) < -1:
