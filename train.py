@@ -6,7 +6,8 @@ created. Lightning, torch and the model load only after that (inside `train`), s
 error answer at once (``--help``: 3 s instead of 35 s on a busy 2-core machine where Lightning's import took 25 s).
 
 Then, per job, in the lightning-hydra-template's order: check the config -> datamodule -> model -> callbacks
--> loggers -> trainer -> fit (resumed from ``ckpt_path`` when given) -> a validation at the end when the last
+-> loggers -> strategy (``strategy=NAME``: ``lm_demo/strategy.py``) -> trainer -> fit (resumed from ``ckpt_path``
+when given) -> a validation at the end when the last
 step did not have one -> a JSON summary of the run in its output dir (read by ``lm_demo/compare.py`` after a
 multirun). Config: ``conf/`` (``python train.py --cfg job`` prints it; schema and checks in
 ``lm_demo/config.py``); the console and the log file: ``lm_demo/console.py``.
@@ -67,6 +68,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from lm_demo.console import progress_bar, setup_console
+    from lm_demo.strategy import build_strategy
     from lm_demo.summary import (
         MemoryLogger,
         console_report,
@@ -93,7 +95,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         callbacks.append(bar)
     loggers = instantiate_loggers(cfg)
     memory = MemoryLogger()  # last: trainer.logger (checkpoint dirs etc.) stays the configured one
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=[*loggers, memory])
+    strategy = build_strategy(cfg.get("strategy"), model)  # None: trainer.strategy decides (strategy=auto)
+    extra = {"strategy": strategy} if strategy is not None else {}
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=[*loggers, memory], **extra)
 
     for lg in loggers:  # the whole resolved config, so W&B can filter and group on `fused`, sizes, ...
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
@@ -104,8 +108,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             log.info(f"resuming from {ckpt_path}")
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
         fit_seconds = time.perf_counter() - t0
-        if (trainer.global_step > 0 and not validated_at_end(memory, trainer)
-                and cfg.trainer.get("limit_val_batches") != 0):
+        # loggers (the memory one too) record on rank 0 only: its answer holds for every rank, or the ranks disagree
+        # on running the validation's collectives
+        validated = trainer.strategy.broadcast(validated_at_end(memory, trainer))
+        if trainer.global_step > 0 and not validated and cfg.trainer.get("limit_val_batches") != 0:
             trainer.validate(model, datamodule=datamodule, verbose=False)  # runs shorter than val_check_interval
         ckpt_cb = next((cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)), None)
         last_ckpt = None
@@ -133,8 +139,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def hydra_main(cfg: DictConfig) -> float | None:
+    from lm_demo.strategy import distributed_job
+
     try:
-        summary = train(cfg)
+        with distributed_job():  # under -m, the ranks Lightning starts run this job alone; then its group ends
+            summary = train(cfg)
     except ConfigError as e:  # the preflight passed this config: only a file that vanished since gets here
         if HydraConfig.initialized():
             remove_run_dir(HydraConfig.get().runtime.output_dir, HydraConfig.get().job.name)

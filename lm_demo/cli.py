@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from .config import GROUP_HELP, ConfigError, check_config, key_help, register_configs
+from .config import GROUP_HELP, MODEL_SCHEMAS, ConfigError, ModelConfig, check_config, key_help, register_configs
 
 EXIT_CONFIG_ERROR = 2
 WIDTH = 120  # of the help text
@@ -44,6 +44,8 @@ usage: python train.py [GROUP=OPTION ...] [KEY=VALUE ...]      one run, in outpu
   python train.py fused=true                      the same with the fused Triton layers swapped in
   python train.py -m fused=false,true             both, then a comparison table in the sweep dir
   python train.py model=gpt2_small trainer=gpu fused=true     GPT-2 small, bf16, on a GPU
+  python train.py model=llama_1b trainer=gpu trainer.devices=2 strategy=fsdp2 data.batch_size=4 fused=true
+                                                  a ~1.2B Llama (transformers), FSDP2 over 2 GPUs
   python train.py ckpt_path=last trainer.max_steps=500        continue the newest run to 500 steps"""
 
 FOOTER = """\
@@ -375,7 +377,8 @@ def help_text(hydra: Any, config_name: str, overrides: Sequence[str] = (), show_
             lines.append(f"    {mark} {option:<12} {desc}"[:WIDTH])
     title = "keys" if show_all else "main keys"
     lines += ["", f"{title} (KEY=VALUE; the value now):"]
-    rows = [(key, _fmt(values[key]), desc) for key, (desc, main) in key_help().items()
+    model_schema = MODEL_SCHEMAS.get(str(values.get("model._target_")), ModelConfig)  # the selected model's keys
+    rows = [(key, _fmt(values[key]), desc) for key, (desc, main) in key_help(model=model_schema).items()
             if (main or show_all) and key in values]
     kw, vw = max(len(r[0]) for r in rows) + 2, min(max(len(r[1]) for r in rows), 12) + 2
     indent = " " * (2 + kw + vw)

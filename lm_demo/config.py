@@ -2,7 +2,10 @@
 
 ``conf/train.yaml`` lists ``train_schema`` first in its defaults, so every value composed on top is checked
 against these dataclasses: ``fused=maybe`` and a misspelt key fail while composing (``lm_demo/cli.py`` turns
-that into one line naming the key). ``callbacks`` and ``logger`` are dicts of named ``_target_`` entries (so
+that into one line naming the key). Each model conf brings its own schema through its defaults list
+(``/gpt_model_schema@_here_`` or ``/llama_model_schema@_here_``: `MODEL_SCHEMAS`), so ``model.mlp_ratio`` is a key of
+the demo GPT and ``model.n_kv_head`` one of the Llama family; ``strategy`` (`StrategyConfig`) is the strategy group's
+node, built by ``lm_demo/strategy.py``. ``callbacks`` and ``logger`` are dicts of named ``_target_`` entries (so
 ``~callbacks.throughput`` drops one); the fused callback's entry is typed through ``fused_callback_schema``
 (see ``conf/callbacks/fused.yaml``). Trainer arguments not listed in `TrainerConfig` can still be passed with
 ``+trainer.NAME=VALUE``.
@@ -37,6 +40,41 @@ class AttnImpl(str, Enum):
         return self.value
 
 
+class HFAttnImpl(str, Enum):
+    """How the Llama family computes attention (``model.attn_impl``): transformers' attention implementation."""
+
+    sdpa = "sdpa"  # F.scaled_dot_product_attention (the fused callback switches it to "fused_layers")
+    eager = "eager"  # transformers' explicit matmul-softmax-matmul
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class StrategyName(str, Enum):
+    """Which Lightning strategy ``strategy=NAME`` builds (``lm_demo/strategy.py``)."""
+
+    auto = "auto"  # trainer.strategy decides (a Lightning name: auto, ddp, fsdp, ...)
+    ddp = "ddp"  # DDPStrategy: a full replica per device, gradients all-reduced
+    fsdp = "fsdp"  # FSDPStrategy (FSDP1): each decoder layer and the LM head its own sharded unit
+    fsdp2 = "fsdp2"  # ModelParallelStrategy: the model's configure_model applies fully_shard (FSDP2)
+    deepspeed = "deepspeed"  # DeepSpeedStrategy, ZeRO stage strategy.stage
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ShardingStrategy(str, Enum):
+    """FSDP1's ``sharding_strategy`` (``strategy=fsdp``)."""
+
+    FULL_SHARD = "FULL_SHARD"  # parameters, gradients and optimizer state sharded (ZeRO-3)
+    SHARD_GRAD_OP = "SHARD_GRAD_OP"  # gradients and optimizer state sharded, parameters kept after forward
+    NO_SHARD = "NO_SHARD"  # a replica per device (DDP through FSDP)
+    HYBRID_SHARD = "HYBRID_SHARD"  # full sharding within a node, replicas across nodes
+
+    def __str__(self) -> str:
+        return self.value
+
+
 def doc(default: Any = MISSING, help: str = "", *, main: bool = False, factory: Callable[[], Any] | None = None) -> Any:
     """A dataclass field with its one-line description; ``main`` fields are listed by ``python train.py --help``."""
     meta = {"help": help, "main": main}
@@ -47,7 +85,7 @@ def doc(default: Any = MISSING, help: str = "", *, main: bool = False, factory: 
 
 @dataclass
 class ModelConfig:
-    """The demo GPT (``lm_demo/model.py``) and its optimizer."""
+    """The demo GPT (``lm_demo/model.py``) and its optimizer; typed by ``gpt_model_schema`` (conf/model/tiny.yaml)."""
 
     _target_: str = "lm_demo.model.GPTLM"
     vocab_size: int = doc(256, "vocabulary size: tokens are bytes (0..255); gpt2_small pads it to GPT-2's 50304")
@@ -68,6 +106,52 @@ class ModelConfig:
 
 
 @dataclass
+class LlamaModelConfig:
+    """A Llama-style model, Hugging Face's ``LlamaForCausalLM`` (``lm_demo/model.py``, ``LlamaLM``), with the demo
+    GPT's optimizer; typed by ``llama_model_schema`` (conf/model/llama_*.yaml). Needs transformers."""
+
+    _target_: str = "lm_demo.model.LlamaLM"
+    vocab_size: int = doc(128256, "vocabulary size (Llama 3's 128,256); byte data uses ids 0..255 of it")
+    seq_len: int = doc(4096, "tokens per sequence, and the longest RoPE position (the data follows it)", main=True)
+    d_model: int = doc(2048, "width of the residual stream (hidden_size)", main=True)
+    n_layer: int = doc(16, "decoder layers", main=True)
+    n_head: int = doc(32, "query heads; must divide d_model", main=True)
+    n_kv_head: int = doc(8, "key/value heads (grouped-query attention); must divide n_head", main=True)
+    intermediate_size: int = doc(5632, "SwiGLU MLP hidden width")
+    rope_theta: float = doc(500000.0, "RoPE base frequency")
+    rms_norm_eps: float = doc(1e-5, "RMSNorm epsilon, > 0")
+    attn_impl: HFAttnImpl = doc(HFAttnImpl.sdpa, "transformers' attention: sdpa | eager (the callback swaps either)",
+                                main=True)
+    gradient_checkpointing: bool = doc(False, "recompute each decoder layer in backward (HF's "
+                                       "gradient_checkpointing_enable): less memory, about a third more compute",
+                                       main=True)
+    lr: float = doc(3e-4, "peak learning rate (AdamW)", main=True)
+    min_lr_ratio: float = doc(0.1, "final learning rate as a fraction of the peak (cosine decay)")
+    weight_decay: float = doc(0.1, "AdamW weight decay (matrices only)")
+    betas: List[float] = doc(help="AdamW betas", factory=lambda: [0.9, 0.95])
+    warmup_steps: int = doc(100, "steps of linear learning-rate warm-up")
+    compile: bool = doc(False, "torch.compile the network (after the swaps)", main=True)
+
+
+#: the model schemas, by the ``_target_`` their confs instantiate
+MODEL_SCHEMAS = {"lm_demo.model.GPTLM": ModelConfig, "lm_demo.model.LlamaLM": LlamaModelConfig}
+
+
+@dataclass
+class StrategyConfig:
+    """How several devices share the work (``conf/strategy/``, built by ``lm_demo/strategy.py``)."""
+
+    name: StrategyName = doc(StrategyName.auto, "auto (trainer.strategy decides), ddp, fsdp, fsdp2 or deepspeed",
+                             main=True)
+    find_unused_parameters: bool = doc(False, "ddp: look for parameters without a gradient each step (slower)")
+    sharding_strategy: ShardingStrategy = doc(ShardingStrategy.FULL_SHARD, "fsdp: FULL_SHARD, SHARD_GRAD_OP, "
+                                              "NO_SHARD or HYBRID_SHARD")
+    shard_head: bool = doc(True, "fsdp, fsdp2: the LM head is a sharded unit of its own (gathered for its call)")
+    reshard_after_forward: bool = doc(True, "fsdp2: free the gathered parameters after each layer's forward")
+    stage: int = doc(3, "deepspeed: ZeRO stage, 1, 2 or 3")
+
+
+@dataclass
 class DataConfig:
     """Byte-level text or random tokens (``lm_demo/data.py``)."""
 
@@ -81,6 +165,8 @@ class DataConfig:
     synthetic_samples: int = doc(1024, "random sequences per epoch when synthetic=true")
     num_workers: int = doc(0, "DataLoader worker processes")
     seed: int = doc("${seed}", "seed of the batch order and of the random tokens (follows seed)")
+    vocab_size: int = doc("${model.vocab_size}", "synthetic=true draws token ids 0..vocab_size-1 (follows "
+                          "model.vocab_size); text is bytes, 0..255")
 
 
 @dataclass
@@ -91,7 +177,8 @@ class TrainerConfig:
     accelerator: str = doc("auto", "cpu, gpu, or auto (a GPU when there is one)", main=True)
     devices: Any = doc(1, "devices per node, e.g. 2 with trainer.strategy=ddp", main=True)
     num_nodes: int = doc(1, "machines")
-    strategy: Any = doc("auto", "how several devices share the work: auto, ddp, fsdp, ...", main=True)
+    strategy: Any = doc("auto", "a Lightning strategy name (auto, ddp, fsdp, ...); with strategy=NAME leave it auto",
+                        main=True)
     precision: Any = doc("32-true", "32-true, bf16-mixed, 16-mixed, ...", main=True)
     max_steps: int = doc(-1, "optimizer steps to train (-1: no limit)", main=True)
     max_epochs: Optional[int] = doc(None, "passes over the training data at most (null: no limit with max_steps)")
@@ -149,9 +236,10 @@ class TrainConfig:
     output_dir: str = doc("${hydra:runtime.output_dir}", "where the run writes (the run dir Hydra makes)")
     run_group: str = doc("${sweep_group:}", "W&B group: the sweep's name, so one multirun's jobs sit together")
     run_tag: str = doc("${fused_tag:${fused}}", "W&B tag and run-name prefix: fused or unfused")
-    model: ModelConfig = MISSING
+    model: Any = MISSING  # each model conf brings its schema (MODEL_SCHEMAS): gpt_model_schema, llama_model_schema
     data: DataConfig = MISSING
     trainer: TrainerConfig = MISSING
+    strategy: StrategyConfig = MISSING
     callbacks: Dict[str, Any] = field(default_factory=dict)
     logger: Dict[str, Any] = field(default_factory=dict)
 
@@ -161,6 +249,7 @@ GROUP_HELP = {
     "model": "the network: sizes, attention, optimizer",
     "data": "what it trains on",
     "trainer": "Lightning Trainer: device, precision, steps, validation",
+    "strategy": "how several devices share the work (auto: trainer.strategy decides)",
     "callbacks": "named entries, each built from its _target_; drop one with ~callbacks.NAME",
     "logger": "where metrics go; several at once: logger=[wandb,csv]",
 }
@@ -175,15 +264,16 @@ ENTRY_HELP = {
 }
 
 
-def key_help(typed: type = TrainConfig, prefix: str = "") -> dict[str, tuple[str, bool]]:
-    """``{dotted key: (description, main)}`` for every documented key of the schema and of `ENTRY_HELP`."""
+def key_help(typed: type = TrainConfig, prefix: str = "", model: type = ModelConfig) -> dict[str, tuple[str, bool]]:
+    """``{dotted key: (description, main)}`` for every documented key of the schema (with ``model`` as the model's
+    schema, one of `MODEL_SCHEMAS`) and of `ENTRY_HELP`."""
     out: dict[str, tuple[str, bool]] = {}
     for f in dataclasses.fields(typed):
         if f.metadata.get("help"):
             out[prefix + f.name] = (f.metadata["help"], bool(f.metadata.get("main")))
     if typed is TrainConfig:
-        for name, sub in (("model", ModelConfig), ("data", DataConfig), ("trainer", TrainerConfig),
-                          ("callbacks.fused", FusedCallbackConfig)):
+        for name, sub in (("model", model), ("data", DataConfig), ("trainer", TrainerConfig),
+                          ("strategy", StrategyConfig), ("callbacks.fused", FusedCallbackConfig)):
             out.update(key_help(sub, name + "."))
         out.update(ENTRY_HELP)
     return out
@@ -203,19 +293,19 @@ def resolve_ckpt_path(value: str | None, roots: tuple[str, ...] = ("outputs", "m
     if value is None:
         return None
     if value == "last":
-        found = [p for r in roots for p in Path(r).glob("**/checkpoints/last.ckpt")]
+        found = [p for r in roots for p in Path(r).glob("**/checkpoints/last.ckpt") if _is_checkpoint(p)]
         if not found:
             where = " or ".join(r + "/" for r in roots)
             _fail("ckpt_path", f"'last': no checkpoints/last.ckpt under {where} (has a run finished here?)")
         return str(max(found, key=lambda p: p.stat().st_mtime))
     p = Path(value).expanduser()
-    if not p.is_file():
+    if not _is_checkpoint(p):
         _fail("ckpt_path", f"{value!r}: no such file")
     return str(p)
 
 
 #: model hyper-parameters that fix parameter shapes: a checkpoint must agree on them to load
-_SHAPE_KEYS = ("vocab_size", "seq_len", "d_model", "n_layer", "n_head", "mlp_ratio")
+_SHAPE_KEYS = ("vocab_size", "seq_len", "d_model", "n_layer", "n_head", "mlp_ratio", "n_kv_head", "intermediate_size")
 
 
 def check_config(cfg: Any) -> None:
@@ -227,7 +317,7 @@ def check_config(cfg: Any) -> None:
     ``check_args`` (``FusedLayersCallback``, ``ThroughputCallback``) or, failing that, by binding the entry to
     the class's constructor signature.
     """
-    import importlib
+    import importlib.util
     import inspect
 
     d = cfg.data
@@ -239,29 +329,48 @@ def check_config(cfg: Any) -> None:
             _fail("data.path", f"{d.path!r}: no such file")
     if not 0.0 < float(d.val_fraction) < 1.0:
         _fail("data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
-    for key in ("batch_size", "seq_len", "max_bytes", "synthetic_samples"):
+    for key in ("batch_size", "seq_len", "max_bytes", "synthetic_samples", "vocab_size"):
         if int(d[key]) < 1:
             _fail(f"data.{key}", f"must be >= 1, got {d[key]}")
     if int(d.num_workers) < 0:
         _fail("data.num_workers", f"must be >= 0, got {d.num_workers}")
     m = cfg.model
-    for key in ("vocab_size", "seq_len", "d_model", "n_layer", "n_head", "mlp_ratio"):  # each first on its own
-        if int(m[key]) < 1:
+    schema = MODEL_SCHEMAS.get(str(m.get("_target_")))  # None: a model of the user's own; its keys unchecked
+    for key in ("vocab_size", "seq_len", "d_model", "n_layer", "n_head", "mlp_ratio", "n_kv_head",
+                "intermediate_size"):  # each first on its own
+        if key in m and int(m[key]) < 1:
             _fail(f"model.{key}", f"must be >= 1, got {m[key]}")
-    if int(m.d_model) % int(m.n_head):
+    if "n_head" in m and "d_model" in m and int(m.d_model) % int(m.n_head):
         _fail("model.n_head", f"must divide model.d_model ({m.d_model}), got {m.n_head}")
-    if int(d.seq_len) > int(m.seq_len):
+    if schema is LlamaModelConfig:
+        if int(m.n_head) % int(m.n_kv_head):
+            _fail("model.n_kv_head", f"must divide model.n_head ({m.n_head}), got {m.n_kv_head}")
+        if (int(m.d_model) // int(m.n_head)) % 2:
+            _fail("model.n_head", f"must leave an even head size for RoPE, got d_model / n_head = "
+                                  f"{int(m.d_model) // int(m.n_head)}")
+        for key in ("rope_theta", "rms_norm_eps"):
+            if not float(m[key]) > 0.0:
+                _fail(f"model.{key}", f"must be > 0, got {m[key]}")
+        if importlib.util.find_spec("transformers") is None:
+            _fail("model", f"{m._target_} builds transformers' LlamaForCausalLM, and transformers is not installed: "
+                           "pip install 'fused-layers[hf]'")
+    if "vocab_size" in m and int(d.vocab_size) > int(m.vocab_size):
+        _fail("data.vocab_size", f"must be <= model.vocab_size ({m.vocab_size}), got {d.vocab_size}")
+    if not d.synthetic and "vocab_size" in m and int(m.vocab_size) < 256:
+        _fail("model.vocab_size", f"text data is bytes (ids 0..255): must be >= 256, got {m.vocab_size}")
+    if "seq_len" in m and int(d.seq_len) > int(m.seq_len):
         _fail("data.seq_len", f"must be <= model.seq_len ({m.seq_len}, the longest position), got {d.seq_len}")
-    if not 0.0 <= float(m.dropout) < 1.0:
+    if "dropout" in m and not 0.0 <= float(m.dropout) < 1.0:
         _fail("model.dropout", f"must be in [0, 1), got {m.dropout}")
-    if not float(m.lr) > 0.0:
+    if "lr" in m and not float(m.lr) > 0.0:
         _fail("model.lr", f"must be > 0, got {m.lr}")
-    if not 0.0 <= float(m.min_lr_ratio) <= 1.0:
+    if "min_lr_ratio" in m and not 0.0 <= float(m.min_lr_ratio) <= 1.0:
         _fail("model.min_lr_ratio", f"must be in [0, 1], got {m.min_lr_ratio}")
-    if int(m.warmup_steps) < 0:
+    if "warmup_steps" in m and int(m.warmup_steps) < 0:
         _fail("model.warmup_steps", f"must be >= 0, got {m.warmup_steps}")
-    if len(m.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in m.betas):
+    if "betas" in m and (len(m.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in m.betas)):
         _fail("model.betas", f"must be two numbers in [0, 1), got {list(m.betas)}")
+    check_strategy(cfg)
     if int(cfg.trainer.max_steps) < -1:
         _fail("trainer.max_steps", f"must be -1 (no limit) or >= 0, got {cfg.trainer.max_steps}")
 
@@ -297,12 +406,57 @@ def check_config(cfg: Any) -> None:
         check_checkpoint_fits(ckpt, cfg)
 
 
+def check_strategy(cfg: Any) -> None:
+    """``strategy`` and ``trainer.strategy`` pick one strategy between them; what the chosen one needs is there."""
+    import importlib.util
+
+    st = cfg.get("strategy")
+    name = str(st.name) if st is not None else "auto"
+    trainer_strategy = cfg.trainer.get("strategy", "auto")
+    if name == "auto":
+        return
+    if not (isinstance(trainer_strategy, str) and trainer_strategy == "auto"):
+        _fail("trainer.strategy", f"{trainer_strategy!r} and strategy={name} both pick a strategy; use one "
+                                  f"(strategy=auto trainer.strategy=..., or strategy={name} alone)")
+    if name == "deepspeed":
+        if importlib.util.find_spec("deepspeed") is None:
+            _fail("strategy", "deepspeed is not installed (pip install deepspeed); or pick strategy=fsdp2, fsdp or ddp")
+        if int(st.stage) not in (1, 2, 3):
+            _fail("strategy.stage", f"must be 1, 2 or 3, got {st.stage}")
+    if name in ("fsdp", "deepspeed"):  # Lightning builds these for CUDA devices only
+        accelerator = str(cfg.trainer.get("accelerator", "auto"))
+        if accelerator == "cpu" or (accelerator == "auto" and not _cuda_available()):
+            where = "" if accelerator == "cpu" else " on a machine without one"
+            _fail("trainer.accelerator", f"strategy={name} needs GPUs (Lightning's {name} strategy is CUDA-only), "
+                                         f"got {accelerator!r}{where}; on the CPU use strategy=ddp or fsdp2")
+    if name == "fsdp2":
+        allowed = ("32-true", "bf16-mixed", "bf16-true", "16-true")  # what Lightning's ModelParallelStrategy takes
+        if str(cfg.trainer.precision) not in allowed:
+            _fail("trainer.precision", f"strategy=fsdp2 takes {', '.join(allowed)}, got {cfg.trainer.precision!r}")
+        if str(cfg.model.get("_target_")) not in MODEL_SCHEMAS:
+            _fail("strategy", f"fsdp2 needs a model whose configure_model shards it; {cfg.model.get('_target_')!r} "
+                              f"is none of {', '.join(MODEL_SCHEMAS)}")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _is_checkpoint(p: Path) -> bool:
+    """A checkpoint file, or the folder of a sharded one (FSDP2's distributed checkpoint: ``meta.pt`` + shards)."""
+    return p.is_file() or (p.is_dir() and (p / "meta.pt").is_file())
+
+
 def check_checkpoint_fits(path: str, cfg: Any) -> None:
     """The checkpoint's model hyper-parameters that fix parameter shapes must equal the config's."""
     import torch
 
+    meta = Path(path) / "meta.pt"  # a sharded checkpoint: its hyper-parameters are in the metadata file
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        ck = torch.load(meta if meta.is_file() else path, map_location="cpu", weights_only=False,
+                        mmap=not meta.is_file())
     except Exception as e:
         _fail("ckpt_path", f"{path!r} is not a readable checkpoint ({type(e).__name__}: {e})")
     hp = ck.get("hyper_parameters") or {}
@@ -334,6 +488,8 @@ def register_configs() -> None:
     """Register the schema and resolvers (idempotent)."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="gpt_model_schema", node=ModelConfig)
+    cs.store(name="llama_model_schema", node=LlamaModelConfig)
     cs.store(name="fused_callback_schema", node=FusedCallbackConfig)
     if not OmegaConf.has_resolver("fused_tag"):
         OmegaConf.register_new_resolver("fused_tag", lambda f: "fused" if f else "unfused")

@@ -5,7 +5,8 @@
   ``max_bytes``; whole files go to validation in the order of a CRC32 of their relative path until they
   hold about ``val_fraction`` of the bytes, so the split is fixed and no file straddles it;
 * ``path=FILE``: a user's own text (split at the byte position ``1 - val_fraction``);
-* ``synthetic=true``: uniformly random bytes, for pure speed runs (no I/O, nothing to learn).
+* ``synthetic=true``: uniformly random token ids over the whole vocabulary (``vocab_size``: 128,256 for the
+  Llama confs), for pure speed runs (no I/O, nothing to learn).
 
 Batches are ``(x, y)`` LongTensors of shape (B, T) with ``y`` the input shifted by one byte.
 """
@@ -104,6 +105,7 @@ class ByteLMDataModule(L.LightningDataModule):
         synthetic_samples: int = 1024,
         num_workers: int = 0,
         seed: int = 0,
+        vocab_size: int = 256,
     ):
         super().__init__()
         if seq_len < 1 or batch_size < 1:
@@ -123,9 +125,9 @@ class ByteLMDataModule(L.LightningDataModule):
         hp = self.hparams
         if hp.synthetic:
             n_val = max(hp.synthetic_samples // 8, 1)
-            self.train_set = _Random(hp.synthetic_samples, hp.seq_len, 256, hp.seed)
-            self.val_set = _Random(n_val, hp.seq_len, 256, hp.seed + 1)
-            self.description = f"synthetic: {hp.synthetic_samples} random sequences"
+            self.train_set = _Random(hp.synthetic_samples, hp.seq_len, hp.vocab_size, hp.seed)
+            self.val_set = _Random(n_val, hp.seq_len, hp.vocab_size, hp.seed + 1)
+            self.description = f"synthetic: {hp.synthetic_samples} random sequences over {hp.vocab_size:,} token ids"
             return
         if hp.path is not None:
             p = Path(hp.path).expanduser()

@@ -16,6 +16,16 @@ Every layer the fused callback knows is a plain PyTorch (or reference) module he
 
 Token and position embeddings, a GELU MLP, the LM head tied to the token embedding, AdamW with decoupled
 weight decay on matrices only, linear warm-up then cosine decay.
+
+`LlamaLM` is the Llama family: Hugging Face's ``LlamaForCausalLM`` built from a ``LlamaConfig`` (GQA, SwiGLU,
+RMSNorm, RoPE; transformers imported when it is built), with the same optimizer, schedule and logging. The callback
+swaps transformers' look-alikes into it: ``LlamaRMSNorm`` (kind ``rms_norm``), the attention through transformers'
+attention registry (``attention``) and the causal-LM loss with the fused LM head (``cross_entropy``).
+
+Both shard themselves in ``configure_model`` under ``strategy=fsdp2`` (Lightning's ``ModelParallelStrategy``, which
+sets a device mesh): ``fully_shard`` on each block / decoder layer, on the Llama LM head by itself, then on the root.
+The fused callback has swapped the layers in ``setup`` by then (Lightning calls it before ``configure_model``),
+so the sharded model is the swapped one; the callback's second pass after ``configure_model`` finds nothing new.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from torch import nn
 from fused_layers.modules.attention import Attention
 from fused_layers.modules.loss import LinearCrossEntropyLoss
 
-from .config import AttnImpl
+from .config import AttnImpl, HFAttnImpl
 
 
 class CausalSelfAttention(nn.Module):
@@ -131,41 +141,18 @@ class GPT(nn.Module):
         return self.head(x)
 
 
-class GPTLM(L.LightningModule):
-    """Next-token prediction with `GPT`; logs ``train/loss`` and ``val/loss`` (mean cross-entropy, nats/byte)."""
-
-    def __init__(
-        self,
-        vocab_size: int = 256,
-        seq_len: int = 128,
-        d_model: int = 128,
-        n_layer: int = 4,
-        n_head: int = 4,
-        mlp_ratio: int = 4,
-        dropout: float = 0.0,
-        attn_impl: str = "reference",
-        lr: float = 1e-3,
-        min_lr_ratio: float = 0.1,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.95),
-        warmup_steps: int = 20,
-        compile: bool = False,
-    ):
-        super().__init__()
-        attn_impl = AttnImpl(getattr(attn_impl, "value", attn_impl)).value
-        betas = tuple(float(b) for b in betas)  # plain types, not Hydra's ListConfig: checkpoints load weights_only
-        self.save_hyperparameters()
-        self.hparams.attn_impl = attn_impl
-        self.model = GPT(vocab_size, seq_len, d_model, n_layer, n_head, mlp_ratio, dropout, attn_impl)
-        # Short on purpose: ModelSummary runs it once, and on CPU the fused kernels run in the interpreter.
-        self.example_input_array = torch.zeros(2, min(seq_len, 16), dtype=torch.long)
-        self.__dict__["_compiled"] = None  # not a submodule: state_dict keys stay those of self.model
+class _CausalLM(L.LightningModule):
+    """What the demo's language models share: the steps, the logging, AdamW with warm-up + cosine, lazy
+    ``torch.compile``, and FSDP2 sharding in ``configure_model``. A subclass sets ``self.model`` and the
+    hyper-parameters (``lr``, ``min_lr_ratio``, ``weight_decay``, ``betas``, ``warmup_steps``, ``compile``) and
+    defines ``_loss(batch)`` and ``shard_units()``."""
 
     def setup(self, stage: str) -> None:
         # Lightning's ModelSummary runs example_input_array through the model after the strategy has
         # wrapped it; under FSDP the parameters are then flat shards and the forward fails
         # ("'weight' must be 2-D", seen on two H200s). Sharded runs skip that summary forward.
-        if "FSDP" in type(self.trainer.strategy).__name__:
+        # Same for FSDP2 (ModelParallelStrategy) and DeepSpeed.
+        if any(w in type(self.trainer.strategy).__name__ for w in ("FSDP", "ModelParallel", "DeepSpeed")):
             self.example_input_array = None
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -197,6 +184,33 @@ class GPTLM(L.LightningModule):
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         return loss
 
+    def shard_units(self) -> tuple[list[nn.Module], nn.Module | None, set[type[nn.Module]]]:
+        """(the layers, each its own sharded unit; the LM head to shard by itself or None; the layer classes for
+        FSDP1's auto-wrap policy)."""
+        raise NotImplementedError
+
+    def configure_model(self) -> None:
+        """Under ``strategy=fsdp2`` (a device mesh set by ``ModelParallelStrategy``): ``fully_shard`` each layer,
+        the LM head by itself (``strategy.shard_head``), then the root, with bf16 parameters for the all-gathers
+        and fp32 gradient reductions under a bf16 precision. Anything else: nothing (the strategy wraps)."""
+        mesh = getattr(self, "_device_mesh", None)
+        if mesh is None or self.__dict__.get("_fsdp2_done"):
+            return
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dp = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+        precision = str(getattr(self.trainer, "precision", "32-true")) if self._trainer is not None else "32-true"
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if precision.startswith("bf16") else MixedPrecisionPolicy())
+        reshard = bool(self.__dict__.get("fsdp2_reshard_after_forward", True))  # set by lm_demo/strategy.py
+        layers, head, _ = self.shard_units()
+        for layer in layers:
+            fully_shard(layer, mesh=dp, mp_policy=mp, reshard_after_forward=reshard)
+        if head is not None and self.__dict__.get("fsdp2_shard_head", True):
+            fully_shard(head, mesh=dp, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(self.model, mesh=dp, mp_policy=mp, reshard_after_forward=reshard)
+        self.__dict__["_fsdp2_done"] = True
+
     def configure_optimizers(self):
         hp = self.hparams
         decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
@@ -217,3 +231,127 @@ class GPTLM(L.LightningModule):
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class GPTLM(_CausalLM):
+    """Next-token prediction with `GPT`; logs ``train/loss`` and ``val/loss`` (mean cross-entropy, nats/byte)."""
+
+    def __init__(
+        self,
+        vocab_size: int = 256,
+        seq_len: int = 128,
+        d_model: int = 128,
+        n_layer: int = 4,
+        n_head: int = 4,
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+        attn_impl: str = "reference",
+        lr: float = 1e-3,
+        min_lr_ratio: float = 0.1,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_steps: int = 20,
+        compile: bool = False,
+    ):
+        super().__init__()
+        attn_impl = AttnImpl(getattr(attn_impl, "value", attn_impl)).value
+        betas = tuple(float(b) for b in betas)  # plain types, not Hydra's ListConfig: checkpoints load weights_only
+        self.save_hyperparameters()
+        self.hparams.attn_impl = attn_impl
+        self.model = GPT(vocab_size, seq_len, d_model, n_layer, n_head, mlp_ratio, dropout, attn_impl)
+        # Short on purpose: ModelSummary runs it once, and on CPU the fused kernels run in the interpreter.
+        self.example_input_array = torch.zeros(2, min(seq_len, 16), dtype=torch.long)
+        self.__dict__["_compiled"] = None  # not a submodule: state_dict keys stay those of self.model
+
+    def shard_units(self) -> tuple[list[nn.Module], nn.Module | None, set[type[nn.Module]]]:
+        # the head is tied to the token embedding: it stays in the root's unit with it
+        return list(self.model.blocks), None, {Block}
+
+
+class LlamaLM(_CausalLM):
+    """Next-token prediction with Hugging Face's ``LlamaForCausalLM`` (built from a ``LlamaConfig``): grouped-query
+    attention, SwiGLU MLP, RMSNorm, RoPE, an untied LM head. Logs as `GPTLM` does.
+
+    The loss is the model's own: ``model(input_ids=x, labels=x, shift_labels=y).loss`` (``y``, the next tokens,
+    given as the shifted labels, so every position of the window is a target). ``gradient_checkpointing``
+    recomputes each decoder layer in backward (transformers' ``activation_checkpointing_enable``, called
+    ``gradient_checkpointing_enable`` before 5.25; non-reentrant).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 128256,
+        seq_len: int = 4096,
+        d_model: int = 2048,
+        n_layer: int = 16,
+        n_head: int = 32,
+        n_kv_head: int = 8,
+        intermediate_size: int = 5632,
+        rope_theta: float = 500000.0,
+        rms_norm_eps: float = 1e-5,
+        attn_impl: str = "sdpa",
+        gradient_checkpointing: bool = False,
+        lr: float = 3e-4,
+        min_lr_ratio: float = 0.1,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_steps: int = 100,
+        compile: bool = False,
+    ):
+        super().__init__()
+        try:
+            import transformers
+        except ImportError as e:
+            raise ImportError("lm_demo.model.LlamaLM builds transformers' LlamaForCausalLM, and transformers is not "
+                              "installed: pip install 'fused-layers[hf]'") from e
+        attn_impl = HFAttnImpl(getattr(attn_impl, "value", attn_impl)).value
+        betas = tuple(float(b) for b in betas)
+        self.save_hyperparameters()
+        self.hparams.attn_impl = attn_impl
+        config = transformers.LlamaConfig(
+            vocab_size=vocab_size, hidden_size=d_model, intermediate_size=intermediate_size,
+            num_hidden_layers=n_layer, num_attention_heads=n_head, num_key_value_heads=n_kv_head,
+            max_position_embeddings=seq_len, rope_theta=rope_theta, rms_norm_eps=rms_norm_eps,
+            tie_word_embeddings=False, use_cache=False, attn_implementation=attn_impl,
+        )
+        if isinstance(getattr(config, "rope_parameters", None), dict):  # transformers 5: the base frequency lives here
+            config.rope_parameters = {**config.rope_parameters, "rope_theta": rope_theta}
+        self.model = transformers.LlamaForCausalLM(config)
+        self.model.train()
+        if gradient_checkpointing:  # transformers >= 5.25 names it activation checkpointing (the old name warns)
+            enable = getattr(self.model, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.example_input_array = torch.zeros(2, min(seq_len, 16), dtype=torch.long)
+        self.__dict__["_compiled"] = None
+        self.__dict__["_tokens_per_batch"] = None
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=idx).logits
+
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        self.__dict__["_tokens_per_batch"] = (x.shape[0], x.shape[1])
+        return self._net()(input_ids=x, labels=x, shift_labels=y.contiguous()).loss  # transformers views it
+
+    def shard_units(self) -> tuple[list[nn.Module], nn.Module | None, set[type[nn.Module]]]:
+        layers = list(self.model.model.layers)
+        return layers, self.model.lm_head, {type(layers[0])}
+
+    @property
+    def flops_per_batch(self) -> int | None:
+        """Training FLOPs of the last batch (forward + backward, PaLM's count): ``6 N`` per token for the matrices
+        (LM head included, embedding lookup not) plus ``12 L d T`` per token for attention; the recomputation of
+        gradient checkpointing is not counted (MFU's convention). None before the first batch."""
+        shape = self.__dict__.get("_tokens_per_batch")
+        if shape is None:
+            return None
+        b, t = shape
+        hp = self.hparams
+        head_dim = hp.d_model // hp.n_head
+        per_layer = (2 * hp.d_model * hp.n_head * head_dim + 2 * hp.d_model * hp.n_kv_head * head_dim
+                     + 3 * hp.d_model * hp.intermediate_size)
+        matrices = hp.n_layer * per_layer + hp.d_model * hp.vocab_size
+        return int(b * t * (6 * matrices + 12 * hp.n_layer * hp.d_model * t))

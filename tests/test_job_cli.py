@@ -8,6 +8,7 @@ working directory and checks that it stays empty (no ``outputs/``, ``multirun/``
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import logging
 import os
@@ -21,7 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lm_demo import cli  # noqa: E402
-from lm_demo.config import DataConfig, FusedCallbackConfig, ModelConfig, TrainConfig, TrainerConfig, key_help  # noqa: E402
+from lm_demo.config import (  # noqa: E402
+    DataConfig,
+    FusedCallbackConfig,
+    LlamaModelConfig,
+    ModelConfig,
+    StrategyConfig,
+    TrainConfig,
+    TrainerConfig,
+    key_help,
+)
 from lm_demo.console import ConsoleHandler, console_only, progress_bar  # noqa: E402
 
 TRAIN = str(ROOT / "train.py")
@@ -60,7 +70,8 @@ ERRORS = [
     (["trainer.frobnicate=1"], "trainer.frobnicate", ["no such key", "+trainer.frobnicate="]),
     (["hydra.run.dri=x"], "hydra.run.dri", ["did you mean hydra.run.dir?"]),
     # unknown groups and options
-    (["model=gpt3"], "model", ["'gpt3'", "gpt2_small, tiny"]),
+    (["model=gpt3"], "model", ["'gpt3'", "gpt2_small, llama_1b, llama_tiny, tiny"]),
+    (["strategy=nccl"], "strategy", ["'nccl'", "auto, ddp, deepspeed, fsdp, fsdp2"]),
     (["logger=[wandb,nope]"], "logger", ["'nope'", "csv, none, wandb"]),
     (["hydra/launcher=nope"], "hydra.launcher", ["'nope'", "basic"]),
     (["foo/bar=baz"], "foo/bar", ["no such config group"]),
@@ -76,6 +87,20 @@ ERRORS = [
     (["data.path=/nonexistent.txt"], "data.path", ["no such file"]),
     (["callbacks.fused.policy=fastest"], "callbacks.fused.policy", ["fastest"]),
     (["ckpt_path=last"], "ckpt_path", ["no checkpoints/last.ckpt"]),
+    # the Llama family and the strategy group
+    (["model=llama_tiny", "model.n_kv_head=3"], "model.n_kv_head", ["divide", "model.n_head (4)"]),
+    (["model=llama_tiny", "model.attn_impl=reference"], "model.attn_impl", ["'reference'", "sdpa, eager"]),
+    (["model=llama_tiny", "model.gradient_checkpointing=maybe"], "model.gradient_checkpointing", ["true or false"]),
+    (["model=llama_tiny", "model.mlp_ratio=2"], "model.mlp_ratio", ["no such key"]),
+    (["model=llama_tiny", "model.rope_theta=0"], "model.rope_theta", ["> 0"]),
+    (["model=llama_tiny", "model.vocab_size=100"], "model.vocab_size", [">= 256", "bytes"]),
+    (["model=llama_tiny", "data=synthetic", "data.vocab_size=1000"], "data.vocab_size", ["<= model.vocab_size"]),
+    (["strategy.name=nccl"], "strategy.name", ["'nccl'", "allowed"]),
+    (["strategy=fsdp", "strategy.sharding_strategy=FULL"], "strategy.sharding_strategy", ["FULL_SHARD"]),
+    (["strategy=ddp", "trainer.strategy=fsdp"], "trainer.strategy", ["both pick a strategy"]),
+    (["strategy=fsdp", "trainer.accelerator=cpu"], "trainer.accelerator", ["needs GPUs", "ddp or fsdp2"]),
+    (["strategy=fsdp2", "trainer.precision=16-mixed"], "trainer.precision", ["bf16-mixed"]),
+    (["strategy=fsdp2", "model._target_=my.Model"], "strategy", ["configure_model"]),
     # a multirun: every job is checked before the sweep dir exists
     (["-m", "fused=false,true", "model.d_model=64,-1"], "model.d_model", ["-1"]),
     (["-m", "fused=false,maybe"], "fused", ["'maybe'"]),
@@ -101,6 +126,9 @@ def test_config_error_is_one_line_naming_the_key(tmp_path, monkeypatch, capsys, 
 def test_valid_commands_pass_the_preflight(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for args in ([], ["fused=true", "model=gpt2_small", "trainer=gpu"],
+                 ["model=llama_1b", "trainer=gpu", "trainer.devices=2", "strategy=fsdp2", "fused=true"],
+                 ["-m", "fused=false,true", "model=llama_tiny", "data=synthetic", "strategy=ddp,fsdp2"],
+                 ["trainer.devices=2", "trainer.strategy=ddp"],
                  ["-m", "fused=false,true", "model.d_model=64,128"],
                  ["+trainer.detect_anomaly=true", "~callbacks.throughput", "logger=[csv,wandb]"],
                  ["--cfg", "job"]):
@@ -121,6 +149,26 @@ def test_cli_config_error_creates_nothing(tmp_path, args, key):
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"config error: {key}: "), r.stderr[-2000:]
     assert r.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="deepspeed is installed")
+def test_deepspeed_strategy_without_deepspeed_is_one_line(tmp_path):
+    """The real command: strategy=deepspeed where deepspeed is not installed: one line, exit 2, nothing made."""
+    r = run(tmp_path, "strategy=deepspeed", "model=llama_tiny")
+    assert r.returncode == 2 and r.stdout == "" and list(tmp_path.iterdir()) == []
+    assert r.stderr == ("config error: strategy: deepspeed is not installed (pip install deepspeed); "
+                        "or pick strategy=fsdp2, fsdp or ddp\n"), r.stderr[-2000:]
+
+
+def test_llama_without_transformers_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else
+                        find_spec(name, *a))
+    code, out, err = preflight(capsys, "model=llama_tiny")
+    assert code == 2 and out == "" and list(tmp_path.iterdir()) == []
+    assert err.startswith("config error: model: lm_demo.model.LlamaLM builds transformers' LlamaForCausalLM") and \
+        "pip install 'fused-layers[hf]'" in err and err.count("\n") == 1, err
 
 
 def test_config_error_inside_the_job_removes_the_run_dir(tmp_path):
@@ -162,7 +210,8 @@ def test_help_lists_groups_options_and_main_keys(tmp_path, monkeypatch, capsys):
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert len(lines) <= 100 and max(len(line) for line in lines) <= 120  # a screen or two
-    groups = lines[lines.index("config groups (GROUP=OPTION; * = selected):") + 1:lines.index("", 12)]
+    start = lines.index("config groups (GROUP=OPTION; * = selected):")
+    groups = lines[start + 1:lines.index("", start)]
     listed, group = {}, None
     for line in groups:
         if not line.startswith("    "):
@@ -171,9 +220,10 @@ def test_help_lists_groups_options_and_main_keys(tmp_path, monkeypatch, capsys):
         else:
             tokens = line.split()
             listed[group].append(tokens[1] if tokens[0] == "*" else tokens[0])
-    assert listed == {"model": ["gpt2_small", "tiny"], "data": ["synthetic", "text"], "trainer": ["default", "gpu"],
+    assert listed == {"model": ["gpt2_small", "llama_1b", "llama_tiny", "tiny"], "data": ["synthetic", "text"],
+                      "trainer": ["default", "gpu"], "strategy": ["auto", "ddp", "deepspeed", "fsdp", "fsdp2"],
                       "callbacks": ["checkpoint", "default", "fused", "throughput"], "logger": ["csv", "none", "wandb"]}
-    assert "* tiny" in out and "* text" in out and "* wandb" in out  # the defaults are marked
+    assert "* tiny" in out and "* text" in out and "* wandb" in out and "* auto" in out  # the defaults are marked
     main = {k: desc for k, (desc, is_main) in key_help().items() if is_main}
     for key in ("fused", "seed", "ckpt_path", "model.d_model", "model.attn_impl", "data.path", "trainer.max_steps",
                 "trainer.precision", "callbacks.fused.policy", "logger.wandb.offline"):
@@ -192,14 +242,23 @@ def test_help_all_lists_every_documented_key_and_follows_overrides(tmp_path, mon
     assert set(key_help()) <= keys, set(key_help()) - keys
     assert any(line.split()[:2] == ["model.d_model", "768"] for line in out.splitlines())
     assert any(line.split()[:2] == ["*", "gpt2_small"] for line in out.splitlines())
+    # the Llama family: its own schema's keys, with their values
+    code, out, _ = preflight(capsys, "--help-all", "model=llama_1b", "strategy=fsdp2")
+    keys = {line.split()[0] for line in out.splitlines() if line.startswith("  ") and line.split()}
+    assert code == 0 and set(key_help(model=LlamaModelConfig)) <= keys
+    assert "model.mlp_ratio" not in keys and "model.n_kv_head" in keys
+    for key, value in (("model.vocab_size", "128256"), ("model.n_kv_head", "8"), ("strategy.name", "fsdp2"),
+                       ("model.gradient_checkpointing", "false")):
+        assert any(line.split()[:2] == [key, value] for line in out.splitlines()), key
 
 
 def test_every_schema_field_has_a_description():
     import dataclasses
 
-    for schema in (TrainConfig, ModelConfig, DataConfig, TrainerConfig, FusedCallbackConfig):
+    for schema in (TrainConfig, ModelConfig, LlamaModelConfig, StrategyConfig, DataConfig, TrainerConfig,
+                   FusedCallbackConfig):
         for f in dataclasses.fields(schema):
-            if f.name != "_target_" and f.name not in ("model", "data", "trainer", "callbacks", "logger"):
+            if f.name != "_target_" and f.name not in ("model", "data", "trainer", "strategy", "callbacks", "logger"):
                 assert f.metadata.get("help"), f"{schema.__name__}.{f.name}"
 
 

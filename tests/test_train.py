@@ -475,3 +475,220 @@ def test_reference_attention_matches_sdpa_and_gpt2_size():
     with torch.device("meta"):
         big = GPTLM(vocab_size=50304, seq_len=1024, d_model=768, n_layer=12, n_head=12)
     assert 123e6 < sum(p.numel() for p in big.parameters()) < 126e6
+
+
+# ------------------------------------------------------------------------------------------------
+# the Llama family (HF LlamaForCausalLM) and the strategy group
+# ------------------------------------------------------------------------------------------------
+LLAMA = ["model=llama_tiny", "model.n_kv_head=1", "model.intermediate_size=64", "model.seq_len=16", "logger=none",
+         "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
+
+
+def test_llama_1b_conf_size_and_synthetic_data(tmp_path):
+    """conf/model/llama_1b.yaml is the ~1.2B its comment says (built on the meta device); synthetic data draws ids
+    over the whole 128,256-token vocabulary at sequence 4,096."""
+    from hydra.utils import instantiate
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=["model=llama_1b", "data=synthetic", "data.synthetic_samples=8",
+                                          f"output_dir={tmp_path}"])
+    with torch.device("meta"):
+        model = instantiate(cfg.model)
+    assert sum(p.numel() for p in model.parameters()) == 1_246_824_448  # the number in the yaml's comment
+    c = model.model.config
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads) == (16, 2048, 32, 8)
+    assert (c.intermediate_size, c.vocab_size, c.max_position_embeddings) == (5632, 128256, 4096)
+    assert model.model.lm_head.weight is not model.model.model.embed_tokens.weight  # untied: the head shards alone
+    data = instantiate(cfg.data)
+    data.setup()
+    x, y = data.train_set[0]
+    assert x.shape == (4096,) and int(data.train_set.data.max()) > 128000  # the whole vocabulary, not bytes
+    assert torch.equal(x[1:], y[:-1])
+
+
+@pytest.mark.slow
+def test_llama_tiny_trains_fused_as_unfused(tmp_path):
+    """model=llama_tiny: HF LlamaForCausalLM trains unfused (with gradient checkpointing) and fused=true (norms,
+    attention and the LM head + loss swapped: the report names transformers' look-alikes) to the same losses."""
+    base = train_script.train(compose_cfg(tmp_path / "u", *LLAMA, "model.gradient_checkpointing=true"))
+    fused = train_script.train(compose_cfg(tmp_path / "f", *LLAMA, "fused=true", "callbacks.fused.ab_rounds=0",
+                                           "callbacks.fused.measure=false"))
+    assert base["global_step"] == fused["global_step"] == 2 and finite(base["metrics"]["val/loss"])
+    assert base["metrics"]["train/device/items_per_sec"] > 0 and base["metrics"]["train/device/flops_per_sec"] > 0
+    assert fused["fused_layers"]["swapped"] == {"layer_norm": 0, "rms_norm": 3, "softmax": 0,
+                                                "multihead_attention": 0, "attention": 1, "cross_entropy": 1}
+    for key in ("train/loss", "val/loss"):
+        assert fused["metrics"][key] == pytest.approx(base["metrics"][key], abs=2e-4), key
+
+
+def test_llama_model_options_and_flops():
+    from lm_demo.model import LlamaLM
+
+    m = LlamaLM(vocab_size=256, seq_len=16, d_model=32, n_layer=2, n_head=4, n_kv_head=2, intermediate_size=64,
+                rope_theta=1234.0, gradient_checkpointing=True)
+    ckpt = getattr(m.model, "is_activation_checkpointing", None)
+    assert (ckpt if ckpt is not None else m.model.is_gradient_checkpointing) and m.model.config.num_key_value_heads == 2
+    rope = getattr(m.model.config, "rope_parameters", None) or {"rope_theta": m.model.config.rope_theta}
+    assert rope["rope_theta"] == 1234.0
+    x = torch.randint(0, 256, (2, 16))
+    loss = m._loss((x[:, :-1], x[:, 1:]))  # every position a target: shift_labels, not the model's own shift
+    logits = m(x[:, :-1]).float()
+    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), x[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    matrices = 2 * (32 * 32 * 2 + 32 * 16 * 2 + 3 * 32 * 64) + 32 * 256
+    assert m.flops_per_batch == 2 * 15 * (6 * matrices + 12 * 2 * 32 * 15)
+
+
+def test_strategy_group_builds_lightning_strategies():
+    """strategy=NAME -> the Lightning strategy; fsdp's auto-wrap policy makes units of the decoder layers and the
+    LM head alone; fsdp2 is ModelParallelStrategy (every device data parallel) and configures the model's shards."""
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
+    from omegaconf import OmegaConf
+
+    from lm_demo.config import StrategyConfig
+    from lm_demo.model import LlamaLM
+    from lm_demo.strategy import build_strategy
+
+    m = LlamaLM(vocab_size=256, seq_len=16, d_model=32, n_layer=2, n_head=4, n_kv_head=2, intermediate_size=64)
+
+    def conf(**kw):
+        return OmegaConf.merge(OmegaConf.structured(StrategyConfig), kw)
+
+    assert build_strategy(conf(name="auto"), m) is None  # trainer.strategy decides
+    assert isinstance(build_strategy(conf(name="ddp"), m), DDPStrategy)
+    fsdp = build_strategy(conf(name="fsdp"), m)
+    assert isinstance(fsdp, FSDPStrategy) and fsdp.kwargs["use_orig_params"] is True
+    policy = fsdp.kwargs["auto_wrap_policy"]
+    units = {n for n, mod in m.named_modules() if policy(module=mod, recurse=False, nonwrapped_numel=0)}
+    assert units == {"model.model.layers.0", "model.model.layers.1", "model.lm_head"}
+    no_head = build_strategy(conf(name="fsdp", shard_head=False), m).kwargs["auto_wrap_policy"]
+    assert not no_head(module=m.model.lm_head, recurse=False, nonwrapped_numel=0)
+    fsdp2 = build_strategy(conf(name="fsdp2", reshard_after_forward=False), m)
+    assert isinstance(fsdp2, ModelParallelStrategy) and fsdp2._tensor_parallel_size == 1
+    assert m.__dict__["fsdp2_reshard_after_forward"] is False and m.__dict__["fsdp2_shard_head"] is True
+
+
+@pytest.mark.slow
+def test_fsdp2_shards_the_swapped_model(tmp_path):
+    """strategy=fsdp2 on one CPU rank (gloo), in this process: the callback swaps in setup, configure_model then
+    fully_shards the swapped layers, LM head and root; the fused run's losses equal the unfused sharded run's."""
+    import torch.distributed as dist
+
+    from lm_demo.model import LlamaLM
+
+    seen = {}
+    configure = LlamaLM.configure_model
+
+    def spy(self):
+        configure(self)
+        seen["root"] = type(self.model).__mro__[:3]
+        seen["head"] = type(self.model.lm_head).__name__
+        seen["norm"] = type(self.model.model.norm).__name__
+
+    LlamaLM.configure_model = spy
+    env = dict(os.environ)  # Lightning sets MASTER_PORT, WORLD_SIZE, ... for its process group
+    try:
+        opts = [*LLAMA, "trainer.enable_checkpointing=false", "callbacks.fused.ab_rounds=0",
+                "callbacks.fused.measure=false"]
+        # both sharded: a distributed strategy draws the batches with its DistributedSampler
+        base = train_script.train(compose_cfg(tmp_path / "u", *opts, "strategy=fsdp2"))
+        sharded = train_script.train(compose_cfg(tmp_path / "f", *opts, "strategy=fsdp2", "fused=true"))
+    finally:
+        LlamaLM.configure_model = configure
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(env)
+    names = [c.__name__ for c in seen["root"]]
+    assert names == ["FSDPFusedLlamaForCausalLM", "FSDPModule", "FusedLlamaForCausalLM"], names  # swapped, then sharded
+    assert seen["head"] == "FSDPLinear" and seen["norm"] == "FusedLlamaRMSNorm"
+    assert sharded["fused_layers"]["swapped_total"] == 5
+    for key in ("train/loss", "val/loss"):
+        assert sharded["metrics"][key] == pytest.approx(base["metrics"][key], abs=2e-4), key
+
+
+def _two_cpu_ranks(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python train.py model=llama_tiny trainer.devices=2 ARGS`` on the CPU: Lightning starts the second rank."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *args, *LLAMA, "trainer.accelerator=cpu", "trainer.devices=2",
+           "data.batch_size=2", "data.max_bytes=20000", "trainer.enable_progress_bar=false",
+           "trainer.enable_model_summary=false", "trainer.enable_checkpointing=false", "callbacks.fused.ab_rounds=0",
+           "callbacks.fused.measure=false"]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")}
+    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))  # the second rank imports this checkout too
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_ranks(tmp_path):
+    """strategy=ddp on 2 gloo ranks: both train 2 steps and validate together."""
+    _two_cpu_ranks(tmp_path, "strategy=ddp", f"hydra.run.dir={tmp_path}")
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["global_step"] == 2 and finite(s["metrics"]["val/loss"]) and s["config"]["strategy"]["name"] == "ddp"
+
+
+@pytest.mark.slow
+def test_fsdp2_multirun_on_two_cpu_ranks(tmp_path):
+    """`python train.py -m fused=false,true strategy=fsdp2 trainer.devices=2`: each job starts its own second rank
+    (which runs that job alone), the model is sharded over both, the fused job's LM head runs fused on the gathered
+    head, both jobs train to the same losses, and the sweep's comparison lists both."""
+    r = _two_cpu_ranks(tmp_path, "-m", "fused=false,true", "strategy=fsdp2", "logger=csv",
+                       f"hydra.sweep.dir={tmp_path}")
+    unfused, fused = (json.loads((tmp_path / str(n) / "summary.json").read_text()) for n in (0, 1))
+    assert unfused["global_step"] == fused["global_step"] == 2 and fused["config"]["strategy"]["name"] == "fsdp2"
+    assert unfused["fused_layers"] is None and fused["fused_layers"]["swapped_total"] == 8  # 5 norms, 2 attn, head
+    assert "are not fused" not in r.stderr + r.stdout
+    for key in ("train/loss", "val/loss"):
+        assert fused["metrics"][key] == pytest.approx(unfused["metrics"][key], abs=2e-4), key
+    rows = json.loads((tmp_path / "comparison.json").read_text())["rows"]
+    assert [row["label"] for row in rows] == ["fused=false", "fused=true"]
+
+
+# ------------------------------------------------------------------------------------------------
+# on GPUs
+# ------------------------------------------------------------------------------------------------
+#: a small Llama in bf16 on synthetic ids over a 32,000-token vocabulary: big enough for the GPU paths
+LLAMA_GPU = ["model=llama_tiny", "model.d_model=256", "model.n_head=4", "model.n_kv_head=2",
+             "model.intermediate_size=512", "model.vocab_size=32000", "model.seq_len=512", "model.warmup_steps=2",
+             "data=synthetic", "data.batch_size=4", "data.synthetic_samples=64", "trainer=gpu", "trainer.max_steps=6",
+             "trainer.val_check_interval=6", "trainer.limit_val_batches=2", "trainer.num_sanity_val_steps=0",
+             "trainer.enable_progress_bar=false", "trainer.enable_checkpointing=false", "logger=none",
+             "callbacks.fused.policy=always", "callbacks.fused.ab_rounds=0", "callbacks.fused.measure=false"]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_llama_gpu_bf16_fused_trains_as_unfused(tmp_path):
+    """One GPU, bf16-mixed: the fused Llama (norms, attention, LM head + loss) trains to the unfused losses."""
+    def run_job(sub, *extra):
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("train", overrides=[*LLAMA_GPU, f"output_dir={tmp_path / sub}", *extra])
+        return train_script.train(cfg)
+
+    base = run_job("u")
+    fused = run_job("f", "fused=true")
+    assert fused["fused_layers"]["swapped_total"] == 8
+    for key in ("train/loss", "val/loss"):
+        assert fused["metrics"][key] == pytest.approx(base["metrics"][key], abs=3e-2), key
+    assert fused["metrics"]["peak_memory_gib"] < base["metrics"]["peak_memory_gib"]  # no (tokens, vocab) logits
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp2"])
+def test_llama_two_gpus_fused(tmp_path, strategy):
+    """`train.py trainer.devices=2 strategy=NAME fused=true` on 2 GPUs (NCCL): both ranks train and validate, and
+    the LM head + loss runs fused under every strategy (no warning that it fell back)."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *LLAMA_GPU, "trainer.devices=2", f"strategy={strategy}",
+           "fused=true", f"hydra.run.dir={tmp_path}"]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["global_step"] == 6 and finite(s["metrics"]["val/loss"]) and s["fused_layers"]["swapped_total"] == 8
+    assert "are not fused" not in r.stderr + r.stdout
