@@ -1,0 +1,128 @@
+"""The 16-bit rule of tests/_tol.py can fail: wrong results built from correct ones are rejected at the suite's sizes.
+
+Each test computes a fused op's output and gradients on the interpreter with the kernels the op tests force (chunked
+and persistent LayerNorm pieces, VEC8 / persistent softmax, the persistent cross-entropy), checks that the rule
+accepts them, then perturbs them the ways a wrong kernel would (a gradient x 0.95, a dropped last column, dx without
+its projection terms, pieces that never exchange their row sums) and checks that the rule rejects every one, on
+several fresh draws.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _tol import tol_error, within_torch
+
+from fused_layers import fused_cross_entropy, fused_layer_norm, fused_softmax
+from fused_layers.ops._common import config_override
+from fused_layers.ops.layer_norm import config_override as ln_override
+from fused_layers.ops.layer_norm_config import BwdChunks, FwdChunks
+
+HALF = [torch.bfloat16, torch.float16]
+DRAWS = 2
+PIECE = 16  # the column pieces the op tests force
+
+
+def _rejected(wrong, ref, torch_ref, relative=False):
+    """(rejected?, error / allowed error of the form that decides)."""
+    err, allowed = tol_error(wrong, ref, torch_ref, relative=relative)
+    return not within_torch(wrong, ref, torch_ref, relative=relative), err / max(allowed, 1e-30)
+
+
+def _ln_dx_pieces(x, w, dy, eps, piece=None, projection=True):
+    """LayerNorm dx in float64; ``piece``: each column piece uses its own sums (no exchange); ``projection=False``:
+    rstd * w * dy, the two projection terms missing."""
+    x, w, dy = x.double(), w.double(), dy.double()
+    mu = x.mean(-1, keepdim=True)
+    rstd = (x.var(-1, unbiased=False, keepdim=True) + eps).rsqrt()
+    xhat, wdy = (x - mu) * rstd, w * dy
+    if not projection:
+        return rstd * wdy
+    if piece is None:
+        return rstd * (wdy - wdy.mean(-1, keepdim=True) - xhat * (wdy * xhat).mean(-1, keepdim=True))
+    n = x.shape[-1]
+    outs = []
+    for s in range(0, n, piece):
+        a, b = wdy[:, s:s + piece], xhat[:, s:s + piece]
+        outs.append(rstd * (a - a.sum(-1, keepdim=True) / n - b * (a * b).sum(-1, keepdim=True) / n))
+    return torch.cat(outs, -1)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("n", [48, 131])
+def test_layer_norm_rule_rejects_wrong_gradients(dtype, n, device):
+    for _ in range(DRAWS):
+        x = (torch.randn(7, n, dtype=dtype, device=device) * 2 + 0.5).requires_grad_(True)
+        w = torch.randn(n, dtype=dtype, device=device).requires_grad_(True)
+        b = torch.randn(n, dtype=dtype, device=device).requires_grad_(True)
+        dy = torch.randn(7, n, dtype=dtype, device=device)
+        with ln_override("layer_norm", fwd=FwdChunks(16, 4), bwd=BwdChunks(16, 4, 1), programs=2):
+            y = fused_layer_norm(x, n, w, b, 1e-5)
+            dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+        leaves64 = [t.detach().double().requires_grad_(True) for t in (x, w, b)]
+        y64 = F.layer_norm(leaves64[0], (n,), leaves64[1], leaves64[2], 1e-5)
+        ref = (y64, *torch.autograd.grad(y64, leaves64, dy.double()))
+        y_t = F.layer_norm(x, (n,), w, b, 1e-5)
+        tor = (y_t, *torch.autograd.grad(y_t, (x, w, b), dy))
+        for a, r, t in zip((y, dx, dw, db), ref, tor):
+            assert within_torch(a, r, t), tol_error(a, r, t)
+        wrong = {
+            "dx x 0.95": (dx * 0.95, 1), "dW x 0.95": (dw * 0.95, 2), "dB x 0.95": (db * 0.95, 3),
+            "y x 0.95": (y * 0.95, 0),
+            "dx without projection terms": (_ln_dx_pieces(x, w, dy, 1e-5, projection=False).to(dtype), 1),
+            "dx pieces without exchange": (_ln_dx_pieces(x, w, dy, 1e-5, piece=PIECE).to(dtype), 1),
+        }
+        for name, (bad, i) in wrong.items():
+            rej, ratio = _rejected(bad, ref[i], tor[i])
+            assert rej, (name, ratio)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("n", [45, 112])
+def test_softmax_rule_rejects_wrong_rows(dtype, n, device):
+    for _ in range(DRAWS):
+        x = (torch.randn(9, n, dtype=dtype, device=device) * 4).requires_grad_(True)
+        dy = torch.randn(9, n, dtype=dtype, device=device)
+        with config_override("softmax", max_single_block=8, eager_max_single_block=8, persist_block=16):
+            y = fused_softmax(x, -1)
+            (dx,) = torch.autograd.grad(y, x, dy)
+        x64 = x.detach().double().requires_grad_(True)
+        y64 = torch.softmax(x64, -1)
+        (dx64,) = torch.autograd.grad(y64, x64, dy.double())
+        y_t = torch.softmax(x, -1)
+        (dx_t,) = torch.autograd.grad(y_t, x, dy)
+        assert within_torch(y, y64, y_t, relative=True) and within_torch(dx, dx64, dx_t)
+        x_d = x.detach().double()
+        dropped = torch.cat([torch.softmax(x_d[:, :-1], -1), torch.zeros_like(x_d[:, -1:])], -1)  # normalizer too
+        zero_last = y.detach().clone()
+        zero_last[:, -1] = 0
+        local = torch.cat([torch.softmax(x_d[:, s:s + PIECE], -1) for s in range(0, n, PIECE)], -1)  # no exchange
+        for name, bad, r, t, rel in [("dropped last column", dropped.to(dtype), y64, y_t, True),
+                                ("last column zero", zero_last, y64, y_t, True),
+                                ("pieces without exchange", local.to(dtype), y64, y_t, True),
+                                ("dx x 0.95", dx * 0.95, dx64, dx_t, False)]:
+            rej, ratio = _rejected(bad, r, t, relative=rel)
+            assert rej, (name, ratio)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_rule_rejects_wrong_gradients(dtype, reduction, device):
+    c = 48
+    for _ in range(DRAWS):
+        x = (torch.randn(24, c, dtype=dtype, device=device) * 3).requires_grad_(True)
+        t = torch.randint(0, c, (24,), device=device)
+        t[::5] = -100
+        with config_override("cross_entropy", max_single=16, block_n=16, persist_block=16):
+            loss = fused_cross_entropy(x, t, reduction=reduction)
+            (dx,) = torch.autograd.grad(loss, x)
+        x64 = x.detach().double().requires_grad_(True)
+        l64 = F.cross_entropy(x64, t, reduction=reduction)
+        (dx64,) = torch.autograd.grad(l64, x64)
+        l_t = F.cross_entropy(x, t, reduction=reduction)
+        (dx_t,) = torch.autograd.grad(l_t, x)
+        assert within_torch(loss, l64, l_t) and within_torch(dx, dx64, dx_t)
+        for name, bad in [("dlogits x 0.95", dx * 0.95), ("dlogits x 0.9", dx * 0.9),
+                          ("dlogits zero", torch.zeros_like(dx))]:
+            rej, ratio = _rejected(bad, dx64, dx_t)
+            assert rej, (name, ratio)
+        assert not within_torch(loss * 0.95, l64, l_t)
