@@ -23,6 +23,8 @@ pieces). With ``relative=True`` the rule also holds entry by entry, each error r
 float32 results keep their float64 tolerances (conftest.TOL).
 """
 
+import contextlib
+
 import torch
 
 K = 2.0
@@ -94,3 +96,35 @@ def assert_within_torch(ours, ref, torch_ref, what="", scale=None, k=K, relative
         t_err, _ = tol_error(torch_ref, ref, torch_ref, scale, k, rel)
         msg.append(f"{'relative' if rel else 'max'} error {err:.3g} (allowed {allowed:.3g}, PyTorch's own {t_err:.3g})")
     raise AssertionError(f"{what}: " + "; ".join(msg) + f"; K={k}, non-finite entries must match the reference")
+
+
+@contextlib.contextmanager
+def launched(op="softmax"):
+    """Record the kernels launched in the block: a list of (kernel name, meta) in launch order, one entry per
+    distinct (name, meta).  Every Triton and Gluon launch of the library goes through ``ops._library.Kernel`` (tests
+    /test_library.py), so this says which plan ran: the persistent kernels, VEC8 (``VEC_WIN`` > 0), packed, Gluon,
+    TMA.  Entering bumps the launch-plan epoch of ``op`` (an empty ``config_override``): new plans, and the C++ fast
+    path's tables emptied, so the block's first call of a shape takes the Python path, where the spy sees it."""
+    from fused_layers.ops import _library
+    from fused_layers.ops._common import config_override
+
+    seen: list[tuple[str, dict]] = []
+    orig = _library.Kernel.__call__
+
+    def spy(self, *args):
+        entry = (self.fn.__name__, dict(self.meta))
+        if entry not in seen:
+            seen.append(entry)
+        return orig(self, *args)
+
+    _library.Kernel.__call__ = spy
+    try:
+        with config_override(op):
+            yield seen
+    finally:
+        _library.Kernel.__call__ = orig
+
+
+def kernel_names(seen):
+    """The names in a ``launched`` record."""
+    return [name for name, _ in seen]

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _tol import assert_within_torch
+from _tol import assert_within_torch, launched
 from conftest import TOL
 
 from fused_layers.ops.cross_entropy import (
@@ -59,6 +59,22 @@ def test_single_block(shape, dtype, reduction, device):
     x = torch.randn(shape, device=device, dtype=dtype) * 3
     t = torch.randint(0, shape[1], shape[:1], device=device)
     _check(x, t, reduction=reduction)
+
+
+@pytest.mark.parametrize("c,dtype,vec8", [(32000, torch.bfloat16, False), (50257, torch.float16, True),
+                                           (131072, torch.bfloat16, False)])
+def test_production_vocab_16bit_default_plans(c, dtype, vec8, device):
+    """The default plan of 16-bit logits at vocabularies users run (Llama-2 32,000, GPT-2 50,257: the VEC8 form
+    of its unaligned rows, 128K), three rows (one ignored) on the interpreter: the loss and the gradient within the rule
+    of tests/_tol.py, relative to the gradient's own scale (~1/rows), and the persistent kernel named.  262K and the
+    TMA kernel are GPU tests (test_gpu_production_vocab_16bit)."""
+    x = torch.randn(3, c, device=device, dtype=dtype) * 3
+    t = torch.randint(0, c, (3,), device=device)
+    t[1] = -100
+    with launched("cross_entropy") as seen:
+        _check(x, t)
+    wins = [m["VEC_WIN"] for name, m in seen if name == "_ce_fwd_persist_kernel"]
+    assert wins and all((w > 0) == vec8 for w in wins), seen
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _tol import assert_within_torch
+from _tol import assert_within_torch, kernel_names, launched
 from conftest import TOL
 from torch import nn
 
@@ -90,6 +90,19 @@ def _check(rms, shape, k, dtype, device, param_dtype=None, affine=True, bias=Tru
 def test_single_block(rms, dtype, n, device):
     with config_override("layer_norm", **NARROW_TILES):
         _check(rms, (5, n), 1, dtype, device)
+
+
+@pytest.mark.parametrize("rms,n,dtype,bwd", [
+    (False, 8192, torch.bfloat16, "_norm_bwd_kernel"),  # the widest single-block backward (3-stage)
+    (True, 16384, torch.float16, "_norm_bwd_persist_kernel"),  # the persistent backward's pieces exchanging sums
+])
+def test_production_widths_16bit_default_plans(rms, n, dtype, bwd, device):
+    """The default plans of 16-bit rows users run, on two rows of production width (about 4 s each on the
+    interpreter): y, dx, dW, dB within the rule of tests/_tol.py, and the backward kernel that ran named.  Wider rows
+    (64K, the Gluon backward) are GPU tests (test_gpu_production_widths_16bit)."""
+    with launched("layer_norm") as seen:
+        _check(rms, (2, n), 1, dtype, device)
+    assert bwd in kernel_names(seen), kernel_names(seen)
 
 
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
