@@ -98,6 +98,21 @@ def assert_within_torch(ours, ref, torch_ref, what="", scale=None, k=K, relative
     raise AssertionError(f"{what}: " + "; ".join(msg) + f"; K={k}, non-finite entries must match the reference")
 
 
+def rel_norm_error(ours, ref):
+    """||ours - ref|| / ||ref|| in float64."""
+    ours, ref = ours.detach().double(), ref.detach().double()
+    return ((ours - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def assert_norm_within_torch(ours, ref, torch_ref, what="", k=K):
+    """The rule by relative norms, for compositions of several ops (a compiled block: bf16 roundings at other
+    places than PyTorch's eager chain, whose largest entries errors are a poor statistic, while the norm over
+    thousands of entries is stable): ||ours - ref|| / ||ref|| <= K * PyTorch's own + FLOOR."""
+    err, t_err = rel_norm_error(ours, ref), rel_norm_error(torch_ref, ref)
+    allowed = k * t_err + FLOOR.get(ours.dtype, FLOOR[torch.float32])
+    assert err <= allowed, f"{what}: relative-norm error {err:.3g} (allowed {allowed:.3g}, PyTorch's own {t_err:.3g})"
+
+
 @contextlib.contextmanager
 def launched(op="softmax"):
     """Record the kernels launched in the block: a list of (kernel name, meta) in launch order, one entry per
