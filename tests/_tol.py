@@ -85,6 +85,24 @@ def softmax_backward_refs(y, dy, dim=-1):
     return ref, torch.ops.aten._softmax_backward_data(dy.detach(), y.detach(), d, y.dtype)
 
 
+def rms_variant_refs(x, w, dy, cast_before_w, keep_input_dtype=False):
+    """(float64 reference of THIS cast order, PyTorch's own in the same dtypes) for the RMSNorm variant's (y, dx,
+    dW) (ops/norm_variants.py): cast_first rounds the normalized row to x's dtype before the weight multiply (the
+    rounding a step of the float64 math, straight through in the backward, as autograd sees the cast), weight_first
+    multiplies in float32.  Each order gets its own reference, so a kernel that ignores the flag fails."""
+    from fused_layers.ops.norm_variants import rms_norm_variant_reference
+
+    x64, w64 = (t.detach().double().requires_grad_(True) for t in (x, w))
+    h = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    if cast_before_w:
+        h = h + (h.detach().to(x.dtype).double() - h.detach())
+    y64 = w64 * h
+    xt, wt = (t.detach().requires_grad_(True) for t in (x, w))
+    yt = rms_norm_variant_reference(xt, wt, 1e-6, cast_before_w, keep_input_dtype)
+    return ((y64, *torch.autograd.grad(y64, (x64, w64), dy.double())),
+            (yt, *torch.autograd.grad(yt, (xt, wt), dy.to(yt.dtype))))
+
+
 def assert_within_torch(ours, ref, torch_ref, what="", scale=None, k=K, relative=False):
     """Assert the rule; the message carries both errors."""
     assert ours.shape == ref.shape, (what, ours.shape, ref.shape)

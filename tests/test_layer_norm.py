@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _tol import assert_within_torch, kernel_names, launched
+from _tol import assert_within_torch, kernel_names, launched, rms_variant_refs
 from conftest import TOL
 from torch import nn
 
@@ -869,24 +869,63 @@ def test_rules_and_table_pick_the_kernel():
     assert lnc.bwd_config(16000, 16384, 2, True) == BwdChunks(4096, 8, 2)
 
 
-@pytest.mark.parametrize("cast_before_w", [True, False], ids=["cast_first", "weight_first"])
-def test_rms_variant_backward_with_one_row_accumulators(cast_before_w, device):
-    """The HF Llama-order RMSNorm (CAST_BEFORE_W: dW sums dy times the rounded xhat) with one-row accumulators, the
-    4096 bucket's form: forward and every gradient against the reference in float64."""
-    from fused_layers.ops.norm_variants import fused_rms_norm_variant, rms_norm_variant_reference
+def _variant_run(cast_before_w, dy_rounded=True, device="cpu"):
+    """The HF Llama-order RMSNorm variant with float32 weights (y in float32: the two orders differ by a bf16 unit
+    of the normalized row, 2^16 float32 units) with one-row accumulators, the 4096 bucket's form."""
+    from fused_layers.ops.norm_variants import fused_rms_norm_variant
 
     x = (torch.randn(7, 131, device=device) * 2 + 0.5).to(torch.bfloat16).requires_grad_(True)
-    w = torch.randn(131, device=device, dtype=torch.bfloat16).requires_grad_(True)
-    dy = torch.randn(7, 131, device=device, dtype=torch.bfloat16)
+    w = torch.randn(131, device=device, dtype=torch.float32).requires_grad_(True)
+    dy = torch.randn(7, 131, device=device)
+    if dy_rounded:
+        dy = dy.to(torch.bfloat16).float()
     with config_override("layer_norm", fwd=FwdTile(2, 4), bwd=BwdTile(2, 4, 1, stages=2, acc_rows=True), programs=3):
         y = fused_rms_norm_variant(x, w, 1e-6, cast_before_weight=cast_before_w)
         gx, gw = torch.autograd.grad(y, (x, w), dy)
-    x64, w64 = (t.detach().double().requires_grad_(True) for t in (x, w))
-    y64 = rms_norm_variant_reference(x64, w64, 1e-6, False)  # the float64 reference: the rounding is bf16's
-    gx64, gw64 = torch.autograd.grad(y64, (x64, w64), dy.double())
-    torch.testing.assert_close(y.double(), y64, atol=0.05, rtol=0.02)
-    torch.testing.assert_close(gx.double(), gx64, atol=0.1, rtol=0.05)
-    torch.testing.assert_close(gw.double(), gw64, atol=0.3, rtol=0.05)
+    assert y.dtype == torch.float32 and gx.dtype == x.dtype and gw.dtype == w.dtype
+    return x, w, dy, (y, gx, gw)
+
+
+@pytest.mark.parametrize("cast_before_w", [True, False], ids=["cast_first", "weight_first"])
+def test_rms_variant_cast_order_own_reference(cast_before_w, device):
+    """Each cast order against ITS OWN float64 reference, so a kernel that ignored the flag fails (one reference for
+    both orders at atol 0.05 let it pass).  weight_first: y, dx, dW within the 16-bit rule of tests/_tol.py, and the
+    other order's output rejected by it (about 300x the allowed error).  cast_first: y / w on the bf16 grid in every
+    entry (the normalized row was rounded; without the cast it is not, in almost every entry) and within one bf16 unit
+    of the normalized row of its reference (the interpreter rounds float32 -> bf16 toward zero, so its cast_first
+    results differ from PyTorch's in half the entries by that unit; the GPU test is held to the rule), dx within the
+    rule."""
+    from _tol import within_torch
+
+    x, w, dy, ours = _variant_run(cast_before_w, device=device)
+    refs, tor = rms_variant_refs(x, w, dy, cast_before_w)
+    other_refs, other_tor = rms_variant_refs(x, w, dy, not cast_before_w)
+    assert_within_torch(ours[1], refs[1], tor[1], what="dx")
+    if not cast_before_w:
+        for name, a, r, t in zip(("y", "dx", "dW"), ours, refs, tor):
+            assert_within_torch(a, r, t, what=name)
+        assert not within_torch(other_refs[0].to(torch.float32), refs[0], tor[0])  # the other order, rejected
+        return
+    y, _, gw = ours
+    h = (y.double() / w.detach().double())
+    on_grid = ((h - h.to(torch.bfloat16).double()).abs() <= 2.0 ** -20 * h.abs())
+    assert on_grid.all(), f"y / w off the bf16 grid in {(~on_grid).sum().item()} of {h.numel()} entries"
+    h_other = other_refs[0] / w.detach().double()
+    assert not ((h_other - h_other.to(torch.bfloat16).double()).abs() <= 2.0 ** -20 * h_other.abs()).all()
+    unit = 2.0 ** -7  # one bf16 unit (eps: relative, at the bottom of a binade)
+    assert ((y.double() - refs[0]).abs() <= unit * refs[0].abs() + 1e-30).all()
+    scale = (dy.double().abs() * (refs[0] / w.detach().double()).abs()).sum(0)  # sum over rows of |dy * h|
+    assert ((gw.double() - refs[2]).abs() <= unit * scale + 1e-6 * scale.max()).all()
+
+
+@pytest.mark.xfail(strict=True, reason="the variant's backward rounds a float32 dy to the input's bf16 "
+                                       "(ops/layer_norm.norm_backward), so dW is ~2^-9 off PyTorch's float32 sum")
+def test_rms_variant_float32_dy_weight_gradient(device):
+    """float32 weights give a float32 y, so its incoming gradient is float32: PyTorch's dW sums dy * h in float32.
+    Kept as a strict xfail: it passes (and so fails here) once the backward reads dy in its own dtype."""
+    x, w, dy, ours = _variant_run(False, dy_rounded=False, device=device)
+    refs, tor = rms_variant_refs(x, w, dy, False)
+    assert_within_torch(ours[2], refs[2], tor[2], what="dW")
 
 
 # --------------------------------------------------------------------------------------------------
