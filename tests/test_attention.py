@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from _tol import launched
 from torch import nn
 
 from fused_layers import (
@@ -161,8 +162,9 @@ def test_unfusable_mask_falls_back(device, monkeypatch):
     q, k, v = _inputs(1, 2, 2, 9, 11, 16, device)
     mask = torch.rand(9, 11, device=device) > 0.3
     mask[:, 0] = True
-    with pytest.warns(UserWarning, match="cannot be fused"):
+    with pytest.warns(UserWarning, match="cannot be fused"), launched("attention") as seen:
         out = fused_attention(q, k, v, attn_mask=mask)
+    assert seen == []  # the fallback ran: no kernel launched
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
 
 

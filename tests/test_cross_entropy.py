@@ -886,11 +886,13 @@ def test_fallback_without_triton(monkeypatch):
     monkeypatch.setattr(common, "_warned", set())
     x = torch.randn(3, 10, requires_grad=True)
     t = torch.tensor([1, 2, 3])
-    with pytest.warns(UserWarning, match="using the PyTorch reference"):
+    with pytest.warns(UserWarning, match="using the PyTorch reference"), launched("cross_entropy") as seen:
         loss = fused_cross_entropy(x, t, label_smoothing=0.1)
-    torch.testing.assert_close(loss, F.cross_entropy(x, t, label_smoothing=0.1))
+    assert seen == []  # the fallback ran: no kernel launched
+    torch.testing.assert_close(loss, F.cross_entropy(x, t, label_smoothing=0.1), atol=0, rtol=0)
     loss.backward()
     h, w = torch.randn(3, 4), torch.randn(10, 4)
-    with pytest.warns(UserWarning, match="using the PyTorch reference"):
+    with pytest.warns(UserWarning, match="using the PyTorch reference"), launched("linear_cross_entropy") as seen:
         loss = fused_linear_cross_entropy(h, w, t)
+    assert seen == []
     torch.testing.assert_close(loss, F.cross_entropy(h @ w.t(), t))
