@@ -10,10 +10,11 @@ several fresh draws.
 import pytest
 import torch
 import torch.nn.functional as F
-from _tol import softmax_backward_refs, tol_error, within_torch
+from _tol import attention_refs, softmax_backward_refs, tol_error, within_torch
 
-from fused_layers import fused_cross_entropy, fused_layer_norm, fused_softmax
+from fused_layers import fused_attention, fused_cross_entropy, fused_layer_norm, fused_softmax
 from fused_layers.ops._common import config_override
+from fused_layers.ops.attention import attention_reference
 from fused_layers.ops.layer_norm import config_override as ln_override
 from fused_layers.ops.layer_norm_config import BwdChunks, FwdChunks
 
@@ -141,3 +142,25 @@ def test_cross_entropy_rule_rejects_wrong_gradients(dtype, reduction, device):
             rej, ratio = _rejected("ce " + name, bad, dx64, dx_t)
             assert rej, (name, ratio)
         assert _rejected("ce loss x 0.95", loss * 0.95, l64, l_t)[0]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_attention_rule_rejects_wrong_results(dtype, device):
+    """Our attention kernels (16-row tiles on the interpreter: several key tiles a row) against PyTorch's own SDPA:
+    accepted; out / dq / dk / dv x 0.95 and a key dropped from every row that sees it rejected."""
+    for _ in range(DRAWS):
+        q, k, v = (torch.randn(1, 2, s, 32, dtype=dtype, device=device) for s in (21, 26, 26))
+        do = torch.randn(1, 2, 21, 32, dtype=dtype, device=device)
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = fused_attention(*leaves, is_causal=True)
+        ours = (out, *torch.autograd.grad(out, leaves, do))
+        ref, tor = attention_refs(q, k, v, do, is_causal=True)
+        for name, a, r, t in zip(("out", "dq", "dk", "dv"), ours, ref, tor):
+            assert _accepted("attention " + name, a, r, t), (name, tol_error(a, r, t))
+            rej, ratio = _rejected(f"attention {name} x 0.95", a * 0.95, r, t)
+            assert rej, (name, ratio)
+        keep = torch.ones(21, 26, dtype=torch.bool, device=device)
+        keep[:, 3] = False  # key 3, which rows 3.. attend (causal: row i sees keys <= i)
+        dropped = attention_reference(q.double(), k.double(), v.double(), keep, is_causal=True).to(dtype)
+        rej, ratio = _rejected("attention out without key 3", dropped, ref[0], tor[0])
+        assert rej, ratio
