@@ -179,3 +179,12 @@ def launched(op="softmax"):
 def kernel_names(seen):
     """The names in a ``launched`` record."""
     return [name for name, _ in seen]
+
+
+def ran(seen, name, **meta):
+    """True when ``seen`` (a ``launched`` record) holds a launch of kernel ``name`` whose meta has each of ``meta``
+    (a value, or a predicate on the value: ``VEC_WIN=lambda w: w > 0``)."""
+    def match(m):
+        return all(k in m and (v(m[k]) if callable(v) else m[k] == v) for k, v in meta.items())
+
+    return any(n == name and match(m) for n, m in seen)

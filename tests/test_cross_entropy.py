@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _tol import assert_within_torch, launched
+from _tol import assert_within_torch, launched, ran
 from conftest import TOL
 
 from fused_layers.ops.cross_entropy import (
@@ -531,6 +531,30 @@ def test_gpu_vocab_widths(c, dtype):
     t[::7] = -100
     _check(x, t)
     _check(x, t, reduction="none", label_smoothing=0.1, weight=torch.rand(c, device="cuda", dtype=dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c,dtype,kernel,vec8", [
+    (32000, torch.bfloat16, "_ce_fwd_tma_kernel", None),  # Llama-2: the TMA kernel (sm_90)
+    (32000, torch.float16, "_ce_fwd_tma_kernel", None),
+    (50257, torch.bfloat16, "_ce_fwd_persist_kernel", True),  # GPT-2: unaligned rows, the VEC8 form
+    (50257, torch.float16, "_ce_fwd_persist_kernel", True),
+    (128256, torch.bfloat16, "_ce_fwd_persist_kernel", False),  # Llama-3
+    (262144, torch.float16, "_ce_fwd_persist_kernel", False),  # Gemma
+], ids=["32K-bf16-tma", "32K-fp16-tma", "50257-bf16-vec8", "50257-fp16-vec8", "128K-bf16", "262K-fp16"])
+def test_gpu_production_vocab_16bit(c, dtype, kernel, vec8):
+    """16-bit logits at the vocabularies users run, 2^25 logits: the loss and the gradient within the 16-bit rule
+    of tests/_tol.py, relative to the gradient's own scale (~1/rows: an all-zero or x 0.9 gradient fails), and the
+    kernel that ran named."""
+    if "tma" in kernel and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the TMA kernel runs on sm_90 only")
+    m = max(16, min(1024, 2**25 // c))
+    x = torch.randn(m, c, device="cuda", dtype=dtype) * 3
+    t = torch.randint(0, c, (m,), device="cuda")
+    t[::7] = -100
+    with launched("cross_entropy") as seen:
+        _check(x, t)
+    assert ran(seen, kernel, **({} if vec8 is None else {"VEC_WIN": lambda w: (w > 0) == vec8})), seen
 
 
 @pytest.mark.gpu

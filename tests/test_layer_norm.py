@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _tol import assert_within_torch, kernel_names, launched, rms_variant_refs
+from _tol import assert_within_torch, kernel_names, launched, ran, rms_variant_refs
 from conftest import TOL
 from torch import nn
 
@@ -926,6 +926,29 @@ def test_rms_variant_float32_dy_weight_gradient(device):
     x, w, dy, ours = _variant_run(False, dy_rounded=False, device=device)
     refs, tor = rms_variant_refs(x, w, dy, False)
     assert_within_torch(ours[2], refs[2], tor[2], what="dW")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms,n,dtype,bwd,hold", [
+    (False, 8192, torch.bfloat16, "_norm_bwd_kernel", None),  # the widest single-block backward
+    (True, 12288, torch.float16, "_norm_bwd_rows_gluon_kernel", None),  # the Gluon row backward (sm_90)
+    (False, 16384, torch.bfloat16, "_norm_bwd_rows_gluon_kernel", None),
+    (False, 20011, torch.bfloat16, "_norm_bwd_persist_kernel", False),  # persistent (no Gluon: not 256-aligned)
+    (True, 32768, torch.float16, "_norm_bwd_persist_kernel", True),  # persistent, HOLD
+    (False, 65536, torch.bfloat16, "_norm_bwd_persist_kernel", True),
+    (True, 65536, torch.bfloat16, "_norm_bwd_persist_kernel", True),
+], ids=["ln-8K-tile", "rms-12K-gluon", "ln-16K-gluon", "ln-20011-persist", "rms-32K-hold", "ln-64K-hold",
+        "rms-64K-hold"])
+def test_gpu_production_widths_16bit(rms, n, dtype, bwd, hold):
+    """The default plans of 16-bit norm rows users run, at production sizes (2^24 elements): y, dx, dW, dB within
+    the 16-bit rule of tests/_tol.py (dx per row: no sqrt(rows)), and the backward kernel that ran named (an H100 /
+    H200: sm_90 for the Gluon rows)."""
+    if "gluon" in bwd and not _gluon_ok():
+        pytest.skip("the Gluon row backward runs on sm_90 only")
+    rows = max(64, 2**24 // n)
+    with launched("layer_norm") as seen:
+        _check(rms, (rows, n), 1, dtype, "cuda")
+    assert ran(seen, bwd, **({} if hold is None else {"HOLD": hold})), kernel_names(seen)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ launchers with ``persist_ok=False``, what Inductor emits) the piece-wise ones.""
 
 import pytest
 import torch
-from _tol import assert_within_torch, launched, softmax_backward_refs
+from _tol import assert_within_torch, kernel_names, launched, ran, softmax_backward_refs
 from conftest import TOL
 from torch import nn
 
@@ -437,6 +437,28 @@ def test_gpu_widths(n, dtype):
     x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
     _check(x, -1)
     _check(x, -1, traced=True)
+
+
+_VEC8 = {"VEC_WIN": lambda w: w > 0}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,dtype,fwd,bwd", [
+    (16384, torch.bfloat16, ("_softmax_fwd_kernel", {"PACKED": True}), None),  # PACKED: the bf16 16K single block
+    (32000, torch.float16, ("_softmax_fwd_persist_kernel", {"VEC_WIN": 0}), None),  # aligned persistent
+    (50257, torch.bfloat16, ("_softmax_fwd_persist_kernel", _VEC8), ("_softmax_bwd_persist_kernel", _VEC8)),  # VEC8
+    (131072, torch.bfloat16, ("_softmax_fwd_persist_kernel", {}), ("_softmax_bwd_persist_kernel", {"HOLD": True})),
+], ids=["16K-bf16-packed", "32K-fp16-persist", "50257-bf16-vec8", "128K-bf16-hold"])
+def test_gpu_production_widths_16bit(n, dtype, fwd, bwd):
+    """16-bit rows at production widths, 2^24 elements: probabilities (entry by entry too) and dx within the 16-bit
+    rule of tests/_tol.py, and the forms that ran named: PACKED, VEC8 (forward and backward), HOLD."""
+    m = max(1, min(512, 2**24 // n))
+    x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
+    with launched("softmax") as seen:
+        _check(x, -1)
+    assert ran(seen, fwd[0], **fwd[1]), seen
+    assert bwd is None or ran(seen, bwd[0], **bwd[1]), seen
+    assert kernel_names(seen)  # (a kernel ran: not the reference)
 
 
 @pytest.mark.gpu
