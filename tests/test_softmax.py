@@ -113,6 +113,31 @@ def test_wide_persistent(dtype, n, hold, device):
     assert torch.isnan(y[0]).all() and torch.isnan(y[1]).all() and torch.isnan(y[3]).all()
 
 
+def _rotating_wide_cases(k=2):
+    """The (dtype, width, HOLD) cases of the grid that test_wide_persistent does not list, k of them a day:
+    seeded from the UTC date (so a day's CI runs agree and a failure names its case in the test id), covering the
+    grid over successive days at the CPU cost of two cases."""
+    import datetime
+    import random
+
+    listed = {(torch.float32, 17, False), (torch.float32, 64, False), (torch.float32, 100, False),
+              (torch.float16, 48, False), (torch.bfloat16, 112, False), (torch.bfloat16, 112, True),
+              (torch.float16, 48, True)}
+    grid = [(d, n, h) for d in DTYPES for n in (17, 48, 64, 100, 112) for h in (False, True)
+            if (d, n, h) not in listed and not (h and d == torch.float32)  # HOLD: the 16-bit backward's form
+            and (d == torch.float32 or n % 8 == 0)]  # 16-bit: aligned rows (unaligned ones: test_vec8_rows)
+    day = datetime.datetime.now(datetime.timezone.utc).date()
+    picks = random.Random(day.toordinal()).sample(grid, k)
+    return [pytest.param(*c, id=f"{day.isoformat()}-{str(c[0])[6:]}-{c[1]}-{'hold' if c[2] else 'nohold'}")
+            for c in picks]
+
+
+@pytest.mark.parametrize("dtype,n,hold", _rotating_wide_cases())
+def test_wide_persistent_rotating(dtype, n, hold, device):
+    """Two more cases of test_wide_persistent's grid a day, picked by the date (the id names the date and case)."""
+    test_wide_persistent(dtype, n, hold, device)
+
+
 def test_persistent_form_by_width():
     """softmax_config.PERSIST_BY_WIDTH: the float32 forward takes the SMEM form (4K x 4 warps x 3 stages) in the 128K
     bucket only, the register form elsewhere; the 16-bit forward 2K x 2 warps in the 32K bucket; the backward forms
