@@ -4,7 +4,7 @@ Each test computes a fused op's output and gradients on the interpreter with the
 and persistent LayerNorm pieces, VEC8 / persistent softmax, the persistent cross-entropy), checks that the rule
 accepts them, then perturbs them the ways a wrong kernel would (a gradient x 0.95, a dropped last column, dx without
 its projection terms, pieces that never exchange their row sums) and checks that the rule rejects every one, on
-several fresh draws.
+a fresh draw each run (RATIOS keeps each check's error / allowed error).
 """
 
 import pytest
@@ -19,7 +19,7 @@ from fused_layers.ops.layer_norm import config_override as ln_override
 from fused_layers.ops.layer_norm_config import BwdChunks, FwdChunks
 
 HALF = [torch.bfloat16, torch.float16]
-DRAWS = 2
+DRAWS = 1  # a fresh draw every run (tests/conftest.py); the _tol.py docstring's numbers: 2 draws x 16 seeds
 PIECE = 16  # the column pieces the op tests force
 
 
