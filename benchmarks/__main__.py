@@ -12,12 +12,13 @@ SUITES = {
     "models": ("models", "HF GPT-2 / Llama / Qwen2 / Gemma, timm ViT: a training step unfused / fused / Liger (GPU)"),
     "train": ("training", "the demo GPT-2 step of train.py, eager and torch.compile, unfused / fused (GPU)"),
     "host": ("host", "host (CPU) cost per eager call on tiny shapes, fused / PyTorch / Liger (GPU)"),
+    "scale": ("scale", "a ~1B Llama on FSDP2 / ZeRO-3 over several GPUs at a memory budget: tokens/s, peak (GPUs)"),
     "sass": ("sass", "the SASS of every default kernel configuration, compiled for sm_90: fingerprints, --check (CPU)"),
     "plot": ("plot", "draw docs/figures/*.png from the results tables (CPU, matplotlib)"),
     "table": ("plot", "print the newest row of each case of a results table as Markdown (CPU)"),
 }
 
-GPU_SUITES = ("ops", "models", "train", "host")
+GPU_SUITES = ("ops", "models", "train", "host", "scale")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -2,6 +2,7 @@
 
     python -m benchmarks models                               # every model, eager
     python -m benchmarks models --models llama,qwen2 --modes eager,compile
+    python -m benchmarks models --models llama --modes compile --compiled-routes rms_norm_variant=inductor
 
 Models, built from their libraries' configs with random weights (no download), bf16 parameters, AdamW
 (fused), one step = forward, loss, backward, optimizer step:
@@ -11,6 +12,10 @@ Models, built from their libraries' configs with random weights (no download), b
 * ``qwen2``  HF Qwen2, 12 of Qwen2-0.5B's layers (d896, 14 heads / 2 KV heads, FFN 4,864), tied head,
              vocab 151,936; 4 x 2,048
 * ``gemma``  HF Gemma, 6 x d1,024, 8 heads / 1 KV head (MQA), head dim 128, FFN 8,192, vocab 256,000; 4 x 1,024
+* ``llama3`` HF Llama with Llama 3's vocabulary (128,256) and RoPE base (500,000), otherwise ``llama``; 4 x 2,048
+* ``mistral`` HF Mistral, ``llama``'s sizes with a 1,024-token sliding window; 4 x 2,048
+* ``gemma2`` HF Gemma 2, 6 x d1,024, 8 heads / 4 KV heads, head dim 128, FFN 8,192, vocab 256,000, attention
+             soft-capping 50, final logit soft-capping 30, a 512-token window on every other layer; 4 x 1,024
 * ``vit``    timm ``vit_base_patch16_224`` (ViT-B/16), 1,000 classes; 64 x 224^2
 
 Arms, each its own model built from the same seed (identical weights) and its own optimizer:
@@ -44,14 +49,18 @@ import traceback
 
 from . import utils
 
-MODELS = ["gpt2", "llama", "qwen2", "gemma", "vit"]
+MODELS = ["gpt2", "llama", "qwen2", "gemma", "llama3", "mistral", "gemma2", "vit"]
 LIGER = {"llama": "apply_liger_kernel_to_llama", "qwen2": "apply_liger_kernel_to_qwen2",
-         "gemma": "apply_liger_kernel_to_gemma"}
+         "gemma": "apply_liger_kernel_to_gemma", "llama3": "apply_liger_kernel_to_llama",
+         "mistral": "apply_liger_kernel_to_mistral", "gemma2": "apply_liger_kernel_to_gemma2"}
 CONFIG = {
     "gpt2": "GPT-2 small, 12 x d768, vocab 50,257, dropout 0.1",
     "llama": "8 x d1024, GQA 16/4, FFN 2816, vocab 32,000",
     "qwen2": "12 x d896, GQA 14/2, FFN 4864, vocab 151,936, tied head",
     "gemma": "6 x d1024, MQA 8/1, head dim 128, FFN 8192, vocab 256,000",
+    "llama3": "8 x d1024, GQA 16/4, FFN 2816, vocab 128,256, RoPE base 500,000",
+    "mistral": "8 x d1024, GQA 16/4, FFN 2816, vocab 32,000, sliding window 1024",
+    "gemma2": "6 x d1024, GQA 8/4, head dim 128, FFN 8192, vocab 256,000, softcap 50 / 30, window 512",
     "vit": "timm vit_base_patch16_224, 1,000 classes",
 }
 
@@ -64,6 +73,9 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--steps", type=int, default=3, help="steps per arm and round")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per model and mode (its subprocess)")
+    p.add_argument("--compiled-routes", default="",
+                   help="the fused arm's routes under torch.compile (fused_layers/ops/compile_config.py), e.g. "
+                        "rms_norm_variant=inductor,softmax=kernels; the arm is then named fused[<routes>]")
     p.add_argument("--child-json", help=argparse.SUPPRESS)  # internal: one model's rows, from its subprocess
 
 
@@ -111,12 +123,28 @@ def build(name: str, smoke: bool):
             cls, (bs, seq) = T.GemmaForCausalLM, (4, 1024)
             cfg = T.GemmaConfig(vocab_size=256000, hidden_size=1024, intermediate_size=8192, num_hidden_layers=6,
                                 num_attention_heads=8, num_key_value_heads=1, head_dim=128, **base)
+        elif name == "llama3":
+            cls, (bs, seq) = T.LlamaForCausalLM, (4, 2048)
+            cfg = T.LlamaConfig(vocab_size=128256, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                                num_attention_heads=16, num_key_value_heads=4, rope_theta=500000.0, **base)
+        elif name == "mistral":
+            cls, (bs, seq) = T.MistralForCausalLM, (4, 2048)
+            cfg = T.MistralConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                                  num_attention_heads=16, num_key_value_heads=4, sliding_window=1024, **base)
+        elif name == "gemma2":
+            cls, (bs, seq) = T.Gemma2ForCausalLM, (4, 1024)
+            cfg = T.Gemma2Config(vocab_size=256000, hidden_size=1024, intermediate_size=8192, num_hidden_layers=6,
+                                 num_attention_heads=8, num_key_value_heads=4, head_dim=128, sliding_window=512,
+                                 attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                 **dict(base, attn_implementation="eager"))  # its own default: SDPA cannot soft-cap
         else:
             raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
         if smoke:
             for k, v in dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, head_dim=8).items():
                 setattr(cfg, k, v)
+            if getattr(cfg, "sliding_window", None):
+                cfg.sliding_window = 8
             cfg.num_key_value_heads = min(cfg.num_key_value_heads, 2)
     if smoke:
         bs, seq = 2, 16
@@ -222,6 +250,14 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = True
+    routes = compiled_routes(args.compiled_routes) if mode == "compile" else {}
+    if routes:
+        import dataclasses
+
+        from fused_layers.ops import compile_config
+
+        compile_config.COMPILED = dataclasses.replace(compile_config.COMPILED, **routes)  # this process only
+    fused_name = "fused[" + ";".join(f"{k}={v}" for k, v in routes.items()) + "]" if routes else "fused"
     env = utils.environment()
     env.update(transformers=utils.version_of("transformers"), liger=utils.version_of("liger-kernel"))
     switch = GlobalsSwitch()
@@ -266,14 +302,32 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
         med, lo, hi = utils.median_lo_hi(ts)
         sp = ratios.get(n, (None, None, None))
         loss = info[n]["loss"]
-        rows.append(dict(env, model=model_name, config=CONFIG[model_name], batch=arms[n].batch_desc, mode=mode, arm=n,
+        name = fused_name if n == "fused" else n
+        rows.append(dict(env, model=model_name, config=CONFIG[model_name], batch=arms[n].batch_desc, mode=mode,
+                         arm=name,
                          step_ms=med, step_ms_lo=lo, step_ms_hi=hi, speedup=sp[0], speedup_lo=sp[1], speedup_hi=sp[2],
                          extra_peak_gib=info[n]["extra_peak_gib"], loss=loss,
                          loss_diff=None if ref_loss is None else abs(loss - ref_loss), swapped=info[n]["swapped"],
                          rounds=args.rounds, steps=args.steps, note="smoke (CPU)" if args.smoke else ""))
-        print(f"[{model_name}/{mode}/{n}] {med:.2f} ms [{lo:.2f}-{hi:.2f}]"
+        print(f"[{model_name}/{mode}/{name}] {med:.2f} ms [{lo:.2f}-{hi:.2f}]"
               + (f", {sp[0]:.3f}x [{sp[1]:.3f}-{sp[2]:.3f}]" if sp[0] else ""), flush=True)
     return rows
+
+
+def compiled_routes(spec: str) -> dict[str, str]:
+    """``"op=route,..."`` -> {op: route}, checked against ``CompiledRoutes`` (ValueError naming what is wrong)."""
+    import dataclasses
+
+    from fused_layers.ops.compile_config import CompiledRoutes
+
+    ops = [f.name for f in dataclasses.fields(CompiledRoutes)]
+    out = {}
+    for item in (x for x in spec.split(",") if x):
+        op, _, route = item.partition("=")
+        if op not in ops or route not in ("kernels", "inductor"):
+            raise ValueError(f"{item!r}: expected op=kernels|inductor with op one of {ops}")
+        out[op] = route
+    return out
 
 
 def run(args) -> int:
@@ -283,6 +337,11 @@ def run(args) -> int:
     bad = sorted(set(models) - set(MODELS)) + sorted(set(modes) - {"eager", "compile"})
     if bad:
         print(f"python -m benchmarks models: unknown {bad}; models {MODELS}, modes eager, compile")
+        return 2
+    try:
+        compiled_routes(args.compiled_routes)
+    except ValueError as e:
+        print(f"python -m benchmarks models: --compiled-routes: {e}")
         return 2
     if args.child_json:  # inside the per-model subprocess
         rows = run_model(models[0], modes[0], args)
@@ -296,7 +355,8 @@ def run(args) -> int:
                 out = os.path.join(tmp, "rows.json")
                 cmd = [sys.executable, "-m", "benchmarks", "models", "--models", m, "--modes", mode,
                        "--arms", args.arms, "--warmup", str(args.warmup), "--rounds", str(args.rounds),
-                       "--steps", str(args.steps), "--child-json", out] + (["--smoke"] if args.smoke else [])
+                       "--steps", str(args.steps), "--child-json", out,
+                       "--compiled-routes", args.compiled_routes] + (["--smoke"] if args.smoke else [])
                 t0 = time.perf_counter()
                 try:
                     subprocess.run(cmd, cwd=utils.ROOT, timeout=args.timeout, check=False)

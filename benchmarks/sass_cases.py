@@ -181,7 +181,7 @@ def _ce_fwd(name, dt, c, block_m, block_n, warps, single, stages=1, grad=True, m
               HAS_GRAD=grad, DEN_ON_DEVICE=mean and not soft, HAS_ROW_SCALE=row_scale, STAGES=stages)
     form = "single" if single else "stream"
     return launch("cross_entropy", f"fwd {form} {dt} {c} {name}".strip(), ce._ce_fwd_kernel, cx, ptrs, ints,
-                  floats=("smoothing", "inv_den"), num_warps=warps)
+                  floats=("smoothing", "inv_den", "softcap"), num_warps=warps)
 
 
 def _ce_persist(name, dt, c, block, warps, stages=4, weight=False, mean=True, row_scale=False, vec_win=0,
@@ -455,8 +455,10 @@ def _attn_label(kind, dt, d, causal, flags):
                                                                        if v)
 
 
-def _attn(kind, fn, dt, d, causal, gqa=False, varlen=False, bias=False, dropout=False, tma=False) -> Case:
-    """A Triton attention kernel at the launch geometry above; each kernel takes its own part of the arguments."""
+def _attn(kind, fn, dt, d, causal, gqa=False, varlen=False, bias=False, dropout=False, tma=False, window=0,
+          softcap=0.0) -> Case:
+    """A Triton attention kernel at the launch geometry above; each kernel takes its own part of the arguments.
+    ``window`` / ``softcap``: the WINDOW / SOFTCAP constexprs (0: off, the default launch)."""
     bd = max(16, p2(d))
     hkv = H // 4 if gqa else H
     q_st, kv_st = _attn_strides(varlen, H, d), _attn_strides(varlen, hkv, d)
@@ -486,9 +488,12 @@ def _attn(kind, fn, dt, d, causal, gqa=False, varlen=False, bias=False, dropout=
                   INPUT_PRECISION="ieee" if dt == "fp32" else "tf32", BLOCK_M=m, BLOCK_N=n, HAS_DROPOUT=dropout)
     if kind == "dkdv":
         cx["USE_TMA"] = tma
+    if window or softcap:
+        cx.update(WINDOW=window, SOFTCAP=float(softcap))
     args = set(Case.kernel_args(fn))
     return launch("attention", _attn_label(kind, dt, d, causal, dict(gqa=gqa, varlen=varlen, bias=bias,
-                                                                     dropout=dropout, tma=tma)),
+                                                                     dropout=dropout, tma=tma, window=window,
+                                                                     softcap=softcap)),
                   fn, cx, {k: v for k, v in types.items() if k in args}, {k: v for k, v in ints.items() if k in args},
                   num_warps=warps, num_stages=stages)
 
@@ -498,7 +503,10 @@ ATTN_FWD = [("bf16", 64, False, {}), ("bf16", 64, True, {}), ("bf16", 128, False
             ("fp16", 128, True, {}), ("fp32", 64, True, {}), ("bf16", 32, True, {}), ("bf16", 80, False, {}),
             ("bf16", 256, True, {}), ("fp32", 256, False, {}), ("bf16", 128, True, dict(gqa=True)),
             ("bf16", 128, True, dict(gqa=True, varlen=True)), ("bf16", 64, True, dict(dropout=True)),
-            ("bf16", 128, False, dict(bias=True))]
+            ("bf16", 128, False, dict(bias=True)),
+            # a sliding window (Mistral-like 4,096 would span the whole S; 512) and Gemma 2's soft-capping
+            ("bf16", 128, True, dict(window=512)), ("bf16", 128, True, dict(window=512, softcap=50.0)),
+            ("bf16", 64, False, dict(softcap=30.0, gqa=True, varlen=True))]
 ATTN_DKDV = [("bf16", 64, False, {}), ("bf16", 64, True, {}), ("bf16", 128, False, {}), ("bf16", 128, True, {}),
              ("fp16", 64, True, {}), ("fp32", 128, True, {}), ("bf16", 80, True, dict(gqa=True)),
              ("bf16", 256, True, {}), ("bf16", 128, True, dict(gqa=True, varlen=True)),
@@ -506,11 +514,15 @@ ATTN_DKDV = [("bf16", 64, False, {}), ("bf16", 64, True, {}), ("bf16", 128, Fals
              # Q / dO through TMA (_use_bwd_tma): dense bf16, Sk >= 4096, head-dim bucket 64, or 128 not causal
              ("bf16", 64, False, dict(tma=True)), ("bf16", 64, True, dict(tma=True)),
              ("bf16", 128, False, dict(tma=True)), ("bf16", 64, True, dict(tma=True, gqa=True, dropout=True)),
-             ("bf16", 128, False, dict(tma=True, bias=True))]
+             ("bf16", 128, False, dict(tma=True, bias=True)),
+             ("bf16", 128, True, dict(window=512)), ("bf16", 128, True, dict(window=512, softcap=50.0)),
+             ("bf16", 64, False, dict(softcap=30.0, gqa=True, varlen=True))]
 ATTN_DQ = [("bf16", 64, False, {}), ("bf16", 64, True, {}), ("bf16", 128, False, {}), ("bf16", 128, True, {}),
            ("fp16", 128, True, dict(gqa=True)), ("fp32", 64, False, {}), ("bf16", 256, True, {}),
            ("bf16", 80, False, dict(varlen=True)), ("bf16", 64, True, dict(dropout=True)),
-           ("bf16", 128, True, dict(bias=True))]
+           ("bf16", 128, True, dict(bias=True)),
+           ("bf16", 128, True, dict(window=512)), ("bf16", 128, True, dict(window=512, softcap=50.0)),
+           ("bf16", 64, False, dict(softcap=30.0, gqa=True, varlen=True))]
 ATTN_PREPROCESS = [("bf16", 64, False, {}), ("bf16", 128, False, dict(varlen=True)), ("fp32", 80, False, {})]
 
 

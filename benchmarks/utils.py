@@ -47,6 +47,9 @@ COLUMNS: dict[str, list[str]] = {
                     "speedup_hi", "tokens_per_s", "extra_peak_gib", "loss", "rounds", "steps", "note"],
     "host": KEY + ["op", "pass", "dtype", "shape", "impl", "host_us", "host_us_lo", "host_us_hi", "vs_torch",
                    "calls", "rounds", "note"],
+    "scale": KEY + ["transformers", "liger", "deepspeed", "strategy", "config", "arm", "gpus", "budget_gib", "seq",
+                    "micro_batch", "tokens_per_s", "tokens_per_s_lo", "tokens_per_s_hi", "speedup", "speedup_lo",
+                    "speedup_hi", "peak_gib", "loss", "head_fused", "swapped", "rounds", "steps", "note"],
     "sass": KEY + ["op", "case", "kernel", "sha", "regs", "shared", "insns", "opcodes"],
 }
 # The columns that name a case (with the key's gpu): latest() keeps the newest row of each.
@@ -55,6 +58,7 @@ CASE: dict[str, list[str]] = {
     "models": ["gpu", "model", "mode", "arm"],
     "train": ["gpu", "model", "batch", "mode", "arm"],
     "host": ["gpu", "op", "pass", "dtype", "shape", "impl"],
+    "scale": ["gpu", "strategy", "arm", "gpus", "budget_gib"],
     "sass": ["gpu", "triton", "op", "case"],  # fingerprints differ between Triton versions
 }
 

@@ -43,7 +43,8 @@ from torch import nn
 
 from .swap import KINDS, fused_kind, fused_source
 
-__all__ = ["Ledger", "Measurement", "TensorSpec", "measure_pair", "TABLE_COLUMNS", "StepAB", "StepTimer", "ArmResult"]
+__all__ = ["Ledger", "Measurement", "TensorSpec", "measure_pair", "TABLE_COLUMNS", "StepAB", "StepTimer", "ArmResult",
+           "KeptSteps"]
 
 TABLE_COLUMNS = ["kind", "modules", "shape", "dtype", "reference", "ref_ms", "fused_ms", "speedup", "gbps_or_tflops",
                  "max_err"]
@@ -527,10 +528,17 @@ class StepAB:
 
     Use: ``ab.begin_step()`` before a step (sets the arm's classes, starts the timer; False once done),
     ``ab.end_step()`` after it, ``ab.finish()`` when done (restores every swap, returns the results).
+
+    Under ``torch.compile`` each arm's first step compiles its graph (a class change is a guard failure).
+    ``graphs`` (default: Dynamo's count of compiled graphs) is read around every step: a step during which a
+    graph was compiled is that arm's compile, whose wall time goes to ``compile_seconds[arm]``, and a
+    measured round holding one is left out of the results (``compile_rounds``), so the rounds compare the
+    compiled programs themselves, never their compilation.
     """
 
     def __init__(self, model: nn.Module, swapped: dict[str, str], rounds: int = 5, warmup_rounds: int = 1,
-                 timer: Any = None, device: torch.device | str = "cpu", mapping: dict | None = None) -> None:
+                 timer: Any = None, device: torch.device | str = "cpu", mapping: dict | None = None,
+                 graphs: Callable[[], int] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.model = model
         self.swapped = dict(swapped)  #: module name -> kind, as swapped before the A/B
         self.mapping = dict(mapping or {})  #: swap_modules' mapping (a model's own classes), to swap them back in
@@ -551,6 +559,11 @@ class StepAB:
         self._stopped: list[tuple[int, str, Any]] = []
         self._fused_now = set(self.kinds)
         self.results: dict[str, ArmResult] = {}
+        self.graphs = graphs if graphs is not None else compiled_graphs
+        self.clock = clock
+        self._at: tuple[int, float] = (0, 0.0)  # (graphs, clock) at the running step's start
+        self.compile_seconds: dict[str, float] = {}  #: per arm: wall time of its steps that compiled a graph
+        self.compile_rounds: list[int] = []  #: measured rounds left out because a step in them compiled
 
     @property
     def steps(self) -> int:
@@ -582,6 +595,7 @@ class StepAB:
             return False
         _, arm = self.schedule[self._i]
         self.set_fused(self.arms[arm])
+        self._at = (self.graphs(), self.clock())
         self._token = self.timer.start()
         return True
 
@@ -589,9 +603,18 @@ class StepAB:
         if self._token is None:
             return
         r, arm = self.schedule[self._i]
-        self._stopped.append((r, arm, self.timer.stop(self._token)))
+        stopped = self.timer.stop(self._token)
+        compiled = self.graphs() > self._at[0]
+        if compiled:
+            self.compile_seconds[arm] = self.compile_seconds.get(arm, 0.0) + self.clock() - self._at[1]
+        self._stopped.append((r, arm, stopped, compiled))
         self._token = None
         self._i += 1
+
+    @property
+    def steps_run(self) -> int:
+        """Training steps the A/B has taken so far (its cost)."""
+        return len(self._stopped)
 
     def finish(self, keep: list[str] | None = None) -> dict[str, ArmResult]:
         """Stop: set ``keep`` kinds fused (default: all swapped kinds), compute the results."""
@@ -599,11 +622,15 @@ class StepAB:
         self._schedule_left = self.schedule[self._i:]
         self._i = len(self.schedule)
         per_round: dict[int, dict[str, float]] = {}
-        for r, arm, stopped in self._stopped:
+        compiling = set()
+        for r, arm, stopped, compiled in self._stopped:
             ms = self.timer.elapsed_ms(stopped)
             if r >= 0:
                 per_round.setdefault(r, {})[arm] = ms
-        full = [d for d in per_round.values() if len(d) == len(self.arms)]
+                if compiled:
+                    compiling.add(r)
+        self.compile_rounds = sorted(compiling)
+        full = [d for r, d in per_round.items() if len(d) == len(self.arms) and r not in compiling]
         self.results = {}
         for arm, kinds in self.arms.items():
             ms = [d[arm] for d in full]
@@ -651,3 +678,79 @@ class StepAB:
         if not self.meaningful:
             lines.append("  (timed in the Triton interpreter on the CPU: these times say nothing about GPU speed)")
         return "\n".join(lines)
+
+
+class KeptSteps:
+    """The run's own steps after an A/B, timed as the A/B timed its arms: does the verdict hold?
+
+    The A/B compares arms over a few interleaved rounds; what the run keeps afterwards runs one of those
+    arms for the rest of training.  Under ``torch.compile`` the kept steps run the graph the arm compiled,
+    but a verdict can still be wrong for the run (another graph taken after the A/B, a recompile, drift):
+    ``steps`` steps of the kept configuration are timed with the A/B's timer (steps that compiled a graph
+    left out) and set against the kept arm's A/B step times.  ``agrees``: their median lies within the
+    kept arm's min-max over the A/B's rounds.  ``loses``: it is slower than every unfused step of the A/B,
+    the run's own evidence against a fused arm (what ``policy=faster`` undoes it for).
+
+    Use like :class:`StepAB`: ``begin_step()`` / ``end_step()`` around each step, ``finish()`` once ``done``.
+    """
+
+    def __init__(self, ab: StepAB, arm: str, steps: int = 5) -> None:
+        self.ab, self.arm, self.steps = ab, arm, int(steps)
+        self._token: Any = None
+        self._at = 0
+        self._stopped: list[tuple[Any, bool]] = []
+        self.step_ms: list[float] = []
+        self.median_ms = float("nan")
+        self.agrees: bool | None = None  #: None: nothing to compare (no A/B result, no timed step)
+        self.loses = False
+
+    @property
+    def done(self) -> bool:
+        return len(self._stopped) >= self.steps
+
+    def begin_step(self) -> None:
+        if not self.done:
+            self._at = self.ab.graphs()
+            self._token = self.ab.timer.start()
+
+    def end_step(self) -> None:
+        if self._token is None:
+            return
+        self._stopped.append((self.ab.timer.stop(self._token), self.ab.graphs() > self._at))
+        self._token = None
+
+    def finish(self) -> "KeptSteps":
+        self._token = None
+        self.step_ms = [self.ab.timer.elapsed_ms(s) for s, compiled in self._stopped if not compiled]
+        arm, unfused = self.ab.results.get(self.arm), self.ab.results.get("unfused")
+        if self.step_ms and arm is not None and arm.step_ms:
+            self.median_ms = statistics.median(self.step_ms)
+            self.agrees = min(arm.step_ms) <= self.median_ms <= max(arm.step_ms)
+            self.loses = bool(self.arm != "unfused" and unfused is not None and unfused.step_ms
+                              and self.median_ms > max(unfused.step_ms))
+        return self
+
+    @property
+    def speedup(self) -> float:
+        """The A/B's unfused median step over the kept steps' median (what the run gained, by its own steps)."""
+        unfused = self.ab.results.get("unfused")
+        if unfused is None or not unfused.step_ms or not self.median_ms > 0:
+            return float("nan")
+        return unfused.median_ms / self.median_ms
+
+    def summary(self) -> dict[str, Any]:
+        arm = self.ab.results.get(self.arm)
+        return {"arm": self.arm, "steps": len(self.step_ms), "step_ms": self.step_ms, "median_ms": self.median_ms,
+                "speedup": self.speedup, "ab_step_ms_lo": min(arm.step_ms) if arm and arm.step_ms else None,
+                "ab_step_ms_hi": max(arm.step_ms) if arm and arm.step_ms else None, "agrees": self.agrees,
+                "loses": self.loses}
+
+    def format(self) -> str:
+        s = self.summary()
+        if s["agrees"] is None:
+            return f"  kept '{self.arm}': its own steps were not timed"
+        verdict = ("within the A/B's spread" if s["agrees"]
+                   else "OUTSIDE the A/B's spread: the A/B did not predict the run")
+        return (f"  kept '{self.arm}': its own {s['steps']} steps {s['median_ms']:.3f} ms median "
+                f"({s['speedup']:.3f}x the A/B's unfused), A/B {s['ab_step_ms_lo']:.3f}-{s['ab_step_ms_hi']:.3f} ms: "
+                f"{verdict}")

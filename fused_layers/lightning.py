@@ -36,9 +36,18 @@ What is measured (both on the run's own model, batches and shapes):
   ``(ab_warmup_rounds + ab_rounds) * len(arms)`` training steps (still training: swapping changes the
   class, not the parameters), at most ``ab_max_steps`` (fewer rounds when needed).  ``policy="faster"``
   then keeps the arm that beats ``unfused`` in every round with the best median (else ``unfused``).  Under
-  ``torch.compile`` a class change makes Dynamo compile one graph per arm (cached; the warm-up round pays
-  for it), so the A/B compares compiled steps (``ab_compiled="per_arm"``, the default), or is skipped
-  (``ab_compiled="skip"``: logged as not A/B-measured, no swap undone).
+  ``torch.compile`` a class change makes Dynamo compile one graph per arm (cached; at least one warm-up
+  round pays for it, and a measured round in which a step compiled is left out), so the A/B compares the
+  compiled programs (``ab_compiled="per_arm"``, the default), or is skipped (``ab_compiled="skip"``: logged
+  as not A/B-measured, no swap undone).  Its cost is reported: the steps it took, and per arm the wall
+  time of the steps that compiled.
+* **The kept configuration's own steps** (``ab_check_steps``): after the A/B, the next steps run the kept
+  arm (the graph it compiled, under compile) and are timed alike; their median is reported next to the
+  A/B's verdict, with a warning when it lies outside the kept arm's min-max over the rounds.  A fused arm
+  whose own steps are slower than every unfused step of the A/B is undone by ``policy="faster"``: the run's
+  own evidence overrides the A/B's.  Peak memory: read at the A/B's end (its unfused arm included), then
+  reset, and read again at the end of training (the kept configuration's steady state); both are in the
+  summary (``peak_memory_gib``) and logged as ``fused/peak_memory_gib/ab`` and ``/kept``.
 * **Per-module kernel timings** (``measure=True``, detail only): forward pre-hooks record the input
   shapes/dtypes of every swapped module during the first ``record_steps`` batches; just before the A/B
   (between steps) ``fused_layers.ledger.Ledger`` times each module's reference class against the fused
@@ -78,7 +87,7 @@ except ImportError as e:  # the library itself needs torch and triton only
         "pip install 'fused-layers[train]'"
     ) from e
 
-from .ledger import TABLE_COLUMNS, Ledger, Measurement, StepAB, compiled_graphs, faster_arm
+from .ledger import TABLE_COLUMNS, KeptSteps, Ledger, Measurement, StepAB, compiled_graphs, faster_arm
 from .swap import KINDS, SkipEntry, SwapReport, _normalize_mapping, resolve_kinds, restore_modules, swap_modules
 
 log = logging.getLogger(__name__)
@@ -93,7 +102,8 @@ INTERPRETER_NOTE = (
 
 def check_args(policy: str = "always", record_steps: int = 1, warmup_steps: int = 3, kinds: Any = None,
                mapping: Any = None, ab_rounds: int = 5, ab_warmup_rounds: int = 1, ab_max_steps: int = 40,
-               ab_compiled: str = "per_arm", max_measure_seconds: float = 2.0, **_: Any) -> None:
+               ab_compiled: str = "per_arm", max_measure_seconds: float = 2.0, ab_check_steps: int = 5,
+               **_: Any) -> None:
     """Check the constructor arguments (also used by train.py's config check, for a disabled callback too).
     Raises ``ValueError`` whose ``arg`` attribute names the argument."""
 
@@ -108,7 +118,7 @@ def check_args(policy: str = "always", record_steps: int = 1, warmup_steps: int 
         bad("ab_compiled", f"must be one of {list(AB_COMPILED)}, got {ab_compiled!r}")
     for arg, val, lo in (("record_steps", record_steps, 1), ("warmup_steps", warmup_steps, 0),
                          ("ab_rounds", ab_rounds, 0), ("ab_warmup_rounds", ab_warmup_rounds, 0),
-                         ("ab_max_steps", ab_max_steps, 0)):
+                         ("ab_max_steps", ab_max_steps, 0), ("ab_check_steps", ab_check_steps, 0)):
         if not isinstance(val, int) or isinstance(val, bool) or val < lo:
             bad(arg, f"must be an int >= {lo}, got {val!r}")
     if not max_measure_seconds >= 0:
@@ -148,6 +158,7 @@ class FusedLayersCallback(Callback):
         ab_warmup_rounds: uncounted rounds first (first use of each arm; a compiled graph per arm).
         ab_max_steps: bound on the A/B's training steps (rounds are reduced to fit).
         ab_compiled: under ``torch.compile``: ``"per_arm"`` (a compiled graph per arm) or ``"skip"``.
+        ab_check_steps: training steps after the A/B timed as the kept configuration's own (0: none).
         record_steps: training batches during which input shapes are recorded.
         warmup_steps: training batches to run before measuring (caches, autotuning settle).
         max_measure_seconds: time budget of the whole measurement.
@@ -175,12 +186,13 @@ class FusedLayersCallback(Callback):
         ab_warmup_rounds: int = 1,
         ab_max_steps: int = 40,
         ab_compiled: str = "per_arm",
+        ab_check_steps: int = 5,
         step_timer: Any = None,
     ) -> None:
         super().__init__()
         check_args(policy=policy, record_steps=record_steps, warmup_steps=warmup_steps, kinds=kinds, mapping=mapping,
                    ab_rounds=ab_rounds, ab_warmup_rounds=ab_warmup_rounds, ab_max_steps=ab_max_steps,
-                   ab_compiled=ab_compiled, max_measure_seconds=max_measure_seconds)
+                   ab_compiled=ab_compiled, max_measure_seconds=max_measure_seconds, ab_check_steps=ab_check_steps)
         self.kinds = dict(kinds) if kinds is not None else None
         self.include = list(include or [])
         self.exclude = list(exclude or [])
@@ -195,6 +207,7 @@ class FusedLayersCallback(Callback):
         self.ab_warmup_rounds = int(ab_warmup_rounds)
         self.ab_max_steps = int(ab_max_steps)
         self.ab_compiled = ab_compiled
+        self.ab_check_steps = int(ab_check_steps)
         self.step_timer = step_timer  #: None: CUDA events / perf_counter (tests pass a fake)
 
         self.report = SwapReport()
@@ -212,6 +225,11 @@ class FusedLayersCallback(Callback):
         self._measured = False
         self._warned = False
         self._graphs_at_setup = 0
+        #: the kept configuration's own steps after the A/B, timed like the A/B's arms (``KeptSteps``)
+        self.kept: KeptSteps | None = None
+        #: peak allocated GiB: ``ab`` up to the A/B's end (its unfused arm included), ``kept`` over the steps
+        #: after it (the configuration the run kept, in steady state); None where not read (CPU)
+        self.peak_memory_gib: dict[str, float | None] = {}
 
     # ----------------------------------------------------------------------------------------------
     # swapping
@@ -287,6 +305,13 @@ class FusedLayersCallback(Callback):
                                   "speedup": r.speedup, "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi}
                               for a, r in self.ab.results.items()}
             out["step_ab_meaningful"] = self.ab.meaningful
+        if self.ab is not None:
+            out["ab_cost"] = {"steps": self.ab.steps_run, "compile_seconds": dict(self.ab.compile_seconds),
+                              "rounds_left_out_for_compiling": list(self.ab.compile_rounds)}
+        if self.kept is not None and self.kept.agrees is not None:
+            out["kept_steps"] = self.kept.summary()
+        if self.peak_memory_gib:
+            out["peak_memory_gib"] = dict(self.peak_memory_gib)
         return out
 
     def _log_report(self, trainer: Trainer) -> None:
@@ -327,6 +352,8 @@ class FusedLayersCallback(Callback):
             self._start_ab(trainer, pl_module)
         if self.ab is not None and not self.ab.done:
             self.ab.begin_step()
+        elif self.kept is not None and not self.kept.done:
+            self.kept.begin_step()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -338,6 +365,10 @@ class FusedLayersCallback(Callback):
             self.ab_steps.append(trainer.global_step)
             if self.ab.done:
                 self._finish_ab(trainer, pl_module)
+        elif self.kept is not None and self.kept._token is not None:
+            self.kept.end_step()
+            if self.kept.done:
+                self._finish_kept(trainer, pl_module)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self.enabled:
@@ -347,6 +378,11 @@ class FusedLayersCallback(Callback):
         if self.ab is not None and not self.ab.results:
             self.ab._token = None  # a step that started but did not end is not counted
             self._finish_ab(trainer, pl_module, ended_early=True)
+        if self.kept is not None and self.kept.agrees is None and self.kept._stopped:
+            self._finish_kept(trainer, pl_module)  # training ended during the check: what was timed
+        if "ab" in self.peak_memory_gib:
+            self.peak_memory_gib["kept"] = peak_memory_gib(trainer.strategy.root_device)
+            self._log_peak(trainer)
         elif self.ab is None and self.ab_status == "not run" and self.report.swapped and self.ab_rounds > 0:
             self.ab_status = (f"not run: training ended after {self._train_batches} batches, before the A/B's start "
                               f"(batch {self.measure_at})")
@@ -368,22 +404,23 @@ class FusedLayersCallback(Callback):
             return
         swapped = {e.name: e.kind for e in self.report.swapped}
         n_arms = 2 + (len(set(swapped.values())) if len(set(swapped.values())) > 1 else 0)
+        warm = max(self.ab_warmup_rounds, 1) if compiled else self.ab_warmup_rounds  # each arm compiles first
         rounds = self.ab_rounds
-        while rounds > 1 and (rounds + self.ab_warmup_rounds) * n_arms > self.ab_max_steps:
+        while rounds > 1 and (rounds + warm) * n_arms > self.ab_max_steps:
             rounds -= 1
-        if (rounds + self.ab_warmup_rounds) * n_arms > self.ab_max_steps:
+        if (rounds + warm) * n_arms > self.ab_max_steps:
             self.ab_status = (f"not run: one round of {n_arms} arms plus warm-up needs "
-                              f"{(1 + self.ab_warmup_rounds) * n_arms} steps > ab_max_steps={self.ab_max_steps}")
+                              f"{(1 + warm) * n_arms} steps > ab_max_steps={self.ab_max_steps}")
             self._log_ab(trainer)
             return
         if compiled:
             _raise_recompile_limit(n_arms)
-        self.ab = StepAB(pl_module, swapped, rounds=rounds, warmup_rounds=self.ab_warmup_rounds,
+        self.ab = StepAB(pl_module, swapped, rounds=rounds, warmup_rounds=warm,
                          timer=self.step_timer, device=trainer.strategy.root_device, mapping=self.mapping)
         self.ab.compiled = compiled
         alone = ", each kind alone" if n_arms > 2 else ""
         rank_zero_info(f"fused_layers: timing the next {self.ab.steps} training steps unfused, fully fused{alone} "
-                       f"({self.ab_warmup_rounds} warm-up + {rounds} measured round(s)"
+                       f"({warm} warm-up + {rounds} measured round(s)"
                        f"{'; torch.compile builds one graph for each' if compiled else ''})")
 
     def _finish_ab(self, trainer: Trainer, pl_module: LightningModule, ended_early: bool = False) -> None:
@@ -423,8 +460,59 @@ class FusedLayersCallback(Callback):
             else:
                 rank_zero_info("fused_layers (policy=faster): step times in the Triton interpreter say nothing about "
                                "GPU speed; every swap kept.")
+        if n and ab.compile_seconds:
+            rank_zero_info("fused_layers: the A/B's compiles (wall seconds of the steps that compiled a graph): "
+                           + ", ".join(f"{a} {t:.1f} s" for a, t in ab.compile_seconds.items())
+                           + (f"; {len(ab.compile_rounds)} measured round(s) held a compile and were left out"
+                              if ab.compile_rounds else ""))
+        if n and self.ab_check_steps > 0 and not ended_early:
+            self.kept = KeptSteps(ab, self.kept_arm or "all", self.ab_check_steps)
+        device = trainer.strategy.root_device
+        self.peak_memory_gib["ab"] = peak_memory_gib(device)
+        reset_peak_memory(device)  # from here on: the kept configuration's own peak
         self.paused_seconds += time.perf_counter() - t0
         self._log_ab(trainer)
+
+    def _finish_kept(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The kept configuration's own steps against the A/B's verdict; policy=faster undoes a fused arm that
+        the run's own steps show slower than every unfused step of the A/B."""
+        kept, ab = self.kept, self.ab
+        assert kept is not None and ab is not None
+        kept.finish()
+        if kept.agrees is None:
+            return
+        rank_zero_info("fused_layers: the kept configuration's own steps after the A/B:\n" + kept.format())
+        if not kept.agrees:
+            warnings.warn(f"FusedLayersCallback: the kept arm '{kept.arm}' ran {kept.median_ms:.3f} ms a step after "
+                          "the A/B, outside the A/B's spread for it; the A/B's verdict does not describe this run"
+                          + (" (policy=faster undoes it: slower than every unfused step)"
+                             if kept.loses and self.policy == "faster" and ab.meaningful else "") + ".",
+                          UserWarning, stacklevel=2)
+        if self.policy == "faster" and kept.loses and ab.meaningful:
+            # the kept arm's kinds are all that is fused: undoing them leaves the run unfused
+            undo = trainer.strategy.broadcast([nm for nm, k in ab.swapped.items() if k in ab.arms[kept.arm]], src=0)
+            ab.set_fused([])
+            self.kept_arm = "unfused"
+            self._record_restored(pl_module, undo, {}, how="kept steps")
+            rank_zero_info(f"fused_layers (policy=faster): undid the fused {', '.join(ab.arms[kept.arm])}: the run's "
+                           f"own steps ran {kept.median_ms:.3f} ms, slower than every unfused step of the A/B.")
+        metrics = {"fused/kept_step_ms": kept.median_ms, "fused/kept_step_speedup": kept.speedup,
+                   "fused/kept_agrees_with_ab": float(kept.agrees), **{f"fused/kept/{k}": float(c)
+                                                                       for k, c in self.swapped_counts().items()}}
+        for lg in trainer.loggers:
+            try:
+                lg.log_metrics(metrics, step=trainer.global_step)
+            except Exception as e:  # a logger that cannot take them must not stop training
+                log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)
+
+    def _log_peak(self, trainer: Trainer) -> None:
+        metrics = {f"fused/peak_memory_gib/{k}": v for k, v in self.peak_memory_gib.items() if v is not None}
+        for lg in trainer.loggers:
+            try:
+                if metrics:
+                    lg.log_metrics(metrics, step=trainer.global_step)
+            except Exception as e:  # a logger that cannot take them must not stop training
+                log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)
 
     def _record_restored(self, pl_module: LightningModule, names: list[str], speedups: dict[str, float],
                          how: str) -> None:
@@ -437,6 +525,11 @@ class FusedLayersCallback(Callback):
             if how == "step A/B":
                 reason = f"restored by policy=faster: the step-time A/B kept arm '{self.kept_arm}'"
                 self.restored[name] = (k, float("nan"))
+            elif how == "kept steps":
+                kept = self.kept
+                reason = (f"restored by policy=faster: after the A/B the run's own steps ran {kept.median_ms:.3f} ms, "
+                          f"slower than every unfused step of the A/B ({kept.speedup:.3f}x)")
+                self.restored[name] = (k, kept.speedup)
             else:
                 reason = f"restored by policy=faster: fwd+bwd speedup {speedups[name]:.3f}x"
                 self.restored[name] = (k, speedups[name])
@@ -449,6 +542,8 @@ class FusedLayersCallback(Callback):
             metrics.update(ab.metrics())
             metrics["fused/ab_meaningful"] = float(ab.meaningful)
             metrics["fused/ab_compiled"] = float(getattr(ab, "compiled", False))
+            metrics["fused/ab_steps"] = float(ab.steps_run)
+            metrics.update({f"fused/ab_compile_seconds/{a}": t for a, t in ab.compile_seconds.items()})
         counts = self.swapped_counts()
         metrics.update({f"fused/kept/{k}": float(n) for k, n in counts.items()})
         for kind in {k for k, _ in self.restored.values()}:
@@ -543,6 +638,18 @@ class FusedLayersCallback(Callback):
                     lg.log_table(key="fused/speedups", columns=list(TABLE_COLUMNS), data=[r.row() for r in rows])
             except Exception as e:
                 log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    """Peak allocated GiB on ``device`` since the last reset (None off CUDA)."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def _raise_recompile_limit(n_arms: int) -> None:

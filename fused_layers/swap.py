@@ -48,6 +48,54 @@ __all__ = ["KINDS", "Kind", "SwapReport", "SwapEntry", "SkipEntry", "swap_module
 SOURCE_ATTR = "_fused_layers_source"
 
 
+# --------------------------------------------------------------------------------------------------
+# Classes that a wrapper made by subclassing (FSDP2's ``fully_shard``: ``FSDP<Cls>(FSDPModule, Cls)``)
+# --------------------------------------------------------------------------------------------------
+_MIXINS = ("FSDPModule", "ReplicateModule")  # torch.distributed's fully_shard / replicate
+
+
+def _unwrap_class(cls: type) -> tuple[type | None, type]:
+    """``(mixin, base)`` for a class a wrapper made as ``type(prefix + base.__name__, (mixin, base), ...)`` with no
+    forward of its own; ``(None, cls)`` for any other class.  Swaps and restores act on ``base``, then wrap again, so a
+    model sharded before it is swapped (or between an A/B's arms) keeps its wrapper."""
+    bases = cls.__bases__
+    if (len(bases) == 2 and bases[0].__name__ in _MIXINS and bases[0].__module__.startswith("torch.distributed")
+            and "forward" not in cls.__dict__):
+        return bases[0], bases[1]
+    return None, cls
+
+
+def _wrap_class(mixin: type | None, base: type, like: type) -> type:
+    """``base`` under ``mixin`` as the wrapper makes it (its own class cache where it keeps one), modelled on ``like``
+    (a class the wrapper made: its name prefix and attributes)."""
+    if mixin is None:
+        return base
+    cache: dict = {}
+    if mixin.__name__ == "FSDPModule":
+        try:
+            from torch.distributed.fsdp._fully_shard._fully_shard import get_cls_to_fsdp_cls
+
+            cache = get_cls_to_fsdp_cls()
+        except ImportError:  # pragma: no cover - another torch layout
+            cache = _WRAPPED
+    else:
+        cache = _WRAPPED
+    _, old = _unwrap_class(like)
+    if like.__bases__ == (mixin, old):
+        cache.setdefault(old, like)  # the wrapper's class for the class it wrapped: restored as it was
+    new = cache.get(base)
+    if new is None or new.__bases__ != (mixin, base):
+        prefix = like.__name__[: -len(old.__name__)] if like.__name__.endswith(old.__name__) else mixin.__name__
+        extra = {k: v for k, v in like.__dict__.items()
+                 if k not in ("__module__", "__dict__", "__weakref__", "__doc__", "__qualname__")}
+        new = type(f"{prefix}{base.__name__}", (mixin, base), extra)
+        cache[base] = new
+    return new
+
+
+_WRAPPED: dict[type, type] = {}
+
+
 @dataclass(frozen=True)
 class Kind:
     """One swappable kind: a reference class and its fused drop-in subclass."""
@@ -144,6 +192,8 @@ class SwapEntry:
     to_cls: str
     #: how the class was recognised: "" (a torch source class), "mapping", or "known: <registry entry>"
     via: str = ""
+    #: what of the kind this module does not fuse, and why ("" when it fuses all of it)
+    note: str = ""
 
 
 @dataclass
@@ -192,8 +242,8 @@ class SwapReport:
 
     def rows(self) -> list[list[str]]:
         """Rows ``[name, kind, status, detail]`` for a text table / W&B table."""
-        rows = [[e.name, e.kind, "swapped", f"{e.from_cls} -> {e.to_cls}" + (f" ({e.via})" if e.via else "")]
-                for e in self.swapped]
+        rows = [[e.name, e.kind, "swapped", f"{e.from_cls} -> {e.to_cls}" + (f" ({e.via})" if e.via else "")
+                 + (f"; {e.note}" if e.note else "")] for e in self.swapped]
         rows += [[e.name, e.kind, "skipped", e.reason] for e in self.skipped]
         return rows
 
@@ -203,7 +253,8 @@ class SwapReport:
         lines = [f"fused_layers swap report: {len(self.swapped)} swapped, {len(self.skipped)} skipped"]
         swapped: dict[tuple[str, str], list[str]] = {}
         for e in self.swapped:
-            change = f"{_short(e.from_cls)} -> {_short(e.to_cls)}" + (f" ({e.via})" if e.via else "")
+            change = (f"{_short(e.from_cls)} -> {_short(e.to_cls)}" + (f" ({e.via})" if e.via else "")
+                      + (f"; {e.note}" if e.note else ""))
             swapped.setdefault((e.kind, change), []).append(e.name or "<root>")
         skipped: dict[tuple[str, str], list[str]] = {}
         for e in self.skipped:
@@ -405,7 +456,7 @@ def swap_modules(
     fused_attention_prefixes: list[str] = []
     hf_attention: list[str] = []
     for name, module in model.named_modules():
-        cls = type(module)
+        mixin, cls = _unwrap_class(type(module))
         if any(name.startswith(p + ".") for p in fused_attention_prefixes):
             kind = sources.get(cls) or user_map.get(cls, (None,))[0]
             if kind is not None or cls in targets:
@@ -469,12 +520,15 @@ def swap_modules(
                 continue
             if aliases:
                 target = _aliased_target(target, aliases)
-        module.__class__ = target
+        module.__class__ = _wrap_class(mixin, target, type(module))
         module.__dict__[SOURCE_ATTR] = cls
         after = getattr(target, "_fused_after_swap", None)
         if after is not None:
             after(module)
-        report.swapped.append(SwapEntry(name, kind, _qualname(cls), _qualname(target), via))
+        note = ""
+        if getattr(target, "_fused_linear_refused", None):  # an HF causal LM whose forward keeps its LM head
+            note = f"LM head not fused, loss only: {target._fused_linear_refused}"
+        report.swapped.append(SwapEntry(name, kind, _qualname(cls), _qualname(target), via, note))
         if kind == "attention" and known is None:
             fused_attention_prefixes.append(name)
         if known is not None and known.name == "hf_attention":
@@ -486,7 +540,8 @@ def swap_modules(
         if failed:
             modules = dict(model.named_modules())
             for n, why in failed.items():
-                modules[n].__class__ = modules[n].__dict__.pop(SOURCE_ATTR)
+                mod = modules[n]
+                mod.__class__ = _wrap_class(_unwrap_class(type(mod))[0], mod.__dict__.pop(SOURCE_ATTR), type(mod))
                 report.skipped.append(SkipEntry(n, "attention", why))
             report.swapped = [e for e in report.swapped if e.name not in failed]
     return report
@@ -518,16 +573,16 @@ def restore_modules(model: nn.Module, names: Iterable[str] | SwapReport | None =
     for name, module in model.named_modules():
         if only is not None and name not in only:
             continue
-        kind = _kind_of(type(module), targets)
+        mixin, fused_cls = _unwrap_class(type(module))
+        kind = _kind_of(fused_cls, targets)
         if kind is None:
             continue
-        src = (module.__dict__.get(SOURCE_ATTR) or type(module).__dict__.get(SOURCE_ATTR)
+        src = (module.__dict__.get(SOURCE_ATTR) or fused_cls.__dict__.get(SOURCE_ATTR)
                or source_class(kind))
-        before = getattr(type(module), "_fused_before_restore", None)
+        before = getattr(fused_cls, "_fused_before_restore", None)
         if before is not None:
             before(module)
-        fused_cls = type(module)
-        module.__class__ = src
+        module.__class__ = _wrap_class(mixin, src, type(module))
         module.__dict__.pop(SOURCE_ATTR, None)
         report.swapped.append(SwapEntry(name, kind, _qualname(fused_cls), _qualname(src)))
     if "transformers.modeling_utils" in sys.modules:  # models with no fused attention left switch back
@@ -548,12 +603,13 @@ def _kind_of(cls: type, targets: dict[type, str]) -> str | None:
 def fused_source(module: nn.Module) -> type[nn.Module] | None:
     """The reference class of a fused module (what ``restore_modules`` would give it), else ``None``."""
     targets = {t: k for k in KINDS if (t := target_class(k)) is not None}
-    kind = _kind_of(type(module), targets)
+    cls = _unwrap_class(type(module))[1]
+    kind = _kind_of(cls, targets)
     if kind is None:
         return None
-    return module.__dict__.get(SOURCE_ATTR) or type(module).__dict__.get(SOURCE_ATTR) or source_class(kind)
+    return module.__dict__.get(SOURCE_ATTR) or cls.__dict__.get(SOURCE_ATTR) or source_class(kind)
 
 
 def fused_kind(module: nn.Module) -> str | None:
     """The kind of a fused module, else ``None``."""
-    return _kind_of(type(module), {t: k for k in KINDS if (t := target_class(k)) is not None})
+    return _kind_of(_unwrap_class(type(module))[1], {t: k for k in KINDS if (t := target_class(k)) is not None})

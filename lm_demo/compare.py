@@ -75,10 +75,17 @@ def run_row(s: dict[str, Any]) -> dict[str, Any]:
     if step_ms is None and (bps := _first(m, _BATCHES)):
         step_ms = 1000.0 / bps
     fl = s.get("fused_layers") or {}
+    peaks = fl.get("peak_memory_gib") or {}
+    kept = fl.get("kept_steps") or {}
     row = {
         "tokens_per_sec": _first(m, _TOKENS),
         "step_ms": step_ms,
-        "peak_memory_gib": _first(m, _MEMORY),
+        # the kept configuration's steady state (peak statistics reset after the A/B, whose unfused arm would
+        # set the run's peak), else the run's peak
+        "peak_memory_gib": peaks.get("kept") if peaks.get("kept") is not None else _first(m, _MEMORY),
+        "ab_peak_memory_gib": peaks.get("ab"),
+        "kept_step_ms": kept.get("median_ms"),
+        "kept_agrees": kept.get("agrees"),
         "mfu": _first(m, _MFU),
         "train_loss": m.get("train/loss"),
         "val_loss": m.get("val/loss"),
@@ -127,7 +134,8 @@ def compare(sweep_dir: str | Path, plot: bool = True, echo: bool = True) -> dict
     rows = []
     for label, ss in groups.items():
         rr = [run_row(s) for s in ss]
-        keys = sorted({k for r in rr for k in r if not k.startswith("_") and k not in ("swapped", "ab_status")},
+        keys = sorted({k for r in rr for k in r if not k.startswith("_")
+                       and k not in ("swapped", "ab_status", "kept_agrees")},
                       key=lambda k: (k.startswith("fused/"), k))
         agg: dict[str, Any] = {}
         for k in keys:
@@ -147,7 +155,9 @@ def compare(sweep_dir: str | Path, plot: bool = True, echo: bool = True) -> dict
         rows.append({"label": label, "fused": fused, "ran_fused": fused and swapped_total > 0,
                      "tag": "unfused" if not fused else ("fused" if swapped_total else "fused (0 swapped)"),
                      "attn_impl": ss[0].get("attn_impl"), "compile": ss[0].get("compile"), "runs": len(ss),
-                     "swapped": swapped, "ab_status": rr[0]["ab_status"], **agg, "history": ss[0].get("history", {})})
+                     "swapped": swapped, "ab_status": rr[0]["ab_status"], **agg, "history": ss[0].get("history", {}),
+                     "kept_agrees": (None if all(r["kept_agrees"] is None for r in rr)
+                                     else all(r["kept_agrees"] is not False for r in rr))})
     base = next((r for r in rows if r["fused"] is False), rows[0])
     unfused = [r for r in rows if not r["ran_fused"] and r.get("tokens_per_sec")]
     best = max(unfused, key=lambda r: r["tokens_per_sec"]) if unfused else None
@@ -200,8 +210,8 @@ def _ratio(r: dict[str, Any], key: str) -> str:
 def format_table(rows: list[dict[str, Any]], kinds: list[str], base_label: str, best_label: str | None = None,
                  notes: list[str] | None = None) -> str:
     short = [k.rsplit("/", 1)[-1] for k in kinds]
-    head = ["run", "ran as", "n", "tokens/s [min-max]", "vs base", "vs best unfused", "step ms", "peak GiB", "MFU",
-            "train loss", "val loss"] + [f"step A/B {k}" for k in short]
+    head = ["run", "ran as", "n", "tokens/s [min-max]", "vs base", "vs best unfused", "step ms", "peak GiB",
+            "A/B peak GiB", "MFU", "train loss", "val loss"] + [f"step A/B {k}" for k in short] + ["kept steps ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         label = (r["label"] + (" (base)" if r["label"] == base_label else "")
@@ -212,13 +222,16 @@ def format_table(rows: list[dict[str, Any]], kinds: list[str], base_label: str, 
             if r.get("tokens_lo") is not None
             else f"{r['tokens_per_sec']:,.0f}")
         cells = [label, ran, str(r["runs"]), tps, _ratio(r, "vs_base"), _ratio(r, "vs_best_unfused"),
-                 _fmt(r.get("step_ms"), ".1f"), _fmt(r.get("peak_memory_gib"), ".2f"), _fmt(r.get("mfu"), ".1%"),
+                 _fmt(r.get("step_ms"), ".1f"), _fmt(r.get("peak_memory_gib"), ".2f"),
+                 _fmt(r.get("ab_peak_memory_gib"), ".2f"), _fmt(r.get("mfu"), ".1%"),
                  _fmt(r.get("train_loss"), ".4f"), _fmt(r.get("val_loss"), ".4f")]
         for k, sk in zip(kinds, short):
             v = r.get(k)
             lo, hi = r.get(f"fused/step_speedup_lo/{sk}"), r.get(f"fused/step_speedup_hi/{sk}")
             over_rounds = f" [{lo:.3f}-{hi:.3f}]" if lo is not None and hi is not None else ""
             cells.append("-" if v is None else f"{v:.3f}x{over_rounds}")
+        kept = r.get("kept_step_ms")
+        cells.append("-" if kept is None else f"{kept:.3f}" + ("" if r.get("kept_agrees") else " (outside the A/B)"))
         lines.append("| " + " | ".join(cells) + " |")
     spread = sorted({r.get("tokens_spread_over", "") for r in rows} - {""})
     lines.append("")
@@ -226,7 +239,11 @@ def format_table(rows: list[dict[str, Any]], kinds: list[str], base_label: str, 
                  "over windows (one run) the run's second half as tokens / time (a stall counts), "
                  "with the slowest and fastest window; a ratio whose ranges overlap is within noise. "
                  "step A/B: the fused callback's interleaved step-time A/B inside the run "
-                 "(unfused step / step with that kind fused; median [min-max] over rounds).")
+                 "(unfused step / step with that kind fused; median [min-max] over rounds); kept steps ms: the "
+                 "steps after the A/B in the configuration it kept, timed alike (outside the A/B: not within the "
+                 "kept arm's min-max there). peak GiB: the kept configuration's steady state where the A/B ran "
+                 "(peak statistics reset after it), else the run's; A/B peak GiB: up to the A/B's end, its "
+                 "unfused arm included.")
     for n in notes or []:
         lines.append(f"- note: {n}")
     return "\n".join(lines)

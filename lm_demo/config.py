@@ -137,6 +137,8 @@ class FusedCallbackConfig:
     ab_warmup_rounds: int = doc(1, "uncounted rounds before those")
     ab_max_steps: int = doc(40, "training steps the comparison may use at most")
     ab_compiled: str = doc("per_arm", "under model.compile=true: per_arm (one compiled graph per variant) or skip")
+    ab_check_steps: int = doc(5, "steps after the comparison timed as the kept variant's own (does the verdict "
+                                 "hold for the run?)")
 
 
 @dataclass

@@ -151,6 +151,12 @@ def relabel_wandb(loggers: list, summary: dict[str, Any]) -> None:
             run.tags = [summary["tag"]]
             extra = {"fused/swapped_total": fused.get("swapped_total", 0),
                      "fused/ab_status": fused.get("ab_status", "-")}
+            # peak memory of the configuration the run kept (after the A/B) next to the A/B's own
+            extra.update({f"fused/peak_memory_gib/{k}": v for k, v in (fused.get("peak_memory_gib") or {}).items()
+                          if v is not None})
+            kept = fused.get("kept_steps") or {}
+            if kept.get("agrees") is not None:
+                extra.update({"fused/kept_step_ms": kept["median_ms"], "fused/kept_agrees_with_ab": kept["agrees"]})
             extra.update({f"fused/swapped/{k}": n for k, n in (fused.get("swapped") or {}).items()})
             run.summary.update(extra)
             run.config.update({"fused_effective": summary["fused_effective"], "run_tag_effective": summary["tag"],

@@ -166,3 +166,25 @@ def test_models_globals_switch_gives_each_arm_its_own_module_globals(monkeypatch
     assert (mod.rope, mod.other) == ("patched", "untouched")
     sw.enter(False)
     assert mod.rope == "original" and mod.added == "new"
+
+
+def test_models_compiled_routes_option(capsys):
+    """--compiled-routes sets the fused arm's compile routes (ops/compile_config.py) for the GPU run that decides
+    them; a wrong op or route is refused before anything runs."""
+    from benchmarks.models import compiled_routes
+
+    assert compiled_routes("") == {}
+    assert compiled_routes("rms_norm_variant=inductor,softmax=kernels") == {"rms_norm_variant": "inductor",
+                                                                           "softmax": "kernels"}
+    for bad in ("attention=inductor", "softmax=triton", "softmax"):
+        with pytest.raises(ValueError, match="expected op=kernels|inductor"):
+            compiled_routes(bad)
+    import argparse
+
+    from benchmarks import models
+
+    p = argparse.ArgumentParser()
+    models.add_arguments(p)
+    p.add_argument("--smoke", action="store_true")
+    assert models.run(p.parse_args(["--smoke", "--compiled-routes", "softmax=fast"])) == 2
+    assert "--compiled-routes: 'softmax=fast'" in capsys.readouterr().out

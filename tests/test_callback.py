@@ -273,7 +273,10 @@ def test_step_ab_interleaves_arms_logs_and_keeps_the_fastest(tmp_path):
     # every round runs each arm once, in an order rotated from round to round
     rounds = [[a for r, a in ab.schedule if r == i] for i in (-1, 0, 1)]
     assert all(sorted(r) == sorted(ab.arms) for r in rounds) and len({tuple(r) for r in rounds}) == 3
-    assert timer.seen == [frozenset(ab.arms[a]) for _, a in ab.schedule]  # each step ran its arm's classes
+    assert timer.seen[:12] == [frozenset(ab.arms[a]) for _, a in ab.schedule]  # each step ran its arm's classes
+    # the step after the A/B: the kept configuration's own, timed against the A/B's verdict for it
+    assert timer.seen[12:] == [frozenset({"layer_norm"})]
+    assert cb.kept.arm == "layer_norm" and cb.kept.step_ms == [8.0] and cb.kept.agrees and not cb.kept.loses
     res = ab.results
     assert res["unfused"].step_ms == [10.0, 10.0] and res["layer_norm"].step_ms == [8.0, 8.0]
     assert res["layer_norm"].speedup == pytest.approx(1.25) and res["softmax"].speedup == pytest.approx(10 / 15)
@@ -322,6 +325,100 @@ def test_step_ab_bounded_ended_early_and_compiled(tmp_path, monkeypatch):
     _trainer(tmp_path, [cb], steps=3).fit(model)
     assert cb.ab is None and cb.ab_status.startswith("not A/B-measured: the model runs under torch.compile")
     assert type(model.net.sm).__name__ == "FusedSoftmax"
+
+
+class FakeCompiledTimer(FakeStepTimer):
+    """FakeStepTimer under a fake torch.compile: the first step of each set of classes compiles a graph (its
+    'time' holds a 1000 ms compile), ``recompile_at`` (steps counted from the A/B's first) compiles once more,
+    and after the A/B the kept fused arm's own steps cost ``kept_ms``."""
+
+    def __init__(self, recompile_at: int, kept_ms: float | None = None) -> None:
+        super().__init__()
+        self.graphs = 0
+        self.compiled: set[frozenset] = set()
+        self.recompile_at, self.kept_ms, self.ab_steps = recompile_at, kept_ms, None
+
+    def start(self):
+        ms = super().start()
+        kinds = self.seen[-1]
+        n = len(self.seen) - 1
+        if kinds not in self.compiled or n == self.recompile_at:
+            self.compiled.add(kinds)
+            self.graphs += 1
+            ms += 1000.0
+        elif self.kept_ms is not None and self.ab_steps is not None and n >= self.ab_steps and kinds:
+            ms = self.kept_ms
+        return ms
+
+
+def _compiled_run(tmp_path, monkeypatch, kept_ms=None, peaks=None):
+    timer = FakeCompiledTimer(recompile_at=4 + 4 + 1, kept_ms=kept_ms)  # in measured round 1
+    model = LM()
+    timer.model = model
+    setup = [True]
+
+    def graphs():  # 0 at setup, then the run's compiled graphs (the model compiled before the A/B)
+        if setup[0]:
+            setup[0] = False
+            return 0
+        return 1 + timer.graphs
+
+    monkeypatch.setattr(fused_cb, "compiled_graphs", graphs)
+    monkeypatch.setattr(ledger_mod, "compiled_graphs", lambda: 1 + timer.graphs)
+    mem = {"peak": 3.0, "resets": 0}  # the A/B's unfused arm sets a 3 GiB peak; the fused steps after it 2 GiB
+    monkeypatch.setattr(fused_cb, "peak_memory_gib", lambda device: mem["peak"])
+
+    def reset(device):
+        mem["peak"], mem["resets"] = 2.0, mem["resets"] + 1
+
+    monkeypatch.setattr(fused_cb, "reset_peak_memory", reset)
+    cb = _cb(policy="faster", kinds={"softmax": True, "layer_norm": True}, warmup_steps=1, measure=False,
+             ab_rounds=3, ab_warmup_rounds=0, ab_max_steps=40, ab_check_steps=3, step_timer=timer)
+    timer.ab_steps = 16  # (1 forced warm-up + 3 rounds) x 4 arms
+    logger = CSVLogger(tmp_path, name="compiled")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, [cb], steps=1 + 16 + 3, logger=logger).fit(model)
+    return cb, model, mem, w, logger
+
+
+def test_step_ab_under_compile_excludes_compiles_and_checks_the_kept_steps(tmp_path, monkeypatch):
+    """Under torch.compile: a warm-up round even when 0 is asked (each arm compiles on its first step), a
+    measured round that holds a compile left out, compile time per arm and the A/B's steps reported; the kept
+    arm's own steps after the A/B timed against its A/B spread; peak memory of the A/B and of the kept steps
+    (reset in between) reported apart."""
+    cb, model, mem, w, logger = _compiled_run(tmp_path, monkeypatch)
+    ab = cb.ab
+    assert ab.warmup_rounds == 1 and ab.rounds == 3 and ab.steps_run == 16
+    assert ab.compile_rounds == [1]  # the recompile in round 1: that round is not a steady-state comparison
+    res = ab.results
+    assert res["unfused"].step_ms == [10.0, 10.0] and res["layer_norm"].step_ms == [8.0, 8.0]  # no 1000 ms compile
+    assert set(ab.compile_seconds) == {"unfused", "all", "layer_norm", "softmax"}  # one compile per arm
+    assert cb.kept_arm == "layer_norm" and "A/B-measured (compiled" in cb.ab_status
+    kept = cb.kept
+    assert kept.arm == "layer_norm" and kept.step_ms == [8.0, 8.0, 8.0] and kept.agrees and not kept.loses
+    assert kept.speedup == pytest.approx(1.25)
+    summary = cb.summary()
+    assert summary["ab_cost"]["steps"] == 16 and summary["ab_cost"]["rounds_left_out_for_compiling"] == [1]
+    assert summary["kept_steps"]["median_ms"] == 8.0 and summary["kept_steps"]["agrees"] is True
+    assert summary["peak_memory_gib"] == {"ab": 3.0, "kept": 2.0} and mem["resets"] == 1
+    assert not [x for x in w if "outside the A/B's spread" in str(x.message)]
+    logged = {k: float(v) for r in _metrics(logger) for k, v in r.items() if v not in ("", None)}
+    assert logged["fused/kept_step_ms"] == 8.0 and logged["fused/kept_agrees_with_ab"] == 1
+    assert logged["fused/ab_steps"] == 16 and logged["fused/peak_memory_gib/kept"] == 2.0
+    assert type(model.net.ln).__name__ == "FusedLayerNorm"
+
+
+def test_policy_faster_undoes_a_kept_arm_its_own_compiled_steps_show_slower(tmp_path, monkeypatch):
+    """The A/B says the fused LayerNorm wins (8 ms against 10); the run's own steps after it take 12 ms,
+    slower than every unfused step of the A/B: flagged, and policy=faster undoes it."""
+    cb, model, _, w, _ = _compiled_run(tmp_path, monkeypatch, kept_ms=12.0)
+    kept = cb.kept
+    assert kept.median_ms == 12.0 and not kept.agrees and kept.loses
+    assert any("outside the A/B's spread" in str(x.message) for x in w)
+    assert cb.kept_arm == "unfused" and type(model.net.ln) is nn.LayerNorm
+    assert cb.swapped_counts() == {"layer_norm": 0, "softmax": 0}
+    assert any(s.name == "net.ln" and "run's own steps ran 12.000 ms" in s.reason for s in cb.report.skipped)
 
 
 def test_no_kernels_warns_and_swaps_nothing(tmp_path, monkeypatch):
@@ -553,3 +650,32 @@ def test_recording_hooks_leave_no_graph_break_under_torch_compile():
     assert led.recompiled
     assert graphs_per_call() == 1
     torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_compiled_run_ab_verdict_holds_for_the_run_gpu(tmp_path):
+    """The demo GPT compiled (model.compile=true) on the GPU: every arm's compile is outside the timed rounds
+    and reported, the kept configuration's own steps land within the A/B's spread for it (5% slack for the
+    GPU's noise across 3 rounds), and the kept configuration's peak (read after the A/B) is no higher than
+    the A/B's, whose unfused arm holds the LM head's logits."""
+    from lm_demo.model import GPTLM
+
+    torch.manual_seed(0)
+    model = GPTLM(vocab_size=8192, seq_len=512, d_model=512, n_layer=4, n_head=8, compile=True)
+    data = torch.randint(0, 8192, (64 * 8, 513))
+    loader = DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=8)
+    cb = FusedLayersCallback(policy="always", measure=False, warmup_steps=3, ab_rounds=3, ab_warmup_rounds=1,
+                             ab_max_steps=40, ab_check_steps=8)
+    trainer = L.Trainer(max_steps=60, accelerator="gpu", devices=1, precision="bf16-mixed", callbacks=[cb],
+                        logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, default_root_dir=tmp_path)
+    trainer.fit(model, loader)
+    ab, kept = cb.ab, cb.kept
+    assert ab.compiled and ab.meaningful and set(ab.compile_seconds) == set(ab.arms)
+    assert kept is not None and kept.agrees is not None, cb.ab_status
+    arm = ab.results[kept.arm]
+    slack = 0.05 * arm.median_ms
+    assert min(arm.step_ms) - slack <= kept.median_ms <= max(arm.step_ms) + slack, (kept.summary(), ab.format())
+    peaks = cb.summary()["peak_memory_gib"]
+    assert peaks["kept"] is not None and peaks["kept"] <= peaks["ab"] + 1e-3, peaks

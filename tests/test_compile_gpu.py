@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,7 @@ from _tol import assert_norm_within_torch
 from torch import nn
 
 from fused_layers import FusedAttention, FusedLayerNorm, FusedRMSNorm, FusedSoftmax
+from fused_layers.ops import compile_config
 
 pytestmark = pytest.mark.gpu
 
@@ -84,9 +87,9 @@ def _step(model, x):
 def test_inductor_emits_our_kernels(monkeypatch):
     from torch._inductor.utils import run_and_get_code
 
-    from fused_layers.ops import layer_norm as ln_ops
-
-    monkeypatch.setattr(ln_ops, "_DEFER_TO_INDUCTOR", False)  # the default lets Inductor write the norms
+    # the default lets Inductor write the norms
+    monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(compile_config.COMPILED, layer_norm="kernels",
+                                                                         rms_norm="kernels"))
     torch._dynamo.reset()
     model = _Block().cuda().to(torch.bfloat16)
     x = torch.randn(2, 64, 128, device="cuda", dtype=torch.bfloat16)
@@ -105,9 +108,10 @@ def test_reduce_overhead_no_break_no_sync_no_recompile(monkeypatch, norms, d):
     the device probe's cache empty, as in a model compiled before any eager call (the probe once broke the graph
     there).  "kernels": Inductor emits the norm kernels too (as it always does for fused_rms_norm_variant)."""
     from fused_layers.ops import attention as attn_ops
-    from fused_layers.ops import layer_norm as ln_ops
 
-    monkeypatch.setattr(ln_ops, "_DEFER_TO_INDUCTOR", norms == "inductor")
+    route = "inductor" if norms == "inductor" else "kernels"
+    monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(compile_config.COMPILED, layer_norm=route,
+                                                                         rms_norm=route))
     monkeypatch.setattr(attn_ops, "_CUDNN_FASTER", {})
     import torch._dynamo.utils as dyn_utils
 
@@ -142,3 +146,82 @@ def test_reduce_overhead_no_break_no_sync_no_recompile(monkeypatch, norms, d):
     assert_norm_within_torch(out, out64, out_t, what="output")
     for n, p in model.named_parameters():
         assert_norm_within_torch(p.grad, g64[n], g_t[n], what=f"d{n}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Whole swapped models through Inductor: no graph break, no more graphs or recompiles than unswapped, through
+# an eval forward under no_grad first, then training, then eval again (the order of the run whose attention
+# frame hit Dynamo's recompile limit on grad_mode).  The sequence is tests/test_compile.py's compile_counts.
+# --------------------------------------------------------------------------------------------------
+def _gpu_hf(family):
+    import transformers as T
+
+    kw = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa")
+    if family == "gpt2":
+        m = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=512, n_embd=256, n_layer=3, n_head=4, n_positions=256,
+                                           attn_implementation="sdpa"))
+    else:
+        cfg, cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                    "gemma": ("GemmaConfig", "GemmaForCausalLM")}[family]
+        m = getattr(T, cls)(getattr(T, cfg)(**(dict(kw, head_dim=64) if family == "gemma" else kw)))
+    m.config.use_cache = False
+    ids = [torch.randint(0, 512, (2, 256), device="cuda") for _ in range(3)]
+    return m.cuda().to(torch.bfloat16), [{"input_ids": i, "labels": i} for i in ids], \
+        (lambda c, b: c(**b).loss.backward())
+
+
+def _gpu_encoder():
+    from test_compile import _Encoder
+
+    x = [{"x": torch.randn(2, 256, 128, device="cuda", dtype=torch.bfloat16),
+          "mask": nn.Transformer.generate_square_subsequent_mask(256, device="cuda", dtype=torch.bfloat16)}
+         for _ in range(3)]
+    return _Encoder().cuda().to(torch.bfloat16), x, (lambda c, b: c(**b).float().square().sum().backward())
+
+
+def _gpu_demo_gpt():
+    from lm_demo.model import GPT
+
+    m = GPT(vocab_size=512, seq_len=256, d_model=256, n_layer=3, n_head=4).cuda().to(torch.bfloat16)
+    b = [{"idx": torch.randint(0, 512, (2, 256), device="cuda"), "targets": torch.randint(0, 512, (2, 256),
+                                                                                           device="cuda")}
+         for _ in range(3)]
+    return m, b, (lambda c, bb: c(**bb).backward())
+
+
+def _gpu_vit():
+    timm = pytest.importorskip("timm")
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10).cuda().to(torch.bfloat16)
+    b = [{"x": torch.randn(2, 3, 224, 224, device="cuda", dtype=torch.bfloat16)} for _ in range(3)]
+    return m, b, (lambda c, bb: c(**bb).float().square().sum().backward())
+
+
+_MODELS = {"llama": lambda: _gpu_hf("llama"), "qwen2": lambda: _gpu_hf("qwen2"), "gpt2": lambda: _gpu_hf("gpt2"),
+           "gemma": lambda: _gpu_hf("gemma"), "encoder": _gpu_encoder, "demo_gpt": _gpu_demo_gpt, "vit": _gpu_vit}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"], ids=["default", "reduce-overhead"])
+@pytest.mark.parametrize("name", list(_MODELS))
+def test_swapped_models_compile_like_unswapped(name, mode):
+    from test_compile import assert_no_worse, compile_counts
+
+    from fused_layers import restore_modules, swap_modules
+    from fused_layers.ops import _cpp
+
+    if name in ("llama", "qwen2", "gpt2", "gemma"):
+        pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model, batches, step = _MODELS[name]()
+    plain = compile_counts(model, batches, step, backend="inductor", mode=mode)
+    report = swap_modules(model)
+    assert sum(report.counts().values()) > 0
+
+    def ext_built(i):  # eager calls elsewhere in the process (an A/B, an eval) start the C++ build
+        if i == 1:
+            _cpp.extension(wait=True)
+
+    fused = compile_counts(model, batches, step, backend="inductor", mode=mode, after=ext_built)
+    restore_modules(model)
+    assert_no_worse(fused, plain)

@@ -320,6 +320,52 @@ def test_soft_targets(dtype, reduction, device):
     _check(x, q, reduction=reduction, label_smoothing=0.2, weight=torch.rand(c, device=device, dtype=dtype))
 
 
+def _check_capped(x, t, cap, **kw):
+    """Loss and gradient of the soft-capped cross-entropy against float64: F.cross_entropy(cap * tanh(x / cap))."""
+    atol, rtol = TOL[x.dtype]
+    xr = x.detach().double().requires_grad_()
+    xf = x.detach().requires_grad_()
+    lr = F.cross_entropy(torch.tanh(xr / cap) * cap, t, **kw)
+    loss = fused_cross_entropy(xf, t, softcap=cap, **kw)
+    assert loss.dtype == x.dtype and loss.shape == lr.shape
+    torch.testing.assert_close(loss.double(), lr, atol=atol * 4, rtol=rtol, equal_nan=True)
+    go = torch.randn_like(lr)
+    loss.backward(go.to(loss.dtype))
+    lr.backward(go)
+    torch.testing.assert_close(xf.grad.double(), xr.grad, atol=atol, rtol=rtol, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("c,wide", [(33, False), (41, True)])  # the single block; the stream (16-column chunks)
+def test_softcap(c, wide, dtype, device):
+    """Soft-capped logits (Gemma 2's final_logit_softcapping): capped in the kernel, gradient w.r.t. the raw logits,
+    on both of the main kernel's forms; 16-bit rows wider than a block stream instead of taking the persistent kernel
+    (which does not cap).  Logits well past the cap (x 40 against cap 5), -inf and an ignored row."""
+    from fused_layers.ops import cross_entropy as ce
+
+    x = torch.randn(6, c, device=device, dtype=dtype) * 8
+    x[0, :4] *= 5
+    x[1, 2] = float("-inf")
+    t = torch.randint(0, c, (6,), device=device)
+    t[3] = -100
+    with config_override("cross_entropy", **(WIDE if wide else {})):
+        ce._PLANS.clear()
+        _check_capped(x, t, 5.0)
+        _check_capped(x, t, 30.0, reduction="none", label_smoothing=0.2)
+        plans = [p for p in ce._PLANS.values() if p.M == 6]
+        assert plans and all(p.persist is None and p.kernel.meta.get("SOFTCAP") for p in plans)
+
+
+def test_softcap_errors_and_fallback(device):
+    x = torch.randn(3, 7, device=device)
+    t = torch.randint(0, 7, (3,), device=device)
+    for bad, exc in ((0.0, ValueError), (-1.0, ValueError), (float("inf"), ValueError), ("5", TypeError)):
+        with pytest.raises(exc, match="argument 'softcap'"):
+            fused_cross_entropy(x, t, softcap=bad)
+    xd = x.double().requires_grad_()  # float64 runs PyTorch, capped the same way
+    torch.testing.assert_close(fused_cross_entropy(xd, t, softcap=2.0), F.cross_entropy(torch.tanh(xd / 2) * 2, t))
+
+
 def test_kernel_formula_matches_torch(device):
     """The A/B form of the docstring (cross_entropy_rows_reference) is F.cross_entropy, in float64."""
     c = 11
@@ -487,8 +533,8 @@ def test_opcheck(device):
     x = torch.randn(4, 9, device=device, requires_grad=True)
     t = torch.randint(0, 9, (4,), device=device)
     op = torch.ops.fused_layers.cross_entropy_fwd.default
-    for red in ("mean", "none"):
-        torch.library.opcheck(op, (x, t, None, -100, red, 0.1, True, torch.float32),
+    for red, cap in (("mean", 0.0), ("none", 4.0)):
+        torch.library.opcheck(op, (x, t, None, -100, red, 0.1, True, torch.float32, cap),
                               test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
@@ -750,6 +796,30 @@ def test_linear_cross_entropy_wide_row_kernels(v):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_linear_cross_entropy_softcap(reduction):
+    """The fused head with Gemma 2's final soft-capping, over 3 chunks, against float64 of the capped logits."""
+    from fused_layers import fused_linear_cross_entropy
+
+    hid = torch.randn(300, 24, dtype=torch.float64) * 2
+    w = torch.randn(37, 24, dtype=torch.float64)
+    t = torch.randint(0, 37, (300,))
+    t[::7] = -100
+    ref_leaves = [hid.clone().requires_grad_(), w.clone().requires_grad_()]
+    leaves = [hid.float().requires_grad_(), w.float().requires_grad_()]
+    lr = F.cross_entropy(torch.tanh(F.linear(*ref_leaves) / 3.0) * 3.0, t, reduction=reduction)
+    with config_override("linear_cross_entropy", chunk_bytes=20000):
+        loss = fused_linear_cross_entropy(*leaves, t, reduction=reduction, softcap=3.0)
+        go = torch.rand_like(lr)
+        loss.backward(go.float())
+    lr.backward(go)
+    torch.testing.assert_close(loss.double(), lr, atol=1e-5, rtol=1e-5)
+    for a, r in zip(leaves, ref_leaves):
+        torch.testing.assert_close(a.grad.double(), r.grad, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="argument 'softcap'"):
+        fused_linear_cross_entropy(*leaves, t, softcap=-3.0)
+
+
 def test_linear_cross_entropy_scaling_and_layouts():
     _check_linear(40, 16, 33, go=torch.tensor(1.0, dtype=torch.float64))
     _check_linear(40, 16, 33, go=torch.tensor(0.5, dtype=torch.float64), bias=False)
@@ -876,6 +946,33 @@ def test_gpu_linear_cross_entropy(v, smoothing):
     assert_within_torch(loss, ref64, ref, what="loss")
     for name, a, b, c in zip(("dhidden", "dweight"), g, r, r64):
         assert_within_torch(a, c, b, what=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("v", [32000, 256000])
+def test_gpu_softcap(v):
+    """Gemma 2's soft-capped head (cap 30) at production vocabularies: the fused head under bf16 autocast over several
+    chunks, and the loss on bf16 logits (the stream: soft-capped rows never take the persistent kernel), against the
+    capped float32 logits."""
+    from fused_layers import fused_linear_cross_entropy
+
+    n, h = 2048, 256
+    hid = torch.randn(n, h, device="cuda", requires_grad=True)
+    w = (torch.randn(v, h, device="cuda") * 0.5).requires_grad_()  # logits well past the cap
+    t = torch.randint(0, v, (n,), device="cuda")
+    t[::9] = -100
+    with config_override("linear_cross_entropy", chunk_bytes=64 * 2**20):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fused_linear_cross_entropy(hid, w, t, softcap=30.0)
+            logits = F.linear(hid, w)
+        ref = F.cross_entropy(torch.tanh(logits.float() / 30.0) * 30.0, t)
+        g = torch.autograd.grad(loss, (hid, w))
+        r = torch.autograd.grad(ref, (hid, w))
+    torch.testing.assert_close(loss, ref, atol=1e-2, rtol=1e-2)
+    for a, b in zip(g, r):
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=5e-2)
+    x = logits.detach()[:512].requires_grad_()
+    _check_capped(x, t[:512], 30.0)
 
 
 def test_ledger_times_a_loss_module_call():

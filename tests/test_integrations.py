@@ -452,15 +452,15 @@ class _Mod(nn.Module):
 
 
 def _active(module):
-    """Run the registered function as the fused subclass's forward would (module marked active)."""
-    from fused_layers.integrations import _hf
+    """Run the registered function as it runs for a swapped module (the module's class a fused subclass)."""
+    cls = module.__class__
 
     class _Ctx:
         def __enter__(self):
-            _hf._ACTIVE.append(module)
+            module.__class__ = type(f"Fused{cls.__name__}", (cls,), {"_fused_layers_lookalike": "hf_attention"})
 
         def __exit__(self, *a):
-            _hf._ACTIVE.pop()
+            module.__class__ = cls
 
     return _Ctx()
 
@@ -512,7 +512,8 @@ def test_hf_attention_unsupported_falls_back_once(spy):
     mod = _Mod()
     general = torch.rand(1, 1, 6, 6) > 0.5  # neither padding nor causal + padding
     general[..., 0] = True
-    for mask, kw in [(None, dict(sliding_window=3)), (None, dict(softcap=30.0)), (general, dict())]:
+    # (a module outside a transformers model file has no eager_attention_forward of its own: SDPA runs)
+    for mask, kw in [(general, dict(sliding_window=3)), (general, dict(softcap=30.0)), (general, dict())]:
         spy.clear()
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
@@ -524,6 +525,198 @@ def test_hf_attention_unsupported_falls_back_once(spy):
                 out, _ = fused_attention_forward(mod, q, k, v, mask, **kw)
         assert not spy
         torch.testing.assert_close(out, sdpa_attention_forward(mod, q, k, v, mask, **kw)[0])
+
+
+def _tiny_gemma2(**over):
+    kw = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=4,
+              attn_logit_softcapping=50.0, attn_implementation="eager")
+    kw.update(over)
+    return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**kw))
+
+
+@pytest.fixture
+def eager_calls(monkeypatch):
+    """Counts the calls of Gemma 2's own ``eager_attention_forward`` (the model's configured implementation)."""
+    mod = importlib.import_module("transformers.models.gemma2.modeling_gemma2")
+    calls = []
+    real = mod.eager_attention_forward
+
+    def wrapped(*a, **k):
+        calls.append(k)
+        return real(*a, **k)
+
+    monkeypatch.setattr(mod, "eager_attention_forward", wrapped)
+    return calls
+
+
+@needs_hf
+def test_hf_fallback_runs_the_models_own_implementation(eager_calls, monkeypatch):
+    """A call ours cannot take (here: a mask that is neither padding nor causal + padding, built by the model
+    from a 4-D mask the caller passes) runs the implementation the model had before the switch ("eager" for
+    Gemma 2), never SDPA: the outputs and every gradient equal the unswapped model's."""
+    import copy
+
+    from fused_layers.ops import _common
+
+    monkeypatch.setattr(_common, "_warned", set())  # the warning is once per process
+    ref = _tiny_gemma2()
+    m = copy.deepcopy(ref)
+    assert swap_modules(m).counts()["attention"] == 2 and m.config._attn_implementation == "fused_layers"
+    ids = torch.randint(0, 48, (2, 10))
+    keep = torch.rand(2, 1, 10, 10) > 0.3
+    keep |= torch.eye(10, dtype=torch.bool)
+    mask = torch.zeros(2, 1, 10, 10).masked_fill(~keep, torch.finfo(torch.float32).min)
+    a = _step(ref, ids, mask)
+    eager_calls.clear()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        b = _step(m, ids, mask)
+    assert len(eager_calls) == 2  # both layers ran the model's own eager attention
+    _compare_steps(a, b, tol=1e-5)
+    assert any("model's own attention implementation ('eager')" in str(x.message) for x in w)
+    restore_modules(m)
+    assert m.config._attn_implementation == "eager"
+
+
+def _tiny_windowed(family):
+    """Tiny models whose attention takes ``sliding_window`` (4, below the test's 10 tokens) / ``softcap``: Mistral
+    (every layer windowed), Qwen2 with use_sliding_window (layer 1 of 2), Gemma 2 (soft-capping, layer 0 local)."""
+    base = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, sliding_window=4, attn_implementation="eager")
+    if family == "gemma2":
+        return _tiny_gemma2()
+    if family == "mistral":
+        return transformers.MistralForCausalLM(transformers.MistralConfig(**base))
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**base, use_sliding_window=True,
+                                                                  max_window_layers=1))
+
+
+@needs_hf
+@pytest.mark.parametrize("family,padded", [("mistral", True), ("qwen2", False), ("gemma2", True)])
+def test_hf_sliding_window_and_softcap_run_fused(family, padded, spy, monkeypatch):
+    """Sliding windows and soft-capping run in our kernels (no fallback warning): the swapped model's loss, the
+    logits of real tokens and every parameter gradient equal the unswapped eager model's, without padding or
+    with left padding (padded positions feed no label: their rows are fully masked, where eager averages)."""
+    import copy
+
+    from fused_layers.ops import _common
+
+    monkeypatch.setattr(_common, "_warned", set())
+    ref = _tiny_windowed(family)
+    m = copy.deepcopy(ref)
+    assert swap_modules(m).counts()["attention"] == 2
+    ids = torch.randint(0, 48, (2, 10))
+    pad = torch.ones(2, 10, dtype=torch.long)
+    pad[1, :3] = 0
+    labels = ids.clone()
+    labels[1, :4] = -100  # (shifted: the label at 3 is read from the logits at 2, a padded position)
+    windows = [getattr(layer.self_attn, "sliding_window", None) or getattr(ref.config, "sliding_window", None)
+               for layer in ref.model.layers]
+    if family == "qwen2":
+        windows = [None, 4]
+    elif family == "gemma2":
+        windows = [4, None]
+    for mask in [pad] if padded else [None]:
+        out = []
+        spy.clear()
+        for model in (ref, m):
+            model.zero_grad(set_to_none=True)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                o = model(input_ids=ids, attention_mask=mask, labels=labels)
+                o.loss.backward()
+            out.append((o.loss.detach(), o.logits.detach() if o.logits is not None else None,
+                        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        assert not [x for x in w if "is not fused" in str(x.message)], [str(x.message) for x in w]
+        assert [c.get("window") for c in spy] == windows, spy
+        assert all(c.get("softcap") == (50.0 if family == "gemma2" else None) for c in spy)
+        (la, oa, ga), (lb, ob, gb) = out
+        torch.testing.assert_close(lb, la, atol=1e-5, rtol=1e-5)
+        if oa is not None and ob is not None:
+            live = pad.bool() if mask is not None else torch.ones_like(pad, dtype=torch.bool)
+            torch.testing.assert_close(ob[live], oa[live], atol=1e-5, rtol=1e-5)
+        assert ga.keys() == gb.keys()
+        for n in ga:
+            torch.testing.assert_close(gb[n], ga[n], atol=1e-5, rtol=1e-5, msg=n)
+
+
+@needs_hf
+def test_hf_window_mask_decomposition():
+    from fused_layers.integrations._hf import decompose_window_mask
+
+    S, w = 9, 3
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    band = (j <= i) & (j > i - w)
+    keep = torch.ones(2, S, dtype=torch.bool)
+    keep[1, :2] = False
+    m = band[None, None] & keep[:, None, None, :]
+    (kmask,) = decompose_window_mask(m, S, S, w)
+    assert torch.equal(kmask[:, 0, 0], keep)
+    assert decompose_window_mask(band[None, None].expand(2, 1, S, S), S, S, w) == (None,)  # no padding
+    additive = torch.zeros(2, 1, S, S).masked_fill(~m, torch.finfo(torch.float32).min)
+    (kb,) = decompose_window_mask(additive, S, S, w)
+    assert torch.equal(kb[:, 0, 0] == 0, keep) and torch.isinf(kb[1, 0, 0, :2]).all()
+    assert decompose_window_mask(m, S, S, w + 1) is None  # another window
+    assert decompose_window_mask(torch.ones(1, 1, S, S, dtype=torch.bool).tril(), S, S, w) is None
+
+
+@needs_hf
+@pytest.mark.parametrize("family,marks", [("llama", "flash_kwargs"), ("qwen2", "position_ids")])
+def test_hf_packed_batch_equals_sequences_alone(family, marks, monkeypatch):
+    """Three sequences packed into one row (DataCollatorWithFlattening): with its flash-attention kwargs
+    (cu_seq_lens_q/k, max_length_q/k; the model builds no mask), or with position_ids alone (use_cache=False: the
+    model builds the block-diagonal mask), the swapped model runs the varlen kernel once per layer, and each
+    sequence's logits and every parameter gradient (a random cotangent on the logits) equal the sequences run
+    alone.  Qwen2 with a sliding window of 3 on layer 1: the window applies per sequence."""
+    import copy
+
+    calls = []
+    real = attn_ops.fused_attention_varlen
+    monkeypatch.setattr(attn_ops, "fused_attention_varlen", lambda *a, **k: calls.append(k) or real(*a, **k))
+    over = dict(use_sliding_window=True, sliding_window=3, max_window_layers=1) if family == "qwen2" else {}
+    ref = _tiny_llama(family, **over)
+    m = copy.deepcopy(ref)
+    swap_modules(m)
+    seqs = [[1, 2, 3, 4, 5, 9, 10], [6, 7, 8], [11, 12, 13, 14, 15]]
+    batch = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": s} for s in seqs])
+    batch.pop("labels")
+    if marks == "position_ids":
+        batch = dict(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+    cot = torch.randn(1, sum(map(len, seqs)), 48)
+    m.zero_grad(set_to_none=True)
+    out = m(**batch).logits
+    out.backward(cot)
+    got = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    assert len(calls) == 2 and [c.get("window") for c in calls] == ([None, 3] if family == "qwen2" else [None] * 2)
+    ref.zero_grad(set_to_none=True)
+    start = 0
+    for s in seqs:
+        alone = ref(input_ids=torch.tensor([s])).logits
+        alone.backward(cot[:, start:start + len(s)])
+        torch.testing.assert_close(out[:, start:start + len(s)].detach(), alone.detach(), atol=1e-5, rtol=1e-5)
+        start += len(s)
+    for n, p in ref.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(got[n], p.grad, atol=1e-5, rtol=1e-5, msg=n)
+
+
+@needs_hf
+def test_hf_packing_detection():
+    from fused_layers.integrations._hf import _packed
+
+    q = torch.zeros(1, 2, 6, 4)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2]])
+    cu, cu_k, mq, mk = _packed(q, q, None, None, {"position_ids": pos})
+    assert cu.tolist() == [0, 3, 6] and cu_k is cu and mq == mk == 3
+    assert _packed(q, q, None, None, {"position_ids": torch.arange(6)[None]}) is None  # one sequence
+    assert _packed(q.expand(2, -1, -1, -1), q, None, None, {"position_ids": pos}) is None  # not one row
+    seq = torch.tensor([0, 0, 0, 1, 1, 1])
+    block = ((seq[:, None] == seq[None, :]) & torch.ones(6, 6, dtype=torch.bool).tril())[None, None]
+    assert _packed(q, q, block, None, {"position_ids": pos}) is not None
+    assert _packed(q, q, torch.ones(1, 1, 6, 6, dtype=torch.bool).tril(), None, {"position_ids": pos}) is None
+    kw = dict(cu_seq_lens_q=torch.tensor([0, 2, 6], dtype=torch.int32), cu_seq_lens_k=torch.tensor([0, 2, 6]))
+    assert _packed(q, q, None, None, kw)[2:] == (4, 4)  # lengths from the offsets when max_length_* is absent
 
 
 @needs_hf
@@ -741,13 +934,33 @@ def test_hf_causal_lm_loss_matches_transformers(family, device):
 @needs_hf
 def test_hf_lm_head_fusion_only_where_the_forward_allows():
     """The fused linear path needs a forward whose logits go straight from lm_head to the loss and the
-    output (read from its syntax tree); post-processed logits (soft-capping, scaling) keep the loss-only swap."""
-    from fused_layers.integrations._hf import _lm_head_feeds_only_the_loss as why
+    output (read from its syntax tree), or through exactly Gemma 2's final soft-capping (which the fused loss
+    computes); otherwise post-processed logits (scaling) keep the loss-only swap."""
+    from fused_layers.integrations._hf import _lm_head_plan
+
+    def why(cls):
+        return _lm_head_plan(cls)[0]
 
     for name in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "GPT2LMHeadModel", "OPTForCausalLM"):
-        assert why(getattr(transformers, name)) is None, name
-    for name in ("Gemma2ForCausalLM", "CohereForCausalLM"):
-        assert why(getattr(transformers, name)) is not None, name
+        assert _lm_head_plan(getattr(transformers, name)) == (None, None), name
+    for name in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+        assert _lm_head_plan(getattr(transformers, name)) == (None, "final_logit_softcapping"), name
+    assert why(transformers.CohereForCausalLM) is not None
+    cohere = transformers.CohereForCausalLM(transformers.CohereConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2))
+    rep = swap_modules(cohere, kinds=["cross_entropy"])
+    assert "LM head not fused, loss only: its forward" in str(rep), str(rep)
+
+    class Capped(transformers.LlamaForCausalLM):  # soft-capping by another recipe: refused
+        def forward(self, input_ids=None, labels=None, **kwargs):
+            h = self.model(input_ids=input_ids).last_hidden_state
+            logits = self.lm_head(h)
+            if self.config.final_logit_softcapping is not None:
+                logits = torch.tanh(logits / self.config.final_logit_softcapping)
+            return self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
+
+    assert "assigns logits 2 times" in why(Capped)
 
     class Scaled(transformers.LlamaForCausalLM):  # a model that rescales its logits
         def forward(self, input_ids=None, labels=None, **kwargs):
@@ -757,6 +970,33 @@ def test_hf_lm_head_fusion_only_where_the_forward_allows():
             return self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
 
     assert "assigns logits 2 times" in why(Scaled)
+
+
+@needs_hf
+def test_gemma2_soft_capped_head_is_fused():
+    """Gemma 2 (final_logit_softcapping): the LM head + loss run as the fused linear cross-entropy with the cap in
+    its kernel, loss and every gradient as the model's own forward computes them; the config is left as it was."""
+    import copy
+
+    from fused_layers.integrations import _hf
+
+    cfg = transformers.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                    max_position_embeddings=32, final_logit_softcapping=2.0,
+                                    attn_implementation="eager")
+    ref = transformers.Gemma2ForCausalLM(cfg).train()
+    m = copy.deepcopy(ref)
+    rep = swap_modules(m, kinds=["cross_entropy"])
+    assert rep.counts() == {"cross_entropy": 1} and m._fused_linear_refused is None, str(rep)
+    ids = torch.randint(0, 64, (2, 10))
+    a, b = _step(ref, ids), _step(m, ids)
+    assert a[1] is not None and b[1] is None  # the fused head ran: no (tokens, vocab) logits
+    assert m.config.final_logit_softcapping == 2.0
+    _compare_steps(a, b, tol=1e-5)
+    m.config.final_logit_softcapping = None  # a changed cap is read at the call
+    ref.config.final_logit_softcapping = None
+    _compare_steps(_step(ref, ids), _step(m, ids), tol=1e-5)
+    assert _hf.HF_SKIP_LOGITS
 
 
 @needs_hf
@@ -777,10 +1017,43 @@ def test_gpt2_tied_head_linear_loss_matches():
         outs.append((out.loss.detach(), None, {n: p.grad.clone() for n, p in model.named_parameters()}))
     _compare_steps(*outs, tol=1e-5)
     seen = []
-    handle = m.lm_head.register_forward_pre_hook(lambda mod, args: seen.append(1))  # as FSDP's unshard hook
+    pre = m.lm_head.register_forward_pre_hook(lambda mod, args: seen.append("pre"))  # as FSDP's unshard hook
+    post = m.lm_head.register_forward_hook(lambda mod, args, out: seen.append("post"))  # as FSDP's reshard hook
     out = m(input_ids=ids, labels=ids)
-    handle.remove()
-    assert seen and out.logits is not None  # a hooked head is called: transformers' path, the loss alone fused
+    pre.remove()
+    post.remove()
+    # a hooked head is called, and the fused head + loss runs inside that call
+    assert seen == ["pre", "post"] and out.logits is None
+    torch.testing.assert_close(out.loss, outs[0][0], atol=1e-5, rtol=1e-5)
+
+
+@needs_hf
+def test_hf_adapter_on_lm_head_keeps_its_forward():
+    """A head with a forward of its own (a LoRA-style adapter) must run: the fused head steps aside with one warning
+    naming why, the loss alone is fused, and the adapter trains (its gradient as unswapped)."""
+    import copy
+
+    class LoraHead(nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+            self.a = nn.Linear(base.in_features, 4, bias=False)
+            self.b = nn.Linear(4, base.out_features, bias=False)
+            nn.init.normal_(self.b.weight)
+
+        def forward(self, x):
+            return self.base(x) + self.b(self.a(x))
+
+    ref = _tiny_llama().train()
+    ref.lm_head = LoraHead(ref.lm_head)
+    m = copy.deepcopy(ref)
+    swap_modules(m, kinds=["cross_entropy"])
+    ids = torch.randint(0, 48, (2, 9))
+    with pytest.warns(UserWarning, match="LM head \\+ loss are not fused .*forward of its own"):
+        b = _step(m, ids)
+    a = _step(ref, ids)
+    assert b[1] is not None and "lm_head.b.weight" in b[2]
+    _compare_steps(a, b, tol=1e-5)
 
 
 @needs_hf

@@ -311,3 +311,23 @@ def test_measure_pair_attention_metric_is_tflops():
     r = measure_pair(lambda *a, **k: Attention.forward(m["att"], *a, **k), m["att"], (q, q, q), {"is_causal": True},
                      kind="attention")
     assert r.metric == "TFLOP/s" and r.max_err < 1e-4 and r.achieved > 0
+
+
+def test_wrapper_made_classes_keep_their_wrapper():
+    """A class a wrapper made by subclassing (FSDP2's ``FSDP<Cls>(FSDPModule, Cls)``) is swapped and restored on its
+    base, and keeps the wrapper: FSDPLayerNorm -> FSDPFusedLayerNorm -> FSDPLayerNorm, the wrapper's methods there."""
+    from fused_layers import FusedLayerNorm
+
+    FSDPModule = type("FSDPModule", (), {"__module__": "torch.distributed.fsdp.test", "unshard": lambda self: "ok"})
+    wrapped = type("FSDPLayerNorm", (FSDPModule, nn.LayerNorm), {"__deepcopy__": None})
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8))
+    model[1].__class__ = wrapped
+    rep = swap_modules(model)
+    cls = type(model[1])
+    assert rep.counts()["layer_norm"] == 1 and cls.__bases__ == (FSDPModule, FusedLayerNorm)
+    assert cls.__name__ == "FSDPFusedLayerNorm" and "__deepcopy__" in cls.__dict__ and model[1].unshard() == "ok"
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(model(x), nn.functional.layer_norm(model[0](x), (8,), model[1].weight, model[1].bias))
+    restore_modules(model)
+    assert type(model[1]) is wrapped  # the wrapper's own class again (its class cache)
+    assert swap_modules(model).counts()["layer_norm"] == 1 and type(model[1]) is cls

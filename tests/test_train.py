@@ -384,6 +384,50 @@ def test_comparison_medians_spreads_noise_and_best_unfused(tmp_path):
     assert "no compiled unfused SDPA baseline" in md and "no unfused SDPA baseline" not in md
 
 
+def test_comparison_and_wandb_report_the_kept_configurations_peak_and_steps(tmp_path):
+    """The A/B's unfused arm sets a fused run's overall peak: comparison.md and the W&B summary show the kept
+    configuration's steady-state peak (read after the A/B) as the run's, the A/B's beside it, and the kept
+    steps' time against the A/B's verdict."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    from lm_demo.summary import relabel_wandb
+
+    fl = {"swapped": {"layer_norm": 9}, "swapped_total": 9, "ab_status": "A/B-measured (compiled, one graph per arm)",
+          "peak_memory_gib": {"ab": 3.0, "kept": 2.0},
+          "kept_steps": {"arm": "all", "median_ms": 42.4, "agrees": False, "speedup": 0.93}}
+    for i, (fused, over) in enumerate([(False, "fused=false"), (True, "fused=true")]):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "summary.json").write_text(json.dumps({
+            "fused": fused, "overrides": [over], "fused_layers": fl if fused else None,
+            "metrics": {"train/loss": 2.0, "peak_memory_gib": 3.0, "train/device/items_per_sec": 1000.0}}))
+    rows = {r["label"]: r for r in compare(tmp_path, plot=False, echo=False)["rows"]}
+    assert rows["fused=true"]["peak_memory_gib"] == 2.0 and rows["fused=true"]["ab_peak_memory_gib"] == 3.0
+    assert rows["fused=false"]["peak_memory_gib"] == 3.0 and rows["fused=false"]["ab_peak_memory_gib"] is None
+    assert rows["fused=true"]["kept_step_ms"] == 42.4 and rows["fused=true"]["kept_agrees"] is False
+    md = (tmp_path / "comparison.md").read_text()
+    assert "A/B peak GiB" in md and "| 2.00 | 3.00 |" in md and "42.400 (outside the A/B)" in md
+
+    class Run:
+        def __init__(self):
+            self.summary, self.config, self.tags = {}, self, []
+
+        def update(self, d, allow_val_change=False):
+            self.summary.update(d)
+
+    class FakeWandb(WandbLogger):
+        def __init__(self):
+            self.run = Run()
+
+        @property
+        def experiment(self):
+            return self.run
+
+    lg = FakeWandb()
+    relabel_wandb([lg], {"tag": "fused", "fused_effective": True, "fused_layers": fl})
+    assert lg.run.summary["fused/peak_memory_gib/kept"] == 2.0 and lg.run.summary["fused/peak_memory_gib/ab"] == 3.0
+    assert lg.run.summary["fused/kept_step_ms"] == 42.4 and lg.run.summary["fused/kept_agrees_with_ab"] is False
+
+
 def test_comparison_single_run_counts_a_stall(tmp_path):
     """One run: tokens/s is tokens / time over the second half's windows (their harmonic mean), so a window
     at half speed lowers it as much as it cost; a median of the windows would hide it."""

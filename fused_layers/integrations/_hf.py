@@ -20,15 +20,25 @@ masks a model builds are exactly those ``sdpa`` gets: ``None`` for causal withou
 boolean mask).  ``swap_modules`` gives each attention module that calls ``ALL_ATTENTION_FUNCTIONS`` a
 fused subclass and switches the model to "fused_layers" with the model's own
 ``set_attn_implementation``; ``restore_modules`` switches back to what it was when the last one is
-restored.  The registered function runs our kernels for modules of a fused subclass (inside their
-forward) and SDPA for any other module, so a model whose layers are partly restored (``policy=faster``)
-is right everywhere.
+restored.  The registered function runs our kernels for modules of a fused subclass (a check on the
+module's type, nothing for Dynamo to guard beyond it) and the model's own implementation for any other
+module, so a model whose layers are partly restored (``policy=faster``) is right everywhere.
 
-What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding
-mask, or causal (Sq == Sk) AND a key-padding mask (decomposed once per mask tensor, the model passes the
-same tensor to every layer); GQA through ``num_key_value_groups`` (the kernels' native GQA, K/V not
-repeated); ``scaling``; attention dropout in training.  Anything else -- sliding windows, soft-capping,
-attention sinks, position biases, other masks, ``output_attentions`` -- runs SDPA after one warning.
+What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding mask, or
+causal (Sq == Sk) AND a key-padding mask, or causal AND the layer's ``sliding_window`` AND a key-padding mask
+(decomposed once per mask tensor and window, the model passes the same tensor to every layer of a kind; under
+torch.compile a mask tensor runs the model's own implementation, since telling which mask it is means reading its
+values, a graph break in every layer): the window goes to the kernels, which skip the key tiles outside it;
+``softcap`` (Gemma 2's logit soft-capping) in the kernels; GQA through ``num_key_value_groups`` (the kernels'
+native GQA, K/V not repeated); ``scaling``; attention dropout in training. Packed, padding-free batches (several
+sequences in one row, as ``DataCollatorWithFlattening`` builds them) run the varlen kernel, so no attention crosses
+a sequence boundary: marked by the ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (+ ``max_length_q`` / ``max_length_k``)
+kwargs, read as flash-attention reads them, or by ``position_ids`` that restart, with no mask or the block-diagonal
+one transformers builds from them (transformers' sdpa and eager paths see the packing only in the latter case).
+Anything else -- attention sinks, position biases, other masks, ``output_attentions`` -- runs, after one warning,
+the attention implementation the model was configured with before the switch (``own_attention``: "eager" gets the
+additive mask transformers' ``eager_mask`` would have built), so it computes exactly what the unswapped model
+computes; SDPA, for one, has no soft-capping.
 Where the project's attention modules call SDPA because cuDNN is measured faster (``prefer_sdpa``: dense,
 no mask, MHA, head dim 64/128 on Hopper), so does this function.
 A query row whose keys are all masked (a padded query under causal + left padding) gives 0, as SDPA
@@ -38,6 +48,7 @@ all keys there instead (a row no loss reads).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
@@ -47,7 +58,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..ops._common import use_fallback, warn_once
+from ..ops import compile_config
+from ..ops._common import is_compiling, use_fallback, warn_once
 from ..ops.norm_variants import fused_rms_norm_variant, variant_supported
 from . import REGISTRY, LookAlike
 
@@ -174,9 +186,6 @@ REGISTRY.extend([
 # --------------------------------------------------------------------------------------------------
 # Attention
 # --------------------------------------------------------------------------------------------------
-_ACTIVE: list[nn.Module] = []  # the fused HF attention modules whose forward is running (innermost last)
-
-
 def _is_hf_attention(cls: type) -> bool:
     if not cls.__module__.startswith("transformers.models."):
         return False
@@ -197,14 +206,9 @@ def _attention_check(m: nn.Module) -> Optional[str]:
 
 
 def _build_attention(cls: type) -> dict:
-    source_forward = cls.forward
-
-    def forward(self, *args: Any, **kwargs: Any):
-        _ACTIVE.append(self)
-        try:
-            return source_forward(self, *args, **kwargs)
-        finally:
-            _ACTIVE.pop()
+    """The fused subclass keeps its source's forward: the registered attention function fuses the calls whose
+    module is of a fused class (``_fused_module``), a check on the module's type alone, so nothing mutable
+    (a stack of running modules) is read or written while Dynamo traces."""
 
     def _fused_ledger_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """For the speedup ledger, which replays recorded calls: no KV cache (a stateful object that each
@@ -216,7 +220,7 @@ def _build_attention(cls: type) -> dict:
             kwargs["use_cache"] = False
         return tuple(None if base and isinstance(a, base) else a for a in args), kwargs
 
-    return {"forward": forward, "_fused_ledger_inputs": staticmethod(_fused_ledger_inputs)}
+    return {"_fused_ledger_inputs": staticmethod(_fused_ledger_inputs)}
 
 
 REGISTRY.append(
@@ -289,40 +293,97 @@ def fused_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size:
 
     def rows_loss(x: torch.Tensor, t: torch.Tensor, reduction: str) -> torch.Tensor:
         validate(x, t, None, ignore_index, reduction, 0.0)
-        if x.dtype == torch.float64 or use_fallback("cross_entropy", x):
+        if (x.dtype == torch.float64 or use_fallback("cross_entropy", x)
+                or (is_compiling() and compile_config.COMPILED.cross_entropy == "inductor")):
             return nn.functional.cross_entropy(x.float(), t, ignore_index=ignore_index, reduction=reduction)
         need_grad = x.requires_grad and torch.is_grad_enabled()
-        return cross_entropy_op(x, t, None, ignore_index, reduction, 0.0, need_grad, torch.float32,
+        return cross_entropy_op(x, t, None, ignore_index, reduction, 0.0, need_grad, torch.float32, 0.0,
                                 needs_grad=need_grad)
 
     return _causal_lm_loss(logits, vocab_size, labels, num_items_in_batch, ignore_index, shift_labels, rows_loss)
 
 
-def _lm_head_feeds_only_the_loss(cls: type) -> Optional[str]:
-    """Why ``cls.forward`` may not run the LM head + loss as one fused linear cross-entropy (None: it may).
+def _softcap_block(node, parents) -> Optional[str]:
+    """The config attribute ``X`` if ``node`` is exactly Gemma 2's final soft-capping of the logits::
+
+        if self.config.X is not None:
+            logits = logits / self.config.X
+            logits = torch.tanh(logits)
+            logits = logits * self.config.X
+    """
+    import ast
+
+    def cfg_attr(e) -> Optional[str]:  # self.config.X -> "X"
+        if (isinstance(e, ast.Attribute) and isinstance(e.value, ast.Attribute) and e.value.attr == "config"
+                and isinstance(e.value.value, ast.Name) and e.value.value.id == "self"):
+            return e.attr
+        return None
+
+    def is_logits(e) -> bool:
+        return isinstance(e, ast.Name) and e.id == "logits"
+
+    test = getattr(node, "test", None)
+    if not (isinstance(node, ast.If) and not node.orelse and isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.IsNot) and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None and len(node.body) == 3):
+        return None
+    attr = cfg_attr(test.left)
+    if attr is None:
+        return None
+    div, tanh, mul = node.body
+    ok = all(isinstance(a, ast.Assign) and len(a.targets) == 1 and is_logits(a.targets[0]) for a in node.body)
+    ok = ok and isinstance(div.value, ast.BinOp) and isinstance(div.value.op, ast.Div) and is_logits(div.value.left) \
+        and cfg_attr(div.value.right) == attr
+    ok = ok and isinstance(tanh.value, ast.Call) and len(tanh.value.args) == 1 and is_logits(tanh.value.args[0]) \
+        and isinstance(tanh.value.func, ast.Attribute) and tanh.value.func.attr == "tanh" and not tanh.value.keywords
+    ok = ok and isinstance(mul.value, ast.BinOp) and isinstance(mul.value.op, ast.Mult) and is_logits(mul.value.left) \
+        and cfg_attr(mul.value.right) == attr
+    return attr if ok else None
+
+
+def _lm_head_plan(cls: type) -> tuple[Optional[str], Optional[str]]:
+    """Whether ``cls.forward`` may run the LM head + loss as one fused linear cross-entropy: ``(why not, softcap)``
+    (``why not`` None: it may; ``softcap`` the config attribute of its final logit soft-capping, or None).
 
     Checked on the forward's syntax tree, so any transformers version or model copy qualifies by what it
-    does: ``logits`` is assigned once, from ``self.lm_head(...)`` (optionally ``.contiguous()``), and is
-    otherwise only passed on: as ``logits=logits`` (to ``self.loss_function`` and the output), as the first
-    arguments of ``self.loss_function``, or returned in a tuple.  A forward that
-    rescales or soft-caps the logits (Gemma 2's ``final_logit_softcapping``, Cohere's ``logit_scale``)
-    assigns ``logits`` again or uses it in arithmetic and is refused."""
+    does: ``logits`` is assigned once, from ``self.lm_head(...)`` (optionally ``.contiguous()``), optionally
+    soft-capped by exactly Gemma 2's block (``_softcap_block``: the fused loss caps inside its kernel, and the
+    attribute is read nowhere else in the model's module), and is otherwise only passed on: as
+    ``logits=logits`` (to ``self.loss_function`` and the output), as the first arguments of
+    ``self.loss_function``, or returned in a tuple.  A forward that rescales the logits otherwise (Cohere's
+    ``logit_scale``) assigns ``logits`` again or uses it in arithmetic and is refused."""
     import ast
     import textwrap
 
     fwd = cls.__dict__.get("forward") or getattr(cls, "forward", None)
     try:
         fwd = inspect.unwrap(fwd)
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fwd)))
+        fwd_src = textwrap.dedent(inspect.getsource(fwd))
+        tree = ast.parse(fwd_src)
     except (OSError, TypeError, ValueError, SyntaxError) as e:
-        return f"its forward's source is not readable ({type(e).__name__})"
-    stores, bad = [], []
+        return f"its forward's source is not readable ({type(e).__name__})", None
     parents = {}
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
             parents[child] = node
+    softcap, capped = None, set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == "logits":
+        attr = _softcap_block(node, parents)
+        if attr is not None:
+            if softcap is not None:
+                return "its forward soft-caps the logits twice", None
+            softcap = attr
+            capped = {id(n) for n in ast.walk(node)}
+    if softcap is not None:
+        try:
+            module_src = inspect.getsource(sys.modules[fwd.__module__])
+        except (OSError, TypeError, KeyError):
+            return "its module's source is not readable (soft-capped logits)", None
+        if module_src.count(softcap) != fwd_src.count(softcap):
+            return f"config.{softcap} is read outside its forward", None
+    stores, bad = [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "logits" and id(node) not in capped:
             if isinstance(node.ctx, ast.Store):
                 stores.append(node)
                 continue
@@ -336,7 +397,7 @@ def _lm_head_feeds_only_the_loss(cls: type) -> Optional[str]:
                 continue
             bad.append(getattr(node, "lineno", "?"))
     if len(stores) != 1:
-        return f"its forward assigns logits {len(stores)} times (post-processed logits)"
+        return f"its forward assigns logits {len(stores)} times (post-processed logits)", None
     assign = parents.get(stores[0])
     call = getattr(assign, "value", None)
     while (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "contiguous"
@@ -344,13 +405,15 @@ def _lm_head_feeds_only_the_loss(cls: type) -> Optional[str]:
         call = call.func.value
     if not (isinstance(assign, ast.Assign) and isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
             and call.func.attr == "lm_head" and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"):
-        return "its logits do not come straight from self.lm_head(...)"
+        return "its logits do not come straight from self.lm_head(...)", None
     if bad:
-        return "its forward uses the logits for more than the loss and the output"
+        return "its forward uses the logits for more than the loss and the output", None
     heads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "lm_head"]
-    if len(heads) != 1:  # the head is stood in for during the call: nothing else may touch it
-        return f"its forward refers to self.lm_head {len(heads)} times"
-    return None
+    if len(heads) != 1:  # the head computes the loss during its call: nothing else may touch it
+        return f"its forward refers to self.lm_head {len(heads)} times", None
+    if any(isinstance(n, ast.Name) and n.id == "labels" and isinstance(n.ctx, ast.Store) for n in ast.walk(tree)):
+        return "its forward changes the labels before its loss", None
+    return None, softcap
 
 
 #: The HF fused linear cross-entropy: in training with labels, the LM head + loss run chunked over tokens
@@ -359,29 +422,24 @@ def _lm_head_feeds_only_the_loss(cls: type) -> Optional[str]:
 HF_SKIP_LOGITS = os.environ.get("FUSED_LAYERS_HF_SKIP_LOGITS", "1") not in ("0", "false", "False")
 
 
-class _CaptureHidden(nn.Module):
-    """Stands in for ``lm_head`` during a fused forward: the "logits" the model passes on are its hidden states."""
+def _head_linear(head: nn.Module) -> tuple[Optional[nn.Linear], Optional[str]]:
+    """The ``nn.Linear`` whose forward computes ``head``'s output, or ``(None, why not)``.
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return hidden_states
+    A plain ``nn.Linear``; the same sharded by FSDP2 (``fully_shard`` makes its class an ``FSDPLinear`` subclass,
+    forward unchanged) or partitioned by DeepSpeed ZeRO-3 (hooks only); or the ``nn.Linear`` an FSDP1 wrapper
+    holds.  Anything with a forward of its own (a PEFT adapter, a quantized layer) computes something else."""
+    inner = head
+    if type(head).__name__ == "FullyShardedDataParallel":  # FSDP1: the wrapper's forward unshards, then calls it
+        inner = getattr(head, "_fsdp_wrapped_module", None)
+    if isinstance(inner, nn.Linear) and type(inner).forward is nn.Linear.forward:
+        return inner, None
+    return None, (f"its lm_head is a {type(head).__name__} with a forward of its own (an adapter or a wrapper), "
+                  "not a linear layer")
 
 
-def _linear_loss(head: nn.Linear):
-    """The loss_function of a fused forward: its "logits" are the hidden states (_CaptureHidden), and the
-    head + loss run as the fused linear cross-entropy."""
-    def loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
-             num_items_in_batch: Optional[torch.Tensor] = None, ignore_index: int = -100,
-             shift_labels: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
-        from ..ops.linear_cross_entropy import fused_linear_cross_entropy
-
-        def rows_loss(h: torch.Tensor, t: torch.Tensor, reduction: str) -> torch.Tensor:
-            return fused_linear_cross_entropy(h, head.weight, t, head.bias, ignore_index=ignore_index,
-                                              reduction=reduction).float()
-
-        return _causal_lm_loss(logits, logits.shape[-1], labels, num_items_in_batch, ignore_index, shift_labels,
-                               rows_loss)
-
-    return loss
+def _is_dtensor(t: torch.Tensor) -> bool:
+    dt = sys.modules.get("torch.distributed.tensor")
+    return dt is not None and isinstance(t, getattr(dt, "DTensor", ()))
 
 
 def _build_causal_lm(cls: type) -> dict:
@@ -390,7 +448,7 @@ def _build_causal_lm(cls: type) -> dict:
         sig = inspect.signature(source_forward)
     except (TypeError, ValueError):  # pragma: no cover
         sig = None
-    linear_why = _lm_head_feeds_only_the_loss(cls)
+    linear_why, softcap_attr = _lm_head_plan(cls)
 
     def _get(self):
         return self.__dict__.get("_fused_lce_loss") or self.__dict__.get("_loss_function", fused_causal_lm_loss)
@@ -398,41 +456,94 @@ def _build_causal_lm(cls: type) -> dict:
     def _set(self, value):
         self.__dict__["_loss_function"] = value
 
-    def _linear_ok(self, args: tuple, kwargs: dict) -> bool:
+    def _linear_call(self, args: tuple, kwargs: dict) -> Optional[dict]:
+        """The call's bound arguments where the fused LM head + loss may run it, else None."""
         if linear_why is not None or not HF_SKIP_LOGITS or not self.training or not torch.is_grad_enabled():
-            return False
-        if "_loss_function" in self.__dict__ or torch.compiler.is_compiling():
-            return False
+            return None
+        if "_loss_function" in self.__dict__ or (is_compiling() and compile_config.COMPILED.linear_cross_entropy
+                                                  != "kernels"):  # compiled too: Inductor would hold the logits
+            return None
         cfg = getattr(self, "config", None)
         if not getattr(cfg, "return_dict", True):  # tuple outputs: keep transformers' path
-            return False
-        head = self.__dict__["_modules"].get("lm_head")
-        if type(head) is not nn.Linear or sig is None:
-            return False
-        if head._forward_pre_hooks or head._forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
-            return False  # hooks on the head (FSDP unsharding, adapters, probes) must see it called
+            return None
+        if sig is None:
+            return None
         try:
             bound = sig.bind(self, *args, **kwargs).arguments
         except TypeError:
-            return False
+            return None
         keep = bound.get("logits_to_keep", 0)
         extra = bound.get("kwargs", {})
-        return (bound.get("labels") is not None and isinstance(keep, int) and keep == 0
-                and extra.get("return_dict") is not False)
+        if (bound.get("labels") is None or not isinstance(keep, int) or keep != 0
+                or extra.get("return_dict") is False):
+            return None
+        return bound
 
+    @functools.wraps(source_forward)  # its signature: the Trainer keeps the batch columns the forward takes
     def forward(self, *args: Any, **kwargs: Any):
-        if not _linear_ok(self, args, kwargs):
+        bound = _linear_call(self, args, kwargs)
+        if bound is None:
             return source_forward(self, *args, **kwargs)
-        mods = self.__dict__["_modules"]
-        head = mods["lm_head"]
-        mods["lm_head"] = _CaptureHidden()
-        self.__dict__["_fused_lce_loss"] = _linear_loss(head)
+        head = self.__dict__["_modules"].get("lm_head")
+        lin, why = _head_linear(head)
+        if lin is None:
+            warn_once(f"hf_lm_head:{type(self).__name__}:{why}",
+                      f"fused_layers: {type(self).__name__}'s LM head + loss are not fused ({why}); the loss alone "
+                      "is fused and the (tokens, vocabulary) logits are made.")
+            return source_forward(self, *args, **kwargs)
+        fwd_labels = bound["labels"]
+        extra = bound.get("kwargs", {})
+        ignore_index = extra.get("ignore_index", -100)
+        cfg = self.config
+        cap = getattr(cfg, softcap_attr, None) if softcap_attr is not None else None
+        done: dict = {}
+
+        def head_forward(hidden: torch.Tensor) -> torch.Tensor:
+            # Runs inside the head's own call, after its pre-forward hooks (FSDP's unshard, ZeRO-3's gather) and
+            # before its post-forward ones: the weight is whole here.  Returns the loss as the "logits", so the
+            # hooks that FSDP registers on the head's output see the loss's backward.
+            w, b = lin.weight, lin.bias
+            if _is_dtensor(w):  # a tensor-parallel head: its own forward (and the model's soft-capping)
+                warn_once("hf_lm_head:dtensor", "fused_layers: the LM head's weight is a DTensor (tensor "
+                          "parallel) during its forward; its logits are made and the loss alone is fused.")
+                logits = nn.functional.linear(hidden, w, b)
+                return logits if cap is None else torch.tanh(logits / cap) * cap
+            from ..ops.linear_cross_entropy import fused_linear_cross_entropy
+
+            def rows_loss(h: torch.Tensor, t: torch.Tensor, reduction: str) -> torch.Tensor:
+                return fused_linear_cross_entropy(h, w, t, b, ignore_index=ignore_index, reduction=reduction,
+                                                  softcap=cap).float()
+
+            loss = _causal_lm_loss(hidden, hidden.shape[-1], fwd_labels, extra.get("num_items_in_batch"), ignore_index,
+                                   extra.get("shift_labels"), rows_loss)
+            done["loss"] = loss
+            return loss
+
+        def loss_function(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, **kw: Any) -> torch.Tensor:
+            if "loss" not in done:  # the head made real logits (see head_forward)
+                return fused_causal_lm_loss(logits, labels, vocab_size, **kw)
+            # (the head's output may come back re-wrapped by its hooks, as ZeRO-3's do to hook the backward: the same
+            # 0-d loss, another tensor object)
+            if labels is not fwd_labels or not isinstance(logits, torch.Tensor) or logits.dim() != 0:
+                raise RuntimeError(f"{type(self).__name__}: the fused LM head + loss computed the loss of the "
+                                   "forward's labels, but the model passed other labels or logits to its loss; "
+                                   "set FUSED_LAYERS_HF_SKIP_LOGITS=0 to keep transformers' path")
+            return logits
+
+        lin.__dict__["forward"] = head_forward
+        self.__dict__["_fused_lce_loss"] = loss_function
+        if cap is not None:  # the head's loss caps the logits; the model's own block (_lm_head_plan) is switched off
+            setattr(cfg, softcap_attr, None)
         try:
             out = source_forward(self, *args, **kwargs)
         finally:
-            mods["lm_head"] = head
+            lin.__dict__.pop("forward", None)
             self.__dict__.pop("_fused_lce_loss", None)
-        # the "logits" are hidden states: drop them (the point is never to hold (tokens, vocab) logits)
+            if cap is not None:
+                setattr(cfg, softcap_attr, cap)
+        if "loss" not in done:
+            return out
+        # the "logits" are the loss: drop them (the point is never to hold (tokens, vocab) logits)
         if not hasattr(out, "items"):
             raise RuntimeError(f"{type(self).__name__}: the fused LM head + loss expected a ModelOutput, got "
                                f"{type(out).__name__}; set FUSED_LAYERS_HF_SKIP_LOGITS=0 to keep transformers' path")
@@ -474,8 +585,82 @@ def _sdpa(*args, **kwargs):
     return sdpa_attention_forward(*args, **kwargs)
 
 
-# One slot: the decomposition of the last mask tensor seen (a model passes the same tensor to every layer).
-_MASK_CACHE: list = [None, None, None]  # [weakref to mask, its _version, result]
+# The attention implementation each module's model had before ``switch_models`` set "fused_layers" (weak keys:
+# a module that is deleted drops out).  A module not in it (a copy made after the switch) runs "eager".
+_PREV_IMPL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _eager_function(module: nn.Module):
+    """The ``eager_attention_forward`` of the module's modeling file (the function transformers itself runs for
+    "eager"), looked up along the class's MRO (the fused subclass first, then the model's own class)."""
+    for cls in type(module).__mro__:
+        fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
+        if fn is not None:
+            return fn
+    return None
+
+
+def _eager_mask(mask: Optional[torch.Tensor], query: torch.Tensor, sk: int, causal: bool) -> Optional[torch.Tensor]:
+    """The additive mask transformers' ``eager_mask`` builds, from the mask ``sdpa_mask`` built for "fused_layers":
+    a boolean mask becomes 0 / finfo.min in the query's dtype; no mask (SDPA's causal skip: plain causal, or no
+    mask at all) becomes the top-left causal mask SDPA's ``is_causal`` applies (none for one query row)."""
+    sq = query.shape[2]
+    if mask is None:
+        if not (causal and sq > 1):
+            return None
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=query.device).tril()[None, None]
+    if mask.dtype != torch.bool:
+        return mask
+    zero = torch.zeros((), dtype=query.dtype, device=mask.device)
+    return torch.where(mask, zero, torch.finfo(query.dtype).min)
+
+
+def own_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: Any, dropout: float = 0.0, scaling: Optional[float] = None,
+                  is_causal: Optional[bool] = None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """Run the attention the module's model was configured with before the switch, on the mask built for
+    "fused_layers" (``sdpa_mask``'s): "sdpa" takes it as it is; "eager" gets it as ``eager_mask`` makes it; a
+    flash-attention implementation runs itself where there is no mask (its own masks are 2-D padding masks);
+    anything else runs the module's ``eager_attention_forward``, which computes every feature a model has."""
+    prev = _PREV_IMPL.get(module, "eager")
+    kw = dict(dropout=dropout, scaling=scaling, **kwargs)
+    if is_causal is not None:
+        kw["is_causal"] = is_causal
+    if prev == "sdpa":
+        return _sdpa(module, query, key, value, attention_mask, **kw)
+    if "flash" in prev and attention_mask is None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        if prev in ALL_ATTENTION_FUNCTIONS:
+            return ALL_ATTENTION_FUNCTIONS[prev](module, query, key, value, None, **kw)
+    eager = _eager_function(module)
+    if eager is None:  # a module of a file without one (not a transformers model file): SDPA, as before the switch
+        return _sdpa(module, query, key, value, attention_mask, **kw)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        return _sdpa(module, query, key, value, attention_mask, **kw)
+    mask = _eager_mask(attention_mask, query, key.shape[2], bool(causal))
+    kw.pop("is_causal", None)
+    return eager(module, query, key, value, mask, **kw)
+
+
+# The decompositions of the last few mask tensors seen (a model passes the same tensor to every layer of a kind;
+# models with sliding-window layers have two).  Entries: (weakref to the mask, its _version, window, result).
+_MASK_CACHE: list = []
+_MASK_CACHE_SIZE = 4
+
+
+def _cached(mask: torch.Tensor, window: Optional[int], compute):
+    for ref, ver, win, res in _MASK_CACHE:
+        if ref() is mask and ver == mask._version and win == window:
+            return res
+    res = compute()
+    try:
+        _MASK_CACHE.insert(0, (weakref.ref(mask), mask._version, window, res))
+    except TypeError:
+        return res
+    del _MASK_CACHE[_MASK_CACHE_SIZE:]
+    return res
 
 
 def _tril(sq: int, sk: int, device) -> torch.Tensor:
@@ -492,15 +677,38 @@ def decompose_mask(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch
     """
     if mask.dim() != 4 or mask.shape[-1] != sk or mask.shape[-2] not in (1, sq) or mask.requires_grad:
         return None
-    ref, ver, res = _MASK_CACHE
-    if ref is not None and ref() is mask and ver == mask._version:
-        return res
-    res = _decompose(mask, sq, sk)
-    try:
-        _MASK_CACHE[:] = [weakref.ref(mask), mask._version, res]
-    except TypeError:
-        pass
-    return res
+    return _cached(mask, None, lambda: _decompose(mask, sq, sk))
+
+
+def decompose_window_mask(mask: torch.Tensor, sq: int, sk: int, window: int) -> Optional[tuple]:
+    """``(key mask,)`` such that ``mask`` is causal AND the sliding window ``window`` (query i sees key j only if
+    i - window < j <= i, transformers' ``sliding_window_causal_mask_function``) AND that key mask (B|1, H|1, 1, Sk),
+    ``(None,)`` where no key is padded, or None.  With Sq == Sk every query sees its own key through causal and
+    window, so the diagonal is the key mask.  Boolean or additive as ``decompose_mask``; cached per (tensor,
+    window)."""
+    if (mask.dim() != 4 or sq != sk or mask.shape[-1] != sk or mask.shape[-2] != sq or mask.requires_grad
+            or isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        return None
+    return _cached(mask, window, lambda: _decompose_window(mask, sq, window))
+
+
+def _decompose_window(mask: torch.Tensor, s: int, window: int) -> Optional[torch.Tensor]:
+    i = torch.arange(s, device=mask.device)[:, None]
+    j = torch.arange(s, device=mask.device)[None, :]
+    band = (j <= i) & (j > i - window)
+    diag = mask.diagonal(dim1=-2, dim2=-1)[:, :, None, :]  # (B, H, 1, S): the key mask
+    if mask.dtype == torch.bool:
+        if not torch.equal(mask, diag & band):
+            return None
+        return (None,) if bool(diag.all()) else (diag,)
+    dropped = torch.finfo(mask.dtype).min / 2
+    # inside the band the mask must equal the key bias; outside it must drop the key
+    if not torch.equal(torch.where(band, mask, diag.expand_as(mask)), diag.expand_as(mask)):
+        return None
+    if bool((torch.where(band, torch.full_like(mask, float("-inf")), mask) > dropped).any()):
+        return None
+    diag = diag.masked_fill(diag <= dropped, float("-inf"))
+    return (None,) if bool((diag == 0).all()) else (diag,)
 
 
 def _decompose(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch.Tensor, bool]]:
@@ -526,6 +734,91 @@ def _decompose(mask: torch.Tensor, sq: int, sk: int) -> Optional[tuple[torch.Ten
     return last, True
 
 
+# --------------------------------------------------------------------------------------------------
+# Packed (padding-free) batches: several sequences in one row, as DataCollatorWithFlattening builds them
+# --------------------------------------------------------------------------------------------------
+_PACK_CACHE: list = []  # (weakref to position_ids, its _version, (cu, max_len) or None); one slot
+
+
+def _packed_from_position_ids(position_ids: torch.Tensor) -> Optional[tuple[torch.Tensor, int]]:
+    """(cu_seqlens int32, max length) of a (1, S) ``position_ids`` that restarts (a new sequence wherever the
+    position does not follow the previous one, as transformers' ``find_packed_sequence_indices``), or None for
+    one sequence.  One host sync per position_ids tensor (cached: every layer gets the same one)."""
+    if _PACK_CACHE:
+        ref, ver, res = _PACK_CACHE[0]
+        if ref() is position_ids and ver == position_ids._version:
+            return res
+    pos = position_ids.reshape(-1)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[1:] = pos[1:] != pos[:-1] + 1
+    idx = starts.nonzero().reshape(-1)
+    res = None
+    if idx.numel() > 1:
+        cu = torch.cat([idx, idx.new_tensor([pos.numel()])]).to(torch.int32)
+        res = (cu, int(cu.diff().max()))
+    try:
+        _PACK_CACHE[:] = [(weakref.ref(position_ids), position_ids._version, res)]
+    except TypeError:
+        pass
+    return res
+
+
+def _is_packed_mask(mask: torch.Tensor, cu: torch.Tensor, s: int, window: Optional[int]) -> bool:
+    """``mask`` is the block-diagonal causal (+ sliding window) boolean mask transformers builds for the packed
+    sequences ``cu`` (``packed_sequence_mask_function``) of ``s`` tokens in all; cached per (tensor, window)."""
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[-2:] != (s, s) or mask.shape[0] != 1:
+        return False
+
+    def compute():
+        seq = torch.zeros(s, dtype=torch.int64, device=mask.device)
+        seq[cu[1:-1].long().to(mask.device)] = 1
+        seq = seq.cumsum(0)
+        i = torch.arange(s, device=mask.device)[:, None]
+        j = torch.arange(s, device=mask.device)[None, :]
+        expect = (seq[:, None] == seq[None, :]) & (j <= i)
+        if window is not None:
+            expect &= j > i - window
+        return torch.equal(mask, expect[None, None].expand_as(mask))
+
+    return _cached(mask, ("packed", window), compute)
+
+
+def _packed(query: torch.Tensor, key: torch.Tensor, attention_mask: Any, window: Optional[int],
+            kwargs: dict) -> Optional[tuple[torch.Tensor, torch.Tensor, int, int]]:
+    """(cu_q, cu_k, max_q, max_k) where one row holds several sequences: the ``cu_seq_lens_q`` / ``cu_seq_lens_k``
+    (+ ``max_length_q`` / ``max_length_k``) kwargs of ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``
+    (read as flash-attention reads them: the mask is not consulted), or else ``position_ids`` that restart, with
+    no mask (transformers' masks then cross the sequence boundaries) or the block-diagonal mask transformers
+    builds from them.  None for an ordinary batch."""
+    if query.shape[0] != 1:
+        return None
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if isinstance(cu_q, torch.Tensor) and isinstance(cu_k, torch.Tensor):
+        if cu_q.dim() != 1 or cu_k.shape != cu_q.shape:
+            return None
+        mq, mk = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        if is_compiling() and (mq is None or mk is None):  # reading the lengths would break the graph
+            return None
+        mq = int(cu_q.diff().max()) if mq is None else int(mq)
+        mk = int(cu_k.diff().max()) if mk is None else int(mk)
+        return cu_q.to(query.device), cu_k.to(query.device), mq, mk
+    pos = kwargs.get("position_ids")
+    sq, sk = query.shape[2], key.shape[2]
+    if is_compiling():  # where the positions restart shows only in their values: the model's own path, as unswapped
+        return None
+    if not isinstance(pos, torch.Tensor) or sq != sk or sq < 2 or pos.shape[-1] != sq or pos.numel() != sq:
+        return None
+    found = _packed_from_position_ids(pos)
+    if found is None:
+        return None
+    cu, mx = found
+    if attention_mask is not None and not (isinstance(attention_mask, torch.Tensor)
+                                           and _is_packed_mask(attention_mask, cu, sq, window)):
+        return None
+    cu = cu.to(query.device)
+    return cu, cu, mx, mx
+
+
 def fused_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -538,15 +831,17 @@ def fused_attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function convention: q (B, Hq, Sq, D), k / v (B, Hkv, Sk, D), returns
-    ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, SDPA otherwise (see module docstring)."""
-    if not (_ACTIVE and _ACTIVE[-1] is module):
-        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
-                     **kwargs)
+    ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, the model's own implementation otherwise
+    (see module docstring)."""
+    if getattr(type(module), "_fused_layers_lookalike", None) != "hf_attention":  # not a swapped module
+        return own_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                             is_causal=is_causal, **kwargs)
     why = None
-    if kwargs.get("softcap") is not None:
-        why = "soft-capping"
-    elif kwargs.get("sliding_window") is not None:
-        why = "a sliding window"
+    softcap, window = kwargs.get("softcap"), kwargs.get("sliding_window")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap <= 0):
+        why = f"soft-capping {softcap!r}"
+    elif window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        why = f"a sliding window {window!r}"
     elif kwargs.get("position_bias") is not None:
         why = "a position bias"
     elif kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
@@ -557,20 +852,40 @@ def fused_attention_forward(
         why = f"head dims q {query.shape[-1]} / v {value.shape[-1]}"
     sq, sk = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    packed = _packed(query, key, attention_mask, window, kwargs) if why is None else None
+    if packed is not None:
+        from ..ops.attention import fused_attention_varlen
+
+        cu_q, cu_k, max_q, max_k = packed
+        out = fused_attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                                     cu_q, cu_k, max_q, max_k, bool(causal), scaling, window=window,
+                                     softcap=None if softcap is None else float(softcap), dropout_p=float(dropout))
+        return out.unsqueeze(0), None
     kmask = None
+    win = None  # the window the kernels apply: only where the mask has it (the mask is what transformers applies)
     if why is None and attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             why = f"a {type(attention_mask).__name__} mask"
+        elif is_compiling():
+            # Which mask this is shows only in its values, and reading them (decompose_mask) would break the
+            # graph at every layer.  transformers materializes the causal mask under torch.compile even
+            # without padding where torch reports tracing as exporting (torch < 2.14, its masking_utils
+            # says), so this is the common compiled case there; the unswapped model runs SDPA on that mask.
+            why = "a mask tensor under torch.compile"
         else:
             dec = decompose_mask(attention_mask, sq, sk)
-            if dec is None:
-                why = "a mask that is neither key padding nor causal + key padding"
-            else:
+            if dec is not None:
                 kmask, causal = dec
+            elif window is not None and (kw := decompose_window_mask(attention_mask, sq, sk, window)) is not None:
+                (kmask,), causal, win = kw, True, window
+            else:
+                why = "a mask that is neither key padding nor causal (+ sliding window) + key padding"
     if why is not None:
-        warn_once(f"hf_attention:{why}", f"fused_layers attention: {why} is not fused; using SDPA for these calls.")
-        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
-                     **kwargs)
+        prev = _PREV_IMPL.get(module, "eager")
+        warn_once(f"hf_attention:{why}:{prev}", f"fused_layers attention: {why} is not fused; these calls run the "
+                  f"model's own attention implementation ({prev!r}).")
+        return own_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                             is_causal=is_causal, **kwargs)
     if attention_mask is None:
         # SDPA's rule (transformers' sdpa_attention_forward): causal only with several queries and no mask;
         # with more keys than queries (prefill of an empty static cache) the extra keys are cropped.
@@ -579,12 +894,13 @@ def fused_attention_forward(
             key, value = key[:, :, :sq], value[:, :, :sq]
     from ..ops.attention import fused_attention, prefer_sdpa
 
-    if kmask is None and prefer_sdpa(query, key, None):  # where cuDNN is measured faster, as FusedAttention does
+    # where cuDNN is measured faster, as FusedAttention does (SDPA has no window or soft-capping)
+    if kmask is None and win is None and softcap is None and prefer_sdpa(query, key, None):
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
                      **kwargs)
     gqa = query.shape[1] != key.shape[1]
     out = fused_attention(query, key, value, attn_mask=kmask, dropout_p=float(dropout), is_causal=causal, scale=scaling,
-                          enable_gqa=gqa)
+                          enable_gqa=gqa, window=win, softcap=None if softcap is None else float(softcap))
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -634,6 +950,8 @@ def switch_models(model: nn.Module, attention_names: list[str]) -> dict[str, str
                 failed[name] = f"set_attn_implementation refused: {type(e).__name__}: {e}"
                 continue
             root.__dict__[PREV_ATTR] = prev
+        for m in root.modules():  # what each module's calls run where ours cannot
+            _PREV_IMPL[m] = root.__dict__[PREV_ATTR]
         cfg = getattr(modules[name], "config", None)
         if getattr(cfg, "_attn_implementation", None) != IMPL:
             impl = getattr(cfg, "_attn_implementation", None)
@@ -653,3 +971,5 @@ def unswitch_models(model: nn.Module) -> None:
             continue
         root.set_attn_implementation(prev)
         root.__dict__.pop(PREV_ATTR, None)
+        for m in root.modules():
+            _PREV_IMPL.pop(m, None)

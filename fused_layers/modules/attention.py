@@ -59,7 +59,7 @@ class Attention(nn.Module):
 # ==================================================================================================
 # Fused replacements
 # ==================================================================================================
-from ..ops._common import warn_once  # noqa: E402
+from ..ops._common import is_compiling, warn_once  # noqa: E402
 from ..ops.attention import fused_attention, key_bias_from_mask, prefer_sdpa  # noqa: E402
 
 
@@ -123,12 +123,12 @@ class FusedMultiheadAttention(nn.MultiheadAttention):
     """Drop-in ``nn.MultiheadAttention`` whose attention runs the fused Triton kernels.
 
     Same constructor, parameters, ``state_dict`` keys and forward signature. The fused path runs when
-    ``need_weights=False`` (what ``nn.TransformerEncoderLayer`` / ``DecoderLayer`` pass), with
-    ``batch_first`` either way, packed or separate projections (``kdim`` / ``vdim``), a
-    ``key_padding_mask`` (bool or float; fused as a per-key bias) and a causal ``attn_mask`` (the
-    ``is_causal=True`` hint is trusted like PyTorch does; without it a 2-D mask equal to the causal mask
-    is detected). Projections stay views: q, k, v are strided slices of the projection output and the
-    attention output is written in (B, S, H, D) order, so nothing is copied around the kernel.
+    ``need_weights=False`` (what ``nn.TransformerEncoderLayer`` / ``DecoderLayer`` pass), with ``batch_first``
+    either way, packed or separate projections (``kdim`` / ``vdim``), a ``key_padding_mask`` (bool or float;
+    fused as a per-key bias) and a causal ``attn_mask`` (the ``is_causal=True`` hint is trusted like PyTorch
+    does; without it a 2-D mask equal to the causal mask is detected, in eager calls: under torch.compile
+    reading it would break the graph). Projections stay views: q, k, v are strided slices of the projection
+    output and the attention output is written in (B, S, H, D) order, so nothing is copied around the kernel.
 
     It falls back to ``nn.MultiheadAttention.forward`` (one warning per reason) when the kernels cannot
     give the requested result: ``need_weights=True`` -- the default of ``nn.MultiheadAttention.forward``;
@@ -169,7 +169,8 @@ class FusedMultiheadAttention(nn.MultiheadAttention):
         src_len = key.shape[-2] if (self.batch_first or not is_batched) else key.shape[0]
         causal = False
         if attn_mask is not None:
-            causal = bool(is_causal) or _is_causal_mask(attn_mask, tgt_len, src_len)
+            # Compiled, the mask's values are not read (a data-dependent graph break): only the is_causal hint counts.
+            causal = bool(is_causal) or (not is_compiling() and _is_causal_mask(attn_mask, tgt_len, src_len))
         elif is_causal:
             raise RuntimeError("FusedMultiheadAttention: need attn_mask if specifying the is_causal hint "
                                "(as nn.MultiheadAttention)")

@@ -67,11 +67,26 @@ class FusedDtypeError(TypeError, NotImplementedError):
 
 
 def warn_once(key: str, message: str, category: type[Warning] = UserWarning) -> None:
-    """Emit ``message`` once per process for ``key``."""
+    """Emit ``message`` once per process for ``key``.
+
+    While Dynamo traces, ``warnings.warn`` would break the graph (Dynamo cannot trace it): the warning is
+    then given by ``_warn_while_tracing``, which Dynamo runs as plain Python once, when it traces the call."""
+    if is_compiling():
+        _warn_while_tracing(key, message)
+        return
     if key in _warned:
         return
     _warned.add(key)
     warnings.warn(message, category, stacklevel=3)
+
+
+@torch.compiler.assume_constant_result
+def _warn_while_tracing(key: str, message: str) -> bool:
+    """``warn_once`` from compiled code: run once while tracing (``assume_constant_result``), never in the graph."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, UserWarning, stacklevel=2)
+    return True
 
 
 def triton_runnable(t: torch.Tensor) -> bool:

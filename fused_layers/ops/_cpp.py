@@ -164,8 +164,8 @@ def fast_call(fn_name: str, *args: Any) -> Any:
     shape the Python path registered; None when the extension is not loaded, while Dynamo traces, for any
     call the extension declines, and for arguments of the wrong types (the Python path then raises its own
     error).  Callers check ``ENABLED`` first, so the default path pays one attribute read."""
-    if _ext is None or not eager_ok():
-        return None
+    if is_compiling() or _ext is None or not eager_ok():  # (is_compiling first: Dynamo must not guard on _ext,
+        return None                                      # which the background build sets later: a recompile)
     try:
         return getattr(_ext, fn_name)(*args)
     except TypeError:

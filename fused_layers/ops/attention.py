@@ -64,6 +64,23 @@ a 64-bit seed drawn from torch's RNG per call, so the backward sees the forward'
 steps of 1/256, as FlashAttention-2's dropout), and the kept values are scaled by 1 / (1 - p') with p'
 the rounded p (``_dropout_scale``): E[O] is the undropped O.
 
+Sliding window (``window`` = w > 0, transformers' ``sliding_window``).  Query i sees key j only if
+j > i - w (and j <= i with ``is_causal``; without it every key right of i too), in the causal mask's top-left
+coordinates.  A query block [m0, m0 + BLOCK_M) then needs keys from m0 - w + 1 on, and keys from
+m0 + BLOCK_M - w on are in the window of all its rows, so its key range splits into a masked left edge, the
+unmasked middle, and the masked diagonal / ragged end (``_window_range``); tiles left of m0 - w + 1 are never
+read (a window saves their work).  The dK/dV kernel mirrors it: key block [n0, n0 + BLOCK_N) is seen by rows
+i < n0 + BLOCK_N + w - 1, and by every row i < n0 + w without a mask.  A row whose window holds no key (Sq > Sk)
+outputs 0, like a fully masked row.
+
+Soft-capping (``softcap`` = c > 0, Gemma 2's ``attn_logit_softcapping``).  With x = q . k, t = tanh(scale x / c)
+the score is s = c t, after the scale and before any bias or mask; the kernels form s2 = s log2(e) and
+run the online softmax on it (tanh from exp2: tanh(y) = 1 - 2 / (exp2(2 y log2 e) + 1)).  Backward: the softmax
+gives dS with respect to s as above, and ds / dx = scale (1 - t^2), so dS is multiplied by 1 - t^2 (t recomputed
+from the same dot) before dQ = scale dS K and dK = scale dS^T Q.  Both are constexprs of the kernels
+(``WINDOW``, ``SOFTCAP``): one compile per value, and the kernels without them compile to the same code as
+before.  The Gluon kernels have neither: those calls run the Triton kernels.
+
 Not implemented: masks that vary along the query dim (SDPA fallback), a value head dim different from
 the query's.
 
@@ -87,6 +104,7 @@ import triton.language as tl
 from . import _cpp
 from ._common import (
     INTERPRET,
+    FusedShapeError,
     check_float_dtype,
     check_same_device,
     check_tensor,
@@ -163,6 +181,34 @@ def _dropout_mask_kernel(
 
 
 # ==================================================================================================
+# Soft-capping and the sliding window (shared by the forward and the dQ kernel)
+# ==================================================================================================
+@triton.jit
+def _tanh(x):
+    """tanh(x) = 1 - 2 / (exp(2x) + 1) (2 log2(e) = 2.885...): exp2 saturates to +inf (tanh -> 1) or 0 (-> -1),
+    never NaN."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def _window_range(
+    start_m,  # first query row of the block
+    n_full,  # without the window: keys [0, n_full) are visible to every row of the block, [n_full, n_end) masked
+    WINDOW: tl.constexpr,  # w > 0: row i sees key j only if j > i - w
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """With a window, the key tiles a query block streams split into [n_lo, n_a) masked (the window's left edge),
+    [n_a, n_b) visible to every row (no mask arithmetic) and [n_b, n_end) masked (the causal diagonal, the ragged
+    end of Sk); tiles left of n_lo are skipped.  The block's first row needs keys from start_m - w + 1 on; keys
+    from start_m + BLOCK_M - w on are in the window of every row of the block."""
+    n_lo = (tl.maximum(start_m - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
+    n_b = tl.maximum(n_full, n_lo)
+    n_a = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(start_m + BLOCK_M - WINDOW, 0), BLOCK_N) * BLOCK_N, n_lo), n_b)
+    return n_lo, n_a, n_b
+
+
+# ==================================================================================================
 # Forward kernel
 # ==================================================================================================
 @triton.jit
@@ -184,6 +230,8 @@ def _attn_fwd_inner(
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    WINDOW: tl.constexpr = 0,  # 0: no window; w > 0: the masked tiles also drop keys j <= i - w
+    SOFTCAP: tl.constexpr = 0.0,  # 0: none; c > 0: scores c * tanh(scale * q . k / c)
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -201,8 +249,11 @@ def _attn_fwd_inner(
         # row max and inside exp2's argument, one FMA a score (c > 0: max(qk) * c = max(qk * c)).  With a
         # bias, the base-2 scores s2 = (q . k) * c + bias * log2(e) are formed first.
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
-        if HAS_KB:
+        if SOFTCAP > 0:  # s2 = c * tanh(scale * qk / c) * log2(e), before any bias or mask (as Gemma 2)
+            qk = _tanh(qk * (qk_scale / (SOFTCAP * 1.4426950408889634))) * (SOFTCAP * 1.4426950408889634)
+        elif HAS_KB:
             qk = qk * qk_scale
+        if HAS_KB:
             # -inf (a dropped key, or a key past the end) is the identity of the max that follows.
             kb = tl.load(kb_ptrs + cols * skbn, mask=cols < seqlen_k, other=-float("inf")).to(tl.float32)
             qk = qk + kb[None, :] * 1.4426950408889634
@@ -210,9 +261,11 @@ def _attn_fwd_inner(
             keep = cols[None, :] < seqlen_k
             if CAUSAL:
                 keep = keep & (cols[None, :] <= offs_m[:, None])
+            if WINDOW > 0:
+                keep = keep & (cols[None, :] > offs_m[:, None] - WINDOW)
             qk = tl.where(keep, qk, -float("inf"))
         # Online softmax update: the new row max, the old terms rescaled by alpha = exp2(m_old - m_new).
-        if HAS_KB:
+        if HAS_KB or SOFTCAP > 0:
             m_new = tl.maximum(m_i, tl.max(qk, 1))
         else:
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -221,7 +274,7 @@ def _attn_fwd_inner(
         l_i = l_i * alpha
         acc = acc * alpha[:, None]
         m_i = m_new
-        if HAS_KB:
+        if HAS_KB or SOFTCAP > 0:
             p = tl.math.exp2(qk - m_ref[:, None])
         else:
             p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
@@ -269,6 +322,8 @@ def _attn_fwd_kernel(
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per streamed tile
     HAS_DROPOUT: tl.constexpr = False,
+    WINDOW: tl.constexpr = 0,  # sliding window: 0 none, w > 0: row i sees key j only if j > i - w
+    SOFTCAP: tl.constexpr = 0.0,  # logit soft-capping: 0 none, c > 0: scores c * tanh(scale * q . k / c)
 ):
     """One program: BLOCK_M query rows of one query head; streams the key tiles they see."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float argument may arrive as fp64 (Inductor's launch)
@@ -316,24 +371,35 @@ def _attn_fwd_kernel(
     if HAS_DROPOUT:
         seed = tl.load(SEED)
     # Key range: [0, n_full) is visible to every row of the block with no mask; [n_full, n_end) holds
-    # the causal diagonal and / or the ragged last tile.
+    # the causal diagonal and / or the ragged last tile.  With a window (_window_range): [n_lo, n_a) masked (its
+    # left edge), [n_a, n_b) unmasked, [n_b, n_end) masked; tiles left of n_lo are never read.
     if CAUSAL:
         n_end = tl.minimum(seqlen_k, start_m + BLOCK_M)
         n_full = (tl.minimum(start_m, seqlen_k) // BLOCK_N) * BLOCK_N
     else:
         n_end = seqlen_k
         n_full = (seqlen_k // BLOCK_N) * BLOCK_N
+    n_a = 0
+    n_b = n_full
+    if WINDOW > 0:
+        n_lo, n_a, n_b = _window_range(start_m, n_full, WINDOW, BLOCK_M, BLOCK_N)
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
+            seqlen_k, n_lo, n_a, qk_scale, seed, pid_bh, dropout_p,
+            MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N,
+            INPUT_PRECISION=INPUT_PRECISION, HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
+        )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
-        seqlen_k, 0, n_full, qk_scale, seed, pid_bh, dropout_p,
+        seqlen_k, n_a, n_b, qk_scale, seed, pid_bh, dropout_p,
         MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
-        seqlen_k, n_full, n_end, qk_scale, seed, pid_bh, dropout_p,
+        seqlen_k, n_b, n_end, qk_scale, seed, pid_bh, dropout_p,
         MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
     )
     # Epilogue: normalize; a row with no allowed key (l = 0) outputs 0 and saves L = +inf.
     empty = l_i == 0.0
@@ -403,7 +469,7 @@ def _attn_bwd_dkdv_inner(
     seqlen_q, lo, hi, qk_scale,
     seed, bh, dropout_p, dropout_scale,  # dropout (HAS_DROPOUT only): the forward's mask is regenerated
     key_start,  # first key of this program's block (dropout only)
-    MASKED: tl.constexpr,  # causal mask on the diagonal tiles
+    MASKED: tl.constexpr,  # causal mask on the diagonal tiles (and the window's mask, with WINDOW)
     HAS_KB: tl.constexpr,
     EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -411,6 +477,9 @@ def _attn_bwd_dkdv_inner(
     HAS_DROPOUT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
+    CAUSAL: tl.constexpr = True,
+    WINDOW: tl.constexpr = 0,
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     for start_m in tl.range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
@@ -428,12 +497,20 @@ def _attn_bwd_dkdv_inner(
         lse = tl.load(lse_ptr + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_ptr + rows, mask=row_ok, other=0.0)
         # Transposed scores s2^T [BLOCK_N, BLOCK_M] and probabilities P^T recomputed from L.
-        qkT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
+        qkT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)
+        if SOFTCAP > 0:  # t = tanh(scale * qk / c), s2 = c * t * log2(e); ds / d(qk) = scale * (1 - t^2)
+            tT = _tanh(qkT * (qk_scale / (SOFTCAP * 1.4426950408889634)))
+            qkT = tT * (SOFTCAP * 1.4426950408889634)
+        else:
+            qkT = qkT * qk_scale
         if HAS_KB:
             qkT = qkT + kb[:, None]
         pT = tl.math.exp2(qkT - lse[None, :])
         if MASKED:
-            pT = tl.where(rows[None, :] >= cols[:, None], pT, 0.0)
+            if CAUSAL:
+                pT = tl.where(rows[None, :] >= cols[:, None], pT, 0.0)
+            if WINDOW > 0:
+                pT = tl.where(rows[None, :] < cols[:, None] + WINDOW, pT, 0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # dP^T = V dO^T
         if HAS_DROPOUT:  # with Z = keep / (1 - p): dV += (P Z)^T dO, dP = (dO V^T) Z
             keepT = tl.trans(_dropout_keep(seed, bh, rows, key_start, dropout_p, BLOCK_M, BLOCK_N))
@@ -442,6 +519,8 @@ def _attn_bwd_dkdv_inner(
         else:
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)  # dV += P^T dO
         dsT = pT * (dpT - delta[None, :])  # dS^T (scale applied at the end)
+        if SOFTCAP > 0:
+            dsT = dsT * (1.0 - tT * tT)
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)  # dK += dS^T Q
     return dk, dv
 
@@ -475,6 +554,8 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,  # keys per program
     HAS_DROPOUT: tl.constexpr = False,
     USE_TMA: tl.constexpr = False,  # Q / dO tiles through TMA tensor descriptors (sqd == sdod == 1)
+    WINDOW: tl.constexpr = 0,  # as in _attn_fwd_kernel
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     """One program: BLOCK_N keys of one K/V head; dK, dV summed over every query head of the group.
 
@@ -524,6 +605,14 @@ def _attn_bwd_dkdv_kernel(
         lo = 0
         hi_mask = 0
         lo_full = 0
+    # With a window, row i sees key j only if i < j + w: rows [lo_full, hi_full) see every key of the block,
+    # rows [hi_full, hi_end) some (masked), rows from hi_end on none (never read).
+    hi_full = seqlen_q
+    hi_end = seqlen_q
+    if WINDOW > 0:
+        hi_end = tl.minimum(tl.cdiv(start_n + BLOCK_N + WINDOW - 1, BLOCK_M) * BLOCK_M,
+                            tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M)
+        hi_full = tl.maximum(lo_full, tl.minimum(((start_n + WINDOW) // BLOCK_M) * BLOCK_M, hi_end))
     kb = tl.zeros([BLOCK_N], tl.float32)
     seed = 0
     if HAS_DROPOUT:
@@ -551,14 +640,23 @@ def _attn_bwd_dkdv_kernel(
                 dk, dv, k, v, kb, q_src, do_src, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
                 seqlen_q, lo, hi_mask, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
                 MASKED=True, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA, CAUSAL=CAUSAL, WINDOW=WINDOW,
+                SOFTCAP=SOFTCAP,
             )
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, kb, q_src, do_src, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
-            seqlen_q, lo_full, seqlen_q, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
+            seqlen_q, lo_full, hi_full, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
             MASKED=False, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
-            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA,
+            HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
         )
+        if WINDOW > 0:
+            dk, dv = _attn_bwd_dkdv_inner(
+                dk, dv, k, v, kb, q_src, do_src, lse_ptr, delta_ptr, sqs, sdos, offs_m, cols, d_mask,
+                seqlen_q, hi_full, hi_end, qk_scale, seed, bh, dropout_p, dropout_scale, start_n,
+                MASKED=True, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_M=BLOCK_M, INPUT_PRECISION=INPUT_PRECISION,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, USE_TMA=USE_TMA, CAUSAL=CAUSAL, WINDOW=WINDOW,
+                SOFTCAP=SOFTCAP,
+            )
     dk = dk * sm_scale
     dk_off = b64 * sdkb + hk64 * sdkh + k_start.to(tl.int64) * sdks
     dv_off = b64 * sdvb + hk64 * sdvh + k_start.to(tl.int64) * sdvs
@@ -583,6 +681,8 @@ def _attn_bwd_dq_inner(
     INPUT_PRECISION: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    WINDOW: tl.constexpr = 0,
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -598,7 +698,12 @@ def _attn_bwd_dq_inner(
         else:
             k = tl.load(k_ptrs + start_n * sks, mask=d_mask[None, :], other=0.0)
             v = tl.load(v_ptrs + start_n * svs, mask=d_mask[None, :], other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        if SOFTCAP > 0:  # as in _attn_bwd_dkdv_inner
+            t = _tanh(qk * (qk_scale / (SOFTCAP * 1.4426950408889634)))
+            qk = t * (SOFTCAP * 1.4426950408889634)
+        else:
+            qk = qk * qk_scale
         if HAS_KB:
             kb = tl.load(kb_ptrs + cols * skbn, mask=cols < seqlen_k, other=-float("inf")).to(tl.float32)
             qk = qk + kb[None, :] * 1.4426950408889634
@@ -607,12 +712,16 @@ def _attn_bwd_dq_inner(
             keep = cols[None, :] < seqlen_k
             if CAUSAL:
                 keep = keep & (cols[None, :] <= rows[:, None])
+            if WINDOW > 0:
+                keep = keep & (cols[None, :] > rows[:, None] - WINDOW)
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # dP = dO V^T
         if HAS_DROPOUT:  # dP = (dO V^T) Z, Z = keep / (1 - p)
             keep_d = _dropout_keep(seed, bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N)
             dp = tl.where(keep_d, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP > 0:
+            ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)  # dQ += dS K
     return dq
 
@@ -641,6 +750,8 @@ def _attn_bwd_dq_kernel(
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per inner step
     HAS_DROPOUT: tl.constexpr = False,
+    WINDOW: tl.constexpr = 0,  # as in _attn_fwd_kernel
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     """One program: BLOCK_M query rows of one query head; loops over the key blocks they see."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # float arguments may arrive as fp64 (Inductor's launch)
@@ -690,17 +801,27 @@ def _attn_bwd_dq_kernel(
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
+    n_a = 0
+    n_b = n_full
+    if WINDOW > 0:  # as in the forward
+        n_lo, n_a, n_b = _window_range(start_m, n_full, WINDOW, BLOCK_M, BLOCK_N)
+        dq = _attn_bwd_dq_inner(
+            dq, q, do, lse, delta, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, rows, offs_n, d_mask,
+            seqlen_k, n_lo, n_a, qk_scale, seed, pid_bh, dropout_p, dropout_scale,
+            MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N,
+            INPUT_PRECISION=INPUT_PRECISION, HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
+        )
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse, delta, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, rows, offs_n, d_mask,
-        seqlen_k, 0, n_full, qk_scale, seed, pid_bh, dropout_p, dropout_scale,
+        seqlen_k, n_a, n_b, qk_scale, seed, pid_bh, dropout_p, dropout_scale,
         MASKED=False, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
     )
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse, delta, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, rows, offs_n, d_mask,
-        seqlen_k, n_full, n_end, qk_scale, seed, pid_bh, dropout_p, dropout_scale,
+        seqlen_k, n_b, n_end, qk_scale, seed, pid_bh, dropout_p, dropout_scale,
         MASKED=True, CAUSAL=CAUSAL, HAS_KB=HAS_KB, EVEN_D=EVEN_D, BLOCK_N=BLOCK_N, INPUT_PRECISION=INPUT_PRECISION,
-        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M,
+        HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
     )
     dq = dq * sm_scale
     tl.store(DQ + b64 * sdqb + h64 * sdqh + q_row[:, None] * sdqs + offs_d[None, :] * sdqd,
@@ -710,9 +831,13 @@ def _attn_bwd_dq_kernel(
 # ==================================================================================================
 # PyTorch reference (float64 inputs, devices Triton cannot run on, masks the kernels cannot fuse)
 # ==================================================================================================
-def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, dropout_p=0.0):
+def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, dropout_p=0.0,
+                        window=None, softcap=None):
     """SDPA, with ``is_causal`` and ``attn_mask`` allowed together (folded into one boolean/float mask).
-    With ``dropout_p`` SDPA draws its own mask (not the kernels')."""
+    With ``dropout_p`` SDPA draws its own mask (not the kernels').  With a ``window`` or ``softcap``, the
+    same in explicit PyTorch (``_math_reference``)."""
+    if window is not None or softcap is not None:
+        return _math_reference(q, k, v, attn_mask, is_causal, scale, dropout_p, window, softcap)
     if is_causal and attn_mask is not None:
         keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
         if attn_mask.dtype == torch.bool:
@@ -727,8 +852,41 @@ def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, en
                                           dropout_p=dropout_p, **kw)
 
 
-def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=False, scale=None):
-    """Each packed sequence through SDPA, one by one."""
+def _math_reference(q, k, v, attn_mask, is_causal, scale, dropout_p, window, softcap):
+    """Attention written out: s = scale * q k^T, then s = softcap * tanh(s / softcap) (Gemma 2's order: after
+    the scale, before any mask), then the masks (``attn_mask`` as SDPA reads it, the top-left causal mask, the
+    window: key j for query i only if j > i - window), softmax in float32 or wider, dropout, P v.  A row with
+    no key left gives 0, as SDPA.  (..., Hq, S, D) with K/V heads dividing Hq."""
+    sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:  # grouped-query: K/V head h serves query heads h*g..h*g+g-1
+        rep_ = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep_, -3), v.repeat_interleave(rep_, -3)
+    wdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = (q.to(wdt) @ k.to(wdt).transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if is_causal:
+        keep &= j <= i
+    if window is not None:
+        keep &= j > i - window
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            keep = keep & attn_mask
+        else:
+            s = s + attn_mask.to(wdt)
+    s = s.masked_fill(~keep, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)  # a row with no key: 0
+    if dropout_p > 0.0:
+        p = F.dropout(p, dropout_p)
+    return (p @ v.to(wdt)).to(q.dtype)
+
+
+def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=False, scale=None, window=None,
+                               softcap=None):
+    """Each packed sequence through SDPA (or ``_math_reference``), one by one."""
     outs = []
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     gqa = q.shape[1] != k.shape[1]
@@ -736,7 +894,8 @@ def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=Fa
         qi = q[cq[i] : cq[i + 1]].transpose(0, 1)
         ki = k[ck[i] : ck[i + 1]].transpose(0, 1)
         vi = v[ck[i] : ck[i + 1]].transpose(0, 1)
-        outs.append(attention_reference(qi, ki, vi, is_causal=is_causal, scale=scale, enable_gqa=gqa).transpose(0, 1))
+        outs.append(attention_reference(qi, ki, vi, is_causal=is_causal, scale=scale, enable_gqa=gqa, window=window,
+                                        softcap=softcap).transpose(0, 1))
     return torch.cat(outs, 0) if outs else q.new_empty(q.shape)
 
 
@@ -877,7 +1036,8 @@ def _geometry(qs, ks, varlen: bool, nb: int, max_q: int, max_k: int):
 
 
 def _fwd_plan(key) -> _FwdPlan:
-    (qs, qst, ks, kst, vst, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, dropout, _epoch) = key
+    (qs, qst, ks, kst, vst, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, dropout, window, softcap,
+     _epoch) = key
     plan = _FwdPlan()
     plan.cpp = {}  # (device, with backward) -> C++ fast-path plan id, or False (ops/_cpp.py)
     B, H, HKV, SQ, SK, D, lse_shape = _geometry(qs, ks, varlen, nb, max_q, max_k)
@@ -897,26 +1057,30 @@ def _fwd_plan(key) -> _FwdPlan:
         cfg = tiles("fwd", bd, causal, dtype)
         plan.kernel = Kernel(_attn_fwd_kernel, (triton.cdiv(SQ, cfg["BLOCK_M"]), B * H), check=(0, 1, 2, 5, 6, 7),
                              VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
-                             INPUT_PRECISION=prec, HAS_DROPOUT=dropout, **cfg)
+                             INPUT_PRECISION=prec, HAS_DROPOUT=dropout, WINDOW=window, SOFTCAP=softcap, **cfg)
     return plan
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: torch.Tensor | None,
                       cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, causal: bool,
-                      scale: float, dropout_p: float = 0.0,
-                      seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      scale: float, dropout_p: float = 0.0, seed: torch.Tensor | None = None, window: int = 0,
+                      softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward. Returns (out laid out like q, fp32 base-2 LSE [B, H, Sq] or [H, total_q]).
 
-    ``dropout_p`` > 0 drops attention probabilities (Philox, keyed by ``seed``, an int64 [1] tensor)."""
+    ``dropout_p`` > 0 drops attention probabilities (Philox, keyed by ``seed``, an int64 [1] tensor).
+    ``window`` > 0: query i sees key j only if j > i - window; ``softcap`` > 0: scores softcap * tanh(s / softcap)
+    (both constexprs of the kernels: one compile per value, and the plain kernels are unchanged)."""
     varlen = cu_q is not None
     dropout = dropout_p > 0.0
-    if not varlen and kb is None and not dropout and _gluon_takes(q, k, v, causal, "fwd"):
+    # The Gluon kernels have no window or soft-capping: those calls run the Triton kernels.
+    if (not varlen and kb is None and not dropout and not window and not softcap
+            and _gluon_takes(q, k, v, causal, "fwd")):
         from . import attention_gluon
 
         return attention_gluon.forward(q, k, v, causal, scale)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, None if kb is None else kb.stride(),
            varlen, cu_q.shape[0] if varlen else 0, max_q, max_k, causal,
-           _input_precision(q.dtype), dropout, override_epoch())
+           _input_precision(q.dtype), dropout, int(window), float(softcap), override_epoch())
     try:
         plan = _FWD_PLANS.get(key)
     except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
@@ -946,7 +1110,8 @@ def _dropout_scale(dropout_p: float) -> float:
 
 
 def _bwd_plan(key) -> _BwdPlan:
-    (qs, qst, ks, kst, vst, dost, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, dropout, _epoch) = key
+    (qs, qst, ks, kst, vst, dost, dtype, kbst, varlen, nb, max_q, max_k, causal, prec, dropout, window, softcap,
+     _epoch) = key
     plan = _BwdPlan()
     B, H, HKV, SQ, SK, D, lse_shape = _geometry(qs, ks, varlen, nb, max_q, max_k)
     plan.orders = (_memory_order(qst), _memory_order(kst), _memory_order(vst))
@@ -969,7 +1134,7 @@ def _bwd_plan(key) -> _BwdPlan:
                       HKV, H // HKV, SQ, SK, D)
     plan.dq_ints = (*common, *_strides4(dqst, varlen), *lse_st, *kb3, H, H // HKV, SQ, SK, D)
     meta = dict(VARLEN=varlen, CAUSAL=causal, HAS_KB=kbst is not None, BLOCK_D=bd, EVEN_D=D == bd,
-                INPUT_PRECISION=prec, HAS_DROPOUT=dropout)
+                INPUT_PRECISION=prec, HAS_DROPOUT=dropout, WINDOW=window, SOFTCAP=softcap)
     f_dkdv, f_dq = tiles("dkdv", bd, causal, dtype), tiles("dq", bd, causal, dtype)
     # USE_TMA is passed even where off: torch.compile's wrap_triton wants every constexpr named
     grid_dkdv = (triton.cdiv(SK, f_dkdv["BLOCK_N"]), B * HKV)
@@ -991,17 +1156,18 @@ def _bwd_plan(key) -> _BwdPlan:
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        lse: torch.Tensor, kb: torch.Tensor | None, cu_q: torch.Tensor | None,
                        cu_k: torch.Tensor | None, max_q: int, max_k: int, causal: bool,
-                       scale: float, dropout_p: float = 0.0,
-                       seed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       scale: float, dropout_p: float = 0.0, seed: torch.Tensor | None = None, window: int = 0,
+                       softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward. Returns (dq, dk, dv), each laid out like its input.  With ``dropout_p`` > 0
-    the forward's keep mask is regenerated from ``seed`` (nothing of it was stored)."""
+    the forward's keep mask is regenerated from ``seed`` (nothing of it was stored); ``window`` and
+    ``softcap`` as in ``attention_forward``."""
     if do.dtype != q.dtype:
         do = do.to(q.dtype)
     varlen = cu_q is not None
     dropout = dropout_p > 0.0
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype,
            None if kb is None else kb.stride(), varlen, cu_q.shape[0] if varlen else 0, max_q, max_k, causal,
-           _input_precision(q.dtype), dropout, override_epoch())
+           _input_precision(q.dtype), dropout, int(window), float(softcap), override_epoch())
     try:
         plan = _BWD_PLANS.get(key)
     except TypeError:  # symbolic sizes: plan for their values
@@ -1030,7 +1196,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     dscale = _dropout_scale(dropout_p) if dropout else 1.0
     dkdv_args = (q, k, v, do, dk, dv, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dkdv_ints)
     dq_args = (q, k, v, do, dq, lse, delta, kb_, cq, ck, sd, qk_scale, scale, dropout_p, dscale, *plan.dq_ints)
-    if not varlen and kb is None and not dropout and _gluon_takes(q, k, v, causal, "dkdv"):
+    if not varlen and kb is None and not dropout and not window and not softcap and _gluon_takes(q, k, v, causal,
+                                                                                                   "dkdv"):
         from . import attention_gluon as ag
 
         if ag.dkdv_grads_ok(q, k, do, dk, dv) is None:  # (q, k, v: checked)
@@ -1049,37 +1216,40 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 # Registration (ops/_library.py): custom ops for torch.compile, autograd, the eager direct path
 # ==================================================================================================
 def _setup_context(ctx, inputs, outputs):
-    q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed = inputs
+    q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, window, softcap = inputs
     ctx.save_for_backward(q, k, v, outputs[0], outputs[1], kb, cu_q, cu_k, seed)
     ctx.args = (max_q, max_k, causal, scale, dropout_p)
+    ctx.window_softcap = (window, softcap)
 
 
 def _grads(ctx, backward, dout):
     q, k, v, out, lse, kb, cu_q, cu_k, seed = ctx.saved_tensors
-    dq, dk, dv = backward(dout, q, k, v, out, lse, kb, cu_q, cu_k, *ctx.args, seed)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    dq, dk, dv = backward(dout, q, k, v, out, lse, kb, cu_q, cu_k, *ctx.args, seed, *ctx.window_softcap)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
 
 
 attention_op = FusedOp("attention", attention_forward, attention_backward, _setup_context, _grads)
 
 
-def _run(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p=0.0, seed=None):
+def _run(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p=0.0, seed=None, window=0, softcap=0.0):
     if INTERPRET and q.dtype in (torch.float16, torch.bfloat16) and q.device.type == "cpu":
         # The interpreter (numpy) has no bf16 matmul: run the same kernels on float32 copies.
-        out = _run(q.float(), k.float(), v.float(), kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed)
+        out = _run(q.float(), k.float(), v.float(), kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed,
+                   window, softcap)
         return out.to(q.dtype)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if _cpp.ENABLED and kb is None and cu_q is None and _cpp.eager_ok():
+    if _cpp.ENABLED and kb is None and cu_q is None and not window and not softcap and _cpp.eager_ok():
         out = _cpp_attention(q, k, v, max_q, max_k, causal, scale, needs_grad, dropout_p, seed)
         if out is not None:
             return out
-    return attention_op(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, needs_grad=needs_grad)
+    return attention_op(q, k, v, kb, cu_q, cu_k, max_q, max_k, causal, scale, dropout_p, seed, int(window),
+                        float(softcap), needs_grad=needs_grad)
 
 
 def _fwd_key(q, k, v, max_q, max_k, causal, dropout=False):
     """attention_forward's plan key of a dense call (no key bias, fixed lengths)."""
     return (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, None, False, 0, max_q, max_k, causal,
-            _input_precision(q.dtype), dropout, override_epoch())
+            _input_precision(q.dtype), dropout, 0, 0.0, override_epoch())
 
 
 def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dropout_p=0.0, seed=None):
@@ -1096,7 +1266,7 @@ def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dr
     if not grad:
         return _cpp.register_plan("register_attention", fwd, -1, -1, -1, list(ost), list(plan.lse_shape), [], [], [])
     bkey = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), tuple(ost), qd, None, False, 0, max_q, max_k, causal,
-            _input_precision(qd), dropout_p > 0.0, override_epoch())
+            _input_precision(qd), dropout_p > 0.0, 0, 0.0, override_epoch())
     bplan = _BWD_PLANS.get(bkey)
     if bplan is None or bplan.dq.compiled(bplan.dq.aligned_key(dev, (qd,) * 5 + (f32, f32) + (qd,) * 4)) is None:
         # Compile the backward for a dO laid out like the output (the layout the C++ node gives it): one
@@ -1190,6 +1360,75 @@ def _check_qkv(q, k, v, names=("query", "key", "value")):
         )
 
 
+def _check_window_softcap(op: str, window, softcap) -> tuple[int, float]:
+    """(window, softcap) as the kernels take them (0: off), or a TypeError / ValueError naming the argument."""
+    w, c = 0, 0.0
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise TypeError(f"{op}: argument 'window' must be a positive int or None, got {type(window).__name__}")
+        if window < 1:
+            raise ValueError(f"{op}: argument 'window' must be >= 1 (query i sees keys i - window < j), got {window}")
+        w = int(window)
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+            raise TypeError(f"{op}: argument 'softcap' must be a positive float or None, got {type(softcap).__name__}")
+        if not (math.isfinite(softcap) and softcap > 0):
+            raise ValueError(f"{op}: argument 'softcap' must be a finite float > 0, got {softcap}")
+        c = float(softcap)
+    return w, c
+
+
+def _broadcast_shapes(op: str, what: str, *shapes) -> tuple[int, ...]:
+    try:
+        return tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        raise FusedShapeError(f"{op}: the {what} of 'query' {tuple(shapes[0])}, 'key' {tuple(shapes[1])} and 'value' "
+                              f"{tuple(shapes[2])} do not broadcast") from None
+
+
+def _sdpa_layout(q, k, v, attn_mask, enable_gqa):
+    """SDPA's batch broadcasting on inputs the kernels' own layout does not cover: q (*N, L, E), k (*N, S, E),
+    v (*N, S, Ev) with the batch dims *N broadcast together (with ``enable_gqa``, the head dim -3 of q and of k / v
+    stay apart, so that K/V heads can divide the query's).  Returns (q, k, v, mask) as 4-D (B, H, *, *) tensors --
+    broadcast dims expanded with stride 0, more than two batch dims flattened into B -- and the output's shape."""
+    for n, t in (("query", q), ("key", k), ("value", v)):
+        if t.dim() < 2:
+            raise FusedShapeError(f"{_OP}: argument '{n}' must have at least 2 dims (..., S, E), got {t.dim()}-D")
+    if enable_gqa and max(q.dim(), k.dim(), v.dim()) >= 3:
+        def head(t):
+            return t.shape[-3] if t.dim() >= 3 else 1
+
+        def lead(t):
+            return t.shape[:-3] if t.dim() >= 3 else ()
+
+        batch = _broadcast_shapes(_OP, "batch dims", lead(q), lead(k), lead(v))
+        if head(k) != head(v):
+            raise FusedShapeError(f"{_OP}: 'key' and 'value' must have the same number of heads, got {head(k)} and "
+                                  f"{head(v)}")
+        hq, hkv = head(q), head(k)
+        qb, kb_ = batch + (hq,), batch + (hkv,)
+    else:
+        batch = _broadcast_shapes(_OP, "batch dims", q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        qb = kb_ = batch
+    out_shape = qb + (q.shape[-2], v.shape[-1])
+
+    def to4(t, b):
+        t = t.expand(b + t.shape[-2:])
+        if len(b) > 2:
+            return t.reshape((-1, b[-1]) + t.shape[-2:])
+        return t.reshape((1,) * (2 - len(b)) + tuple(t.shape))
+
+    mask = attn_mask
+    if mask is not None:
+        lm = mask.shape[-2] if mask.dim() >= 2 else 1  # 1: a key mask, kept as one (the fusable form)
+        try:
+            mask = to4(mask.expand(qb + (lm, k.shape[-2])), qb)
+        except RuntimeError:
+            raise FusedShapeError(f"{_OP}: argument 'attn_mask' of shape {tuple(attn_mask.shape)} does not broadcast "
+                                  f"to {qb + (q.shape[-2], k.shape[-2])}") from None
+    return to4(q, qb), to4(k, kb_), to4(v, kb_), mask, out_shape
+
+
 def key_bias_from_mask(attn_mask: torch.Tensor, B: int, H: int, Sq: int, Sk: int) -> torch.Tensor | None:
     """The fp32 per-key bias (B, H, Sk) (broadcast strides) equivalent to ``attn_mask``, or None.
 
@@ -1233,6 +1472,9 @@ def key_bias_from_mask(attn_mask: torch.Tensor, B: int, H: int, Sq: int, Sk: int
 # The functional ``fused_attention`` always runs these kernels.
 # --------------------------------------------------------------------------------------------------
 _CUDNN_FASTER: dict[int, bool] = {}
+#: The device type whose tensors ``prefer_sdpa`` may hand to cuDNN (a module global, read while Dynamo traces:
+#: the CPU tests set it to "cpu" to trace the GPU route under the interpreter).
+ROUTE_DEVICE_TYPE = "cuda"
 
 
 @torch.compiler.assume_constant_result
@@ -1267,7 +1509,7 @@ def prefer_sdpa(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None
     """True when a swapped attention module should call SDPA (cuDNN) rather than the Triton kernels.
     Callers pass ``enable_gqa=True`` to SDPA when K/V have fewer heads."""
     hkv = k.shape[-3] if k.dim() == 4 else -1
-    return (q.is_cuda and _sdpa_faster(q.dtype, tuple(q.shape), hkv, attn_mask is not None)
+    return (q.device.type == ROUTE_DEVICE_TYPE and _sdpa_faster(q.dtype, tuple(q.shape), hkv, attn_mask is not None)
             and _cudnn_sdpa_available(q.get_device()))
 
 
@@ -1281,16 +1523,30 @@ def fused_attention(
     *,
     scale: float | None = None,
     enable_gqa: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with FlashAttention-style Triton forward and backward kernels.
 
     Takes ``F.scaled_dot_product_attention``'s full signature, in its order: ``(query, key, value,
-    attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)``.
+    attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)``, plus two keywords SDPA
+    does not have:
+
+    - ``window`` (int >= 1): a sliding window on the left: query i sees key j only if ``j > i - window``
+      (``window`` keys up to and including its own position with ``is_causal``; without it every key to the
+      right too), in the same top-left coordinates as ``is_causal``.  transformers' ``sliding_window``
+      (``sliding_window_overlay``).  Key tiles left of every row's window are never read, so a window also
+      saves their work.
+    - ``softcap`` (float > 0): logit soft-capping, scores ``softcap * tanh(scale * q . k / softcap)`` after
+      the scale and before any mask, as Gemma 2's ``attn_logit_softcapping``.
 
     Same layout and semantics as ``F.scaled_dot_product_attention``: q (B, Hq, Sq, D), k and v
     (B, Hkv, Sk, D) (3-D inputs (B, S, D) are one head), any strides; ``is_causal`` aligned to the
     top-left; ``scale`` defaults to 1/sqrt(D); ``enable_gqa`` lets Hkv divide Hq. Returns (B, Hq, Sq, D)
-    in q's dtype, laid out in memory like q.
+    in q's dtype, laid out in memory like q.  SDPA's batch broadcasting holds too (q (*N, Sq, D) against
+    k / v (*N', Sk, D) with *N and *N' broadcast: a 3-D query with 4-D keys, a batch or K/V head of 1, more
+    than two batch dims, 2-D inputs): those run the same kernels on 4-D views, broadcast dims expanded with
+    stride 0 (their gradients summed by autograd).
 
     ``attn_mask`` that does not vary along the query dim (a key-padding mask, bool or additive, shaped
     (B or 1, H or 1, 1, Sk) or broadcastable) runs fused, also together with ``is_causal``; any other mask
@@ -1302,17 +1558,25 @@ def fused_attention(
     seed drawn from torch's RNG on q's device (``torch.manual_seed`` reproduces it); the backward
     regenerates it, nothing is stored.  ``attention_dropout_mask`` materializes it for tests.
     """
-    if _cpp.ENABLED and attn_mask is None:  # a registered dense layout: one C++ call
+    win, cap = _check_window_softcap(_OP, window, softcap)
+    if _cpp.ENABLED and attn_mask is None and not win and not cap:  # a registered dense layout: one C++ call
         out = _cpp.fast_call("attention_fast", query, key, value, dropout_p, is_causal, scale, enable_gqa)
         if out is not None:
             return out
     _check_qkv(query, key, value)
     q, k, v = query, key, value
-    if not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
-        raise ValueError(
-            f"{_OP}: 'query', 'key', 'value' must all be 4-D (B, H, S, D) or 3-D (B, S, D), got "
-            f"{q.dim()}-D, {k.dim()}-D, {v.dim()}-D"
-        )
+    own_layout = q.dim() == k.dim() == v.dim() and q.dim() in (3, 4) and q.shape[0] == k.shape[0] == v.shape[0]
+    if own_layout and not enable_gqa and q.dim() == 4:
+        own_layout = q.shape[1] == k.shape[1] == v.shape[1] or 1 not in (k.shape[1], v.shape[1])  # else: broadcast
+    if not own_layout:
+        # SDPA's batch broadcasting (a 3-D query with 4-D keys, a batch or K/V head of 1, more than two batch
+        # dims, 2-D inputs): the same call on 4-D (B, H, *, *) inputs, broadcast dims expanded with stride 0
+        if attn_mask is not None:
+            check_tensor(_OP, "attn_mask", attn_mask)
+        q4, k4, v4, m4, out_shape = _sdpa_layout(q, k, v, attn_mask, enable_gqa)
+        out = fused_attention(q4, k4, v4, m4, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
+                              window=window, softcap=softcap)
+        return out.reshape(out_shape)
     if attn_mask is not None:
         check_tensor(_OP, "attn_mask", attn_mask)
         check_same_device(_OP, "query", q, attn_mask=attn_mask)
@@ -1348,7 +1612,7 @@ def fused_attention(
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
 
     def fallback():
-        out = attention_reference(q, k, v, attn_mask, is_causal, scale, enable_gqa, dropout_p)
+        out = attention_reference(q, k, v, attn_mask, is_causal, scale, enable_gqa, dropout_p, window, softcap)
         return out.squeeze(1) if squeeze else out
 
     if q.dtype == torch.float64 or use_fallback(_OP, q) or dropout_p == 1.0:  # p = 1: SDPA gives zeros
@@ -1368,7 +1632,7 @@ def fused_attention(
             return fallback()
     dp = float(dropout_p)
     seed = draw_dropout_seed(q.device) if dp > 0.0 else None
-    out = _run(q, k, v, kb, None, None, Sq, Sk, bool(is_causal), sc, dp, seed)
+    out = _run(q, k, v, kb, None, None, Sq, Sk, bool(is_causal), sc, dp, seed, win, cap)
     return out.squeeze(1) if squeeze else out
 
 
@@ -1382,6 +1646,10 @@ def fused_attention_varlen(
     max_seqlen_k: int,
     is_causal: bool = False,
     scale: float | None = None,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Attention over packed variable-length sequences (the layout of ``flash_attn_varlen_func``).
 
@@ -1389,10 +1657,13 @@ def fused_attention_varlen(
     sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q against rows
     ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` of k and v (int32 or int64, B + 1 non-decreasing offsets
     starting at 0); ``max_seqlen_q`` / ``max_seqlen_k`` bound the lengths (they size the launch grid).
-    Causal alignment is top-left per sequence. Returns (total_q, Hq, D).
+    Causal alignment is top-left per sequence; ``window``, ``softcap`` and ``dropout_p`` as in
+    ``fused_attention``, per sequence (sequence b's dropout mask is the one a dense batch draws for its batch
+    row b). Returns (total_q, Hq, D).
     """
     op = "fused_attention_varlen"
     _check_qkv(q, k, v, ("q", "k", "v"))
+    win, cap = _check_window_softcap(op, window, softcap)
     for n, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         check_tensor(op, n, t)
         check_same_device(op, "q", q, **{n: t})
@@ -1417,9 +1688,19 @@ def fused_attention_varlen(
         if not isinstance(val, int) or isinstance(val, bool) or val < 0:
             if not isinstance(val, torch.SymInt):
                 raise TypeError(f"{op}: argument '{n}' must be a non-negative int, got {val!r}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"{op}: argument 'dropout_p' must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"{op}: argument 'dropout_p' must be in [0, 1), got {dropout_p}")
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
     if q.dtype == torch.float64 or use_fallback(op, q):
-        return attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, sc)
+        if dropout_p > 0.0:
+            raise NotImplementedError(f"{op}: dropout_p > 0 needs the Triton kernels (float16 / bfloat16 / float32 "
+                                      "on a device Triton runs on)")
+        return attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, sc, window, softcap)
     cu_q = cu_seqlens_q.to(torch.int32)
     cu_k = cu_seqlens_k.to(torch.int32)
-    return _run(q, k, v, None, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), bool(is_causal), sc)
+    dp = float(dropout_p)
+    seed = draw_dropout_seed(q.device) if dp > 0.0 else None
+    return _run(q, k, v, None, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), bool(is_causal), sc, dp, seed,
+                win, cap)

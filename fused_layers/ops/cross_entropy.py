@@ -22,6 +22,11 @@ D = sum over non-ignored rows of w_t for class indices (torch's weighted mean; 0
 row is ignored) and by the number of rows for probabilities.  D is computed on the device by a small
 pre-pass (``_ce_den_kernel``) so the main kernel can scale the gradient by 1/D without a host sync.
 
+Soft-capping (``softcap`` = c > 0, Gemma 2's final logits): the loss is that of z = c tanh(x / c), each
+logit capped in float32 as it is loaded, and dloss/dx_j = dloss/dz_j (1 - (z_j / c)^2), from the capped
+value held or re-read in pass 2, so neither the capped logits nor tanh are stored.  Only the main kernel
+below caps (the persistent and TMA kernels do not take soft-capped rows).
+
 The main kernel (``_ce_fwd_kernel``), one program per BLOCK_M rows:
 
 1. statistics of the row: online softmax over chunks of BLOCK_N columns, running (m, s) with
@@ -100,6 +105,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import compile_config
 from . import cross_entropy_config as cfg
 from ._common import (
     INTERPRET,
@@ -149,6 +155,16 @@ def _ce_stats_update(x, m, s):
 
 
 @triton.jit
+def _ce_softcap(x, keep, cap):
+    """z = cap * tanh(x / cap) where ``keep`` (the real columns), x elsewhere (masked lanes stay -inf).
+
+    tanh(y) = 1 - 2 / (exp(2y) + 1): exact at both ends (exp overflows to inf: 1; underflows to 0: -1), so an
+    infinite logit caps to +-cap as ``torch.tanh`` does; its absolute error near 0 is a float32 ulp."""
+    e = tl.exp2(x * (2.0 * 1.4426950408889634 / cap))
+    return tl.where(keep, cap * (1.0 - 2.0 / (e + 1.0)), x)
+
+
+@triton.jit
 def _ce_target_sums(x, tb, W, c, cm, lim, C, stc, smoothing, sum_w, sum_wx,
                     SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
     """The target side of one chunk x [BLOCK_M, BLOCK_N] (float32, -inf where masked; cm its mask):
@@ -174,16 +190,19 @@ def _ce_target_sums(x, tb, W, c, cm, lim, C, stc, smoothing, sum_w, sum_wx,
 
 
 @triton.jit
-def _ce_stats_chunk(xb, tb, W, off, row_ok, lim, C, sxc, stc, smoothing, m, s, sum_w, sum_wx,
-                    SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
+def _ce_stats_chunk(xb, tb, W, off, row_ok, lim, C, sxc, stc, smoothing, m, s, sum_w, sum_wx, softcap,
+                    SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr,
+                    SOFTCAP: tl.constexpr = False):
     """Pass 1 on the columns [off, min(off + BLOCK_N, lim)) of BLOCK_M rows (row bases xb / tb).
 
-    Returns the chunk (float32) and the updated running (m, s, sum_w, sum_wx).
+    Returns the chunk (float32, soft-capped when SOFTCAP) and the updated running (m, s, sum_w, sum_wx).
     """
     c = off + tl.arange(0, BLOCK_N)
     cm = row_ok[:, None] & (c < lim)[None, :]
     # -inf: the identity of max; exp(-inf - m) = 0 is then the identity of the sum.
     x = tl.load(xb[:, None] + c[None, :].to(tl.int64) * sxc, mask=cm, other=-float("inf")).to(tl.float32)
+    if SOFTCAP:
+        x = _ce_softcap(x, cm, softcap)
     m, s = _ce_stats_update(x, m, s)
     if SOFT or SMOOTH:
         sum_w, sum_wx = _ce_target_sums(x, tb, W, c, cm, lim, C, stc, smoothing, sum_w, sum_wx,
@@ -222,15 +241,19 @@ def _ce_fold_chunk(x, tb, W, c, row_ok, lim, C, stc, smoothing, m, s_v, sum_w, s
 
 
 @triton.jit
-def _ce_target_logit(T, xb, r64, row_ok, lo, hi, C, sxc):
-    """x[t] of each row whose class index t lies in [lo, hi) (0 otherwise: ignored, out of range, elsewhere).
+def _ce_target_logit(T, xb, r64, row_ok, lo, hi, C, sxc, softcap=1.0, SOFTCAP: tl.constexpr = False):
+    """x[t] of each row whose class index t lies in [lo, hi) (0 otherwise: ignored, out of range, elsewhere),
+    soft-capped when SOFTCAP.
 
     Read during the statistics pass, before any program writes its gradient (the gradient may be written
     over the logits in place, as the fused linear cross-entropy does).
     """
     t = tl.load(T + r64, mask=row_ok, other=-1).to(tl.int64)
     inside = row_ok & (t >= lo) & (t < hi) & (t >= 0) & (t < C)
-    return tl.load(xb + tl.where(inside, t, 0) * sxc, mask=inside, other=0.0).to(tl.float32)
+    x_t = tl.load(xb + tl.where(inside, t, 0) * sxc, mask=inside, other=0.0).to(tl.float32)
+    if SOFTCAP:
+        x_t = _ce_softcap(x_t, inside, softcap)
+    return x_t
 
 
 @triton.jit
@@ -292,8 +315,12 @@ def _ce_row(T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum
 
 @triton.jit
 def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
-                   SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Pass 2 on one chunk: dx = coef_a * p - B, stored at db (row bases) in DX's dtype."""
+                   softcap, SOFT: tl.constexpr, HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr,
+                   BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr = False):
+    """Pass 2 on one chunk: dx = coef_a * p - B, stored at db (row bases) in DX's dtype.
+
+    With SOFTCAP, x holds the capped logits z = cap tanh(x_raw / cap), and the stored gradient is that of the
+    raw logits: dz * (1 - (z / cap)^2)."""
     c = off + tl.arange(0, BLOCK_N)
     cm = row_ok[:, None] & (c < lim)[None, :]
     c64 = c[None, :].to(tl.int64)
@@ -312,6 +339,9 @@ def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, 
         g -= tl.where(c[None, :] == t[:, None], coef_t[:, None], 0.0)
         if SMOOTH:
             g -= (coef_b * (smoothing / (C * 1.0)))[:, None] * w
+    if SOFTCAP:
+        u = x / softcap  # tanh(x_raw / cap)
+        g = g * (1.0 - u * u)
     tl.store(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), mask=cm)
 
 
@@ -378,6 +408,7 @@ def _ce_fwd_kernel(
     ignore_index,  # class index whose rows are ignored
     smoothing,  # label_smoothing e (float)
     inv_den,  # 1/D when not DEN_ON_DEVICE (1.0 for sum/none, 1/M for the mean of probabilities)
+    softcap,  # cap of the logits' soft-capping z = cap * tanh(x / cap) (read when SOFTCAP)
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # columns per chunk
     SINGLE: tl.constexpr,  # the row fits in one chunk: load once, keep it in registers
@@ -388,6 +419,7 @@ def _ce_fwd_kernel(
     DEN_ON_DEVICE: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr,
     STAGES: tl.constexpr,  # streaming: > 1 software-pipelines both chunk loops this deep; 1 prefetches one chunk
+    SOFTCAP: tl.constexpr = False,  # the loss of the soft-capped logits (Gemma 2's final_logit_softcapping)
 ):
     """One program per BLOCK_M rows: statistics (one or more chunks), loss, then the gradient.
 
@@ -397,6 +429,7 @@ def _ce_fwd_kernel(
     registers before chunk k is reduced."""
     smoothing = tl.cast(smoothing, tl.float32)  # floats may arrive as float64 (Inductor's launches)
     inv_den = tl.cast(inv_den, tl.float32)
+    softcap = tl.cast(softcap, tl.float32)
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -414,7 +447,7 @@ def _ce_fwd_kernel(
     sum_w = tl.zeros([BLOCK_M], tl.float32)  # hard + smoothing + weight: sum w_c;  soft: sum w_c q'_c
     if SINGLE:  # the whole row in one tile, kept in registers for pass 2
         x, m, s, sum_w, sum_wx = _ce_stats_chunk(xb, tb, W, 0, row_ok, C, C, sxc, stc, smoothing, m, s, sum_w,
-                                                 sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+                                                 sum_wx, softcap, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N, SOFTCAP)
     else:
         cols = tl.arange(0, BLOCK_N)
         s_v = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -428,7 +461,10 @@ def _ce_fwd_kernel(
                 x_next = _ce_load_chunk(xb, c + BLOCK_N, row_ok, C, sxc)
             else:
                 x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
-            m_v, s_v, sum_w, sum_wx = _ce_fold_chunk(x_raw.to(tl.float32), tb, W, c, row_ok, C, C, stc, smoothing,
+            x_f = x_raw.to(tl.float32)
+            if SOFTCAP:
+                x_f = _ce_softcap(x_f, row_ok[:, None] & (c < C)[None, :], softcap)
+            m_v, s_v, sum_w, sum_wx = _ce_fold_chunk(x_f, tb, W, c, row_ok, C, C, stc, smoothing,
                                                      m_v, s_v, sum_w, sum_wx, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
         m = m_v
         s = tl.sum(s_v, axis=1)
@@ -437,7 +473,7 @@ def _ce_fwd_kernel(
     if SOFT:
         x_t = tl.zeros([BLOCK_M], tl.float32)  # unused
     else:
-        x_t = _ce_target_logit(T, xb, r64, row_ok, 0, C, C, sxc)
+        x_t = _ce_target_logit(T, xb, r64, row_ok, 0, C, C, sxc, softcap, SOFTCAP)
     loss, lse, coef_a, coef_b, coef_t, t, bad = _ce_row(
         T, W, x_t, r64, row_ok, C, ignore_index, smoothing, m, s, sum_w, sum_wx, DEN, inv_den, RS,
         SOFT, HAS_WEIGHT, SMOOTH, DEN_ON_DEVICE, HAS_ROW_SCALE, BLOCK_M)
@@ -448,7 +484,7 @@ def _ce_fwd_kernel(
         db = DX + (r64 // INNER) * sdo + (r64 % INNER) * sdi
         if SINGLE:
             _ce_grad_chunk(x, db, tb, W, 0, row_ok, C, C, sdc, stc, smoothing, lse, coef_a, coef_b, coef_t, t,
-                           SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+                           softcap, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N, SOFTCAP)
         else:
             # Second read of the row (from L2 while it is still there), last chunk first: the chunks read last
             # in pass 1 (the likeliest to still be in L2) are re-read first; with more rows in flight than L2
@@ -469,8 +505,11 @@ def _ce_fwd_kernel(
                     x_next = _ce_load_chunk(xb, c + step, row_ok, C, sxc)
                 else:
                     x_raw = _ce_load_chunk(xb, c, row_ok, C, sxc)
-                _ce_grad_chunk(x_raw.to(tl.float32), db, tb, W, off, row_ok, C, C, sdc, stc, smoothing, lse, coef_a,
-                               coef_b, coef_t, t, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N)
+                x_f = x_raw.to(tl.float32)
+                if SOFTCAP:
+                    x_f = _ce_softcap(x_f, row_ok[:, None] & (c < C)[None, :], softcap)
+                _ce_grad_chunk(x_f, db, tb, W, off, row_ok, C, C, sdc, stc, smoothing, lse, coef_a,
+                               coef_b, coef_t, t, softcap, SOFT, HAS_WEIGHT, SMOOTH, BLOCK_N, SOFTCAP)
 
 
 @triton.jit
@@ -626,13 +665,18 @@ def _ce_scale_kernel(
 # ==================================================================================================
 # PyTorch references
 # ==================================================================================================
-def cross_entropy_reference(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
-    """``F.cross_entropy`` in float32 (float64 stays float64), result in the dtype torch would give."""
+def cross_entropy_reference(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                            softcap=None):
+    """``F.cross_entropy`` in float32 (float64 stays float64), result in the dtype torch would give; with
+    ``softcap``, of ``softcap * tanh(input / softcap)``."""
     acc = torch.float64 if input.dtype == torch.float64 else torch.float32
     out_dtype = _out_dtype(input)
     w = None if weight is None else weight.to(acc)
     tgt = target.to(acc) if target.is_floating_point() else target
-    loss = torch.nn.functional.cross_entropy(input.to(acc), tgt, weight=w, ignore_index=ignore_index,
+    x = input.to(acc)
+    if softcap:
+        x = torch.tanh(x / softcap) * softcap
+    loss = torch.nn.functional.cross_entropy(x, tgt, weight=w, ignore_index=ignore_index,
                                              reduction=reduction, label_smoothing=label_smoothing)
     return loss.to(out_dtype)
 
@@ -741,7 +785,7 @@ _MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of gr
 
 def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: bool, smooth: bool,
           ignore_index: int, den_on_device: bool, has_row_scale: bool, has_grad: bool,
-          persist_ok: bool = False) -> _Plan:
+          persist_ok: bool = False, softcap: bool = False) -> _Plan:
     """Launch plan for an input of ``shape`` (ndim >= 2, classes on dim 1); cached per key.
 
     Every integer a kernel receives (sizes, strides, ``ignore_index``, pieces) is a function of the key:
@@ -751,15 +795,16 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
     gradient and class-index targets without smoothing, in eager calls (``persist_ok``), take the persistent
     kernel (bound at the first call: its grid comes from the compiled binary's occupancy) -- in its VEC8 form where
     they are not 16-element aligned and the gradient shares their window, and behind the TMA kernel (``tma``) where
-    that one's ring holds them; misaligned rows without a shared window stream.  Everything else streams.
+    that one's ring holds them; misaligned rows without a shared window stream.  Everything else streams
+    (soft-capped logits included: only ``_ce_fwd_kernel`` caps them).
     """
     key = (shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index, den_on_device, has_row_scale,
-           has_grad, persist_ok, override_epoch())
+           has_grad, persist_ok, softcap, override_epoch())
     try:
         plan = _PLANS.get(key)
     except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
         return _plan(concrete(shape), concrete(xstride), None if tstride is None else concrete(tstride), dtype, soft,
-                     has_weight, smooth, ignore_index, den_on_device, has_row_scale, has_grad, persist_ok)
+                     has_weight, smooth, ignore_index, den_on_device, has_row_scale, has_grad, persist_ok, softcap)
     if plan is not None:
         return plan
     plan = _Plan()
@@ -791,7 +836,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         single = c_pow2 <= get_override("cross_entropy", "max_single", cfg.MAX_SINGLE)
         misaligned = rows_misaligned(shape, (xstride,), 1, elem)
         win = vec8_window(shape, (xstride,), 1, elem)
-        persistent = (not single and elem == 2 and has_grad and persist_ok and not (soft or smooth)
+        persistent = (not single and elem == 2 and has_grad and persist_ok and not (soft or smooth or softcap)
                       and (not misaligned or win > 0))
         if persistent:
             # Pieces of at most BLOCK_N columns, balanced, 64-aligned starts (VEC8: over the row's window, C + d);
@@ -818,9 +863,10 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                 block_m, warps, stages = 1, stream.num_warps, stream.stages
                 block_n = get_override("cross_entropy", "block_n", stream.block_n)
             plan.ints = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd) + (ignore_index,)
+            capped = dict(SOFTCAP=True) if softcap else {}
             plan.kernel = Kernel(_ce_fwd_kernel, (triton.cdiv(M, block_m),), check=None, BLOCK_M=block_m,
                                  BLOCK_N=block_n, SINGLE=single, **flags, HAS_GRAD=has_grad, STAGES=stages,
-                                 num_warps=warps)
+                                 num_warps=warps, **capped)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = plan
@@ -924,6 +970,17 @@ def check_target_flag(den: torch.Tensor, C: int) -> None:
     _PENDING.append((event, host, C))
 
 
+def check_softcap(op: str, softcap) -> float:
+    """``softcap`` as a float, 0.0 for None; a clear error for anything but a positive finite number."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"{op}: argument 'softcap' must be a positive float or None, got {type(softcap).__name__}")
+    if not (0.0 < float(softcap) < float("inf")):
+        raise ValueError(f"{op}: argument 'softcap' must be a positive finite float or None, got {softcap}")
+    return float(softcap)
+
+
 def _loss_shape(input: torch.Tensor) -> torch.Size:
     return input.shape[:1] + input.shape[2:] if input.dim() >= 2 else torch.Size([])
 
@@ -941,6 +998,7 @@ def cross_entropy_forward(
     den: torch.Tensor | None = None,
     loss_out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    softcap: float | None = None,
 ):
     """Launch the fused cross-entropy on validated arguments.
 
@@ -952,7 +1010,8 @@ def cross_entropy_forward(
     (it may be ``input`` itself: the logits are overwritten by their gradient); ``row_scale`` (M,)
     multiplies each row's gradient; ``den`` is ``launch_den``'s result for all the rows, computed and
     checked (``check_target_flag``) by the caller; ``loss_out`` (M,) float32 receives the per-row losses
-    (then ``loss`` is None).
+    (then ``loss`` is None); ``softcap`` > 0 computes the loss of ``softcap * tanh(input / softcap)`` and the
+    gradient w.r.t. ``input``.
 
     Launches: ``_ce_den_kernel`` (class indices, unless ``den`` is given), the main kernel, and for
     'mean' / 'sum' ``_ce_sum_kernel``; nothing is zero-filled.
@@ -978,8 +1037,10 @@ def cross_entropy_forward(
     # The persistent kernel runs in eager (real tensors) only: under torch.compile the traced launch
     # (fake tensors) takes the streaming kernel, which Inductor emits in its own code.
     persist_ok = type(input) in (torch.Tensor, torch.nn.Parameter) and (INTERPRET or input.is_cuda)
+    cap = float(softcap) if softcap else 0.0
     plan = _plan(shape, input.stride(), target.stride() if soft else None, input.dtype, soft, weight is not None,
-                 label_smoothing > 0, ignore_index, mean_hard, row_scale is not None, grad is not None, persist_ok)
+                 label_smoothing > 0, ignore_index, mean_hard, row_scale is not None, grad is not None, persist_ok,
+                 cap > 0)
     M, C = plan.M, plan.C
     if plan.kernel is None and plan.persist is None:  # M == 0 or C == 0
         if grad is not None:
@@ -1023,12 +1084,12 @@ def cross_entropy_forward(
         pargs = (*args, slots, *plan.ints, inv_den, plan.splits, plan.piece)
         kernels = _persist_kernels(plan, pargs)
         if kernels is None:  # not even one row group fits on this GPU: stream
-            plan.fallback.kernel(*args, *plan.fallback.ints, float(label_smoothing), inv_den)
+            plan.fallback.kernel(*args, *plan.fallback.ints, float(label_smoothing), inv_den, 1.0)
         else:
             for k in kernels:  # one launch on the GPU; phases 0 and 1 under the interpreter
                 k(*pargs, plan.groups)
     else:
-        plan.kernel(*args, *plan.ints, float(label_smoothing), inv_den)
+        plan.kernel(*args, *plan.ints, float(label_smoothing), inv_den, cap if cap > 0 else 1.0)
     if loss_out is not None:
         return None, grad
     if reduction == "none":
@@ -1079,11 +1140,11 @@ def scale_grad_(grad: torch.Tensor, grad_output: torch.Tensor, reduction: str) -
 # Registration (ops/_library.py): custom ops for torch.compile, autograd, the eager direct path
 # ==================================================================================================
 def _ce_fwd(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
-            reduction: str, label_smoothing: float, compute_grad: bool,
-            out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+            reduction: str, label_smoothing: float, compute_grad: bool, out_dtype: torch.dtype,
+            softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward as an op: (loss, gradient of the loss for an upstream gradient of 1; empty without)."""
     loss, grad = cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing,
-                                       compute_grad, out_dtype=out_dtype)
+                                       compute_grad, out_dtype=out_dtype, softcap=softcap)
     return loss, (grad if grad is not None else input.new_empty(0))
 
 
@@ -1114,7 +1175,7 @@ def _grads(ctx, backward, grad_loss):
             raise RuntimeError(f"{_OP}: backward ran twice through the same graph; the gradient computed in the "
                                "forward is scaled in place, so retain_graph=True double backward is not supported")
         ctx.used = True
-    return backward(grad, grad_loss, ctx.reduction), None, None, None, None, None, None, None
+    return backward(grad, grad_loss, ctx.reduction), None, None, None, None, None, None, None, None
 
 
 cross_entropy_op = FusedOp("cross_entropy", _ce_fwd, _ce_bwd, _setup_context, _grads, eager_backward=_ce_bwd_eager)
@@ -1129,6 +1190,8 @@ def fused_cross_entropy(
     reduce=None,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    *,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """``F.cross_entropy`` with one fused Triton kernel (loss and gradient in one pass over the logits).
 
@@ -1136,16 +1199,24 @@ def fused_cross_entropy(
     probabilities, ``weight``, ``ignore_index``, ``reduction``, ``label_smoothing``); bf16/fp16/fp32 logits
     are read in their own dtype with float32 math. float64 inputs, probability targets that require a
     gradient, and devices where Triton cannot run use PyTorch (``F.cross_entropy``).
+
+    ``softcap`` (a positive float, or None): the loss of the soft-capped logits ``softcap * tanh(input / softcap)``
+    (Gemma 2's ``final_logit_softcapping``), capped in float32 inside the kernel, with the gradient w.r.t. ``input``:
+    no capped copy of the logits is kept.
     """
     if size_average is not None or reduce is not None:
         from torch.nn.modules.loss import _Reduction
 
         reduction = _Reduction.legacy_get_string(size_average, reduce)
     soft = validate(input, target, weight, ignore_index, reduction, label_smoothing)
-    if input.dtype == torch.float64 or (soft and target.requires_grad) or use_fallback(_OP, input):
+    cap = check_softcap(_OP, softcap)
+    if (input.dtype == torch.float64 or (soft and target.requires_grad) or use_fallback(_OP, input)
+            or (is_compiling() and compile_config.COMPILED.cross_entropy == "inductor")):  # (see compile_config)
+        if cap:
+            input = torch.tanh(input / cap) * cap
         return torch.nn.functional.cross_entropy(input, target, weight=weight, ignore_index=ignore_index,
                                                  reduction=reduction, label_smoothing=label_smoothing)
     out_dtype = _out_dtype(input)
     need_grad = input.requires_grad and torch.is_grad_enabled()
     return cross_entropy_op(input, target, weight, ignore_index, reduction, float(label_smoothing), need_grad,
-                            out_dtype, needs_grad=need_grad)
+                            out_dtype, cap, needs_grad=need_grad)

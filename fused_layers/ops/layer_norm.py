@@ -97,7 +97,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import _cpp
+from . import _cpp, compile_config
 from . import layer_norm_config as cfg
 from ._common import (
     INTERPRET,
@@ -1389,12 +1389,8 @@ def _dispatch(x, weight, bias, k, eps, is_rms):
     return norm_forward(x, weight, bias, k, eps, is_rms, False)[0]  # inference: no statistics
 
 
-# Under torch.compile the norms defer to Inductor: its generated LayerNorm fuses the residual add and the dtype
-# casts around the norm into one kernel, which a separate kernel cannot do (GPT-2 small, H200, B16 x 1024:
-# Inductor's norms 1.78 ms of GPU time a step, these kernels 2.09 ms plus 0.69 ms for the residual add Inductor then
-# writes out).  Eager calls always run the kernels.  Tests set this False to have Inductor emit them (the ops are
-# torch.library.triton_op, as fused_rms_norm_variant's, which always traces into its kernels).
-_DEFER_TO_INDUCTOR = True
+# Under torch.compile the norms take their route from compile_config.COMPILED ("inductor" by default: Inductor's
+# LayerNorm fuses the residual add and the casts around it; the number is there).  Eager calls always run the kernels.
 
 
 def fused_layer_norm(
@@ -1416,7 +1412,7 @@ def fused_layer_norm(
         if y is not None:
             return y
     shape, k = _validate(_LN, input, normalized_shape, weight, bias)
-    if _DEFER_TO_INDUCTOR and is_compiling():
+    if is_compiling() and compile_config.COMPILED.layer_norm == "inductor":
         return F.layer_norm(input, shape, weight, bias, eps)
     x = input
     if _any_autocast():
@@ -1445,7 +1441,7 @@ def fused_rms_norm(
         if y is not None:
             return y
     shape, k = _validate(_RMS, input, normalized_shape, weight, None)
-    if _DEFER_TO_INDUCTOR and is_compiling():
+    if is_compiling() and compile_config.COMPILED.rms_norm == "inductor":
         return F.rms_norm(input, shape, weight, eps)
     x = input
     if _any_autocast():

@@ -19,6 +19,10 @@ backward only scales them by grad_output (``_ce_scale_kernel``: no traffic when 
 memory: one chunk of logits + grad_weight in float32 + grad_hidden, instead of the (N, V) logits,
 their float32 copy and their gradient (about 5 GB at GPT-2-small, B16 x 1024 tokens).
 
+``softcap`` = c caps the logits as Gemma 2 does, z = c tanh(logits / c), inside the cross-entropy kernel
+(float32, on the chunk as it is read), whose gradient is then that of the raw logits: the head and its
+matmuls are unchanged.
+
 ``reduction='none'`` needs a per-token upstream gradient that is only known in the backward, so there
 the forward computes the losses only and the backward recomputes the chunks (one more head matmul)
 with the per-row scale folded into the kernel.  Class weights are not supported here (use
@@ -29,17 +33,21 @@ from __future__ import annotations
 
 import torch
 
+from . import compile_config
 from . import cross_entropy_config as cfg
 from ._common import check_tensor, get_override, is_compiling, use_fallback
-from .cross_entropy import _REDUCTIONS, check_target_flag, cross_entropy_forward, launch_den, scale_grad_
+from .cross_entropy import _REDUCTIONS, check_softcap, check_target_flag, cross_entropy_forward, launch_den, scale_grad_
 
 _OP = "fused_linear_cross_entropy"
 
 
 def linear_cross_entropy_reference(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
-                                   label_smoothing=0.0):
-    """The unfused computation: logits in the compute dtype, cross-entropy in float32."""
+                                   label_smoothing=0.0, softcap=None):
+    """The unfused computation: logits in the compute dtype, cross-entropy in float32 (of the logits capped in
+    float32 with ``softcap``)."""
     logits = torch.nn.functional.linear(hidden, weight, bias)
+    if softcap:
+        logits = torch.tanh(logits.float() / softcap) * softcap
     return torch.nn.functional.cross_entropy(logits.float(), target, ignore_index=ignore_index,
                                              reduction=reduction, label_smoothing=label_smoothing)
 
@@ -81,7 +89,7 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
 
 
 def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
-                                 compute_grad, cdtype, out_dtype, row_scale=None):
+                                 compute_grad, cdtype, out_dtype, row_scale=None, softcap=0.0):
     """Launch the chunked head + loss on validated 2-D ``hidden`` (N, H), ``weight`` (V, H), ``target`` (N,).
 
     Returns ``(loss, grad_hidden, grad_weight, grad_bias)``; the gradients (for an upstream gradient of
@@ -115,7 +123,7 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             cross_entropy_forward(
                 logits, t[s:e], None, ignore_index, reduction, label_smoothing, compute_grad,
                 grad_out=logits if compute_grad else None, den=den, loss_out=loss_rows[s:e],
-                row_scale=row_scale[s:e] if row_scale is not None else None,
+                row_scale=row_scale[s:e] if row_scale is not None else None, softcap=softcap,
             )
             if compute_grad:
                 torch.mm(logits, w, out=gh[s:e])
@@ -171,15 +179,17 @@ def _empty_or(t, like):
 @torch.library.custom_op("fused_layers::linear_cross_entropy_fwd", mutates_args=())
 def _lce_fwd_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
                 ignore_index: int, reduction: str, label_smoothing: float, compute_grad: bool,
-                cdtype: torch.dtype,
-                out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                cdtype: torch.dtype, out_dtype: torch.dtype,
+                softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     loss, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
-                                                    label_smoothing, compute_grad, cdtype, out_dtype)
+                                                    label_smoothing, compute_grad, cdtype, out_dtype,
+                                                    softcap=softcap)
     return loss, _empty_or(gh, hidden), _empty_or(gw, weight), _empty_or(gb, hidden)
 
 
 @_lce_fwd_op.register_fake
-def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, compute_grad, cdtype, out_dtype):
+def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, compute_grad, cdtype, out_dtype,
+      softcap):
     loss = hidden.new_empty(hidden.shape[:1] if reduction == "none" else (), dtype=out_dtype)
     if not compute_grad:
         return loss, hidden.new_empty(0), weight.new_empty(0), hidden.new_empty(0)
@@ -190,21 +200,23 @@ def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, co
 @torch.library.custom_op("fused_layers::linear_cross_entropy_bwd_rows", mutates_args=())
 def _lce_bwd_rows_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
                      grad_loss: torch.Tensor, ignore_index: int, label_smoothing: float,
-                     cdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     cdtype: torch.dtype, softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, "none", label_smoothing,
-                                                 True, cdtype, torch.float32, row_scale=grad_loss.float().contiguous())
+                                                 True, cdtype, torch.float32, row_scale=grad_loss.float().contiguous(),
+                                                 softcap=softcap)
     return gh, gw, _empty_or(gb, hidden)
 
 
 @_lce_bwd_rows_op.register_fake
-def _(hidden, weight, target, bias, grad_loss, ignore_index, label_smoothing, cdtype):
+def _(hidden, weight, target, bias, grad_loss, ignore_index, label_smoothing, cdtype, softcap):
     gb = bias.new_empty(bias.shape) if bias is not None else hidden.new_empty(0)
     return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape), gb
 
 
 def _lce_setup_context(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, reduction, label_smoothing, compute_grad, cdtype, _ = inputs
+    hidden, weight, target, bias, ignore_index, reduction, label_smoothing, compute_grad, cdtype, _, softcap = inputs
     ctx.reduction, ctx.ignore_index, ctx.label_smoothing, ctx.cdtype = reduction, ignore_index, label_smoothing, cdtype
+    ctx.softcap = softcap
     ctx.has_bias = bias is not None
     if reduction == "none":
         ctx.save_for_backward(hidden, weight, target, bias)
@@ -216,11 +228,11 @@ def _lce_backward(ctx, grad_loss, *_):
     if ctx.reduction == "none":
         hidden, weight, target, bias = ctx.saved_tensors
         gh, gw, gb = _lce_bwd_rows_op(hidden, weight, target, bias, grad_loss, ctx.ignore_index, ctx.label_smoothing,
-                                      ctx.cdtype)
+                                      ctx.cdtype, ctx.softcap)
     else:
         gh, gw, gb = ctx.saved_tensors
         gh, gw, gb = gh * grad_loss.to(gh.dtype), gw * grad_loss.to(gw.dtype), gb * grad_loss.to(gb.dtype)
-    return gh, gw, None, (gb if ctx.has_bias else None), None, None, None, None, None, None
+    return gh, gw, None, (gb if ctx.has_bias else None), None, None, None, None, None, None, None
 
 
 _lce_fwd_op.register_autograd(_lce_backward, setup_context=_lce_setup_context)
@@ -230,18 +242,19 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
     """Eager direct path: gradients computed in the forward, scaled in place in the backward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, ignore_index, reduction, label_smoothing, cdtype, out_dtype):
+    def forward(ctx, hidden, weight, target, bias, ignore_index, reduction, label_smoothing, cdtype, out_dtype,
+                softcap):
         ctx.reduction, ctx.ignore_index = reduction, ignore_index
-        ctx.label_smoothing, ctx.cdtype = label_smoothing, cdtype
+        ctx.label_smoothing, ctx.cdtype, ctx.softcap = label_smoothing, cdtype, softcap
         ctx.has_bias = bias is not None
         ctx.used = False
         if reduction == "none":
             loss, *_ = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
-                                                    label_smoothing, False, cdtype, out_dtype)
+                                                    label_smoothing, False, cdtype, out_dtype, softcap=softcap)
             ctx.save_for_backward(hidden, weight, target, bias)
         else:
             loss, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
-                                                            label_smoothing, True, cdtype, out_dtype)
+                                                            label_smoothing, True, cdtype, out_dtype, softcap=softcap)
             ctx.save_for_backward(gh, gw, gb)
         return loss
 
@@ -252,7 +265,8 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
             hidden, weight, target, bias = ctx.saved_tensors
             _, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ctx.ignore_index, "none",
                                                          ctx.label_smoothing, True, ctx.cdtype, torch.float32,
-                                                         row_scale=grad_loss.float().contiguous())
+                                                         row_scale=grad_loss.float().contiguous(),
+                                                         softcap=ctx.softcap)
         else:
             if ctx.used:
                 raise RuntimeError(f"{_OP}: backward ran twice through the same graph; the gradients computed in "
@@ -263,7 +277,7 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
             for g in (gh, gw, gb):
                 if g is not None:
                     scale_grad_(g, grad_loss, "sum")
-        return gh, gw, None, gb, None, None, None, None, None
+        return gh, gw, None, gb, None, None, None, None, None, None
 
 
 def fused_linear_cross_entropy(
@@ -274,6 +288,8 @@ def fused_linear_cross_entropy(
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    *,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """``F.cross_entropy(F.linear(hidden, weight, bias), target, ...)`` without materializing the logits.
 
@@ -281,11 +297,17 @@ def fused_linear_cross_entropy(
     The logits are computed chunk by chunk in the compute dtype (the autocast dtype under autocast, else
     the inputs' dtype) and the loss in float32; the loss is float32 under autocast, else in the compute
     dtype (as ``F.cross_entropy`` of the logits).  Gradients flow to ``hidden``, ``weight`` and ``bias``.
+    ``softcap`` (a positive float, or None): the loss of ``softcap * tanh(logits / softcap)``, as Gemma 2's
+    ``final_logit_softcapping``.
     """
     _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoothing)
+    cap = check_softcap(_OP, softcap)
     cdtype = _compute_dtype(hidden)
-    if cdtype == torch.float64 or use_fallback(_OP, hidden) or target.requires_grad:
+    if (cdtype == torch.float64 or use_fallback(_OP, hidden) or target.requires_grad
+            or (is_compiling() and compile_config.COMPILED.linear_cross_entropy == "inductor")):
         logits = torch.nn.functional.linear(hidden, weight, bias)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                                                  ignore_index=ignore_index, reduction=reduction,
                                                  label_smoothing=label_smoothing).reshape(
@@ -305,11 +327,11 @@ def fused_linear_cross_entropy(
                                               or (bias is not None and bias.requires_grad))
     if is_compiling():
         loss = _lce_fwd_op(h2, weight, t1, bias, ignore_index, reduction, float(label_smoothing), need_grad,
-                           cdtype, out_dtype)[0]
+                           cdtype, out_dtype, cap)[0]
     elif need_grad:
         loss = _LinearCrossEntropyFunction.apply(h2, weight, t1, bias, ignore_index, reduction, float(label_smoothing),
-                                                 cdtype, out_dtype)
+                                                 cdtype, out_dtype, cap)
     else:
         loss = linear_cross_entropy_forward(h2, weight, t1, bias, ignore_index, reduction, float(label_smoothing),
-                                            False, cdtype, out_dtype)[0]
+                                            False, cdtype, out_dtype, softcap=cap)[0]
     return loss.reshape(shape) if reduction == "none" else loss

@@ -28,8 +28,15 @@ from __future__ import annotations
 
 import torch
 
-from . import _cpp
-from ._common import SUPPORTED_DTYPES, check_float_dtype, check_same_device, check_tensor, use_fallback
+from . import _cpp, compile_config
+from ._common import (
+    SUPPORTED_DTYPES,
+    check_float_dtype,
+    check_same_device,
+    check_tensor,
+    is_compiling,
+    use_fallback,
+)
 from ._library import FusedOp
 from .layer_norm import _cpp_norm, norm_backward, norm_forward
 
@@ -123,6 +130,8 @@ def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float
     if weight.dtype != input.dtype and weight.dtype != torch.float32:
         raise TypeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; with a {input.dtype} input it must be "
                         f"{input.dtype} or torch.float32")
+    if is_compiling() and compile_config.COMPILED.rms_norm_variant == "inductor":  # Inductor writes it (see there)
+        return rms_norm_variant_reference(input, weight, eps, cast_before_weight, keep_input_dtype)
     needs_grad = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
     if needs_grad and _cpp.ENABLED and _cpp.eager_ok():  # (training: the C++ node)
         out_dtype = _out_dtype(input, weight, keep_input_dtype)

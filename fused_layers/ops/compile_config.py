@@ -1,0 +1,58 @@
+"""Which ops run these kernels under ``torch.compile``, and which give their computation back to Inductor.
+
+Eager calls always run the kernels.  While Dynamo traces (``is_compiling()``), each op's functional entry
+reads its route here: ``"kernels"`` records the registered ``torch.library`` op (Inductor traces into its
+Triton launches), ``"inductor"`` writes the op's PyTorch reference into the graph, for Inductor to generate
+and fuse with its neighbours (a norm with the residual add and the casts around it, which a kernel of its
+own cannot join).  The choice is made at trace time: changing it takes effect at the next compile
+(``torch._dynamo.reset()``).  Attention is not here: Inductor does not generate attention, and where SDPA
+is the faster kernel the modules call it in both modes (``prefer_sdpa`` in ``attention.py``).
+
+Tests and sweeps set another table for a block: ``monkeypatch.setattr(compile_config, "COMPILED",
+dataclasses.replace(compile_config.COMPILED, layer_norm="kernels"))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Route = Literal["kernels", "inductor"]
+
+
+@dataclass(frozen=True)
+class CompiledRoutes:
+    """The route of each op under ``torch.compile`` (read by its functional entry while Dynamo traces)."""
+
+    layer_norm: Route
+    rms_norm: Route
+    rms_norm_variant: Route  #: the transformers RMSNorm look-alikes (``fused_rms_norm_variant``)
+    softmax: Route
+    cross_entropy: Route  #: ``fused_cross_entropy`` and transformers' causal-LM loss on given logits
+    linear_cross_entropy: Route  #: the LM head + loss, chunked (the demo's loss module, transformers' causal LMs)
+
+
+COMPILED = CompiledRoutes(
+    # Inductor's generated LayerNorm fuses the residual add and the dtype casts around the norm into one kernel,
+    # which a separate kernel cannot do (GPT-2 small, H200, B16 x 1024: Inductor's norms 1.78 ms of GPU time a
+    # step, these kernels 2.09 ms plus 0.69 ms for the residual add Inductor then writes out).
+    layer_norm="inductor",
+    # The same neighbours and the same fusion as LayerNorm (an RMSNorm is a LayerNorm without mean and bias).
+    rms_norm="inductor",
+    # What these look-alikes have always run under compile (Inductor traces into the kernels); Inductor's own
+    # norm beside the residual add is the alternative the GPU benchmark decides between.
+    rms_norm_variant="kernels",
+    # What the softmax has always run under compile: one kernel per row block, forward and backward.
+    softmax="kernels",
+    # What the loss has always run under compile: loss and gradient in one pass over the logits, read in their
+    # own dtype (the gradient written in the forward, no float32 copy of the logits).
+    cross_entropy="kernels",
+    # A fusion Inductor cannot do: its graph holds the (N, V) logits of the LM head (and the loss's float32 copy
+    # of them), the chunked kernel never more than one chunk of them.
+    linear_cross_entropy="kernels",
+)
+
+
+def route(op: str) -> Route:
+    """The route of ``op`` (a field of ``CompiledRoutes``) under ``torch.compile``."""
+    return getattr(COMPILED, op)

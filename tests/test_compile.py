@@ -1,0 +1,344 @@
+"""torch.compile of swapped models on the CPU, with the GPU's routing forced: no graph break and no more
+recompiles than the unswapped model.
+
+What runs only on CUDA and is traced by Dynamo: the C++ fast path's checks (``_cpp.ENABLED``, the
+extension that a background build sets), the cuDNN routing (``prefer_sdpa``), and what transformers builds
+for the attention function under compile.  ``gpu_route`` forces those branches here (the kernels still
+run in Triton's interpreter, the routing takes the GPU's decisions) and ``backend="eager"`` keeps the
+check to Dynamo: graphs, breaks and recompiles are counted from ``torch._dynamo.utils.counters``.
+``compile_counts`` is shared with tests/test_compile_gpu.py, which runs the same sequence through Inductor.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import fused_layers.functional as FF
+from fused_layers import restore_modules, swap_modules
+from fused_layers.ops.norm_variants import fused_rms_norm_variant
+
+try:
+    import transformers
+except Exception:  # pragma: no cover - the [hf] extra
+    transformers = None
+
+needs_hf = pytest.mark.skipif(transformers is None, reason="transformers not installed")
+
+
+def compile_counts(model: nn.Module, batches, step, backend="eager", mode=None, after=None) -> dict:
+    """Compile ``model`` and run, as the failing runs did: an eval forward under no_grad, then training steps
+    (``step(compiled, batch)`` runs forward + backward), then eval again; ``after(i)`` runs before step i.
+    Returns graph breaks, unique graphs and recompiles (Dynamo's counters)."""
+    from torch._dynamo.utils import counters
+
+    recompiles: list[str] = []  # Dynamo's "Recompiling function ..." messages (its recompiles log)
+
+    class _Recompiles(logging.Handler):
+        def emit(self, record):
+            recompiles.append(record.getMessage().split("\n", 1)[0])
+
+    log = logging.getLogger("torch._dynamo.guards.__recompiles")
+    handler = _Recompiles()
+    torch._logging.set_logs(recompiles=True)
+    log.addHandler(handler)
+    try:
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(model, backend=backend, mode=mode)
+        model.eval()
+        with torch.no_grad():
+            compiled(**batches[0])
+        model.train()
+        for i, b in enumerate(batches):
+            if after is not None:
+                after(i)
+            for p in model.parameters():
+                p.grad = None
+            step(compiled, b)
+        model.eval()
+        with torch.no_grad():
+            compiled(**batches[0])
+        model.train()
+    finally:
+        log.removeHandler(handler)
+        torch._logging.set_logs()
+    return {"breaks": sum(counters["graph_break"].values()), "break_reasons": dict(counters["graph_break"]),
+            "graphs": counters["stats"]["unique_graphs"], "recompiles": len(recompiles),
+            "recompiled": sorted(set(recompiles))}
+
+
+def assert_no_worse(fused: dict, plain: dict) -> None:
+    """No graph break, unique graph or recompile the unswapped model does not have (transformers' own code
+    breaks the graph in some models, e.g. a logger call of GPT-2's: those count for both)."""
+    assert fused["breaks"] <= plain["breaks"], fused["break_reasons"]
+    assert set(fused["break_reasons"]) <= set(plain["break_reasons"]), fused["break_reasons"]
+    assert fused["graphs"] <= plain["graphs"], (fused, plain)
+    assert fused["recompiles"] <= plain["recompiles"], (fused["recompiled"], plain["recompiled"])
+
+
+@pytest.fixture
+def gpu_route(monkeypatch):
+    """The routing the GPU takes, with the kernels in the interpreter: the C++ fast path on (not built yet),
+    cuDNN measured faster for this device (prefer_sdpa's dense bf16 / fp16 head dim 64 / 128 cases)."""
+    from fused_layers.ops import _cpp
+    from fused_layers.ops import attention as attn_ops
+
+    monkeypatch.setattr(_cpp, "ENABLED", True)
+    monkeypatch.setattr(_cpp, "_ext", None)
+    monkeypatch.setattr(attn_ops, "ROUTE_DEVICE_TYPE", "cpu")
+    monkeypatch.setitem(attn_ops._CUDNN_FASTER, -1, True)
+    return _cpp
+
+
+def _ext_built_at(cpp, i):
+    """The C++ extension's background build finishes between the first and second training step."""
+    def after(step):
+        if step == 1:
+            cpp._ext = object()  # never called while compiling (fast_call checks is_compiling first)
+    return after
+
+
+# --------------------------------------------------------------------------------------------------
+# transformers
+# --------------------------------------------------------------------------------------------------
+def _hf_model(family: str, dtype: torch.dtype):
+    T = transformers
+    small = dict(vocab_size=64, hidden_size=128, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, max_position_embeddings=32, attn_implementation="sdpa")
+    if family == "gpt2":
+        m = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=64, n_embd=128, n_layer=1, n_head=2, n_positions=32,
+                                           attn_implementation="sdpa"))
+    else:
+        cfg, cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                    "gemma": ("GemmaConfig", "GemmaForCausalLM")}[family]
+        kw = dict(small, head_dim=64) if family == "gemma" else small
+        m = getattr(T, cls)(getattr(T, cfg)(**kw))
+    m.config.use_cache = False
+    return m.to(dtype)
+
+
+def _lm_step(compiled, b):
+    compiled(**b).loss.backward()
+
+
+def _lm_batches(n=2, mask=None):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(0, 64, (1, 8), generator=g)
+        b = {"input_ids": ids, "labels": ids}
+        if mask is not None:
+            b["attention_mask"] = mask
+        out.append(b)
+    return out
+
+
+@needs_hf
+@pytest.mark.slow
+@pytest.mark.parametrize("family,dtype", [("llama", torch.bfloat16), ("gpt2", torch.bfloat16)])
+# (Qwen2, Gemma: tests/test_compile_gpu.py; the float32 kernel route: the demo GPT and the tests below)
+def test_hf_compiled_gpu_route_no_break_no_extra_recompile(gpu_route, family, dtype):
+    """bf16 head dim 64: the attention routes to SDPA as on Hopper (the HF function's checks, then SDPA).  The C++ build
+    finishing mid-run (``_cpp._ext`` set) was a recompile of every frame: Dynamo guarded on it."""
+    torch.manual_seed(0)
+    model = _hf_model(family, dtype)
+    batches = _lm_batches()
+    plain = compile_counts(model, batches, _lm_step)
+    report = swap_modules(model)
+    assert report.counts().get("attention") == 1
+    fused = compile_counts(model, batches, _lm_step, after=_ext_built_at(gpu_route, 1))
+    restore_modules(model)
+    assert_no_worse(fused, plain)
+
+
+@needs_hf
+@pytest.mark.slow
+def test_hf_materialized_mask_under_compile_runs_sdpa_without_a_break(gpu_route):
+    """transformers builds a 4-D mask under compile where torch reports tracing as exporting (torch < 2.14);
+    telling a causal + padding mask apart means reading it (decompose_mask: torch.equal, .any()), a
+    data-dependent graph break in every layer.  Compiled, a mask tensor runs SDPA (one warning, emitted while
+    tracing, no break); eager calls still fuse it.  Same loss and gradients as the unswapped model."""
+    torch.manual_seed(0)
+    model = _hf_model("llama", torch.float32)
+    ref = _hf_model("llama", torch.float32)
+    ref.load_state_dict(model.state_dict())
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool).tril()  # what sdpa_mask materializes: causal, no padding
+    batches = _lm_batches(1, mask)
+    swap_modules(model)
+    from fused_layers.ops import _common
+
+    _common._warned.discard("hf_attention:a mask tensor under torch.compile")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        fused = compile_counts(model, batches, _lm_step)
+    assert fused["breaks"] == 0, fused["break_reasons"]
+    assert any("a mask tensor under torch.compile" in str(x.message) for x in w)
+    torch._dynamo.reset()
+    model.zero_grad(set_to_none=True)
+    out = torch.compile(model, backend="eager")(**batches[0])
+    out.loss.backward()
+    want = ref(**batches[0])
+    want.loss.backward()
+    torch.testing.assert_close(out.loss, want.loss)
+    grads = {n: p.grad for n, p in ref.named_parameters()}
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+# --------------------------------------------------------------------------------------------------
+# torch modules and the demo GPT
+# --------------------------------------------------------------------------------------------------
+class _Encoder(nn.Module):
+    def __init__(self, d=128, h=2):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d, h, dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+
+    def forward(self, x, mask=None):
+        return self.enc(x, mask=mask, is_causal=mask is not None)
+
+
+def _sum_step(compiled, b):
+    compiled(**b).float().square().sum().backward()
+
+
+@pytest.mark.slow
+def test_transformer_encoder_compiled_no_break(gpu_route):
+    torch.manual_seed(0)
+    model = _Encoder().to(torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    mask = nn.Transformer.generate_square_subsequent_mask(8, dtype=torch.bfloat16)
+    batches = [{"x": torch.randn(1, 8, 128, generator=g).to(torch.bfloat16), "mask": mask} for _ in range(2)]
+    plain = compile_counts(model, batches, _sum_step)
+    swap_modules(model)
+    fused = compile_counts(model, batches, _sum_step, after=_ext_built_at(gpu_route, 1))
+    assert_no_worse(fused, plain)
+
+
+@pytest.mark.slow
+def test_demo_gpt_compiled_no_break(gpu_route):
+    from lm_demo.model import GPT
+
+    torch.manual_seed(0)
+    # float32: the attention kernels' route (bf16 at head dim 64 routes to SDPA, as the encoder test does)
+    model = GPT(vocab_size=64, seq_len=8, d_model=128, n_layer=1, n_head=2, attn_impl="reference")
+    g = torch.Generator().manual_seed(0)
+    batches = [{"idx": torch.randint(0, 64, (1, 8), generator=g), "targets": torch.randint(0, 64, (1, 8), generator=g)}
+               for _ in range(2)]
+
+    def step(compiled, b):
+        compiled(**b).backward()
+
+    plain = compile_counts(model, batches, step)
+    swap_modules(model)
+    fused = compile_counts(model, batches, step, after=_ext_built_at(gpu_route, 1))
+    assert_no_worse(fused, plain)
+
+
+def test_warn_once_under_compile_warns_once_without_a_break():
+    """warnings.warn is not traceable: from compiled code the warning is given while tracing."""
+    from torch._dynamo.utils import counters
+
+    from fused_layers.ops import _common
+
+    key = "test_compile:warn"
+    _common._warned.discard(key)
+
+    def f(x):
+        _common.warn_once(key, "compiled warning")
+        return x + 1
+
+    torch._dynamo.reset()
+    counters.clear()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        c = torch.compile(f, backend="eager")
+        c(torch.ones(2))
+        c(torch.ones(2))
+        _common.warn_once(key, "compiled warning")  # eager: already given
+    assert [str(x.message) for x in w] == ["compiled warning"]
+    assert not counters["graph_break"]
+
+
+# --------------------------------------------------------------------------------------------------
+# The compile-time routes (ops/compile_config.py)
+# --------------------------------------------------------------------------------------------------
+def _ops_in_graph(fn, *args) -> set[str]:
+    """The fused_layers ops Dynamo records for ``fn(*args)`` (forward graph)."""
+    seen: set[str] = set()
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            name = str(node.target)
+            if "fused_layers" in name:
+                seen.add(name.split("fused_layers.")[-1].split(".")[0])
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return seen
+
+
+_ROUTED = {  # op -> (a call of its functional, the registered op it records on the "kernels" route)
+    "layer_norm": (lambda x: FF.fused_layer_norm(x, (16,)), "norm_fwd"),
+    "rms_norm": (lambda x: FF.fused_rms_norm(x, (16,)), "norm_fwd"),
+    "rms_norm_variant": (lambda x: fused_rms_norm_variant(x, torch.ones(16), 1e-6), "rms_norm_variant_fwd"),
+    "softmax": (lambda x: FF.fused_softmax(x, -1), "softmax_fwd"),
+    "cross_entropy": (lambda x: FF.fused_cross_entropy(x, torch.zeros(4, dtype=torch.long)), "cross_entropy_fwd"),
+    "linear_cross_entropy": (lambda x: FF.fused_linear_cross_entropy(x, torch.ones(5, 16),
+                                                                     torch.zeros(4, dtype=torch.long)),
+                             "linear_cross_entropy_fwd"),
+}
+
+
+def test_compiled_routes_are_data_and_decide_what_dynamo_records(monkeypatch):
+    """Every op of the table records its registered op on the "kernels" route and none on "inductor" (its
+    PyTorch computation, for Inductor to generate and fuse); the defaults: norms to Inductor (the measured
+    case), the rest on the kernels, the linear cross-entropy always (Inductor would hold the logits)."""
+    import dataclasses
+
+    from fused_layers.ops import compile_config
+
+    default = compile_config.COMPILED
+    assert dataclasses.is_dataclass(default) and set(_ROUTED) == {f.name for f in dataclasses.fields(default)}
+    assert (default.layer_norm, default.rms_norm) == ("inductor", "inductor")
+    assert default.linear_cross_entropy == "kernels"
+    x = torch.randn(4, 16)
+    for op, (call, recorded) in _ROUTED.items():
+        for r in ("kernels", "inductor"):
+            monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(default, **{op: r}))
+            assert (recorded in _ops_in_graph(call, x)) == (r == "kernels"), (op, r)
+
+
+@needs_hf
+@pytest.mark.slow
+def test_hf_causal_lm_compiled_keeps_the_chunked_linear_cross_entropy():
+    """Compiled training of a transformers causal LM runs the LM head + loss chunked (no logits in the graph's
+    outputs, the fused op recorded): the fusion Inductor cannot do.  Loss and every gradient as unswapped."""
+    torch.manual_seed(0)
+    model = _hf_model("llama", torch.float32)
+    ref = _hf_model("llama", torch.float32)
+    ref.load_state_dict(model.state_dict())
+    swap_modules(model)
+    (b,) = _lm_batches(1)
+    seen: set[str] = set()
+
+    def backend(gm, example_inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes)
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=backend)(**b)
+    assert out.logits is None and any("linear_cross_entropy" in t for t in seen)
+    out.loss.backward()
+    want = ref(**b)
+    want.loss.backward()
+    torch.testing.assert_close(out.loss, want.loss)
+    grads = {n: p.grad for n, p in ref.named_parameters()}
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)
