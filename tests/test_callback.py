@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import math
 import os
 import warnings
 from pathlib import Path
@@ -161,7 +162,10 @@ def test_fit_swaps_measures_and_logs_csv(tmp_path, caplog):
     for kind in kinds_measured:
         assert {f"fused/speedup/{kind}", f"fused/speedup_fwd/{kind}", f"fused/max_err/{kind}"} <= keys
     rows = [r for r in _metrics(logger) if r.get("fused/speedup/softmax")]
-    assert len(rows) == 1 and float(rows[0]["fused/speedup/softmax"]) > 0
+    soft = [r for r in cb.measurements if r.kind == "softmax"]
+    assert all(r.speedup == pytest.approx(r.ref_ms / r.fused_ms) for r in soft)  # reference time / fused time
+    gmean = math.exp(sum(math.log(r.speedup) for r in soft) / len(soft))
+    assert len(rows) == 1 and float(rows[0]["fused/speedup/softmax"]) == pytest.approx(gmean)  # the logged summary
     assert all(r.max_err < 1e-4 for r in cb.measurements)
     hp = (Path(logger.log_dir) / "hparams.yaml").read_text()
     assert "fused/swapped/softmax" in hp
@@ -486,7 +490,9 @@ def test_wandb_offline_logs_scalars_and_table(tmp_path, monkeypatch):
     trainer = _trainer(tmp_path, [cb], steps=3, logger=logger)
     trainer.fit(model)
     summary = dict(logger.experiment.summary)
-    assert "fused/speedup/softmax" in summary and summary["fused/speedup/softmax"] > 0
+    soft = [r.speedup for r in cb.measurements if r.kind == "softmax"]
+    gmean = math.exp(sum(math.log(s) for s in soft) / len(soft))
+    assert soft and summary["fused/speedup/softmax"] == pytest.approx(gmean)  # the measurements' geometric mean
     (table,) = [k for _, k in logged["table"] if k.get("key") == "fused/speedups"]
     assert table["key"] == "fused/speedups" and table["columns"][0] == "kind" and table["data"][0][0] == "softmax"
     assert any(k.get("key") == "fused/swap_report" for _, k in logged["text"])
@@ -584,7 +590,8 @@ def test_speedup_table_gpu(tmp_path):
         )
     assert rows and all(r.meaningful for r in rows)
     for r in rows:
-        assert r.speedup > 0 and r.achieved > 0
+        assert r.achieved > 0 and r.ref_ms > 0 and r.fused_ms > 0
+        assert r.speedup == pytest.approx(r.ref_ms / r.fused_ms)
         assert r.max_err < (0.1 if r.kind in ("attention", "multihead_attention") else 0.05), r
     warnings.warn(f"speedups: { {r.kind + ' ' + r.shape: round(r.speedup, 3) for r in rows} }")
 

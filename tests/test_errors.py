@@ -12,6 +12,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from _tol import launched
 from torch import nn
 
 from fused_layers import FusedLayerNorm, FusedSoftmax, fused_attention
@@ -49,9 +50,10 @@ def test_attention_value_head_dim_fallback_gives_sdpa_answer():
     v = torch.randn(2, 3, 9, 24, dtype=torch.float32, requires_grad=True)
     for causal in (False, True):
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        with warnings.catch_warnings(record=True):
+        with warnings.catch_warnings(record=True), launched("attention") as seen:
             warnings.simplefilter("always")
             out = fused_attention(q, k, v, is_causal=causal)
+        assert seen == []  # SDPA ran: no kernel launched
         assert out.shape == (2, 3, 7, 24)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         g = torch.randn_like(ref)

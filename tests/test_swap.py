@@ -286,7 +286,10 @@ def test_ledger_records_and_measures_each_distinct_call():
     assert rows[1].shape == "[1,2,5,12]" and rows[0].dtype == "float32"
     for r in rows:
         assert r.kind == "softmax" and r.metric == "GB/s" and not r.meaningful
-        assert r.max_err < 1e-5 and r.speedup > 0 and r.achieved > 0 and len(r.row()) == len(TABLE_COLUMNS)
+        assert r.max_err < 1e-5 and r.achieved > 0 and len(r.row()) == len(TABLE_COLUMNS)
+        assert r.ref_ms > 0 and r.fused_ms > 0 and r.ref_fwd_ms > 0 and r.fused_fwd_ms > 0  # each arm was timed
+        assert r.speedup == pytest.approx(r.ref_ms / r.fused_ms) and r.speedup_fwd == pytest.approx(
+            r.ref_fwd_ms / r.fused_fwd_ms)  # reference time over fused time, forward + backward and forward alone
     s = Ledger.summary(rows)
     assert {"fused/speedup/softmax", "fused/speedup_fwd/softmax", "fused/max_err/softmax"} <= set(s)
     assert set(ledger.module_speedups()) == {"a", "b"}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TOL
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import OmegaConfBaseException
@@ -193,15 +194,31 @@ def test_multirun_writes_comparison(tmp_path):
     rows = {row["label"]: row for row in result["rows"]}
     assert set(rows) == {"fused=false", "fused=true"} and result["baseline"] == "fused=false"
     fused_row = rows["fused=true"]
-    assert "fused/speedup/layer_norm" in result["per_module_kinds"] and fused_row["fused/speedup/layer_norm"] > 0
+    assert "fused/speedup/layer_norm" in result["per_module_kinds"]
+    fused_summary = [json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json")]
+    fused_summary = [s for s in fused_summary if s.get("fused")]
+    assert len(fused_summary) == 1  # the fused run's own logged ledger speedup, carried into the comparison
+    assert fused_row["fused/speedup/layer_norm"] == fused_summary[0]["metrics"]["fused/speedup/layer_norm"]
     assert fused_row["tag"] == "fused" and fused_row["swapped"] == {"layer_norm": 3, "attention": 1, "cross_entropy": 1}
     assert rows["fused=false"]["tag"] == "unfused" and rows["fused=false"]["swapped"] == {}
     for row in rows.values():
         assert row["tokens_per_sec"] > 0 and finite(row["val_loss"]) and finite(row["train_loss"])
         assert row["tokens_lo"] <= row["tokens_per_sec"] <= row["tokens_hi"]  # median with its spread
-    assert result["best_unfused"] == "fused=false" and rows["fused=true"]["vs_best_unfused"] > 0
+    assert result["best_unfused"] == "fused=false"
+    assert rows["fused=true"]["vs_best_unfused"] == pytest.approx(  # fused tokens/s over the best unfused run's
+        rows["fused=true"]["tokens_per_sec"] / rows["fused=false"]["tokens_per_sec"])
     md = (tmp_path / "comparison.md").read_text()
     assert "vs best unfused" in md and "no unfused SDPA baseline" in md and "[" in md
+    # Same seed, same data, float32: the fused run's losses are the unfused run's, step by step, within float32's
+    # tolerances (conftest.TOL; measured ~1e-7 relative after 4 Adam steps), not merely finite.
+    runs = {s["fused"]: s for s in (json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json"))}
+    atol, rtol = TOL[torch.float32]
+    for key in ("train/loss", "val/loss"):
+        fused_h, unfused_h = runs[True]["history"][key], runs[False]["history"][key]
+        steps = [s for s, _ in fused_h]
+        assert steps == [s for s, _ in unfused_h] and len(steps) >= (4 if key == "train/loss" else 2), steps
+        for (step, a), (_, b) in zip(fused_h, unfused_h):
+            assert abs(a - b) <= atol + rtol * abs(b), (key, step, a, b)
     groups = {json.loads(p.read_text())["group"] for p in tmp_path.glob("*/summary.json")}
     assert len(groups) == 1  # one W&B group per sweep
     # compare.py is also a command
