@@ -249,6 +249,10 @@ class _DecoderOps(nn.Module):
         return h + self.down(fused_swiglu(self.gate(y), self.up(y)))
 
 
+def _rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
+
+
 def test_decoder_ops_compile_to_our_kernels():
     """fullgraph: Inductor emits the RoPE, residual-norm and gated-activation kernels (forward and backward), no
     opaque op is left, and the numbers are the eager model's."""
