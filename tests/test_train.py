@@ -526,14 +526,16 @@ def test_llama_1b_conf_size_and_synthetic_data(tmp_path):
 @pytest.mark.slow
 def test_llama_tiny_trains_fused_as_unfused(tmp_path):
     """model=llama_tiny: HF LlamaForCausalLM trains unfused (with gradient checkpointing) and fused=true (norms,
-    attention and the LM head + loss swapped: the report names transformers' look-alikes) to the same losses."""
+    attention, the decoder layer's MLP, RoPE and residual + norm, and the LM head + loss swapped: the report names
+    transformers' look-alikes) to the same losses."""
     base = train_script.train(compose_cfg(tmp_path / "u", *LLAMA, "model.gradient_checkpointing=true"))
     fused = train_script.train(compose_cfg(tmp_path / "f", *LLAMA, "fused=true", "callbacks.fused.ab_rounds=0",
                                            "callbacks.fused.measure=false"))
     assert base["global_step"] == fused["global_step"] == 2 and finite(base["metrics"]["val/loss"])
     assert base["metrics"]["train/device/items_per_sec"] > 0 and base["metrics"]["train/device/flops_per_sec"] > 0
     assert fused["fused_layers"]["swapped"] == {"layer_norm": 0, "rms_norm": 3, "softmax": 0,
-                                                "multihead_attention": 0, "attention": 1, "cross_entropy": 1}
+                                                "multihead_attention": 0, "attention": 1, "cross_entropy": 1,
+                                                "gated_mlp": 1, "rope": 1, "residual_norm": 1}
     for key in ("train/loss", "val/loss"):
         assert fused["metrics"][key] == pytest.approx(base["metrics"][key], abs=2e-4), key
 
@@ -619,7 +621,7 @@ def test_fsdp2_shards_the_swapped_model(tmp_path):
     names = [c.__name__ for c in seen["root"]]
     assert names == ["FSDPFusedLlamaForCausalLM", "FSDPModule", "FusedLlamaForCausalLM"], names  # swapped, then sharded
     assert seen["head"] == "FSDPLinear" and seen["norm"] == "FusedLlamaRMSNorm"
-    assert sharded["fused_layers"]["swapped_total"] == 5
+    assert sharded["fused_layers"]["swapped_total"] == 8  # 3 norms, attention, head, MLP, RoPE, residual + norm
     for key in ("train/loss", "val/loss"):
         assert sharded["metrics"][key] == pytest.approx(base["metrics"][key], abs=2e-4), key
 
@@ -655,7 +657,8 @@ def test_fsdp2_multirun_on_two_cpu_ranks(tmp_path):
                        f"hydra.sweep.dir={tmp_path}")
     unfused, fused = (json.loads((tmp_path / str(n) / "summary.json").read_text()) for n in (0, 1))
     assert unfused["global_step"] == fused["global_step"] == 2 and fused["config"]["strategy"]["name"] == "fsdp2"
-    assert unfused["fused_layers"] is None and fused["fused_layers"]["swapped_total"] == 8  # 5 norms, 2 attn, head
+    # 5 norms, 2 attention, the head, 2 MLPs, RoPE, 2 residual + norm
+    assert unfused["fused_layers"] is None and fused["fused_layers"]["swapped_total"] == 13
     assert "are not fused" not in r.stderr + r.stdout
     for key in ("train/loss", "val/loss"):
         assert fused["metrics"][key] == pytest.approx(unfused["metrics"][key], abs=2e-4), key

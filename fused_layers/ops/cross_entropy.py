@@ -863,10 +863,9 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
                 block_m, warps, stages = 1, stream.num_warps, stream.stages
                 block_n = get_override("cross_entropy", "block_n", stream.block_n)
             plan.ints = (M, C, inner, sxo, sxi, sxc) + tuple(st) + tuple(sd) + (ignore_index,)
-            capped = dict(SOFTCAP=True) if softcap else {}
             plan.kernel = Kernel(_ce_fwd_kernel, (triton.cdiv(M, block_m),), check=None, BLOCK_M=block_m,
                                  BLOCK_N=block_n, SINGLE=single, **flags, HAS_GRAD=has_grad, STAGES=stages,
-                                 num_warps=warps, **capped)
+                                 SOFTCAP=softcap, num_warps=warps)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = plan
