@@ -233,3 +233,58 @@ def test_zero3_swap_trains_as_unswapped():
         for (la, _), (lb, head_fused) in zip(res["ref"], res["fused"]):
             assert head_fused, f"rank {rank}: the fused LM head did not run"
             assert lb == pytest.approx(la, abs=1e-5, rel=1e-5)
+
+
+def _run_dtensor(rank, port, queue):
+    """Sequence-parallel DTensor inputs (what a tensor-parallel plan hands a norm): every fused op takes them and
+    computes what PyTorch's own op computes on them (its reference, with DTensor's sharding rules)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TRITON_INTERPRET="1")
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        from torch import nn
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        from fused_layers import FusedLayerNorm, FusedRMSNorm, FusedSoftmax, swap_modules
+
+        mesh = init_device_mesh("cpu", (WORLD,))
+        torch.manual_seed(0)
+        hf_norm = transformers.models.llama.modeling_llama.LlamaRMSNorm(16)
+        hf_fused = copy.deepcopy(hf_norm)
+        swap_modules(hf_fused)
+        pairs = [(nn.LayerNorm(16), FusedLayerNorm(16)), (nn.RMSNorm(16), FusedRMSNorm(16)),
+                 (nn.Softmax(-1), FusedSoftmax(-1)), (hf_norm, hf_fused)]
+        errs = []
+        for ref, fused in pairs:
+            fused.load_state_dict(ref.state_dict())
+            for m in (ref, fused):
+                for name, p in list(m.named_parameters()):
+                    setattr(m, name, nn.Parameter(distribute_tensor(p.detach(), mesh, [Replicate()])))
+            x = torch.randn(2, 8, 16)
+            outs = []
+            for m in (ref, fused):
+                xd = distribute_tensor(x, mesh, [Shard(1)]).requires_grad_()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    y = m(xd)
+                (y.full_tensor() * torch.arange(16.0)).sum().backward()
+                outs.append((y.full_tensor(), xd.grad.full_tensor(), type(y).__name__))
+            (ya, ga, ta), (yb, gb, tb) = outs
+            errs.append((type(fused).__name__, (ya - yb).abs().max().item(), (ga - gb).abs().max().item(), ta, tb))
+        queue.put((rank, errs))
+    except BaseException as e:  # the parent reports it
+        queue.put((rank, repr(e)))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dtensor_inputs_run_the_reference():
+    """A tensor-parallel plan hands norms sequence-sharded DTensors: the fused modules (and the transformers RMSNorm
+    look-alike) return DTensors equal to PyTorch's own modules' on them, gradients too (they used to reach the
+    kernels and crash on the DTensor's storage)."""
+    out = _spawn(_run_dtensor)
+    for rank in range(WORLD):
+        for name, y_err, g_err, t_ref, t_fused in out[rank]:
+            assert t_fused == t_ref == "DTensor", (name, t_fused)
+            assert y_err < 1e-6 and g_err < 1e-5, (name, y_err, g_err)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import warnings
 from typing import Iterator
 
@@ -98,8 +99,19 @@ def triton_runnable(t: torch.Tensor) -> bool:
     return INTERPRET and t.device.type == "cpu"
 
 
-def use_fallback(op: str, t: torch.Tensor) -> bool:
-    """True (and warn once) when ``op`` must run its PyTorch reference on ``t``'s device."""
+def is_dtensor(t: object) -> bool:
+    """``t`` is a ``torch.distributed`` DTensor (a tensor-parallel plan's input or parameter)."""
+    dt = sys.modules.get("torch.distributed.tensor")
+    return dt is not None and isinstance(t, getattr(dt, "DTensor", ()))
+
+
+def use_fallback(op: str, t: torch.Tensor, *others: object) -> bool:
+    """True (and warn once) when ``op`` must run its PyTorch reference on ``t``'s device, or because ``t`` or one of
+    ``others`` is a DTensor: the kernels take local tensors, and PyTorch's own ops have DTensor's sharding rules."""
+    if is_dtensor(t) or any(is_dtensor(o) for o in others):
+        warn_once(f"fallback:{op}:dtensor", f"fused_layers.{op}: DTensor inputs (a tensor-parallel plan) run the "
+                  "PyTorch reference, whose sharding rules DTensor knows.")
+        return True
     if triton_runnable(t):
         return False
     if t.device.type == "meta":  # shape propagation / FLOP counting: the reference is the right answer

@@ -1615,7 +1615,7 @@ def fused_attention(
         out = attention_reference(q, k, v, attn_mask, is_causal, scale, enable_gqa, dropout_p, window, softcap)
         return out.squeeze(1) if squeeze else out
 
-    if q.dtype == torch.float64 or use_fallback(_OP, q) or dropout_p == 1.0:  # p = 1: SDPA gives zeros
+    if q.dtype == torch.float64 or use_fallback(_OP, q, k, v) or dropout_p == 1.0:  # p = 1: SDPA gives zeros
         return fallback()
     if v.shape[-1] != D:
         warn_once(f"{_OP}:dv", f"{_OP}: value head dim {v.shape[-1]} != query head dim {D} is not fused; using SDPA.")
@@ -1693,7 +1693,7 @@ def fused_attention_varlen(
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"{op}: argument 'dropout_p' must be in [0, 1), got {dropout_p}")
     sc = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    if q.dtype == torch.float64 or use_fallback(op, q):
+    if q.dtype == torch.float64 or use_fallback(op, q, k, v):
         if dropout_p > 0.0:
             raise NotImplementedError(f"{op}: dropout_p > 0 needs the Triton kernels (float16 / bfloat16 / float32 "
                                       "on a device Triton runs on)")

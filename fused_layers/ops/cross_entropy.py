@@ -1209,7 +1209,7 @@ def fused_cross_entropy(
         reduction = _Reduction.legacy_get_string(size_average, reduce)
     soft = validate(input, target, weight, ignore_index, reduction, label_smoothing)
     cap = check_softcap(_OP, softcap)
-    if (input.dtype == torch.float64 or (soft and target.requires_grad) or use_fallback(_OP, input)
+    if (input.dtype == torch.float64 or (soft and target.requires_grad) or use_fallback(_OP, input, target, weight)
             or (is_compiling() and compile_config.COMPILED.cross_entropy == "inductor")):  # (see compile_config)
         if cap:
             input = torch.tanh(input / cap) * cap

@@ -317,7 +317,7 @@ def fused_gated_activation(gate: torch.Tensor, up: Optional[torch.Tensor] = None
     Returns: (..., N), contiguous, in gate's dtype; math in float32, rounded once.
     """
     gate, up, act = _validate(gate, up, activation)
-    if gate.dtype == torch.float64 or use_fallback(_OP, gate):
+    if gate.dtype == torch.float64 or use_fallback(_OP, gate, up):
         return gated_activation_reference(gate, up, activation)
     if gate.dtype not in SUPPORTED_DTYPES:  # pragma: no cover - _validate took float64 and these only
         raise FusedDtypeError(f"{_OP}: argument 'gate' has dtype {gate.dtype}")

@@ -1417,7 +1417,7 @@ def fused_layer_norm(
     x = input
     if _any_autocast():
         x, weight, bias = _autocast_cast("layer_norm", x, weight, bias)
-    if x.dtype == torch.float64 or (not x.is_cuda and use_fallback(_LN, x)):
+    if x.dtype == torch.float64 or ((not x.is_cuda or type(x) not in _PLAIN) and use_fallback(_LN, x, weight)):
         return F.layer_norm(x, shape, weight, bias, eps)
     return _dispatch(x, weight, bias, k, float(eps), False)
 
@@ -1446,7 +1446,7 @@ def fused_rms_norm(
     x = input
     if _any_autocast():
         x, weight, _ = _autocast_cast("rms_norm", x, weight, None)
-    if x.dtype == torch.float64 or (not x.is_cuda and use_fallback(_RMS, x)):
+    if x.dtype == torch.float64 or ((not x.is_cuda or type(x) not in _PLAIN) and use_fallback(_RMS, x, weight)):
         return F.rms_norm(x, shape, weight, eps)
     if eps is None:
         eps = _RMS_DEFAULT_EPS[x.dtype]

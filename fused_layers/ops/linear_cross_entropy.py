@@ -303,7 +303,7 @@ def fused_linear_cross_entropy(
     _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoothing)
     cap = check_softcap(_OP, softcap)
     cdtype = _compute_dtype(hidden)
-    if (cdtype == torch.float64 or use_fallback(_OP, hidden) or target.requires_grad
+    if (cdtype == torch.float64 or use_fallback(_OP, hidden, weight, bias) or target.requires_grad
             or (is_compiling() and compile_config.COMPILED.linear_cross_entropy == "inductor")):
         logits = torch.nn.functional.linear(hidden, weight, bias)
         if cap:

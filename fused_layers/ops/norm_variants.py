@@ -125,7 +125,7 @@ def fused_rms_norm_variant(input: torch.Tensor, weight: torch.Tensor, eps: float
             f"{_OP}: argument 'weight' must be 1-D with input.shape[-1] = {input.shape[-1] if input.dim() else None} "
             f"elements, got shape {list(weight.shape)}"
         )
-    if input.dtype == torch.float64 or weight.dtype == torch.float64 or use_fallback(_OP, input):
+    if input.dtype == torch.float64 or weight.dtype == torch.float64 or use_fallback(_OP, input, weight):
         return rms_norm_variant_reference(input, weight, eps, cast_before_weight, keep_input_dtype)
     if weight.dtype != input.dtype and weight.dtype != torch.float32:
         raise TypeError(f"{_OP}: argument 'weight' has dtype {weight.dtype}; with a {input.dtype} input it must be "

@@ -409,7 +409,7 @@ def _validate(x: object, residual: object, weight: object, bias: object, op: str
 def _call(x, residual, weight, bias, eps, is_rms, cast_before_weight, keep_input_dtype, op):
     _validate(x, residual, weight, bias, op)
     if (any(p is not None and p.dtype == torch.float64 for p in (x, residual, weight, bias))
-            or use_fallback(op, x)):
+            or use_fallback(op, x, residual, weight)):
         return residual_norm_reference(x, residual, weight, bias, eps, is_rms, cast_before_weight, keep_input_dtype)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (x, residual, weight, bias))

@@ -328,7 +328,7 @@ def fused_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
     _validate(q, k, cos, sin, unsqueeze_dim)
     grad_on = torch.is_grad_enabled()
     if (q.dtype == torch.float64 or (grad_on and (cos.requires_grad or sin.requires_grad))
-            or use_fallback(_OP, q)):
+            or use_fallback(_OP, q, k, cos, sin)):
         return rope_reference(q, k, cos, sin, interleaved, unsqueeze_dim)
     needs_grad = grad_on and (q.requires_grad or k.requires_grad)
     if inplace and not needs_grad and not is_compiling() and torch.promote_types(q.dtype, cos.dtype) == q.dtype:

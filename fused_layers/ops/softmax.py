@@ -791,7 +791,7 @@ def fused_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
         if y is not None:
             return y
     x, d = _validate(input, dim)
-    if x.dtype == torch.float64 or (not x.is_cuda and use_fallback("fused_softmax", x)):
+    if x.dtype == torch.float64 or ((not x.is_cuda or type(x) not in _PLAIN) and use_fallback("fused_softmax", x)):
         return torch.softmax(x, d)
     if is_compiling() and compile_config.COMPILED.softmax == "inductor":  # Inductor writes it (compile_config)
         return torch.softmax(x, d)
