@@ -9,7 +9,7 @@ import sys
 # suite -> (module, one line of what it does)
 SUITES = {
     "ops": ("ops", "softmax, LayerNorm/RMSNorm, cross-entropy (+ linear), attention against their peers (GPU)"),
-    "models": ("models", "HF GPT-2 / Llama / Qwen2 / Gemma, timm ViT: a training step unfused / fused / Liger (GPU)"),
+    "models": ("models", "HF LLMs (GPT-2 ... Gemma 2), timm ViT: a training step unfused / fused / Liger (GPU)"),
     "train": ("training", "the demo GPT-2 step of train.py, eager and torch.compile, unfused / fused (GPU)"),
     "host": ("host", "host (CPU) cost per eager call on tiny shapes, fused / PyTorch / Liger (GPU)"),
     "scale": ("scale", "a ~1B Llama on FSDP2 / ZeRO-3 over several GPUs at a memory budget: tokens/s, peak (GPUs)"),
