@@ -45,6 +45,16 @@ def row_strides(shape: torch.Size, stride: tuple[int, ...], dim: int):
     return outer, inner, so, si, (stride[dim] if shape else 1)
 
 
+def last_dim_row_stride(shape, stride):
+    """The row stride of a tensor viewed as rows of its last dim with unit column stride, or None (copy it)."""
+    if len(shape) == 0:
+        return None
+    v = row_strides(shape, stride, len(shape) - 1)
+    if v is None or (shape[-1] > 1 and v[4] != 1):
+        return None
+    return v[2] if v[0] > 1 else shape[-1]
+
+
 def contiguous_strides(shape: torch.Size, dim: int) -> tuple[int, ...]:
     """``row_strides`` of a contiguous tensor of ``shape`` (the outputs, and inputs that were copied)."""
     out, acc = [], 1

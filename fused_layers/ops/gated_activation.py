@@ -59,7 +59,7 @@ from ._common import (
     use_fallback,
 )
 from ._library import FusedOp, Kernel
-from ._rows import row_strides
+from ._rows import last_dim_row_stride
 
 _OP = "fused_gated_activation"
 
@@ -172,16 +172,6 @@ _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of growing without bound
 
 
-def _rows(shape, stride) -> Optional[int]:
-    """The row stride of a tensor viewed as rows of its last dim (unit column stride), or None: copy it."""
-    if len(shape) == 0:
-        return None
-    v = row_strides(shape, stride, len(shape) - 1)
-    if v is None or (shape[-1] > 1 and v[4] != 1):
-        return None
-    return v[2] if v[0] > 1 else shape[-1]
-
-
 def _plan(direction: str, shape, strides: tuple, act: int) -> _Plan:
     """The launch plan of one direction for tensors of ``shape`` (the [.., N] halves) with ``strides`` (the
     inputs' then the outputs'), cached with its bound kernel."""
@@ -197,7 +187,7 @@ def _plan(direction: str, shape, strides: tuple, act: int) -> _Plan:
     m = 1
     for s in shape[:-1]:
         m *= s
-    row = [_rows(shape, st) for st in strides]
+    row = [last_dim_row_stride(shape, st) for st in strides]
     plan.m, plan.n = m, n
     plan.copy = [r is None for r in row]
     row = [n if r is None else r for r in row]

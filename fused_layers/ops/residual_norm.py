@@ -56,7 +56,7 @@ from ._common import (
     use_fallback,
 )
 from ._library import FusedOp, Kernel
-from ._rows import row_strides
+from ._rows import last_dim_row_stride
 from .layer_norm import _reduce_kernel, _stats_ptrs, norm_backward, norm_forward
 
 _OP = "fused_add_rms_norm"
@@ -250,14 +250,6 @@ _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 4096
 
 
-def _row_stride(shape, stride) -> Optional[int]:
-    """Row stride of a tensor viewed as rows of its last dim with unit column stride, or None (copy it)."""
-    v = row_strides(shape, stride, len(shape) - 1)
-    if v is None or (shape[-1] > 1 and v[4] != 1):
-        return None
-    return v[2] if v[0] > 1 else shape[-1]
-
-
 def _plan(direction: str, shape, strides: tuple, dtype: torch.dtype, has_w: bool, has_b: bool, is_rms: bool,
           cast_before_w: bool, device_index: int) -> _Plan:
     key = (direction, shape, strides, dtype, has_w, has_b, is_rms, cast_before_w, device_index, override_epoch())
@@ -273,7 +265,7 @@ def _plan(direction: str, shape, strides: tuple, dtype: torch.dtype, has_w: bool
     m = 1
     for s in shape[:-1]:
         m *= s
-    rows = [_row_stride(shape, st) for st in strides]
+    rows = [last_dim_row_stride(shape, st) for st in strides]
     plan.m, plan.n = m, n
     plan.copy = [r is None for r in rows]
     rows = [n if r is None else r for r in rows]
