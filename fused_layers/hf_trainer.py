@@ -39,7 +39,7 @@ try:
 except ImportError as e:  # the library itself needs torch and triton only
     raise ImportError("fused_layers.hf_trainer needs transformers: pip install 'fused-layers[hf]'") from e
 
-from .ledger import StepAB, faster_arm
+from .ledger import StepAB, faster_arm, fit_ab
 from .swap import SwapReport, resolve_kinds, swap_modules
 
 log = logging.getLogger(__name__)
@@ -164,14 +164,9 @@ class FusedLayersTrainerCallback(TrainerCallback):
 
     def _start_ab(self, args, state) -> None:
         swapped = {e.name: e.kind for e in self.report.swapped}
-        n_kinds = len(set(swapped.values()))
-        n_arms = 2 + (n_kinds if n_kinds > 1 else 0)
-        rounds = self.ab_rounds
-        while rounds > 1 and (rounds + self.ab_warmup_rounds) * n_arms > self.ab_max_steps:
-            rounds -= 1
-        if (rounds + self.ab_warmup_rounds) * n_arms > self.ab_max_steps:
-            self.ab_status = (f"not run: one round of {n_arms} arms plus warm-up needs "
-                              f"{(1 + self.ab_warmup_rounds) * n_arms} steps > ab_max_steps={self.ab_max_steps}")
+        n_arms, rounds, why = fit_ab(swapped, self.ab_rounds, self.ab_warmup_rounds, self.ab_max_steps)
+        if rounds is None:
+            self.ab_status = why
             return
         device = getattr(args, "device", None) or torch.device("cpu")
         self.ab = StepAB(self._model, swapped, rounds=rounds, warmup_rounds=self.ab_warmup_rounds,

@@ -514,6 +514,20 @@ def faster_arm(results: dict[str, ArmResult]) -> str:
     return max(scores, key=scores.get) if scores else "unfused"
 
 
+def fit_ab(swapped: dict[str, str], rounds: int, warmup_rounds: int, max_steps: int) -> tuple[int, int | None, str]:
+    """(arms, measured rounds, why not) of a ``StepAB`` over the ``swapped`` modules' kinds within ``max_steps``
+    steps: the rounds are reduced until ``(rounds + warmup_rounds) * arms`` fits; ``None`` (and why) when not even
+    one round does."""
+    n_kinds = len(set(swapped.values()))
+    n_arms = 2 + (n_kinds if n_kinds > 1 else 0)
+    while rounds > 1 and (rounds + warmup_rounds) * n_arms > max_steps:
+        rounds -= 1
+    if (rounds + warmup_rounds) * n_arms > max_steps:
+        return n_arms, None, (f"not run: one round of {n_arms} arms plus warm-up needs "
+                              f"{(1 + warmup_rounds) * n_arms} steps > ab_max_steps={max_steps}")
+    return n_arms, rounds, ""
+
+
 class StepAB:
     """Interleaved step-time A/B of the swaps of ``model`` (usable without Lightning).
 

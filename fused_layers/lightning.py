@@ -87,7 +87,7 @@ except ImportError as e:  # the library itself needs torch and triton only
         "pip install 'fused-layers[train]'"
     ) from e
 
-from .ledger import TABLE_COLUMNS, KeptSteps, Ledger, Measurement, StepAB, compiled_graphs, faster_arm
+from .ledger import TABLE_COLUMNS, KeptSteps, Ledger, Measurement, StepAB, compiled_graphs, faster_arm, fit_ab
 from .swap import KINDS, SkipEntry, SwapReport, _normalize_mapping, resolve_kinds, restore_modules, swap_modules
 
 log = logging.getLogger(__name__)
@@ -403,14 +403,10 @@ class FusedLayersCallback(Callback):
             self._log_ab(trainer)
             return
         swapped = {e.name: e.kind for e in self.report.swapped}
-        n_arms = 2 + (len(set(swapped.values())) if len(set(swapped.values())) > 1 else 0)
         warm = max(self.ab_warmup_rounds, 1) if compiled else self.ab_warmup_rounds  # each arm compiles first
-        rounds = self.ab_rounds
-        while rounds > 1 and (rounds + warm) * n_arms > self.ab_max_steps:
-            rounds -= 1
-        if (rounds + warm) * n_arms > self.ab_max_steps:
-            self.ab_status = (f"not run: one round of {n_arms} arms plus warm-up needs "
-                              f"{(1 + warm) * n_arms} steps > ab_max_steps={self.ab_max_steps}")
+        n_arms, rounds, why = fit_ab(swapped, self.ab_rounds, warm, self.ab_max_steps)
+        if rounds is None:
+            self.ab_status = why
             self._log_ab(trainer)
             return
         if compiled:
