@@ -324,6 +324,26 @@ def test_sdpa_caller_mapping_is_scoped(cls, spy):
     assert len(spy) == n
 
 
+@pytest.mark.parametrize("cls", [NanoGPTAttention, FStyleAttention])
+def test_sdpa_caller_compiles_and_guards_on_its_own_globals(cls, spy):
+    """The rebound forward's globals are a registered module's (Dynamo guards an inlined function's globals
+    through the module ``__name__`` names: a copy named after the original module made torch 2.11 guard on
+    torch's SDPA, and fail, while it traced ``sdpa_fused`` in a compiled timm ViT)."""
+    import sys
+
+    ref = cls().eval()
+    m = __import__("copy").deepcopy(ref)
+    swap_modules(m, mapping={cls: "attention"})
+    g = type(m).forward.__globals__
+    assert sys.modules[g["__name__"]].__dict__ is g and g["__name__"] != cls.forward.__globals__["__name__"]
+    x = torch.randn(2, 7, 32)
+    torch._dynamo.reset()
+    out = torch.compile(nn.Sequential(m), backend="eager", fullgraph=True)(x)  # inlined, as in a model
+    atol, rtol = _ulp_tol(torch.float32)
+    torch.testing.assert_close(out, ref(x), atol=atol, rtol=rtol)
+    assert spy, "the compiled module did not reach fused_attention"
+
+
 def test_mapping_attention_needs_sdpa_call():
     class NoSDPA(nn.Module):
         def forward(self, x):

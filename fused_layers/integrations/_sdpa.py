@@ -10,6 +10,11 @@ defining module's globals in which the names the code reaches SDPA through are r
   (``torch.nn.functional.scaled_dot_product_attention(...)``, nanoGPT's spelling);
 * a bare ``scaled_dot_product_attention`` imported from torch -> ``sdpa_fused``.
 
+The copied globals are the ``__dict__`` of a module registered in ``sys.modules`` under its own name
+(``fused_layers_rebound.<module>``): Dynamo guards an inlined function's globals through the module that
+``__name__`` names, so a copy still named after the original module made it guard on torch's SDPA while it
+traced ``sdpa_fused`` (torch 2.11: an error building the guards of a compiled timm ViT).
+
 Other modules, and the same class's instances that were not swapped, still call torch's SDPA.
 ``sdpa_fused`` takes SDPA's full signature and gives SDPA's result (``fused_attention`` falls back to
 SDPA for what the kernels do not cover, and where cuDNN is measured faster -- ``prefer_sdpa`` -- it calls
@@ -19,6 +24,7 @@ the forward makes through a helper function defined elsewhere is not rebound (it
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import Any, Optional
 
@@ -60,26 +66,35 @@ def calls_sdpa(fn) -> bool:
     return code is not None and "scaled_dot_product_attention" in code.co_names
 
 
+_REBOUND: dict[str, types.ModuleType] = {}  # original module name -> its rebound copy (one per module)
+
+
+def _rebound_globals(globals_: dict) -> Optional[dict]:
+    """The rebound copy of a module's globals, as a registered module's ``__dict__``; None if nothing in them
+    reaches SDPA.  Built once per module, so every rebound forward of that module shares it."""
+    name = globals_.get("__name__", "")
+    mod = _REBOUND.get(name)
+    if mod is not None:
+        return mod.__dict__
+    swaps = {F: _F_PROXY, torch: _TORCH_PROXY, torch.nn: _NN_PROXY, _REAL_SDPA: sdpa_fused}
+    changed = {k: swaps[v] for k, v in globals_.items() if any(v is s for s in swaps)}
+    if not changed:
+        return None
+    own = f"fused_layers_rebound.{name}"
+    mod = types.ModuleType(own)
+    mod.__dict__.update(globals_)
+    mod.__dict__.update(changed, __name__=own)
+    sys.modules[own] = mod  # Dynamo's guards import the module that __name__ names
+    _REBOUND[name] = mod
+    return mod.__dict__
+
+
 def rebound_forward(fn) -> Optional[types.FunctionType]:
     """A copy of ``fn`` that reaches ``sdpa_fused`` wherever it reached torch's SDPA; None if it does not call it."""
     if not isinstance(fn, types.FunctionType) or not calls_sdpa(fn):
         return None
-    g = dict(fn.__globals__)
-    changed = False
-    for name, val in fn.__globals__.items():
-        if val is F:
-            g[name] = _F_PROXY
-            changed = True
-        elif val is torch:
-            g[name] = _TORCH_PROXY
-            changed = True
-        elif val is torch.nn:
-            g[name] = _NN_PROXY
-            changed = True
-        elif val is _REAL_SDPA:
-            g[name] = sdpa_fused
-            changed = True
-    if not changed:
+    g = _rebound_globals(fn.__globals__)
+    if g is None:
         return None
     new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = dict(fn.__kwdefaults__) if fn.__kwdefaults__ else None
