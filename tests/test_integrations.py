@@ -959,6 +959,33 @@ def test_hf_causal_lm_loss_matches_transformers(family, device):
 
 
 @needs_hf
+def test_hf_fused_head_layout_fixed_across_calls():
+    """The swapped causal LM routes its head through one dispatcher installed at the swap, and a call only
+    assigns entries (Dynamo 2.11 cannot trace removing a module ``__dict__`` entry: a compiled step gave up and
+    ran eager; an entry added by the first call recompiled).  The head gives its own logits between fused calls,
+    and the restore leaves no trace."""
+    import copy
+
+    m = _tiny_llama()
+    ref = copy.deepcopy(m)
+    swap_modules(m, kinds=["cross_entropy"])
+    head = m.lm_head
+    keys = set(head.__dict__), set(m.__dict__)
+    assert "forward" in head.__dict__ and head.__dict__["_fused_head_call"] is None
+    ids = torch.randint(0, m.config.vocab_size, (2, 9))
+    m.train()
+    loss = m(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert (set(head.__dict__), set(m.__dict__) - {"_fused_lce_loss"}) == keys
+    assert head.__dict__["_fused_head_call"] is None and m.__dict__.get("_fused_lce_loss") is None
+    h = torch.randn(3, m.config.hidden_size)
+    torch.testing.assert_close(head(h), ref.lm_head(h))  # between calls: the head's own forward
+    torch.testing.assert_close(loss, ref(input_ids=ids, labels=ids).loss, atol=1e-5, rtol=1e-5)
+    restore_modules(m)
+    assert set(head.__dict__) == set(ref.lm_head.__dict__) and "_fused_lce_loss" not in m.__dict__
+
+
+@needs_hf
 def test_hf_lm_head_fusion_only_where_the_forward_allows():
     """The fused linear path needs a forward whose logits go straight from lm_head to the loss and the
     output (read from its syntax tree), or through exactly Gemma 2's final soft-capping (which the fused loss

@@ -442,6 +442,35 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return dt is not None and isinstance(t, getattr(dt, "DTensor", ()))
 
 
+def _head_dispatch(lin: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head's forward once its causal LM has run swapped: the fused head + loss of the call in progress
+    (``_fused_head_call``, which that call sets and clears), else the head's own forward.  It stays installed
+    between calls (cleared by the model's restore) because Dynamo 2.11 cannot trace taking an entry out of a
+    module's ``__dict__``: that graph break ran every compiled step's head and loss eager."""
+    call = lin.__dict__.get("_fused_head_call")
+    if call is not None:
+        return call(hidden)
+    return type(lin).forward(lin, hidden)
+
+
+def _install_head_dispatch(model: nn.Module) -> None:
+    """Route the head's forward through ``_head_dispatch`` (``_fused_after_swap``; again by the first call of a
+    head replaced since): installed before any compile, so Dynamo's guards see one layout of the head."""
+    lin, _ = _head_linear(model.__dict__["_modules"].get("lm_head"))
+    if lin is not None and "_fused_head_call" not in lin.__dict__:
+        lin.__dict__["forward"] = functools.partial(_head_dispatch, lin)
+        lin.__dict__["_fused_head_call"] = None
+
+
+def _drop_head_dispatch(model: nn.Module) -> None:
+    """Undo what the swapped causal LM's calls left on the model and its head (``_fused_before_restore``)."""
+    model.__dict__.pop("_fused_lce_loss", None)
+    lin, _ = _head_linear(model.__dict__["_modules"].get("lm_head"))
+    if lin is not None and "_fused_head_call" in lin.__dict__:
+        lin.__dict__.pop("_fused_head_call")
+        lin.__dict__.pop("forward", None)
+
+
 def _build_causal_lm(cls: type) -> dict:
     source_forward = cls.forward
     try:
@@ -451,7 +480,10 @@ def _build_causal_lm(cls: type) -> dict:
     linear_why, softcap_attr = _lm_head_plan(cls)
 
     def _get(self):
-        return self.__dict__.get("_fused_lce_loss") or self.__dict__.get("_loss_function", fused_causal_lm_loss)
+        # (an "is None" test, not "or": Dynamo 2.11 cannot take the truth of a nested function and gave up on
+        # the whole compiled forward, which then ran eager)
+        fn = self.__dict__.get("_fused_lce_loss")
+        return fn if fn is not None else self.__dict__.get("_loss_function", fused_causal_lm_loss)
 
     def _set(self, value):
         self.__dict__["_loss_function"] = value
@@ -530,15 +562,17 @@ def _build_causal_lm(cls: type) -> dict:
                                    "set FUSED_LAYERS_HF_SKIP_LOGITS=0 to keep transformers' path")
             return logits
 
-        lin.__dict__["forward"] = head_forward
+        if "_fused_head_call" not in lin.__dict__:  # a head replaced since the swap
+            _install_head_dispatch(self)
+        lin.__dict__["_fused_head_call"] = head_forward
         self.__dict__["_fused_lce_loss"] = loss_function
         if cap is not None:  # the head's loss caps the logits; the model's own block (_lm_head_plan) is switched off
             setattr(cfg, softcap_attr, None)
         try:
             out = source_forward(self, *args, **kwargs)
-        finally:
-            lin.__dict__.pop("forward", None)
-            self.__dict__.pop("_fused_lce_loss", None)
+        finally:  # (cleared by assignment: see _head_dispatch)
+            lin.__dict__["_fused_head_call"] = None
+            self.__dict__["_fused_lce_loss"] = None
             if cap is not None:
                 setattr(cfg, softcap_attr, cap)
         if "loss" not in done:
@@ -551,6 +585,7 @@ def _build_causal_lm(cls: type) -> dict:
 
     return {"loss_function": property(_get, _set, doc="transformers' causal-LM loss on the fused cross-entropy kernel"),
             "forward": forward,
+            "_fused_after_swap": _install_head_dispatch, "_fused_before_restore": _drop_head_dispatch,
             # the speedup ledger replays module calls with random inputs: not a whole model (token ids,
             # caches); the step-time A/B measures this swap on real steps
             "_fused_ledger_skip": True,
