@@ -223,6 +223,22 @@ def test_transformer_encoder_compiled_no_break(gpu_route):
 
 
 @pytest.mark.slow
+def test_timm_vit_compiled_no_break(gpu_route):
+    """timm's attention reaches fused_attention through a rebound F.scaled_dot_product_attention
+    (integrations/_sdpa.py), inlined into the compiled model: torch 2.11 failed building its guards before the
+    rebound globals were a registered module's."""
+    timm = pytest.importorskip("timm", reason="timm lane (needs torchvision)")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=4, img_size=32, depth=1)
+    g = torch.Generator().manual_seed(0)
+    batches = [{"x": torch.randn(1, 3, 32, 32, generator=g)} for _ in range(2)]
+    plain = compile_counts(model, batches, _sum_step)
+    assert swap_modules(model).counts().get("attention") == 1
+    fused = compile_counts(model, batches, _sum_step, after=_ext_built_at(gpu_route, 1))
+    assert_no_worse(fused, plain)
+
+
+@pytest.mark.slow
 def test_demo_gpt_compiled_no_break(gpu_route):
     from lm_demo.model import GPT
 
