@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fused_layers.ops import _cpp
 from fused_layers.ops import attention as A
 from fused_layers.ops import attention_gluon as AG
 
@@ -104,6 +105,38 @@ def _route_small_calls(monkeypatch, kind=None):
     monkeypatch.setattr(AG, "GLUON_DKDV_MAX_S", {64: None, 128: None})
     if kind is not None:
         monkeypatch.setattr(AG, "fwd_kernel", lambda D, S, causal: kind)
+
+
+def test_cpp_fast_path_leaves_gluon_calls_to_python(monkeypatch):
+    """The C++ fast path launches the Triton kernels: a dense layout the Gluon forward takes (the sm_90 check patched
+    in, the thresholds lowered) is never registered with it, nor, for a call with autograd, one the Gluon dK / dV
+    kernel takes, even where a Triton plan exists for the layout (a call Gluon did not take made it); layouts they do
+    not take, and dropout calls, are registered."""
+    registered = []
+    monkeypatch.setattr(_cpp, "register", lambda kernel, *a: registered.append(kernel) or len(registered) - 1)
+    monkeypatch.setattr(_cpp, "_is_compiled", lambda kernel, key: True)  # (nothing is compiled on the CPU)
+    monkeypatch.setattr(_cpp, "register_plan", lambda name, *handles: ("plan", name))
+    monkeypatch.setattr(A, "INTERPRET", False)
+    monkeypatch.setattr(AG, "HAS_GLUON", True)
+    monkeypatch.setattr(AG, "_on_sm90", lambda t: True)
+    monkeypatch.setattr(AG, "_SUPPORTED", {})  # no verdict for the patched device outlives the test
+    B, H, S, D = 2, 3, 128, 64
+    q, k, v = (torch.randn(B, H, S, D, dtype=torch.bfloat16) for _ in range(3))
+
+    def register(grad, dropout=False):
+        registered.clear()
+        plan = A._fwd_plan(A._fwd_key(q, k, v, S, S, True, dropout))
+        return A._cpp_attention_register(plan, q, k, v, S, S, True, 0.125, grad, 0.1 if dropout else 0.0)
+
+    assert AG.supported(q, q, q, True) is None and not A._gluon_takes(q, k, v, True, "fwd")  # below GLUON_MIN_WORK
+    assert register(False) == ("plan", "register_attention") and len(registered) == 1
+    _route_small_calls(monkeypatch)
+    assert A._gluon_takes(q, k, v, True, "fwd") and A._gluon_takes(q, k, v, True, "dkdv")
+    assert register(False) is False and register(True) is False and registered == []
+    assert register(False, dropout=True) == ("plan", "register_attention")  # the Gluon kernels have no dropout
+    monkeypatch.setattr(AG, "auto_ok", lambda kernel, q, causal: kernel == "dkdv")  # the dK / dV kernel alone
+    assert register(False) == ("plan", "register_attention")
+    assert register(True) is False and registered == []
 
 
 def _sm90():
@@ -204,8 +237,11 @@ def test_gpu_dkdv_kernel(D, S, causal, monkeypatch):
         ref_grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
     _route_small_calls(monkeypatch)
     fwd, dkdv = _spy(monkeypatch)
+    # The reference pass left a Triton plan for this layout: the C++ fast path must still leave the call to Gluon.
     grads = torch.autograd.grad(fused_attention(q, k, v, is_causal=causal), (q, k, v), do)
-    assert dkdv == [1] and len(fwd) == 1
+    assert dkdv == [1] and len(fwd) == 1, (fwd, dkdv)
+    if _cpp.ENABLED:  # declined for good, whether or not the extension had finished building
+        assert A._FWD_PLANS[A._fwd_key(q, k, v, S, S, causal)].cpp.get((q.get_device(), True)) is False
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
     f32 = torch.autograd.grad(F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal), (qf, kf, vf), do.float())
     _close_to_float32(zip(grads, f32))

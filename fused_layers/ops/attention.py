@@ -1255,7 +1255,11 @@ def _fwd_key(q, k, v, max_q, max_k, causal, dropout=False):
 def _cpp_attention_register(plan, q, k, v, max_q, max_k, causal, scale, grad, dropout_p=0.0, seed=None):
     """Register a dense plan's kernels with the C++ fast path (the forward; with ``grad`` the backward's
     preprocess, dK/dV and dQ kernels for a dO laid out like the output): the plan id, None while the forward
-    is not compiled for these dtypes yet, False if unsupported."""
+    is not compiled for these dtypes yet, False if unsupported (also where the Gluon kernels take the call)."""
+    # The C++ plan launches the Triton kernels, so a layout the Python path sends to a Gluon kernel stays on the
+    # Python path, even where a Triton plan exists for it (an earlier call of it that Gluon did not take).
+    if dropout_p == 0.0 and (_gluon_takes(q, k, v, causal, "fwd") or (grad and _gluon_takes(q, k, v, causal, "dkdv"))):
+        return False
     dev, qd, f32 = q.get_device(), q.dtype, torch.float32
     fwd = _cpp.register_all(dev, (plan.kernel, (qd,) * 4 + (f32,) + (qd,) * 4, plan.ints,
                                   _cpp.roles(9, len(plan.ints), 3, floats_first=True)))

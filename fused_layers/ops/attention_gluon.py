@@ -702,10 +702,15 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
     return why
 
 
+def _on_sm90(t: torch.Tensor) -> bool:
+    """``t`` is on an sm_90 GPU (the tests patch it to check the routing on the CPU)."""
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9
+
+
 def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     if not HAS_GLUON:
         return "no Gluon in this Triton"
-    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
+    if not _on_sm90(q):
         return "not an sm_90 GPU"
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return "dtype must be bf16 or fp16 for q, k and v alike"
