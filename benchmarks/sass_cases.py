@@ -318,13 +318,14 @@ def _norm_gluon(name, dt, n, rms, has_w=True, has_b=None):
     has_b = (not rms) if has_b is None else has_b
     bits = 32 if dt == "fp32" else 16
     r = n // ln_gluon.BOX
+    box = ln_gluon.box_rows(r)  # the descriptors' box: sub-rows a TMA copy
 
     def desc(block):
         return f"tensordesc<{dt}[{', '.join(map(str, block))}],{_gluon_layout(bits, len(block))}>"
 
     types = dict(X=f"*{dt}", DY=f"*{dt}", DX=f"*{dt}", W=f"*{dt}", STATS="*fp32", PARTS="*fp32",
-                 x_desc=desc([1, r, 256]), dy_desc=desc([1, r, 256]),
-                 w_desc=desc([r, 256]) if has_w else desc([1, r, 256]))
+                 x_desc=desc([1, box, 256]), dy_desc=desc([1, box, 256]),
+                 w_desc=desc([box, 256]) if has_w else desc([1, box, 256]))
     cx = dict(IS_RMS=rms, HAS_W=has_w, HAS_B=has_b, R=r, VEC=128 // bits, STAGES=2, X_BITS=bits, W_BITS=bits,
               PDL_TRIGGER=has_w or has_b)
     return _norm(name, ln_gluon._norm_bwd_rows_gluon_kernel, cx, types, ("M", "N", "sx", "sdy"), 16)
@@ -411,6 +412,8 @@ def norm_cases() -> Iterator[Case]:
         yield _norm_gluon("bwd gluon rms bf16 16384 eager", bf, 16384, True)
         yield _norm_gluon("bwd gluon ln fp16 16384 eager", f16, 16384, False)
         yield _norm_gluon("bwd gluon ln bf16 16384 no affine eager", bf, 16384, False, has_w=False, has_b=False)
+        yield _norm_gluon("bwd gluon rms fp16 12288 eager (3 boxes a row)", f16, 12288, True)
+        yield _norm_gluon("bwd gluon ln bf16 12288 eager (3 boxes a row)", bf, 12288, False)
     # dW / dB reduce of the partial rows: after an eager single-block backward (PDL) or another backward
     yield _norm_reduce("reduce ln bf16 eager", True, True, True)
     yield _norm_reduce("reduce rms bf16 eager", True, False, True)

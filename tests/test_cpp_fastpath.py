@@ -433,18 +433,19 @@ def test_gpu_softmax_fast_call(cpp_on):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", [12288, 16384], ids=["12K", "16K"])
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("pdtype,affine", [(torch.bfloat16, "wb"), (torch.float32, "wb"), (torch.bfloat16, "none")],
                          ids=["bf16", "fp32params", "none"])
-def test_gpu_cpp_node_gluon_row_backward(rms, pdtype, affine, cpp_on):
-    """bf16 16K rows through the Gluon row backward: the C++ node launches it and its reduce, right against
-    float64, also for a non-contiguous dy (made contiguous in C++); the C++ launch encodes the host descriptors at
-    each call."""
+def test_gpu_cpp_node_gluon_row_backward(rms, pdtype, affine, n, cpp_on):
+    """bf16 rows of 16K and 12K (3 TMA boxes a row) through the Gluon row backward: the C++ node launches it and its
+    reduce, right against float64, also for a non-contiguous dy (made contiguous in C++); the C++ launch encodes the
+    host descriptors at each call, their box from the compiled kernel."""
     from fused_layers.ops import layer_norm_gluon as lg
 
     if not (lg.HAS_GLUON and torch.cuda.get_device_capability()[0] == 9):
         pytest.skip("needs an sm_90 GPU and Gluon")
-    n, dev, dtype = 16384, "cuda", torch.bfloat16
+    dev, dtype = "cuda", torch.bfloat16
     x = (torch.randn(300, n, device=dev) * 2 + 0.5).to(dtype).requires_grad_()
     w = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine != "none" else None
     b = torch.randn(n, device=dev, dtype=pdtype).requires_grad_() if affine == "wb" and not rms else None

@@ -68,7 +68,12 @@ def _check(rms, shape, k, dtype, device, param_dtype=None, affine=True, bias=Tru
         assert g.dtype == leaf.dtype and g.shape == leaf.shape
     if dtype in (torch.float16, torch.bfloat16):  # within K x PyTorch's own error in the same dtypes (tests/_tol.py)
         same = lambda t: None if t is None else t.detach().requires_grad_(True)  # noqa: E731
-        y_t, grads_t = _run(ref, same(x), same(w), same(b), dy)
+        torch_ref = ref
+        if not rms and affine and pdt != dtype:
+            # CUDA's layer_norm rejects a 16-bit x with float32 weights (torch 2.11): PyTorch's run is then the
+            # float32 math autocast runs for it, rounded to x's dtype like our output.
+            torch_ref = lambda x, w, b: F.layer_norm(x.float(), norm_shape, w, b, eps).to(x.dtype)  # noqa: E731
+        y_t, grads_t = _run(torch_ref, same(x), same(w), same(b), dy)
         for name, a, r, t in zip(("y", "dx", "dW", "dB"), (y, *grads), (y64, *grads64), (y_t, *grads_t)):
             assert_within_torch(a, r, t, what=name)
         return y, grads
@@ -931,7 +936,7 @@ def test_rms_variant_float32_dy_weight_gradient(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("rms,n,dtype,bwd,hold", [
     (False, 8192, torch.bfloat16, "_norm_bwd_kernel", None),  # the widest single-block backward
-    (True, 12288, torch.float16, "_norm_bwd_rows_gluon_kernel", None),  # the Gluon row backward (sm_90)
+    (True, 12288, torch.float16, "_norm_bwd_rows_gluon_kernel", None),  # the Gluon row backward (sm_90), 3 boxes a row
     (False, 16384, torch.bfloat16, "_norm_bwd_rows_gluon_kernel", None),
     (False, 20011, torch.bfloat16, "_norm_bwd_persist_kernel", False),  # persistent (no Gluon: not 256-aligned)
     (True, 32768, torch.float16, "_norm_bwd_persist_kernel", True),  # persistent, HOLD
@@ -968,19 +973,76 @@ def test_gluon_row_backward_refuses_what_it_does_not_take():
     assert lg.supported(x, x, None) is not None
 
 
+def _gluon_routed(forced):
+    """(width, x dtype, weight dtype or None) of every row up to 2^17 wide that the eager backward sends to the Gluon
+    row backward: layer_norm_config.gluon_config of the width's bucket (``forced``: config_override gluon=True, as
+    the tests set it), then layer_norm_gluon's width, dtype and shared-memory rules (``supported`` less the GPU)."""
+    from fused_layers.ops import layer_norm_gluon as lg
+
+    out = []
+    with config_override("layer_norm", **({"gluon": True} if forced else {})):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            buckets = {p for p in (2**i for i in range(18)) if lnc.gluon_config(p, dtype.itemsize)}
+            for n in range(1, 2**17 + 1):
+                if ln_ops.next_power_of_2(n) not in buckets:
+                    continue
+                for w_dtype in dict.fromkeys((dtype, torch.float32, None)):
+                    if lg.width_reason(n, dtype, w_dtype) is None:
+                        out.append((n, dtype, w_dtype))
+    return out
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["default", "forced"])
+def test_gluon_row_backward_tma_boxes_are_powers_of_two(forced):
+    """Every width and dtype routed to the Gluon row backward gets TMA boxes whose every dimension is a power of two
+    (Gluon's TensorDescriptor and the kernel's block types refuse others: 12,288-wide 16-bit rows crashed on an H100
+    with a (1, 48, 256) box) that tile the row in whole slices of the kernel's warps; the descriptors are then built
+    as the launch builds them, on CPU tensors of the same dtypes and strides, so Gluon's own check runs here too."""
+    from fused_layers.ops import layer_norm_gluon as lg
+
+    try:
+        from triton._utils import validate_block_shape
+    except ImportError:  # a Triton without it: the power-of-two check below still runs
+        validate_block_shape = None
+    routed = _gluon_routed(forced)
+    widths = {n for n, _, _ in routed}
+    if forced:  # every width the kernel takes: multiples of 4,096 up to 16K
+        assert widths == {4096, 8192, 12288, 16384}
+    else:  # the default: 16-bit rows of the 16K bucket (BWD_GLUON)
+        assert widths == {12288, 16384} and {d for _, d, _ in routed} == {torch.bfloat16, torch.float16}
+    for n, dtype, w_dtype in routed:
+        m, r = 3, n // lg.BOX
+        layouts = lg.descriptor_layouts(m, n, n, n, w_dtype is not None)
+        for _, shape, strides, box in layouts:
+            where = (n, dtype, w_dtype, box)
+            assert all(0 < d <= 256 and d & (d - 1) == 0 for d in box), where
+            if validate_block_shape is not None:
+                validate_block_shape(box)
+            assert box[-1] == lg.BOX and r % box[-2] == 0 and box[-2] % lg.WARPS == 0, where
+            assert len(shape) == len(strides) == len(box) and all(b <= s for b, s in zip(box, shape)), where
+        assert layouts[0][3][-2] == lg.box_rows(r) == (16 if n == 12288 else r)
+        if lg.HAS_GLUON:
+            x = torch.empty(m, n, dtype=dtype)
+            w = None if w_dtype is None else torch.empty(n, dtype=w_dtype)
+            descs = lg.host_descriptors(x, torch.empty_like(x), torch.empty_like(x), w)
+            assert [list(d.block_shape) for d in descs] == [box for *_, box in layouts]
+    with pytest.raises(ValueError, match="no TMA box"):
+        lg.box_rows(0)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", [12288, 16384], ids=["12K", "16K"])
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("rows", [1, 131, 600])
-def test_gpu_gluon_row_backward(rms, dtype, rows, monkeypatch):
-    """16K rows (the default): the Gluon row backward runs (spied) and every gradient matches float64, for fewer rows
-    than SMs (one row; 131), several rows a program, with and without the weight / bias, fp32 weights under bf16 x,
-    two normalized dims."""
+def test_gpu_gluon_row_backward(rms, dtype, rows, n, monkeypatch):
+    """Rows of the 16K bucket (the default; 12K rows arrive in 3 TMA boxes): the Gluon row backward runs (spied) and
+    every gradient matches float64, for fewer rows than SMs (one row; 131), several rows a program, with and without
+    the weight / bias, fp32 weights under bf16 x, two normalized dims."""
     if not _gluon_ok():
         pytest.skip("needs an sm_90 GPU and Gluon")
     from fused_layers.ops import layer_norm_gluon as lg
 
-    n = 16384
     calls = []
     orig = lg.norm_backward_rows
     monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(1) or orig(*a, **k))

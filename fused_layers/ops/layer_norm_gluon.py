@@ -6,8 +6,10 @@ bandwidth) or split each row across co-resident programs that exchange their par
 flags (the persistent form, LayerNorm 0.65 / RMSNorm 0.79; the exchange is the cost).  Here a row lives in shared
 memory instead, and one CTA of 16 warps an SM, persistent over rows pid, pid + G, ..., works on whole rows:
 
-  * each row's x and dy arrive whole by TMA (one (1, R, 256) box each over the (M, N / 256, 256) view) into a ring of
-    STAGES row buffers, so the next rows are in flight while one is worked on (64 KB a stage at bf16 16K);
+  * each row's x and dy arrive whole by TMA (R / B boxes of (1, B, 256) each over the (M, N / 256, 256) view, B =
+    ``box_rows(R)``: R itself at 4K, 8K and 16K, 16 at 12K, as TMA boxes and shared buffers must be powers of two)
+    into a ring of STAGES row buffers, so the next rows are in flight while one is worked on (64 KB a stage at bf16
+    16K);
   * pass 1 reads the row from shared memory, a slice of W (num_warps, 256) at a time, and sums into per-thread
     partials; one CTA-wide reduction then gives c1 = sum(g xhat) / N and c2 = sum(g) / N (g = w dy; RMSNorm: c2 = 0);
   * pass 2 reads it again and writes dx = rstd (g - xhat c1 - c2) = (g - xhat c1) rstd - c2 rstd (two FMAs) from
@@ -122,15 +124,25 @@ if HAS_GLUON:
             gl.store(DBP + pid.to(gl.int64) * N + offs, db)
 
     @gluon.jit
-    def _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i, n_rows, pid, G, STAGES: gl.constexpr):
-        """Row i of this program (row pid + i G), if it has one, into ring slot i % STAGES: x and dy on one mbarrier."""
+    def _sub_rows(ring, base, K: gl.constexpr, BOX_R: gl.constexpr, NW: gl.constexpr):
+        """Sub-rows [K, K + NW) of a row held as boxes of BOX_R sub-rows at ring[base], ring[base + 1], ..., as an
+        (NW, 256) view: within one box, as BOX_R is a multiple of NW."""
+        return ring.index(base + K // BOX_R).reshape([BOX_R, 256]).slice(K % BOX_R, NW)
+
+    @gluon.jit
+    def _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i, n_rows, pid, G, NB: gl.constexpr,
+                   STAGES: gl.constexpr):
+        """Row i of this program (row pid + i G), if it has one, into ring slot i % STAGES (its NB boxes at ring
+        indices slot NB, ..., slot NB + NB - 1): x and dy on one mbarrier."""
+        BOX_R: gl.constexpr = x_desc.block_type.shape[1]
         live = i < n_rows
         slot = i % STAGES
         row = pid + i * G
         bar = bars.index(slot)
-        mbarrier.expect(bar, x_desc.block_type.nbytes + dy_desc.block_type.nbytes, pred=live)
-        tma.async_copy_global_to_shared(x_desc, [row, 0, 0], bar, x_ring.index(slot), pred=live)
-        tma.async_copy_global_to_shared(dy_desc, [row, 0, 0], bar, dy_ring.index(slot), pred=live)
+        mbarrier.expect(bar, NB * (x_desc.block_type.nbytes + dy_desc.block_type.nbytes), pred=live)
+        for j in gl.static_range(NB):
+            tma.async_copy_global_to_shared(x_desc, [row, j * BOX_R, 0], bar, x_ring.index(slot * NB + j), pred=live)
+            tma.async_copy_global_to_shared(dy_desc, [row, j * BOX_R, 0], bar, dy_ring.index(slot * NB + j), pred=live)
 
     @gluon.jit
     def _norm_bwd_rows_gluon_kernel(
@@ -144,9 +156,9 @@ if HAS_GLUON:
         N,  # columns, R * 256
         sx,  # x's row stride (elements)
         sdy,  # dy's row stride (elements)
-        x_desc,  # host TMA descriptor of x over its (M, N / 256, 256) view, box (1, R, 256)
+        x_desc,  # host TMA descriptor of x over its (M, N / 256, 256) view, box (1, BOX_R, 256): box_rows(R)
         dy_desc,  # host TMA descriptor of dy, the same
-        w_desc,  # host TMA descriptor of the weight over (N / 256, 256), box (R, 256) (HAS_W; else x_desc)
+        w_desc,  # host TMA descriptor of the weight over (N / 256, 256), box (BOX_R, 256) (HAS_W; else x_desc)
         IS_RMS: gl.constexpr,
         HAS_W: gl.constexpr,
         HAS_B: gl.constexpr,
@@ -159,6 +171,10 @@ if HAS_GLUON:
         num_warps: gl.constexpr = 16,
     ):
         REPS: gl.constexpr = R // num_warps
+        # A row arrives as NB TMA boxes of BOX_R sub-rows (box dims and shared buffers must be powers of two).
+        BOX_R: gl.constexpr = x_desc.block_type.shape[1]
+        NB: gl.constexpr = R // BOX_R
+        gl.static_assert(NB * BOX_R == R and BOX_R % num_warps == 0, "BOX_R must divide R, num_warps divide BOX_R")
         _gdc_wait()  # (programmatic dependent launch) before any memory of the previous kernel's is read or written
         XL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=X_BITS, rank=3)
         WL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=W_BITS, rank=2)
@@ -180,14 +196,14 @@ if HAS_GLUON:
             sums1 = gl.allocate_shared_memory(gl.float32, [num_warps], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
             sums2 = gl.allocate_shared_memory(gl.float32, [num_warps], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
-        # Shared memory: the row ring (x and dy, one mbarrier a slot) and the weight.
-        x_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], XL)
-        dy_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, R, 256], XL)
+        # Shared memory: the row ring (x and dy, NB boxes and one mbarrier a slot) and the weight (NB boxes).
+        x_ring = gl.allocate_shared_memory(dtype, [STAGES * NB, 1, BOX_R, 256], XL)
+        dy_ring = gl.allocate_shared_memory(dtype, [STAGES * NB, 1, BOX_R, 256], XL)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
             mbarrier.init(bars.index(s), count=1)
         if HAS_W:
-            w_smem = gl.allocate_shared_memory(W.dtype.element_ty, [R, 256], WL)
+            w_smem = gl.allocate_shared_memory(W.dtype.element_ty, [NB, BOX_R, 256], WL)
             w_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
             mbarrier.init(w_bar, count=1)
         fence_async_shared()
@@ -203,15 +219,17 @@ if HAS_GLUON:
 
         # Step 1: the weight once, the first STAGES rows.
         if HAS_W:
-            mbarrier.expect(w_bar, w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(w_desc, [0, 0], w_bar, w_smem)
+            gl.static_assert(w_desc.block_type.shape[0] == BOX_R, "the weight's box must have x's sub-rows")
+            mbarrier.expect(w_bar, NB * w_desc.block_type.nbytes)
+            for j in gl.static_range(NB):
+                tma.async_copy_global_to_shared(w_desc, [j * BOX_R, 0], w_bar, w_smem.index(j))
         for s in gl.static_range(STAGES):
-            _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, s, n_rows, pid, G, STAGES)
+            _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, s, n_rows, pid, G, NB, STAGES)
         if HAS_W:
             mbarrier.wait(w_bar, phase=0)
             ws = w_smem
         else:
-            ws = x_ring.index(0).reshape([R, 256])  # (never read: HAS_W is False)
+            ws = x_ring  # (never read: HAS_W is False)
         dw0 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
         dw1 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
         dw2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
@@ -230,15 +248,15 @@ if HAS_GLUON:
             else:
                 mean = gl.load(STATS + row)
             mbarrier.wait(bars.index(slot), phase=(i // STAGES) & 1)
-            xb = x_ring.index(slot).reshape([R, 256])
-            dyb = dy_ring.index(slot).reshape([R, 256])
+            box0 = slot * NB  # this row's first box in the ring
 
             # Step 2 (pass 1): the row sums s1 = sum(g x), s2 = sum(g).  0 is the identity of both.
             s1 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
             s2 = gl.zeros([num_warps, 256], gl.float32, layout=layout)
             for k in gl.static_range(REPS):
-                s1, s2 = _slice_sums(xb.slice(k * num_warps, num_warps), dyb.slice(k * num_warps, num_warps),
-                                     ws.slice(k * num_warps, num_warps), s1, s2, layout, IS_RMS, HAS_W)
+                s1, s2 = _slice_sums(_sub_rows(x_ring, box0, k * num_warps, BOX_R, num_warps),
+                                     _sub_rows(dy_ring, box0, k * num_warps, BOX_R, num_warps),
+                                     _sub_rows(ws, 0, k * num_warps, BOX_R, num_warps), s1, s2, layout, IS_RMS, HAS_W)
             if IS_RMS:
                 # c1 = sum(g xhat) / N = rstd sum(g x) / N
                 c1 = gl.sum(gl.sum(s1, axis=1), axis=0) * (rstd / N)
@@ -259,24 +277,32 @@ if HAS_GLUON:
 
             # Step 3 (pass 2): dx, and the dW / dB accumulators of this thread's columns.
             dxp = DX + row.to(gl.int64) * N + offs
-            dw0, db0 = _slice_dx(xb.slice(0, num_warps), dyb.slice(0, num_warps), ws.slice(0, num_warps), mean, rstd,
-                                 c1, c2r, dw0, db0, dxp, 0, layout, IS_RMS, HAS_W, HAS_B)
+            dw0, db0 = _slice_dx(_sub_rows(x_ring, box0, 0, BOX_R, num_warps),
+                                 _sub_rows(dy_ring, box0, 0, BOX_R, num_warps),
+                                 _sub_rows(ws, 0, 0, BOX_R, num_warps), mean, rstd, c1, c2r, dw0, db0, dxp, 0, layout,
+                                 IS_RMS, HAS_W, HAS_B)
             if REPS > 1:
                 k1: gl.constexpr = num_warps
-                dw1, db1 = _slice_dx(xb.slice(k1, num_warps), dyb.slice(k1, num_warps), ws.slice(k1, num_warps), mean,
-                                     rstd, c1, c2r, dw1, db1, dxp, SL, layout, IS_RMS, HAS_W, HAS_B)
+                dw1, db1 = _slice_dx(_sub_rows(x_ring, box0, k1, BOX_R, num_warps),
+                                     _sub_rows(dy_ring, box0, k1, BOX_R, num_warps),
+                                     _sub_rows(ws, 0, k1, BOX_R, num_warps), mean, rstd, c1, c2r, dw1, db1, dxp,
+                                     SL, layout, IS_RMS, HAS_W, HAS_B)
             if REPS > 2:
                 k2: gl.constexpr = 2 * num_warps
-                dw2, db2 = _slice_dx(xb.slice(k2, num_warps), dyb.slice(k2, num_warps), ws.slice(k2, num_warps), mean,
-                                     rstd, c1, c2r, dw2, db2, dxp, 2 * SL, layout, IS_RMS, HAS_W, HAS_B)
+                dw2, db2 = _slice_dx(_sub_rows(x_ring, box0, k2, BOX_R, num_warps),
+                                     _sub_rows(dy_ring, box0, k2, BOX_R, num_warps),
+                                     _sub_rows(ws, 0, k2, BOX_R, num_warps), mean, rstd, c1, c2r, dw2, db2, dxp,
+                                     2 * SL, layout, IS_RMS, HAS_W, HAS_B)
             if REPS > 3:
                 k3: gl.constexpr = 3 * num_warps
-                dw3, db3 = _slice_dx(xb.slice(k3, num_warps), dyb.slice(k3, num_warps), ws.slice(k3, num_warps), mean,
-                                     rstd, c1, c2r, dw3, db3, dxp, 3 * SL, layout, IS_RMS, HAS_W, HAS_B)
+                dw3, db3 = _slice_dx(_sub_rows(x_ring, box0, k3, BOX_R, num_warps),
+                                     _sub_rows(dy_ring, box0, k3, BOX_R, num_warps),
+                                     _sub_rows(ws, 0, k3, BOX_R, num_warps), mean, rstd, c1, c2r, dw3, db3, dxp,
+                                     3 * SL, layout, IS_RMS, HAS_W, HAS_B)
 
             # Step 4: every warp has read the slot: fetch row i + STAGES into it.
             gl.thread_barrier()
-            _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i + STAGES, n_rows, pid, G, STAGES)
+            _issue_row(x_desc, dy_desc, x_ring, dy_ring, bars, i + STAGES, n_rows, pid, G, NB, STAGES)
 
         if PDL_TRIGGER:  # the reduce may launch now; it waits for this whole grid (and its stores) on the device
             _gdc_launch_dependents()
@@ -291,6 +317,22 @@ if HAS_GLUON:
             mbarrier.invalidate(w_bar)
 
 
+def width_reason(N: int, dtype: torch.dtype, w_dtype: torch.dtype | None) -> str | None:
+    """None when the kernel takes rows of N columns of ``dtype`` with a weight of ``w_dtype`` (None: no weight), by
+    the rules that need no tensor (dtype, width, shared memory), else why not; ``supported`` adds the tensors'."""
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return "x and dy must share a dtype of bf16, fp16 or fp32"
+    R = N // BOX
+    if N % BOX or R % WARPS or not 0 < R <= 4 * WARPS:
+        return f"width {N} must be a multiple of {BOX * WARPS} up to {4 * BOX * WARPS}"
+    if w_dtype is not None and w_dtype not in (dtype, torch.float32):
+        return "the weight must be contiguous, 16-byte aligned, in x's dtype or float32"
+    ring = STAGES * 2 * N * dtype.itemsize + (0 if w_dtype is None else N * w_dtype.itemsize)
+    if ring > SMEM_BYTES:
+        return f"the ring and the weight ({ring} bytes) do not fit in shared memory"
+    return None
+
+
 def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_before_w: bool = False) -> str | None:
     """None when the Gluon row backward takes (M, N) rows ``x`` / ``dy`` (unit column stride) with weight ``w``,
     else why not."""
@@ -300,20 +342,17 @@ def supported(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor | None, cast_be
         return "not an sm_90 GPU"
     if cast_before_w:
         return "CAST_BEFORE_W is not implemented here"
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or dy.dtype != x.dtype:
+    if dy.dtype != x.dtype:
         return "x and dy must share a dtype of bf16, fp16 or fp32"
     M, N = x.shape
-    R = N // BOX
-    if M == 0 or N % BOX or R % WARPS or R > 4 * WARPS:
-        return f"width {N} must be a multiple of {BOX * WARPS} up to {4 * BOX * WARPS}"
+    why = width_reason(N, x.dtype, None if w is None else w.dtype)
+    if why is not None or M == 0:
+        return why or "no rows"
     for t in (x, dy):
         if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
             return "rows must have unit column stride and 16-byte aligned starts"
-    if w is not None and (w.dtype not in (x.dtype, torch.float32) or not w.is_contiguous() or w.data_ptr() % 16):
+    if w is not None and (not w.is_contiguous() or w.data_ptr() % 16):
         return "the weight must be contiguous, 16-byte aligned, in x's dtype or float32"
-    ring = STAGES * 2 * N * x.element_size() + (0 if w is None else N * w.element_size())
-    if ring > SMEM_BYTES:
-        return f"the ring and the weight ({ring} bytes) do not fit in shared memory"
     return None
 
 
@@ -348,19 +387,40 @@ def bwd_kernel(M: int, N: int, sx: int, sdy: int, dtype: torch.dtype, w_dtype: t
 _DESCS: dict = {}  # host descriptors a plan (their base pointer swapped in at each call)
 
 
+def box_rows(R: int) -> int:
+    """Sub-rows of 256 columns a TMA box holds for rows of R sub-rows: the largest power of two that divides R (R
+    itself at 4K, 8K and 16K; 16 at 12K, whose row then arrives in 3 boxes), as every dimension of a TMA box (Gluon's
+    TensorDescriptor and the kernel's block types) must be a power of two."""
+    if R <= 0:
+        raise ValueError(f"a row of {R} sub-rows of {BOX} columns has no TMA box")
+    return min(R & -R, 256)
+
+
 def descriptor_layouts(M: int, N: int, sx: int, sdy: int, has_w: bool) -> tuple:
     """The kernel's three host descriptors (x_desc, dy_desc, w_desc) over (M, N) rows of row strides sx / sdy: per
-    descriptor (index of its base among the kernel's pointers X, DY, DX, W, ...; shape; strides; box).  Built into
-    TensorDescriptors by ``norm_backward_rows``, encoded by the C++ fast path from the same layouts (ops/_cpp.py
-    ``register``).  Without a weight the third is x's again (never read: HAS_W is compiled in)."""
+    descriptor (index of its base among the kernel's pointers X, DY, DX, W, ...; shape; strides; box), the box
+    ``box_rows`` sub-rows of 256 (the kernel issues R / box of them a row).  Built into TensorDescriptors by
+    ``norm_backward_rows``; the C++ fast path encodes the same shapes and strides (ops/_cpp.py ``register``), with
+    the box from the compiled kernel's descriptor types.  Without a weight the third is x's again (never read: HAS_W
+    is compiled in)."""
     R = N // BOX
-    x_l = (0, [M, R, BOX], [sx, BOX, 1], [1, R, BOX])
-    return x_l, (1, [M, R, BOX], [sdy, BOX, 1], [1, R, BOX]), (3, [R, BOX], [BOX, 1], [R, BOX]) if has_w else x_l
+    B = box_rows(R)
+    x_l = (0, [M, R, BOX], [sx, BOX, 1], [1, B, BOX])
+    return x_l, (1, [M, R, BOX], [sdy, BOX, 1], [1, B, BOX]), (3, [R, BOX], [BOX, 1], [B, BOX]) if has_w else x_l
 
 
 def cpp_descriptors(M: int, N: int, has_w: bool) -> tuple:
     """``descriptor_layouts`` of contiguous rows as the C++ fast path takes them: (pointer index, shape, strides)."""
     return tuple(lay[:3] for lay in descriptor_layouts(M, N, N, N, has_w))
+
+
+def host_descriptors(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None) -> list:
+    """The kernel's TensorDescriptors (x_desc, dy_desc, w_desc) over (M, N) rows ``x`` / ``dy`` and the weight ``w``
+    (None: x's again), as ``descriptor_layouts`` lays them out; Gluon checks each box here (powers of two)."""
+    M, N = x.shape
+    ptrs = (x, dy, dx, x if w is None else w)
+    return [TensorDescriptor(ptrs[i], shape, strides, box, _layout(ptrs[i].dtype, len(shape)))
+            for i, shape, strides, box in descriptor_layouts(M, N, x.stride(0), dy.stride(0), w is not None)]
 
 
 def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: torch.Tensor | None, stats: torch.Tensor,
@@ -376,9 +436,7 @@ def norm_backward_rows(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, w: t
     wp = x if w is None else w
     descs = _DESCS.get(kernel)
     if descs is None:
-        ptrs = (x, dy, dx, wp)
-        descs = [TensorDescriptor(ptrs[i], shape, strides, box, _layout(ptrs[i].dtype, len(shape)))
-                 for i, shape, strides, box in descriptor_layouts(M, N, x.stride(0), dy.stride(0), w is not None)]
+        descs = host_descriptors(x, dy, dx, w)
         if len(_DESCS) > 256:
             _DESCS.clear()
         _DESCS[kernel] = descs
