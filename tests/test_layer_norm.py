@@ -936,13 +936,13 @@ def test_rms_variant_float32_dy_weight_gradient(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("rms,n,dtype,bwd,hold", [
     (False, 8192, torch.bfloat16, "_norm_bwd_kernel", None),  # the widest single-block backward
-    (True, 12288, torch.float16, "_norm_bwd_rows_gluon_kernel", None),  # the Gluon row backward (sm_90), 3 boxes a row
+    (True, 12288, torch.float16, "_norm_bwd_persist_kernel", True),  # persistent (Gluon only forced at 12K)
     (False, 16384, torch.bfloat16, "_norm_bwd_rows_gluon_kernel", None),
     (False, 20011, torch.bfloat16, "_norm_bwd_persist_kernel", False),  # persistent (no Gluon: not 256-aligned)
     (True, 32768, torch.float16, "_norm_bwd_persist_kernel", True),  # persistent, HOLD
     (False, 65536, torch.bfloat16, "_norm_bwd_persist_kernel", True),
     (True, 65536, torch.bfloat16, "_norm_bwd_persist_kernel", True),
-], ids=["ln-8K-tile", "rms-12K-gluon", "ln-16K-gluon", "ln-20011-persist", "rms-32K-hold", "ln-64K-hold",
+], ids=["ln-8K-tile", "rms-12K-hold", "ln-16K-gluon", "ln-20011-persist", "rms-32K-hold", "ln-64K-hold",
         "rms-64K-hold"])
 def test_gpu_production_widths_16bit(rms, n, dtype, bwd, hold):
     """The default plans of 16-bit norm rows users run, at production sizes (2^24 elements): y, dx, dW, dB within
@@ -975,16 +975,15 @@ def test_gluon_row_backward_refuses_what_it_does_not_take():
 
 def _gluon_routed(forced):
     """(width, x dtype, weight dtype or None) of every row up to 2^17 wide that the eager backward sends to the Gluon
-    row backward: layer_norm_config.gluon_config of the width's bucket (``forced``: config_override gluon=True, as
+    row backward: layer_norm_config.gluon_config of the width (``forced``: config_override gluon=True, as
     the tests set it), then layer_norm_gluon's width, dtype and shared-memory rules (``supported`` less the GPU)."""
     from fused_layers.ops import layer_norm_gluon as lg
 
     out = []
     with config_override("layer_norm", **({"gluon": True} if forced else {})):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            buckets = {p for p in (2**i for i in range(18)) if lnc.gluon_config(p, dtype.itemsize)}
             for n in range(1, 2**17 + 1):
-                if ln_ops.next_power_of_2(n) not in buckets:
+                if not lnc.gluon_config(n, dtype.itemsize):
                     continue
                 for w_dtype in dict.fromkeys((dtype, torch.float32, None)):
                     if lg.width_reason(n, dtype, w_dtype) is None:
@@ -1008,8 +1007,8 @@ def test_gluon_row_backward_tma_boxes_are_powers_of_two(forced):
     widths = {n for n, _, _ in routed}
     if forced:  # every width the kernel takes: multiples of 4,096 up to 16K
         assert widths == {4096, 8192, 12288, 16384}
-    else:  # the default: 16-bit rows of the 16K bucket (BWD_GLUON)
-        assert widths == {12288, 16384} and {d for _, d, _ in routed} == {torch.bfloat16, torch.float16}
+    else:  # the default: 16-bit rows of 16K (BWD_GLUON)
+        assert widths == {16384} and {d for _, d, _ in routed} == {torch.bfloat16, torch.float16}
     for n, dtype, w_dtype in routed:
         m, r = 3, n // lg.BOX
         layouts = lg.descriptor_layouts(m, n, n, n, w_dtype is not None)
@@ -1036,7 +1035,7 @@ def test_gluon_row_backward_tma_boxes_are_powers_of_two(forced):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("rows", [1, 131, 600])
 def test_gpu_gluon_row_backward(rms, dtype, rows, n, monkeypatch):
-    """Rows of the 16K bucket (the default; 12K rows arrive in 3 TMA boxes): the Gluon row backward runs (spied) and
+    """Rows of 16K (the default) and 12K (forced; 3 TMA boxes a row): the Gluon row backward runs (spied) and
     every gradient matches float64, for fewer rows than SMs (one row; 131), several rows a program, with and without
     the weight / bias, fp32 weights under bf16 x, two normalized dims."""
     if not _gluon_ok():
@@ -1046,6 +1045,8 @@ def test_gpu_gluon_row_backward(rms, dtype, rows, n, monkeypatch):
     calls = []
     orig = lg.norm_backward_rows
     monkeypatch.setattr(lg, "norm_backward_rows", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    if n != 16384:
+        monkeypatch.setattr(lnc, "BWD_GLUON", lnc.BWD_GLUON | {(2, n)})
     ln_ops._BWD_PLANS.clear()
     _check(rms, (rows, n), 1, dtype, "cuda")
     assert calls, "the Gluon row backward did not run"

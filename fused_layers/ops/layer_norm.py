@@ -955,7 +955,7 @@ def _gluon_plan(plan: _BwdPlan, x: torch.Tensor, has_w: bool, has_b: bool):
     (G, its reduce kernel: a programmatic dependent, as the Gluon kernel always launches on sm_90)."""
     if plan.gluon is None:
         plan.gluon = False
-        if not INTERPRET and x.is_cuda and cfg.gluon_config(next_power_of_2(plan.n), x.element_size()):
+        if not INTERPRET and x.is_cuda and cfg.gluon_config(plan.n, x.element_size()):
             g = min(cfg.sm_count(x.get_device()), plan.m)
             plan.gluon = (g, _reduce_kernel(plan.n, g, has_w, has_b, True) if has_w or has_b else None)
     return plan.gluon

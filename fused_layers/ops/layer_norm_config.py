@@ -167,7 +167,9 @@ PERSIST_MAX_PER_SM = 8  # programs an SM at most (the binary's occupancy decides
 
 # 16-bit rows of 16K in the Gluon row backward (ops/layer_norm_gluon.py: a row in shared memory, one CTA an SM),
 # eager calls on sm_90: LayerNorm 0.81 of copy against the persistent kernel's 0.65, RMSNorm 0.862 against 0.786.  At 8K
-# it lost to the single-block kernels (LayerNorm 0.773 against 0.860, RMSNorm 0.871 against 0.887).
+# it lost to the single-block kernels (LayerNorm 0.773 against 0.860, RMSNorm 0.871 against 0.887).  Exact widths:
+# the kernel takes 12K rows too (three TMA boxes a row), a layout not yet run on a GPU, so they stay on the
+# persistent kernel unless forced (config_override gluon=True).
 BWD_GLUON: frozenset[tuple[int, int]] = frozenset({(2, 16384)})
 
 # dW / dB: the G partial rows (one a backward program) summed column-wise in a fixed order.  Latency-bound (the
@@ -224,9 +226,10 @@ def persist_config(n: int, n_pow2: int, elem: int, is_rms: bool) -> Optional[Bwd
     return _lookup(BWD_PERSIST, elem, n, n_pow2, is_rms)
 
 
-def gluon_config(n_pow2: int, elem: int) -> bool:
-    """True where the Gluon row backward is the eager default (it still checks what it takes: ``supported``)."""
-    return bool(get_override(_CFG, "gluon", (elem, n_pow2) in BWD_GLUON))
+def gluon_config(n: int, elem: int) -> bool:
+    """True where the Gluon row backward is the eager default for rows ``n`` wide (it still checks what it takes:
+    ``supported``)."""
+    return bool(get_override(_CFG, "gluon", (elem, n) in BWD_GLUON))
 
 
 def reduce_config(n: int, g: int) -> tuple[int, int]:
