@@ -547,12 +547,16 @@ class StepAB:
     ``graphs`` (default: Dynamo's count of compiled graphs) is read around every step: a step during which a
     graph was compiled is that arm's compile, whose wall time goes to ``compile_seconds[arm]``, and a
     measured round holding one is left out of the results (``compile_rounds``), so the rounds compare the
-    compiled programs themselves, never their compilation.
+    compiled programs themselves, never their compilation.  An arm whose graph the run compiled before the
+    A/B (``all``: the configuration the run starts with, whose cached graph its A/B steps reuse) compiles
+    nothing in the A/B: ``compiled_before`` gives its compile time from those earlier steps, which starts its
+    ``compile_seconds`` (the arm is listed in ``compiled_before_ab``).
     """
 
     def __init__(self, model: nn.Module, swapped: dict[str, str], rounds: int = 5, warmup_rounds: int = 1,
                  timer: Any = None, device: torch.device | str = "cpu", mapping: dict | None = None,
-                 graphs: Callable[[], int] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+                 graphs: Callable[[], int] | None = None, clock: Callable[[], float] = time.perf_counter,
+                 compiled_before: dict[str, float] | None = None) -> None:
         self.model = model
         self.swapped = dict(swapped)  #: module name -> kind, as swapped before the A/B
         self.mapping = dict(mapping or {})  #: swap_modules' mapping (a model's own classes), to swap them back in
@@ -576,7 +580,13 @@ class StepAB:
         self.graphs = graphs if graphs is not None else compiled_graphs
         self.clock = clock
         self._at: tuple[int, float] = (0, 0.0)  # (graphs, clock) at the running step's start
-        self.compile_seconds: dict[str, float] = {}  #: per arm: wall time of its steps that compiled a graph
+        unknown = set(compiled_before or {}) - set(self.arms)
+        if unknown:
+            raise ValueError(f"StepAB: compiled_before names arms {sorted(unknown)} that this A/B does not have "
+                             f"(arms: {list(self.arms)})")
+        #: per arm: wall time of its steps that compiled a graph (before the A/B too, see ``compiled_before_ab``)
+        self.compile_seconds: dict[str, float] = {a: float(t) for a, t in (compiled_before or {}).items()}
+        self.compiled_before_ab: list[str] = list(self.compile_seconds)  #: arms whose graph was compiled before
         self.compile_rounds: list[int] = []  #: measured rounds left out because a step in them compiled
 
     @property

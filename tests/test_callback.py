@@ -421,6 +421,41 @@ def test_policy_faster_undoes_a_kept_arm_its_own_compiled_steps_show_slower(tmp_
     assert any(s.name == "net.ln" and "run's own steps ran 12.000 ms" in s.reason for s in cb.report.skipped)
 
 
+class CompiledLM(LM):
+    """LM whose net runs under a real torch.compile (the eager backend: Dynamo's graphs, guards and caches,
+    without Inductor's code generation), compiled at the first step like the demo's ``model.compile=true``."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if "_compiled" not in self.__dict__:
+            self.__dict__["_compiled"] = torch.compile(self.net, backend="eager")
+        return self.__dict__["_compiled"](idx)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("measure", [False, True], ids=["no-ledger", "ledger"])
+def test_step_ab_under_real_compile_reports_every_arms_compile(tmp_path, measure):
+    """Real torch.compile: the steps before the A/B compile the 'all' graph (every swap in place), which the A/B's
+    'all' arm reuses from Dynamo's cache, so that arm compiles nothing in the A/B; its compile seconds are those
+    earlier steps' and every arm's are reported. With the ledger's recording hooks (dropped with the code caches
+    after the first step) and no step between them and the A/B, the 'all' arm compiles in the A/B itself."""
+    torch._dynamo.reset()
+    model = CompiledLM()
+    cb = _cb(policy="always", kinds={"softmax": True, "layer_norm": True}, measure=measure, record_steps=1,
+             warmup_steps=1 if measure else 2, max_measure_seconds=5.0, ab_rounds=1, ab_warmup_rounds=1,
+             ab_max_steps=40, ab_check_steps=1)
+    steps = cb.measure_at + 2 * 4 + 1  # (1 warm-up + 1 measured round) x 4 arms, one kept step
+    _trainer(tmp_path, [cb], steps=steps).fit(model)
+    ab = cb.ab
+    assert ab.compiled and ab.steps_run == 8 and "A/B-measured (compiled" in cb.ab_status
+    assert set(ab.compile_seconds) == set(ab.arms) and all(t > 0 for t in ab.compile_seconds.values())
+    assert ab.compiled_before_ab == ([] if measure else ["all"])
+    assert cb.summary()["ab_cost"]["compiled_before_ab"] == ab.compiled_before_ab
+    in_ab = {arm for _, arm, _, compiled in ab._stopped if compiled}  # arms whose A/B steps compiled a graph
+    assert in_ab == set(ab.arms) - set(ab.compiled_before_ab)
+    with pytest.raises(ValueError, match="compiled_before names arms"):
+        ledger_mod.StepAB(model, {"net.ln": "layer_norm"}, compiled_before={"softmax": 1.0})
+
+
 def test_no_kernels_warns_and_swaps_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(fused_cb, "kernels_runnable", lambda device: False)
     model = LM()
