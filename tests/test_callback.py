@@ -559,6 +559,30 @@ def test_throughput_callback_counts_unfused_flops(tmp_path):
     assert tp._gc_callback not in __import__("gc").callbacks  # unregistered at the end of training
 
 
+def test_gqa_sdpa_flops_counted_where_torch_rejects_them(torch_2_11_sdpa_flops):
+    """torch 2.11's SDPA FLOP formula raises on GQA (fewer K/V heads, enable_gqa) inside any FlopCounterMode;
+    gqa_flop_formulas wraps it to count the K/V heads broadcast to the query's: the count of the same call with K/V
+    repeated, forward and backward, and idempotent."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+    k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(2))
+
+    def flops(k, v, **kw):
+        with FlopCounterMode(display=False) as counter:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw).sum().backward()
+        return counter.get_total_flops()
+
+    with pytest.raises(AssertionError, match="shapes are incompatible"):
+        flops(k, v, enable_gqa=True)
+    repeated = flops(k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    assert repeated == 7 * 2 * (2 * 4) * 16 * 16 * 8  # 2 matmuls forward, 5 backward; causal counted dense
+    assert ledger_mod.gqa_flop_formulas() and ledger_mod.gqa_flop_formulas()
+    assert flops(k, v, enable_gqa=True) == repeated
+    mqa = flops(k[:, :1], v[:, :1], enable_gqa=True)  # one K/V head
+    assert mqa == repeated
+
+
 def test_stall_report_finds_a_slow_step_and_gc_pauses():
     """The report's arithmetic on a synthetic run: one 10x step stands out with its index; garbage-collector
     pauses are summed from gc.callbacks' start / stop pairs."""
