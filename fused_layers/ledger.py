@@ -21,7 +21,8 @@ What is measured, per distinct (kind, input shapes, dtype):
 * the fused output's max abs error against the reference (first output tensor, same dtype);
 * achieved throughput of the fused forward: GB/s (bytes of the input + output tensors) for norms and
   softmax, TFLOP/s for attention kinds (FLOPs of the reference forward counted with
-  ``torch.utils.flop_counter.FlopCounterMode``: a causal mask is counted dense).
+  ``torch.utils.flop_counter.FlopCounterMode``: a causal mask is counted dense, GQA's K/V heads as the query's,
+  ``gqa_flop_formulas``).
 
 The whole measurement is bounded by ``max_seconds`` (split evenly over the keys, fewer repetitions when
 a call is slow; keys left when the budget is spent are reported as not measured).
@@ -44,7 +45,7 @@ from torch import nn
 from .swap import KINDS, fused_kind, fused_source
 
 __all__ = ["Ledger", "Measurement", "TensorSpec", "measure_pair", "TABLE_COLUMNS", "StepAB", "StepTimer", "ArmResult",
-           "KeptSteps"]
+           "KeptSteps", "gqa_flop_formulas"]
 
 TABLE_COLUMNS = ["kind", "modules", "shape", "dtype", "reference", "ref_ms", "fused_ms", "speedup", "gbps_or_tflops",
                  "max_err"]
@@ -206,6 +207,59 @@ def _autocast_ctx(autocast: tuple[str, torch.dtype] | None):
     return torch.autocast(autocast[0], dtype=autocast[1])
 
 
+def _kv_heads_as_query(q: Any, *kv: Any) -> list[tuple[int, ...]]:
+    """Key / value shapes (B, H, S, D) with the query's head count where theirs divides it (GQA / MQA)."""
+    q, out = tuple(q), []
+    for s in kv:
+        s = tuple(s)
+        if len(q) == len(s) == 4 and 0 < s[1] != q[1] and q[1] % s[1] == 0:
+            s = (s[0], q[1], *s[2:])
+        out.append(s)
+    return out
+
+
+def gqa_flop_formulas() -> bool:
+    """Make ``torch.utils.flop_counter`` count SDPA calls whose key / value have fewer heads than the query (GQA,
+    SDPA's ``enable_gqa``, as transformers' Llama calls it) where this torch's formulas reject them.
+
+    torch 2.11's ``sdpa_flop_count`` raises ``AssertionError: sdpa_flop_count: query/key/value shapes are
+    incompatible`` on them, inside any ``FlopCounterMode``: Lightning's model summary, which counts the FLOPs of
+    ``example_input_array``, crashed a GQA Llama's ``fit`` with it on an H100.  The wrapped formulas count the K/V
+    heads broadcast to the query's, what the kernels compute and what later torch releases count; every other shape
+    goes to torch's own formula unchanged.  Process-wide and idempotent; a no-op where torch counts GQA already
+    (torch 2.13).  Returns True when torch's formulas are wrapped.
+    """
+    from torch.utils import flop_counter
+
+    # (formula, where the query's shape is in its arguments, a GQA probe); torch's formulas look both up by name
+    formulas = (("sdpa_flop_count", 0, ((1, 2, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1))),
+                ("sdpa_backward_flop_count", 1, ((1, 2, 1, 1), (1, 2, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1))))
+    wrapped = False
+    for name, q_at, probe in formulas:
+        fn = getattr(flop_counter, name, None)
+        if fn is None:
+            continue
+        if getattr(fn, "_fused_layers_gqa", False):
+            wrapped = True
+            continue
+        try:
+            fn(*probe)
+            continue  # counts GQA already
+        except AssertionError:
+            pass
+        except Exception:  # a formula of another signature: not the one this wraps
+            continue
+
+        @functools.wraps(fn)
+        def counted(*shapes: Any, _fn: Callable[..., int] = fn, _q: int = q_at, **kwargs: Any) -> int:
+            return _fn(*shapes[:_q + 1], *_kv_heads_as_query(shapes[_q], *shapes[_q + 1:]), **kwargs)
+
+        counted._fused_layers_gqa = True  # type: ignore[attr-defined]
+        setattr(flop_counter, name, counted)
+        wrapped = True
+    return wrapped
+
+
 def measure_pair(
     ref: Callable[..., Any],
     fused: Callable[..., Any],
@@ -263,12 +317,13 @@ def measure_pair(
     if metric == "TFLOP/s":
         from torch.utils.flop_counter import FlopCounterMode
 
+        gqa_flop_formulas()  # a GQA reference (SDPA with enable_gqa) is counted, not rejected, on torch 2.11
         counter = FlopCounterMode(display=False)
         try:
             with torch.no_grad(), ctx(), counter:
                 ref(*args, **kwargs)
             achieved = counter.get_total_flops() / (fused_fwd * 1e-3) / 1e12
-        except Exception:  # e.g. torch's SDPA FLOP formula rejects GQA shapes (torch 2.11)
+        except Exception:  # a FLOP formula that rejects the call's shapes
             achieved = float("nan")  # the rate is detail; the timings above stand
     else:
         nbytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
@@ -547,12 +602,16 @@ class StepAB:
     ``graphs`` (default: Dynamo's count of compiled graphs) is read around every step: a step during which a
     graph was compiled is that arm's compile, whose wall time goes to ``compile_seconds[arm]``, and a
     measured round holding one is left out of the results (``compile_rounds``), so the rounds compare the
-    compiled programs themselves, never their compilation.
+    compiled programs themselves, never their compilation.  An arm whose graph the run compiled before the
+    A/B (``all``: the configuration the run starts with, whose cached graph its A/B steps reuse) compiles
+    nothing in the A/B: ``compiled_before`` gives its compile time from those earlier steps, which starts its
+    ``compile_seconds`` (the arm is listed in ``compiled_before_ab``).
     """
 
     def __init__(self, model: nn.Module, swapped: dict[str, str], rounds: int = 5, warmup_rounds: int = 1,
                  timer: Any = None, device: torch.device | str = "cpu", mapping: dict | None = None,
-                 graphs: Callable[[], int] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+                 graphs: Callable[[], int] | None = None, clock: Callable[[], float] = time.perf_counter,
+                 compiled_before: dict[str, float] | None = None) -> None:
         self.model = model
         self.swapped = dict(swapped)  #: module name -> kind, as swapped before the A/B
         self.mapping = dict(mapping or {})  #: swap_modules' mapping (a model's own classes), to swap them back in
@@ -576,7 +635,13 @@ class StepAB:
         self.graphs = graphs if graphs is not None else compiled_graphs
         self.clock = clock
         self._at: tuple[int, float] = (0, 0.0)  # (graphs, clock) at the running step's start
-        self.compile_seconds: dict[str, float] = {}  #: per arm: wall time of its steps that compiled a graph
+        unknown = set(compiled_before or {}) - set(self.arms)
+        if unknown:
+            raise ValueError(f"StepAB: compiled_before names arms {sorted(unknown)} that this A/B does not have "
+                             f"(arms: {list(self.arms)})")
+        #: per arm: wall time of its steps that compiled a graph (before the A/B too, see ``compiled_before_ab``)
+        self.compile_seconds: dict[str, float] = {a: float(t) for a, t in (compiled_before or {}).items()}
+        self.compiled_before_ab: list[str] = list(self.compile_seconds)  #: arms whose graph was compiled before
         self.compile_rounds: list[int] = []  #: measured rounds left out because a step in them compiled
 
     @property

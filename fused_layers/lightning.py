@@ -40,7 +40,8 @@ What is measured (both on the run's own model, batches and shapes):
   round pays for it, and a measured round in which a step compiled is left out), so the A/B compares the
   compiled programs (``ab_compiled="per_arm"``, the default), or is skipped (``ab_compiled="skip"``: logged
   as not A/B-measured, no swap undone).  Its cost is reported: the steps it took, and per arm the wall
-  time of the steps that compiled.
+  time of the steps that compiled; the ``all`` arm's graph is the one the run's steps before the A/B
+  compiled (every swap in place), which its A/B steps reuse, so those steps' compile time is its own.
 * **The kept configuration's own steps** (``ab_check_steps``): after the A/B, the next steps run the kept
   arm (the graph it compiled, under compile) and are timed alike; their median is reported next to the
   A/B's verdict, with a warning when it lies outside the kept arm's min-max over the rounds.  A fused arm
@@ -225,6 +226,9 @@ class FusedLayersCallback(Callback):
         self._measured = False
         self._warned = False
         self._graphs_at_setup = 0
+        self._step_at: tuple[int, float] | None = None  # (graphs, clock) at a step's start before the A/B
+        #: wall seconds of the steps before the A/B that compiled a graph (the ``all`` arm's, every swap in place)
+        self._compile_before_ab = 0.0
         #: the kept configuration's own steps after the A/B, timed like the A/B's arms (``KeptSteps``)
         self.kept: KeptSteps | None = None
         #: peak allocated GiB: ``ab`` up to the A/B's end (its unfused arm included), ``kept`` over the steps
@@ -307,6 +311,7 @@ class FusedLayersCallback(Callback):
             out["step_ab_meaningful"] = self.ab.meaningful
         if self.ab is not None:
             out["ab_cost"] = {"steps": self.ab.steps_run, "compile_seconds": dict(self.ab.compile_seconds),
+                              "compiled_before_ab": list(self.ab.compiled_before_ab),
                               "rounds_left_out_for_compiling": list(self.ab.compile_rounds)}
         if self.kept is not None and self.kept.agrees is not None:
             out["kept_steps"] = self.kept.summary()
@@ -345,6 +350,7 @@ class FusedLayersCallback(Callback):
             self.ledger = Ledger(pl_module)
             self.ledger.start_recording()
         if self._train_batches < self.measure_at:
+            self._step_at = (compiled_graphs(), time.perf_counter())
             return
         if self.measure and not self._measured:
             self._measure(trainer, pl_module)
@@ -358,8 +364,16 @@ class FusedLayersCallback(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self._train_batches += 1
+        if self._step_at is not None:
+            graphs, t0 = self._step_at
+            self._step_at = None
+            if compiled_graphs() > graphs:
+                self._compile_before_ab += time.perf_counter() - t0
         if self.ledger is not None and self._train_batches >= self.record_steps:
+            dropped = self.ledger.recompiled
             self.ledger.stop_recording()
+            if self.ledger.recompiled and not dropped:
+                self._compile_before_ab = 0.0  # those graphs held the recording hooks: the next step compiles anew
         if self.ab is not None and not self.ab.results and self.ab._token is not None:
             self.ab.end_step()
             self.ab_steps.append(trainer.global_step)
@@ -411,8 +425,9 @@ class FusedLayersCallback(Callback):
             return
         if compiled:
             _raise_recompile_limit(n_arms)
-        self.ab = StepAB(pl_module, swapped, rounds=rounds, warmup_rounds=warm,
-                         timer=self.step_timer, device=trainer.strategy.root_device, mapping=self.mapping)
+        before = {"all": self._compile_before_ab} if compiled and self._compile_before_ab > 0 else None
+        self.ab = StepAB(pl_module, swapped, rounds=rounds, warmup_rounds=warm, timer=self.step_timer,
+                         device=trainer.strategy.root_device, mapping=self.mapping, compiled_before=before)
         self.ab.compiled = compiled
         alone = ", each kind alone" if n_arms > 2 else ""
         rank_zero_info(f"fused_layers: timing the next {self.ab.steps} training steps unfused, fully fused{alone} "
@@ -458,7 +473,9 @@ class FusedLayersCallback(Callback):
                                "GPU speed; every swap kept.")
         if n and ab.compile_seconds:
             rank_zero_info("fused_layers: the A/B's compiles (wall seconds of the steps that compiled a graph): "
-                           + ", ".join(f"{a} {t:.1f} s" for a, t in ab.compile_seconds.items())
+                           + ", ".join(f"{a} {t:.1f} s" + (" (the run's steps before the A/B, whose graph it reused)"
+                                                            if a in ab.compiled_before_ab else "")
+                                       for a, t in ab.compile_seconds.items())
                            + (f"; {len(ab.compile_rounds)} measured round(s) held a compile and were left out"
                               if ab.compile_rounds else ""))
         if n and self.ab_check_steps > 0 and not ended_early:

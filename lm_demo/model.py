@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fused_layers.ledger import gqa_flop_formulas
 from fused_layers.modules.attention import Attention
 from fused_layers.modules.loss import LinearCrossEntropyLoss
 
@@ -154,6 +155,8 @@ class _CausalLM(L.LightningModule):
         # Same for FSDP2 (ModelParallelStrategy) and DeepSpeed.
         if any(w in type(self.trainer.strategy).__name__ for w in ("FSDP", "ModelParallel", "DeepSpeed")):
             self.example_input_array = None
+        # That summary counts the forward's FLOPs too: torch 2.11's SDPA formula raises on GQA (the Llama's K/V heads).
+        gqa_flop_formulas()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)

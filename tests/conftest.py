@@ -75,3 +75,25 @@ TOL = {
     torch.float16: (2e-3, 2e-3),
     torch.bfloat16: (1.6e-2, 1.6e-2),
 }
+
+
+@pytest.fixture
+def torch_2_11_sdpa_flops(monkeypatch):
+    """torch 2.11's SDPA FLOP formulas, which raise unless key / value have the query's head count (GQA is rejected),
+    counting the CPU's SDPA ops too (torch counts none for them): FlopCounterMode on the CPU meets what an H100 met."""
+    from torch.utils import flop_counter
+
+    def as_torch_2_11(count):
+        def strict(*shapes):
+            if len({tuple(s)[1] for s in shapes}) != 1:
+                raise AssertionError("sdpa_flop_count: query/key/value shapes are incompatible")
+            return count(*shapes)
+        return strict
+
+    aten, registry = torch.ops.aten, flop_counter.flop_registry
+    for name in ("sdpa_flop_count", "sdpa_backward_flop_count"):
+        monkeypatch.setattr(flop_counter, name, as_torch_2_11(getattr(flop_counter, name)))
+    monkeypatch.setitem(registry, aten._scaled_dot_product_flash_attention_for_cpu,
+                        registry[aten._scaled_dot_product_flash_attention])
+    monkeypatch.setitem(registry, aten._scaled_dot_product_flash_attention_for_cpu_backward,
+                        registry[aten._scaled_dot_product_flash_attention_backward])

@@ -421,6 +421,41 @@ def test_policy_faster_undoes_a_kept_arm_its_own_compiled_steps_show_slower(tmp_
     assert any(s.name == "net.ln" and "run's own steps ran 12.000 ms" in s.reason for s in cb.report.skipped)
 
 
+class CompiledLM(LM):
+    """LM whose net runs under a real torch.compile (the eager backend: Dynamo's graphs, guards and caches,
+    without Inductor's code generation), compiled at the first step like the demo's ``model.compile=true``."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if "_compiled" not in self.__dict__:
+            self.__dict__["_compiled"] = torch.compile(self.net, backend="eager")
+        return self.__dict__["_compiled"](idx)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("measure", [False, True], ids=["no-ledger", "ledger"])
+def test_step_ab_under_real_compile_reports_every_arms_compile(tmp_path, measure):
+    """Real torch.compile: the steps before the A/B compile the 'all' graph (every swap in place), which the A/B's
+    'all' arm reuses from Dynamo's cache, so that arm compiles nothing in the A/B; its compile seconds are those
+    earlier steps' and every arm's are reported. With the ledger's recording hooks (dropped with the code caches
+    after the first step) and no step between them and the A/B, the 'all' arm compiles in the A/B itself."""
+    torch._dynamo.reset()
+    model = CompiledLM()
+    cb = _cb(policy="always", kinds={"softmax": True, "layer_norm": True}, measure=measure, record_steps=1,
+             warmup_steps=1 if measure else 2, max_measure_seconds=5.0, ab_rounds=1, ab_warmup_rounds=1,
+             ab_max_steps=40, ab_check_steps=1)
+    steps = cb.measure_at + 2 * 4 + 1  # (1 warm-up + 1 measured round) x 4 arms, one kept step
+    _trainer(tmp_path, [cb], steps=steps).fit(model)
+    ab = cb.ab
+    assert ab.compiled and ab.steps_run == 8 and "A/B-measured (compiled" in cb.ab_status
+    assert set(ab.compile_seconds) == set(ab.arms) and all(t > 0 for t in ab.compile_seconds.values())
+    assert ab.compiled_before_ab == ([] if measure else ["all"])
+    assert cb.summary()["ab_cost"]["compiled_before_ab"] == ab.compiled_before_ab
+    in_ab = {arm for _, arm, _, compiled in ab._stopped if compiled}  # arms whose A/B steps compiled a graph
+    assert in_ab == set(ab.arms) - set(ab.compiled_before_ab)
+    with pytest.raises(ValueError, match="compiled_before names arms"):
+        ledger_mod.StepAB(model, {"net.ln": "layer_norm"}, compiled_before={"softmax": 1.0})
+
+
 def test_no_kernels_warns_and_swaps_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(fused_cb, "kernels_runnable", lambda device: False)
     model = LM()
@@ -522,6 +557,30 @@ def test_throughput_callback_counts_unfused_flops(tmp_path):
     assert len(report["slowest_steps"]) == min(3, len(tp._step_ms)) and report["gc_ms"] >= 0
     assert {"stall/median_step_ms", "stall/max_step_ms", "stall/gc_ms"} <= keys
     assert tp._gc_callback not in __import__("gc").callbacks  # unregistered at the end of training
+
+
+def test_gqa_sdpa_flops_counted_where_torch_rejects_them(torch_2_11_sdpa_flops):
+    """torch 2.11's SDPA FLOP formula raises on GQA (fewer K/V heads, enable_gqa) inside any FlopCounterMode;
+    gqa_flop_formulas wraps it to count the K/V heads broadcast to the query's: the count of the same call with K/V
+    repeated, forward and backward, and idempotent."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+    k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(2))
+
+    def flops(k, v, **kw):
+        with FlopCounterMode(display=False) as counter:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw).sum().backward()
+        return counter.get_total_flops()
+
+    with pytest.raises(AssertionError, match="shapes are incompatible"):
+        flops(k, v, enable_gqa=True)
+    repeated = flops(k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    assert repeated == 7 * 2 * (2 * 4) * 16 * 16 * 8  # 2 matmuls forward, 5 backward; causal counted dense
+    assert ledger_mod.gqa_flop_formulas() and ledger_mod.gqa_flop_formulas()
+    assert flops(k, v, enable_gqa=True) == repeated
+    mqa = flops(k[:, :1], v[:, :1], enable_gqa=True)  # one K/V head
+    assert mqa == repeated
 
 
 def test_stall_report_finds_a_slow_step_and_gc_pauses():

@@ -927,6 +927,33 @@ def test_linear_cross_entropy_torch_compile():
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def linear_ce_float64(hid, w, t, label_smoothing=0.0, rows=512):
+    """(loss, dhidden, dweight) in float64 of the mean F.cross_entropy(F.linear(hid, w), t), from ``hid`` and ``w``
+    rounded to bf16 as autocast multiplies them, ``rows`` rows at a time: rows are independent and dweight sums over
+    them, so this is the whole-batch reference without its (rows, vocab) float64 logits, log-softmax and gradient all
+    at once (about 12 GiB at 4,096 x 128,256: out of memory with 8 test workers on one GPU)."""
+    hid64, w64 = (x.detach().to(torch.bfloat16).double().requires_grad_() for x in (hid, w))
+    loss = torch.zeros((), dtype=torch.float64, device=hid.device)
+    for i in range(0, len(t), rows):
+        part = F.cross_entropy(F.linear(hid64[i:i + rows], w64), t[i:i + rows], label_smoothing=label_smoothing,
+                               reduction="sum") / len(t)
+        part.backward()
+        loss += part.detach()
+    return loss, hid64.grad, w64.grad
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_linear_ce_float64_reference_in_row_chunks(smoothing):
+    """The GPU test's float64 reference, a chunk of rows at a time (one short), is the whole-batch one."""
+    hid, w = torch.randn(37, 8), torch.randn(29, 8) * 0.5
+    t = torch.randint(0, 29, (37,))
+    leaves = [x.to(torch.bfloat16).double().requires_grad_() for x in (hid, w)]
+    whole = F.cross_entropy(F.linear(*leaves), t, label_smoothing=smoothing)
+    expected = (whole, *torch.autograd.grad(whole, leaves))
+    for got, want in zip(linear_ce_float64(hid, w, t, smoothing, rows=8), expected):
+        torch.testing.assert_close(got, want.detach(), atol=1e-12, rtol=1e-12)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("v,smoothing", [(50304, 0.1), (128256, 0.1), (50257, 0.0)])
 def test_gpu_linear_cross_entropy(v, smoothing):
@@ -945,9 +972,7 @@ def test_gpu_linear_cross_entropy(v, smoothing):
         g = torch.autograd.grad(loss, (hid, w))
         r = torch.autograd.grad(ref, (hid, w))
     # float64 from the bf16-rounded operands autocast multiplies; PyTorch's own error: the autocast reference's
-    leaves64 = [t.detach().to(torch.bfloat16).double().requires_grad_() for t in (hid, w)]
-    ref64 = F.cross_entropy(F.linear(*leaves64), t, label_smoothing=smoothing)
-    r64 = torch.autograd.grad(ref64, leaves64)
+    ref64, *r64 = linear_ce_float64(hid, w, t, smoothing)
     assert_within_torch(loss, ref64, ref, what="loss")
     for name, a, b, c in zip(("dhidden", "dweight"), g, r, r64):
         assert_within_torch(a, c, b, what=name)

@@ -540,6 +540,30 @@ def test_llama_tiny_trains_fused_as_unfused(tmp_path):
         assert fused["metrics"][key] == pytest.approx(base["metrics"][key], abs=2e-4), key
 
 
+def test_llama_gqa_model_summary_counts_flops_under_torch_2_11(tmp_path, torch_2_11_sdpa_flops):
+    """Lightning's model summary counts the FLOPs of the example input; torch 2.11's SDPA formula raised on the GQA
+    Llama's K/V heads there, and the unfused bf16 Llama job crashed before its first step (H100). The job's model
+    makes torch count them: the run trains, and its summary counts what the model with 4 K/V heads counts, less
+    the K/V projections' outputs it does not have."""
+    from lightning.pytorch.utilities.model_summary import summarize
+
+    from lm_demo.model import LlamaLM
+
+    out = train_script.train(compose_cfg(tmp_path, *LLAMA, "model.n_head=4", "model.n_kv_head=2",
+                                         "trainer.enable_model_summary=true", "trainer.max_steps=1",
+                                         "trainer.limit_val_batches=0"))
+    assert out["global_step"] == 1 and finite(out["metrics"]["train/loss"])
+
+    def summary_flops(n_kv_head: int) -> int:
+        m = LlamaLM(vocab_size=256, seq_len=16, d_model=32, n_layer=2, n_head=4, n_kv_head=n_kv_head,
+                    intermediate_size=64)
+        return summarize(m).total_flops
+
+    tokens = 2 * 16  # the example input
+    fewer = 2 * 2 * 2 * tokens * 32 * (32 - 16)  # k_proj and v_proj of 2 layers, 2 FLOPs a multiply-add
+    assert summary_flops(2) == summary_flops(4) - fewer
+
+
 def test_llama_model_options_and_flops():
     from lm_demo.model import LlamaLM
 
