@@ -97,7 +97,9 @@ def test_layer_norm_rule_rejects_wrong_gradients(dtype, n, device):
 @pytest.mark.parametrize("n", [45, 112])
 def test_softmax_rule_rejects_wrong_rows(dtype, n, device):
     for _ in range(DRAWS):
-        x = (torch.randn(9, n, dtype=dtype, device=device) * 4).requires_grad_(True)
+        x = torch.randn(9, n, dtype=dtype, device=device) * 4
+        x[0, -1] = x[0].max() + 1  # one row's largest probability in the last column: a dropped column must show
+        x.requires_grad_(True)
         dy = torch.randn(9, n, dtype=dtype, device=device)
         with config_override("softmax", max_single_block=8, eager_max_single_block=8, persist_block=16):
             y = fused_softmax(x, -1)

@@ -266,10 +266,17 @@ def _is_hf_rotary(cls: type) -> bool:
     return mod is not None and hasattr(mod, "apply_rotary_pos_emb")
 
 
+def _model_class(m: nn.Module) -> type:
+    """The class whose forward ``m`` runs: its own, or the model's class under a wrapper subclass with no forward of
+    its own (FSDP2's ``FSDP<Name>`` when the model was sharded before the swap)."""
+    return next((c for c in type(m).__mro__ if "forward" in c.__dict__), type(m))
+
+
 def _rotary_check(m: nn.Module) -> Optional[str]:
-    mod = sys.modules.get(type(m).__module__)
+    name = _model_class(m).__module__
+    mod = sys.modules.get(name)
     if _rope_variant(mod) is None:
-        return (f"{type(m).__module__}.apply_rotary_pos_emb differs from the verified ones (Llama, Phi-3, GLM): its "
+        return (f"{name}.apply_rotary_pos_emb differs from the verified ones (Llama, Phi-3, GLM): its "
                 "attention keeps the model's own RoPE")
     return None
 
@@ -486,14 +493,18 @@ def _is_decoder_layer(cls: type) -> bool:
 
 
 def _layer_check(m: nn.Module) -> Optional[str]:
-    attr = _fused_inner(type(m))[1]
+    cls = _model_class(m)
+    site = _fused_inner(cls)
+    if site is None:
+        return "its forward has no residual add + norm site this rewrite takes"
+    attr = site[1]
     norm = getattr(m, attr, None)
     if not isinstance(norm, nn.Module):
         return f"its {attr} is not a module"
     if _norm_entry(norm) not in _NORMS:
         return (f"its {attr} is {type(norm).__qualname__}, not a verified Llama / Gemma RMSNorm (the residual add "
                 "and the norm stay apart)")
-    if _rewrapped(type(m)) is None:
+    if _rewrapped(cls) is None:
         return "its forward's wrappers could not be rebuilt around the fused forward"
     return None
 
