@@ -406,7 +406,7 @@ def norm_cases() -> Iterator[Case]:
     yield _norm_persist("bwd persistent rms bf16 131072 hold", bf, True, 4096, 8, True, 32)
     yield _norm_persist("bwd persistent rms variant bf16 16384 cast before w hold", bf, True, 1024, 2, True, 16,
                         cast=True, wdt=f32)
-    # backward, 16-bit rows of 16K in Gluon, eager on sm_90: BWD_GLUON
+    # backward, 16-bit rows of 16K in Gluon, eager on sm_90: BWD_GLUON (12K: when forced, gluon=True)
     if ln_gluon.HAS_GLUON:
         yield _norm_gluon("bwd gluon ln bf16 16384 eager", bf, 16384, False)
         yield _norm_gluon("bwd gluon rms bf16 16384 eager", bf, 16384, True)
