@@ -72,6 +72,10 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--steps", type=int, default=3, help="steps per arm and round")
+    p.add_argument("--variants", default="plain",
+                   help="comma-separated of plain, grad_ckpt (the model's activation checkpointing) and lora (a PEFT "
+                        "LoRA adapter, r 16, on the attention projections; only the adapter trains), applied to every "
+                        "arm after its swap or patch; a row's mode reads e.g. eager+lora")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per model and mode (its subprocess)")
     p.add_argument("--compiled-routes", default="",
                    help="the fused arm's routes under torch.compile (fused_layers/ops/compile_config.py), e.g. "
@@ -193,8 +197,29 @@ class GlobalsSwitch:
             setattr(m, k, v)
 
 
+VARIANTS = ("plain", "grad_ckpt", "lora")
+LORA_TARGETS = {"gpt2": ["c_attn"], "vit": ["qkv", "proj"]}  # the rest: the HF decoders' attention projections
+
+
+def apply_variant(model, model_name: str, variant: str):
+    """``model`` with gradient checkpointing on, or wrapped in a LoRA adapter (the model returned), or as it is."""
+    if variant == "grad_ckpt":
+        if model_name == "vit":
+            model.set_grad_checkpointing(True)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif variant == "lora":
+        import peft
+
+        targets = LORA_TARGETS.get(model_name, ["q_proj", "k_proj", "v_proj", "o_proj"])
+        model = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                                           target_modules=targets))
+    return model
+
+
 class Arm:
-    def __init__(self, model_name: str, arm: str, mode: str, smoke: bool, switch: GlobalsSwitch):
+    def __init__(self, model_name: str, arm: str, mode: str, smoke: bool, switch: GlobalsSwitch,
+                 variant: str = "plain"):
         import torch
 
         self.name = arm
@@ -211,8 +236,10 @@ class Arm:
             apply = getattr(lk, LIGER[model_name])
             switch.capture(lambda: apply(model=self.model))
             self.swapped = LIGER[model_name]
+        self.model = apply_variant(self.model, model_name, variant)
         self.net = torch.compile(self.model) if mode == "compile" else self.model
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, fused=not smoke)
+        params = [p for p in self.model.parameters() if p.requires_grad]  # (LoRA: the adapter's)
+        self.opt = torch.optim.AdamW(params, lr=1e-5, fused=not smoke)
 
     def step(self):
         loss = self.loss_fn(self.net, self.batch)
@@ -258,6 +285,7 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
 
         compile_config.COMPILED = dataclasses.replace(compile_config.COMPILED, **routes)  # this process only
     fused_name = "fused[" + ";".join(f"{k}={v}" for k, v in routes.items()) + "]" if routes else "fused"
+    row_mode = mode if args.variants == "plain" else f"{mode}+{args.variants}"
     env = utils.environment()
     env.update(transformers=utils.version_of("transformers"), liger=utils.version_of("liger-kernel"))
     switch = GlobalsSwitch()
@@ -269,7 +297,7 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
     for name in names:
         t0 = time.perf_counter()
         try:
-            a = Arm(model_name, name, mode, args.smoke, switch)
+            a = Arm(model_name, name, mode, args.smoke, switch, args.variants)
             switch.enter(name == "liger")
             loss = a.eval_loss()
             for _ in range(args.warmup):
@@ -278,12 +306,12 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
             peak = a.extra_peak_gib(args.smoke)
             arms[name] = a
             info[name] = dict(loss=loss, extra_peak_gib=peak, swapped=a.swapped)
-            print(f"[{model_name}/{mode}/{name}] ready in {time.perf_counter() - t0:.0f} s: loss {loss:.5f}, "
+            print(f"[{model_name}/{row_mode}/{name}] ready in {time.perf_counter() - t0:.0f} s: loss {loss:.5f}, "
                   f"extra peak {peak:.2f} GiB {a.swapped}", flush=True)
         except ImportError as e:  # timm, Liger: a one-line reason
-            print(f"[{model_name}/{mode}/{name}] skipped: {e} (pip install -e '.[bench,hf]')", flush=True)
+            print(f"[{model_name}/{row_mode}/{name}] skipped: {e} (pip install -e '.[bench,hf]')", flush=True)
         except Exception as e:  # noqa: BLE001 - report the arm and go on with the others
-            print(f"[{model_name}/{mode}/{name}] failed: {type(e).__name__}: {str(e)[:300]}\n"
+            print(f"[{model_name}/{row_mode}/{name}] failed: {type(e).__name__}: {str(e)[:300]}\n"
                   f"{traceback.format_exc()[-1500:]}", flush=True)
             gc.collect()
             if torch.cuda.is_available():
@@ -303,13 +331,13 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
         sp = ratios.get(n, (None, None, None))
         loss = info[n]["loss"]
         name = fused_name if n == "fused" else n
-        rows.append(dict(env, model=model_name, config=CONFIG[model_name], batch=arms[n].batch_desc, mode=mode,
+        rows.append(dict(env, model=model_name, config=CONFIG[model_name], batch=arms[n].batch_desc, mode=row_mode,
                          arm=name,
                          step_ms=med, step_ms_lo=lo, step_ms_hi=hi, speedup=sp[0], speedup_lo=sp[1], speedup_hi=sp[2],
                          extra_peak_gib=info[n]["extra_peak_gib"], loss=loss,
                          loss_diff=None if ref_loss is None else abs(loss - ref_loss), swapped=info[n]["swapped"],
                          rounds=args.rounds, steps=args.steps, note="smoke (CPU)" if args.smoke else ""))
-        print(f"[{model_name}/{mode}/{name}] {med:.2f} ms [{lo:.2f}-{hi:.2f}]"
+        print(f"[{model_name}/{row_mode}/{name}] {med:.2f} ms [{lo:.2f}-{hi:.2f}]"
               + (f", {sp[0]:.3f}x [{sp[1]:.3f}-{sp[2]:.3f}]" if sp[0] else ""), flush=True)
     return rows
 
@@ -334,37 +362,39 @@ def run(args) -> int:
     utils.require_cuda("models", args.smoke)
     models = [m for m in args.models.split(",") if m]
     modes = [m for m in args.modes.split(",") if m]
-    bad = sorted(set(models) - set(MODELS)) + sorted(set(modes) - {"eager", "compile"})
-    if bad:
-        print(f"python -m benchmarks models: unknown {bad}; models {MODELS}, modes eager, compile")
+    variants = [v for v in args.variants.split(",") if v]
+    bad = (sorted(set(models) - set(MODELS)) + sorted(set(modes) - {"eager", "compile"})
+           + sorted(set(variants) - set(VARIANTS)))
+    if bad or not variants:
+        print(f"python -m benchmarks models: unknown {bad or args.variants!r}; models {MODELS}, modes eager, compile, "
+              f"variants {', '.join(VARIANTS)}")
         return 2
     try:
         compiled_routes(args.compiled_routes)
     except ValueError as e:
         print(f"python -m benchmarks models: --compiled-routes: {e}")
         return 2
-    if args.child_json:  # inside the per-model subprocess
+    if args.child_json:  # inside the per-model subprocess (one model, mode and variant)
         rows = run_model(models[0], modes[0], args)
         with open(args.child_json, "w") as f:
             json.dump(rows, f)
         return 0
     rows: list[dict] = []
-    for m in models:
-        for mode in modes:
-            with tempfile.TemporaryDirectory() as tmp:
-                out = os.path.join(tmp, "rows.json")
-                cmd = [sys.executable, "-m", "benchmarks", "models", "--models", m, "--modes", mode,
-                       "--arms", args.arms, "--warmup", str(args.warmup), "--rounds", str(args.rounds),
-                       "--steps", str(args.steps), "--child-json", out,
-                       "--compiled-routes", args.compiled_routes] + (["--smoke"] if args.smoke else [])
-                t0 = time.perf_counter()
-                try:
-                    subprocess.run(cmd, cwd=utils.ROOT, timeout=args.timeout, check=False)
-                except subprocess.TimeoutExpired:
-                    print(f"[{m}/{mode}] timed out after {args.timeout:.0f} s", flush=True)
-                if os.path.exists(out):
-                    rows += json.load(open(out))
-                print(f"[{m}/{mode}] {time.perf_counter() - t0:.0f} s", flush=True)
+    for m, mode, variant in ((m, mode, v) for m in models for mode in modes for v in variants):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "rows.json")
+            cmd = [sys.executable, "-m", "benchmarks", "models", "--models", m, "--modes", mode,
+                   "--variants", variant, "--arms", args.arms, "--warmup", str(args.warmup),
+                   "--rounds", str(args.rounds), "--steps", str(args.steps), "--child-json", out,
+                   "--compiled-routes", args.compiled_routes] + (["--smoke"] if args.smoke else [])
+            t0 = time.perf_counter()
+            try:
+                subprocess.run(cmd, cwd=utils.ROOT, timeout=args.timeout, check=False)
+            except subprocess.TimeoutExpired:
+                print(f"[{m}/{mode}/{variant}] timed out after {args.timeout:.0f} s", flush=True)
+            if os.path.exists(out):
+                rows += json.load(open(out))
+            print(f"[{m}/{mode}/{variant}] {time.perf_counter() - t0:.0f} s", flush=True)
     utils.write_results(args, "models", rows)
     if rows:
         print(utils.markdown(rows, ["model", "mode", "arm", "step_ms", "speedup", "speedup_lo", "speedup_hi",

@@ -188,3 +188,25 @@ def test_models_compiled_routes_option(capsys):
     p.add_argument("--smoke", action="store_true")
     assert models.run(p.parse_args(["--smoke", "--compiled-routes", "softmax=fast"])) == 2
     assert "--compiled-routes: 'softmax=fast'" in capsys.readouterr().out
+
+
+def test_models_variants_gradient_checkpointing_and_lora(capsys):
+    """--variants: grad_ckpt turns on the model's activation checkpointing, lora wraps it in a PEFT adapter whose
+    parameters alone train (the arm's optimizer takes only those); an unknown variant is refused before anything
+    runs."""
+    pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    import argparse
+
+    from benchmarks import models
+
+    m = models.apply_variant(models.build("llama", smoke=True)[0], "llama", "grad_ckpt")
+    assert m.is_gradient_checkpointing
+    m = models.apply_variant(models.build("llama", smoke=True)[0], "llama", "lora")
+    trainable = [n for n, p in m.named_parameters() if p.requires_grad]
+    assert isinstance(m, peft.PeftModel) and trainable and all("lora_" in n for n in trainable)
+    p = argparse.ArgumentParser()
+    models.add_arguments(p)
+    p.add_argument("--smoke", action="store_true")
+    assert models.run(p.parse_args(["--smoke", "--variants", "qlora"])) == 2
+    assert "unknown ['qlora']" in capsys.readouterr().out
