@@ -345,6 +345,24 @@ def test_sdpa_caller_compiles_and_guards_on_its_own_globals(cls, spy):
     assert spy, "the compiled module did not reach fused_attention"
 
 
+def test_sdpa_caller_rebinding_sees_names_defined_since():
+    """A class defined after an earlier rebinding of its module (a notebook's cells) is rebound with the module's
+    names as they are now: the rebound globals are refreshed from the module at each rebinding."""
+    import types
+
+    from fused_layers.integrations._sdpa import rebound_forward
+
+    mod = types.ModuleType("notebook_like")
+    exec("import torch.nn.functional as F\n"
+         "def first(q):\n    return F.scaled_dot_product_attention(q, q, q)\n", mod.__dict__)
+    assert rebound_forward(mod.first) is not None
+    exec("def helper(q):\n    return q * 2\n"
+         "def second(q):\n    return F.scaled_dot_product_attention(helper(q), q, q)\n", mod.__dict__)
+    q = torch.randn(1, 2, 5, 8)
+    torch.testing.assert_close(rebound_forward(mod.second)(q), F.scaled_dot_product_attention(q * 2, q, q),
+                               atol=2e-5, rtol=2e-5)
+
+
 def test_mapping_attention_needs_sdpa_call():
     class NoSDPA(nn.Module):
         def forward(self, x):

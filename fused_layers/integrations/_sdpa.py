@@ -66,26 +66,20 @@ def calls_sdpa(fn) -> bool:
     return code is not None and "scaled_dot_product_attention" in code.co_names
 
 
-_REBOUND: dict[str, types.ModuleType] = {}  # original module name -> its rebound copy (one per module)
-
-
 def _rebound_globals(globals_: dict) -> Optional[dict]:
     """The rebound copy of a module's globals, as a registered module's ``__dict__``; None if nothing in them
-    reaches SDPA.  Built once per module, so every rebound forward of that module shares it."""
-    name = globals_.get("__name__", "")
-    mod = _REBOUND.get(name)
-    if mod is not None:
-        return mod.__dict__
+    reaches SDPA.  One module per original module, shared by its rebound forwards and refreshed from the original
+    at each rebinding (a class defined later in the module, e.g. in a notebook, sees the names defined since)."""
     swaps = {F: _F_PROXY, torch: _TORCH_PROXY, torch.nn: _NN_PROXY, _REAL_SDPA: sdpa_fused}
     changed = {k: swaps[v] for k, v in globals_.items() if any(v is s for s in swaps)}
     if not changed:
         return None
-    own = f"fused_layers_rebound.{name}"
-    mod = types.ModuleType(own)
+    own = f"fused_layers_rebound.{globals_.get('__name__', '')}"
+    mod = sys.modules.get(own)
+    if mod is None:
+        mod = sys.modules[own] = types.ModuleType(own)  # Dynamo's guards import the module that __name__ names
     mod.__dict__.update(globals_)
     mod.__dict__.update(changed, __name__=own)
-    sys.modules[own] = mod  # Dynamo's guards import the module that __name__ names
-    _REBOUND[name] = mod
     return mod.__dict__
 
 
