@@ -106,17 +106,20 @@ def _ext_built_at(cpp, i):
 # --------------------------------------------------------------------------------------------------
 # transformers
 # --------------------------------------------------------------------------------------------------
-def _hf_model(family: str, dtype: torch.dtype):
-    T = transformers
-    small = dict(vocab_size=64, hidden_size=128, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                 num_key_value_heads=1, max_position_embeddings=32, attn_implementation="sdpa")
+def _hf_model(family: str, dtype: torch.dtype, vocab=64, hidden=128, ffn=64, layers=1, heads=2, kv_heads=1,
+              positions=32):
+    """A small transformers causal LM of ``family`` (gpt2, llama, qwen2, gemma) with SDPA attention, no KV cache
+    (tests/test_compile_gpu.py builds larger ones)."""
+    T = transformers or pytest.importorskip("transformers")
     if family == "gpt2":
-        m = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=64, n_embd=128, n_layer=1, n_head=2, n_positions=32,
-                                           attn_implementation="sdpa"))
+        m = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
+                                           n_positions=positions, attn_implementation="sdpa"))
     else:
         cfg, cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
                     "gemma": ("GemmaConfig", "GemmaForCausalLM")}[family]
-        kw = dict(small, head_dim=64) if family == "gemma" else small
+        kw = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
+                  attn_implementation="sdpa", **({"head_dim": 64} if family == "gemma" else {}))
         m = getattr(T, cls)(getattr(T, cfg)(**kw))
     m.config.use_cache = False
     return m.to(dtype)

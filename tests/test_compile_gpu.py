@@ -154,21 +154,12 @@ def test_reduce_overhead_no_break_no_sync_no_recompile(monkeypatch, norms, d):
 # frame hit Dynamo's recompile limit on grad_mode).  The sequence is tests/test_compile.py's compile_counts.
 # --------------------------------------------------------------------------------------------------
 def _gpu_hf(family):
-    import transformers as T
+    from test_compile import _hf_model
 
-    kw = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa")
-    if family == "gpt2":
-        m = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=512, n_embd=256, n_layer=3, n_head=4, n_positions=256,
-                                           attn_implementation="sdpa"))
-    else:
-        cfg, cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-                    "gemma": ("GemmaConfig", "GemmaForCausalLM")}[family]
-        m = getattr(T, cls)(getattr(T, cfg)(**(dict(kw, head_dim=64) if family == "gemma" else kw)))
-    m.config.use_cache = False
+    m = _hf_model(family, torch.bfloat16, vocab=512, hidden=256, ffn=512, layers=3, heads=4, kv_heads=2,
+                  positions=256)
     ids = [torch.randint(0, 512, (2, 256), device="cuda") for _ in range(3)]
-    return m.cuda().to(torch.bfloat16), [{"input_ids": i, "labels": i} for i in ids], \
-        (lambda c, b: c(**b).loss.backward())
+    return m.cuda(), [{"input_ids": i, "labels": i} for i in ids], (lambda c, b: c(**b).loss.backward())
 
 
 def _gpu_encoder():
