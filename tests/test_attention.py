@@ -183,6 +183,24 @@ def test_half_dtypes(dtype, device):
         assert_within_torch(a, r, t, what=name)
 
 
+def test_autocast_runs_in_the_autocast_dtype(device):
+    """Under torch.autocast, SDPA casts its inputs to the autocast dtype: HF's RoPE hands a float32 query and key
+    (q * cos with a float32 cos) beside a bfloat16 value. fused_attention does the same: the output equals the
+    call on the cast inputs, and each gradient comes back in its input's dtype."""
+    q, k, v = _inputs(1, 2, 2, 17, 17, 16, device)
+    v = v.bfloat16()
+    do = torch.randn(1, 2, 17, 16, device=device, dtype=torch.bfloat16)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        got = _fwd_bwd(lambda *a: fused_attention(*a, is_causal=True), q, k, v, do)
+        sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    want = _fwd_bwd(lambda *a: fused_attention(*a, is_causal=True), q.bfloat16(), k.bfloat16(), v, do)
+    assert got[0].dtype == sdpa.dtype == torch.bfloat16
+    assert [g.dtype for g in got[1:]] == [torch.float32, torch.float32, torch.bfloat16]
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b.to(a.dtype), atol=0, rtol=0, msg=name)
+    torch.testing.assert_close(got[0], sdpa, atol=2e-2, rtol=2e-2)
+
+
 def test_float64_uses_reference(device):
     q, k, v = _inputs(1, 2, 2, 9, 11, 16, device, torch.float64)
     torch.testing.assert_close(fused_attention(q, k, v, is_causal=True),

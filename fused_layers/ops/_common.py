@@ -170,6 +170,23 @@ def concrete(seq) -> tuple[int, ...]:
     return tuple(int(v) for v in seq)
 
 
+def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` runs its lower-precision ops in on ``t``'s device, or None outside autocast."""
+    try:
+        if torch.is_autocast_enabled(t.device.type):
+            return torch.get_autocast_dtype(t.device.type)
+    except (TypeError, RuntimeError, AttributeError):  # torch < 2.4, or a device type without autocast
+        pass
+    return None
+
+
+def autocast_cast(dtype: torch.dtype, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """``tensors`` as autocast casts the arguments of one of its lower-precision ops (SDPA): floating tensors to
+    ``dtype``, float64 and everything else as they are."""
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                 else t for t in tensors)
+
+
 def is_compiling() -> bool:
     """True while Dynamo traces: then ops go through the registered custom ops."""
     try:

@@ -105,6 +105,8 @@ from . import _cpp
 from ._common import (
     INTERPRET,
     FusedShapeError,
+    autocast_cast,
+    autocast_dtype,
     check_float_dtype,
     check_same_device,
     check_tensor,
@@ -1563,6 +1565,10 @@ def fused_attention(
     regenerates it, nothing is stored.  ``attention_dropout_mask`` materializes it for tests.
     """
     win, cap = _check_window_softcap(_OP, window, softcap)
+    if isinstance(query, torch.Tensor) and (adt := autocast_dtype(query)) is not None:
+        # SDPA is one of autocast's lower-precision ops: under autocast its inputs run in the autocast dtype (a
+        # float32 query from HF's RoPE with a bfloat16 value included), so here too
+        query, key, value, attn_mask = autocast_cast(adt, query, key, value, attn_mask)
     if _cpp.ENABLED and attn_mask is None and not win and not cap:  # a registered dense layout: one C++ call
         out = _cpp.fast_call("attention_fast", query, key, value, dropout_p, is_causal, scale, enable_gqa)
         if out is not None:
