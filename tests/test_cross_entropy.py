@@ -5,6 +5,7 @@ so that the default wide-row kernels run at small widths (the stream for float32
 the persistent kernel for 16-bit class-index rows with a gradient)."""
 
 import warnings
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -732,7 +733,8 @@ def _check_linear(n, h, v, bias=True, dtype=torch.float32, chunk_bytes=None, go=
     ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
     leaves = [x.detach().requires_grad_() for x in leaves]
     lr = F.cross_entropy(F.linear(ref_leaves[0], ref_leaves[1], ref_leaves[2] if bias else None), t, **kw)
-    ctx = config_override("linear_cross_entropy", chunk_bytes=chunk_bytes) if chunk_bytes else warnings.catch_warnings()
+    ctx = (config_override("linear_cross_entropy", chunk_bytes=chunk_bytes, min_rows=128) if chunk_bytes
+           else warnings.catch_warnings())
     with ctx:
         loss = fused_linear_cross_entropy(leaves[0], leaves[1], t, leaves[2] if bias else None, **kw)
         go = (torch.randn_like(lr) if go is None else go).to(loss.dtype)  # the reference sees the rounded go
@@ -813,7 +815,7 @@ def test_linear_cross_entropy_softcap(reduction):
     ref_leaves = [hid.clone().requires_grad_(), w.clone().requires_grad_()]
     leaves = [hid.float().requires_grad_(), w.float().requires_grad_()]
     lr = F.cross_entropy(torch.tanh(F.linear(*ref_leaves) / 3.0) * 3.0, t, reduction=reduction)
-    with config_override("linear_cross_entropy", chunk_bytes=20000):
+    with config_override("linear_cross_entropy", chunk_bytes=20000, min_rows=128):
         loss = fused_linear_cross_entropy(*leaves, t, reduction=reduction, softcap=3.0)
         go = torch.rand_like(lr)
         loss.backward(go.float())
@@ -955,17 +957,24 @@ def test_linear_ce_float64_reference_in_row_chunks(smoothing):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("v,smoothing", [(50304, 0.1), (128256, 0.1), (50257, 0.0)])
-def test_gpu_linear_cross_entropy(v, smoothing):
-    """The fused linear cross-entropy over several chunks; 50,257 classes without smoothing: chunks of logits that are
-    not 16-element aligned, through the persistent kernel's VEC8 form with the logits overwritten by their gradient."""
+@pytest.mark.parametrize("v,smoothing,n", [(50304, 0.1, 4096), (128256, 0.1, 4096), (50257, 0.0, 4096),
+                                           (256000, 0.0, 4096), (128256, 0.0, 2048)])
+def test_gpu_linear_cross_entropy(v, smoothing, n):
+    """The fused linear cross-entropy: over several small chunks (forced), and in the default plan, whose chunks
+    are 2,048 rows (two at 4,096 rows: the float32 weight-gradient sum; one at 2,048: the weight gradient as one
+    product). 50,257 classes without smoothing: chunks of logits that are not 16-element aligned, through the
+    persistent kernel's VEC8 form with the logits overwritten by their gradient."""
     from fused_layers import fused_linear_cross_entropy
+    from fused_layers.ops.linear_cross_entropy import chunk_rows
 
-    n, h = 4096, 256
+    h = 256
     hid = torch.randn(n, h, device="cuda", requires_grad=True)
     w = (torch.randn(v, h, device="cuda") * 0.05).requires_grad_()
     t = torch.randint(0, v, (n,), device="cuda")
-    with config_override("linear_cross_entropy", chunk_bytes=64 * 2**20):  # several chunks
+    forced = v != 256000 and n == 4096
+    assert forced or chunk_rows(n, v, 2) == min(n, 2048)  # the default plan these cases are meant to take
+    ctx = config_override("linear_cross_entropy", chunk_bytes=64 * 2**20, min_rows=128) if forced else nullcontext()
+    with ctx:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = fused_linear_cross_entropy(hid, w, t, label_smoothing=smoothing)
             ref = F.cross_entropy(F.linear(hid, w).float(), t, label_smoothing=smoothing)
@@ -991,7 +1000,7 @@ def test_gpu_softcap(v):
     w = (torch.randn(v, h, device="cuda") * 0.5).requires_grad_()  # logits well past the cap
     t = torch.randint(0, v, (n,), device="cuda")
     t[::9] = -100
-    with config_override("linear_cross_entropy", chunk_bytes=64 * 2**20):
+    with config_override("linear_cross_entropy", chunk_bytes=64 * 2**20, min_rows=128):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = fused_linear_cross_entropy(hid, w, t, softcap=30.0)
             logits = F.linear(hid, w)

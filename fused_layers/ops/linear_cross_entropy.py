@@ -2,8 +2,8 @@ r"""Fused LM head + cross-entropy: ``F.cross_entropy(hidden @ weight.T + bias, t
 full (N, V) logits.
 
 The N tokens are cut into chunks of ``n`` rows (``chunk_rows``: about ``LINEAR_CHUNK_BYTES`` = 256 MiB
-of logits per chunk, a multiple of 128 rows; 2,432 rows at GPT-2's V = 50,304 in bf16, 7 chunks for
-16K tokens).  Per chunk:
+of logits per chunk but at least ``LINEAR_MIN_ROWS`` = 2,048 rows, a multiple of 128 rows; 2,432 rows at
+GPT-2's V = 50,304 in bf16, 7 chunks for 16K tokens; 2,048 rows at Gemma's 256K).  Per chunk:
 
 1. ``logits = hidden_chunk @ weight.T (+ bias)``: cuBLAS, in the compute dtype (the autocast dtype
    under autocast, else the inputs' dtype);
@@ -12,7 +12,9 @@ of logits per chunk, a multiple of 128 rows; 2,432 rows at GPT-2's V = 50,304 in
    over all N targets on the device);
 3. ``grad_hidden_chunk = dlogits @ weight`` and ``grad_weight += dlogits.T @ hidden_chunk`` (cuBLAS;
    grad_weight is accumulated in float32 across chunks: in place by ``addmm(out_dtype=float32)``
-   where torch has it on CUDA, else through a compute-dtype product), ``grad_bias += dlogits.sum(0)``.
+   where torch has it on CUDA, else through a compute-dtype product; a single chunk writes it as one
+   product, as unfused), ``grad_bias += dlogits.sum(0)``.  The float32 sum reads and writes 8 V H bytes a
+   chunk, which is why chunks keep at least 2,048 rows (``cross_entropy_config.py``).
 
 So the forward returns the loss and already holds every gradient (for an upstream gradient of 1); the
 backward only scales them by grad_output (``_ce_scale_kernel``: no traffic when it is 1).  Peak extra
@@ -53,9 +55,11 @@ def linear_cross_entropy_reference(hidden, weight, target, bias=None, ignore_ind
 
 
 def chunk_rows(n: int, v: int, elem: int) -> int:
-    """Rows per chunk: about LINEAR_CHUNK_BYTES of logits, a multiple of 128 rows, chunks of even size."""
+    """Rows per chunk: about LINEAR_CHUNK_BYTES of logits but at least LINEAR_MIN_ROWS, a multiple of 128 rows,
+    chunks of even size; all ``n`` rows when that covers them."""
     budget = get_override("linear_cross_entropy", "chunk_bytes", cfg.LINEAR_CHUNK_BYTES)
-    rows = max(128, (budget // max(v * elem, 1)) // 128 * 128)
+    least = get_override("linear_cross_entropy", "min_rows", cfg.LINEAR_MIN_ROWS)
+    rows = max(128, least, (budget // max(v * elem, 1)) // 128 * 128)
     if rows >= n:
         return max(n, 1)
     chunks = -(-n // rows)
@@ -65,18 +69,21 @@ def chunk_rows(n: int, v: int, elem: int) -> int:
 _ADDMM_FP32_OUT = [True]  # cuBLAS bf16/fp16 x bf16/fp16 -> fp32 accumulate in place (torch >= 2.8, CUDA)
 
 
-def _accumulate_grad_weight(gw: torch.Tensor, dlogits: torch.Tensor, hc: torch.Tensor) -> None:
-    """gw (float32) += dlogits.T @ hc, without a (V, H) temporary when cuBLAS can write fp32 from bf16/fp16."""
+def _accumulate_grad_weight(gw: torch.Tensor, dlogits: torch.Tensor, hc: torch.Tensor, first: bool) -> None:
+    """gw (float32) += dlogits.T @ hc (``first``: gw = dlogits.T @ hc, gw not read), without a (V, H) temporary
+    when cuBLAS can write fp32 from bf16/fp16."""
+    beta = 0.0 if first else 1.0  # addmm ignores the input at beta 0 (NaN in an empty buffer included)
     if dlogits.dtype == torch.float32:
-        gw.addmm_(dlogits.t(), hc)
+        torch.addmm(gw, dlogits.t(), hc, beta=beta, out=gw)
         return
     if gw.is_cuda and _ADDMM_FP32_OUT[0]:
         try:
-            torch.addmm(gw, dlogits.t(), hc, out_dtype=torch.float32, out=gw)
+            torch.addmm(gw, dlogits.t(), hc, beta=beta, out_dtype=torch.float32, out=gw)
             return
         except (RuntimeError, TypeError, NotImplementedError):  # this torch has no addmm(out_dtype=)
             _ADDMM_FP32_OUT[0] = False
-    gw.add_(dlogits.t() @ hc)  # the product in the compute dtype (fp32 accumulation inside cuBLAS)
+    prod = dlogits.t() @ hc  # the product in the compute dtype (fp32 accumulation inside cuBLAS)
+    gw.copy_(prod) if first else gw.add_(prod)
 
 
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -110,11 +117,14 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             check_target_flag(den, V)
         loss_rows = torch.empty(N, dtype=torch.float32, device=dev)
         gh = gw = gb = None
+        n = chunk_rows(N, V, h.element_size())
+        one_chunk = n >= N
         if compute_grad:
             gh = torch.empty(N, H, dtype=cdtype, device=dev)
-            gw = torch.zeros(V, H, dtype=torch.float32, device=dev)
+            # One chunk: grad_weight is one cuBLAS product, as unfused (no float32 buffer).  Several: summed over
+            # the chunks in float32, the first chunk's product written without reading the buffer.
+            gw = None if one_chunk else torch.empty(V, H, dtype=torch.float32, device=dev)
             gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
-        n = chunk_rows(N, V, h.element_size())
         for s in range(0, N, n):
             e = min(s + n, N)
             hc = h[s:e]
@@ -127,7 +137,10 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             )
             if compute_grad:
                 torch.mm(logits, w, out=gh[s:e])
-                _accumulate_grad_weight(gw, logits, hc)
+                if one_chunk:
+                    gw = logits.t() @ hc
+                else:
+                    _accumulate_grad_weight(gw, logits, hc, first=s == 0)
                 if gb is not None:
                     gb.add_(logits.sum(0, dtype=torch.float32))
             del logits
@@ -142,7 +155,7 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             loss = loss_rows.sum().to(out_dtype)
     if gh is not None:
         gh = gh.to(hidden.dtype)
-        gw = gw.to(weight.dtype)
+        gw = gw.to(weight.dtype) if gw is not None else torch.zeros_like(weight)  # (N = 0: no chunk ran)
         gb = gb.to(bias.dtype) if gb is not None else None
     return loss, gh, gw, gb
 
