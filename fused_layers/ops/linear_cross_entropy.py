@@ -28,8 +28,8 @@ Gemma's 256K x 1,024), and grad_weight rounded once, as unfused.
 
 So the forward returns the loss and already holds every gradient (for an upstream gradient of 1); the
 backward only scales them by grad_output (``_ce_scale_kernel``: no traffic when it is 1).  Peak extra
-memory: one chunk of logits + grad_weight (in float32 when summed over chunks) + grad_hidden, instead of the (N, V) logits,
-their float32 copy and their gradient (about 5 GB at GPT-2-small, B16 x 1024 tokens).
+memory: one chunk of logits + grad_weight (in float32 when summed over chunks) + grad_hidden, instead of
+the (N, V) logits, their float32 copy and their gradient (about 5 GB at GPT-2-small, B16 x 1024 tokens).
 
 ``softcap`` = c caps the logits as Gemma 2 does, z = c tanh(logits / c), inside the cross-entropy kernel
 (float32, on the chunk as it is read), whose gradient is then that of the raw logits: the head and its
