@@ -6,7 +6,6 @@ the persistent kernel for 16-bit class-index rows with a gradient)."""
 
 import warnings
 from contextlib import nullcontext
-from unittest.mock import patch
 
 import pytest
 import torch
@@ -722,12 +721,8 @@ def test_gpu_torch_compile_triton_op(c):
 # ------------------------------------------------------------------------------------------------
 # Fused LM head + loss
 # ------------------------------------------------------------------------------------------------
-def _check_linear(n, h, v, bias=True, dtype=torch.float32, chunk_bytes=None, go=None, tol=None, vocab_pass=1,
-                  **kw):
-    """The fused head + loss against float64 (``chunk_bytes``: several chunks of 128 rows, then grad_weight by the
-    vocabulary pass, or with ``vocab_pass=0`` summed over the chunks in float32)."""
+def _check_linear(n, h, v, bias=True, dtype=torch.float32, chunk_bytes=None, go=None, tol=None, **kw):
     from fused_layers import fused_linear_cross_entropy
-    from fused_layers.ops import linear_cross_entropy as lce
 
     hid = torch.randn(n, h, dtype=dtype) * 2
     w = torch.randn(v, h, dtype=dtype) * 0.5
@@ -737,29 +732,19 @@ def _check_linear(n, h, v, bias=True, dtype=torch.float32, chunk_bytes=None, go=
     leaves = [hid, w] + ([b] if bias else [])
     ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
     leaves = [x.detach().requires_grad_() for x in leaves]
-    cap = kw.pop("softcap", None)
-
-    def capped(z):  # Gemma 2's final soft-capping, in float32 or float64
-        return z if cap is None else torch.tanh(z / cap) * cap
-
-    lr = F.cross_entropy(capped(F.linear(ref_leaves[0], ref_leaves[1], ref_leaves[2] if bias else None)), t, **kw)
-    ctx = (config_override("linear_cross_entropy", chunk_bytes=chunk_bytes, min_rows=128, vocab_pass=vocab_pass)
-           if chunk_bytes else warnings.catch_warnings())
-    with ctx, patch.object(lce, "_vocab_pass", wraps=lce._vocab_pass) as vocab:
-        loss = fused_linear_cross_entropy(leaves[0], leaves[1], t, leaves[2] if bias else None, softcap=cap, **kw)
+    lr = F.cross_entropy(F.linear(ref_leaves[0], ref_leaves[1], ref_leaves[2] if bias else None), t, **kw)
+    ctx = (config_override("linear_cross_entropy", chunk_bytes=chunk_bytes, min_rows=128) if chunk_bytes
+           else warnings.catch_warnings())
+    with ctx:
+        loss = fused_linear_cross_entropy(leaves[0], leaves[1], t, leaves[2] if bias else None, **kw)
         go = (torch.randn_like(lr) if go is None else go).to(loss.dtype)  # the reference sees the rounded go
         loss.backward(go)
     lr.backward(go.double())
     for a in leaves:
         assert a.grad.dtype == a.dtype
-    # the plan that ran: the vocabulary pass where the logits took several chunks (and it was on), then once
-    # (with reduction 'none' the chunks run in the backward, recomputed)
-    several = chunk_bytes is not None and n * v * leaves[0].element_size() > chunk_bytes
-    assert vocab.call_count == int(several and bool(vocab_pass) and not (cap and kw.get("label_smoothing"))), \
-        vocab.call_count
     if tol is None and dtype in (torch.float16, torch.bfloat16):  # K x PyTorch's own error (tests/_tol.py)
         same = [x.detach().requires_grad_() for x in leaves]
-        lt = F.cross_entropy(capped(F.linear(same[0], same[1], same[2] if bias else None).float()), t, **kw)
+        lt = F.cross_entropy(F.linear(same[0], same[1], same[2] if bias else None).float(), t, **kw)  # the usual
         lt.backward(go)
         assert_within_torch(loss, lr, lt, what="loss")
         for name, a, r, s in zip(("dhidden", "dweight", "dbias"), leaves, ref_leaves, same):
@@ -771,29 +756,17 @@ def _check_linear(n, h, v, bias=True, dtype=torch.float32, chunk_bytes=None, go=
         torch.testing.assert_close(a.grad.double(), r.grad, atol=atol * 4, rtol=rtol * 4)
 
 
-@pytest.mark.parametrize("vocab_pass", [1, 0])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_linear_cross_entropy_chunks(reduction, vocab_pass):
-    # 300 rows x 37 classes x 4 bytes: chunk_bytes 20000 -> 135 rows -> chunks of 128 rows (3 chunks, ragged); the
-    # vocabulary pass's blocks: 20000 / (300 x 4) -> 128 classes, all 37 in one
-    _check_linear(300, 24, 37, chunk_bytes=20000, reduction=reduction, vocab_pass=vocab_pass)
-    _check_linear(300, 24, 37, bias=False, chunk_bytes=20000, reduction=reduction, label_smoothing=0.2,
-                  vocab_pass=vocab_pass)
+def test_linear_cross_entropy_chunks(reduction):
+    # 300 rows x 37 classes x 4 bytes: chunk_bytes 20000 -> 135 rows -> chunks of 128 rows (3 chunks, ragged)
+    _check_linear(300, 24, 37, chunk_bytes=20000, reduction=reduction)
     _check_linear(13, 8, 29, bias=False, reduction=reduction, label_smoothing=0.2, ignore_index=3)
 
 
-def test_linear_cross_entropy_vocab_blocks():
-    """The vocabulary pass over several blocks of classes (300 classes, 128 a block: the last ragged), the target's
-    column in each of them, with soft-capping."""
-    _check_linear(200, 16, 300, chunk_bytes=200 * 4 * 128, softcap=5.0)
-    _check_linear(200, 16, 300, bias=False, chunk_bytes=200 * 4 * 128, label_smoothing=0.1, reduction="sum")
-
-
-@pytest.mark.parametrize("vocab_pass", [1, 0])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_linear_cross_entropy_half(dtype, vocab_pass):
+def test_linear_cross_entropy_half(dtype):
     """16-bit hidden states and weights: loss and the three gradients within K x PyTorch's own error."""
-    _check_linear(300, 24, 37, dtype=dtype, chunk_bytes=10000, vocab_pass=vocab_pass)  # 3 chunks, the last ragged
+    _check_linear(300, 24, 37, dtype=dtype, chunk_bytes=10000)  # 3 chunks of 128 rows, the last ragged
     _check_linear(12, 8, 29, bias=False, dtype=dtype, reduction="sum", label_smoothing=0.1)
 
 

@@ -345,63 +345,6 @@ def _ce_grad_chunk(x, db, tb, W, off, row_ok, lim, C, sdc, stc, smoothing, lse, 
     tl.store(db[:, None] + c64 * sdc, g.to(db.dtype.element_ty), mask=cm)
 
 
-@triton.jit(do_not_specialize=["M", "NB", "v0", "ignore_index"])
-def _ce_block_grad_kernel(
-    X,  # logits of a block of classes [v0, v0 + NB) for all M rows, (M, NB) with row stride sxr: overwritten by
-        # their gradient in place
-    T,  # int64/uint8 [M]: class-index targets over the whole vocabulary
-    LSE,  # float32 [M]: each row's log-sum-exp over the whole vocabulary (of the capped logits with SOFTCAP)
-    DEN,  # float32 [2] from _ce_den_kernel: D for reduction='mean' (read when DEN_ON_DEVICE)
-    RS,  # float [M]: per-row scale of the gradient (read when HAS_ROW_SCALE)
-    M, NB, C,  # rows, classes in this block, classes in the vocabulary
-    v0,  # the block's first class
-    sxr,  # row stride of X (its classes are contiguous)
-    ignore_index,
-    smoothing,  # label_smoothing e
-    inv_den,  # the scale when not DEN_ON_DEVICE (1.0 for sum / none)
-    softcap,  # cap of the soft-capped logits (read when SOFTCAP)
-    BLOCK_M: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # classes per program
-    SMOOTH: tl.constexpr,
-    DEN_ON_DEVICE: tl.constexpr,
-    HAS_ROW_SCALE: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-):
-    """The gradient of a class block from the rows' lse (the fused linear cross-entropy's vocabulary pass): with
-    no class weights A = 1 and dx_j = scale (p_j - (1 - e) [j == t] - e / C), p_j = exp(x_j - lse), scale 1/D for
-    'mean' (times the row's scale when given); 0 on ignored rows, NaN on out-of-range targets (as the main
-    kernel).  ``_ce_grad_chunk`` computes it, on block-local columns."""
-    smoothing = tl.cast(smoothing, tl.float32)
-    inv_den = tl.cast(inv_den, tl.float32)
-    softcap = tl.cast(softcap, tl.float32)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    off = tl.program_id(1) * BLOCK_N
-    row_ok = rows < M
-    r64 = rows.to(tl.int64)
-    t = tl.load(T + r64, mask=row_ok, other=ignore_index).to(tl.int64)
-    ign = t == ignore_index
-    bad = row_ok & (~ign) & ((t < 0) | (t >= C))
-    if DEN_ON_DEVICE:
-        scale = 1.0 / tl.load(DEN)
-    else:
-        scale = inv_den
-    if HAS_ROW_SCALE:
-        scale = scale * tl.load(RS + r64, mask=row_ok, other=0.0).to(tl.float32)
-    scale = tl.where(bad, float("nan"), scale)
-    coef_b = tl.where(ign, 0.0, scale)
-    coef_t = coef_b * (1.0 - smoothing)
-    t_local = tl.where(ign | bad, -1, t - v0)  # the target's column in this block (-1: none)
-    lse = tl.load(LSE + r64, mask=row_ok, other=0.0)
-    xb = X + r64 * sxr  # [BLOCK_M] row bases
-    c = off + tl.arange(0, BLOCK_N)
-    cm = row_ok[:, None] & (c < NB)[None, :]
-    x = tl.load(xb[:, None] + c[None, :].to(tl.int64), mask=cm, other=0.0).to(tl.float32)
-    if SOFTCAP:
-        x = _ce_softcap(x, cm, softcap)
-    _ce_grad_chunk(x, xb, xb, X, off, row_ok, NB, C, 1, 1, smoothing, lse, coef_b, coef_b, coef_t, t_local,
-                   softcap, False, False, SMOOTH, BLOCK_N, SOFTCAP)
-
-
 @triton.jit(do_not_specialize=["M", "C", "ignore_index"])
 def _ce_den_kernel(
     T,  # int64/uint8 [M]: class-index targets (flat, contiguous)
@@ -961,31 +904,6 @@ def launch_den(t: torch.Tensor, weight: torch.Tensor | None, M: int, C: int, ign
     den = torch.empty(2, dtype=torch.float32, device=t.device)
     _den_kernel(weight is not None)(t, weight if weight is not None else t, den, M, C, ignore_index)
     return den
-
-
-def launch_block_grad(x: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, den: torch.Tensor | None,
-                      row_scale: torch.Tensor | None, v0: int, C: int, ignore_index: int, smoothing: float,
-                      softcap: float) -> None:
-    """Overwrite ``x`` (M, NB), the logits of classes [v0, v0 + NB) with contiguous classes, by their gradient,
-    from each row's ``lse`` over the C classes (``_ce_block_grad_kernel``); ``den`` for 'mean', else scale 1."""
-    M, NB = x.shape
-    if M == 0 or NB == 0:
-        return
-    key = (smoothing > 0, den is not None, row_scale is not None, softcap > 0, triton.cdiv(M, 16),
-           triton.cdiv(NB, 256))
-    k = _BLOCK_GRAD_KERNELS.get(key)
-    if k is None:
-        if len(_BLOCK_GRAD_KERNELS) >= _MAX_PLANS:
-            _BLOCK_GRAD_KERNELS.clear()
-        k = _BLOCK_GRAD_KERNELS[key] = Kernel(
-            _ce_block_grad_kernel, (triton.cdiv(M, 16), triton.cdiv(NB, 256)), check=None, BLOCK_M=16, BLOCK_N=256,
-            SMOOTH=smoothing > 0, DEN_ON_DEVICE=den is not None, HAS_ROW_SCALE=row_scale is not None,
-            SOFTCAP=softcap > 0, num_warps=8)
-    k(x, t, lse, den if den is not None else lse, row_scale if row_scale is not None else lse, M, NB, C, v0,
-      x.stride(0), ignore_index, float(smoothing), 1.0, float(softcap) if softcap else 1.0)
-
-
-_BLOCK_GRAD_KERNELS: dict[tuple, Kernel] = {}
 
 
 def _sum_kernel() -> Kernel:

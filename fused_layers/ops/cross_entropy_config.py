@@ -95,9 +95,6 @@ LINEAR_CHUNK_BYTES = 256 * 2**20
 # 740 TFLOP/s of bf16 products, whatever V and H); 512-row chunks at Gemma's 256K vocabulary made the head 1.5x
 # its matmuls (compiled Gemma 6 x d1024, B4 x 1024: 0.86x of compiled unfused, all of it the head).
 LINEAR_MIN_ROWS = 2048
-# Where the logits take several chunks, grad_weight by blocks of classes after the row chunks (one more head
-# matmul, no float32 (V, H) buffer: V H 4 bytes less memory, the weight gradient written once).
-LINEAR_VOCAB_PASS = 1
 
 
 def single_block(c_pow2: int) -> SingleBlock:

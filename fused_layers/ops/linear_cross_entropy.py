@@ -16,20 +16,10 @@ GPT-2's V = 50,304 in bf16, 7 chunks for 16K tokens; 2,048 rows at Gemma's 256K)
    product, as unfused), ``grad_bias += dlogits.sum(0)``.  The float32 sum reads and writes 8 V H bytes a
    chunk, which is why chunks keep at least 2,048 rows (``cross_entropy_config.py``).
 
-Where the logits take several chunks, grad_weight comes from a second, vocabulary pass instead of that
-float32 sum (``LINEAR_VOCAB_PASS``): the row chunks compute the loss and grad_hidden as above and keep each
-row's lse, recovered from its loss as the kernel wrote it, ``lse = loss / scale + (1 - e) x_t + (e / V)
-sum_j x_j`` (x_t, and with smoothing the row sum, read from the chunk before its gradient overwrites it;
-soft-capped with smoothing keeps the float32 sum).  Then per block of classes [v0, v1) (about
-LINEAR_CHUNK_BYTES of logits for all N rows): ``z = hidden @ weight[v0:v1].T``, its gradient from lse in place
-(``_ce_block_grad_kernel``), and ``grad_weight[v0:v1] = dz.T @ hidden`` as one product over all N rows, written
-once in the weight's dtype.  One more head matmul in all; no (V, H) float32 buffer (V H 4 bytes, 1 GiB at
-Gemma's 256K x 1,024), and grad_weight rounded once, as unfused.
-
 So the forward returns the loss and already holds every gradient (for an upstream gradient of 1); the
 backward only scales them by grad_output (``_ce_scale_kernel``: no traffic when it is 1).  Peak extra
-memory: one chunk of logits + grad_weight (in float32 when summed over chunks) + grad_hidden, instead of
-the (N, V) logits, their float32 copy and their gradient (about 5 GB at GPT-2-small, B16 x 1024 tokens).
+memory: one chunk of logits + grad_weight in float32 + grad_hidden, instead of the (N, V) logits,
+their float32 copy and their gradient (about 5 GB at GPT-2-small, B16 x 1024 tokens).
 
 ``softcap`` = c caps the logits as Gemma 2 does, z = c tanh(logits / c), inside the cross-entropy kernel
 (float32, on the chunk as it is read), whose gradient is then that of the raw logits: the head and its
@@ -48,15 +38,7 @@ import torch
 from . import compile_config
 from . import cross_entropy_config as cfg
 from ._common import check_tensor, get_override, is_compiling, use_fallback
-from .cross_entropy import (
-    _REDUCTIONS,
-    check_softcap,
-    check_target_flag,
-    cross_entropy_forward,
-    launch_block_grad,
-    launch_den,
-    scale_grad_,
-)
+from .cross_entropy import _REDUCTIONS, check_softcap, check_target_flag, cross_entropy_forward, launch_den, scale_grad_
 
 _OP = "fused_linear_cross_entropy"
 
@@ -72,12 +54,11 @@ def linear_cross_entropy_reference(hidden, weight, target, bias=None, ignore_ind
                                              reduction=reduction, label_smoothing=label_smoothing)
 
 
-def chunk_rows(n: int, v: int, elem: int, least: int | None = None) -> int:
-    """Rows per chunk: about LINEAR_CHUNK_BYTES of logits but at least ``least`` (LINEAR_MIN_ROWS), a multiple of
-    128 rows, chunks of even size; all ``n`` rows when that covers them."""
+def chunk_rows(n: int, v: int, elem: int) -> int:
+    """Rows per chunk: about LINEAR_CHUNK_BYTES of logits but at least LINEAR_MIN_ROWS, a multiple of 128 rows,
+    chunks of even size; all ``n`` rows when that covers them."""
     budget = get_override("linear_cross_entropy", "chunk_bytes", cfg.LINEAR_CHUNK_BYTES)
-    if least is None:
-        least = get_override("linear_cross_entropy", "min_rows", cfg.LINEAR_MIN_ROWS)
+    least = get_override("linear_cross_entropy", "min_rows", cfg.LINEAR_MIN_ROWS)
     rows = max(128, least, (budget // max(v * elem, 1)) // 128 * 128)
     if rows >= n:
         return max(n, 1)
@@ -103,38 +84,6 @@ def _accumulate_grad_weight(gw: torch.Tensor, dlogits: torch.Tensor, hc: torch.T
             _ADDMM_FP32_OUT[0] = False
     prod = dlogits.t() @ hc  # the product in the compute dtype (fp32 accumulation inside cuBLAS)
     gw.copy_(prod) if first else gw.add_(prod)
-
-
-def _row_lse(loss_rows, x_t, sum_x, t, den, reduction, ignore_index, V, smoothing, softcap):
-    """Each row's lse from its loss, as the kernel wrote it: loss = scale (lse - (1 - e) x_t - (e / V) sum_j x_j),
-    scale = 1/D for 'mean' (else 1), x the capped logits with ``softcap`` (then e = 0); 0 on ignored rows."""
-    if softcap:
-        x_t = torch.tanh(x_t / softcap) * softcap
-    raw = loss_rows / (1.0 / den[0]) if reduction == "mean" else loss_rows
-    lse = raw + (1.0 - smoothing) * x_t
-    if sum_x is not None:
-        lse = lse + (smoothing / V) * sum_x
-    return torch.where(t == ignore_index, 0.0, lse)
-
-
-def _vocab_pass(h, w, b, t, lse, den, row_scale, gw, gb, ignore_index, smoothing, softcap):
-    """grad_weight (and grad_bias) block by block of classes: the block's logits for all N rows (one more head
-    matmul in all), their gradient from lse in place, then grad_weight of the block as one product over all N
-    rows, written once in the weight's dtype (as unfused: no float32 (V, H) buffer, one rounding)."""
-    N, V = h.shape[0], w.shape[0]
-    budget = get_override("linear_cross_entropy", "chunk_bytes", cfg.LINEAR_CHUNK_BYTES)
-    vb = min(V, max(128, (budget // max(N * h.element_size(), 1)) // 128 * 128))
-    for v0 in range(0, V, vb):
-        v1 = min(v0 + vb, V)
-        wb = w[v0:v1]
-        z = torch.addmm(b[v0:v1], h, wb.t()) if b is not None else h @ wb.t()  # (N, block), cuBLAS
-        launch_block_grad(z, t, lse, den, row_scale, v0, V, ignore_index, smoothing, softcap or 0.0)
-        if gw.dtype == z.dtype:
-            torch.mm(z.t(), h, out=gw[v0:v1])
-        else:  # float32 weights under autocast: the product in the compute dtype, then cast (as autograd does)
-            gw[v0:v1] = z.t() @ h
-        if gb is not None:
-            gb[v0:v1] = z.sum(0, dtype=torch.float32)
 
 
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -168,33 +117,18 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             check_target_flag(den, V)
         loss_rows = torch.empty(N, dtype=torch.float32, device=dev)
         gh = gw = gb = None
-        elem = h.element_size()
-        n = chunk_rows(N, V, elem, least=128)
-        # The vocabulary pass (module docstring) where the logits take several chunks: no float32 (V, H) buffer
-        vocab = (compute_grad and n < N and not (softcap and label_smoothing > 0)
-                 and get_override("linear_cross_entropy", "vocab_pass", cfg.LINEAR_VOCAB_PASS))
-        if not vocab:
-            n = chunk_rows(N, V, elem)
+        n = chunk_rows(N, V, h.element_size())
         one_chunk = n >= N
-        lse = x_t = sum_x = None
         if compute_grad:
             gh = torch.empty(N, H, dtype=cdtype, device=dev)
             # One chunk: grad_weight is one cuBLAS product, as unfused (no float32 buffer).  Several: summed over
-            # the chunks in float32, the first chunk's product written without reading the buffer; or, with the
-            # vocabulary pass, written block by block in the weight's dtype.
-            if vocab:
-                gw = torch.empty(V, H, dtype=weight.dtype, device=dev)
-                lse = torch.empty(N, dtype=torch.float32, device=dev)
-            else:
-                gw = None if one_chunk else torch.empty(V, H, dtype=torch.float32, device=dev)
+            # the chunks in float32, the first chunk's product written without reading the buffer.
+            gw = None if one_chunk else torch.empty(V, H, dtype=torch.float32, device=dev)
             gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
         for s in range(0, N, n):
             e = min(s + n, N)
             hc = h[s:e]
             logits = torch.addmm(b, hc, w.t()) if b is not None else hc @ w.t()  # (n, V), cuBLAS
-            if vocab:  # what lse needs besides the loss, read before the gradient overwrites the logits
-                x_t = logits.gather(1, t[s:e].long().clamp(0, V - 1)[:, None])[:, 0].float()
-                sum_x = logits.sum(1, dtype=torch.float32) if label_smoothing > 0 else None
             # Loss rows of the chunk; with a gradient, the logits are overwritten by it (in place).
             cross_entropy_forward(
                 logits, t[s:e], None, ignore_index, reduction, label_smoothing, compute_grad,
@@ -203,19 +137,13 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             )
             if compute_grad:
                 torch.mm(logits, w, out=gh[s:e])
-                if vocab:
-                    lse[s:e] = _row_lse(loss_rows[s:e], x_t, sum_x, t[s:e], den, reduction, ignore_index, V,
-                                        label_smoothing, softcap)
-                elif one_chunk:
+                if one_chunk:
                     gw = logits.t() @ hc
                 else:
                     _accumulate_grad_weight(gw, logits, hc, first=s == 0)
-                if gb is not None and not vocab:
+                if gb is not None:
                     gb.add_(logits.sum(0, dtype=torch.float32))
             del logits
-        if vocab:
-            _vocab_pass(h, w, b, t, lse, den if reduction == "mean" else None, row_scale, gw, gb, ignore_index,
-                        label_smoothing, softcap)
         if row_scale is not None:
             loss = loss_rows
         elif N == 0:
