@@ -166,3 +166,45 @@ def test_attention_rule_rejects_wrong_results(dtype, device):
         dropped = attention_reference(q.double(), k.double(), v.double(), keep, is_causal=True).to(dtype)
         rej, ratio = _rejected("attention out without key 3", dropped, ref[0], tor[0])
         assert rej, ratio
+
+
+def test_gpu_test_sizes_reject_the_simulations():
+    """The GPU tests' comparisons reject wrong results at the GPU tests' own sizes, built here from PyTorch's own
+    bf16 results (which the rule accepts by construction, at 1/K of the allowance): a LayerNorm dx x 0.2 and a dx
+    whose 2,048-column pieces never exchange their sums at 1,200 rows x 16,384 (test_gpu_persistent_backward's
+    inputs: weights about 1 and a gradient with a mean, where the sums matter; with zero-mean random weights they
+    are ~1/sqrt(n) of dx and no tolerance sees them), an
+    all-zero and a x 0.9 cross-entropy gradient at 256 x 32,000 (test_gpu_wide_rows), and a softmax whose last
+    column is dropped at 64 x 32,768. PyTorch only: the GPU's kernels are not needed to show the checks can fail."""
+    dt, rows, n = torch.bfloat16, 1200, 16384
+    x = (torch.randn(rows, n, dtype=dt) * 2 + 0.5).requires_grad_(True)
+    w, b = (1 + 0.1 * torch.randn(n)).to(dt), torch.randn(n, dtype=dt)  # weights about 1, as trained norms'
+    dy = torch.randn(rows, n, dtype=dt) + 0.5  # a gradient with a mean
+    x64 = x.detach().double().requires_grad_(True)
+    (dx64,) = torch.autograd.grad(F.layer_norm(x64, (n,), w.double(), b.double(), 1e-5), x64, dy.double())
+    (dx_t,) = torch.autograd.grad(F.layer_norm(x, (n,), w, b, 1e-5), x, dy)
+    assert _accepted("gpu-size ln dx (torch's)", dx_t, dx64, dx_t)
+    for name, bad in [("dx x 0.2", dx_t * 0.2),
+                      ("dx pieces without exchange", _ln_dx_pieces(x, w, dy, 1e-5, piece=2048).to(dt))]:
+        rej, ratio = _rejected("gpu-size ln " + name, bad, dx64, dx_t)
+        assert rej, (name, ratio)
+    del x, x64, dy, dx64, dx_t
+
+    c = 32000
+    logits = (torch.randn(256, c, dtype=dt) * 2).requires_grad_(True)
+    t = torch.randint(0, c, (256,))
+    l64 = logits.detach().double().requires_grad_(True)
+    (g64,) = torch.autograd.grad(F.cross_entropy(l64, t), l64)
+    (g_t,) = torch.autograd.grad(F.cross_entropy(logits.float(), t), logits)
+    assert _accepted("gpu-size ce dlogits (torch's)", g_t, g64, g_t)
+    for name, bad in [("all zero", torch.zeros_like(g_t)), ("x 0.9", g_t * 0.9)]:
+        rej, ratio = _rejected("gpu-size ce dlogits " + name, bad, g64, g_t)
+        assert rej, (name, ratio)
+
+    c = 32768
+    s = torch.randn(64, c, dtype=dt) * 4
+    y64, y_t = torch.softmax(s.double(), -1), torch.softmax(s, -1)
+    dropped = torch.cat([torch.softmax(s[:, :-1].double(), -1), torch.zeros(64, 1, dtype=torch.float64)], -1)
+    assert _accepted("gpu-size softmax y (torch's)", y_t, y64, y_t, relative=True)
+    rej, ratio = _rejected("gpu-size softmax dropped last column", dropped.to(dt), y64, y_t, relative=True)
+    assert rej, ratio
