@@ -6,6 +6,7 @@ the persistent kernel for 16-bit class-index rows with a gradient)."""
 
 import warnings
 from contextlib import nullcontext
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -770,13 +771,33 @@ def test_linear_cross_entropy_half(dtype):
     _check_linear(12, 8, 29, bias=False, dtype=dtype, reduction="sum", label_smoothing=0.1)
 
 
+def test_linear_cross_entropy_pads_unaligned_rows():
+    """Vocabularies whose rows are not 16-byte multiples (GPT-2's 50,257 in bf16) get a logits buffer with rows
+    padded to 64 classes, which the cross-entropy kernel reads and overwrites in place with those strides; aligned
+    ones stay contiguous. Gradients against float64 through the padded buffer: _check_linear (37 classes)."""
+    from fused_layers import fused_linear_cross_entropy
+    from fused_layers.ops import linear_cross_entropy as lce
+
+    assert [lce.logits_row_stride(v, e) for v, e in [(50257, 2), (32000, 2), (37, 4), (36, 4), (48, 2)]] == \
+        [50304, 32000, 64, 36, 48]
+    for v, stride in [(37, 64), (48, 48)]:
+        hid = torch.randn(20, 8, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(v, 8, dtype=torch.bfloat16, requires_grad=True)
+        with patch.object(lce, "cross_entropy_forward", wraps=lce.cross_entropy_forward) as ce_fwd:
+            fused_linear_cross_entropy(hid, w, torch.randint(0, v, (20,))).backward()
+        logits = ce_fwd.call_args.args[0]
+        assert logits.shape == (20, v) and logits.stride() == (stride, 1)
+        assert ce_fwd.call_args.kwargs["grad_out"] is logits
+    _check_linear(300, 24, 37, dtype=torch.bfloat16, chunk_bytes=10000)
+
+
 @pytest.mark.parametrize("v", [37, 48])
 def test_linear_cross_entropy_wide_row_kernels(v):
     """The logits chunk is overwritten by its gradient in place: the program that writes the target's column must read
-    its logit first, and no other program write it.  The stream (float32 logits, smoothing) and the persistent kernel
-    (bf16 logits under autocast: VEC8 at 37 classes, the plain form at 48), targets in the last 8 columns (VEC8: the
-    tail columns, which the row's first piece writes) on every other row: each row's loss (the pass with a gradient
-    of 'none', as its backward runs it) against float64 F.cross_entropy of the same bf16 logits."""
+    its logit first, and no other program write it.  The stream (float32 logits, smoothing; bf16 logits at 37
+    classes, whose buffer rows are padded to 64 for cuBLAS) and the persistent kernel (bf16 logits under autocast at
+    48 classes), targets in the last 8 columns on every other row: each row's loss (the pass with a gradient of
+    'none', as its backward runs it) against float64 F.cross_entropy of the same bf16 logits."""
     from fused_layers import fused_linear_cross_entropy
     from fused_layers.ops import cross_entropy as ce
     from fused_layers.ops.linear_cross_entropy import linear_cross_entropy_forward
@@ -795,7 +816,8 @@ def test_linear_cross_entropy_wide_row_kernels(v):
             ref = F.cross_entropy(logits.float(), t)
         rows, *_ = linear_cross_entropy_forward(hid.detach(), w.detach(), t, None, -100, "none", 0.0, True,
                                                 torch.bfloat16, torch.float32, row_scale=torch.ones(24))
-        assert [p.persist["VEC_WIN"] for p in ce._PLANS.values() if p.persist is not None] == [64 if v % 16 else 0] * 2
+        persist = [p.persist["VEC_WIN"] for p in ce._PLANS.values() if p.persist is not None]
+        assert persist == ([] if v % 8 else [0, 0]), persist  # 37: a padded buffer streams
     torch.testing.assert_close(rows.double(), F.cross_entropy(logits.double(), t, reduction="none"), atol=1e-4,
                                rtol=1e-5)
     torch.testing.assert_close(loss, ref, atol=2e-2, rtol=2e-2)
@@ -962,8 +984,8 @@ def test_linear_ce_float64_reference_in_row_chunks(smoothing):
 def test_gpu_linear_cross_entropy(v, smoothing, n):
     """The fused linear cross-entropy: over several small chunks (forced), and in the default plan, whose chunks
     are 2,048 rows (two at 4,096 rows: the float32 weight-gradient sum; one at 2,048: the weight gradient as one
-    product). 50,257 classes without smoothing: chunks of logits that are not 16-element aligned, through the
-    persistent kernel's VEC8 form with the logits overwritten by their gradient."""
+    product). 50,257 classes: a logits buffer with rows padded to 50,304 (cuBLAS's alignment), which the kernel
+    overwrites in place by the gradient."""
     from fused_layers import fused_linear_cross_entropy
     from fused_layers.ops.linear_cross_entropy import chunk_rows
 

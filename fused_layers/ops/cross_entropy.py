@@ -785,8 +785,9 @@ _MAX_PLANS = 4096  # a workload with ever-changing shapes re-plans instead of gr
 
 def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: bool, smooth: bool,
           ignore_index: int, den_on_device: bool, has_row_scale: bool, has_grad: bool,
-          persist_ok: bool = False, softcap: bool = False) -> _Plan:
-    """Launch plan for an input of ``shape`` (ndim >= 2, classes on dim 1); cached per key.
+          persist_ok: bool = False, softcap: bool = False, gstride=None) -> _Plan:
+    """Launch plan for an input of ``shape`` (ndim >= 2, classes on dim 1); cached per key.  The gradient is
+    contiguous, or has the strides ``gstride`` (a given buffer: the fused linear cross-entropy's padded logits).
 
     Every integer a kernel receives (sizes, strides, ``ignore_index``, pieces) is a function of the key:
     the bound kernels' compiled binaries are specialized on them (``_library.Kernel``).
@@ -799,12 +800,13 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
     (soft-capped logits included: only ``_ce_fwd_kernel`` caps them).
     """
     key = (shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index, den_on_device, has_row_scale,
-           has_grad, persist_ok, softcap, override_epoch())
+           has_grad, persist_ok, softcap, gstride, override_epoch())
     try:
         plan = _PLANS.get(key)
     except TypeError:  # symbolic sizes (tracing with dynamic shapes): plan for their values
         return _plan(concrete(shape), concrete(xstride), None if tstride is None else concrete(tstride), dtype, soft,
-                     has_weight, smooth, ignore_index, den_on_device, has_row_scale, has_grad, persist_ok, softcap)
+                     has_weight, smooth, ignore_index, den_on_device, has_row_scale, has_grad, persist_ok, softcap,
+                     None if gstride is None else concrete(gstride))
     if plan is not None:
         return plan
     plan = _Plan()
@@ -819,7 +821,10 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
     else:
         plan.copy_t = False
         st = (0, 0, 0)
-    sd = contiguous_strides(shape, 1)[2:]
+    vg = contiguous_strides(shape, 1) if gstride is None else row_strides(shape, gstride, 1)
+    if vg is None:
+        raise ValueError(f"{_OP}: gradient buffer strides {tuple(gstride)} do not describe rows of {tuple(shape)}")
+    sd = vg[2:]
     C = shape[1]
     M = outer * inner
     plan.M, plan.C = M, C
@@ -836,8 +841,9 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
         single = c_pow2 <= get_override("cross_entropy", "max_single", cfg.MAX_SINGLE)
         misaligned = rows_misaligned(shape, (xstride,), 1, elem)
         win = vec8_window(shape, (xstride,), 1, elem)
+        # (VEC8 windows are worked out against a contiguous gradient: a given misaligned buffer streams)
         persistent = (not single and elem == 2 and has_grad and persist_ok and not (soft or smooth or softcap)
-                      and (not misaligned or win > 0))
+                      and (not misaligned or (win > 0 and gstride is None)))
         if persistent:
             # Pieces of at most BLOCK_N columns, balanced, 64-aligned starts (VEC8: over the row's window, C + d);
             # the streaming plan is the fallback where not even one row group fits the GPU.
@@ -853,7 +859,7 @@ def _plan(shape, xstride, tstride, dtype: torch.dtype, soft: bool, has_weight: b
             # the TMA kernel where its ring holds the row (it checks the GPU and the alignment per call)
             plan.tma = (not misaligned and not has_row_scale and inner == 1 and cfg.tma_hold(C, elem) is not None)
             plan.fallback = _plan(shape, xstride, tstride, dtype, soft, has_weight, smooth, ignore_index,
-                                  den_on_device, has_row_scale, has_grad, False)
+                                  den_on_device, has_row_scale, has_grad, False, gstride=gstride)
         else:
             if single:
                 sb = cfg.single_block(c_pow2)
@@ -1005,8 +1011,9 @@ def cross_entropy_forward(
     under autocast), ``grad`` the gradient of ``loss`` w.r.t. ``input`` for an upstream gradient of 1
     (contiguous, input's dtype), or ``None`` when ``compute_grad`` is False.
 
-    Advanced (the fused linear cross-entropy): ``grad_out`` is written instead of a new gradient buffer
-    (it may be ``input`` itself: the logits are overwritten by their gradient); ``row_scale`` (M,)
+    Advanced (the fused linear cross-entropy): ``grad_out`` is written instead of a new gradient buffer, in its
+    own row layout (it may be ``input`` itself, a view with padded rows: the logits are overwritten by their
+    gradient); ``row_scale`` (M,)
     multiplies each row's gradient; ``den`` is ``launch_den``'s result for all the rows, computed and
     checked (``check_target_flag``) by the caller; ``loss_out`` (M,) float32 receives the per-row losses
     (then ``loss`` is None); ``softcap`` > 0 computes the loss of ``softcap * tanh(input / softcap)`` and the
@@ -1037,9 +1044,10 @@ def cross_entropy_forward(
     # (fake tensors) takes the streaming kernel, which Inductor emits in its own code.
     persist_ok = type(input) in (torch.Tensor, torch.nn.Parameter) and (INTERPRET or input.is_cuda)
     cap = float(softcap) if softcap else 0.0
+    gstride = None if grad is None or grad.is_contiguous() else grad.stride()
     plan = _plan(shape, input.stride(), target.stride() if soft else None, input.dtype, soft, weight is not None,
                  label_smoothing > 0, ignore_index, mean_hard, row_scale is not None, grad is not None, persist_ok,
-                 cap > 0)
+                 cap > 0, gstride)
     M, C = plan.M, plan.C
     if plan.kernel is None and plan.persist is None:  # M == 0 or C == 0
         if grad is not None:

@@ -66,6 +66,13 @@ def chunk_rows(n: int, v: int, elem: int) -> int:
     return -(-(-(-n // chunks)) // 128) * 128  # spread evenly, rounded up to 128
 
 
+def logits_row_stride(v: int, elem: int) -> int:
+    """Row stride of the logits buffer: ``v``, or ``v`` rounded up to LOGITS_ROW_ALIGN elements where a row of ``v``
+    elements is not a multiple of 16 bytes (GPT-2's 50,257), so that all three head matmuls read and write
+    16-byte-aligned leading dimensions (cuBLAS's tensor-core kernels need them)."""
+    return v if (v * elem) % 16 == 0 else -(-v // cfg.LOGITS_ROW_ALIGN) * cfg.LOGITS_ROW_ALIGN
+
+
 _ADDMM_FP32_OUT = [True]  # cuBLAS bf16/fp16 x bf16/fp16 -> fp32 accumulate in place (torch >= 2.8, CUDA)
 
 
@@ -125,10 +132,16 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             # the chunks in float32, the first chunk's product written without reading the buffer.
             gw = None if one_chunk else torch.empty(V, H, dtype=torch.float32, device=dev)
             gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
+        # One buffer for the chunks' logits, its rows padded to 16-byte multiples (logits_row_stride)
+        buf = torch.empty(min(n, N), logits_row_stride(V, h.element_size()), dtype=cdtype, device=dev)
         for s in range(0, N, n):
             e = min(s + n, N)
             hc = h[s:e]
-            logits = torch.addmm(b, hc, w.t()) if b is not None else hc @ w.t()  # (n, V), cuBLAS
+            logits = buf[: e - s, :V]  # (n, V), cuBLAS writes it with its leading dimension
+            if b is not None:
+                torch.addmm(b, hc, w.t(), out=logits)
+            else:
+                torch.mm(hc, w.t(), out=logits)
             # Loss rows of the chunk; with a gradient, the logits are overwritten by it (in place).
             cross_entropy_forward(
                 logits, t[s:e], None, ignore_index, reduction, label_smoothing, compute_grad,
@@ -144,6 +157,7 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
                 if gb is not None:
                     gb.add_(logits.sum(0, dtype=torch.float32))
             del logits
+        del buf
         if row_scale is not None:
             loss = loss_rows
         elif N == 0:
