@@ -41,7 +41,9 @@ WIDTHS = {"softmax": [1024, 4096, 16384, 32768, 65536, 262144],
           "layer_norm": [768, 1024, 2048, 4096, 8192, 16384],
           "rms_norm": [768, 1024, 2048, 4096, 8192, 16384]}
 CE_ROWS, CE_VOCABS = 8192, [32000, 50304, 128256, 262144]
-LINEAR_CE = [(16384, 768, 50304), (8192, 2048, 128256)]  # (tokens, hidden, vocab): GPT-2 small, a Llama-3-sized head
+# (tokens, hidden, vocab): GPT-2 small (the demo's padded vocabulary, and HF's 50,257: unaligned rows), a Llama-3-sized
+# head, and the heads of the models suite's Gemma and Qwen2
+LINEAR_CE = [(16384, 768, 50304), (8192, 768, 50257), (8192, 2048, 128256), (4096, 1024, 256000), (8192, 896, 151936)]
 # (B, Hq, Hkv, S, D, causal)
 ATTENTION = [(16, 16, 16, 1024, 64, False), (16, 16, 16, 1024, 64, True), (16, 16, 16, 1024, 128, False),
              (16, 16, 16, 1024, 128, True), (4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True),
