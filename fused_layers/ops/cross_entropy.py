@@ -1013,11 +1013,10 @@ def cross_entropy_forward(
 
     Advanced (the fused linear cross-entropy): ``grad_out`` is written instead of a new gradient buffer, in its
     own row layout (it may be ``input`` itself, a view with padded rows: the logits are overwritten by their
-    gradient); ``row_scale`` (M,)
-    multiplies each row's gradient; ``den`` is ``launch_den``'s result for all the rows, computed and
-    checked (``check_target_flag``) by the caller; ``loss_out`` (M,) float32 receives the per-row losses
-    (then ``loss`` is None); ``softcap`` > 0 computes the loss of ``softcap * tanh(input / softcap)`` and the
-    gradient w.r.t. ``input``.
+    gradient); ``row_scale`` (M,) multiplies each row's gradient; ``den`` is ``launch_den``'s result for all the
+    rows, computed and checked (``check_target_flag``) by the caller; ``loss_out`` (M,) float32 receives the
+    per-row losses (then ``loss`` is None); ``softcap`` > 0 computes the loss of ``softcap * tanh(input /
+    softcap)`` and the gradient w.r.t. ``input``.
 
     Launches: ``_ce_den_kernel`` (class indices, unless ``den`` is given), the main kernel, and for
     'mean' / 'sum' ``_ce_sum_kernel``; nothing is zero-filled.

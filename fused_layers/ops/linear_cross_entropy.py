@@ -90,7 +90,10 @@ def _accumulate_grad_weight(gw: torch.Tensor, dlogits: torch.Tensor, hc: torch.T
         except (RuntimeError, TypeError, NotImplementedError):  # this torch has no addmm(out_dtype=)
             _ADDMM_FP32_OUT[0] = False
     prod = dlogits.t() @ hc  # the product in the compute dtype (fp32 accumulation inside cuBLAS)
-    gw.copy_(prod) if first else gw.add_(prod)
+    if first:
+        gw.copy_(prod)
+    else:
+        gw.add_(prod)
 
 
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
