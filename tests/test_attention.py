@@ -199,6 +199,13 @@ def test_autocast_runs_in_the_autocast_dtype(device):
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         torch.testing.assert_close(a, b.to(a.dtype), atol=0, rtol=0, msg=name)
     torch.testing.assert_close(got[0], sdpa, atol=2e-2, rtol=2e-2)
+    cu = torch.tensor([0, 7, 17], dtype=torch.int32, device=device)  # the varlen op likewise (HF's packed batches)
+    qv, kv, vv = (t[0].transpose(0, 1) for t in (q, k, v))
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        packed = fused_attention_varlen(qv, kv, vv, cu, cu, 10, 10, is_causal=True)
+    want = fused_attention_varlen(qv.bfloat16(), kv.bfloat16(), vv, cu, cu, 10, 10, is_causal=True)
+    assert packed.dtype == torch.bfloat16
+    torch.testing.assert_close(packed, want, atol=0, rtol=0)
 
 
 def test_float64_uses_reference(device):

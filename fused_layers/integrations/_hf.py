@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from ..ops import compile_config
-from ..ops._common import autocast_cast, autocast_dtype, is_compiling, use_fallback, warn_once
+from ..ops._common import is_compiling, use_fallback, warn_once
 from ..ops.norm_variants import fused_rms_norm_variant, variant_supported
 from . import REGISTRY, LookAlike
 
@@ -892,8 +892,6 @@ def fused_attention_forward(
         from ..ops.attention import fused_attention_varlen
 
         cu_q, cu_k, max_q, max_k = packed
-        if (adt := autocast_dtype(query)) is not None:  # as transformers' attention runs under autocast
-            query, key, value = autocast_cast(adt, query, key, value)
         out = fused_attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
                                      cu_q, cu_k, max_q, max_k, bool(causal), scaling, window=window,
                                      softcap=None if softcap is None else float(softcap), dropout_p=float(dropout))

@@ -1669,9 +1669,12 @@ def fused_attention_varlen(
     starting at 0); ``max_seqlen_q`` / ``max_seqlen_k`` bound the lengths (they size the launch grid).
     Causal alignment is top-left per sequence; ``window``, ``softcap`` and ``dropout_p`` as in
     ``fused_attention``, per sequence (sequence b's dropout mask is the one a dense batch draws for its batch
-    row b). Returns (total_q, Hq, D).
+    row b). Returns (total_q, Hq, D). Under ``torch.autocast`` q, k and v run in the autocast dtype, as in
+    ``fused_attention``.
     """
     op = "fused_attention_varlen"
+    if isinstance(q, torch.Tensor) and (adt := autocast_dtype(q)) is not None:  # as fused_attention (SDPA)
+        q, k, v = autocast_cast(adt, q, k, v)
     _check_qkv(q, k, v, ("q", "k", "v"))
     win, cap = _check_window_softcap(op, window, softcap)
     for n, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):

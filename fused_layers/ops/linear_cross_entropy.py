@@ -37,7 +37,7 @@ import torch
 
 from . import compile_config
 from . import cross_entropy_config as cfg
-from ._common import check_tensor, get_override, is_compiling, use_fallback
+from ._common import autocast_dtype, check_tensor, get_override, is_compiling, use_fallback
 from .cross_entropy import _REDUCTIONS, check_softcap, check_target_flag, cross_entropy_forward, launch_den, scale_grad_
 
 _OP = "fused_linear_cross_entropy"
@@ -94,15 +94,6 @@ def _accumulate_grad_weight(gw: torch.Tensor, dlogits: torch.Tensor, hc: torch.T
         gw.copy_(prod)
     else:
         gw.add_(prod)
-
-
-def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
-    try:
-        if torch.is_autocast_enabled(hidden.device.type):
-            return torch.get_autocast_dtype(hidden.device.type)
-    except (TypeError, RuntimeError, AttributeError):
-        pass
-    return hidden.dtype
 
 
 def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
@@ -332,7 +323,8 @@ def fused_linear_cross_entropy(
     """
     _validate(hidden, weight, target, bias, ignore_index, reduction, label_smoothing)
     cap = check_softcap(_OP, softcap)
-    cdtype = _compute_dtype(hidden)
+    adt = autocast_dtype(hidden)
+    cdtype = adt if adt is not None else hidden.dtype
     if (cdtype == torch.float64 or use_fallback(_OP, hidden, weight, bias) or target.requires_grad
             or (is_compiling() and compile_config.COMPILED.linear_cross_entropy == "inductor")):
         logits = torch.nn.functional.linear(hidden, weight, bias)
@@ -342,10 +334,7 @@ def fused_linear_cross_entropy(
                                                  ignore_index=ignore_index, reduction=reduction,
                                                  label_smoothing=label_smoothing).reshape(
             target.shape if reduction == "none" else ())
-    try:
-        autocast = cdtype != torch.float64 and torch.is_autocast_enabled(hidden.device.type)
-    except (TypeError, RuntimeError):
-        autocast = False
+    autocast = adt is not None
     out_dtype = torch.float32 if autocast else cdtype
     if not autocast and (hidden.dtype != weight.dtype or (bias is not None and bias.dtype != hidden.dtype)):
         raise RuntimeError(f"{_OP}: 'hidden' ({hidden.dtype}), 'weight' ({weight.dtype}) and 'bias' must have one "
