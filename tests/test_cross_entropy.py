@@ -627,6 +627,7 @@ def test_gpu_wide_rows(c):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("c,pad", [(50257, 0), (30522, 0), (32001, 0), (100277, 0), (262143, 0), (50257, 8),
                                    (32000, 8), (50257, 64), (50257, 3)])
@@ -979,6 +980,7 @@ def test_linear_ce_float64_reference_in_row_chunks(smoothing):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 @pytest.mark.parametrize("v,smoothing,n", [(50304, 0.1, 4096), (128256, 0.1, 4096), (50257, 0.0, 4096),
                                            (256000, 0.0, 4096), (128256, 0.0, 2048)])
 def test_gpu_linear_cross_entropy(v, smoothing, n):
@@ -1010,6 +1012,7 @@ def test_gpu_linear_cross_entropy(v, smoothing, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 @pytest.mark.parametrize("v", [32000, 256000])
 def test_gpu_softcap(v):
     """Gemma 2's soft-capped head (cap 30) at production vocabularies: the fused head under bf16 autocast over several

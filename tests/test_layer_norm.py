@@ -683,6 +683,7 @@ def test_gpu_widths(rms, n, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("n", [16384, 40000, 65536, 131072])
 def test_gpu_persistent_backward(rms, n):
@@ -705,6 +706,7 @@ def test_gpu_persistent_backward(rms, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("n", [16384, 20011, 32768, 65536, 100003, 131072])
 def test_gpu_persistent_backward_defaults(rms, n):
@@ -721,6 +723,7 @@ def test_gpu_persistent_backward_defaults(rms, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 @pytest.mark.parametrize("gluon", [False, True], ids=["persistent", "gluon"])
 def test_gpu_persistent_backward_in_cuda_graph_and_side_stream(gluon):
     """The one-CTA-an-SM backwards at bf16 16K (the persistent cooperative kernel; the Gluon row backward, the default

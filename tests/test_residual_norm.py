@@ -169,6 +169,7 @@ def test_float64_runs_the_reference(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 @pytest.mark.parametrize("n", [4096, 5120, 8192, 12288])
 def test_decoder_sizes_bf16(n):
     """4 x 2,048 tokens at Llama hidden sizes (8B, 13B, 70B) and one past the single-block width, bf16, Llama's

@@ -67,9 +67,9 @@ def chunk_rows(n: int, v: int, elem: int) -> int:
 
 
 def logits_row_stride(v: int, elem: int) -> int:
-    """Row stride of the logits buffer: ``v``, or ``v`` rounded up to LOGITS_ROW_ALIGN elements where a row of ``v``
-    elements is not a multiple of 16 bytes (GPT-2's 50,257), so that all three head matmuls read and write
-    16-byte-aligned leading dimensions (cuBLAS's tensor-core kernels need them)."""
+    """Classes the head's matmuls run over: ``v``, or ``v`` rounded up to LOGITS_ROW_ALIGN where a row of ``v``
+    elements is not a multiple of 16 bytes (GPT-2's 50,257).  The weight gets zero rows up to it, so that all three
+    matmuls have aligned sizes and leading dimensions (cuBLAS's fast tensor-core kernels need both)."""
     return v if (v * elem) % 16 == 0 else -(-v // cfg.LOGITS_ROW_ALIGN) * cfg.LOGITS_ROW_ALIGN
 
 
@@ -111,6 +111,12 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
         h = hidden.to(cdtype)
         w = weight.to(cdtype)
         b = bias.to(cdtype) if bias is not None else None
+        Vp = logits_row_stride(V, h.element_size())
+        if Vp != V:
+            # Zero classes appended: their logits are exactly 0 and the loss never writes their gradient, so they
+            # add nothing to grad_hidden, and their rows of grad_weight are dropped.
+            w = torch.nn.functional.pad(w, (0, 0, 0, Vp - V))
+            b = torch.nn.functional.pad(b, (0, Vp - V)) if b is not None else None
         t = target.reshape(-1).contiguous()  # the kernels read T + row (a strided 1-D view is kept by reshape)
         den = None
         if N > 0:  # D for 'mean' and the out-of-range count, once for all the chunks
@@ -124,34 +130,36 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             gh = torch.empty(N, H, dtype=cdtype, device=dev)
             # One chunk: grad_weight is one cuBLAS product, as unfused (no float32 buffer).  Several: summed over
             # the chunks in float32, the first chunk's product written without reading the buffer.
-            gw = None if one_chunk else torch.empty(V, H, dtype=torch.float32, device=dev)
-            gb = torch.zeros(V, dtype=torch.float32, device=dev) if bias is not None else None
-        # One buffer for the chunks' logits, its rows padded to 16-byte multiples (logits_row_stride)
-        buf = torch.empty(min(n, N), logits_row_stride(V, h.element_size()), dtype=cdtype, device=dev)
+            gw = None if one_chunk else torch.empty(Vp, H, dtype=torch.float32, device=dev)
+            gb = torch.zeros(Vp, dtype=torch.float32, device=dev) if bias is not None else None
+        buf = torch.empty(min(n, N), Vp, dtype=cdtype, device=dev)  # one logits buffer for all the chunks
         for s in range(0, N, n):
             e = min(s + n, N)
             hc = h[s:e]
-            logits = buf[: e - s, :V]  # (n, V), cuBLAS writes it with its leading dimension
+            full = buf[: e - s]  # (n, Vp): what the matmuls read and write
             if b is not None:
-                torch.addmm(b, hc, w.t(), out=logits)
+                torch.addmm(b, hc, w.t(), out=full)
             else:
-                torch.mm(hc, w.t(), out=logits)
-            # Loss rows of the chunk; with a gradient, the logits are overwritten by it (in place).
+                torch.mm(hc, w.t(), out=full)
+            # Loss rows of the chunk's V classes; with a gradient, the logits are overwritten by it (in place).
+            logits = full[:, :V]
             cross_entropy_forward(
                 logits, t[s:e], None, ignore_index, reduction, label_smoothing, compute_grad,
                 grad_out=logits if compute_grad else None, den=den, loss_out=loss_rows[s:e],
                 row_scale=row_scale[s:e] if row_scale is not None else None, softcap=softcap,
             )
             if compute_grad:
-                torch.mm(logits, w, out=gh[s:e])
+                torch.mm(full, w, out=gh[s:e])
                 if one_chunk:
-                    gw = logits.t() @ hc
+                    gw = full.t() @ hc
                 else:
-                    _accumulate_grad_weight(gw, logits, hc, first=s == 0)
+                    _accumulate_grad_weight(gw, full, hc, first=s == 0)
                 if gb is not None:
-                    gb.add_(logits.sum(0, dtype=torch.float32))
-            del logits
+                    gb.add_(full.sum(0, dtype=torch.float32))
+            del logits, full
         del buf
+        if gw is not None and Vp != V:
+            gw, gb = gw[:V], (gb[:V] if gb is not None else None)
         if row_scale is not None:
             loss = loss_rows
         elif N == 0:
