@@ -773,9 +773,10 @@ def test_linear_cross_entropy_half(dtype):
 
 
 def test_linear_cross_entropy_pads_unaligned_rows():
-    """Vocabularies whose rows are not 16-byte multiples (GPT-2's 50,257 in bf16) get a logits buffer with rows
-    padded to 64 classes, which the cross-entropy kernel reads and overwrites in place with those strides; aligned
-    ones stay contiguous. Gradients against float64 through the padded buffer: _check_linear (37 classes)."""
+    """Vocabularies whose rows are not 16-byte multiples (GPT-2's 50,257 in bf16) run the matmuls over a weight with
+    zero classes up to a multiple of 64; the cross-entropy kernel reads the real classes of that logits buffer and
+    overwrites them in place with its strides; aligned ones stay contiguous. Gradients against float64 with the
+    padding (bias, ragged chunks): _check_linear (37 classes)."""
     from fused_layers import fused_linear_cross_entropy
     from fused_layers.ops import linear_cross_entropy as lce
 
@@ -789,7 +790,10 @@ def test_linear_cross_entropy_pads_unaligned_rows():
         logits = ce_fwd.call_args.args[0]
         assert logits.shape == (20, v) and logits.stride() == (stride, 1)
         assert ce_fwd.call_args.kwargs["grad_out"] is logits
+        assert w.grad.shape == (v, 8) and w.grad.is_contiguous()
     _check_linear(300, 24, 37, dtype=torch.bfloat16, chunk_bytes=10000)
+    _check_linear(300, 24, 37, dtype=torch.bfloat16, bias=True, chunk_bytes=10000, label_smoothing=0.1)
+    _check_linear(40, 24, 37, dtype=torch.bfloat16, bias=True)  # one chunk: grad_weight as one product
 
 
 @pytest.mark.parametrize("v", [37, 48])
