@@ -796,6 +796,26 @@ def test_linear_cross_entropy_pads_unaligned_rows():
     _check_linear(40, 24, 37, dtype=torch.bfloat16, bias=True)  # one chunk: grad_weight as one product
 
 
+def test_linear_cross_entropy_grad_weight_sum_dtype():
+    """Over several chunks grad_weight is summed in the weight's dtype when the weight is in the compute dtype (a bf16
+    model: no float32 (V, H) buffer), and in float32 for float32 weights under bf16 autocast; both within the 16-bit
+    rule against float64 (_check_linear)."""
+    from fused_layers import fused_linear_cross_entropy
+    from fused_layers.ops import linear_cross_entropy as lce
+
+    for wdtype, autocast in [(torch.bfloat16, False), (torch.float32, True)]:
+        hid = torch.randn(300, 16, dtype=wdtype, requires_grad=True)
+        w = torch.randn(48, 16, dtype=wdtype, requires_grad=True)
+        t = torch.randint(0, 48, (300,))
+        with patch.object(lce, "_accumulate_grad_weight", wraps=lce._accumulate_grad_weight) as acc, \
+                config_override("linear_cross_entropy", chunk_bytes=1, min_rows=128), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            fused_linear_cross_entropy(hid, w, t).backward()
+        sums = {c.args[0].dtype for c in acc.call_args_list}
+        assert acc.call_count == 3 and sums == ({torch.bfloat16} if not autocast else {torch.float32})
+        assert w.grad.dtype == wdtype and torch.isfinite(w.grad).all()
+
+
 @pytest.mark.parametrize("v", [37, 48])
 def test_linear_cross_entropy_wide_row_kernels(v):
     """The logits chunk is overwritten by its gradient in place: the program that writes the target's column must read

@@ -90,10 +90,10 @@ TMA_HOLD = {2: TmaHold(widest=32768, sub=16, box=256, nbuf=8, nout=1, num_warps=
 # ---- the fused linear cross-entropy --------------------------------------------------------------------------------
 # Logits computed this many bytes at a time (a multiple of 128 rows, at least 128): one chunk's logits, not (N, V).
 LINEAR_CHUNK_BYTES = 256 * 2**20
-# ... but at least this many rows: with several chunks the float32 (V, H) weight gradient is read and written once a
-# chunk (8 V H bytes), which at n rows costs about 300 / n of the chunk's matmul time on an H100 (3.35 TB/s against
-# 740 TFLOP/s of bf16 products, whatever V and H); 512-row chunks at Gemma's 256K vocabulary made the head 1.5x
-# its matmuls (compiled Gemma 6 x d1024, B4 x 1024: 0.86x of compiled unfused, all of it the head).
+# ... but at least this many rows: with several chunks the (V, H) weight gradient is read and written once a chunk
+# (8 V H bytes in float32), which at n rows costs about 300 / n of the chunk's matmul time on an H100 (3.35 TB/s
+# against 740 TFLOP/s of bf16 products, whatever V and H); 512-row chunks with a float32 sum at Gemma's 256K
+# vocabulary made the head 1.5x its matmuls (compiled Gemma 6 x d1024, B4 x 1024: 0.86x of compiled unfused).
 LINEAR_MIN_ROWS = 2048
 # Where V elements are not a 16-byte multiple, the head's weight gets zero classes up to a multiple of this, so that
 # every matmul has aligned sizes: bf16 8,192 x 1,024 x 32,001 forward + backward then takes 3.60 ms on an H100 (32,000:

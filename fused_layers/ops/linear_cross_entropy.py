@@ -10,16 +10,20 @@ GPT-2's V = 50,304 in bf16, 7 chunks for 16K tokens; 2,048 rows at Gemma's 256K)
 2. the cross-entropy kernel (``ops/cross_entropy.py``) writes the chunk's row losses and overwrites the
    logits with their gradient d(loss)/d(logits) in place (for ``mean`` scaled by 1/D, D computed once
    over all N targets on the device);
-3. ``grad_hidden_chunk = dlogits @ weight`` and ``grad_weight += dlogits.T @ hidden_chunk`` (cuBLAS;
-   grad_weight is accumulated in float32 across chunks: in place by ``addmm(out_dtype=float32)``
-   where torch has it on CUDA, else through a compute-dtype product; a single chunk writes it as one
-   product, as unfused), ``grad_bias += dlogits.sum(0)``.  The float32 sum reads and writes 8 V H bytes a
-   chunk, which is why chunks keep at least 2,048 rows (``cross_entropy_config.py``).
+3. ``grad_hidden_chunk = dlogits @ weight`` and ``grad_weight += dlogits.T @ hidden_chunk`` (cuBLAS, in
+   place; a single chunk writes it as one product, as unfused), ``grad_bias += dlogits.sum(0)``.
+   grad_weight is summed across the chunks in the weight's own dtype when the weight is in the compute
+   dtype (a bf16 model: cuBLAS accumulates each product in float32 and rounds the running sum once a
+   chunk, as Liger and gradient accumulation do; 2 to 4 chunks at the models' sizes), else in float32
+   (float32 weights under autocast: ``addmm(out_dtype=float32)`` where torch has it on CUDA).  A float32
+   buffer beside a bf16 weight would hold 4 V H more bytes (1 GiB at Gemma's head) and move twice the
+   bytes a chunk.  The sum reads and writes the (V, H) gradient once a chunk, which is why chunks keep at
+   least 2,048 rows (``cross_entropy_config.py``).
 
 So the forward returns the loss and already holds every gradient (for an upstream gradient of 1); the
 backward only scales them by grad_output (``_ce_scale_kernel``: no traffic when it is 1).  Peak extra
-memory: one chunk of logits + grad_weight in float32 + grad_hidden, instead of the (N, V) logits,
-their float32 copy and their gradient (about 5 GB at GPT-2-small, B16 x 1024 tokens).
+memory: one chunk of logits + grad_weight + grad_hidden, instead of the (N, V) logits, their float32
+copy and their gradient (about 5 GB at GPT-2-small, B16 x 1024 tokens).
 
 ``softcap`` = c caps the logits as Gemma 2 does, z = c tanh(logits / c), inside the cross-entropy kernel
 (float32, on the chunk as it is read), whose gradient is then that of the raw logits: the head and its
@@ -77,10 +81,10 @@ _ADDMM_FP32_OUT = [True]  # cuBLAS bf16/fp16 x bf16/fp16 -> fp32 accumulate in p
 
 
 def _accumulate_grad_weight(gw: torch.Tensor, dlogits: torch.Tensor, hc: torch.Tensor, first: bool) -> None:
-    """gw (float32) += dlogits.T @ hc (``first``: gw = dlogits.T @ hc, gw not read), without a (V, H) temporary
-    when cuBLAS can write fp32 from bf16/fp16."""
+    """gw (the compute dtype, or float32) += dlogits.T @ hc (``first``: gw = dlogits.T @ hc, gw not read), in
+    place, without a (V, H) temporary when cuBLAS can write fp32 from bf16/fp16."""
     beta = 0.0 if first else 1.0  # addmm ignores the input at beta 0 (NaN in an empty buffer included)
-    if dlogits.dtype == torch.float32:
+    if dlogits.dtype == gw.dtype:
         torch.addmm(gw, dlogits.t(), hc, beta=beta, out=gw)
         return
     if gw.is_cuda and _ADDMM_FP32_OUT[0]:
@@ -128,9 +132,11 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
         one_chunk = n >= N
         if compute_grad:
             gh = torch.empty(N, H, dtype=cdtype, device=dev)
-            # One chunk: grad_weight is one cuBLAS product, as unfused (no float32 buffer).  Several: summed over
-            # the chunks in float32, the first chunk's product written without reading the buffer.
-            gw = None if one_chunk else torch.empty(Vp, H, dtype=torch.float32, device=dev)
+            # One chunk: grad_weight is one cuBLAS product, as unfused.  Several: summed over the chunks in the
+            # weight's dtype where it is the compute dtype, else in float32 (module docstring), the first chunk's
+            # product written without reading the buffer.
+            acc = cdtype if weight.dtype == cdtype else torch.float32
+            gw = None if one_chunk else torch.empty(Vp, H, dtype=acc, device=dev)
             gb = torch.zeros(Vp, dtype=torch.float32, device=dev) if bias is not None else None
         buf = torch.empty(min(n, N), Vp, dtype=cdtype, device=dev)  # one logits buffer for all the chunks
         for s in range(0, N, n):
