@@ -20,6 +20,8 @@ from fused_layers.ops import layer_norm_config as lnc
 from fused_layers.ops.layer_norm import config_override, layer_norm_reference, rms_norm_reference
 from fused_layers.ops.layer_norm_config import BwdChunks, BwdPersist, BwdTile, FwdChunks, FwdTile
 
+BIG = pytest.mark.gpu_memory  # a GPU case of several GiB: it holds the device alone (conftest.py)
+
 WIDE = dict(fwd=FwdChunks(16, 4), bwd=BwdChunks(16, 4, 1))  # the chunked kernels, 16-column chunks
 NARROW_TILES = dict(fwd=FwdTile(2, 4), bwd=BwdTile(2, 4, 1), programs=3)  # several tiles and programs per call
 
@@ -683,9 +685,8 @@ def test_gpu_widths(rms, n, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu_memory
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("n", [16384, 40000, 65536, 131072])
+@pytest.mark.parametrize("n", [16384, 40000, pytest.param(65536, marks=BIG), pytest.param(131072, marks=BIG)])
 def test_gpu_persistent_backward(rms, n):
     """The persistent wide-row backward on the GPU (co-resident programs, cooperative launch, the called wait in a
     pipelined row loop; LayerNorm's packed sums, HOLD where the table has it), the Gluon kernel turned off at 16K:
@@ -706,9 +707,9 @@ def test_gpu_persistent_backward(rms, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu_memory
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
-@pytest.mark.parametrize("n", [16384, 20011, 32768, 65536, 100003, 131072])
+@pytest.mark.parametrize("n", [16384, 20011, 32768, pytest.param(65536, marks=BIG), pytest.param(100003, marks=BIG),
+                               pytest.param(131072, marks=BIG)])
 def test_gpu_persistent_backward_defaults(rms, n):
     """The BWD_PERSIST entries (bf16 16K-128K) with no override: the persistent plan is taken, and the gradients are
     right against float64 on aligned and prime widths.  Where the Gluon row backward takes the width (16K on sm_90),

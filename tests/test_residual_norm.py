@@ -11,6 +11,8 @@ from fused_layers import fused_add_layer_norm, fused_add_rms_norm
 from fused_layers.ops._common import config_override
 from fused_layers.ops.residual_norm import residual_norm_reference
 
+BIG = pytest.mark.gpu_memory  # a GPU case of several GiB: it holds the device alone (conftest.py)
+
 
 def _run(fn, ref, x, r, params, dtype, out_dtype=None):
     """fn(x, r, *params) against float64 copies: h = x + r, and ref's norm of the h the kernel stored (the norm reads h
@@ -169,8 +171,7 @@ def test_float64_runs_the_reference(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu_memory
-@pytest.mark.parametrize("n", [4096, 5120, 8192, 12288])
+@pytest.mark.parametrize("n", [4096, 5120, pytest.param(8192, marks=BIG), pytest.param(12288, marks=BIG)])
 def test_decoder_sizes_bf16(n):
     """4 x 2,048 tokens at Llama hidden sizes (8B, 13B, 70B) and one past the single-block width, bf16, Llama's
     weight order, against float64."""
