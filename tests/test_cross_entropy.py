@@ -1038,6 +1038,34 @@ def test_gpu_linear_cross_entropy(v, smoothing, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("v", [50257, pytest.param(128256, marks=BIG)])
+def test_gpu_linear_cross_entropy_bf16_model(v):
+    """A bf16 model's head (bf16 hidden states and weight, no autocast) in the default plan: two 2,048-row chunks,
+    grad_weight summed in bf16 (one rounding a chunk); at 50,257 over a weight padded with zero classes to 50,304.
+    Loss and both gradients within the 16-bit rule against float64 and PyTorch's own bf16 head."""
+    from fused_layers import fused_linear_cross_entropy
+    from fused_layers.ops.linear_cross_entropy import chunk_rows
+
+    n, h = 4096, 256
+    hid = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(v, h, device="cuda") * 0.05).to(torch.bfloat16).requires_grad_()
+    t = torch.randint(0, v, (n,), device="cuda")
+    t[::11] = -100
+    assert chunk_rows(n, v, 2) == 2048
+    loss = fused_linear_cross_entropy(hid, w, t)
+    g = torch.autograd.grad(loss, (hid, w))
+    ref = F.cross_entropy(F.linear(hid, w).float(), t)
+    r = torch.autograd.grad(ref, (hid, w))
+    keep = t != -100  # the float64 reference has no ignore_index: the mean is over the kept rows
+    ref64, gh64, gw64 = linear_ce_float64(hid[keep], w, t[keep])
+    gh64 = torch.zeros(n, h, dtype=torch.float64, device="cuda").index_put_((keep.nonzero()[:, 0],), gh64)
+    assert g[1].dtype == torch.bfloat16 and g[1].shape == (v, h)
+    assert_within_torch(loss, ref64, ref, what="loss")
+    for name, a, b, c in zip(("dhidden", "dweight"), g, r, (gh64, gw64)):
+        assert_within_torch(a, c, b, what=name)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("v", [32000, pytest.param(256000, marks=BIG)])
 def test_gpu_softcap(v):
     """Gemma 2's soft-capped head (cap 30) at production vocabularies: the fused head under bf16 autocast over several
