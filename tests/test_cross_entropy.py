@@ -796,6 +796,11 @@ def test_linear_cross_entropy_pads_unaligned_rows():
     _check_linear(300, 24, 37, dtype=torch.bfloat16, chunk_bytes=10000)
     _check_linear(300, 24, 37, dtype=torch.bfloat16, bias=True, chunk_bytes=10000, label_smoothing=0.1)
     _check_linear(40, 24, 37, dtype=torch.bfloat16, bias=True)  # one chunk: grad_weight as one product
+    for reduction in ("mean", "sum", "none"):  # no rows: zero gradients of the real classes' shapes
+        hid, w, b = torch.randn(0, 8, requires_grad=True), torch.randn(37, 8, requires_grad=True), torch.randn(37)
+        b.requires_grad_()
+        fused_linear_cross_entropy(hid, w, torch.empty(0, dtype=torch.long), b, reduction=reduction).sum().backward()
+        assert w.grad.shape == (37, 8) and b.grad.shape == (37,) and not w.grad.any() and not b.grad.any()
 
 
 def test_linear_cross_entropy_grad_weight_sum_dtype():

@@ -164,8 +164,9 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
                     gb.add_(full.sum(0, dtype=torch.float32))
             del logits, full
         del buf
-        if gw is not None and Vp != V:
-            gw, gb = gw[:V], (gb[:V] if gb is not None else None)
+        if Vp != V:  # the real classes' gradients
+            gw = gw[:V] if gw is not None else None
+            gb = gb[:V] if gb is not None else None
         if row_scale is not None:
             loss = loss_rows
         elif N == 0:
