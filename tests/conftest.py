@@ -4,7 +4,6 @@ TRITON_INTERPRET must be set before any kernel module is imported, hence at the 
 """
 
 import contextlib
-import fcntl
 import gc
 import os
 import random
@@ -71,6 +70,8 @@ def _device_share(exclusive):
     """One GPU shared by the xdist workers of a run (`-m gpu -n 8`): a test marked `gpu_memory` (several GiB) holds the
     device alone, the others share it.  A reader-writer lock on two files of the run: a writer takes the turnstile,
     then waits out the current readers; new readers queue at the turnstile, so the writer is never starved."""
+    import fcntl  # POSIX only, as the GPU runs are
+
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getppid()))
     base = os.path.join(tempfile.gettempdir(), f"fused-layers-gpu-{run}")
     with open(base + ".turnstile", "a") as gate, open(base + ".lock", "a") as lock:
