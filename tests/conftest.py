@@ -65,6 +65,9 @@ def _seed(request):
     yield seed
 
 
+BIG = pytest.mark.gpu_memory  # a GPU case of several GiB: it holds the device alone (_device_share)
+
+
 @contextlib.contextmanager
 def _device_share(exclusive):
     """One GPU shared by the xdist workers of a run (`-m gpu -n 8`): a test marked `gpu_memory` (several GiB) holds the

@@ -12,15 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _tol import assert_within_torch, launched, ran
-from conftest import TOL
+from conftest import BIG, TOL
 
 from fused_layers.ops.cross_entropy import (
     config_override,
     cross_entropy_rows_reference,
     fused_cross_entropy,
 )
-
-BIG = pytest.mark.gpu_memory  # a GPU case of several GiB: it holds the device alone (conftest.py)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy inf/nan warnings of the interpreter
@@ -782,7 +780,7 @@ def test_linear_cross_entropy_pads_unaligned_rows():
     from fused_layers import fused_linear_cross_entropy
     from fused_layers.ops import linear_cross_entropy as lce
 
-    assert [lce.logits_row_stride(v, e) for v, e in [(50257, 2), (32000, 2), (37, 4), (36, 4), (48, 2)]] == \
+    assert [lce.padded_vocab(v, e) for v, e in [(50257, 2), (32000, 2), (37, 4), (36, 4), (48, 2)]] == \
         [50304, 32000, 64, 36, 48]
     for v, stride in [(37, 64), (48, 48)]:
         hid = torch.randn(20, 8, dtype=torch.bfloat16, requires_grad=True)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _tol import assert_within_torch, kernel_names, launched, ran, rms_variant_refs
-from conftest import TOL
+from conftest import BIG, TOL
 from torch import nn
 
 from fused_layers import FusedLayerNorm, FusedRMSNorm, fused_layer_norm, fused_rms_norm
@@ -19,8 +19,6 @@ from fused_layers.ops import layer_norm as ln_ops
 from fused_layers.ops import layer_norm_config as lnc
 from fused_layers.ops.layer_norm import config_override, layer_norm_reference, rms_norm_reference
 from fused_layers.ops.layer_norm_config import BwdChunks, BwdPersist, BwdTile, FwdChunks, FwdTile
-
-BIG = pytest.mark.gpu_memory  # a GPU case of several GiB: it holds the device alone (conftest.py)
 
 WIDE = dict(fwd=FwdChunks(16, 4), bwd=BwdChunks(16, 4, 1))  # the chunked kernels, 16-column chunks
 NARROW_TILES = dict(fwd=FwdTile(2, 4), bwd=BwdTile(2, 4, 1), programs=3)  # several tiles and programs per call

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TOL
+from conftest import BIG, TOL
 
 from fused_layers import fused_add_layer_norm, fused_add_rms_norm
 from fused_layers.ops._common import config_override
 from fused_layers.ops.residual_norm import residual_norm_reference
-
-BIG = pytest.mark.gpu_memory  # a GPU case of several GiB: it holds the device alone (conftest.py)
 
 
 def _run(fn, ref, x, r, params, dtype, out_dtype=None):

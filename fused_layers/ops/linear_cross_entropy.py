@@ -70,7 +70,7 @@ def chunk_rows(n: int, v: int, elem: int) -> int:
     return -(-(-(-n // chunks)) // 128) * 128  # spread evenly, rounded up to 128
 
 
-def logits_row_stride(v: int, elem: int) -> int:
+def padded_vocab(v: int, elem: int) -> int:
     """Classes the head's matmuls run over: ``v``, or ``v`` rounded up to LOGITS_ROW_ALIGN where a row of ``v``
     elements is not a multiple of 16 bytes (GPT-2's 50,257).  The weight gets zero rows up to it, so that all three
     matmuls have aligned sizes and leading dimensions (cuBLAS's fast tensor-core kernels need both)."""
@@ -115,7 +115,7 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
         h = hidden.to(cdtype)
         w = weight.to(cdtype)
         b = bias.to(cdtype) if bias is not None else None
-        Vp = logits_row_stride(V, h.element_size())
+        Vp = padded_vocab(V, h.element_size())
         if Vp != V:
             # Zero classes appended: their logits are exactly 0 and the loss never writes their gradient, so they
             # add nothing to grad_hidden, and their rows of grad_weight are dropped.
