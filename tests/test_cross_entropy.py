@@ -44,8 +44,8 @@ def _check(x, target, fn=fused_cross_entropy, grad=True, go=None, tol=None, **kw
     if grad:
         if go is None and half:
             # A power of two: the gradient is stored in 16 bits by the forward and scaled by go in place, a second
-            # rounding PyTorch's single one does not have (1 ulp on the GPU; the interpreter truncates each cast, so 2
-            # there), which the rule would charge to the kernel.  The scaling itself is still checked (exactly).
+            # rounding PyTorch's single one does not have (1 ulp), which the rule would charge to the kernel.  The
+            # scaling itself is still checked (exactly).
             go = torch.sign(torch.randn_like(lr)) * 2.0 ** torch.randint_like(lr, -2, 3)
         go = (torch.randn_like(lr) if go is None else go).to(loss.dtype)  # the reference sees the rounded go
         loss.backward(go)

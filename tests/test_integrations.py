@@ -66,8 +66,8 @@ def spy(monkeypatch):
 
 
 def _ulp_tol(dtype):
-    # The interpreter rounds float32 -> bfloat16 by truncation (the GPU rounds to nearest), so bf16 gets 2 ulps.
-    return {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (3e-2, 2 * 2**-7)}[dtype]
+    # One unit of the dtype (the interpreter rounds float32 -> bfloat16 to nearest, as the GPU: conftest.py).
+    return {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 2**-7)}[dtype]
 
 
 def _check_module_pair(ref_mod, fused_mod, x, atol_rtol):

@@ -14,8 +14,7 @@ from fused_layers.ops.residual_norm import residual_norm_reference
 
 def _run(fn, ref, x, r, params, dtype, out_dtype=None):
     """fn(x, r, *params) against float64 copies: h = x + r, and ref's norm of the h the kernel stored (the norm reads h
-    as stored: its rounding to x's dtype passes gradients through; the interpreter's float32 -> bfloat16 conversion
-    may differ from the GPU's rounding by one unit); outputs and the gradients of every input."""
+    as stored: its rounding to x's dtype passes gradients through); outputs and the gradients of every input."""
     atol, rtol = TOL[dtype]
     h, y = fn(x, r, *params)
     leaves64 = [t.detach().double().requires_grad_() for t in (x, r, *params)]
