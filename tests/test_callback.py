@@ -712,6 +712,7 @@ def test_recording_hooks_leave_no_graph_break_under_torch_compile():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_timed
 @pytest.mark.slow
 def test_compiled_run_ab_verdict_holds_for_the_run_gpu(tmp_path):
     """The demo GPT compiled (model.compile=true) on the GPU: every arm's compile is outside the timed rounds
