@@ -617,15 +617,17 @@ def attention_cases() -> Iterator[Case]:
 # intermediate 11,008, hidden 4,096; heads of Llama 3 8B (32 query, 8 key of 128), q / k in HF's transposed layout
 # --------------------------------------------------------------------------------------------------
 def _gated(direction, act, dt="bf16", n=11008, stride=None):
-    """One program a (row, 1,024 columns): gated_activation_config FWD / BWD (1,024 x 4 warps)."""
+    """One program a (row, 1,024 columns): gated_activation_config FWD / BWD (1,024 x 4 warps); "bwd_y": the
+    backward that also writes the product (fused_gated_activation_linear)."""
     st = n if stride is None else stride
     label = f"{direction} {act} {dt} {n}" + ("" if stride is None else " halves of gate_up")
     if direction == "fwd":
         return launch("decoder", f"gated {label}", gated._gated_fwd_kernel,
                       dict(ACT=gated.ACTIVATIONS[act], BLOCK_N=1024), {"G": PTR[dt], "U": PTR[dt], "Y": PTR[dt]},
                       dict(N=n, sg=st, su=st), num_warps=4)
-    return launch("decoder", f"gated {label}", gated._gated_bwd_kernel, dict(ACT=gated.ACTIVATIONS[act], BLOCK_N=1024),
-                  {"DY": PTR[dt], "G": PTR[dt], "U": PTR[dt], "DG": PTR[dt], "DU": PTR[dt]},
+    return launch("decoder", f"gated {label}", gated._gated_bwd_kernel,
+                  dict(ACT=gated.ACTIVATIONS[act], WRITE_Y=direction == "bwd_y", BLOCK_N=1024),
+                  {"DY": PTR[dt], "G": PTR[dt], "U": PTR[dt], "DG": PTR[dt], "DU": PTR[dt], "Y": PTR[dt]},
                   dict(N=n, sdy=n, sg=st, su=st, sdg=st, sdu=st), num_warps=4)
 
 
@@ -666,8 +668,10 @@ def decoder_cases() -> Iterator[Case]:
     for act in ("silu", "gelu", "gelu_tanh"):
         yield _gated("fwd", act)
         yield _gated("bwd", act)
+        yield _gated("bwd_y", act)
     yield _gated("fwd", "silu", n=8192, stride=16384)  # Phi-3 mini's gate_up_proj output, chunked in two
     yield _gated("bwd", "silu", n=8192, stride=16384)
+    yield _gated("bwd_y", "silu", n=8192, stride=16384)
     # residual + RMSNorm, Llama's order: fwd FwdTile, bwd BwdTile (G = 132 SMs x progs_per_sm, whole tiles)
     yield _res_norm("fwd", 4096, 1, 4)
     yield _res_norm("bwd", 4096, 2, 16, rows_per_prog=64)

@@ -12,6 +12,7 @@ from .functional import (
     fused_attention_varlen,
     fused_cross_entropy,
     fused_gated_activation,
+    fused_gated_activation_linear,
     fused_geglu,
     fused_layer_norm,
     fused_linear_cross_entropy,
@@ -40,6 +41,5 @@ __all__ = [
     "LinearCrossEntropyLoss", "fused_attention", "fused_attention_varlen", "FusedAttention", "FusedMultiheadAttention",
     "functional", "fused_layer_norm", "fused_rms_norm", "FusedLayerNorm", "FusedRMSNorm", "fused_softmax", "Attention",
     "FusedSoftmax", "swap_modules", "restore_modules", "SwapReport", "fused_gated_activation", "fused_swiglu",
-    "fused_geglu", "fused_add_rms_norm", "fused_add_layer_norm",
-    "fused_rope",
+    "fused_geglu", "fused_gated_activation_linear", "fused_add_rms_norm", "fused_add_layer_norm", "fused_rope",
 ]

@@ -1,13 +1,16 @@
 """The gated MLP activation act(gate) * up (ops/gated_activation.py): outputs and both gradients against a float64
-reference, the concatenated gate_up input, strided halves, what autograd saves, errors; GPU: realistic sizes."""
+reference, the concatenated gate_up input, strided halves, what autograd saves, errors; GPU: realistic sizes.
+The activation with the down projection (fused_gated_activation_linear): every gradient against float64 and
+PyTorch's own chain, autocast, what it saves (no product), its fallbacks and errors."""
 from __future__ import annotations
 
 import pytest
 import torch
+from _tol import assert_within_torch
 from conftest import TOL
 
-from fused_layers import fused_gated_activation, fused_geglu, fused_swiglu
-from fused_layers.ops.gated_activation import gated_activation_reference
+from fused_layers import fused_gated_activation, fused_gated_activation_linear, fused_geglu, fused_swiglu
+from fused_layers.ops.gated_activation import activation_reference, gated_activation_reference
 
 ACTS = ["silu", "gelu", "gelu_tanh"]
 
@@ -150,3 +153,125 @@ def test_opcheck(device):
                                                                               None, 2))
     torch.library.opcheck(torch.ops.fused_layers.gated_activation_bwd.default,
                           (torch.randn(3, 8, device=device), g.detach(), u.detach(), 1))
+
+
+# --------------------------------------------------------------------------------------------------
+# fused_gated_activation_linear: linear(act(gate) * up, weight, bias), the product not saved
+# --------------------------------------------------------------------------------------------------
+def _linear_chain(gate, up, weight, bias, activation, acc=None):
+    """PyTorch's eager MLP chain (act, product, linear), in ``acc`` (float64: the reference) or the inputs' dtype."""
+    def cast(t):
+        return t if t is None or acc is None else t.double()
+
+    g, u = cast(gate), cast(up)
+    if u is None:
+        g, u = g.chunk(2, dim=-1)
+    return torch.nn.functional.linear(activation_reference(g, activation) * u, cast(weight), cast(bias))
+
+
+def _check_linear(gate, up, weight, bias, activation):
+    leaves = [t for t in (gate, up, weight, bias) if t is not None]
+    y = fused_gated_activation_linear(gate, up, weight, bias, activation)
+    dy = torch.randn_like(y)
+    got = (y, *torch.autograd.grad(y, leaves, dy))
+    refs = []
+    for acc in (torch.float64, None):  # the float64 reference, then PyTorch's own chain in the inputs' dtype
+        copies = [t.detach().clone().requires_grad_() for t in leaves]
+        it = iter(copies)
+        args = [next(it) if t is not None else None for t in (gate, up, weight, bias)]
+        out = _linear_chain(*args, activation, acc)
+        refs.append((out, *torch.autograd.grad(out, [c for c in copies], dy.to(out.dtype))))
+    names = ["y"] + [n for n, t in zip(("dgate", "dup", "dweight", "dbias"), (gate, up, weight, bias)) if t is not None]
+    for name, o, r, t in zip(names, got, refs[0], refs[1]):
+        assert o.dtype == t.dtype and o.shape == t.shape, name
+        assert_within_torch(o, r, t, what=name)
+
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_matches_float64(device, activation, dtype):
+    """Ragged 3 x 5 tokens, a 37-wide product (one partial block), 11 outputs, with and without a bias."""
+    for bias in (False, True):
+        gate = (torch.randn(3, 5, 37, device=device) * 3).to(dtype).requires_grad_()
+        up = torch.randn(3, 5, 37, device=device, dtype=dtype, requires_grad=True)
+        w = (torch.randn(11, 37, device=device) / 6).to(dtype).requires_grad_()
+        b = torch.randn(11, device=device, dtype=dtype, requires_grad=True) if bias else None
+        _check_linear(gate, up, w, b, activation)
+
+
+def test_linear_concatenated_and_strided(device):
+    """Phi-3's concatenated gate_up (its gradient one [..., 2N] tensor), the two halves of one projection output
+    (row stride 2N), and a transposed weight."""
+    gu = torch.randn(6, 2 * 24, device=device, requires_grad=True)
+    w = torch.randn(24, 9, device=device).t().requires_grad_()  # (9, 24), column-major
+    _check_linear(gu, None, w, None, "gelu_tanh")
+    base = torch.randn(6, 48, device=device, requires_grad=True)
+    g, u = base.chunk(2, dim=-1)
+    _check_linear(g, u, torch.randn(9, 24, device=device, requires_grad=True), None, "silu")
+
+
+def test_linear_saves_no_product(device):
+    """Autograd holds gate, up and the weight: nothing of the product's size, as the unfused chain holds."""
+    gate = torch.randn(4, 32, device=device, requires_grad=True)
+    up = torch.randn(4, 32, device=device, requires_grad=True)
+    w = torch.randn(8, 32, device=device, requires_grad=True)
+    for fn, want in ((fused_gated_activation_linear, 3), (lambda g, u, w: torch.nn.functional.linear(
+            fused_swiglu(g, u), w), 4)):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            y = fn(gate, up, w)
+        assert len(saved) == want, [tuple(t.shape) for t in saved]
+        assert sum(t.shape == (4, 32) and not any(t is x for x in (gate, up)) for t in saved) == want - 3
+        y.sum().backward()
+
+
+def test_linear_autocast(device):
+    """float32 weights under bf16 autocast: the matmuls in bf16, y bf16 as F.linear's, the weight's gradient
+    float32; within PyTorch's own error of the autocast chain."""
+    gate = torch.randn(5, 16, device=device).bfloat16().requires_grad_()
+    up = torch.randn(5, 16, device=device).bfloat16().requires_grad_()
+    w = torch.randn(6, 16, device=device, requires_grad=True)
+    b = torch.randn(6, device=device, requires_grad=True)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        y = fused_gated_activation_linear(gate, up, w, b)
+        want = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w, b)
+    assert y.dtype == want.dtype == torch.bfloat16
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, (gate, up, w, b), dy)
+    ref = torch.autograd.grad(want, (gate, up, w, b), dy)
+    assert [t.dtype for t in got] == [t.dtype for t in ref] == [torch.bfloat16] * 2 + [torch.float32] * 2
+    r64 = _linear_chain(*(t.detach().double().requires_grad_() for t in (gate, up, w, b)), "silu", torch.float64)
+    assert_within_torch(y, r64, want, what="y")
+
+
+def test_linear_fallbacks_and_errors(device):
+    g, u, w = (torch.randn(3, 8, device=device), torch.randn(3, 8, device=device), torch.randn(5, 8, device=device))
+    with torch.no_grad():  # nothing to save: the fused activation, then F.linear
+        torch.testing.assert_close(fused_gated_activation_linear(g, u, w), torch.nn.functional.linear(
+            fused_swiglu(g, u), w))
+    d = [t.double().requires_grad_() for t in (g, u, w)]  # float64: PyTorch's chain
+    torch.testing.assert_close(fused_gated_activation_linear(*d), _linear_chain(*d, None, "silu"))
+    with pytest.raises(RuntimeError, match="'weight' must be \\(out, 8\\)"):
+        fused_gated_activation_linear(g, u, torch.randn(5, 7, device=device))
+    with pytest.raises(RuntimeError, match="'bias' must have shape \\[5\\]"):
+        fused_gated_activation_linear(g, u, w, torch.randn(4, device=device))
+    with pytest.raises(RuntimeError, match="one dtype outside autocast"):
+        fused_gated_activation_linear(g.requires_grad_(), u, w.double())
+    with pytest.raises(TypeError, match="'weight' must be a torch.Tensor"):
+        fused_gated_activation_linear(g, u, [1.0])
+    with pytest.raises(ValueError, match="'activation'"):
+        fused_gated_activation_linear(g, u, w, activation="relu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ACTS)
+def test_gpu_linear_llama_mlp_size_bf16(activation):
+    """2,048 tokens x 11,008 -> 4,096 (Llama 2 7B's MLP), bf16: the output and all four gradients within PyTorch's
+    own error of the float64 reference; the concatenated gate_up at Phi-3 mini's 8,192 -> 3,072."""
+    gate = (torch.randn(2, 1024, 11008, device="cuda") * 2).bfloat16().requires_grad_()
+    up = torch.randn(2, 1024, 11008, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(4096, 11008, device="cuda") / 100).bfloat16().requires_grad_()
+    _check_linear(gate, up, w, None, activation)
+    gu = torch.randn(1024, 2 * 8192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w2 = (torch.randn(3072, 8192, device="cuda") / 90).bfloat16().requires_grad_()
+    _check_linear(gu, None, w2, None, activation)

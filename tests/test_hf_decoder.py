@@ -62,7 +62,8 @@ def _spies(monkeypatch):
     from fused_layers.ops import gated_activation, residual_norm, rope
 
     calls = {"gated": 0, "rope": 0, "res": 0}
-    for mod, name, key in ((gated_activation, "fused_gated_activation", "gated"), (rope, "fused_rope", "rope"),
+    for mod, name, key in ((gated_activation, "fused_gated_activation", "gated"),
+                           (gated_activation, "fused_gated_activation_linear", "gated"), (rope, "fused_rope", "rope"),
                            (residual_norm, "fused_add_rms_norm", "res")):
         orig = getattr(mod, name)
 
@@ -142,17 +143,25 @@ def _saved_activation_bytes(m, ids):
 
 
 def test_what_autograd_keeps(device):
-    """The memory the kinds exist for, counted exactly (bf16 Llama, 2 layers, 10 tokens): the fused MLP keeps one
-    bf16 intermediate-size tensor less a layer (act(gate) is recomputed), the fused residual + norm one float32
-    hidden-size tensor less (HF's RMSNorm keeps h.float())."""
+    """The memory the kinds exist for, counted exactly (bf16 Llama, 2 layers, 10 tokens): the fused MLP keeps two
+    bf16 intermediate-size tensors less a layer (act(gate) is recomputed, the product written again in the
+    backward; one less where the down projection is hooked and called as a module), the fused residual + norm one
+    float32 hidden-size tensor less (HF's RMSNorm keeps h.float())."""
     ref = _tiny("llama", intermediate_size=48).to(device, torch.bfloat16)
     ids = torch.randint(0, 48, (2, 5), device=device)
     base = _saved_activation_bytes(ref, ids)
     layers, tokens = 2, 10
-    for kind, saved in (("gated_mlp", layers * tokens * 48 * 2), ("residual_norm", layers * tokens * 32 * 4)):
+    for kind, saved in (("gated_mlp", 2 * layers * tokens * 48 * 2), ("residual_norm", layers * tokens * 32 * 4)):
         m = copy.deepcopy(ref)
         swap_modules(m, kinds=[kind])
         assert base - _saved_activation_bytes(m, ids) == saved, kind
+    m = copy.deepcopy(ref)
+    swap_modules(m, kinds=["gated_mlp"])
+    seen = []
+    for layer in m.model.layers:
+        layer.mlp.down_proj.register_forward_hook(lambda mod, i, o: seen.append(mod))
+    assert base - _saved_activation_bytes(m, ids) == layers * tokens * 48 * 2
+    assert len(seen) == layers  # the hooks ran: the module was called
 
 
 def test_all_kinds_together_and_gradient_checkpointing(device):
