@@ -225,6 +225,24 @@ def test_linear_saves_no_product(device):
         y.sum().backward()
 
 
+def test_linear_frozen_weight(device):
+    """A frozen down projection (an adapter trains elsewhere): gate and up get their gradients, the weight none, and
+    the backward runs the kernel without the product."""
+    from fused_layers.ops import gated_activation as ga
+
+    gate = torch.randn(4, 24, device=device, requires_grad=True)
+    up = torch.randn(4, 24, device=device, requires_grad=True)
+    w = torch.randn(6, 24, device=device)
+    y = fused_gated_activation_linear(gate, up, w)
+    y.backward(torch.ones_like(y))
+    assert w.grad is None
+    g64, u64 = (t.detach().double().requires_grad_() for t in (gate, up))
+    _linear_chain(g64, u64, w.double(), None, "silu").backward(torch.ones(4, 6, dtype=torch.float64, device=device))
+    torch.testing.assert_close(gate.grad.double(), g64.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(up.grad.double(), u64.grad, atol=1e-5, rtol=1e-5)
+    assert not any(k[0] == "bwd_y" for k in ga._PLANS if k[1] == (4, 24))
+
+
 def test_linear_autocast(device):
     """float32 weights under bf16 autocast: the matmuls in bf16, y bf16 as F.linear's, the weight's gradient
     float32; within PyTorch's own error of the autocast chain."""

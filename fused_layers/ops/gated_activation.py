@@ -380,10 +380,12 @@ class _GatedLinearFunction(torch.autograd.Function):
         n = g.shape[-1]
         dy2 = dy.reshape(-1, dy.shape[-1]).to(w.dtype)
         dh = (dy2 @ w).reshape(g.shape)  # d(loss)/dh, (..., N)
-        h = torch.empty(g.shape, dtype=g.dtype, device=g.device)  # the forward's product, written again
+        # The forward's product, written again beside dgate and dup where the weight's gradient needs it (a frozen
+        # down projection, as under an adapter elsewhere in the model, needs none).
+        h = torch.empty(g.shape, dtype=g.dtype, device=g.device) if ctx.needs_input_grad[2] else None
         dg, du = _launch_backward(dh, gate, up, ctx.act, h)
         del dh
-        dw = (dy2.t() @ h.reshape(-1, n)).to(ctx.dtypes[0]) if ctx.needs_input_grad[2] else None
+        dw = (dy2.t() @ h.reshape(-1, n)).to(ctx.dtypes[0]) if h is not None else None
         del h
         db = dy2.sum(0, dtype=torch.float32).to(ctx.dtypes[1]) if ctx.has_bias and ctx.needs_input_grad[3] else None
         return dg, (du if ctx.has_up else None), dw, db, None, None
