@@ -3,9 +3,8 @@ r"""The gated MLP activation ``act(gate) * up`` (SwiGLU, GeGLU): Triton forward 
 The MLP of Llama, Mistral, Qwen2/3, Gemma and Phi-3 is ``down(act(gate(x)) * up(x))``.  Written in PyTorch, the
 product keeps three intermediate-width tensors alive for the backward (``gate``, ``up`` and ``act(gate)``) and runs
 three elementwise kernels.  Here the forward is one kernel, and the backward *recomputes* ``act(gate)`` from the
-saved ``gate`` instead of keeping it: autograd holds gate and up only (the inputs, which the projections' own
-backward needs anyway when they are the outputs of linears; nothing new), one intermediate-width tensor less per
-layer than eager PyTorch.
+saved ``gate`` instead of keeping it: autograd holds gate and up only (the inputs, which eager PyTorch keeps too),
+one intermediate-width tensor less per layer than eager PyTorch.
 
 Forward.  For a gate value g and an up value u, with the activation a(g),
 
@@ -33,6 +32,11 @@ stride each (contiguous tensors, and the two halves of one ``gate_up`` projectio
 ``gate_up_proj(x).chunk(2, -1)``, with no copy).  Passing that concatenated tensor alone (``up=None``) also writes
 the backward's two gradients into one [..., 2N] gradient, the layout its linear wants, instead of two halves that
 autograd would then concatenate.  Other layouts are copied to contiguous first.
+
+With the down projection.  ``down(y)`` keeps y for its weight gradient dW = dz^T y, another intermediate-width
+tensor per layer.  ``fused_gated_activation_linear`` keeps only gate and up: its backward computes dy = dz W first,
+then the backward kernel, which recomputes a(g) anyway, also writes y = a(g) u (``WRITE_Y``: one more write of the
+intermediate width) for dW.
 
 Launch: one program per (row, block of ``BLOCK_N`` columns), rows on grid axis 0 (up to 2^31 - 1), the column
 blocks on axis 1.  Configuration: ops/gated_activation_config.py.
