@@ -136,7 +136,7 @@ def _gated_bwd_kernel(
     BLOCK_N: tl.constexpr,  # columns per program
 ):
     """dg = dy * u * a'(g), du = dy * a(g) for BLOCK_N columns of one row, a(g) recomputed from g; with WRITE_Y
-    also y = a(g) * u, the forward's product, bit for bit (the same float32 math, rounded once)."""
+    also y = a(g) * u, the forward's product (the same float32 math, rounded once)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
