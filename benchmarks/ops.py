@@ -48,6 +48,9 @@ LINEAR_CE = [(16384, 768, 50304), (8192, 768, 50257), (8192, 2048, 128256), (409
 ATTENTION = [(16, 16, 16, 1024, 64, False), (16, 16, 16, 1024, 64, True), (16, 16, 16, 1024, 128, False),
              (16, 16, 16, 1024, 128, True), (4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True),
              (4, 32, 8, 4096, 128, True), (1, 16, 16, 16384, 128, True)]
+# sliding-window causal attention (B, Hq, Hkv, S, D, window): Mistral's layers at the models suite's size and at 4K,
+# Gemma 2's local layers (head dim 128, a 512 window here as in that suite; 4,096 in the real model)
+ATTENTION_WINDOW = [(4, 16, 4, 2048, 64, 1024), (2, 16, 4, 4096, 64, 1024), (4, 8, 4, 1024, 128, 512)]
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # decoder layers: (tokens, intermediate size) of Llama 2 7B, Llama 3 8B; the residual + RMSNorm at hidden sizes of
 # Llama 3.2 1B ... 70B; RoPE (B, Hq, Hkv, S, D, rotated dims): Llama 3 8B, Phi-2 (partial rotary, 32 of 80)
@@ -354,6 +357,43 @@ def bench_attention(r: Runner, peers: bool, flex: bool):
                        lambda f=f: f(q, k, v, causal, gqa), [q, k, v], do, ("fwd", "bwd", "fwd+bwd"),
                        flops={"fwd": fl, "bwd": 2.5 * fl, "fwd+bwd": 3.5 * fl})
         q = k = v = do = None
+        r.free()
+    _bench_window(r, peers, flex)
+
+
+def _bench_window(r: Runner, peers: bool, flex: bool):
+    """Sliding-window causal attention: ``fused_attention(window=W)`` (key tiles outside the band skipped) against
+    SDPA on the materialized band mask (what an unfused HF model with a sliding window runs) and FlexAttention's
+    sliding-window block mask (``--flex``).  FLOPs count the band only: S W - W (W - 1) / 2 keys a head."""
+    import torch
+    import torch.nn.functional as F
+
+    from fused_layers import fused_attention
+
+    for B, Hq, Hkv, S, D, W in [(1, 2, 1, 64, 16, 24)] if r.smoke else ATTENTION_WINDOW:
+        dt = torch.float32 if r.smoke else torch.bfloat16
+        q = torch.randn(B, Hq, S, D, device=r.dev, dtype=dt, requires_grad=True)
+        k = torch.randn(B, Hkv, S, D, device=r.dev, dtype=dt, requires_grad=True)
+        v = torch.randn(B, Hkv, S, D, device=r.dev, dtype=dt, requires_grad=True)
+        do = torch.randn_like(q)
+        i = torch.arange(S, device=r.dev)
+        band = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - W)  # query i sees keys (i - W, i]
+        impls = {"fused": lambda: fused_attention(q, k, v, is_causal=True, enable_gqa=True, window=W)}
+        if peers:
+            impls["sdpa"] = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=band, enable_gqa=True)
+            if flex and not r.smoke:
+                from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+                compiled = torch.compile(flex_attention, dynamic=False)
+                bm = create_block_mask(lambda b, h, qi, kv: (qi >= kv) & (qi - kv < W), None, None, S, S,
+                                       device="cuda")
+                impls["flex"] = lambda: compiled(q, k, v, block_mask=bm, enable_gqa=True)
+        fl = 4.0 * B * Hq * D * (S * W - W * (W - 1) / 2)
+        name = attention_name(B, Hq, Hkv, S, D, True) + f" window{W}"
+        for impl, f in impls.items():
+            r.run_impl("attention", "bf16" if not r.smoke else "fp32", name, impl, f, [q, k, v], do,
+                       ("fwd", "bwd", "fwd+bwd"), flops={"fwd": fl, "bwd": 2.5 * fl, "fwd+bwd": 3.5 * fl})
+        q = k = v = do = band = None
         r.free()
 
 
