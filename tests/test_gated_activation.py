@@ -262,6 +262,24 @@ def test_linear_autocast(device):
     assert_within_torch(y, r64, want, what="y")
 
 
+def test_linear_empty_batch_and_strided_grad(device):
+    """No tokens: an empty output, zero weight and bias gradients; an upstream gradient that is a transposed view."""
+    g = torch.randn(0, 8, device=device, requires_grad=True)
+    u = torch.randn(0, 8, device=device, requires_grad=True)
+    w = torch.randn(5, 8, device=device, requires_grad=True)
+    b = torch.randn(5, device=device, requires_grad=True)
+    y = fused_gated_activation_linear(g, u, w, b)
+    assert y.shape == (0, 5)
+    y.sum().backward()
+    assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
+    g2, u2 = (torch.randn(6, 8, device=device, requires_grad=True) for _ in range(2))
+    dy = torch.randn(5, 6, device=device).t()  # (6, 5), column-major
+    got = torch.autograd.grad(fused_gated_activation_linear(g2, u2, w), (g2, u2, w), dy)
+    want = torch.autograd.grad(_linear_chain(g2, u2, w, None, "silu"), (g2, u2, w), dy)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
+
+
 def test_linear_fallbacks_and_errors(device):
     g, u, w = (torch.randn(3, 8, device=device), torch.randn(3, 8, device=device), torch.randn(5, 8, device=device))
     with torch.no_grad():  # nothing to save: the fused activation, then F.linear
