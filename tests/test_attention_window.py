@@ -69,6 +69,32 @@ def test_window_softcap_key_padding_and_strides(device):
     _check(q, k, v, True, 9, 5.0, mask=keep)
 
 
+def test_window_covering_every_row_runs_the_windowless_kernels(device, monkeypatch):
+    """window >= Sq cuts no key (row i < Sq <= window sees every j > i - window): the call runs the kernels without
+    a window (on Hopper the Gluon ones take it), the windowless call's result exactly; window = Sq - 1 does cut."""
+    from fused_layers.ops import _library
+
+    metas = []
+    orig = _library.Kernel.__call__
+
+    def spy(self, *args):
+        metas.append(self.meta.get("WINDOW", 0))
+        return orig(self, *args)
+
+    monkeypatch.setattr(_library.Kernel, "__call__", spy)
+    q, k, v = (torch.randn(1, 2, 20, 16, device=device) for _ in range(3))
+    plain = fused_attention(q, k, v, is_causal=True)
+    for w in (20, 21, 100):
+        assert torch.equal(fused_attention(q, k, v, is_causal=True, window=w), plain), w
+    cu = torch.tensor([0, 20], dtype=torch.int32, device=device)
+    varlen = fused_attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 20,
+                                    20, True, window=20)
+    torch.testing.assert_close(varlen.transpose(0, 1), plain[0], **TOL)
+    assert metas and set(metas) == {0}, metas
+    fused_attention(q, k, v, is_causal=True, window=19)
+    assert 19 in metas
+
+
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # the rows that do read the NaN tiles (not checked)
 def test_window_skips_key_tiles_left_of_it(device):
     """The kernels never read whole tiles left of a block's window: NaN in keys / values 0..31 leaves the rows
@@ -168,7 +194,8 @@ def test_gpu_bf16_window_softcap(S, D, Hq, Hkv, causal, window, softcap, launche
     do = torch.randn_like(q)
     got = _grads(lambda a, b, c: fused_attention(a, b, c, is_causal=causal, enable_gqa=Hq != Hkv, window=window,
                                                  softcap=softcap), (q, k, v), do)
-    assert {A._attn_fwd_kernel, A._attn_bwd_dq_kernel} <= set(launched), launched
+    if window is None or window < S:  # (a window past the sequence cuts nothing: the windowless route, Gluon here)
+        assert {A._attn_fwd_kernel, A._attn_bwd_dq_kernel} <= set(launched), launched
     ref = _grads(lambda a, b, c: A._math_reference(a, b, c, None, causal, None, 0.0, window, softcap),
                  (q.double(), k.double(), v.double()), do.double())
     for name, g, r in zip(("out", "dq", "dk", "dv"), got, ref):

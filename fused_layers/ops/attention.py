@@ -1542,7 +1542,7 @@ def fused_attention(
       (``window`` keys up to and including its own position with ``is_causal``; without it every key to the
       right too), in the same top-left coordinates as ``is_causal``.  transformers' ``sliding_window``
       (``sliding_window_overlay``).  Key tiles left of every row's window are never read, so a window also
-      saves their work.
+      saves their work; a window of Sq or more cuts nothing and runs the windowless kernels (Gluon on Hopper).
     - ``softcap`` (float > 0): logit soft-capping, scores ``softcap * tanh(scale * q . k / softcap)`` after
       the scale and before any mask, as Gemma 2's ``attn_logit_softcapping``.
 
@@ -1640,6 +1640,8 @@ def fused_attention(
                 "fused (only key-padding masks shaped (B|1, H|1, 1, Sk) are); using SDPA.",
             )
             return fallback()
+    if win >= Sq:  # every row's window reaches key 0: no key is cut, and the windowless kernels (Gluon) take it
+        win = 0
     dp = float(dropout_p)
     seed = draw_dropout_seed(q.device) if dp > 0.0 else None
     out = _run(q, k, v, kb, None, None, Sq, Sk, bool(is_causal), sc, dp, seed, win, cap)
@@ -1713,6 +1715,8 @@ def fused_attention_varlen(
         return attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, sc, window, softcap)
     cu_q = cu_seqlens_q.to(torch.int32)
     cu_k = cu_seqlens_k.to(torch.int32)
+    if isinstance(max_seqlen_q, int) and win >= max_seqlen_q:  # no sequence is longer than its window
+        win = 0
     dp = float(dropout_p)
     seed = draw_dropout_seed(q.device) if dp > 0.0 else None
     return _run(q, k, v, None, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), bool(is_causal), sc, dp, seed,
