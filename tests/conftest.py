@@ -95,8 +95,8 @@ ALONE = ("gpu_memory", "gpu_timed")  # marks that hold the device alone: memory,
 
 @contextlib.contextmanager
 def _device_share(exclusive):
-    """One GPU shared by the xdist workers of a run (`-m gpu -n 8`): a test marked `gpu_memory` (several GiB) holds the
-    device alone, the others share it.  A reader-writer lock on two files of the run: a writer takes the turnstile,
+    """One GPU shared by the xdist workers of a run (`-m gpu -n 8`): a test with a mark of ALONE holds the device
+    alone, the others share it.  A reader-writer lock on two files of the run: a writer takes the turnstile,
     then waits out the current readers; new readers queue at the turnstile, so the writer is never starved."""
     import fcntl  # POSIX only, as the GPU runs are
 

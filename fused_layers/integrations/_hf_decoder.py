@@ -51,6 +51,7 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module
 
 from ..ops import compile_config
 from ..ops._common import SUPPORTED_DTYPES, is_compiling, triton_runnable
@@ -132,12 +133,10 @@ def _fusable(*ts: torch.Tensor) -> bool:
 def _plain_linear(m: nn.Module) -> bool:
     """``m`` is exactly an ``nn.Linear`` that nothing hooks (no adapter, quantized or parametrized subclass, no
     module or global hook: ZeRO-3 gathers its parameters in one), so its weight can be read and multiplied here."""
-    from torch.nn.modules import module as _m
-
     return (type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
                                           or m._backward_pre_hooks)
-            and not (_m._global_forward_hooks or _m._global_forward_pre_hooks or _m._global_backward_hooks
-                     or _m._global_backward_pre_hooks))
+            and not (_module._global_forward_hooks or _module._global_forward_pre_hooks
+                     or _module._global_backward_hooks or _module._global_backward_pre_hooks))
 
 
 def _down(self, h_in: torch.Tensor, up: Optional[torch.Tensor], act: str) -> torch.Tensor:
