@@ -821,6 +821,50 @@ def test_linear_cross_entropy_grad_weight_sum_dtype():
         assert w.grad.dtype == wdtype and torch.isfinite(w.grad).all()
 
 
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("frozen", ["weight", "hidden", "bias"])
+def test_linear_cross_entropy_frozen_inputs(frozen, reduction, compiled):
+    """A head that does not train (LoRA freezes it; a tied embedding that is frozen) gets no weight gradient computed:
+    no (V, H) buffer is saved for the backward and the chunks run two matmuls, not three (the (V, H) weight gradient
+    was 0.5 GiB at Gemma's head, kept and thrown away).  Likewise a hidden state or a bias without a gradient.  The
+    gradients that are asked for match float64 over several ragged chunks, eager and compiled."""
+    from fused_layers import fused_linear_cross_entropy
+    from fused_layers.ops import linear_cross_entropy as lce
+
+    n, h, v = 300, 24, 37
+    hid, w, b = torch.randn(n, h) * 2, torch.randn(v, h) * 0.5, torch.randn(v)
+    t = torch.randint(0, v, (n,))
+    t[::7] = -100
+    trains = {"hidden": frozen != "hidden", "weight": frozen != "weight", "bias": frozen != "bias"}
+    leaves = [x.detach().requires_grad_(trains[k]) for k, x in zip(("hidden", "weight", "bias"), (hid, w, b))]
+    ref = [x.detach().double().requires_grad_(trains[k]) for k, x in zip(("hidden", "weight", "bias"), (hid, w, b))]
+    lr = F.cross_entropy(F.linear(*ref[:2], ref[2]), t, reduction=reduction)
+    fn = fused_linear_cross_entropy
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True)
+    saved = []
+    with config_override("linear_cross_entropy", chunk_bytes=20000, min_rows=128), \
+            patch.object(lce, "_accumulate_grad_weight", wraps=lce._accumulate_grad_weight) as acc, \
+            torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(tuple(x.shape)) or x, lambda x: x), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = fn(leaves[0], leaves[1], t, leaves[2], reduction=reduction)
+        go = torch.randn_like(lr).to(loss.dtype)
+        loss.backward(go)
+    lr.backward(go.double())
+    torch.testing.assert_close(loss.double(), lr, atol=1e-4, rtol=1e-4)
+    for k, a, r in zip(("hidden", "weight", "bias"), leaves, ref):
+        if trains[k]:
+            torch.testing.assert_close(a.grad.double(), r.grad, atol=1e-4, rtol=1e-4)
+        else:
+            assert a.grad is None
+    assert (acc.call_count > 0) == trains["weight"]  # 3 chunks of 128 rows sum the weight gradient, or none runs
+    if reduction == "mean" and not compiled:  # the forward's gradients are what the backward keeps
+        assert ((v, h) in saved) == trains["weight"] and ((n, h) in saved) == trains["hidden"]
+
+
 @pytest.mark.parametrize("v", [37, 48])
 def test_linear_cross_entropy_wide_row_kernels(v):
     """The logits chunk is overwritten by its gradient in place: the program that writes the target's column must read
@@ -1011,12 +1055,12 @@ def test_linear_ce_float64_reference_in_row_chunks(smoothing):
 @pytest.mark.gpu
 @pytest.mark.parametrize("v,smoothing,n", [(50304, 0.1, 4096), pytest.param(128256, 0.1, 4096, marks=BIG),
                                            (50257, 0.0, 4096), pytest.param(256000, 0.0, 4096, marks=BIG),
-                                           pytest.param(128256, 0.0, 2048, marks=BIG)])
+                                           pytest.param(128256, 0.0, 1024, marks=BIG)])
 def test_gpu_linear_cross_entropy(v, smoothing, n):
     """The fused linear cross-entropy: over several small chunks (forced), and in the default plan, whose chunks
-    are 2,048 rows (two at 4,096 rows: the float32 weight-gradient sum; one at 2,048: the weight gradient as one
-    product). 50,257 classes: a logits buffer with rows padded to 50,304 (cuBLAS's alignment), which the kernel
-    overwrites in place by the gradient."""
+    are LINEAR_MIN_ROWS = 1,024 rows at these vocabularies (four at 4,096 rows: the float32 weight-gradient sum; one
+    at 1,024: the weight gradient as one product). 50,257 classes: a logits buffer with rows padded to 50,304
+    (cuBLAS's alignment), which the kernel overwrites in place by the gradient."""
     from fused_layers import fused_linear_cross_entropy
     from fused_layers.ops.linear_cross_entropy import chunk_rows
 
@@ -1025,7 +1069,7 @@ def test_gpu_linear_cross_entropy(v, smoothing, n):
     w = (torch.randn(v, h, device="cuda") * 0.05).requires_grad_()
     t = torch.randint(0, v, (n,), device="cuda")
     forced = v != 256000 and n == 4096
-    assert forced or chunk_rows(n, v, 2) == min(n, 2048)  # the default plan these cases are meant to take
+    assert forced or chunk_rows(n, v, 2) == min(n, 1024)  # the default plan these cases are meant to take
     ctx = config_override("linear_cross_entropy", chunk_bytes=64 * 2**20, min_rows=128) if forced else nullcontext()
     with ctx:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -1043,8 +1087,9 @@ def test_gpu_linear_cross_entropy(v, smoothing, n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("v", [50257, pytest.param(128256, marks=BIG)])
 def test_gpu_linear_cross_entropy_bf16_model(v):
-    """A bf16 model's head (bf16 hidden states and weight, no autocast) in the default plan: two 2,048-row chunks,
-    grad_weight summed in bf16 (one rounding a chunk); at 50,257 over a weight padded with zero classes to 50,304.
+    """A bf16 model's head (bf16 hidden states and weight, no autocast) in the default plan: two 2,048-row chunks at
+    50,257, four 1,024-row chunks at 128,256, grad_weight summed in bf16 (one rounding a chunk); at 50,257 over a
+    weight padded with zero classes to 50,304.
     Loss and both gradients within the 16-bit rule against float64 and PyTorch's own bf16 head."""
     from fused_layers import fused_linear_cross_entropy
     from fused_layers.ops.linear_cross_entropy import chunk_rows
@@ -1054,7 +1099,7 @@ def test_gpu_linear_cross_entropy_bf16_model(v):
     w = (torch.randn(v, h, device="cuda") * 0.05).to(torch.bfloat16).requires_grad_()
     t = torch.randint(0, v, (n,), device="cuda")
     t[::11] = -100
-    assert chunk_rows(n, v, 2) == 2048
+    assert chunk_rows(n, v, 2) == (2048 if v == 50257 else 1024)
     loss = fused_linear_cross_entropy(hid, w, t)
     g = torch.autograd.grad(loss, (hid, w))
     ref = F.cross_entropy(F.linear(hid, w).float(), t)

@@ -90,11 +90,12 @@ TMA_HOLD = {2: TmaHold(widest=32768, sub=16, box=256, nbuf=8, nout=1, num_warps=
 # ---- the fused linear cross-entropy --------------------------------------------------------------------------------
 # Logits computed this many bytes at a time (a multiple of 128 rows, at least 128): one chunk's logits, not (N, V).
 LINEAR_CHUNK_BYTES = 256 * 2**20
-# ... but at least this many rows: with several chunks the (V, H) weight gradient is read and written once a chunk
-# (8 V H bytes in float32), which at n rows costs about 300 / n of the chunk's matmul time on an H100 (3.35 TB/s
-# against 740 TFLOP/s of bf16 products, whatever V and H); 512-row chunks with a float32 sum at Gemma's 256K
-# vocabulary made the head 1.5x its matmuls (compiled Gemma 6 x d1024, B4 x 1024: 0.86x of compiled unfused).
-LINEAR_MIN_ROWS = 2048
+# ... but at least this many rows: with several chunks the (V, H) weight gradient is read and written once a chunk,
+# which at n rows costs about 125 / n of the chunk's matmul time (bf16 sum, whatever V and H), while the chunk's
+# logits cost n V bytes; 1,024 rows cut Gemma's / Qwen2's / Llama 3's extra peak from 2.53 / 3.69 / 2.29 to
+# 2.05 / 3.40 / 2.04 GiB (H200 models suite, Liger 1.99 / 4.06 / 2.17) for 0.5-0.8 ms more head (11.77 against
+# 10.98 ms at Gemma's head on an H100; 512 rows: 13.10).
+LINEAR_MIN_ROWS = 1024
 # Where V elements are not a 16-byte multiple, the head's weight gets zero classes up to a multiple of this, so that
 # every matmul has aligned sizes: bf16 8,192 x 1,024 x 32,001 forward + backward then takes 3.60 ms on an H100 (32,000:
 # 2.83; Inductor's compiled head at 32,001: 14.39); padding only the logits' rows left GPT-2's head at 14.7 ms.

@@ -2,8 +2,8 @@ r"""Fused LM head + cross-entropy: ``F.cross_entropy(hidden @ weight.T + bias, t
 full (N, V) logits.
 
 The N tokens are cut into chunks of ``n`` rows (``chunk_rows``: about ``LINEAR_CHUNK_BYTES`` = 256 MiB
-of logits per chunk but at least ``LINEAR_MIN_ROWS`` = 2,048 rows, a multiple of 128 rows; 2,432 rows at
-GPT-2's V = 50,304 in bf16, 7 chunks for 16K tokens; 2,048 rows at Gemma's 256K).  Per chunk:
+of logits per chunk but at least ``LINEAR_MIN_ROWS`` = 1,024 rows, a multiple of 128 rows; 2,432 rows at
+GPT-2's V = 50,304 in bf16, 7 chunks for 16K tokens; 1,024 rows at Gemma's 256K).  Per chunk:
 
 1. ``logits = hidden_chunk @ weight.T (+ bias)``: cuBLAS, in the compute dtype (the autocast dtype
    under autocast, else the inputs' dtype);
@@ -18,12 +18,13 @@ GPT-2's V = 50,304 in bf16, 7 chunks for 16K tokens; 2,048 rows at Gemma's 256K)
    (float32 weights under autocast: ``addmm(out_dtype=float32)`` where torch has it on CUDA).  A float32
    buffer beside a bf16 weight would hold 4 V H more bytes (1 GiB at Gemma's head) and move twice the
    bytes a chunk.  The sum reads and writes the (V, H) gradient once a chunk, which is why chunks keep at
-   least 2,048 rows (``cross_entropy_config.py``).
+   least 1,024 rows (``cross_entropy_config.py``).  A weight that does not train (LoRA, a frozen tied
+   embedding) gets no gradient: two matmuls a chunk and no (V, H) buffer.
 
 So the forward returns the loss and already holds every gradient (for an upstream gradient of 1); the
 backward only scales them by grad_output (``_ce_scale_kernel``: no traffic when it is 1).  Peak extra
-memory: one chunk of logits + grad_weight + grad_hidden, instead of the (N, V) logits, their float32
-copy and their gradient (about 5 GB at GPT-2-small, B16 x 1024 tokens).
+memory: one chunk of logits + grad_weight (where the weight trains) + grad_hidden, instead of the (N, V)
+logits, their float32 copy and their gradient (about 5 GB at GPT-2-small, B16 x 1024 tokens).
 
 ``softcap`` = c caps the logits as Gemma 2 does, z = c tanh(logits / c), inside the cross-entropy kernel
 (float32, on the chunk as it is read), whose gradient is then that of the raw logits: the head and its
@@ -101,13 +102,19 @@ def _accumulate_grad_weight(gw: torch.Tensor, dlogits: torch.Tensor, hc: torch.T
 
 
 def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
-                                 compute_grad, cdtype, out_dtype, row_scale=None, softcap=0.0):
+                                 compute_grad, cdtype, out_dtype, row_scale=None, softcap=0.0,
+                                 grads=(True, True, True)):
     """Launch the chunked head + loss on validated 2-D ``hidden`` (N, H), ``weight`` (V, H), ``target`` (N,).
 
     Returns ``(loss, grad_hidden, grad_weight, grad_bias)``; the gradients (for an upstream gradient of
-    1, or per-row ``row_scale``) are None when ``compute_grad`` is False.  ``loss`` is per row (N,)
-    float32 when ``row_scale`` is given.
+    1, or per-row ``row_scale``) are None when ``compute_grad`` is False, and each one whose flag in ``grads``
+    (hidden, weight, bias) is False is None too: a frozen head (LoRA, a tied embedding that does not train)
+    costs no (V, H) buffer and a third fewer matmul FLOPs.  ``loss`` is per row (N,) float32 when ``row_scale``
+    is given.
     """
+    need_h, need_w, need_b = (bool(g) and compute_grad for g in grads)
+    need_b = need_b and bias is not None
+    compute_grad = need_h or need_w or need_b  # the kernel writes d(loss)/d(logits) for these only
     N, H = hidden.shape
     V = weight.shape[0]
     dev = hidden.device
@@ -130,14 +137,15 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
         gh = gw = gb = None
         n = chunk_rows(N, V, h.element_size())
         one_chunk = n >= N
-        if compute_grad:
+        if need_h:
             gh = torch.empty(N, H, dtype=cdtype, device=dev)
+        if need_w and not one_chunk:
             # One chunk: grad_weight is one cuBLAS product, as unfused.  Several: summed over the chunks in the
             # weight's dtype where it is the compute dtype, else in float32 (module docstring), the first chunk's
             # product written without reading the buffer.
-            acc = cdtype if weight.dtype == cdtype else torch.float32
-            gw = None if one_chunk else torch.empty(Vp, H, dtype=acc, device=dev)
-            gb = torch.zeros(Vp, dtype=torch.float32, device=dev) if bias is not None else None
+            gw = torch.empty(Vp, H, dtype=cdtype if weight.dtype == cdtype else torch.float32, device=dev)
+        if need_b:
+            gb = torch.zeros(Vp, dtype=torch.float32, device=dev)
         buf = torch.empty(min(n, N), Vp, dtype=cdtype, device=dev)  # one logits buffer for all the chunks
         for s in range(0, N, n):
             e = min(s + n, N)
@@ -154,14 +162,15 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
                 grad_out=logits if compute_grad else None, den=den, loss_out=loss_rows[s:e],
                 row_scale=row_scale[s:e] if row_scale is not None else None, softcap=softcap,
             )
-            if compute_grad:
+            if need_h:
                 torch.mm(full, w, out=gh[s:e])
+            if need_w:
                 if one_chunk:
                     gw = full.t() @ hc
                 else:
                     _accumulate_grad_weight(gw, full, hc, first=s == 0)
-                if gb is not None:
-                    gb.add_(full.sum(0, dtype=torch.float32))
+            if gb is not None:
+                gb.add_(full.sum(0, dtype=torch.float32))
             del logits, full
         del buf
         if Vp != V:  # the real classes' gradients
@@ -176,10 +185,10 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             loss = loss_rows.to(out_dtype)
         else:
             loss = loss_rows.sum().to(out_dtype)
-    if gh is not None:
-        gh = gh.to(hidden.dtype)
+    gh = gh.to(hidden.dtype) if gh is not None else None
+    if need_w:
         gw = gw.to(weight.dtype) if gw is not None else torch.zeros_like(weight)  # (N = 0: no chunk ran)
-        gb = gb.to(bias.dtype) if gb is not None else None
+    gb = gb.to(bias.dtype) if gb is not None else None
     return loss, gh, gw, gb
 
 
@@ -214,46 +223,48 @@ def _empty_or(t, like):
 
 @torch.library.custom_op("fused_layers::linear_cross_entropy_fwd", mutates_args=())
 def _lce_fwd_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-                ignore_index: int, reduction: str, label_smoothing: float, compute_grad: bool,
+                ignore_index: int, reduction: str, label_smoothing: float, grads: list[bool],
                 cdtype: torch.dtype, out_dtype: torch.dtype,
                 softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``grads``: which of (hidden, weight, bias) get a gradient; one not needed comes back empty."""
     loss, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
-                                                    label_smoothing, compute_grad, cdtype, out_dtype,
-                                                    softcap=softcap)
+                                                    label_smoothing, any(grads), cdtype, out_dtype,
+                                                    softcap=softcap, grads=grads)
     return loss, _empty_or(gh, hidden), _empty_or(gw, weight), _empty_or(gb, hidden)
 
 
 @_lce_fwd_op.register_fake
-def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, compute_grad, cdtype, out_dtype,
-      softcap):
+def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, grads, cdtype, out_dtype, softcap):
     loss = hidden.new_empty(hidden.shape[:1] if reduction == "none" else (), dtype=out_dtype)
-    if not compute_grad:
-        return loss, hidden.new_empty(0), weight.new_empty(0), hidden.new_empty(0)
-    gb = bias.new_empty(bias.shape) if bias is not None else hidden.new_empty(0)
-    return loss, hidden.new_empty(hidden.shape), weight.new_empty(weight.shape), gb
+    gh = hidden.new_empty(hidden.shape if grads[0] else (0,))
+    gw = weight.new_empty(weight.shape if grads[1] else (0,))
+    gb = bias.new_empty(bias.shape) if bias is not None and grads[2] else hidden.new_empty(0)
+    return loss, gh, gw, gb
 
 
 @torch.library.custom_op("fused_layers::linear_cross_entropy_bwd_rows", mutates_args=())
 def _lce_bwd_rows_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
                      grad_loss: torch.Tensor, ignore_index: int, label_smoothing: float,
-                     cdtype: torch.dtype, softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     cdtype: torch.dtype, softcap: float,
+                     grads: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, "none", label_smoothing,
                                                  True, cdtype, torch.float32, row_scale=grad_loss.float().contiguous(),
-                                                 softcap=softcap)
-    return gh, gw, _empty_or(gb, hidden)
+                                                 softcap=softcap, grads=grads)
+    return _empty_or(gh, hidden), _empty_or(gw, weight), _empty_or(gb, hidden)
 
 
 @_lce_bwd_rows_op.register_fake
-def _(hidden, weight, target, bias, grad_loss, ignore_index, label_smoothing, cdtype, softcap):
-    gb = bias.new_empty(bias.shape) if bias is not None else hidden.new_empty(0)
-    return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape), gb
+def _(hidden, weight, target, bias, grad_loss, ignore_index, label_smoothing, cdtype, softcap, grads):
+    gb = bias.new_empty(bias.shape) if bias is not None and grads[2] else hidden.new_empty(0)
+    return (hidden.new_empty(hidden.shape if grads[0] else (0,)), weight.new_empty(weight.shape if grads[1] else (0,)),
+            gb)
 
 
 def _lce_setup_context(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, reduction, label_smoothing, compute_grad, cdtype, _, softcap = inputs
+    hidden, weight, target, bias, ignore_index, reduction, label_smoothing, grads, cdtype, _, softcap = inputs
     ctx.reduction, ctx.ignore_index, ctx.label_smoothing, ctx.cdtype = reduction, ignore_index, label_smoothing, cdtype
     ctx.softcap = softcap
-    ctx.has_bias = bias is not None
+    ctx.grads = [bool(grads[0]), bool(grads[1]), bias is not None and bool(grads[2])]
     if reduction == "none":
         ctx.save_for_backward(hidden, weight, target, bias)
     else:
@@ -264,11 +275,11 @@ def _lce_backward(ctx, grad_loss, *_):
     if ctx.reduction == "none":
         hidden, weight, target, bias = ctx.saved_tensors
         gh, gw, gb = _lce_bwd_rows_op(hidden, weight, target, bias, grad_loss, ctx.ignore_index, ctx.label_smoothing,
-                                      ctx.cdtype, ctx.softcap)
+                                      ctx.cdtype, ctx.softcap, ctx.grads)
     else:
-        gh, gw, gb = ctx.saved_tensors
-        gh, gw, gb = gh * grad_loss.to(gh.dtype), gw * grad_loss.to(gw.dtype), gb * grad_loss.to(gb.dtype)
-    return gh, gw, None, (gb if ctx.has_bias else None), None, None, None, None, None, None, None
+        gh, gw, gb = (g * grad_loss.to(g.dtype) for g in ctx.saved_tensors)
+    gh, gw, gb = (g if need else None for g, need in zip((gh, gw, gb), ctx.grads))
+    return gh, gw, None, gb, None, None, None, None, None, None, None
 
 
 _lce_fwd_op.register_autograd(_lce_backward, setup_context=_lce_setup_context)
@@ -282,7 +293,8 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
                 softcap):
         ctx.reduction, ctx.ignore_index = reduction, ignore_index
         ctx.label_smoothing, ctx.cdtype, ctx.softcap = label_smoothing, cdtype, softcap
-        ctx.has_bias = bias is not None
+        need = ctx.needs_input_grad
+        ctx.grads = (need[0], need[1], need[3])  # hidden, weight, bias: a frozen one gets no gradient computed
         ctx.used = False
         if reduction == "none":
             loss, *_ = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
@@ -290,7 +302,8 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
             ctx.save_for_backward(hidden, weight, target, bias)
         else:
             loss, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
-                                                            label_smoothing, True, cdtype, out_dtype, softcap=softcap)
+                                                            label_smoothing, True, cdtype, out_dtype, softcap=softcap,
+                                                            grads=ctx.grads)
             ctx.save_for_backward(gh, gw, gb)
         return loss
 
@@ -302,7 +315,7 @@ class _LinearCrossEntropyFunction(torch.autograd.Function):
             _, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ctx.ignore_index, "none",
                                                          ctx.label_smoothing, True, ctx.cdtype, torch.float32,
                                                          row_scale=grad_loss.float().contiguous(),
-                                                         softcap=ctx.softcap)
+                                                         softcap=ctx.softcap, grads=ctx.grads)
         else:
             if ctx.used:
                 raise RuntimeError(f"{_OP}: backward ran twice through the same graph; the gradients computed in "
@@ -357,10 +370,10 @@ def fused_linear_cross_entropy(
     shape = target.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])
     t1 = target.reshape(-1)
-    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
-                                              or (bias is not None and bias.requires_grad))
+    grads = [torch.is_grad_enabled() and t is not None and t.requires_grad for t in (hidden, weight, bias)]
+    need_grad = any(grads)
     if is_compiling():
-        loss = _lce_fwd_op(h2, weight, t1, bias, ignore_index, reduction, float(label_smoothing), need_grad,
+        loss = _lce_fwd_op(h2, weight, t1, bias, ignore_index, reduction, float(label_smoothing), grads,
                            cdtype, out_dtype, cap)[0]
     elif need_grad:
         loss = _LinearCrossEntropyFunction.apply(h2, weight, t1, bias, ignore_index, reduction, float(label_smoothing),
