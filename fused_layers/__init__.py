@@ -6,6 +6,7 @@ Needs torch and triton only.  The Lightning callback is ``fused_layers.lightning
 
 from . import functional
 from .functional import (
+    fused_activation_linear,
     fused_add_layer_norm,
     fused_add_rms_norm,
     fused_attention,
@@ -41,5 +42,6 @@ __all__ = [
     "LinearCrossEntropyLoss", "fused_attention", "fused_attention_varlen", "FusedAttention", "FusedMultiheadAttention",
     "functional", "fused_layer_norm", "fused_rms_norm", "FusedLayerNorm", "FusedRMSNorm", "fused_softmax", "Attention",
     "FusedSoftmax", "swap_modules", "restore_modules", "SwapReport", "fused_gated_activation", "fused_swiglu",
-    "fused_geglu", "fused_gated_activation_linear", "fused_add_rms_norm", "fused_add_layer_norm", "fused_rope",
+    "fused_geglu", "fused_gated_activation_linear", "fused_activation_linear", "fused_add_rms_norm",
+    "fused_add_layer_norm", "fused_rope",
 ]

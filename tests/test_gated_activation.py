@@ -1,7 +1,8 @@
 """The gated MLP activation act(gate) * up (ops/gated_activation.py): outputs and both gradients against a float64
 reference, the concatenated gate_up input, strided halves, what autograd saves, errors; GPU: realistic sizes.
 The activation with the down projection (fused_gated_activation_linear): every gradient against float64 and
-PyTorch's own chain, autocast, what it saves (no product), its fallbacks and errors."""
+PyTorch's own chain, autocast, what it saves (no product), its fallbacks and errors.  A plain MLP's activation with
+its second linear (fused_activation_linear) likewise."""
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,18 @@ import torch
 from _tol import assert_within_torch
 from conftest import TOL
 
-from fused_layers import fused_gated_activation, fused_gated_activation_linear, fused_geglu, fused_swiglu
-from fused_layers.ops.gated_activation import activation_reference, gated_activation_reference
+from fused_layers import (
+    fused_activation_linear,
+    fused_gated_activation,
+    fused_gated_activation_linear,
+    fused_geglu,
+    fused_swiglu,
+)
+from fused_layers.ops.gated_activation import (
+    activation_linear_reference,
+    activation_reference,
+    gated_activation_reference,
+)
 
 ACTS = ["silu", "gelu", "gelu_tanh"]
 
@@ -299,6 +310,119 @@ def test_linear_fallbacks_and_errors(device):
         fused_gated_activation_linear(g, u, w, activation="relu")
 
 
+# --------------------------------------------------------------------------------------------------
+# fused_activation_linear: linear(act(x), weight, bias), a plain MLP's second half, act(x) not saved
+# --------------------------------------------------------------------------------------------------
+def _check_act_linear(x, weight, bias, activation):
+    """Output and every gradient within K x PyTorch's own error (its eager chain in the inputs' dtype) of float64."""
+    leaves = [t for t in (x, weight, bias) if t is not None]
+    y = fused_activation_linear(x, weight, bias, activation)
+    dy = torch.randn_like(y)
+    got = (y, *torch.autograd.grad(y, leaves, dy))
+    refs = []
+    for acc in (torch.float64, None):
+        copies = [(t.detach().double() if acc else t.detach().clone()).requires_grad_() for t in leaves]
+        it = iter(copies)
+        args = [next(it) if t is not None else None for t in (x, weight, bias)]
+        out = activation_linear_reference(*args, activation)
+        refs.append((out, *torch.autograd.grad(out, copies, dy.to(out.dtype))))
+    names = ["y"] + [n for n, t in zip(("dx", "dweight", "dbias"), (x, weight, bias)) if t is not None]
+    for name, o, r, t in zip(names, got, refs[0], refs[1]):
+        assert o.dtype == t.dtype and o.shape == t.shape, name
+        assert_within_torch(o, r, t, what=name)
+
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_act_linear_matches_float64(device, activation, dtype):
+    """Ragged 3 x 5 tokens, a 37-wide activation (one partial block), 11 outputs, with and without a bias; GPT-2's
+    Conv1D weight as its transposed (in, out) view."""
+    for bias in (False, True):
+        x = (torch.randn(3, 5, 37, device=device) * 3).to(dtype).requires_grad_()
+        w = (torch.randn(11, 37, device=device) / 6).to(dtype).requires_grad_()
+        b = torch.randn(11, device=device, dtype=dtype, requires_grad=True) if bias else None
+        _check_act_linear(x, w, b, activation)
+    conv1d_w = (torch.randn(37, 11, device=device) / 6).to(dtype).requires_grad_()  # (in, out)
+    x = torch.randn(4, 37, device=device, dtype=dtype).requires_grad_()
+    y = fused_activation_linear(x, conv1d_w.t(), None, activation)
+    y.backward(torch.ones_like(y))
+    c = conv1d_w.detach().double().requires_grad_()
+    torch.addmm(torch.zeros(11, dtype=torch.float64, device=device), activation_reference(x.detach().double(),
+                activation), c).backward(torch.ones(4, 11, dtype=torch.float64, device=device))
+    assert conv1d_w.grad.shape == (37, 11)
+    torch.testing.assert_close(conv1d_w.grad.double(), c.grad, atol=0.1 if dtype == torch.bfloat16 else 1e-4,
+                               rtol=2e-2 if dtype == torch.bfloat16 else 1e-4)
+
+
+def test_act_linear_saves_no_activation(device):
+    """Autograd holds x and the weight: nothing of x's size but x itself, where the unfused chain holds x and a(x);
+    a frozen weight gets no gradient and no a(x) is written in the backward; a frozen x (an input that does not
+    train) gets the weight gradient from a(x) recomputed by the forward kernel."""
+    from fused_layers.ops import gated_activation as ga
+
+    x = torch.randn(4, 32, device=device, requires_grad=True)
+    w = torch.randn(8, 32, device=device, requires_grad=True)
+    for fn, want in ((fused_activation_linear, 2), (activation_linear_reference, 3)):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            y = fn(x, w)
+        assert len(saved) == want, [tuple(t.shape) for t in saved]
+        assert sum(t.shape == (4, 32) and t is not x for t in saved) == want - 2
+        y.sum().backward()
+    frozen = torch.randn(8, 32, device=device)
+    x2 = torch.randn(5, 32, device=device, requires_grad=True)
+    fused_activation_linear(x2, frozen).sum().backward()
+    x64 = x2.detach().double().requires_grad_()
+    activation_linear_reference(x64, frozen.double()).sum().backward()
+    torch.testing.assert_close(x2.grad.double(), x64.grad, atol=1e-5, rtol=1e-5)
+    assert not any(k[0] == "act_bwd_y" for k in ga._PLANS if k[1] == (5, 32))
+    w2 = torch.randn(8, 32, device=device, requires_grad=True)
+    x3 = torch.randn(5, 32, device=device)
+    fused_activation_linear(x3, w2, activation="gelu_tanh").sum().backward()
+    w64 = w2.detach().double().requires_grad_()
+    activation_linear_reference(x3.double(), w64, None, "gelu_tanh").sum().backward()
+    torch.testing.assert_close(w2.grad.double(), w64.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_act_linear_autocast_empty_and_errors(device):
+    """float32 weights under bf16 autocast (as F.linear: bf16 output, float32 weight gradient); no tokens; the
+    fallbacks (no gradient, float64) and bad arguments."""
+    x = torch.randn(5, 16, device=device).bfloat16().requires_grad_()
+    w = torch.randn(6, 16, device=device, requires_grad=True)
+    b = torch.randn(6, device=device, requires_grad=True)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        y = fused_activation_linear(x, w, b)
+        want = torch.nn.functional.linear(torch.nn.functional.gelu(x), w, b)
+    assert y.dtype == want.dtype == torch.bfloat16
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, w, b), dy)
+    ref = torch.autograd.grad(want, (x, w, b), dy)
+    assert [t.dtype for t in got] == [t.dtype for t in ref] == [torch.bfloat16, torch.float32, torch.float32]
+    r64 = activation_linear_reference(*(t.detach().double() for t in (x, w, b)))
+    assert_within_torch(y, r64, want, what="y")
+    e = torch.randn(0, 16, device=device, requires_grad=True)
+    w1 = torch.randn(6, 16, device=device, requires_grad=True)
+    out = fused_activation_linear(e, w1)
+    assert out.shape == (0, 6)
+    out.sum().backward()
+    assert torch.equal(w1.grad, torch.zeros_like(w1))
+    g, w3 = torch.randn(3, 8, device=device), torch.randn(5, 8, device=device)
+    with torch.no_grad():
+        torch.testing.assert_close(fused_activation_linear(g, w3), activation_linear_reference(g, w3))
+    d = [t.double().requires_grad_() for t in (g, w3)]
+    torch.testing.assert_close(fused_activation_linear(*d), activation_linear_reference(*d))
+    with pytest.raises(RuntimeError, match="'weight' must be \\(out, 8\\)"):
+        fused_activation_linear(g, torch.randn(5, 7, device=device))
+    with pytest.raises(RuntimeError, match="'bias' must have shape \\[5\\]"):
+        fused_activation_linear(g, w3, torch.randn(4, device=device))
+    with pytest.raises(RuntimeError, match="one dtype outside autocast"):
+        fused_activation_linear(g.requires_grad_(), w3.double())
+    with pytest.raises(TypeError, match="'x' must be a torch.Tensor"):
+        fused_activation_linear([1.0], w3)
+    with pytest.raises(ValueError, match="'activation'"):
+        fused_activation_linear(g, w3, activation="relu")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation", ACTS)
 def test_gpu_linear_llama_mlp_size_bf16(activation):
@@ -311,3 +435,17 @@ def test_gpu_linear_llama_mlp_size_bf16(activation):
     gu = torch.randn(1024, 2 * 8192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w2 = (torch.randn(3072, 8192, device="cuda") / 90).bfloat16().requires_grad_()
     _check_linear(gu, None, w2, None, activation)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+def test_gpu_act_linear_vit_and_gpt2_sizes_bf16(activation):
+    """A plain MLP's second half at ViT-B's 64 x 197 tokens x 3,072 -> 768 and GPT-2's Conv1D (transposed weight) at
+    2,048 tokens x 3,072 -> 768, bf16: output and every gradient within PyTorch's own error of float64."""
+    x = (torch.randn(64, 197, 3072, device="cuda") * 2).bfloat16().requires_grad_()
+    w = (torch.randn(768, 3072, device="cuda") / 55).bfloat16().requires_grad_()
+    b = torch.randn(768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    _check_act_linear(x, w, b, activation)
+    conv1d_w = (torch.randn(3072, 768, device="cuda") / 55).bfloat16().requires_grad_()
+    _check_act_linear(torch.randn(2, 1024, 3072, device="cuda", dtype=torch.bfloat16, requires_grad=True),
+                      conv1d_w.t(), None, activation)
