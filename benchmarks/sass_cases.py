@@ -616,17 +616,19 @@ def attention_cases() -> Iterator[Case]:
 # The decoder-layer ops (ops/gated_activation.py, residual_norm.py, rope.py) at Llama shapes: 4 x 2,048 tokens,
 # intermediate 11,008, hidden 4,096; heads of Llama 3 8B (32 query, 8 key of 128), q / k in HF's transposed layout
 # --------------------------------------------------------------------------------------------------
-def _gated(direction, act, dt="bf16", n=11008, stride=None):
+def _gated(direction, act, dt="bf16", n=11008, stride=None, gated_=True):
     """One program a (row, 1,024 columns): gated_activation_config FWD / BWD (1,024 x 4 warps); "bwd_y": the
-    backward that also writes the product (fused_gated_activation_linear)."""
+    backward that also writes the product (fused_gated_activation_linear); ``gated_=False``: the activation alone
+    (fused_activation_linear: GATED=False, at ViT-B's / GPT-2's 3,072)."""
     st = n if stride is None else stride
-    label = f"{direction} {act} {dt} {n}" + ("" if stride is None else " halves of gate_up")
+    label = f"{'' if gated_ else 'act '}{direction} {act} {dt} {n}" + ("" if stride is None else " halves of gate_up")
+    plain = {} if gated_ else {"GATED": False}
     if direction == "fwd":
         return launch("decoder", f"gated {label}", gated._gated_fwd_kernel,
-                      dict(ACT=gated.ACTIVATIONS[act], BLOCK_N=1024), {"G": PTR[dt], "U": PTR[dt], "Y": PTR[dt]},
-                      dict(N=n, sg=st, su=st), num_warps=4)
+                      dict(ACT=gated.ACTIVATIONS[act], BLOCK_N=1024, **plain),
+                      {"G": PTR[dt], "U": PTR[dt], "Y": PTR[dt]}, dict(N=n, sg=st, su=st), num_warps=4)
     return launch("decoder", f"gated {label}", gated._gated_bwd_kernel,
-                  dict(ACT=gated.ACTIVATIONS[act], WRITE_Y=direction == "bwd_y", BLOCK_N=1024),
+                  dict(ACT=gated.ACTIVATIONS[act], WRITE_Y=direction == "bwd_y", BLOCK_N=1024, **plain),
                   {"DY": PTR[dt], "G": PTR[dt], "U": PTR[dt], "DG": PTR[dt], "DU": PTR[dt], "Y": PTR[dt]},
                   dict(N=n, sdy=n, sg=st, su=st, sdg=st, sdu=st), num_warps=4)
 
@@ -672,6 +674,9 @@ def decoder_cases() -> Iterator[Case]:
     yield _gated("fwd", "silu", n=8192, stride=16384)  # Phi-3 mini's gate_up_proj output, chunked in two
     yield _gated("bwd", "silu", n=8192, stride=16384)
     yield _gated("bwd_y", "silu", n=8192, stride=16384)
+    for act in ("gelu", "gelu_tanh"):  # plain MLPs: ViT's nn.GELU, GPT-2's tanh GELU
+        yield _gated("fwd", act, n=3072, gated_=False)
+        yield _gated("bwd_y", act, n=3072, gated_=False)
     # residual + RMSNorm, Llama's order: fwd FwdTile, bwd BwdTile (G = 132 SMs x progs_per_sm, whole tiles)
     yield _res_norm("fwd", 4096, 1, 4)
     yield _res_norm("bwd", 4096, 2, 16, rows_per_prog=64)

@@ -22,11 +22,11 @@ LayerNorm2d, timm's SDPA-calling attention, every transformers attention module 
 ``AttentionInterface``) are swapped by default whenever their library is imported, each into a fused
 subclass of its own class (only ``forward`` differs).  They count as their kind (``kinds`` switches
 them) and the report names the registry entry.  Hugging Face attention modules also switch their model
-to the attention implementation "fused_layers" (and back on restore).  Three kinds exist only as such
+to the attention implementation "fused_layers" (and back on restore).  Four kinds exist only as such
 look-alikes (``Kind.known_only``: no torch class, nothing a ``mapping`` can name): ``gated_mlp``
 (transformers' gated MLPs), ``rope`` (the RoPE of their attention, through the model's rotary-embedding
-module) and ``residual_norm`` (their decoder layers' residual add + post-attention norm);
-``integrations/_hf_decoder.py`` says what each verifies.
+module), ``residual_norm`` (their decoder layers' residual add + post-attention norm; ``integrations/_hf_decoder.py``
+says what each verifies) and ``mlp`` (GPT-2's and timm's plain MLPs, ``integrations/_mlp.py``).
 
 Rules.  By default only modules whose type *is* a source class are swapped (a subclass may override
 ``forward``, so it is reported and left alone unless ``mapping`` names it).  A module that is already
@@ -131,6 +131,8 @@ KINDS: dict[str, Kind] = {
         Kind("gated_mlp", "", "", "GB/s", known_only=True),
         Kind("rope", "", "", "GB/s", known_only=True),
         Kind("residual_norm", "", "", "GB/s", known_only=True),
+        # transformers' GPT-2 and timm's plain MLPs (integrations/_mlp.py): the activation with the second linear
+        Kind("mlp", "", "", "GB/s", known_only=True),
     )
 }
 

@@ -788,7 +788,7 @@ def test_gpt2_swap_eval_matches():
     ref = transformers.GPT2LMHeadModel(cfg).eval()
     m = copy.deepcopy(ref)
     rep = swap_modules(m)
-    assert rep.counts() == {"attention": 2, "layer_norm": 5, "cross_entropy": 1}  # GPT2LMHeadModel's loss too
+    assert rep.counts() == {"attention": 2, "layer_norm": 5, "cross_entropy": 1, "mlp": 2}  # its loss, its MLPs too
     ids = torch.randint(0, 48, (2, 10))
     _compare_steps(_step(ref, ids), _step(m, ids))
 
@@ -855,7 +855,7 @@ def test_timm_attention_and_vit(device, spy):
     vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=16, depth=2,
                             num_classes=5).to(dev).eval()
     rep = swap_modules(vit)
-    assert rep.counts() == {"attention": 2, "layer_norm": 5}, str(rep)
+    assert rep.counts() == {"attention": 2, "layer_norm": 5, "mlp": 2}, str(rep)
     restore_modules(vit)
     assert type(vit.blocks[0].attn) is Attention
 

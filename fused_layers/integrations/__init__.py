@@ -18,7 +18,8 @@ is already imported can be in a model, so a library that is not imported costs n
   and a class whose forward changes in a later release stops matching instead of being swapped wrongly.
 * timm's SDPA callers and HF attention classes are matched by class path / by what their forward calls.
 * transformers' gated MLPs, rotary embeddings and decoder layers (``_hf_decoder.py``) by their forward's
-  fingerprint, and the model's ``apply_rotary_pos_emb`` / the layer's norm by theirs.
+  fingerprint, and the model's ``apply_rotary_pos_emb`` / the layer's norm by theirs; the plain MLPs of GPT-2 and
+  timm (``_mlp.py``) likewise.
 
 Each entry is verified by ``tests/test_integrations.py`` against the library's own forward and backward.
 Entries of a library that is not installed are simply never matched.
@@ -176,7 +177,7 @@ def load_entries() -> None:
     """Fill ``REGISTRY`` (our own modules only; importing them imports no third-party library)."""
     if REGISTRY:
         return
-    from . import _hf, _hf_decoder, _timm  # noqa: F401  (each appends its entries)
+    from . import _hf, _hf_decoder, _mlp, _timm  # noqa: F401  (each appends its entries)
 
 
 load_entries()
