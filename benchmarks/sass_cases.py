@@ -622,13 +622,12 @@ def _gated(direction, act, dt="bf16", n=11008, stride=None, gated_=True):
     (fused_activation_linear: GATED=False, at ViT-B's / GPT-2's 3,072)."""
     st = n if stride is None else stride
     label = f"{'' if gated_ else 'act '}{direction} {act} {dt} {n}" + ("" if stride is None else " halves of gate_up")
-    plain = {} if gated_ else {"GATED": False}
     if direction == "fwd":
         return launch("decoder", f"gated {label}", gated._gated_fwd_kernel,
-                      dict(ACT=gated.ACTIVATIONS[act], BLOCK_N=1024, **plain),
+                      dict(ACT=gated.ACTIVATIONS[act], BLOCK_N=1024, GATED=gated_),
                       {"G": PTR[dt], "U": PTR[dt], "Y": PTR[dt]}, dict(N=n, sg=st, su=st), num_warps=4)
     return launch("decoder", f"gated {label}", gated._gated_bwd_kernel,
-                  dict(ACT=gated.ACTIVATIONS[act], WRITE_Y=direction == "bwd_y", BLOCK_N=1024, **plain),
+                  dict(ACT=gated.ACTIVATIONS[act], WRITE_Y=direction == "bwd_y", BLOCK_N=1024, GATED=gated_),
                   {"DY": PTR[dt], "G": PTR[dt], "U": PTR[dt], "DG": PTR[dt], "DU": PTR[dt], "Y": PTR[dt]},
                   dict(N=n, sdy=n, sg=st, su=st, sdg=st, sdu=st), num_warps=4)
 

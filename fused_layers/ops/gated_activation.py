@@ -110,7 +110,7 @@ def _gated_fwd_kernel(
     sg, su,  # row strides of G and U (elements)
     ACT: tl.constexpr,  # 0 SiLU, 1 GELU (erf), 2 GELU (tanh)
     BLOCK_N: tl.constexpr,  # columns per program
-    GATED: tl.constexpr = True,  # False: y = a(g), no U read (fused_activation_linear's MLP)
+    GATED: tl.constexpr,  # False: y = a(g), no U read (fused_activation_linear's MLP)
 ):
     """y = a(g) * u (GATED) or y = a(g) for BLOCK_N columns of one row."""
     row = tl.program_id(0).to(tl.int64)  # 64-bit offsets: tensors beyond 2^31 elements address correctly
@@ -138,7 +138,7 @@ def _gated_bwd_kernel(
     ACT: tl.constexpr,  # as in _gated_fwd_kernel
     WRITE_Y: tl.constexpr,  # also write y (the linear variants: the down projection's weight gradient)
     BLOCK_N: tl.constexpr,  # columns per program
-    GATED: tl.constexpr = True,  # False: y = a(g); no U read, no DU written (fused_activation_linear's MLP)
+    GATED: tl.constexpr,  # False: y = a(g); no U read, no DU written (fused_activation_linear's MLP)
 ):
     """dg = dy * u * a'(g), du = dy * a(g) for BLOCK_N columns of one row, a(g) recomputed from g; with WRITE_Y
     also y = a(g) * u, the forward's product (the same float32 math, rounded once).  Not GATED: dg = dy * a'(g)
@@ -220,13 +220,13 @@ def _plan(direction: str, shape, strides: tuple, act: int) -> _Plan:
     if m * n > 0:
         grid = (m, triton.cdiv(n, c.block))
         # "act_*": the activation alone (GATED=False; the U / DU pointers are the G / DG ones, never read or written)
-        plain = {"GATED": False} if direction.startswith("act_") else {}
+        gated = not direction.startswith("act_")
         if direction in ("fwd", "act_fwd"):
-            plan.kernel = Kernel(_gated_fwd_kernel, grid, check=(0, 1, 2), ACT=act, BLOCK_N=c.block,
-                                 num_warps=c.warps, **plain)
+            plan.kernel = Kernel(_gated_fwd_kernel, grid, check=(0, 1, 2), ACT=act, BLOCK_N=c.block, GATED=gated,
+                                 num_warps=c.warps)
         else:  # "bwd", or "bwd_y": the backward that also writes the product
             plan.kernel = Kernel(_gated_bwd_kernel, grid, check=tuple(range(6)), ACT=act,
-                                 WRITE_Y=direction.endswith("bwd_y"), BLOCK_N=c.block, num_warps=c.warps, **plain)
+                                 WRITE_Y=direction.endswith("bwd_y"), BLOCK_N=c.block, GATED=gated, num_warps=c.warps)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = plan
