@@ -12,7 +12,9 @@ Every layer the fused callback knows is a plain PyTorch (or reference) module he
 * the LM head and the loss are one ``LinearCrossEntropyLoss`` module (``F.linear`` then an
   ``nn.CrossEntropyLoss`` child on float32 logits); kind ``cross_entropy`` swaps the child, which turns the
   module into the chunked fused head + loss (``fused_linear_cross_entropy``: the logits are never
-  materialized). The state_dict is the same either way.
+  materialized). The state_dict is the same either way;
+* the MLP ``proj(gelu_tanh(fc(x)))`` is registered for kind ``mlp`` (``register_mlp``): fused, the activation and
+  ``proj`` run as one ``fused_activation_linear``, whose backward writes the activation again instead of keeping it.
 
 Token and position embeddings, a GELU MLP, the LM head tied to the token embedding, AdamW with decoupled
 weight decay on matrices only, linear warm-up then cosine decay.
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fused_layers.integrations import register_mlp
 from fused_layers.ledger import gqa_flop_formulas
 from fused_layers.modules.attention import Attention
 from fused_layers.modules.loss import LinearCrossEntropyLoss
@@ -81,6 +84,9 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.act(self.fc(x)))
+
+
+register_mlp(MLP, fc="fc", act="act", proj="proj")  # swap_modules' kind "mlp" knows this class from here on
 
 
 class Block(nn.Module):

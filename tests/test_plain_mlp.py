@@ -12,10 +12,9 @@ from torch import nn
 
 from fused_layers import restore_modules, swap_modules
 
-transformers = pytest.importorskip("transformers")
-
 
 def _gpt2(**over):
+    transformers = pytest.importorskip("transformers")  # (the timm lane of .ci/run has no transformers)
     kw = dict(n_embd=32, n_layer=2, n_head=4, n_inner=80, vocab_size=48, n_positions=32, resid_pdrop=0.0,
               embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa")
     kw.update(over)
@@ -175,3 +174,70 @@ def test_timm_mlp_dropout_and_norm(monkeypatch):
     m = nn.Sequential(Mlp(16, 32, norm_layer=nn.LayerNorm))
     rep = swap_modules(m, kinds=["mlp"])
     assert rep.counts() == {} and "a norm between the activation and fc2" in str(rep)
+
+
+# --------------------------------------------------------------------------------------------------
+# register_mlp: a class of your own (the job's demo GPT registers its MLP)
+# --------------------------------------------------------------------------------------------------
+class _MyMLP(nn.Module):
+    def __init__(self, d=16, hidden=40, act=None):
+        super().__init__()
+        self.up = nn.Linear(d, hidden)
+        self.nonlin = act if act is not None else nn.GELU(approximate="tanh")
+        self.down = nn.Linear(hidden, d)
+
+    def forward(self, inp):
+        return self.down(self.nonlin(self.up(inp)))
+
+
+class _NotPlain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act, self.proj = nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.proj(self.act(self.fc(x))) + x
+
+
+def test_register_mlp_fuses_your_own_class(monkeypatch):
+    """A registered class is swapped (kind mlp), trains as unswapped (loss and every gradient), its activation kept
+    out of what autograd holds; an unverified activation is refused with the reason; a forward of another form is a
+    TypeError naming what is expected; registering twice returns the first entry."""
+    from fused_layers.integrations import register_mlp
+
+    entry = register_mlp(_MyMLP, fc="up", act="nonlin", proj="down")
+    assert register_mlp(_MyMLP, fc="up", act="nonlin", proj="down") is entry
+    torch.manual_seed(0)
+    ref = nn.Sequential(_MyMLP(), nn.LayerNorm(16), _MyMLP(act=nn.SiLU()))
+    fused = copy.deepcopy(ref)
+    rep = swap_modules(fused, kinds=["mlp"])
+    assert rep.counts() == {"mlp": 2}, str(rep)
+    calls = _calls(monkeypatch)
+    x = torch.randn(3, 7, 16)
+    for m in (ref, fused):
+        m(x).square().mean().backward()
+    assert len(calls) == 2
+    for (n, a), (_, b) in zip(ref.named_parameters(), fused.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5, msg=lambda s: f"{n}: {s}")
+    rep = swap_modules(nn.Sequential(_MyMLP(act=nn.ReLU())), kinds=["mlp"])
+    assert rep.counts() == {} and "not a verified GELU / SiLU" in str(rep)
+    with pytest.raises(TypeError, match=r"must be exactly `return self.proj\(self.act\(self.fc\(x\)\)\)`"):
+        register_mlp(_NotPlain)
+    restore_modules(fused)
+    assert type(fused[0]) is _MyMLP
+
+
+def test_demo_gpt_mlp_is_registered():
+    """The job's GPT (lm_demo) registers its MLP: a swap counts it as kind mlp and it trains as unswapped."""
+    from lm_demo.model import GPT
+
+    torch.manual_seed(0)
+    ref = GPT(vocab_size=32, seq_len=16, d_model=16, n_layer=2, n_head=2)
+    fused = copy.deepcopy(ref)
+    rep = swap_modules(fused, kinds=["mlp"])
+    assert rep.counts() == {"mlp": 2}, str(rep)
+    idx = torch.randint(0, 32, (2, 16))
+    for m in (ref, fused):
+        m(idx, idx).backward()
+    for (n, a), (_, b) in zip(ref.named_parameters(), fused.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5, msg=lambda s: f"{n}: {s}")

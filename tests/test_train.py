@@ -199,7 +199,8 @@ def test_multirun_writes_comparison(tmp_path):
     fused_summary = [s for s in fused_summary if s.get("fused")]
     assert len(fused_summary) == 1  # the fused run's own logged ledger speedup, carried into the comparison
     assert fused_row["fused/speedup/layer_norm"] == fused_summary[0]["metrics"]["fused/speedup/layer_norm"]
-    assert fused_row["tag"] == "fused" and fused_row["swapped"] == {"layer_norm": 3, "attention": 1, "cross_entropy": 1}
+    assert fused_row["tag"] == "fused" and fused_row["swapped"] == {"layer_norm": 3, "attention": 1, "cross_entropy": 1,
+                                                                     "mlp": 1}
     assert rows["fused=false"]["tag"] == "unfused" and rows["fused=false"]["swapped"] == {}
     for row in rows.values():
         assert row["tokens_per_sec"] > 0 and finite(row["val_loss"]) and finite(row["train_loss"])
@@ -312,7 +313,7 @@ def test_cli_console_is_quiet_and_ends_with_a_summary(tmp_path):
     for noise in ("Tip:", "wandb:", "LeafSpec", "RuntimeWarning", "anonymous", "weights_only", "GPU available",
                   "`Trainer.fit` stopped", "INFO:", "callback throughput:"):
         assert noise not in out, (noise, out[-3000:])
-    assert "fused_layers swap report: 5 swapped" in out
+    assert "fused_layers swap report: 6 swapped" in out
     assert "[fused] 3 steps" in out and "tokens/s" in out and "val/loss" in out  # validated at the end (interval 100)
     assert "train/loss nan" not in out  # the end-of-fit validation clears callback_metrics; the summary keeps the loss
     m = json.loads((tmp_path / "summary.json").read_text())["metrics"]
@@ -347,7 +348,7 @@ def test_resume_across_fused_and_unfused(tmp_path):
     assert all(int(v["step"]) == 4 for v in adam.values())  # 2 steps restored + 2 more: optimizer state continued
     c = train_script.train(compose_cfg(tmp_path / "c", *common, "fused=true", "trainer.max_steps=5", no_measure,
                                        f"ckpt_path={tmp_path / 'b' / 'checkpoints' / 'last.ckpt'}"))
-    assert c["global_step"] == 5 and c["fused_layers"]["swapped_total"] == 5
+    assert c["global_step"] == 5 and c["fused_layers"]["swapped_total"] == 6
     with pytest.raises(ConfigError, match="model.d_model=32, the config has model.d_model=64"):
         train_script.train(compose_cfg(tmp_path / "d", *common, "model.d_model=64", f"ckpt_path={ck_a}"))
 

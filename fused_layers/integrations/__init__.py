@@ -36,7 +36,8 @@ from typing import Any, Callable, Optional
 
 from torch import nn
 
-__all__ = ["LookAlike", "REGISTRY", "match", "fused_class", "is_fused_class", "fingerprint", "entries_for"]
+__all__ = ["LookAlike", "REGISTRY", "match", "fused_class", "is_fused_class", "fingerprint", "entries_for",
+           "register_mlp"]
 
 
 def _ast_fingerprint(src: str) -> Optional[str]:
@@ -181,3 +182,5 @@ def load_entries() -> None:
 
 
 load_entries()
+
+from ._mlp import register_mlp  # noqa: E402  (your own plain MLP class into the ``mlp`` kind)

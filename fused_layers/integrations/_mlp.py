@@ -14,6 +14,9 @@ the swap and at each call:
 * ``timm.layers.mlp.Mlp``: ``drop2(fc2(norm(drop1(act(fc1(x))))))`` with ``norm`` the identity and ``drop1`` inactive
   (p = 0, timm's default, or eval), ``fc2`` an ``nn.Linear``.
 
+* a class of your own whose forward is ``return self.<proj>(self.<act>(self.<fc>(x)))``, registered with
+  ``fused_layers.integrations.register_mlp(cls, fc=..., act=..., proj=...)`` (the job's demo GPT registers its MLP).
+
 The activation must be one whose math is verified (``_hf_decoder.activation_name``: torch's ``nn.GELU`` exact or
 tanh, ``nn.SiLU``; transformers' ``NewGELUActivation``, GPT-2's, ...).  ``fc2`` must be exactly the library's
 class with nothing hooking it (no adapter, no ZeRO-3 gather); else, under ``torch.compile`` (Inductor recomputes
@@ -30,7 +33,7 @@ from torch.nn.modules import module as _module
 
 from ..ops._common import SUPPORTED_DTYPES, is_compiling, triton_runnable
 from ..ops.gated_activation import fused_activation_linear
-from . import REGISTRY, LookAlike
+from . import REGISTRY, LookAlike, _compile_forward
 from ._hf_decoder import activation_name
 
 GPT2_MLP_FORWARD = '''
@@ -148,3 +151,67 @@ REGISTRY.extend([
     LookAlike("timm_mlp", "timm", "mlp", "timm.layers.mlp.Mlp", _build_timm_mlp, forward_src=TIMM_MLP_FORWARD,
               check=_timm_check, note="timm Mlp fc2(act(fc1(x))): the activation recomputed in the backward, not kept"),
 ])
+
+
+def _build_plain(fc: str, act: str, proj: str):
+    """The fused forward of ``return self.<proj>(self.<act>(self.<fc>(x)))`` (``register_mlp``)."""
+    def build(cls: type) -> dict:
+        source_forward = cls.forward
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            name = activation_name(getattr(self, act))
+            p = getattr(self, proj)
+            if is_compiling() or name is None or not triton_runnable(x) or type(p) is not nn.Linear \
+                    or not _unhooked(p):
+                return source_forward(self, x)
+            h = getattr(self, fc)(x)
+            if not _fusable(h, p.weight):
+                return p(getattr(self, act)(h))
+            return fused_activation_linear(h, p.weight, p.bias, name)
+
+        return {"forward": forward}
+
+    return build
+
+
+def register_mlp(cls: type, fc: str = "fc", act: str = "act", proj: str = "proj") -> LookAlike:
+    """Make ``swap_modules`` (kind ``mlp``) fuse your own plain MLP class: ``cls.forward`` must be exactly
+    ``return self.<proj>(self.<act>(self.<fc>(x)))`` (checked on its syntax tree; any argument name), with ``proj``
+    an ``nn.Linear`` and ``act`` a verified GELU / SiLU at swap time (else the module is left alone with the reason).
+    Registering a class twice returns its first entry.  Raises ``TypeError`` for a forward of another form."""
+    import inspect
+    import textwrap
+
+    from . import _MATCH_CACHE, _qualname, fingerprint
+
+    path = _qualname(cls)
+    for e in REGISTRY:
+        if e.kind == "mlp" and path in e.classes:
+            return e
+    fwd = cls.__dict__.get("forward")
+    try:
+        arg = inspect.signature(fwd).parameters
+        arg = list(arg)[1]
+    except (TypeError, ValueError, IndexError):
+        raise TypeError(f"register_mlp: {path} has no forward(self, x) of its own") from None
+    want = f"def forward(self, {arg}):\n    return self.{proj}(self.{act}(self.{fc}({arg})))\n"
+    if fingerprint(fwd) != _compile_forward(textwrap.dedent(want)):
+        raise TypeError(f"register_mlp: {path}.forward must be exactly `return self.{proj}(self.{act}(self.{fc}("
+                        f"{arg})))` (arguments 'fc', 'act', 'proj' name the attributes)")
+
+    def check(m: nn.Module) -> Optional[str]:
+        missing = [n for n in (fc, act, proj) if not hasattr(m, n)]
+        if missing:
+            return f"missing attribute(s) {missing}"
+        if activation_name(getattr(m, act)) is None:
+            a = getattr(m, act)
+            return f"its {act} is {type(a).__module__}.{type(a).__qualname__}, not a verified GELU / SiLU"
+        if type(getattr(m, proj)) is not nn.Linear:
+            return f"its {proj} is {type(getattr(m, proj)).__qualname__}, not an nn.Linear"
+        return None
+
+    entry = LookAlike(f"mlp:{path}", cls.__module__.split(".", 1)[0], "mlp", path, _build_plain(fc, act, proj),
+                      classes=(path,), check=check, note=f"{cls.__qualname__} {proj}(act({fc}(x))), registered")
+    REGISTRY.append(entry)
+    _MATCH_CACHE.pop(cls, None)
+    return entry
