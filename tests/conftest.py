@@ -146,6 +146,16 @@ TOL = {
 }
 
 
+def assert_same_step(a, b, tol=2e-5):
+    """Two training steps of a model, swapped (``b``) and not (``a``), each (output, {parameter: gradient}): the
+    output and every gradient within ``tol`` (float32 models), the same parameters with gradients."""
+    (oa, ga), (ob, gb) = a, b
+    torch.testing.assert_close(ob, oa, atol=tol, rtol=tol)
+    assert ga.keys() == gb.keys() and len(ga) > 0
+    for n in ga:
+        torch.testing.assert_close(gb[n], ga[n], atol=tol, rtol=tol, msg=lambda m: f"{n}: {m}")
+
+
 @pytest.fixture
 def torch_2_11_sdpa_flops(monkeypatch):
     """torch 2.11's SDPA FLOP formulas, which raise unless key / value have the query's head count (GQA is rejected),

@@ -180,22 +180,29 @@ def _linear_chain(gate, up, weight, bias, activation, acc=None):
     return torch.nn.functional.linear(activation_reference(g, activation) * u, cast(weight), cast(bias))
 
 
-def _check_linear(gate, up, weight, bias, activation):
-    leaves = [t for t in (gate, up, weight, bias) if t is not None]
-    y = fused_gated_activation_linear(gate, up, weight, bias, activation)
+def _check_against_chain(fused, chain, inputs, names):
+    """``fused(*inputs)`` and the gradient of each tensor input within K x PyTorch's own error (``chain`` in the
+    inputs' dtypes) of ``chain`` run in float64; ``names`` name the inputs' gradients."""
+    leaves = [t for t in inputs if t is not None]
+    y = fused(*inputs)
     dy = torch.randn_like(y)
     got = (y, *torch.autograd.grad(y, leaves, dy))
     refs = []
     for acc in (torch.float64, None):  # the float64 reference, then PyTorch's own chain in the inputs' dtype
-        copies = [t.detach().clone().requires_grad_() for t in leaves]
+        copies = [(t.detach().double() if acc else t.detach().clone()).requires_grad_() for t in leaves]
         it = iter(copies)
-        args = [next(it) if t is not None else None for t in (gate, up, weight, bias)]
-        out = _linear_chain(*args, activation, acc)
-        refs.append((out, *torch.autograd.grad(out, [c for c in copies], dy.to(out.dtype))))
-    names = ["y"] + [n for n, t in zip(("dgate", "dup", "dweight", "dbias"), (gate, up, weight, bias)) if t is not None]
+        out = chain(*(next(it) if t is not None else None for t in inputs))
+        refs.append((out, *torch.autograd.grad(out, copies, dy.to(out.dtype))))
+    names = ["y"] + [n for n, t in zip(names, inputs) if t is not None]
     for name, o, r, t in zip(names, got, refs[0], refs[1]):
         assert o.dtype == t.dtype and o.shape == t.shape, name
         assert_within_torch(o, r, t, what=name)
+
+
+def _check_linear(gate, up, weight, bias, activation):
+    _check_against_chain(lambda *a: fused_gated_activation_linear(*a, activation),
+                         lambda *a: _linear_chain(*a, activation), (gate, up, weight, bias),
+                         ("dgate", "dup", "dweight", "dbias"))
 
 
 @pytest.mark.parametrize("activation", ACTS)
@@ -314,22 +321,9 @@ def test_linear_fallbacks_and_errors(device):
 # fused_activation_linear: linear(act(x), weight, bias), a plain MLP's second half, act(x) not saved
 # --------------------------------------------------------------------------------------------------
 def _check_act_linear(x, weight, bias, activation):
-    """Output and every gradient within K x PyTorch's own error (its eager chain in the inputs' dtype) of float64."""
-    leaves = [t for t in (x, weight, bias) if t is not None]
-    y = fused_activation_linear(x, weight, bias, activation)
-    dy = torch.randn_like(y)
-    got = (y, *torch.autograd.grad(y, leaves, dy))
-    refs = []
-    for acc in (torch.float64, None):
-        copies = [(t.detach().double() if acc else t.detach().clone()).requires_grad_() for t in leaves]
-        it = iter(copies)
-        args = [next(it) if t is not None else None for t in (x, weight, bias)]
-        out = activation_linear_reference(*args, activation)
-        refs.append((out, *torch.autograd.grad(out, copies, dy.to(out.dtype))))
-    names = ["y"] + [n for n, t in zip(("dx", "dweight", "dbias"), (x, weight, bias)) if t is not None]
-    for name, o, r, t in zip(names, got, refs[0], refs[1]):
-        assert o.dtype == t.dtype and o.shape == t.shape, name
-        assert_within_torch(o, r, t, what=name)
+    _check_against_chain(lambda *a: fused_activation_linear(*a, activation),
+                         lambda *a: activation_linear_reference(*a, activation), (x, weight, bias),
+                         ("dx", "dweight", "dbias"))
 
 
 @pytest.mark.parametrize("activation", ACTS)

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from conftest import assert_same_step
 from torch import nn
 
 from fused_layers import restore_modules, swap_modules
@@ -49,14 +50,6 @@ def _step(m, ids):
     return out.logits.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
 
-def _compare(a, b, tol=2e-5):
-    (la, ga), (lb, gb) = a, b
-    torch.testing.assert_close(lb, la, atol=tol, rtol=tol)
-    assert ga.keys() == gb.keys() and len(ga) > 0
-    for n in ga:
-        torch.testing.assert_close(gb[n], ga[n], atol=tol, rtol=tol, msg=lambda m: f"{n}: {m}")
-
-
 def _spies(monkeypatch):
     """Count the fused kernels' calls (each op's entry point as the integration calls it)."""
     from fused_layers.ops import gated_activation, residual_norm, rope
@@ -87,9 +80,9 @@ def test_swapped_model_matches(family, monkeypatch, device):
     assert _hf_decoder.rope_installed(modname)
     calls = _spies(monkeypatch)
     ids = torch.randint(0, 48, (2, 5), device=device)
-    _compare(_step(ref, ids), _step(m, ids))
+    assert_same_step(_step(ref, ids), _step(m, ids))
     assert calls == {"gated": 2, "rope": 2, "res": 2}, calls
-    _compare(_step(ref, ids), _step(ref, ids))  # the unswapped model is untouched by the dispatcher
+    assert_same_step(_step(ref, ids), _step(ref, ids))  # the unswapped model is untouched by the dispatcher
     assert calls["rope"] == 2
     back = restore_modules(m)
     # the dispatcher stays while another fused rotary module of this family lives (other tests' models, held by
@@ -177,11 +170,11 @@ def test_all_kinds_together_and_gradient_checkpointing(device):
         # (transformers 5.25 renames it activation_checkpointing_enable; older releases have only this name)
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     assert m.model.layers[0].gradient_checkpointing
-    _compare(_step(ref, ids), _step(m, ids), tol=5e-5)
+    assert_same_step(_step(ref, ids), _step(m, ids), tol=5e-5)
     opt_a, opt_b = (torch.optim.SGD(x.parameters(), lr=0.1) for x in (ref, m))
     opt_a.step()
     opt_b.step()
-    _compare(_step(ref, ids), _step(m, ids), tol=5e-5)
+    assert_same_step(_step(ref, ids), _step(m, ids), tol=5e-5)
     restore_modules(m)
 
 

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from conftest import assert_same_step
 from torch import nn
 
 from fused_layers import restore_modules, swap_modules
@@ -30,14 +31,6 @@ def _step(m, ids, seed=0):
     return out.loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
 
-def _compare(a, b, tol=2e-5):
-    (la, ga), (lb, gb) = a, b
-    torch.testing.assert_close(lb, la, atol=tol, rtol=tol)
-    assert ga.keys() == gb.keys() and len(ga) > 0
-    for n in ga:
-        torch.testing.assert_close(gb[n], ga[n], atol=tol, rtol=tol, msg=lambda m: f"{n}: {m}")
-
-
 def _calls(monkeypatch):
     from fused_layers.integrations import _mlp
 
@@ -58,7 +51,7 @@ def test_gpt2_mlp_trains_as_unswapped(monkeypatch, dropout):
     assert "hf_gpt2_mlp" in str(rep)
     calls = _calls(monkeypatch)
     ids = torch.randint(0, 48, (2, 12))
-    _compare(_step(ref, ids), _step(fused, ids))
+    assert_same_step(_step(ref, ids), _step(fused, ids))
     assert calls == [(2, 12, 80)] * 2
     restore_modules(fused)
     assert type(fused.transformer.h[0].mlp) is type(ref.transformer.h[0].mlp)
@@ -98,7 +91,7 @@ def test_gpt2_mlp_falls_back_to_the_class(monkeypatch):
     swap_modules(fused, kinds=["mlp"])
     calls = _calls(monkeypatch)
     handle = fused.transformer.h[0].mlp.c_proj.register_forward_pre_hook(lambda m, a: None)
-    _compare(_step(ref, ids), _step(fused, ids))
+    assert_same_step(_step(ref, ids), _step(fused, ids))
     assert len(calls) == 1  # layer 1 only
     handle.remove()
     with torch.no_grad():
@@ -108,7 +101,7 @@ def test_gpt2_mlp_falls_back_to_the_class(monkeypatch):
     ref_l = peft.get_peft_model(copy.deepcopy(ref), peft.LoraConfig(**lora))
     fused_l = peft.get_peft_model(copy.deepcopy(fused), peft.LoraConfig(**lora))
     fused_l.load_state_dict(ref_l.state_dict())
-    _compare(_step(ref_l, ids), _step(fused_l, ids))
+    assert_same_step(_step(ref_l, ids), _step(fused_l, ids))
     assert len(calls) == 1  # every c_proj is an adapter now
 
 
@@ -149,7 +142,7 @@ def test_timm_mlp_trains_as_unswapped(monkeypatch):
     assert rep.counts() == {"mlp": 2} and "timm_mlp" in str(rep)
     calls = _calls(monkeypatch)
     x, t = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
-    _compare(_vit_step(ref, x, t), _vit_step(fused, x, t))
+    assert_same_step(_vit_step(ref, x, t), _vit_step(fused, x, t))
     assert len(calls) == 2
     restore_modules(fused)
     assert type(fused.blocks[0].mlp) is type(ref.blocks[0].mlp)
@@ -167,7 +160,7 @@ def test_timm_mlp_dropout_and_norm(monkeypatch):
     a = _vit_step(ref, x, t)
     torch.manual_seed(1)
     b = _vit_step(fused, x, t)
-    _compare(a, b)
+    assert_same_step(a, b)
     assert calls == []
     from timm.layers import Mlp
 

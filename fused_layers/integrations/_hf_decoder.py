@@ -130,13 +130,17 @@ def _fusable(*ts: torch.Tensor) -> bool:
     return t0.dtype in SUPPORTED_DTYPES and triton_runnable(t0) and all(t.dtype == t0.dtype for t in ts)
 
 
+def unhooked(m: nn.Module) -> bool:
+    """Nothing hooks ``m``, nor every module (ZeRO-3 gathers parameters in a global hook), so its weight can be read
+    and multiplied outside its forward."""
+    return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+                or _module._global_forward_hooks or _module._global_forward_pre_hooks
+                or _module._global_backward_hooks or _module._global_backward_pre_hooks)
+
+
 def _plain_linear(m: nn.Module) -> bool:
-    """``m`` is exactly an ``nn.Linear`` that nothing hooks (no adapter, quantized or parametrized subclass, no
-    module or global hook: ZeRO-3 gathers its parameters in one), so its weight can be read and multiplied here."""
-    return (type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                                          or m._backward_pre_hooks)
-            and not (_module._global_forward_hooks or _module._global_forward_pre_hooks
-                     or _module._global_backward_hooks or _module._global_backward_pre_hooks))
+    """``m`` is exactly an ``nn.Linear`` (no adapter, quantized or parametrized subclass) that nothing hooks."""
+    return type(m) is nn.Linear and unhooked(m)
 
 
 def _down(self, h_in: torch.Tensor, up: Optional[torch.Tensor], act: str) -> torch.Tensor:

@@ -25,16 +25,17 @@ the activation itself) and without a gradient, the class's own forward runs.
 
 from __future__ import annotations
 
+import inspect
+import textwrap
 from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _module
 
 from ..ops._common import SUPPORTED_DTYPES, is_compiling, triton_runnable
 from ..ops.gated_activation import fused_activation_linear
-from . import REGISTRY, LookAlike, _compile_forward
-from ._hf_decoder import activation_name
+from . import _MATCH_CACHE, REGISTRY, LookAlike, _compile_forward, _qualname, fingerprint
+from ._hf_decoder import _plain_linear, activation_name, unhooked
 
 GPT2_MLP_FORWARD = '''
 def forward(self, hidden_states):
@@ -55,13 +56,6 @@ def forward(self, x):
     x = self.drop2(x)
     return x
 '''
-
-
-def _unhooked(m: nn.Module) -> bool:
-    """Nothing hooks ``m`` or every module (ZeRO-3 gathers parameters in a global hook), so its weight can be read."""
-    return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-                or _module._global_forward_hooks or _module._global_forward_pre_hooks
-                or _module._global_backward_hooks or _module._global_backward_pre_hooks)
 
 
 def _is_conv1d(m: nn.Module) -> bool:
@@ -119,7 +113,7 @@ def _build_gpt2_mlp(cls: type) -> dict:
         h = self.c_fc(hidden_states)  # the class's call: hooks and adapters on c_fc keep working
         proj = self.c_proj
         w = _proj_weight(proj)
-        if w is None or not (_unhooked(proj) and _fusable(h, w)):
+        if w is None or not (unhooked(proj) and _fusable(h, w)):
             return self.dropout(proj(self.act(h)))
         return self.dropout(fused_activation_linear(h, w, proj.bias, act))
 
@@ -133,8 +127,7 @@ def _build_timm_mlp(cls: type) -> dict:
         act = activation_name(self.act)
         fc2 = self.fc2
         if (is_compiling() or act is None or not triton_runnable(x) or type(self.norm) is not nn.Identity
-                or type(fc2) is not nn.Linear or not _unhooked(fc2)
-                or (self.drop1.p > 0 and self.drop1.training)):
+                or not _plain_linear(fc2) or (self.drop1.p > 0 and self.drop1.training)):
             return source_forward(self, x)
         h = self.fc1(x)
         if not _fusable(h, fc2.weight):
@@ -161,8 +154,7 @@ def _build_plain(fc: str, act: str, proj: str):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             name = activation_name(getattr(self, act))
             p = getattr(self, proj)
-            if is_compiling() or name is None or not triton_runnable(x) or type(p) is not nn.Linear \
-                    or not _unhooked(p):
+            if is_compiling() or name is None or not triton_runnable(x) or not _plain_linear(p):
                 return source_forward(self, x)
             h = getattr(self, fc)(x)
             if not _fusable(h, p.weight):
@@ -179,11 +171,6 @@ def register_mlp(cls: type, fc: str = "fc", act: str = "act", proj: str = "proj"
     ``return self.<proj>(self.<act>(self.<fc>(x)))`` (checked on its syntax tree; any argument name), with ``proj``
     an ``nn.Linear`` and ``act`` a verified GELU / SiLU at swap time (else the module is left alone with the reason).
     Registering a class twice returns its first entry.  Raises ``TypeError`` for a forward of another form."""
-    import inspect
-    import textwrap
-
-    from . import _MATCH_CACHE, _qualname, fingerprint
-
     path = _qualname(cls)
     for e in REGISTRY:
         if e.kind == "mlp" and path in e.classes:

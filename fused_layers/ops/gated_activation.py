@@ -409,6 +409,32 @@ class _GatedLinearFunction(torch.autograd.Function):
         return dg, (du if ctx.has_up else None), dw, db, None, None
 
 
+def _linear_operands(op: str, name: str, x: torch.Tensor, up: Optional[torch.Tensor], n: int, weight: object,
+                     bias: object) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.dtype]]:
+    """Check the second linear's ``weight`` (out, n) and ``bias`` (out,) against the activation's input ``x`` (and
+    ``up``), as ``F.linear`` would; returns (weight, bias, compute dtype), the dtype None where the kernels do not
+    run (no gradient, under ``torch.compile``, float64, x not in the autocast dtype, where Triton cannot run)."""
+    weight = check_tensor(op, "weight", weight)
+    if bias is not None:
+        bias = check_tensor(op, "bias", bias)
+    if weight.dim() != 2 or weight.shape[1] != n:
+        raise RuntimeError(f"{op}: argument 'weight' must be (out, {n}) for an input of width {n}, got shape "
+                           f"{list(weight.shape)}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
+        raise RuntimeError(f"{op}: argument 'bias' must have shape [{weight.shape[0]}], got {list(bias.shape)}")
+    check_same_device(op, name, x, weight=weight, bias=bias)
+    adt = autocast_dtype(x)
+    cdtype = adt if adt is not None else x.dtype
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, up, weight, bias))
+    if (not needs_grad or is_compiling() or x.dtype != cdtype or x.dtype not in SUPPORTED_DTYPES
+            or use_fallback(op, x, up, weight, bias)):
+        return weight, bias, None
+    if adt is None and (weight.dtype != cdtype or (bias is not None and bias.dtype != cdtype)):
+        raise RuntimeError(f"{op}: '{name}' ({x.dtype}), 'weight' ({weight.dtype}) and 'bias' must have one dtype "
+                           "outside autocast (as F.linear)")
+    return weight, bias, cdtype
+
+
 def fused_gated_activation_linear(gate: torch.Tensor, up: Optional[torch.Tensor], weight: torch.Tensor,
                                   bias: Optional[torch.Tensor] = None, activation: str = "silu") -> torch.Tensor:
     """``F.linear(act(gate) * up, weight, bias)``: a gated MLP's activation and its down projection, whose backward
@@ -424,26 +450,10 @@ def fused_gated_activation_linear(gate: torch.Tensor, up: Optional[torch.Tensor]
     ``F.linear(fused_gated_activation(gate, up, activation), weight, bias)``.
     """
     gate, up, act = _validate(gate, up, activation)
-    weight = check_tensor(_OP_LINEAR, "weight", weight)
-    if bias is not None:
-        bias = check_tensor(_OP_LINEAR, "bias", bias)
     n = gate.shape[-1] // 2 if up is None else gate.shape[-1]
-    if weight.dim() != 2 or weight.shape[1] != n:
-        raise RuntimeError(f"{_OP_LINEAR}: argument 'weight' must be (out, {n}) for a product of width {n}, got "
-                           f"shape {list(weight.shape)}")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
-        raise RuntimeError(f"{_OP_LINEAR}: argument 'bias' must have shape [{weight.shape[0]}], got "
-                           f"{list(bias.shape)}")
-    check_same_device(_OP_LINEAR, "gate", gate, weight=weight, bias=bias)
-    adt = autocast_dtype(gate)
-    cdtype = adt if adt is not None else gate.dtype
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (gate, up, weight, bias))
-    if (not needs_grad or is_compiling() or gate.dtype != cdtype or gate.dtype not in SUPPORTED_DTYPES
-            or use_fallback(_OP_LINEAR, gate, up, weight, bias)):
+    weight, bias, cdtype = _linear_operands(_OP_LINEAR, "gate", gate, up, n, weight, bias)
+    if cdtype is None:
         return torch.nn.functional.linear(fused_gated_activation(gate, up, activation), weight, bias)
-    if adt is None and (weight.dtype != cdtype or (bias is not None and bias.dtype != cdtype)):
-        raise RuntimeError(f"{_OP_LINEAR}: 'gate' ({gate.dtype}), 'weight' ({weight.dtype}) and 'bias' must have "
-                           "one dtype outside autocast (as F.linear)")
     return _GatedLinearFunction.apply(gate, up, weight, bias, act, cdtype)
 
 
@@ -542,30 +552,13 @@ def fused_activation_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     itself), without a gradient, for float64 and where Triton cannot run, it is ``activation_linear_reference``.
     """
     x = check_tensor(_OP_ACT_LINEAR, "x", x)
-    weight = check_tensor(_OP_ACT_LINEAR, "weight", weight)
-    if bias is not None:
-        bias = check_tensor(_OP_ACT_LINEAR, "bias", bias)
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise ValueError(f"{_OP_ACT_LINEAR}: argument 'activation' must be one of {sorted(ACTIVATIONS)}, got "
                          f"{activation!r}")
     check_float_dtype(_OP_ACT_LINEAR, "x", x, allow_float64=True)
     if x.dim() == 0:
         raise FusedShapeError(f"{_OP_ACT_LINEAR}: argument 'x' must have at least one dimension, got a 0-d tensor")
-    n = x.shape[-1]
-    if weight.dim() != 2 or weight.shape[1] != n:
-        raise RuntimeError(f"{_OP_ACT_LINEAR}: argument 'weight' must be (out, {n}) for an input of width {n}, got "
-                           f"shape {list(weight.shape)}")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
-        raise RuntimeError(f"{_OP_ACT_LINEAR}: argument 'bias' must have shape [{weight.shape[0]}], got "
-                           f"{list(bias.shape)}")
-    check_same_device(_OP_ACT_LINEAR, "x", x, weight=weight, bias=bias)
-    adt = autocast_dtype(x)
-    cdtype = adt if adt is not None else x.dtype
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    if (not needs_grad or is_compiling() or x.dtype != cdtype or x.dtype not in SUPPORTED_DTYPES
-            or use_fallback(_OP_ACT_LINEAR, x, weight, bias)):
+    weight, bias, cdtype = _linear_operands(_OP_ACT_LINEAR, "x", x, None, x.shape[-1], weight, bias)
+    if cdtype is None:
         return activation_linear_reference(x, weight, bias, activation)
-    if adt is None and (weight.dtype != cdtype or (bias is not None and bias.dtype != cdtype)):
-        raise RuntimeError(f"{_OP_ACT_LINEAR}: 'x' ({x.dtype}), 'weight' ({weight.dtype}) and 'bias' must have one "
-                           "dtype outside autocast (as F.linear)")
     return _ActivationLinearFunction.apply(x, weight, bias, ACTIVATIONS[activation], cdtype)
