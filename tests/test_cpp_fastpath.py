@@ -874,7 +874,7 @@ def test_gpu_cpp_rms_variant_matches_reference(cast_before_w, keep, cpp_on):
         assert y.dtype == (torch.bfloat16 if keep else torch.float32)
         # each cast order against its own float64 reference and PyTorch's own (tests/_tol.py): one reference for
         # both orders at atol 0.05 passed a kernel that ignored the flag
-        refs, tor = rms_variant_refs(x, w, dy.to(y.dtype), cast_before_w, keep)
+        refs, tor = rms_variant_refs(x, w, dy.to(y.dtype), cast_before_w, keep, y=y)
         for name, a, r, t in zip(("y", "dx", "dW"), (y, gx, gw), refs, tor):
             assert_within_torch(a, r, t, what=name)
     assert y.grad_fn.name() == "FusedNormBackward", y.grad_fn

@@ -904,7 +904,7 @@ def test_rms_variant_cast_order_own_reference(cast_before_w, device):
     from _tol import within_torch
 
     x, w, dy, ours = _variant_run(cast_before_w, device=device)
-    refs, tor = rms_variant_refs(x, w, dy, cast_before_w)
+    refs, tor = rms_variant_refs(x, w, dy, cast_before_w, y=ours[0])
     other_refs, other_tor = rms_variant_refs(x, w, dy, not cast_before_w)
     assert_within_torch(ours[1], refs[1], tor[1], what="dx")
     if not cast_before_w:
