@@ -865,6 +865,29 @@ def test_linear_cross_entropy_frozen_inputs(frozen, reduction, compiled):
         assert ((v, h) in saved) == trains["weight"] and ((n, h) in saved) == trains["hidden"]
 
 
+def test_linear_cross_entropy_frozen_weight_chunks():
+    """Chunk sizes at the models' heads (bf16, 4,096 / 8,192 tokens): a trained weight keeps 1,024+ rows (its gradient
+    is summed once a chunk), a frozen one takes 64 MiB of logits / 512+ rows; and the head picks the pair by whether
+    the weight trains (a frozen weight at a small size: 3 chunks of the frozen pair's 128 rows, a trained one: 1)."""
+    from fused_layers import fused_linear_cross_entropy
+    from fused_layers.ops import cross_entropy_config as cfg
+    from fused_layers.ops import linear_cross_entropy as lce
+
+    for n, v, trained, frozen in ((4096, 256000, 1024, 512), (8192, 151936, 1024, 512), (8192, 128256, 1024, 512),
+                                  (8192, 32000, 4096, 1024), (8192, 50257, 2048, 640)):
+        assert (lce.chunk_rows(n, v, 2), lce.chunk_rows(n, v, 2, weight_grad=False)) == (trained, frozen), (n, v)
+    n, h, v = 300, 24, 37
+    hid, w, t = torch.randn(n, h, requires_grad=True), torch.randn(v, h), torch.randint(0, v, (n,))
+    for trains, chunks in ((False, 3), (True, 1)):
+        w.requires_grad_(trains)
+        with patch.object(cfg, "LINEAR_FROZEN_CHUNK_BYTES", 20000), patch.object(cfg, "LINEAR_FROZEN_MIN_ROWS", 128), \
+                patch.object(lce, "cross_entropy_forward", wraps=lce.cross_entropy_forward) as ce:
+            loss = fused_linear_cross_entropy(hid, w, t)
+        assert ce.call_count == chunks, (trains, ce.call_count)
+        ref = F.cross_entropy(F.linear(hid.double(), w.double()), t)
+        torch.testing.assert_close(loss.double(), ref, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("v", [37, 48])
 def test_linear_cross_entropy_wide_row_kernels(v):
     """The logits chunk is overwritten by its gradient in place: the program that writes the target's column must read

@@ -8,7 +8,8 @@ each default names the number that decided it.  Columns "32K / 50K / 128K / 262K
 
 ``config_override("cross_entropy", ...)`` is the tests' hook to shrink thresholds and tiles so that the interpreter
 runs the default kernels at small sizes: ``max_single``, ``block_n`` and ``persist_block``
-(``config_override("linear_cross_entropy", chunk_bytes=...)`` for the fused linear cross-entropy's chunks).
+(``config_override("linear_cross_entropy", chunk_bytes=..., min_rows=...)`` for the fused linear cross-entropy's
+chunks, with a trained weight or a frozen one).
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ LINEAR_CHUNK_BYTES = 256 * 2**20
 # 2.05 / 3.40 / 2.04 GiB (H200 models suite, Liger 1.99 / 4.06 / 2.17) for 0.5-0.8 ms more head (11.77 against
 # 10.98 ms at Gemma's head on an H100; 512 rows: 13.10).
 LINEAR_MIN_ROWS = 1024
+# A weight that does not train (LoRA, a frozen tied embedding) has no gradient to sum, so its chunks are bound by
+# their logits alone: 64 MiB but at least 512 rows (at Gemma's head 512 rows cost 13.10 ms against 11.77 at 1,024
+# on an H100, all of it the six more weight-gradient sums, about 0.22 ms each, that a frozen head does not run).
+LINEAR_FROZEN_CHUNK_BYTES = 64 * 2**20
+LINEAR_FROZEN_MIN_ROWS = 512
 # Where V elements are not a 16-byte multiple, the head's weight gets zero classes up to a multiple of this, so that
 # every matmul has aligned sizes: bf16 8,192 x 1,024 x 32,001 forward + backward then takes 3.60 ms on an H100 (32,000:
 # 2.83; Inductor's compiled head at 32,001: 14.39); padding only the logits' rows left GPT-2's head at 14.7 ms.

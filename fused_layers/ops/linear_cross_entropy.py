@@ -3,7 +3,8 @@ full (N, V) logits.
 
 The N tokens are cut into chunks of ``n`` rows (``chunk_rows``: about ``LINEAR_CHUNK_BYTES`` = 256 MiB
 of logits per chunk but at least ``LINEAR_MIN_ROWS`` = 1,024 rows, a multiple of 128 rows; 2,432 rows at
-GPT-2's V = 50,304 in bf16, 7 chunks for 16K tokens; 1,024 rows at Gemma's 256K).  Per chunk:
+GPT-2's V = 50,304 in bf16, 7 chunks for 16K tokens; 1,024 rows at Gemma's 256K; a weight that does not
+train has no gradient to sum, and takes 64 MiB / 512 rows instead).  Per chunk:
 
 1. ``logits = hidden_chunk @ weight.T (+ bias)``: cuBLAS, in the compute dtype (the autocast dtype
    under autocast, else the inputs' dtype);
@@ -59,11 +60,14 @@ def linear_cross_entropy_reference(hidden, weight, target, bias=None, ignore_ind
                                              reduction=reduction, label_smoothing=label_smoothing)
 
 
-def chunk_rows(n: int, v: int, elem: int) -> int:
-    """Rows per chunk: about LINEAR_CHUNK_BYTES of logits but at least LINEAR_MIN_ROWS, a multiple of 128 rows,
-    chunks of even size; all ``n`` rows when that covers them."""
-    budget = get_override("linear_cross_entropy", "chunk_bytes", cfg.LINEAR_CHUNK_BYTES)
-    least = get_override("linear_cross_entropy", "min_rows", cfg.LINEAR_MIN_ROWS)
+def chunk_rows(n: int, v: int, elem: int, weight_grad: bool = True) -> int:
+    """Rows per chunk: about LINEAR_CHUNK_BYTES of logits but at least LINEAR_MIN_ROWS (without a weight gradient:
+    LINEAR_FROZEN_CHUNK_BYTES, LINEAR_FROZEN_MIN_ROWS), a multiple of 128 rows, chunks of even size; all ``n`` rows
+    when that covers them."""
+    budget = cfg.LINEAR_CHUNK_BYTES if weight_grad else cfg.LINEAR_FROZEN_CHUNK_BYTES
+    least = cfg.LINEAR_MIN_ROWS if weight_grad else cfg.LINEAR_FROZEN_MIN_ROWS
+    budget = get_override("linear_cross_entropy", "chunk_bytes", budget)
+    least = get_override("linear_cross_entropy", "min_rows", least)
     rows = max(128, least, (budget // max(v * elem, 1)) // 128 * 128)
     if rows >= n:
         return max(n, 1)
@@ -135,7 +139,7 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             check_target_flag(den, V)
         loss_rows = torch.empty(N, dtype=torch.float32, device=dev)
         gh = gw = gb = None
-        n = chunk_rows(N, V, h.element_size())
+        n = chunk_rows(N, V, h.element_size(), need_w)
         one_chunk = n >= N
         if need_h:
             gh = torch.empty(N, H, dtype=cdtype, device=dev)
