@@ -243,6 +243,30 @@ def test_linear_saves_no_product(device):
         y.sum().backward()
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["gated", "plain"])
+def test_linear_backward_writes_the_product_over_its_gradient(device, plain, monkeypatch):
+    """The backward recomputes the product (a(x) for the plain MLP) over d(loss)/d(product), which the kernel reads
+    at each element just before: it allocates dgate and dup (dx) and nothing else of that size, one intermediate-width
+    tensor less at the backward's peak, and every gradient still matches float64."""
+    m, n = 5, 40
+    gate, up = (torch.randn(m, n, device=device, requires_grad=True) for _ in range(2))
+    w = torch.randn(6, n, device=device, requires_grad=True)
+    b = torch.randn(6, device=device, requires_grad=True)
+    inputs, names = ((gate, w, b), ("dx", "dweight", "dbias")) if plain else ((gate, up, w, b),
+                                                                             ("dgate", "dup", "dweight", "dbias"))
+    fused = (lambda *a: fused_activation_linear(*a, "gelu_tanh")) if plain else \
+        (lambda *a: fused_gated_activation_linear(*a, "gelu_tanh"))
+    chain = (lambda *a: activation_linear_reference(*a, "gelu_tanh")) if plain else \
+        (lambda *a: _linear_chain(*a, "gelu_tanh"))
+    y = fused(*inputs)
+    made, empty = [], torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(tuple(a[0]) if a else None) or empty(*a, **k))
+    y.backward(torch.randn_like(y))
+    monkeypatch.undo()
+    assert made.count((m, n)) == (1 if plain else 2), made
+    _check_against_chain(fused, chain, inputs, names)
+
+
 def test_linear_frozen_weight(device):
     """A frozen down projection (an adapter trains elsewhere): gate and up get their gradients, the weight none, and
     the backward runs the kernel without the product."""
