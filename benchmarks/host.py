@@ -57,10 +57,10 @@ def cases(dev: str, smoke: bool) -> dict:
                                           "fused": lambda: fused_softmax(xg, -1).backward(g)},
         ("attention", "fwd", "B1 H1 S128 D64 causal"): {
             "torch": lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
-            "fused": lambda: fused_attention(q, q, q, is_causal=True)},
+            "fused": lambda: fused_attention(q, q, q, is_causal=True, backend="triton")},
         ("attention", "fwd+bwd", "B1 H1 S128 D64 causal"): {
             "torch": lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(go),
-            "fused": lambda: fused_attention(qg, kg, vg, is_causal=True).backward(go)},
+            "fused": lambda: fused_attention(qg, kg, vg, is_causal=True, backend="triton").backward(go)},
     }
     for v in vocabs:
         out[("cross_entropy", "fwd", f"8x{v}")] = {"torch": lambda v=v: F.cross_entropy(logits[v], target[v]),

@@ -332,7 +332,10 @@ def bench_attention(r: Runner, peers: bool, flex: bool):
 
         return f
 
-    impls = {"fused": lambda q, k, v, causal, gqa: fused_attention(q, k, v, is_causal=causal, enable_gqa=gqa)}
+    # fused: the kernels at every shape; fused_auto: fused_attention's default (SDPA where cuDNN is faster)
+    impls = {"fused": lambda q, k, v, causal, gqa: fused_attention(q, k, v, is_causal=causal, enable_gqa=gqa,
+                                                                   backend="triton"),
+             "fused_auto": lambda q, k, v, causal, gqa: fused_attention(q, k, v, is_causal=causal, enable_gqa=gqa)}
     if peers:
         impls["sdpa"] = sdpa()
         if not r.smoke:

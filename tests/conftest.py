@@ -81,6 +81,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def _kernels_not_cudnn(monkeypatch):
+    """``fused_attention`` calls run the Triton kernels (``backend="triton"``) unless a test names its backend:
+    where cuDNN is measured faster the library's default (``"auto"``) hands the call to SDPA, and a test of the
+    kernels would then test cuDNN.  The routing tests pass ``backend="auto"``."""
+    monkeypatch.setattr("fused_layers.ops.attention.DEFAULT_BACKEND", "triton")
+
+
+@pytest.fixture(autouse=True)
 def _seed(request):
     """Seed torch/random per test from the run's base seed and the test id."""
     seed = (BASE_SEED + zlib.crc32(request.node.nodeid.encode())) % 2**31

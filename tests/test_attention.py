@@ -505,6 +505,62 @@ def test_prefer_sdpa_rule():
     assert not A._sdpa_faster(bf, (12, 1024, 64), 12, False)
 
 
+def test_functional_backend(monkeypatch, device):
+    """``fused_attention(backend="auto")``, the library's default, hands a call to SDPA exactly where ``prefer_sdpa``
+    says cuDNN is faster (patched here: the rule's device checks need a Hopper GPU), after the same checks of its
+    inputs, so bad input gets fused_attention's errors either way; key-padding masks, windows, soft-caps and
+    ``backend="triton"`` run the kernels; an unknown backend is a ValueError naming the argument."""
+    from fused_layers.ops import attention as A
+
+    q, k, v = (torch.randn(2, 4, 20, 16, device=device, requires_grad=True) for _ in range(3))
+    real, calls = F.scaled_dot_product_attention, []
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    monkeypatch.setattr(A, "prefer_sdpa", lambda q, k, m: True)  # as at a dense bf16 head-dim-64 shape on an H100
+    out = fused_attention(q, k, v, is_causal=True, backend="auto")
+    assert len(calls) == 1
+    torch.testing.assert_close(out, real(q, k, v, is_causal=True), atol=0, rtol=0)  # SDPA's own answer
+    keep = torch.ones(2, 1, 1, 20, dtype=torch.bool, device=device)
+    for kw in (dict(backend="triton"), dict(window=5), dict(softcap=30.0), dict(attn_mask=keep)):
+        calls.clear()
+        out = fused_attention(q, k, v, is_causal=True, **{"backend": "auto", **kw})
+        assert not calls, kw
+        ref = A.attention_reference(q.double(), k.double(), v.double(), kw.get("attn_mask"), True, None, False, 0.0,
+                                    kw.get("window"), kw.get("softcap"))
+        torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
+    monkeypatch.setattr(A, "DEFAULT_BACKEND", "auto")  # the library's default (the tests' conftest sets "triton")
+    calls.clear()
+    fused_attention(q, k, v)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="enable_gqa"):  # fused_attention's own check, before the route
+        fused_attention(q, k[:, :2], v[:, :2])
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="'backend'"):
+        fused_attention(q, k, v, backend="cudnn")
+
+
+@pytest.mark.gpu
+def test_gpu_functional_auto_is_sdpa_where_cudnn_is_faster():
+    """On a GPU where the rule holds (Hopper, cuDNN SDPA on), ``fused_attention``'s default at a dense bf16 shape is
+    SDPA's forward bit for bit and its gradients within SDPA's own run-to-run spread; ``backend="triton"`` there
+    runs the kernels (within the 16-bit rule of float64)."""
+    from fused_layers.ops import attention as A
+
+    q, k, v = (torch.randn(2, 8, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    if not A.prefer_sdpa(q, k, None):
+        pytest.skip("cuDNN is not the faster kernel on this GPU")
+    do = torch.randn_like(q)
+    out = fused_attention(q, k, v, is_causal=True, backend="auto")
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), do), torch.autograd.grad(ref, (q, k, v), do)):
+        torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2)
+    with launched("attention") as names:
+        ours = fused_attention(q, k, v, is_causal=True, backend="triton")
+    assert kernel_names(names), "no kernel of the library ran"
+    r64, tor = attention_refs(q, k, v, do, is_causal=True)
+    assert_within_torch(ours, r64[0], tor[0], what="out")
+
+
 def test_module_kernel_choice(monkeypatch, device):
     """Swapped modules call SDPA where cuDNN is the faster kernel and the Triton kernels otherwise (here: never SDPA
     off a CUDA device); both give the reference's answer."""

@@ -935,7 +935,8 @@ def fused_attention_forward(
                      **kwargs)
     gqa = query.shape[1] != key.shape[1]
     out = fused_attention(query, key, value, attn_mask=kmask, dropout_p=float(dropout), is_causal=causal, scale=scaling,
-                          enable_gqa=gqa, window=win, softcap=None if softcap is None else float(softcap))
+                          enable_gqa=gqa, window=win, softcap=None if softcap is None else float(softcap),
+                          backend="triton")
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -40,7 +40,8 @@ def sdpa_fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 
     if attn_mask is None and prefer_sdpa(query, key, None):  # cuDNN measured faster there (as FusedAttention)
         return _REAL_SDPA(query, key, value, None, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    return fused_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    return fused_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
+                           backend="triton")
 
 
 class _Proxy(types.ModuleType):

@@ -105,7 +105,8 @@ class FusedAttention(Attention):
         if prefer_sdpa(q, k, attn_mask):  # cuDNN is faster here (see fused_layers/ops/attention.py)
             return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale,
                                                   **({"enable_gqa": True} if enable_gqa else {}))
-        return fused_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return fused_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                               backend="triton")
 
 
 def _is_causal_mask(mask: torch.Tensor, tgt_len: int, src_len: int) -> bool:
@@ -226,7 +227,7 @@ class FusedMultiheadAttention(nn.MultiheadAttention):
         if prefer_sdpa(qh, kh, mask):  # cuDNN is faster here (see fused_layers/ops/attention.py)
             o = F.scaled_dot_product_attention(qh, kh, vh, dropout_p=p, is_causal=causal)
         else:
-            o = fused_attention(qh, kh, vh, attn_mask=mask, dropout_p=p, is_causal=causal)
+            o = fused_attention(qh, kh, vh, attn_mask=mask, dropout_p=p, is_causal=causal, backend="triton")
         # o is laid out like q: (B, S, H, Dh) or (S, B, H, Dh) in memory, so these reshapes are views.
         o = o.transpose(1, 2) if self.batch_first else o.permute(2, 0, 1, 3)
         o = o.flatten(-2)

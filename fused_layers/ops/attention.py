@@ -1475,12 +1475,17 @@ def key_bias_from_mask(attn_mask: torch.Tensor, B: int, H: int, Sq: int, Sk: int
 # p = 0.1).  A swapped module must never make the step slower, so for those cases (no mask, head dim 64 or
 # 128, compute capability 9.x, cuDNN SDPA enabled) the modules call SDPA; key-padding masks (fused as a
 # bias), other head dims, float32 and varlen run the Triton kernels, which beat SDPA's other backends there.
-# The functional ``fused_attention`` always runs these kernels.
+# The functional ``fused_attention`` follows the same rule (``backend="auto"``, its default); ``backend="triton"``
+# runs these kernels whatever the shape (the tests, the ops suite's ``fused`` rows).
 # --------------------------------------------------------------------------------------------------
 _CUDNN_FASTER: dict[int, bool] = {}
 #: The device type whose tensors ``prefer_sdpa`` may hand to cuDNN (a module global, read while Dynamo traces:
 #: the CPU tests set it to "cpu" to trace the GPU route under the interpreter).
 ROUTE_DEVICE_TYPE = "cuda"
+#: ``fused_attention``'s backend when its caller names none: "auto" (the tests' conftest sets "triton", so that
+#: every test of the kernels runs them; the routing tests pass "auto").
+DEFAULT_BACKEND = "auto"
+_BACKENDS = ("auto", "triton")
 
 
 @torch.compiler.assume_constant_result
@@ -1531,11 +1536,12 @@ def fused_attention(
     enable_gqa: bool = False,
     window: int | None = None,
     softcap: float | None = None,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with FlashAttention-style Triton forward and backward kernels.
 
     Takes ``F.scaled_dot_product_attention``'s full signature, in its order: ``(query, key, value,
-    attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)``, plus two keywords SDPA
+    attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)``, plus three keywords SDPA
     does not have:
 
     - ``window`` (int >= 1): a sliding window on the left: query i sees key j only if ``j > i - window``
@@ -1545,6 +1551,10 @@ def fused_attention(
       saves their work; a window of Sq or more cuts nothing and runs the windowless kernels (Gluon on Hopper).
     - ``softcap`` (float > 0): logit soft-capping, scores ``softcap * tanh(scale * q . k / softcap)`` after
       the scale and before any mask, as Gemma 2's ``attn_logit_softcapping``.
+    - ``backend``: ``"auto"`` (the default) calls SDPA where its cuDNN kernel is measured faster than these
+      (``prefer_sdpa``: compute capability 9.x, dense bf16 / fp16 4-D inputs, head dim 64 / 128, no mask, window
+      or soft-cap; H200, fwd+bwd at B16 H16 S 1,024, not causal: cuDNN 0.64 / 1.04 ms against these kernels'
+      0.69 / 1.10 at D64 / D128), these kernels everywhere else; ``"triton"``: these kernels whatever the shape.
 
     Same layout and semantics as ``F.scaled_dot_product_attention``: q (B, Hq, Sq, D), k and v
     (B, Hkv, Sk, D) (3-D inputs (B, S, D) are one head), any strides; ``is_causal`` aligned to the
@@ -1565,11 +1575,17 @@ def fused_attention(
     regenerates it, nothing is stored.  ``attention_dropout_mask`` materializes it for tests.
     """
     win, cap = _check_window_softcap(_OP, window, softcap)
+    backend = DEFAULT_BACKEND if backend is None else backend
+    if backend not in _BACKENDS:
+        raise ValueError(f"{_OP}: argument 'backend' must be one of {_BACKENDS}, got {backend!r}")
     if isinstance(query, torch.Tensor) and (adt := autocast_dtype(query)) is not None:
         # SDPA is one of autocast's lower-precision ops: under autocast its inputs run in the autocast dtype (a
         # float32 query from HF's RoPE with a bfloat16 value included), so here too
         query, key, value, attn_mask = autocast_cast(adt, query, key, value, attn_mask)
-    if _cpp.ENABLED and attn_mask is None and not win and not cap:  # a registered dense layout: one C++ call
+    # SDPA (cuDNN) where it is measured faster; decided before the C++ fast path, which runs these kernels
+    sdpa = (backend == "auto" and attn_mask is None and not win and not cap and isinstance(query, torch.Tensor)
+            and isinstance(key, torch.Tensor) and prefer_sdpa(query, key, None))
+    if _cpp.ENABLED and attn_mask is None and not win and not cap and not sdpa:  # a registered dense layout
         out = _cpp.fast_call("attention_fast", query, key, value, dropout_p, is_causal, scale, enable_gqa)
         if out is not None:
             return out
@@ -1585,7 +1601,7 @@ def fused_attention(
             check_tensor(_OP, "attn_mask", attn_mask)
         q4, k4, v4, m4, out_shape = _sdpa_layout(q, k, v, attn_mask, enable_gqa)
         out = fused_attention(q4, k4, v4, m4, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
-                              window=window, softcap=softcap)
+                              window=window, softcap=softcap, backend=backend)
         return out.reshape(out_shape)
     if attn_mask is not None:
         check_tensor(_OP, "attn_mask", attn_mask)
@@ -1630,6 +1646,9 @@ def fused_attention(
     if v.shape[-1] != D:
         warn_once(f"{_OP}:dv", f"{_OP}: value head dim {v.shape[-1]} != query head dim {D} is not fused; using SDPA.")
         return fallback()
+    if sdpa:  # the inputs checked as for the kernels, so that bad input gets the same errors either way
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, None, dropout_p, is_causal, scale=scale, **({"enable_gqa": True} if enable_gqa else {}))
     kb = None
     if attn_mask is not None:
         kb = key_bias_from_mask(attn_mask, B, Hq, Sq, Sk)
