@@ -552,6 +552,8 @@ def swap_modules(
         note = ""
         if getattr(target, "_fused_linear_refused", None):  # an HF causal LM whose forward keeps its LM head
             note = f"LM head not fused, loss only: {target._fused_linear_refused}"
+        elif kind in ("attention", "multihead_attention"):
+            note = CUDNN_ROUTE  # which kernel runs depends on each call's shape and device: say the rule
         report.swapped.append(SwapEntry(name, kind, _qualname(cls), _qualname(target), via, note))
         if kind == "attention" and known is None:
             fused_attention_prefixes.append(name)
@@ -569,6 +571,10 @@ def swap_modules(
                 report.skipped.append(SkipEntry(n, "attention", why))
             report.swapped = [e for e in report.swapped if e.name not in failed]
     return report
+
+
+#: the swap report's note on attention modules (``prefer_sdpa`` in ops/attention.py)
+CUDNN_ROUTE = "SDPA's cuDNN kernel where measured faster (Hopper, bf16/fp16, head dim 64/128, no mask)"
 
 
 def _sdpa_caller_entry(cls: type):

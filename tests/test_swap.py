@@ -118,6 +118,12 @@ def test_report_keeps_parameters_hooks_mode_and_state_dict():
     assert calls == ["ln", "sm"]
     assert report.counts()["softmax"] >= 1
     assert "swapped" in str(report) and report.as_dict()["swapped"]
+    # attention modules say which kernel their calls may run (the route depends on each call's shape)
+    notes = {e.name: e.note for e in report.swapped}
+    for name in ("mha", "att"):
+        if name in notes:
+            assert "cuDNN" in notes[name] and "head dim 64/128" in notes[name], notes[name]
+    assert not notes.get("ln")
 
 
 def test_report_text_groups_modules_per_class_change():
