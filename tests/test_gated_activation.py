@@ -267,6 +267,54 @@ def test_linear_backward_writes_the_product_over_its_gradient(device, plain, mon
     _check_against_chain(fused, chain, inputs, names)
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["gated", "plain"])
+def test_linear_reuse_inputs(device, plain, monkeypatch):
+    """``reuse_inputs=True`` on intermediates (a projection's fresh output): the backward writes d gate and d up (dx)
+    over them and allocates nothing of their size, and every gradient upstream matches float64; a copy of them saved
+    by another op and read after this backward raises (autograd's version check) instead of reading gradients;
+    leaves are never overwritten."""
+    m, n = 6, 40
+    x = torch.randn(m, 12, device=device, requires_grad=True)
+    w1 = torch.randn(2 * n, 12, device=device, requires_grad=True)
+    w2 = torch.randn(5, n, device=device, requires_grad=True)
+
+    def mlp(x, w1, w2, reuse, dtype=None):
+        h = torch.nn.functional.linear(x, w1)
+        g, u = h[..., :n], h[..., n:]  # views of an intermediate: overwritable
+        if dtype is not None:  # the float64 chain
+            return (torch.nn.functional.linear(activation_reference(g, "silu"), w2) if plain
+                    else _linear_chain(g, u, w2, None, "silu"))
+        return (fused_activation_linear(g, w2, None, "silu", reuse_inputs=reuse) if plain
+                else fused_gated_activation_linear(g, u, w2, None, "silu", reuse_inputs=reuse))
+
+    y = mlp(x, w1, w2, True)
+    dy = torch.randn_like(y)
+    made, empty = [], torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(tuple(a[0]) if a else None) or empty(*a, **k))
+    got = torch.autograd.grad(y, (x, w1, w2), dy)
+    monkeypatch.undo()
+    assert (m, n) not in made, made
+    leaves64 = [t.detach().double().requires_grad_() for t in (x, w1, w2)]
+    refs = torch.autograd.grad(mlp(*leaves64, False, torch.float64), leaves64, dy.double())
+    for name, a, r in zip(("dx", "dw1", "dw2"), got, refs):
+        torch.testing.assert_close(a.double(), r, atol=1e-4, rtol=1e-4, msg=name)
+    # another op saved the overwritten tensor before this call: reading it after the backward raises
+    h = torch.nn.functional.linear(x, w1)
+    side = h.pow(2).sum()  # saves h
+    y = (fused_activation_linear(h[..., :n], w2, None, "silu", reuse_inputs=True) if plain
+         else fused_gated_activation_linear(h[..., :n], h[..., n:], w2, None, "silu", reuse_inputs=True))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (y.sum() + side).backward()
+    # leaves are read, never written
+    g0 = torch.randn(m, n, device=device, requires_grad=True)
+    u0 = torch.randn(m, n, device=device, requires_grad=True)
+    keep = (g0.detach().clone(), u0.detach().clone())
+    y = (fused_activation_linear(g0, w2, None, "silu", reuse_inputs=True) if plain
+         else fused_gated_activation_linear(g0, u0, w2, None, "silu", reuse_inputs=True))
+    y.sum().backward()
+    assert torch.equal(g0.detach(), keep[0]) and torch.equal(u0.detach(), keep[1])
+
+
 def test_linear_frozen_weight(device):
     """A frozen down projection (an adapter trains elsewhere): gate and up get their gradients, the weight none, and
     the backward runs the kernel without the product."""

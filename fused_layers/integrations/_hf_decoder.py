@@ -10,7 +10,9 @@ whose code differs is not matched, and a module whose instance does not fit is l
   (adapters, hooks and quantized linears keep working), only the activation-times-up is fused, and its backward
   recomputes the activation (ops/gated_activation.py).  Where ``down_proj`` is a plain ``nn.Linear`` nothing hooks,
   ``fused_gated_activation_linear`` runs it too, and the product is written again in the backward instead of kept
-  (one (tokens, intermediate) tensor less per layer: 64 MiB at Gemma's 4,096 x 8,192 in bf16).  The activation must
+  (one (tokens, intermediate) tensor less per layer: 64 MiB at Gemma's 4,096 x 8,192 in bf16); where nothing hooks
+  the gate and up projections, the backward writes their gradients over their outputs (``reuse_inputs``: two such
+  tensors less at its peak).  The activation must
   be one whose math we verified (``act_fn`` / ``activation_fn``): torch's ``nn.SiLU`` / ``nn.GELU``, transformers'
   ``SiLUActivation``, ``GELUActivation`` on ``F.gelu``, ``GELUTanh`` on ``F.gelu(approximate="tanh")``,
   ``NewGELUActivation``; any other (ReLU^2, a clipped or quick GELU) leaves the module alone.
@@ -143,14 +145,16 @@ def _plain_linear(m: nn.Module) -> bool:
     return type(m) is nn.Linear and unhooked(m)
 
 
-def _down(self, h_in: torch.Tensor, up: Optional[torch.Tensor], act: str) -> torch.Tensor:
+def _down(self, h_in: torch.Tensor, up: Optional[torch.Tensor], act: str, fresh: bool) -> torch.Tensor:
     """``down_proj(act(gate) * up)``: with a plain ``nn.Linear`` down projection the product is not kept for the
-    backward (``fused_gated_activation_linear``), else the module is called on the fused product."""
+    backward (``fused_gated_activation_linear``), else the module is called on the fused product.  ``fresh``: gate
+    and up come from projections that nothing hooks, so nothing else holds them and the backward writes their
+    gradients over them (``reuse_inputs``)."""
     from ..ops.gated_activation import fused_gated_activation, fused_gated_activation_linear
 
     d = self.down_proj
     if _plain_linear(d):
-        return fused_gated_activation_linear(h_in, up, d.weight, d.bias, act)
+        return fused_gated_activation_linear(h_in, up, d.weight, d.bias, act, reuse_inputs=fresh)
     return d(fused_gated_activation(h_in, up, act))
 
 
@@ -166,7 +170,7 @@ def _build_llama_mlp(cls: type) -> dict:
         gate, up = self.gate_proj(x), self.up_proj(x)  # the class's order
         if not _fusable(gate, up):
             return self.down_proj(self.act_fn(gate) * up)
-        return _down(self, gate, up, act)
+        return _down(self, gate, up, act, unhooked(self.gate_proj) and unhooked(self.up_proj))
 
     return {"forward": forward}
 
@@ -184,7 +188,7 @@ def _build_phi3_mlp(cls: type) -> dict:
         if not _fusable(gate_up) or gate_up.shape[-1] % 2:
             gate, up_states = gate_up.chunk(2, dim=-1)
             return self.down_proj(up_states * self.activation_fn(gate))
-        return _down(self, gate_up, None, act)  # gate first: chunk(2)'s order
+        return _down(self, gate_up, None, act, unhooked(self.gate_up_proj))  # gate first: chunk(2)'s order
 
     return {"forward": forward}
 

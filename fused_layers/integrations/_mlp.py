@@ -5,8 +5,9 @@ gradient and ``act(fc1(x))`` for ``fc2``'s weight gradient.  The fused forward c
 (adapters, hooks and quantized linears keep working) and runs ``fc2(act(h))`` as one
 ``fused_activation_linear`` (ops/gated_activation.py), whose backward writes ``act(h)`` again instead of keeping
 it: one such tensor less a layer (GPT-2 small at 8 x 1,024 tokens: 0.56 GiB over 12 layers; ViT-B/16 at 64 images:
-0.87 GiB).  Verified by the syntax tree of each forward (``integrations.fingerprint``), with the instance checked at
-the swap and at each call:
+0.87 GiB).  Where nothing hooks ``fc1``, its output is the MLP's own, and the backward writes its gradient over it
+(``reuse_inputs``).  Verified by the syntax tree of each forward (``integrations.fingerprint``), with the instance
+checked at the swap and at each call:
 
 * ``transformers.models.gpt2.modeling_gpt2.GPT2MLP`` and the classes that copy its forward (GPT-BigCode, ...):
   ``dropout(c_proj(act(c_fc(x))))``; ``c_proj`` is GPT-2's ``Conv1D`` (weight (in, out): ``addmm(bias, h,
@@ -115,7 +116,7 @@ def _build_gpt2_mlp(cls: type) -> dict:
         w = _proj_weight(proj)
         if w is None or not (unhooked(proj) and _fusable(h, w)):
             return self.dropout(proj(self.act(h)))
-        return self.dropout(fused_activation_linear(h, w, proj.bias, act))
+        return self.dropout(fused_activation_linear(h, w, proj.bias, act, reuse_inputs=unhooked(self.c_fc)))
 
     return {"forward": forward}
 
@@ -132,7 +133,7 @@ def _build_timm_mlp(cls: type) -> dict:
         h = self.fc1(x)
         if not _fusable(h, fc2.weight):
             return self.drop2(fc2(self.norm(self.drop1(self.act(h)))))
-        return self.drop2(fused_activation_linear(h, fc2.weight, fc2.bias, act))
+        return self.drop2(fused_activation_linear(h, fc2.weight, fc2.bias, act, reuse_inputs=unhooked(self.fc1)))
 
     return {"forward": forward}
 
@@ -156,10 +157,11 @@ def _build_plain(fc: str, act: str, proj: str):
             p = getattr(self, proj)
             if is_compiling() or name is None or not triton_runnable(x) or not _plain_linear(p):
                 return source_forward(self, x)
-            h = getattr(self, fc)(x)
+            first = getattr(self, fc)
+            h = first(x)
             if not _fusable(h, p.weight):
                 return p(getattr(self, act)(h))
-            return fused_activation_linear(h, p.weight, p.bias, name)
+            return fused_activation_linear(h, p.weight, p.bias, name, reuse_inputs=unhooked(first))
 
         return {"forward": forward}
 

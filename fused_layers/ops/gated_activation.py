@@ -263,11 +263,18 @@ def gated_backward(dy: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tens
 
 
 def _launch_backward(dy: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor], act: int,
-                     y_out: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                     y_out: Optional[torch.Tensor], over_inputs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``gated_backward``; with ``y_out`` (contiguous, the halves' shape and dtype; ``dy`` itself is allowed) also
-    writes the recomputed product a(gate) * up into it."""
+    writes the recomputed product a(gate) * up into it; with ``over_inputs`` the gradients go over gate and up
+    themselves where their layout takes them without a copy (each element read, then written, by one program)."""
     g, u = _halves(gate, up)
-    if up is None:
+    if dy.dtype != g.dtype:
+        dy = dy.to(g.dtype)
+    over = over_inputs and all(last_dim_row_stride(t.shape, t.stride()) is not None for t in (g, u))
+    if over:
+        dg, du = g, u
+        outs = (gate, up) if up is not None else (gate, torch.empty((0,), dtype=gate.dtype, device=gate.device))
+    elif up is None:
         dgu = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
         dg, du = _halves(dgu, None)
         outs = (dgu, torch.empty((0,), dtype=gate.dtype, device=gate.device))
@@ -275,17 +282,19 @@ def _launch_backward(dy: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Te
         dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
         du = torch.empty(u.shape, dtype=u.dtype, device=u.device)
         outs = (dg, du)
-    if dy.dtype != g.dtype:
-        dy = dy.to(g.dtype)
     plan = _plan("bwd" if y_out is None else "bwd_y", g.shape,
                  (dy.stride(), g.stride(), u.stride(), dg.stride(), du.stride()), act)
     if plan.kernel is None:
         return outs
     dy = dy.contiguous() if plan.copy[0] else dy
-    g = g.contiguous() if plan.copy[1] else g
+    g = g.contiguous() if plan.copy[1] else g  # (never with ``over``: its layouts take no copy)
     u = u.contiguous() if plan.copy[2] else u
     # (the outputs are allocated in a layout without copies; Y is dg when not written: any valid pointer)
     plan.kernel(dy, g, u, dg, du, dg if y_out is None else y_out, *plan.ints)
+    if over:  # a copy of gate / up that another op saved, read after this, raises instead of reading gradients
+        for t in (gate, up):
+            if t is not None:
+                torch.autograd.graph.increment_version(t)
     return outs
 
 
@@ -382,12 +391,12 @@ class _GatedLinearFunction(torch.autograd.Function):
     backward for one intermediate-width tensor less held from the forward to the backward."""
 
     @staticmethod
-    def forward(ctx, gate, up, weight, bias, act, cdtype):
+    def forward(ctx, gate, up, weight, bias, act, cdtype, over_inputs):
         with torch.autocast(gate.device.type, enabled=False):  # the casts are explicit, as autocast makes them
             w = weight.to(cdtype)
             b = bias.to(cdtype) if bias is not None else None
             y = torch.nn.functional.linear(gated_forward(gate, up, act), w, b)  # the product dies here
-        ctx.act, ctx.has_up, ctx.has_bias = act, up is not None, bias is not None
+        ctx.act, ctx.has_up, ctx.has_bias, ctx.over_inputs = act, up is not None, bias is not None, over_inputs
         ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
         ctx.save_for_backward(gate, up, w)
         return y
@@ -403,12 +412,12 @@ class _GatedLinearFunction(torch.autograd.Function):
         # The forward's product, written again beside dgate and dup where the weight's gradient needs it (a frozen
         # down projection, as under an adapter elsewhere in the model, needs none), over dh itself.
         h = _over(dh, g) if ctx.needs_input_grad[2] else None
-        dg, du = _launch_backward(dh, gate, up, ctx.act, h)
+        dg, du = _launch_backward(dh, gate, up, ctx.act, h, ctx.over_inputs)
         del dh
         dw = (dy2.t() @ h.reshape(-1, n)).to(ctx.dtypes[0]) if h is not None else None
         del h
         db = dy2.sum(0, dtype=torch.float32).to(ctx.dtypes[1]) if ctx.has_bias and ctx.needs_input_grad[3] else None
-        return dg, (du if ctx.has_up else None), dw, db, None, None
+        return dg, (du if ctx.has_up else None), dw, db, None, None, None
 
 
 def _over(dh: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -419,6 +428,18 @@ def _over(dh: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if dh.dtype == like.dtype and dh.shape == like.shape and dh.is_contiguous():
         return dh
     return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+
+
+def _overwritable(*ts: Optional[torch.Tensor]) -> bool:
+    """Each tensor an intermediate of autograd (not a leaf, nor a view of one, e.g. a parameter's slice): what the
+    backward may overwrite with its gradient once it has read it."""
+    for t in ts:
+        if t is None:
+            continue
+        base = t if t._base is None else t._base
+        if not t.requires_grad or t.grad_fn is None or base.grad_fn is None:
+            return False
+    return True
 
 
 def _linear_operands(op: str, name: str, x: torch.Tensor, up: Optional[torch.Tensor], n: int, weight: object,
@@ -448,7 +469,8 @@ def _linear_operands(op: str, name: str, x: torch.Tensor, up: Optional[torch.Ten
 
 
 def fused_gated_activation_linear(gate: torch.Tensor, up: Optional[torch.Tensor], weight: torch.Tensor,
-                                  bias: Optional[torch.Tensor] = None, activation: str = "silu") -> torch.Tensor:
+                                  bias: Optional[torch.Tensor] = None, activation: str = "silu", *,
+                                  reuse_inputs: bool = False) -> torch.Tensor:
     """``F.linear(act(gate) * up, weight, bias)``: a gated MLP's activation and its down projection, whose backward
     writes the product again instead of keeping it from the forward (one (tokens, intermediate) tensor less per MLP
     held for the backward: 64 MiB a layer at 4,096 tokens x 8,192 in bf16).
@@ -456,6 +478,11 @@ def fused_gated_activation_linear(gate: torch.Tensor, up: Optional[torch.Tensor]
     Args:
         gate, up, activation: as ``fused_gated_activation`` (``up=None``: ``gate`` is the concatenated gate_up).
         weight: the down projection's weight, (out, N); bias: (out,) or None.
+        reuse_inputs: the backward writes d gate and d up over gate and up instead of into new tensors (two
+            intermediate-width tensors less at its peak), for inputs that nothing reads after the backward, such as
+            the projections' fresh outputs in an MLP's forward: afterwards they hold gradients, and autograd raises
+            if a copy of them saved by another op is read after this backward (a second backward through the graph
+            included).  Leaves and views of leaves are never overwritten.
 
     Follows ``torch.autocast`` as ``F.linear`` does (the matmuls in the autocast dtype, the weight's gradient in
     its own dtype).  Under ``torch.compile``, for float64 and where Triton cannot run, it is
@@ -466,7 +493,8 @@ def fused_gated_activation_linear(gate: torch.Tensor, up: Optional[torch.Tensor]
     weight, bias, cdtype = _linear_operands(_OP_LINEAR, "gate", gate, up, n, weight, bias)
     if cdtype is None:
         return torch.nn.functional.linear(fused_gated_activation(gate, up, activation), weight, bias)
-    return _GatedLinearFunction.apply(gate, up, weight, bias, act, cdtype)
+    over = bool(reuse_inputs) and _overwritable(gate, up)
+    return _GatedLinearFunction.apply(gate, up, weight, bias, act, cdtype, over)
 
 
 # ==================================================================================================
@@ -486,10 +514,12 @@ def activation_forward(x: torch.Tensor, act: int) -> torch.Tensor:
     return h
 
 
-def activation_backward(dh: torch.Tensor, x: torch.Tensor, act: int, h_out: Optional[torch.Tensor]) -> torch.Tensor:
+def activation_backward(dh: torch.Tensor, x: torch.Tensor, act: int, h_out: Optional[torch.Tensor],
+                        over_input: bool = False) -> torch.Tensor:
     """Launch dx = dh * a'(x); with ``h_out`` (contiguous, x's shape and dtype; ``dh`` itself is allowed) also
-    writes h = a(x) into it."""
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    writes h = a(x) into it; with ``over_input`` dx goes over x itself where its layout takes it without a copy."""
+    over = over_input and last_dim_row_stride(x.shape, x.stride()) is not None
+    dx = x if over else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if dh.dtype != x.dtype:
         dh = dh.to(x.dtype)
     plan = _plan("act_bwd" if h_out is None else "act_bwd_y", x.shape,
@@ -497,8 +527,10 @@ def activation_backward(dh: torch.Tensor, x: torch.Tensor, act: int, h_out: Opti
     if plan.kernel is None:
         return dx
     dh = dh.contiguous() if plan.copy[0] else dh
-    x = x.contiguous() if plan.copy[1] else x
-    plan.kernel(dh, x, x, dx, dx, dx if h_out is None else h_out, *plan.ints)
+    xin = x.contiguous() if plan.copy[1] else x  # (never with ``over``)
+    plan.kernel(dh, xin, xin, dx, dx, dx if h_out is None else h_out, *plan.ints)
+    if over:  # a copy of x that another op saved, read after this, raises instead of reading the gradient
+        torch.autograd.graph.increment_version(x)
     return dx
 
 
@@ -511,12 +543,12 @@ class _ActivationLinearFunction(torch.autograd.Function):
     less held from the forward to the backward."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, act, cdtype):
+    def forward(ctx, x, weight, bias, act, cdtype, over_input):
         with torch.autocast(x.device.type, enabled=False):  # the casts are explicit, as autocast makes them
             w = weight.to(cdtype)
             b = bias.to(cdtype) if bias is not None else None
             y = torch.nn.functional.linear(activation_forward(x, act), w, b)  # a(x) dies here
-        ctx.act, ctx.has_bias = act, bias is not None
+        ctx.act, ctx.has_bias, ctx.over_input = act, bias is not None, over_input
         ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
         ctx.save_for_backward(x, w)
         return y
@@ -534,14 +566,14 @@ class _ActivationLinearFunction(torch.autograd.Function):
             # over d(loss)/d(a(x)) itself
             dh = (dy2 @ w).reshape(x.shape)
             h = _over(dh, x) if need_w else None
-            dx = activation_backward(dh, x, ctx.act, h)
+            dx = activation_backward(dh, x, ctx.act, h, ctx.over_input)
             del dh
         elif need_w:
             h = activation_forward(x, ctx.act)
         dw = (dy2.t() @ h.reshape(-1, n)).to(ctx.dtypes[0]) if need_w else None
         del h
         db = dy2.sum(0, dtype=torch.float32).to(ctx.dtypes[1]) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 def activation_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -551,7 +583,7 @@ def activation_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: Opt
 
 
 def fused_activation_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                            activation: str = "gelu") -> torch.Tensor:
+                            activation: str = "gelu", *, reuse_inputs: bool = False) -> torch.Tensor:
     """``F.linear(act(x), weight, bias)``: a plain MLP's activation and its second linear (GPT-2's ``c_proj(act(
     c_fc(x)))``, timm's ``fc2(act(fc1(x)))``), whose backward writes ``act(x)`` again instead of keeping it from the
     forward: one (tokens, intermediate) tensor less per MLP held for the backward (0.56 GiB over GPT-2 small's 12
@@ -562,6 +594,8 @@ def fused_activation_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
         weight: the second linear's weight, (out, N) (a transposed view is fine: GPT-2's ``Conv1D.weight.t()``);
             bias: (out,) or None.
         activation: ``"gelu"`` (exact erf), ``"gelu_tanh"`` (alias ``"gelu_pytorch_tanh"``), ``"silu"``.
+        reuse_inputs: the backward writes dx over x instead of into a new tensor, as
+            ``fused_gated_activation_linear``'s ``reuse_inputs`` (for the first linear's fresh output).
 
     The activation is computed in float32 and rounded once (eager PyTorch in bf16 rounds as often as it has ops).
     Follows ``torch.autocast`` as ``F.linear`` does.  Under ``torch.compile`` (Inductor recomputes pointwise ops
@@ -577,4 +611,5 @@ def fused_activation_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     weight, bias, cdtype = _linear_operands(_OP_ACT_LINEAR, "x", x, None, x.shape[-1], weight, bias)
     if cdtype is None:
         return activation_linear_reference(x, weight, bias, activation)
-    return _ActivationLinearFunction.apply(x, weight, bias, ACTIVATIONS[activation], cdtype)
+    over = bool(reuse_inputs) and _overwritable(x)
+    return _ActivationLinearFunction.apply(x, weight, bias, ACTIVATIONS[activation], cdtype, over)
