@@ -22,6 +22,8 @@ Arms, each its own model built from the same seed (identical weights) and its ow
 
 * ``unfused``  as the library builds it (attention: SDPA)
 * ``fused``    after ``fused_layers.swap_modules(model)``: every norm, attention and LM-head loss it knows
+* ``fused-<kind>[-<kind>...]``  the same with those kinds left out (``fused-mlp``: every kind but the plain MLP),
+               to measure what one kind costs or gains inside the step
 * ``liger``    after Liger-Kernel's ``apply_liger_kernel_to_<family>(model=...)`` (Llama, Qwen2, Gemma; when
                installed). Liger also rebinds functions of the transformers module (RoPE); those globals are
                set to each arm's own values before its steps, so every arm runs its own code in one process.
@@ -68,7 +70,8 @@ CONFIG = {
 def add_arguments(p) -> None:
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
     p.add_argument("--modes", default="eager", help="eager and/or compile (torch.compile of each arm's model)")
-    p.add_argument("--arms", default="unfused,fused,liger", help="comma-separated subset of unfused,fused,liger")
+    p.add_argument("--arms", default="unfused,fused,liger",
+                   help="comma-separated: unfused, fused, liger, and fused-<kind>[-<kind>...] (fused without those kinds)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--steps", type=int, default=3, help="steps per arm and round")
@@ -217,6 +220,20 @@ def apply_variant(model, model_name: str, variant: str):
     return model
 
 
+def fused_kinds(arm: str) -> list[str] | None:
+    """The kinds a ``fused`` arm swaps: all (None), or all but those named after ``fused-`` (ValueError for a
+    kind the library does not have)."""
+    from fused_layers.swap import KINDS
+
+    if arm == "fused":
+        return None
+    left_out = arm.split("-")[1:]
+    unknown = [k for k in left_out if k not in KINDS]
+    if unknown:
+        raise ValueError(f"arm {arm!r}: no kind {', '.join(unknown)} (kinds: {', '.join(KINDS)})")
+    return [k for k in KINDS if k not in left_out]
+
+
 class Arm:
     def __init__(self, model_name: str, arm: str, mode: str, smoke: bool, switch: GlobalsSwitch,
                  variant: str = "plain"):
@@ -225,10 +242,10 @@ class Arm:
         self.name = arm
         self.model, self.batch, self.loss_fn, self.items, self.batch_desc = build(model_name, smoke)
         self.swapped = ""
-        if arm == "fused":
+        if arm == "fused" or arm.startswith("fused-"):
             from fused_layers import swap_modules
 
-            report = swap_modules(self.model)
+            report = swap_modules(self.model, kinds=fused_kinds(arm))
             self.swapped = ", ".join(f"{k} {c}" for k, c in sorted(report.counts().items()) if c)
         elif arm == "liger":
             import liger_kernel.transformers as lk
@@ -374,6 +391,15 @@ def run(args) -> int:
     except ValueError as e:
         print(f"python -m benchmarks models: --compiled-routes: {e}")
         return 2
+    for arm in (a for a in args.arms.split(",") if a):
+        try:
+            if arm not in ("unfused", "liger"):
+                if arm != "fused" and not arm.startswith("fused-"):
+                    raise ValueError(f"unknown arm {arm!r}; arms: unfused, fused, fused-<kind>[-<kind>...], liger")
+                fused_kinds(arm)
+        except ValueError as e:
+            print(f"python -m benchmarks models: --arms: {e}")
+            return 2
     if args.child_json:  # inside the per-model subprocess (one model, mode and variant)
         rows = run_model(models[0], modes[0], args)
         with open(args.child_json, "w") as f:

@@ -190,6 +190,28 @@ def test_models_compiled_routes_option(capsys):
     assert "--compiled-routes: 'softmax=fast'" in capsys.readouterr().out
 
 
+def test_models_arms_leave_kinds_out(capsys):
+    """--arms fused-<kind>[-<kind>...]: the fused arm without those kinds (what one kind costs or gains in the step);
+    the arm's swap leaves them alone; an unknown arm or kind is refused before anything runs."""
+    pytest.importorskip("transformers")
+    import argparse
+
+    from benchmarks import models
+    from fused_layers.swap import KINDS
+
+    assert models.fused_kinds("fused") is None
+    assert models.fused_kinds("fused-mlp") == [k for k in KINDS if k != "mlp"]
+    assert set(KINDS) - set(models.fused_kinds("fused-mlp-attention")) == {"mlp", "attention"}
+    arm = models.Arm("gpt2", "fused-mlp", "eager", True, models.GlobalsSwitch())
+    assert "mlp" not in arm.swapped and "layer_norm" in arm.swapped, arm.swapped
+    p = argparse.ArgumentParser()
+    models.add_arguments(p)
+    p.add_argument("--smoke", action="store_true")
+    for bad, said in (("unfused,fused-mpl", "no kind mpl"), ("fastest", "unknown arm 'fastest'")):
+        assert models.run(p.parse_args(["--smoke", "--arms", bad])) == 2
+        assert said in capsys.readouterr().out
+
+
 def test_models_variants_gradient_checkpointing_and_lora(capsys):
     """--variants: grad_ckpt turns on the model's activation checkpointing, lora wraps it in a PEFT adapter whose
     parameters alone train (the arm's optimizer takes only those); an unknown variant is refused before anything
