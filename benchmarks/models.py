@@ -71,7 +71,7 @@ def add_arguments(p) -> None:
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
     p.add_argument("--modes", default="eager", help="eager and/or compile (torch.compile of each arm's model)")
     p.add_argument("--arms", default="unfused,fused,liger",
-                   help="comma-separated: unfused, fused, liger, and fused-<kind>[-<kind>...] (fused without those kinds)")
+                   help="comma-separated: unfused, fused, liger, fused-<kind>[-<kind>...] (fused without those kinds)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--steps", type=int, default=3, help="steps per arm and round")
