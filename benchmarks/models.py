@@ -30,7 +30,8 @@ Arms, each its own model built from the same seed (identical weights) and its ow
 
 Method: each arm is warmed up (``--warmup`` steps: Triton JIT, torch.compile, the allocator, the library's
 C++ fast path), then ``--rounds`` rounds of ``--steps`` steps per arm, arms interleaved in a rotating order,
-CUDA events per arm and round. ``step_ms`` is the median over rounds with its min-max; ``speedup`` is the
+CUDA events per arm and round, the setup's Python objects frozen out of the garbage collector while timing
+(``utils.interleaved_rounds``). ``step_ms`` is the median over rounds with its min-max; ``speedup`` is the
 unfused median over the arm's median, with the min-max over rounds of the in-round ratio. ``extra_peak_gib``:
 the allocator's peak during one step above what was allocated before it (activations, logits, gradients,
 temporaries). ``loss``: the first batch's loss in eval mode before any step; ``loss_diff`` its distance to

@@ -308,8 +308,23 @@ def interleaved_rounds(steps: dict[str, Callable], rounds: int, per_round: int,
     ``steps[arm]()`` ``per_round`` times, arms in an order that rotates by one every round. ``enter[arm]()``
     (optional) runs before an arm's steps, untimed (e.g. to set process-wide state an arm needs). One untimed
     step of every arm, in the same order, comes first: a compiled arm recompiles once after another arm
-    changed what its guards read (seen on an H100: 500 ms in the first timed round). Without CUDA
+    changed what its guards read (seen on an H100: 500 ms in the first timed round). The objects that exist when
+    timing starts (every arm's model and optimizer) are frozen out of Python's garbage collector (``gc.freeze``)
+    while it runs: one process holds every arm's model where a training run holds one, and the collector's full
+    passes over the others' objects would land in whichever arm's step they happen to fall. Without CUDA
     (``--smoke``) the wall clock times the steps: checks the code path, not the speed."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    try:
+        return _rounds(steps, rounds, per_round, enter)
+    finally:
+        gc.unfreeze()
+
+
+def _rounds(steps: dict[str, Callable], rounds: int, per_round: int,
+            enter: dict[str, Callable] | None) -> dict[str, list[float]]:
     import time
 
     import torch
