@@ -17,6 +17,9 @@ Models, built from their libraries' configs with random weights (no download), b
 * ``gemma2`` HF Gemma 2, 6 x d1,024, 8 heads / 4 KV heads, head dim 128, FFN 8,192, vocab 256,000, attention
              soft-capping 50, final logit soft-capping 30, a 512-token window on every other layer; 4 x 1,024
 * ``vit``    timm ``vit_base_patch16_224`` (ViT-B/16), 1,000 classes; 64 x 224^2
+* ``encoder`` torch ``nn.TransformerEncoder``: 12 pre-norm ``nn.TransformerEncoderLayer`` (d768, 12 heads, FFN 3,072,
+             GELU, dropout 0.1) over a 30,522-token embedding, mean-pooled into a 2-class head (a BERT-base-sized
+             sequence classifier written with torch's own modules); 32 x 512
 
 Arms, each its own model built from the same seed (identical weights) and its own optimizer:
 
@@ -52,7 +55,7 @@ import traceback
 
 from . import utils
 
-MODELS = ["gpt2", "llama", "qwen2", "gemma", "llama3", "mistral", "gemma2", "vit"]
+MODELS = ["gpt2", "llama", "qwen2", "gemma", "llama3", "mistral", "gemma2", "vit", "encoder"]
 LIGER = {"llama": "apply_liger_kernel_to_llama", "qwen2": "apply_liger_kernel_to_qwen2",
          "gemma": "apply_liger_kernel_to_gemma", "llama3": "apply_liger_kernel_to_llama",
          "mistral": "apply_liger_kernel_to_mistral", "gemma2": "apply_liger_kernel_to_gemma2"}
@@ -65,6 +68,7 @@ CONFIG = {
     "mistral": "8 x d1024, GQA 16/4, FFN 2816, vocab 32,000, sliding window 1024",
     "gemma2": "6 x d1024, GQA 8/4, head dim 128, FFN 8192, vocab 256,000, softcap 50 / 30, window 512",
     "vit": "timm vit_base_patch16_224, 1,000 classes",
+    "encoder": "torch nn.TransformerEncoder, 12 x d768 pre-norm, 12 heads, FFN 3072 GELU, 2 classes",
 }
 
 
@@ -110,6 +114,8 @@ def build(name: str, smoke: bool):
             return torch.nn.functional.cross_entropy(m(b[0].to(next(m.parameters()).dtype)).float(), b[1])
 
         return _finish(model, smoke), batch, loss_fn, bs, f"{bs}x{hw}^2"
+    if name == "encoder":
+        return _encoder(dev, g, smoke)
     import transformers as T
 
     if name == "gpt2":
@@ -164,6 +170,36 @@ def build(name: str, smoke: bool):
 
     def loss_fn(m, b):
         return m(**b).loss
+
+    return _finish(model, smoke), batch, loss_fn, bs * seq, f"{bs}x{seq}"
+
+
+def _encoder(dev, g, smoke: bool):
+    """torch's own encoder as a user writes it: embedding, ``nn.TransformerEncoder``, mean pool, a linear head."""
+    import torch
+    from torch import nn
+
+    d, heads, ff, layers, vocab = (32, 2, 64, 2, 64) if smoke else (768, 12, 3072, 12, 30522)
+    bs, seq = (2, 16) if smoke else (32, 512)
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            layer = nn.TransformerEncoderLayer(d, heads, ff, dropout=0.1, activation="gelu", batch_first=True,
+                                               norm_first=True)
+            self.encoder = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(d), enable_nested_tensor=False)
+            self.head = nn.Linear(d, 2)
+
+        def forward(self, ids):
+            return self.head(self.encoder(self.embed(ids)).mean(1))
+
+    with dev:
+        model = Classifier()
+    batch = (torch.randint(0, vocab, (bs, seq), generator=g).to(dev), torch.randint(0, 2, (bs,), generator=g).to(dev))
+
+    def loss_fn(m, b):
+        return torch.nn.functional.cross_entropy(m(b[0]).float(), b[1])
 
     return _finish(model, smoke), batch, loss_fn, bs * seq, f"{bs}x{seq}"
 

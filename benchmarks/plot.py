@@ -20,10 +20,10 @@ ARM_COLORS = {"unfused": "#9e9e9e", "fused": "#1f77b4", "liger": "#ff7f0e"}
 IMPL_COLORS = {"fused": "#1f77b4", "torch": "#7f7f7f", "torch_fp32": "#bcbcbc", "compile": "#2ca02c",
                "liger": "#ff7f0e", "sdpa": "#9467bd", "sdpa_flash": "#8c564b", "sdpa_cudnn": "#e377c2",
                "sdpa_efficient": "#17becf", "flex": "#bcbd22"}
-MODEL_ORDER = ["gpt2", "llama", "qwen2", "gemma", "llama3", "mistral", "gemma2", "vit"]
+MODEL_ORDER = ["gpt2", "llama", "qwen2", "gemma", "llama3", "mistral", "gemma2", "vit", "encoder"]
 MODEL_LABEL = {"gpt2": "GPT-2", "llama": "Llama\n(GQA, 32K)", "qwen2": "Qwen2\n(152K)",
                "gemma": "Gemma\n(256K)", "llama3": "Llama 3\n(128K)", "mistral": "Mistral\n(window)",
-               "gemma2": "Gemma 2\n(softcap)", "vit": "ViT-B/16"}
+               "gemma2": "Gemma 2\n(softcap)", "vit": "ViT-B/16", "encoder": "torch\nencoder"}
 
 # table suite: the columns printed per table
 TABLE_COLUMNS = {
