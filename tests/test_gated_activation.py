@@ -270,7 +270,8 @@ def test_linear_backward_writes_the_product_over_its_gradient(device, plain, mon
 @pytest.mark.parametrize("plain", [False, True], ids=["gated", "plain"])
 def test_linear_reuse_inputs(device, plain, monkeypatch):
     """``reuse_inputs=True`` on intermediates (a projection's fresh output): the backward writes d gate and d up (dx)
-    over them and allocates nothing of their size, and every gradient upstream matches float64; a copy of them saved
+    over them and allocates nothing of their size, its gradients are those of the allocating path bit for bit and
+    match float64; a copy of them saved
     by another op and read after this backward raises (autograd's version check) instead of reading gradients;
     leaves are never overwritten."""
     m, n = 6, 40
@@ -294,6 +295,7 @@ def test_linear_reuse_inputs(device, plain, monkeypatch):
     got = torch.autograd.grad(y, (x, w1, w2), dy)
     monkeypatch.undo()
     assert (m, n) not in made, made
+    assert all(torch.equal(a, b) for a, b in zip(got, torch.autograd.grad(mlp(x, w1, w2, False), (x, w1, w2), dy)))
     leaves64 = [t.detach().double().requires_grad_() for t in (x, w1, w2)]
     refs = torch.autograd.grad(mlp(*leaves64, False, torch.float64), leaves64, dy.double())
     for name, a, r in zip(("dx", "dw1", "dw2"), got, refs):
@@ -501,6 +503,28 @@ def test_gpu_linear_llama_mlp_size_bf16(activation):
     gu = torch.randn(1024, 2 * 8192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w2 = (torch.randn(3072, 8192, device="cuda") / 90).bfloat16().requires_grad_()
     _check_linear(gu, None, w2, None, activation)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plain", [False, True], ids=["gated", "plain"])
+def test_gpu_reuse_inputs_same_bits_at_llama_size(plain):
+    """``reuse_inputs`` writes the gradients over the inputs (each element read, then written, by one program): at
+    Llama 2 7B's MLP size in bf16 its gradients are bit for bit those of the allocating path (a program that read an
+    element another had already overwritten would differ), and gate / up now hold them."""
+    g0 = (torch.randn(2, 1024, 11008, device="cuda") * 2).bfloat16().requires_grad_()
+    u0 = torch.randn(2, 1024, 11008, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(4096, 11008, device="cuda") / 100).bfloat16().requires_grad_()
+    dy = torch.randn(2, 1024, 4096, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for reuse in (False, True):
+        gate, up = g0 * 1, u0 * 1  # intermediates, as a projection's output
+        y = (fused_activation_linear(gate, w, None, "silu", reuse_inputs=reuse) if plain
+             else fused_gated_activation_linear(gate, up, w, None, "silu", reuse_inputs=reuse))
+        grads.append(torch.autograd.grad(y, (g0, w) if plain else (g0, u0, w), dy))
+        if reuse:
+            assert torch.equal(gate, grads[-1][0])  # the gradient went over the input
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.gpu
