@@ -213,6 +213,31 @@ def _sum_step(compiled, b):
 
 
 @pytest.mark.slow
+def test_functional_attention_routes_inside_one_graph(gpu_route):
+    """``fused_attention(backend="auto")`` compiles into one graph (``fullgraph=True``) on the GPU's routing path:
+    SDPA where cuDNN is measured faster (a dense bf16 head-dim-64 call), the kernels with a key-padding mask; forward
+    and backward match eager."""
+    from _tol import kernel_names, launched
+
+    from fused_layers import fused_attention
+
+    q, k, v = (torch.randn(1, 2, 16, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    keep = torch.ones(1, 1, 1, 16, dtype=torch.bool)
+    keep[..., -3:] = False
+    for mask in (None, keep):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda q, k, v, m: fused_attention(q, k, v, m, is_causal=True, backend="auto"),
+                           backend="eager", fullgraph=True)
+        out = fn(q, k, v, mask)
+        with launched("attention") as seen:
+            ref = fused_attention(q, k, v, mask, is_causal=True, backend="auto")
+        assert bool(kernel_names(seen)) == (mask is not None), kernel_names(seen)  # SDPA without the mask
+        torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+        g, r = torch.autograd.grad(out.float().sum(), (q, k, v)), torch.autograd.grad(ref.float().sum(), (q, k, v))
+        for a, b in zip(g, r):
+            torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
 def test_transformer_encoder_compiled_no_break(gpu_route):
     torch.manual_seed(0)
     model = _Encoder().to(torch.bfloat16)
