@@ -307,6 +307,14 @@ def test_linear_reuse_inputs(device, plain, monkeypatch):
          else fused_gated_activation_linear(h[..., :n], h[..., n:], w2, None, "silu", reuse_inputs=True))
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (y.sum() + side).backward()
+    if not plain:  # one intermediate passed as both gate and up: each gradient needs its own tensor
+        h = torch.nn.functional.linear(x, w1)[..., :n]
+        y = fused_gated_activation_linear(h, h, w2, None, "silu", reuse_inputs=True)
+        got = torch.autograd.grad(y, (x, w1, w2), dy)
+        hr = torch.nn.functional.linear(x.detach().double(), w1.detach().double())[..., :n].requires_grad_()
+        yr = _linear_chain(hr, hr, w2.detach().double(), None, "silu")
+        (gh,) = torch.autograd.grad(yr, (hr,), dy.double())
+        torch.testing.assert_close(got[0].double(), gh @ w1.detach().double()[:n], atol=1e-4, rtol=1e-4)
     # leaves are read, never written
     g0 = torch.randn(m, n, device=device, requires_grad=True)
     u0 = torch.randn(m, n, device=device, requires_grad=True)

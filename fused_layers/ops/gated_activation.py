@@ -431,15 +431,30 @@ def _over(dh: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _overwritable(*ts: Optional[torch.Tensor]) -> bool:
-    """Each tensor an intermediate of autograd (not a leaf, nor a view of one, e.g. a parameter's slice): what the
-    backward may overwrite with its gradient once it has read it."""
+    """Each tensor an intermediate of autograd (not a leaf, nor a view of one, e.g. a parameter's slice), and no
+    two of them sharing an element (the same tensor passed as gate and up would get both gradients written over it;
+    the two column halves of one gate_up tensor share none): what the backward may overwrite with its gradients
+    once it has read it."""
+    ts = [t for t in ts if t is not None]
     for t in ts:
-        if t is None:
-            continue
         base = t if t._base is None else t._base
         if not t.requires_grad or t.grad_fn is None or base.grad_fn is None:
             return False
+    for i, a in enumerate(ts):
+        for b in ts[i + 1:]:
+            if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and not _disjoint_columns(a, b):
+                return False
     return True
+
+
+def _disjoint_columns(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` (views of one storage) are column blocks of the same rows that do not meet:
+    equal shapes and row stride, unit column stride, their offsets at least a row's width apart within a row."""
+    ra, rb = last_dim_row_stride(a.shape, a.stride()), last_dim_row_stride(b.shape, b.stride())
+    if ra is None or ra != rb or a.shape != b.shape or a.dim() == 0:
+        return False
+    d, n = abs(a.storage_offset() - b.storage_offset()), a.shape[-1]
+    return n <= d and d + n <= ra
 
 
 def _linear_operands(op: str, name: str, x: torch.Tensor, up: Optional[torch.Tensor], n: int, weight: object,
