@@ -452,7 +452,7 @@ def test_gpu_mha_bf16(sdpa, monkeypatch):
     if sdpa and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the modules hand dense bf16 attention to SDPA on sm_90 (cuDNN) only")
     if not sdpa:
-        monkeypatch.setattr("fused_layers.modules.attention.prefer_sdpa", lambda *a: False)
+        monkeypatch.setattr("fused_layers.ops.attention.prefer_sdpa", lambda *a: False)
     ref = nn.MultiheadAttention(1024, 16, batch_first=True, device="cuda", dtype=torch.bfloat16)
     fused = _copy_mha(ref, batch_first=True, dtype=torch.bfloat16)
     x = torch.randn(4, 1000, 1024, device="cuda", dtype=torch.bfloat16)
@@ -507,9 +507,9 @@ def test_prefer_sdpa_rule():
 
 def test_functional_backend(monkeypatch, device):
     """``fused_attention(backend="auto")``, the library's default, hands a call to SDPA exactly where ``prefer_sdpa``
-    says cuDNN is faster (patched here: the rule's device checks need a Hopper GPU), after the same checks of its
-    inputs, so bad input gets fused_attention's errors either way; key-padding masks, windows, soft-caps and
-    ``backend="triton"`` run the kernels; an unknown backend is a ValueError naming the argument."""
+    says cuDNN is faster (patched here: the rule's device checks need a Hopper GPU), SDPA checking the rest of the
+    inputs itself; K/V heads that need enable_gqa and lack it get fused_attention's error; key-padding masks, windows,
+    soft-caps and ``backend="triton"`` run the kernels; an unknown backend is a ValueError naming the argument."""
     from fused_layers.ops import attention as A
 
     q, k, v = (torch.randn(2, 4, 20, 16, device=device, requires_grad=True) for _ in range(3))
@@ -571,6 +571,5 @@ def test_module_kernel_choice(monkeypatch, device):
     assert not A.prefer_sdpa(q, k, None) or device == "cuda"
     for sdpa in (True, False):
         monkeypatch.setattr(A, "prefer_sdpa", lambda *a, _s=sdpa: _s)
-        monkeypatch.setattr("fused_layers.modules.attention.prefer_sdpa", lambda *a, _s=sdpa: _s)
         out = FusedAttention()(q, k, v, is_causal=True)
         torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)

@@ -36,12 +36,11 @@ _REAL_SDPA = F.scaled_dot_product_attention
 
 def sdpa_fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     """``F.scaled_dot_product_attention``'s signature and result, on the fused kernels."""
-    from ..ops.attention import fused_attention, prefer_sdpa
+    from ..ops.attention import fused_attention
 
-    if attn_mask is None and prefer_sdpa(query, key, None):  # cuDNN measured faster there (as FusedAttention)
-        return _REAL_SDPA(query, key, value, None, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    # backend "auto": SDPA itself where cuDNN is measured faster (as FusedAttention)
     return fused_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
-                           backend="triton")
+                           backend="auto")
 
 
 class _Proxy(types.ModuleType):

@@ -60,7 +60,7 @@ class Attention(nn.Module):
 # Fused replacements
 # ==================================================================================================
 from ..ops._common import is_compiling, warn_once  # noqa: E402
-from ..ops.attention import fused_attention, key_bias_from_mask, prefer_sdpa  # noqa: E402
+from ..ops.attention import fused_attention, key_bias_from_mask  # noqa: E402
 
 
 def _mask_fusable(attn_mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -102,11 +102,9 @@ class FusedAttention(Attention):
                 "using the reference attention (explicit softmax).",
             )
             return super().forward(q, k, v, attn_mask, is_causal, scale, enable_gqa)
-        if prefer_sdpa(q, k, attn_mask):  # cuDNN is faster here (see fused_layers/ops/attention.py)
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale,
-                                                  **({"enable_gqa": True} if enable_gqa else {}))
+        # backend "auto": SDPA (cuDNN) where it is measured faster (``prefer_sdpa`` in fused_layers/ops/attention.py)
         return fused_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                               backend="triton")
+                               backend="auto")
 
 
 def _is_causal_mask(mask: torch.Tensor, tgt_len: int, src_len: int) -> bool:
@@ -224,10 +222,7 @@ class FusedMultiheadAttention(nn.MultiheadAttention):
                 mask = kpm.to(q.dtype)[:, None, None, :]
         qh, kh, vh = heads(q), heads(k), heads(v)
         p = self.dropout if self.training else 0.0
-        if prefer_sdpa(qh, kh, mask):  # cuDNN is faster here (see fused_layers/ops/attention.py)
-            o = F.scaled_dot_product_attention(qh, kh, vh, dropout_p=p, is_causal=causal)
-        else:
-            o = fused_attention(qh, kh, vh, attn_mask=mask, dropout_p=p, is_causal=causal, backend="triton")
+        o = fused_attention(qh, kh, vh, attn_mask=mask, dropout_p=p, is_causal=causal, backend="auto")  # as above
         # o is laid out like q: (B, S, H, Dh) or (S, B, H, Dh) in memory, so these reshapes are views.
         o = o.transpose(1, 2) if self.batch_first else o.permute(2, 0, 1, 3)
         o = o.flatten(-2)

@@ -1473,10 +1473,10 @@ def key_bias_from_mask(attn_mask: torch.Tensor, B: int, H: int, Sq: int, Sk: int
 # backward 0.49-0.91x of cuDNN's), including GQA / MQA through SDPA's ``enable_gqa`` (Llama-shape GQA 16/4 x 64,
 # S 2,048, causal, forward + backward: SDPA 0.411 ms against 0.512) and dropout (0.639 against 1.019 ms at
 # p = 0.1).  A swapped module must never make the step slower, so for those cases (no mask, head dim 64 or
-# 128, compute capability 9.x, cuDNN SDPA enabled) the modules call SDPA; key-padding masks (fused as a
-# bias), other head dims, float32 and varlen run the Triton kernels, which beat SDPA's other backends there.
-# The functional ``fused_attention`` follows the same rule (``backend="auto"``, its default); ``backend="triton"``
-# runs these kernels whatever the shape (the tests, the ops suite's ``fused`` rows).
+# 128, compute capability 9.x, cuDNN SDPA enabled) ``fused_attention`` calls SDPA (``backend="auto"``, its default,
+# which the modules and integrations use); key-padding masks (fused as a bias), other head dims, float32 and varlen
+# run the Triton kernels, which beat SDPA's other backends there.  ``backend="triton"`` runs these kernels whatever
+# the shape (the tests, the ops suite's ``fused`` rows).
 # --------------------------------------------------------------------------------------------------
 _CUDNN_FASTER: dict[int, bool] = {}
 #: The device type whose tensors ``prefer_sdpa`` may hand to cuDNN (a module global, read while Dynamo traces:
@@ -1582,10 +1582,15 @@ def fused_attention(
         # SDPA is one of autocast's lower-precision ops: under autocast its inputs run in the autocast dtype (a
         # float32 query from HF's RoPE with a bfloat16 value included), so here too
         query, key, value, attn_mask = autocast_cast(adt, query, key, value, attn_mask)
-    # SDPA (cuDNN) where it is measured faster; decided before the C++ fast path, which runs these kernels
-    sdpa = (backend == "auto" and attn_mask is None and not win and not cap and isinstance(query, torch.Tensor)
-            and isinstance(key, torch.Tensor) and prefer_sdpa(query, key, None))
-    if _cpp.ENABLED and attn_mask is None and not win and not cap and not sdpa:  # a registered dense layout
+    # SDPA (cuDNN) where it is measured faster, first thing (a module's every call takes this path on Hopper): SDPA
+    # checks the rest of its inputs itself, with PyTorch's errors; K/V heads that need enable_gqa and lack it get
+    # this function's error below instead
+    if (backend == "auto" and attn_mask is None and not win and not cap and isinstance(query, torch.Tensor)
+            and isinstance(key, torch.Tensor) and (enable_gqa or key.dim() != 4 or key.shape[-3] == query.shape[-3])
+            and prefer_sdpa(query, key, None)):
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, None, dropout_p, is_causal, scale=scale, **({"enable_gqa": True} if enable_gqa else {}))
+    if _cpp.ENABLED and attn_mask is None and not win and not cap:  # a registered dense layout: one C++ call
         out = _cpp.fast_call("attention_fast", query, key, value, dropout_p, is_causal, scale, enable_gqa)
         if out is not None:
             return out
@@ -1646,9 +1651,6 @@ def fused_attention(
     if v.shape[-1] != D:
         warn_once(f"{_OP}:dv", f"{_OP}: value head dim {v.shape[-1]} != query head dim {D} is not fused; using SDPA.")
         return fallback()
-    if sdpa:  # the inputs checked as for the kernels, so that bad input gets the same errors either way
-        return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, None, dropout_p, is_causal, scale=scale, **({"enable_gqa": True} if enable_gqa else {}))
     kb = None
     if attn_mask is not None:
         kb = key_bias_from_mask(attn_mask, B, Hq, Sq, Sk)
