@@ -455,11 +455,14 @@ def run(args) -> int:
                 subprocess.run(cmd, cwd=utils.ROOT, timeout=args.timeout, check=False)
             except subprocess.TimeoutExpired:
                 print(f"[{m}/{mode}/{variant}] timed out after {args.timeout:.0f} s", flush=True)
-            if os.path.exists(out):
-                rows += json.load(open(out))
             print(f"[{m}/{mode}/{variant}] {time.perf_counter() - t0:.0f} s", flush=True)
-    utils.write_results(args, "models", rows)
-    if rows:
+            if os.path.exists(out):  # written as each case ends: a run stopped later keeps what it measured
+                case = json.load(open(out))
+                utils.write_results(args, "models", case)
+                rows += case
+    if not rows:
+        print("[models] no rows measured")
+    else:
         print(utils.markdown(rows, ["model", "mode", "arm", "step_ms", "speedup", "speedup_lo", "speedup_hi",
                                     "extra_peak_gib", "loss_diff", "swapped"]))
     return 0

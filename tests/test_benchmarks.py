@@ -212,6 +212,35 @@ def test_models_arms_leave_kinds_out(capsys):
         assert said in capsys.readouterr().out
 
 
+def test_models_writes_each_case_as_it_ends(tmp_path, monkeypatch):
+    """The models suite appends a case's rows (one model, mode, variant) as soon as its subprocess ends: a run
+    stopped later (a timeout, a reclaimed GPU machine) keeps what it measured."""
+    import json
+
+    from benchmarks import models
+    from benchmarks.__main__ import parser
+
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        if len(calls) > 1:
+            raise KeyboardInterrupt  # the run is stopped during the second case
+        path = cmd[cmd.index("--child-json") + 1]
+        json.dump([{"model": "llama", "mode": "eager", "arm": a, "step_ms": 1.0} for a in ("unfused", "fused")],
+                  open(path, "w"))
+
+    monkeypatch.setattr(models.subprocess, "run", fake_run)
+    monkeypatch.setattr(models.utils, "require_cuda", lambda *a: None)
+    out = tmp_path / "models.csv"
+    args = parser().parse_args(["models", "--models", "llama", "--variants", "plain,grad_ckpt", "--arms",
+                                "unfused,fused", "--out", str(out)])
+    with pytest.raises(KeyboardInterrupt):
+        models.run(args)
+    rows = utils.read_rows(out)
+    assert len(calls) == 2 and [r["arm"] for r in rows] == ["unfused", "fused"]
+
+
 def test_models_variants_gradient_checkpointing_and_lora(capsys):
     """--variants: grad_ckpt turns on the model's activation checkpointing, lora wraps it in a PEFT adapter whose
     parameters alone train (the arm's optimizer takes only those); an unknown variant is refused before anything
