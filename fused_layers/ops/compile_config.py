@@ -52,9 +52,10 @@ COMPILED = CompiledRoutes(
     # A fusion Inductor cannot do: its graph holds the (N, V) logits of the LM head (and the loss's float32 copy
     # of them), the chunked kernel never more than one chunk of them.
     linear_cross_entropy="kernels",
-    # act(gate) * up is pointwise: Inductor makes it one kernel with its neighbours and its partitioner recomputes
-    # it in the backward instead of saving it, which is what the kernels do eagerly (compiled Gemma and Qwen2 with
-    # any one kind but the loss left to Inductor stepped as fast as with all of them, docs/performance.md).
+    # act(gate) * up is pointwise: Inductor makes it one kernel with its neighbours (compiled Gemma and Qwen2 with
+    # any one kind but the loss left to Inductor stepped as fast as with all of them, docs/performance.md). Its
+    # partitioner does keep the product for the down projection's weight gradient, one intermediate-width tensor a
+    # layer that the kernels recompute eagerly; their gated op with the projection is not a torch.library op yet.
     gated_activation="inductor",
     # The add and the norm are what Inductor fuses into one kernel for the norms above.
     residual_norm="inductor",
