@@ -20,8 +20,9 @@ checked at the swap and at each call:
 
 The activation must be one whose math is verified (``_hf_decoder.activation_name``: torch's ``nn.GELU`` exact or
 tanh, ``nn.SiLU``; transformers' ``NewGELUActivation``, GPT-2's, ...).  ``fc2`` must be exactly the library's
-class with nothing hooking it (no adapter, no ZeRO-3 gather); else, under ``torch.compile`` (Inductor recomputes
-the activation itself) and without a gradient, the class's own forward runs.
+class with nothing hooking it (no adapter, no ZeRO-3 gather); else, under ``torch.compile`` (the fused op is not
+a ``torch.library`` op: Inductor runs the class's code and keeps ``act(h)`` for ``fc2``'s weight gradient) and
+without a gradient, the class's own forward runs.
 """
 
 from __future__ import annotations

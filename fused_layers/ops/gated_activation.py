@@ -613,8 +613,9 @@ def fused_activation_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
             ``fused_gated_activation_linear``'s ``reuse_inputs`` (for the first linear's fresh output).
 
     The activation is computed in float32 and rounded once (eager PyTorch in bf16 rounds as often as it has ops).
-    Follows ``torch.autocast`` as ``F.linear`` does.  Under ``torch.compile`` (Inductor recomputes pointwise ops
-    itself), without a gradient, for float64 and where Triton cannot run, it is ``activation_linear_reference``.
+    Follows ``torch.autocast`` as ``F.linear`` does.  Under ``torch.compile`` (this is not a ``torch.library`` op;
+    Inductor keeps ``act(x)`` for the weight gradient), without a gradient, for float64 and where Triton cannot run,
+    it is ``activation_linear_reference``.
     """
     x = check_tensor(_OP_ACT_LINEAR, "x", x)
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
