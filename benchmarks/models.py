@@ -258,12 +258,14 @@ def apply_variant(model, model_name: str, variant: str):
 
 
 def fused_kinds(arm: str) -> list[str] | None:
-    """The kinds a ``fused`` arm swaps: all (None), or all but those named after ``fused-`` (ValueError for a
-    kind the library does not have)."""
+    """The kinds a ``fused`` arm swaps: all (None), or all but those named after ``fused-`` (ValueError for another
+    arm name or a kind the library does not have)."""
     from fused_layers.swap import KINDS
 
     if arm == "fused":
         return None
+    if not arm.startswith("fused-"):
+        raise ValueError(f"unknown arm {arm!r}; arms: unfused, fused, fused-<kind>[-<kind>...], liger")
     left_out = arm.split("-")[1:]
     unknown = [k for k in left_out if k not in KINDS]
     if unknown:
@@ -428,12 +430,9 @@ def run(args) -> int:
     except ValueError as e:
         print(f"python -m benchmarks models: --compiled-routes: {e}")
         return 2
-    for arm in (a for a in args.arms.split(",") if a):
+    for arm in (a for a in args.arms.split(",") if a not in ("", "unfused", "liger")):
         try:
-            if arm not in ("unfused", "liger"):
-                if arm != "fused" and not arm.startswith("fused-"):
-                    raise ValueError(f"unknown arm {arm!r}; arms: unfused, fused, fused-<kind>[-<kind>...], liger")
-                fused_kinds(arm)
+            fused_kinds(arm)
         except ValueError as e:
             print(f"python -m benchmarks models: --arms: {e}")
             return 2
