@@ -238,6 +238,7 @@ def test_functional_attention_routes_inside_one_graph(gpu_route):
             torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.slow
 def test_transformer_encoder_compiled_no_break(gpu_route):
     torch.manual_seed(0)
     model = _Encoder().to(torch.bfloat16)
