@@ -353,6 +353,15 @@ def _hf_mlp_call():
     return mlp
 
 
+def _mlp_call():
+    """A swapped plain MLP (the demo GPT's, registered for the ``mlp`` kind), called on (4, 16) inputs."""
+    from lm_demo.model import MLP
+
+    mlp = MLP(16, 32)
+    swap_modules(mlp)
+    return mlp
+
+
 def _hf_add_norm_call():
     """The residual add + norm of a swapped decoder layer (its ``_fused_add_norm``) on a LlamaRMSNorm."""
     import transformers as T
@@ -375,11 +384,11 @@ def test_compiled_routes_are_data_and_decide_what_dynamo_records(monkeypatch):
     from fused_layers.ops import compile_config
 
     default = compile_config.COMPILED
-    routed = dict(_ROUTED)
+    routed = dict(_ROUTED, mlp=(_mlp_call(), "activation_linear_fwd"))
     try:  # the transformers look-alikes' routes
         import transformers  # noqa: F401
 
-        routed["gated_activation"] = (_hf_mlp_call(), "gated_activation_fwd")
+        routed["gated_activation"] = (_hf_mlp_call(), "gated_activation_linear_fwd")
         routed["residual_norm"] = (_hf_add_norm_call(), "residual_norm_fwd")
     except ImportError:
         pass

@@ -499,6 +499,61 @@ def test_act_linear_autocast_empty_and_errors(device):
         fused_activation_linear(g, w3, activation="relu")
 
 
+# --------------------------------------------------------------------------------------------------
+# Under torch.compile: the two projections' torch.library ops
+# --------------------------------------------------------------------------------------------------
+def test_linear_ops_opcheck(device):
+    """The compiled path's ops: schema, fake kernels and autograd registration, with and without up and bias."""
+    ops = torch.ops.fused_layers
+    g, u = (torch.randn(3, 8, device=device, requires_grad=True) for _ in range(2))
+    w, b = torch.randn(5, 8, device=device, requires_grad=True), torch.randn(5, device=device, requires_grad=True)
+    gu = torch.randn(2, 3, 16, device=device, requires_grad=True)
+    torch.library.opcheck(ops.gated_activation_linear_fwd.default, (g, u, w, b, 0))
+    torch.library.opcheck(ops.gated_activation_linear_fwd.default, (gu, None, w, None, 2))
+    torch.library.opcheck(ops.gated_activation_linear_bwd.default,
+                          (torch.randn(3, 5, device=device), g.detach(), u.detach(), w.detach(), 1, [True, False]))
+    torch.library.opcheck(ops.activation_linear_fwd.default, (g, w, b, 1))
+    torch.library.opcheck(ops.activation_linear_bwd.default,
+                          (torch.randn(3, 5, device=device), g.detach(), w.detach(), 0, [False, True, True]))
+
+
+_COMPILED_CASES = {  # name -> (fused call, how many token-sized tensors autograd keeps: the op's inputs)
+    "plain": (lambda x, u, w, b: fused_activation_linear(x * 2, w, b, "gelu_tanh"), 1),
+    "gated": (lambda x, u, w, b: fused_gated_activation_linear(x * 2, u * 3, w, b, "silu"), 2),
+    "gate_up": (lambda x, u, w, b: fused_gated_activation_linear(torch.cat([x, u], -1) * 2, None, w, b, "gelu"), 1),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(_COMPILED_CASES))
+def test_linear_ops_compiled_save_no_activation(device, case):
+    """Compiled with Inductor's min-cut partitioner, the fused MLP ops save their inputs and the weight only (the
+    PyTorch chain would keep the activation or the product too), and give eager's output and gradients; float32
+    weights under bf16 autocast get float32 gradients, as F.linear's."""
+    fn, kept = _COMPILED_CASES[case]
+    x, u = (torch.randn(2, 5, 16, device=device).bfloat16().requires_grad_() for _ in range(2))
+    w, b = torch.randn(8, 16, device=device, requires_grad=True), torch.randn(8, device=device, requires_grad=True)
+    leaves = [x, u, w, b] if case != "plain" else [x, w, b]
+
+    def step(f):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            with torch.autocast(device, dtype=torch.bfloat16):
+                y = f(x, u, w, b)
+        return y, torch.autograd.grad((y.float() ** 2).sum(), leaves), saved
+
+    y, grads, _ = step(fn)
+    torch._dynamo.reset()
+    yc, gradsc, saved = step(torch.compile(fn, backend="aot_eager_decomp_partition", fullgraph=True))
+    torch.testing.assert_close(yc, y)
+    for a, c in zip(gradsc, grads):
+        assert a.dtype == c.dtype
+        torch.testing.assert_close(a, c)
+    assert [g.dtype for g in gradsc[-2:]] == [torch.float32, torch.float32]
+    token_sized = [t for t in saved if t.shape[:-1] == (2, 5)]
+    assert len(token_sized) == kept, [(tuple(t.shape), t.dtype) for t in saved]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation", ACTS)
 def test_gpu_linear_llama_mlp_size_bf16(activation):

@@ -20,9 +20,10 @@ checked at the swap and at each call:
 
 The activation must be one whose math is verified (``_hf_decoder.activation_name``: torch's ``nn.GELU`` exact or
 tanh, ``nn.SiLU``; transformers' ``NewGELUActivation``, GPT-2's, ...).  ``fc2`` must be exactly the library's
-class with nothing hooking it (no adapter, no ZeRO-3 gather); else, under ``torch.compile`` (the fused op is not
-a ``torch.library`` op: Inductor runs the class's code and keeps ``act(h)`` for ``fc2``'s weight gradient) and
-without a gradient, the class's own forward runs.
+class with nothing hooking it (no adapter, no ZeRO-3 gather); else, and without a gradient, the class's own
+forward runs.  Under ``torch.compile`` the ``mlp`` route decides (ops/compile_config.py): "inductor" runs the
+class's code (Inductor then keeps ``act(h)`` for ``fc2``'s weight gradient), "kernels" the fused op, a
+``torch.library`` op that keeps ``h`` alone.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..ops import compile_config
 from ..ops._common import SUPPORTED_DTYPES, is_compiling, triton_runnable
 from ..ops.gated_activation import fused_activation_linear
 from . import _MATCH_CACHE, REGISTRY, LookAlike, _compile_forward, _qualname, fingerprint
@@ -99,6 +101,11 @@ def _timm_check(m: nn.Module) -> Optional[str]:
     return None
 
 
+def _inductor_route() -> bool:
+    """Under ``torch.compile`` with the ``mlp`` route "inductor" (ops/compile_config.py): the class's own forward."""
+    return is_compiling() and compile_config.route("mlp") == "inductor"
+
+
 def _fusable(h: torch.Tensor, weight: torch.Tensor) -> bool:
     """The kernels take these: a float dtype they run, a device Triton runs on, a gradient to save memory for."""
     return (h.dtype in SUPPORTED_DTYPES and triton_runnable(h) and torch.is_grad_enabled()
@@ -110,7 +117,7 @@ def _build_gpt2_mlp(cls: type) -> dict:
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         act = activation_name(self.act)
-        if is_compiling() or act is None or not triton_runnable(hidden_states):
+        if _inductor_route() or act is None or not triton_runnable(hidden_states):
             return source_forward(self, hidden_states)
         h = self.c_fc(hidden_states)  # the class's call: hooks and adapters on c_fc keep working
         proj = self.c_proj
@@ -128,7 +135,7 @@ def _build_timm_mlp(cls: type) -> dict:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         act = activation_name(self.act)
         fc2 = self.fc2
-        if (is_compiling() or act is None or not triton_runnable(x) or type(self.norm) is not nn.Identity
+        if (_inductor_route() or act is None or not triton_runnable(x) or type(self.norm) is not nn.Identity
                 or not _plain_linear(fc2) or (self.drop1.p > 0 and self.drop1.training)):
             return source_forward(self, x)
         h = self.fc1(x)
@@ -156,7 +163,7 @@ def _build_plain(fc: str, act: str, proj: str):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             name = activation_name(getattr(self, act))
             p = getattr(self, proj)
-            if is_compiling() or name is None or not triton_runnable(x) or not _plain_linear(p):
+            if _inductor_route() or name is None or not triton_runnable(x) or not _plain_linear(p):
                 return source_forward(self, x)
             first = getattr(self, fc)
             h = first(x)

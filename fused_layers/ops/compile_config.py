@@ -31,6 +31,7 @@ class CompiledRoutes:
     cross_entropy: Route  #: ``fused_cross_entropy`` and transformers' causal-LM loss on given logits
     linear_cross_entropy: Route  #: the LM head + loss, chunked (the demo's loss module, transformers' causal LMs)
     gated_activation: Route  #: transformers' gated MLPs (the look-alikes; the functional op always runs the kernels)
+    mlp: Route  #: the plain MLPs of GPT-2, timm and ``register_mlp`` (the look-alikes; the functional op likewise)
     residual_norm: Route  #: transformers' decoder layers' residual add + norm (the look-alikes, likewise)
 
 
@@ -54,9 +55,11 @@ COMPILED = CompiledRoutes(
     linear_cross_entropy="kernels",
     # act(gate) * up is pointwise: Inductor makes it one kernel with its neighbours (compiled Gemma and Qwen2 with
     # any one kind but the loss left to Inductor stepped as fast as with all of them, docs/performance.md). Its
-    # partitioner does keep the product for the down projection's weight gradient, one intermediate-width tensor a
-    # layer that the kernels recompute eagerly; their gated op with the projection is not a torch.library op yet.
+    # partitioner keeps the product for the down projection's weight gradient, one intermediate-width tensor a
+    # layer that the kernels' op with the projection writes again in the backward instead.
     gated_activation="inductor",
+    # Likewise act(h) of a plain MLP, kept by Inductor for the second projection's weight gradient.
+    mlp="inductor",
     # The add and the norm are what Inductor fuses into one kernel for the norms above.
     residual_norm="inductor",
 )

@@ -405,19 +405,26 @@ class _GatedLinearFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         gate, up, w = ctx.saved_tensors
-        g, _ = _halves(gate, up)
-        n = g.shape[-1]
-        dy2 = dy.reshape(-1, dy.shape[-1]).to(w.dtype)
-        dh = (dy2 @ w).reshape(g.shape)  # d(loss)/dh, (..., N)
-        # The forward's product, written again beside dgate and dup where the weight's gradient needs it (a frozen
-        # down projection, as under an adapter elsewhere in the model, needs none), over dh itself.
-        h = _over(dh, g) if ctx.needs_input_grad[2] else None
-        dg, du = _launch_backward(dh, gate, up, ctx.act, h, ctx.over_inputs)
-        del dh
-        dw = (dy2.t() @ h.reshape(-1, n)).to(ctx.dtypes[0]) if h is not None else None
-        del h
+        dg, du, dw, dy2 = _gated_linear_grads(dy, gate, up, w, ctx.act, ctx.needs_input_grad[2], ctx.over_inputs)
+        dw = dw.to(ctx.dtypes[0]) if dw is not None else None
         db = dy2.sum(0, dtype=torch.float32).to(ctx.dtypes[1]) if ctx.has_bias and ctx.needs_input_grad[3] else None
         return dg, (du if ctx.has_up else None), dw, db, None, None, None
+
+
+def _gated_linear_grads(dy: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor], w: torch.Tensor, act: int,
+                        need_w: bool, over_inputs: bool):
+    """The backward of ``linear(a(gate) * up, w)`` from dy: (d gate, d up, dW in w's dtype or None, dy as rows)."""
+    g, _ = _halves(gate, up)
+    n = g.shape[-1]
+    dy2 = dy.reshape(-1, dy.shape[-1]).to(w.dtype)
+    dh = (dy2 @ w).reshape(g.shape)  # d(loss)/dh, (..., N)
+    # The forward's product, written again beside dgate and dup where the weight's gradient needs it (a frozen
+    # down projection, as under an adapter elsewhere in the model, needs none), over dh itself.
+    h = _over(dh, g) if need_w else None
+    dg, du = _launch_backward(dh, gate, up, act, h, over_inputs)
+    del dh
+    dw = dy2.t() @ h.reshape(-1, n) if h is not None else None
+    return dg, du, dw, dy2
 
 
 def _over(dh: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -461,7 +468,7 @@ def _linear_operands(op: str, name: str, x: torch.Tensor, up: Optional[torch.Ten
                      bias: object) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.dtype]]:
     """Check the second linear's ``weight`` (out, n) and ``bias`` (out,) against the activation's input ``x`` (and
     ``up``), as ``F.linear`` would; returns (weight, bias, compute dtype), the dtype None where the kernels do not
-    run (no gradient, under ``torch.compile``, float64, x not in the autocast dtype, where Triton cannot run)."""
+    run (no gradient, float64, x not in the autocast dtype, where Triton cannot run)."""
     weight = check_tensor(op, "weight", weight)
     if bias is not None:
         bias = check_tensor(op, "bias", bias)
@@ -474,7 +481,7 @@ def _linear_operands(op: str, name: str, x: torch.Tensor, up: Optional[torch.Ten
     adt = autocast_dtype(x)
     cdtype = adt if adt is not None else x.dtype
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, up, weight, bias))
-    if (not needs_grad or is_compiling() or x.dtype != cdtype or x.dtype not in SUPPORTED_DTYPES
+    if (not needs_grad or x.dtype != cdtype or x.dtype not in SUPPORTED_DTYPES
             or use_fallback(op, x, up, weight, bias)):
         return weight, bias, None
     if adt is None and (weight.dtype != cdtype or (bias is not None and bias.dtype != cdtype)):
@@ -500,7 +507,8 @@ def fused_gated_activation_linear(gate: torch.Tensor, up: Optional[torch.Tensor]
             included).  Leaves and views of leaves are never overwritten.
 
     Follows ``torch.autocast`` as ``F.linear`` does (the matmuls in the autocast dtype, the weight's gradient in
-    its own dtype).  Under ``torch.compile``, for float64 and where Triton cannot run, it is
+    its own dtype).  Under ``torch.compile`` it is a ``torch.library`` op, which also saves no product (and never
+    writes over its inputs).  Without a gradient, for float64 and where Triton cannot run, it is
     ``F.linear(fused_gated_activation(gate, up, activation), weight, bias)``.
     """
     gate, up, act = _validate(gate, up, activation)
@@ -508,6 +516,8 @@ def fused_gated_activation_linear(gate: torch.Tensor, up: Optional[torch.Tensor]
     weight, bias, cdtype = _linear_operands(_OP_LINEAR, "gate", gate, up, n, weight, bias)
     if cdtype is None:
         return torch.nn.functional.linear(fused_gated_activation(gate, up, activation), weight, bias)
+    if is_compiling():
+        return _compiled(_gated_linear_fwd_op, gate, up, weight, bias, act=act, cdtype=cdtype)
     over = bool(reuse_inputs) and _overwritable(gate, up)
     return _GatedLinearFunction.apply(gate, up, weight, bias, act, cdtype, over)
 
@@ -572,23 +582,30 @@ class _ActivationLinearFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
-        n = x.shape[-1]
-        dy2 = dy.reshape(-1, dy.shape[-1]).to(w.dtype)
-        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dx = h = None
-        if need_x:
-            # a(x) written again beside dx where the weight's gradient needs it (a frozen projection needs none),
-            # over d(loss)/d(a(x)) itself
-            dh = (dy2 @ w).reshape(x.shape)
-            h = _over(dh, x) if need_w else None
-            dx = activation_backward(dh, x, ctx.act, h, ctx.over_input)
-            del dh
-        elif need_w:
-            h = activation_forward(x, ctx.act)
-        dw = (dy2.t() @ h.reshape(-1, n)).to(ctx.dtypes[0]) if need_w else None
-        del h
+        dx, dw, dy2 = _act_linear_grads(dy, x, w, ctx.act, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                                        ctx.over_input)
+        dw = dw.to(ctx.dtypes[0]) if dw is not None else None
         db = dy2.sum(0, dtype=torch.float32).to(ctx.dtypes[1]) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None, None, None
+
+
+def _act_linear_grads(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, act: int, need_x: bool, need_w: bool,
+                      over_input: bool):
+    """The backward of ``linear(a(x), w)`` from dy: (dx or None, dW in w's dtype or None, dy as rows)."""
+    n = x.shape[-1]
+    dy2 = dy.reshape(-1, dy.shape[-1]).to(w.dtype)
+    dx = h = None
+    if need_x:
+        # a(x) written again beside dx where the weight's gradient needs it (a frozen projection needs none), over
+        # d(loss)/d(a(x)) itself
+        dh = (dy2 @ w).reshape(x.shape)
+        h = _over(dh, x) if need_w else None
+        dx = activation_backward(dh, x, act, h, over_input)
+        del dh
+    elif need_w:
+        h = activation_forward(x, act)
+    dw = dy2.t() @ h.reshape(-1, n) if need_w else None
+    return dx, dw, dy2
 
 
 def activation_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -613,9 +630,9 @@ def fused_activation_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
             ``fused_gated_activation_linear``'s ``reuse_inputs`` (for the first linear's fresh output).
 
     The activation is computed in float32 and rounded once (eager PyTorch in bf16 rounds as often as it has ops).
-    Follows ``torch.autocast`` as ``F.linear`` does.  Under ``torch.compile`` (this is not a ``torch.library`` op;
-    Inductor keeps ``act(x)`` for the weight gradient), without a gradient, for float64 and where Triton cannot run,
-    it is ``activation_linear_reference``.
+    Follows ``torch.autocast`` as ``F.linear`` does.  Under ``torch.compile`` it is a ``torch.library`` op, which
+    also saves no ``act(x)`` (and never writes over its input).  Without a gradient, for float64 and where Triton
+    cannot run, it is ``activation_linear_reference``.
     """
     x = check_tensor(_OP_ACT_LINEAR, "x", x)
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
@@ -627,5 +644,120 @@ def fused_activation_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     weight, bias, cdtype = _linear_operands(_OP_ACT_LINEAR, "x", x, None, x.shape[-1], weight, bias)
     if cdtype is None:
         return activation_linear_reference(x, weight, bias, activation)
+    if is_compiling():
+        return _compiled(_act_linear_fwd_op, x, weight, bias, act=ACTIVATIONS[activation], cdtype=cdtype)
     over = bool(reuse_inputs) and _overwritable(x)
     return _ActivationLinearFunction.apply(x, weight, bias, ACTIVATIONS[activation], cdtype, over)
+
+
+# ==================================================================================================
+# Under torch.compile: the two projections' ops as torch.library ops
+# ==================================================================================================
+# The autograd.Functions above are the eager path.  Dynamo cannot put them in a graph as they are, and Inductor,
+# given the PyTorch chain instead, keeps the activation (or the product) for the projection's weight gradient: its
+# partitioner does not recompute what a matmul of the backward reads.  As opaque ops with their own autograd (as the
+# linear cross-entropy's), the compiled graph saves what they save, the inputs and the weight.  The weight comes in
+# the compute dtype (the cast stays in the graph, where autograd casts its gradient back); the bias in its own, its
+# gradient summed in float32 as the eager path's; the backward never writes over its inputs under compile (an op
+# that mutates its inputs would have to say so in its schema).
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((0,))
+
+
+@torch.library.custom_op("fused_layers::gated_activation_linear_fwd", mutates_args=())
+def _gated_linear_fwd_op(gate: torch.Tensor, up: Optional[torch.Tensor], weight: torch.Tensor,
+                         bias: Optional[torch.Tensor], act: int) -> torch.Tensor:
+    return torch.nn.functional.linear(gated_forward(gate, up, act), weight, _cast(bias, weight))
+
+
+@_gated_linear_fwd_op.register_fake
+def _(gate, up, weight, bias, act):
+    return gate.new_empty((*gate.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("fused_layers::gated_activation_linear_bwd", mutates_args=())
+def _gated_linear_bwd_op(dy: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor], weight: torch.Tensor,
+                         act: int, grads: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``grads``: whether (weight, bias) get a gradient; one not needed comes back empty, as d up with up=None."""
+    dg, du, dw, dy2 = _gated_linear_grads(dy, gate, up, weight, act, grads[0], False)
+    db = dy2.sum(0, dtype=torch.float32) if grads[1] else _empty(weight)
+    return dg, (du if up is not None else _empty(gate)), (dw if dw is not None else _empty(weight)), db
+
+
+@_gated_linear_bwd_op.register_fake
+def _(dy, gate, up, weight, act, grads):
+    g, u = (gate, up) if up is not None else (gate, None)
+    return (g.new_empty(g.shape), u.new_empty(u.shape) if u is not None else _empty(gate),
+            weight.new_empty(weight.shape) if grads[0] else _empty(weight),
+            weight.new_empty(weight.shape[:1], dtype=torch.float32) if grads[1] else _empty(weight))
+
+
+def _gated_linear_setup(ctx, inputs, output):
+    gate, up, weight, bias, act = inputs
+    ctx.act, ctx.has_up, ctx.bias_dtype = act, up is not None, bias.dtype if bias is not None else None
+    ctx.save_for_backward(gate, up, weight)  # not the product: the backward writes it again
+
+
+def _gated_linear_backward(ctx, dy):
+    gate, up, weight = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    need_b = ctx.bias_dtype is not None and need[3]
+    dg, du, dw, db = _gated_linear_bwd_op(dy, gate, up, weight, ctx.act, [need[2], need_b])
+    return dg, (du if ctx.has_up else None), (dw if need[2] else None), (db.to(ctx.bias_dtype) if need_b else None), \
+        None
+
+
+_gated_linear_fwd_op.register_autograd(_gated_linear_backward, setup_context=_gated_linear_setup)
+
+
+@torch.library.custom_op("fused_layers::activation_linear_fwd", mutates_args=())
+def _act_linear_fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], act: int) -> torch.Tensor:
+    return torch.nn.functional.linear(activation_forward(x, act), weight, _cast(bias, weight))
+
+
+@_act_linear_fwd_op.register_fake
+def _(x, weight, bias, act):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("fused_layers::activation_linear_bwd", mutates_args=())
+def _act_linear_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, act: int,
+                       grads: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``grads``: whether (x, weight, bias) get a gradient; one not needed comes back empty."""
+    dx, dw, dy2 = _act_linear_grads(dy, x, weight, act, grads[0], grads[1], False)
+    db = dy2.sum(0, dtype=torch.float32) if grads[2] else _empty(weight)
+    return (dx if dx is not None else _empty(x)), (dw if dw is not None else _empty(weight)), db
+
+
+@_act_linear_bwd_op.register_fake
+def _(dy, x, weight, act, grads):
+    return (x.new_empty(x.shape) if grads[0] else _empty(x),
+            weight.new_empty(weight.shape) if grads[1] else _empty(weight),
+            weight.new_empty(weight.shape[:1], dtype=torch.float32) if grads[2] else _empty(weight))
+
+
+def _act_linear_setup(ctx, inputs, output):
+    x, weight, bias, act = inputs
+    ctx.act, ctx.bias_dtype = act, bias.dtype if bias is not None else None
+    ctx.save_for_backward(x, weight)  # not a(x): the backward writes it again
+
+
+def _act_linear_backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    grads = [need[0], need[1], ctx.bias_dtype is not None and need[2]]
+    dx, dw, db = _act_linear_bwd_op(dy, x, weight, ctx.act, grads)
+    return (dx if grads[0] else None), (dw if grads[1] else None), (db.to(ctx.bias_dtype) if grads[2] else None), None
+
+
+_act_linear_fwd_op.register_autograd(_act_linear_backward, setup_context=_act_linear_setup)
+
+
+def _cast(bias: Optional[torch.Tensor], weight: torch.Tensor) -> Optional[torch.Tensor]:
+    return bias.to(weight.dtype) if bias is not None else None
+
+
+def _compiled(op, *inputs_then_params: Optional[torch.Tensor], act: int, cdtype: torch.dtype) -> torch.Tensor:
+    """``op`` on the activation's inputs, the projection's weight cast to ``cdtype`` (in the graph) and its bias."""
+    *inputs, weight, bias = inputs_then_params
+    return op(*inputs, weight.to(cdtype), bias, act)
