@@ -555,6 +555,34 @@ def test_linear_ops_compiled_save_no_activation(device, case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(_COMPILED_CASES))
+def test_gpu_linear_ops_compiled_by_inductor(case):
+    """Inductor's compile of the MLP ops at GPT-2 / Llama widths (4,096 tokens), bf16 autocast with float32 weights:
+    eager's output and gradients, and no activation or product kept."""
+    fn, kept = _COMPILED_CASES[case]
+    x, u = (torch.randn(2, 2048, 2816, device="cuda").bfloat16().requires_grad_() for _ in range(2))
+    w = (torch.randn(1024, 2816, device="cuda") / 50).requires_grad_()
+    b = torch.randn(1024, device="cuda", requires_grad=True)
+    leaves = [x, u, w, b] if case != "plain" else [x, w, b]
+
+    def step(f):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = f(x, u, w, b)
+        return y, torch.autograd.grad((y.float() ** 2).sum(), leaves), saved
+
+    y, grads, _ = step(fn)
+    torch._dynamo.reset()
+    yc, gradsc, saved = step(torch.compile(fn, fullgraph=True))
+    torch.testing.assert_close(yc, y)
+    for a, c in zip(gradsc, grads):
+        assert a.dtype == c.dtype
+        torch.testing.assert_close(a, c, atol=2e-2 * c.abs().max().item(), rtol=2e-2)
+    assert len([t for t in saved if t.shape[:-1] == (2, 2048)]) == kept
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("activation", ACTS)
 def test_gpu_linear_llama_mlp_size_bf16(activation):
     """2,048 tokens x 11,008 -> 4,096 (Llama 2 7B's MLP), bf16: the output and all four gradients within PyTorch's
