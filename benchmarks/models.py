@@ -2,7 +2,7 @@
 
     python -m benchmarks models                               # every model, eager
     python -m benchmarks models --models llama,qwen2 --modes eager,compile
-    python -m benchmarks models --models llama --modes compile --compiled-routes rms_norm_variant=inductor
+    python -m benchmarks models --models gpt2 --modes compile --compiled-routes mlp=kernels
 
 Models, built from their libraries' configs with random weights (no download), bf16 parameters, AdamW
 (fused), one step = forward, loss, backward, optimizer step:
@@ -86,8 +86,8 @@ def add_arguments(p) -> None:
                         "arm after its swap or patch; a row's mode reads e.g. eager+lora")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per model and mode (its subprocess)")
     p.add_argument("--compiled-routes", default="",
-                   help="the fused arm's routes under torch.compile (fused_layers/ops/compile_config.py), e.g. "
-                        "rms_norm_variant=inductor,softmax=kernels; the arm is then named fused[<routes>]")
+                   help="compile routes (fused_layers/ops/compile_config.py) of one more arm, fused[<routes>], "
+                        "interleaved beside the fused arm and its default routes, e.g. mlp=kernels,softmax=inductor")
     p.add_argument("--child-json", help=argparse.SUPPRESS)  # internal: one model's rows, from its subprocess
 
 
@@ -334,13 +334,7 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
 
     torch.backends.cuda.matmul.allow_tf32 = True
     routes = compiled_routes(args.compiled_routes) if mode == "compile" else {}
-    if routes:
-        import dataclasses
-
-        from fused_layers.ops import compile_config
-
-        compile_config.COMPILED = dataclasses.replace(compile_config.COMPILED, **routes)  # this process only
-    fused_name = "fused[" + ";".join(f"{k}={v}" for k, v in routes.items()) + "]" if routes else "fused"
+    tables = RouteTables(routes)
     row_mode = mode if args.variants == "plain" else f"{mode}+{args.variants}"
     env = utils.environment()
     env.update(transformers=utils.version_of("transformers"), liger=utils.version_of("liger-kernel"))
@@ -350,11 +344,19 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
     names = [a for a in args.arms.split(",") if a]
     if "liger" in names and (model_name not in LIGER or not env["liger"] or args.smoke):
         names.remove("liger")
+    if routes and "fused" in names:
+        names.insert(names.index("fused") + 1, tables.name)
+
+    def enter(name: str) -> None:  # the process-wide state of an arm: Liger's patched globals, the compile routes
+        switch.enter(name == "liger")
+        tables.enter(name)
+
     for name in names:
         t0 = time.perf_counter()
         try:
-            a = Arm(model_name, name, mode, args.smoke, switch, args.variants)
-            switch.enter(name == "liger")
+            enter(name)
+            a = Arm(model_name, "fused" if name == tables.name else name, mode, args.smoke, switch, args.variants)
+            enter(name)
             loss = a.eval_loss()
             for _ in range(args.warmup):
                 a.step()
@@ -372,12 +374,12 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    switch.enter(False)
+    enter("unfused")
     if not arms:
         return []
     times = utils.interleaved_rounds({n: a.step for n, a in arms.items()}, args.rounds, args.steps,
-                                     enter={n: (lambda p=(n == "liger"): switch.enter(p)) for n in arms})
-    switch.enter(False)
+                                     enter={n: (lambda n=n: enter(n)) for n in arms})
+    enter("unfused")
     base = "unfused" if "unfused" in times else None
     ratios = utils.speedups(times, base) if base else {}
     ref_loss = info.get("unfused", {}).get("loss")
@@ -386,16 +388,34 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
         med, lo, hi = utils.median_lo_hi(ts)
         sp = ratios.get(n, (None, None, None))
         loss = info[n]["loss"]
-        name = fused_name if n == "fused" else n
         rows.append(dict(env, model=model_name, config=CONFIG[model_name], batch=arms[n].batch_desc, mode=row_mode,
-                         arm=name,
+                         arm=n,
                          step_ms=med, step_ms_lo=lo, step_ms_hi=hi, speedup=sp[0], speedup_lo=sp[1], speedup_hi=sp[2],
                          extra_peak_gib=info[n]["extra_peak_gib"], loss=loss,
                          loss_diff=None if ref_loss is None else abs(loss - ref_loss), swapped=info[n]["swapped"],
                          rounds=args.rounds, steps=args.steps, note="smoke (CPU)" if args.smoke else ""))
-        print(f"[{model_name}/{row_mode}/{name}] {med:.2f} ms [{lo:.2f}-{hi:.2f}]"
+        print(f"[{model_name}/{row_mode}/{n}] {med:.2f} ms [{lo:.2f}-{hi:.2f}]"
               + (f", {sp[0]:.3f}x [{sp[1]:.3f}-{sp[2]:.3f}]" if sp[0] else ""), flush=True)
     return rows
+
+
+class RouteTables:
+    """The compile routes (ops/compile_config.py) of each arm: ``--compiled-routes``' table for the arm named
+    ``fused[<op>=<route>;...]``, the library's defaults for every other one, set by ``enter(arm)``.  Routes are read
+    while Dynamo traces, and Dynamo guards on the table: each arm's compiled frames run with its own."""
+
+    def __init__(self, routes: dict[str, str]):
+        import dataclasses
+
+        from fused_layers.ops import compile_config
+
+        self.module = compile_config
+        self.default = compile_config.COMPILED
+        self.routed = dataclasses.replace(self.default, **routes) if routes else self.default
+        self.name = "fused[" + ";".join(f"{k}={v}" for k, v in routes.items()) + "]"
+
+    def enter(self, arm: str) -> None:
+        self.module.COMPILED = self.routed if arm == self.name else self.default
 
 
 def compiled_routes(spec: str) -> dict[str, str]:

@@ -169,9 +169,9 @@ def test_models_globals_switch_gives_each_arm_its_own_module_globals(monkeypatch
 
 
 def test_models_compiled_routes_option(capsys):
-    """--compiled-routes sets the fused arm's compile routes (ops/compile_config.py) for the GPU run that decides
-    them; a wrong op or route is refused before anything runs."""
-    from benchmarks.models import compiled_routes
+    """--compiled-routes adds an arm with these compile routes (ops/compile_config.py) beside the fused arm, each
+    arm with its own table while it runs; a wrong op or route is refused before anything runs."""
+    from benchmarks.models import RouteTables, compiled_routes
 
     assert compiled_routes("") == {}
     assert compiled_routes("rms_norm_variant=inductor,softmax=kernels") == {"rms_norm_variant": "inductor",
@@ -179,6 +179,19 @@ def test_models_compiled_routes_option(capsys):
     for bad in ("attention=inductor", "softmax=triton", "softmax"):
         with pytest.raises(ValueError, match="expected op=kernels|inductor"):
             compiled_routes(bad)
+    from fused_layers.ops import compile_config
+
+    default = compile_config.COMPILED
+    tables = RouteTables({"mlp": "kernels", "softmax": "inductor"})
+    assert tables.name == "fused[mlp=kernels;softmax=inductor]"
+    try:
+        tables.enter(tables.name)
+        assert (compile_config.COMPILED.mlp, compile_config.COMPILED.softmax) == ("kernels", "inductor")
+        assert compile_config.COMPILED.layer_norm == default.layer_norm
+        tables.enter("fused")
+        assert compile_config.COMPILED is default
+    finally:
+        compile_config.COMPILED = default
     import argparse
 
     from benchmarks import models
