@@ -5,6 +5,7 @@ On a CPU-only machine the kernels run under the Triton interpreter: grids stay t
 onto rows of a few dozen columns.
 """
 
+import math
 import warnings
 
 import pytest
@@ -78,8 +79,17 @@ def _check(rms, shape, k, dtype, device, param_dtype=None, affine=True, bias=Tru
             # float32 math autocast runs for it, rounded to x's dtype like our output.
             torch_ref = lambda x, w, b: F.layer_norm(x.float(), norm_shape, w, b, eps).to(x.dtype)  # noqa: E731
         y_t, grads_t = _run(torch_ref, same(x), same(w), same(b), dy)
+        scales = {}
+        if rms and math.prod(norm_shape) == 1:
+            # One column: dx = rstd w dy (1 - y_hat^2) with y_hat^2 = x^2 / (x^2 + eps) ~ 1, the cancellation of two
+            # terms of size rstd |w dy|, which any float32 arithmetic (ours, PyTorch's) leaves ~eps32 of: dx's
+            # scale is that of the terms (seen: 2.8 float16 subnormal steps off where PyTorch's happened to be 0.8)
+            x64 = x.detach().double()
+            rstd = (x64 * x64 + eps).rsqrt()
+            terms = (rstd * (w.detach().double() if w is not None else 1.0) * dy.double()).abs().max().item()
+            scales["dx"] = terms * torch.finfo(torch.float32).eps / torch.finfo(dtype).eps
         for name, a, r, t in zip(("y", "dx", "dW", "dB"), (y, *grads), (y64, *grads64), (y_t, *grads_t)):
-            assert_within_torch(a, r, t, what=name)
+            assert_within_torch(a, r, t, what=name, scale=scales.get(name))
         return y, grads
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(y.double(), y64, atol=atol * 4, rtol=rtol * 2)
