@@ -517,7 +517,7 @@ def fused_gated_activation_linear(gate: torch.Tensor, up: Optional[torch.Tensor]
     if cdtype is None:
         return torch.nn.functional.linear(fused_gated_activation(gate, up, activation), weight, bias)
     if is_compiling():
-        return _compiled(_gated_linear_fwd_op, gate, up, weight, bias, act=act, cdtype=cdtype)
+        return _gated_linear_fwd_op(gate, up, weight.to(cdtype), bias, act)  # (below: the op under compile)
     over = bool(reuse_inputs) and _overwritable(gate, up)
     return _GatedLinearFunction.apply(gate, up, weight, bias, act, cdtype, over)
 
@@ -645,7 +645,7 @@ def fused_activation_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
     if cdtype is None:
         return activation_linear_reference(x, weight, bias, activation)
     if is_compiling():
-        return _compiled(_act_linear_fwd_op, x, weight, bias, act=ACTIVATIONS[activation], cdtype=cdtype)
+        return _act_linear_fwd_op(x, weight.to(cdtype), bias, ACTIVATIONS[activation])  # (below)
     over = bool(reuse_inputs) and _overwritable(x)
     return _ActivationLinearFunction.apply(x, weight, bias, ACTIVATIONS[activation], cdtype, over)
 
@@ -662,6 +662,10 @@ def fused_activation_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
 # that mutates its inputs would have to say so in its schema).
 def _empty(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((0,))
+
+
+def _cast(bias: Optional[torch.Tensor], weight: torch.Tensor) -> Optional[torch.Tensor]:
+    return bias.to(weight.dtype) if bias is not None else None
 
 
 @torch.library.custom_op("fused_layers::gated_activation_linear_fwd", mutates_args=())
@@ -755,9 +759,3 @@ _act_linear_fwd_op.register_autograd(_act_linear_backward, setup_context=_act_li
 
 def _cast(bias: Optional[torch.Tensor], weight: torch.Tensor) -> Optional[torch.Tensor]:
     return bias.to(weight.dtype) if bias is not None else None
-
-
-def _compiled(op, *inputs_then_params: Optional[torch.Tensor], act: int, cdtype: torch.dtype) -> torch.Tensor:
-    """``op`` on the activation's inputs, the projection's weight cast to ``cdtype`` (in the graph) and its bias."""
-    *inputs, weight, bias = inputs_then_params
-    return op(*inputs, weight.to(cdtype), bias, act)
