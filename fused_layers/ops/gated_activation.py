@@ -755,7 +755,3 @@ def _act_linear_backward(ctx, dy):
 
 
 _act_linear_fwd_op.register_autograd(_act_linear_backward, setup_context=_act_linear_setup)
-
-
-def _cast(bias: Optional[torch.Tensor], weight: torch.Tensor) -> Optional[torch.Tensor]:
-    return bias.to(weight.dtype) if bias is not None else None
