@@ -405,6 +405,70 @@ def test_compiled_routes_are_data_and_decide_what_dynamo_records(monkeypatch):
 
 
 @needs_hf
+def test_compiled_hf_attention_does_not_guard_on_other_models():
+    """What a swapped model's attention runs where ours cannot is read from the module itself: another swapped
+    model collected while this one runs compiled is no recompile (a weak-keyed table of every switched module made
+    Dynamo guard on its length: a recompile per collected model, and on torch 2.13 "Guard failed on the same
+    frame it was created" when one was collected during the frame)."""
+    import gc
+
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = _hf_model("gpt2", torch.float32)
+    model.eval()
+    swap_modules(model)
+    other = _hf_model("gpt2", torch.float32)
+    swap_modules(other)
+    (b,) = _lm_batches(1)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="eager")
+    compiled(**b)
+    graphs = counters["stats"]["unique_graphs"]
+    del other
+    gc.collect()
+    compiled(**b)
+    assert counters["stats"]["unique_graphs"] == graphs and not counters["graph_break"]
+
+
+@needs_hf
+@pytest.mark.slow
+@pytest.mark.parametrize("family,op", [("llama", "gated_activation_linear_fwd"), ("gpt2", "activation_linear_fwd")])
+def test_hf_mlps_on_the_kernels_route_compile_and_train_as_unswapped(monkeypatch, family, op):
+    """With the MLP routes on "kernels", a compiled swapped transformers causal LM records the MLP op (activation +
+    projection, backward by the kernels) with no graph break, through Inductor's partitioner, and trains as the
+    unswapped model: loss and every gradient."""
+    import dataclasses
+
+    from torch._dynamo.utils import counters
+
+    from fused_layers.ops import compile_config
+
+    monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(compile_config.COMPILED, mlp="kernels",
+                                                                        gated_activation="kernels"))
+    torch.manual_seed(0)
+    model = _hf_model(family, torch.float32, layers=2)
+    ref = _hf_model(family, torch.float32, layers=2)
+    ref.load_state_dict(model.state_dict())
+    model.eval(), ref.eval()  # GPT-2's dropout off: the same function, gradients still on
+    assert swap_modules(model).counts()["gated_mlp" if family == "llama" else "mlp"] == 2
+    (b,) = _lm_batches(1)
+    assert op in _ops_in_graph(lambda ids: model(input_ids=ids, labels=ids).loss, b["input_ids"])
+    torch._dynamo.reset()
+    counters.clear()
+    out = torch.compile(model, backend="aot_eager_decomp_partition")(**b)
+    out.loss.backward()
+    assert not counters["graph_break"]
+    want = ref(**b)
+    want.loss.backward()
+    torch.testing.assert_close(out.loss, want.loss)
+    grads = {n: p.grad for n, p in ref.named_parameters()}
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+@needs_hf
 @pytest.mark.slow
 def test_hf_causal_lm_compiled_keeps_the_chunked_linear_cross_entropy():
     """Compiled training of a transformers causal LM runs the LM head + loss chunked (no logits in the graph's

@@ -620,9 +620,15 @@ def _sdpa(*args, **kwargs):
     return sdpa_attention_forward(*args, **kwargs)
 
 
-# The attention implementation each module's model had before ``switch_models`` set "fused_layers" (weak keys:
-# a module that is deleted drops out).  A module not in it (a copy made after the switch) runs "eager".
-_PREV_IMPL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# The attention implementation each module's model had before ``switch_models`` set "fused_layers", kept in the
+# module's own ``__dict__`` (a copy of the model keeps it; a module without it runs "eager").  Not a weak-keyed
+# table: Dynamo guards on such a table's length, which changes whenever any other model is collected, failing the
+# guard of the frame that is running (torch 2.13: "Guard failed on the same frame it was created").
+OWN_ATTR = "_fused_layers_own_attn"
+
+
+def _own_impl(module: nn.Module) -> str:
+    return getattr(module, OWN_ATTR, "eager")
 
 
 def _eager_function(module: nn.Module):
@@ -657,7 +663,7 @@ def own_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     "fused_layers" (``sdpa_mask``'s): "sdpa" takes it as it is; "eager" gets it as ``eager_mask`` makes it; a
     flash-attention implementation runs itself where there is no mask (its own masks are 2-D padding masks);
     anything else runs the module's ``eager_attention_forward``, which computes every feature a model has."""
-    prev = _PREV_IMPL.get(module, "eager")
+    prev = _own_impl(module)
     kw = dict(dropout=dropout, scaling=scaling, **kwargs)
     if is_causal is not None:
         kw["is_causal"] = is_causal
@@ -916,7 +922,7 @@ def fused_attention_forward(
             else:
                 why = "a mask that is neither key padding nor causal (+ sliding window) + key padding"
     if why is not None:
-        prev = _PREV_IMPL.get(module, "eager")
+        prev = _own_impl(module)
         warn_once(f"hf_attention:{why}:{prev}", f"fused_layers attention: {why} is not fused; these calls run the "
                   f"model's own attention implementation ({prev!r}).")
         return own_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -987,7 +993,7 @@ def switch_models(model: nn.Module, attention_names: list[str]) -> dict[str, str
                 continue
             root.__dict__[PREV_ATTR] = prev
         for m in root.modules():  # what each module's calls run where ours cannot
-            _PREV_IMPL[m] = root.__dict__[PREV_ATTR]
+            m.__dict__[OWN_ATTR] = root.__dict__[PREV_ATTR]
         cfg = getattr(modules[name], "config", None)
         if getattr(cfg, "_attn_implementation", None) != IMPL:
             impl = getattr(cfg, "_attn_implementation", None)
@@ -1008,4 +1014,4 @@ def unswitch_models(model: nn.Module) -> None:
         root.set_attn_implementation(prev)
         root.__dict__.pop(PREV_ATTR, None)
         for m in root.modules():
-            _PREV_IMPL.pop(m, None)
+            m.__dict__.pop(OWN_ATTR, None)
