@@ -144,10 +144,19 @@ def _lm_batches(n=2, mask=None):
 @needs_hf
 @pytest.mark.slow
 @pytest.mark.parametrize("family,dtype", [("llama", torch.bfloat16), ("gpt2", torch.bfloat16)])
+@pytest.mark.parametrize("mlp_route", ["default", "kernels"])
 # (Qwen2, Gemma: tests/test_compile_gpu.py; the float32 kernel route: the demo GPT and the tests below)
-def test_hf_compiled_gpu_route_no_break_no_extra_recompile(gpu_route, family, dtype):
+def test_hf_compiled_gpu_route_no_break_no_extra_recompile(gpu_route, family, dtype, mlp_route, monkeypatch):
     """bf16 head dim 64: the attention routes to SDPA as on Hopper (the HF function's checks, then SDPA).  The C++ build
-    finishing mid-run (``_cpp._ext`` set) was a recompile of every frame: Dynamo guarded on it."""
+    finishing mid-run (``_cpp._ext`` set) was a recompile of every frame: Dynamo guarded on it.  With the MLP routes
+    on "kernels" (their ops under compile) too."""
+    if mlp_route == "kernels":
+        import dataclasses
+
+        from fused_layers.ops import compile_config
+
+        monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(compile_config.COMPILED, mlp="kernels",
+                                                                            gated_activation="kernels"))
     torch.manual_seed(0)
     model = _hf_model(family, dtype)
     batches = _lm_batches()
