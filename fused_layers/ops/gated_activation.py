@@ -690,8 +690,7 @@ def _gated_linear_bwd_op(dy: torch.Tensor, gate: torch.Tensor, up: Optional[torc
 
 @_gated_linear_bwd_op.register_fake
 def _(dy, gate, up, weight, act, grads):
-    g, u = (gate, up) if up is not None else (gate, None)
-    return (g.new_empty(g.shape), u.new_empty(u.shape) if u is not None else _empty(gate),
+    return (gate.new_empty(gate.shape), up.new_empty(up.shape) if up is not None else _empty(gate),
             weight.new_empty(weight.shape) if grads[0] else _empty(weight),
             weight.new_empty(weight.shape[:1], dtype=torch.float32) if grads[1] else _empty(weight))
 
