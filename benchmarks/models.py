@@ -333,8 +333,8 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = True
-    routes = compiled_routes(args.compiled_routes) if mode == "compile" else {}
-    tables = RouteTables(routes)
+    routes = utils.compiled_routes(args.compiled_routes) if mode == "compile" else {}
+    tables = utils.RouteTables(routes)
     row_mode = mode if args.variants == "plain" else f"{mode}+{args.variants}"
     env = utils.environment()
     env.update(transformers=utils.version_of("transformers"), liger=utils.version_of("liger-kernel"))
@@ -399,41 +399,6 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
     return rows
 
 
-class RouteTables:
-    """The compile routes (ops/compile_config.py) of each arm: ``--compiled-routes``' table for the arm named
-    ``fused[<op>=<route>;...]``, the library's defaults for every other one, set by ``enter(arm)``.  Routes are read
-    while Dynamo traces, and Dynamo guards on the table: each arm's compiled frames run with its own."""
-
-    def __init__(self, routes: dict[str, str]):
-        import dataclasses
-
-        from fused_layers.ops import compile_config
-
-        self.module = compile_config
-        self.default = compile_config.COMPILED
-        self.routed = dataclasses.replace(self.default, **routes) if routes else self.default
-        self.name = "fused[" + ";".join(f"{k}={v}" for k, v in routes.items()) + "]"
-
-    def enter(self, arm: str) -> None:
-        self.module.COMPILED = self.routed if arm == self.name else self.default
-
-
-def compiled_routes(spec: str) -> dict[str, str]:
-    """``"op=route,..."`` -> {op: route}, checked against ``CompiledRoutes`` (ValueError naming what is wrong)."""
-    import dataclasses
-
-    from fused_layers.ops.compile_config import CompiledRoutes
-
-    ops = [f.name for f in dataclasses.fields(CompiledRoutes)]
-    out = {}
-    for item in (x for x in spec.split(",") if x):
-        op, _, route = item.partition("=")
-        if op not in ops or route not in ("kernels", "inductor"):
-            raise ValueError(f"{item!r}: expected op=kernels|inductor with op one of {ops}")
-        out[op] = route
-    return out
-
-
 def run(args) -> int:
     utils.require_cuda("models", args.smoke)
     models = [m for m in args.models.split(",") if m]
@@ -446,7 +411,7 @@ def run(args) -> int:
               f"variants {', '.join(VARIANTS)}")
         return 2
     try:
-        compiled_routes(args.compiled_routes)
+        utils.compiled_routes(args.compiled_routes)
     except ValueError as e:
         print(f"python -m benchmarks models: --compiled-routes: {e}")
         return 2

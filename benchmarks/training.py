@@ -2,6 +2,7 @@
 
     python -m benchmarks train                                # 16 x 1,024 and 4 x 4,096, eager and compile
     python -m benchmarks train --shapes 16x1024 --modes eager
+    python -m benchmarks train --modes compile --compiled-routes mlp=kernels   # + an arm fused[mlp=kernels]
 
 The model is ``lm_demo``'s GPT (``conf/model/gpt2_small.yaml``: 12 x d768, 12 heads, vocabulary padded to
 50,304, 124M parameters), trained as ``train.py model=gpt2_small trainer=gpu`` trains it: bf16 autocast,
@@ -11,12 +12,14 @@ Arms, built from the same seed:
 
 * ``unfused``  the job's default model: attention core ``F.scaled_dot_product_attention`` (``attn_impl: sdpa``)
 * ``fused``    the explicit attention core (``attn_impl: reference``) after ``swap_modules``: attention,
-               LayerNorm and the LM head + loss fused, as ``train.py fused=true model.attn_impl=reference``
+               LayerNorm, the MLP and the LM head + loss fused, as ``train.py fused=true model.attn_impl=reference``
 
 ``--modes compile`` wraps each arm's model in ``torch.compile`` (loss included) after the swap, as the
-job's ``model.compile=true``. Method as in the models suite: warm-up steps first, then ``--rounds`` rounds of
-``--steps`` steps, arms interleaved, CUDA events; medians with the min-max over rounds, ``extra_peak_gib``
-the allocator's peak during one step above what was allocated before it, ``loss`` the first step's loss.
+job's ``model.compile=true``; ``--compiled-routes`` adds the arm ``fused[<routes>]``, compiled with those routes
+(``fused_layers/ops/compile_config.py``) beside the fused arm and its default ones. Method as in the models suite:
+warm-up steps first, then ``--rounds`` rounds of ``--steps`` steps, arms interleaved, CUDA events; medians with the
+min-max over rounds, ``extra_peak_gib`` the allocator's peak during one step above what was allocated before it,
+``loss`` the first step's loss.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--compiled-routes", default="",
+                   help="compile routes of one more arm, fused[<routes>], beside the fused arm (compile mode), e.g. "
+                        "mlp=kernels")
 
 
 class Arm:
@@ -50,7 +56,7 @@ class Arm:
         with dev:
             self.model = GPT(seq_len=seq, attn_impl="sdpa" if arm == "unfused" else "reference", **dims)
         self.swapped = ""
-        if arm == "fused":
+        if arm.startswith("fused"):  # (fused[<routes>] too: its routes are set while it runs)
             from fused_layers import swap_modules
 
             report = swap_modules(self.model)
@@ -81,9 +87,12 @@ def run_shape(shape: str, mode: str, args, env: dict) -> list[dict]:
     if args.smoke:
         batch, seq = 2, 16
     arms, info = {}, {}
-    for name in ("unfused", "fused"):
+    routes = utils.compiled_routes(args.compiled_routes) if mode == "compile" else {}
+    tables = utils.RouteTables(routes)
+    for name in ("unfused", "fused") + ((tables.name,) if routes else ()):
         t0 = time.perf_counter()
         try:
+            tables.enter(name)
             a = Arm(name, mode, batch, seq, args.smoke)
             loss = float(a.step())
             for _ in range(args.warmup - 1):
@@ -104,9 +113,12 @@ def run_shape(shape: str, mode: str, args, env: dict) -> list[dict]:
                   f"extra peak {peak:.2f} GiB {a.swapped}", flush=True)
         except Exception as e:  # noqa: BLE001 - report the arm, go on
             print(f"[train {shape}/{mode}/{name}] failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    tables.enter("unfused")
     if not arms:
         return []
-    times = utils.interleaved_rounds({n: a.step for n, a in arms.items()}, args.rounds, args.steps)
+    times = utils.interleaved_rounds({n: a.step for n, a in arms.items()}, args.rounds, args.steps,
+                                     enter={n: (lambda n=n: tables.enter(n)) for n in arms})
+    tables.enter("unfused")
     ratios = utils.speedups(times, "unfused") if "unfused" in times else {}
     rows = []
     for n, ts in times.items():
@@ -134,6 +146,11 @@ def run(args) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if set(modes) - {"eager", "compile"}:
         print(f"python -m benchmarks train: --modes takes eager and/or compile, not {modes}")
+        return 2
+    try:
+        utils.compiled_routes(args.compiled_routes)
+    except ValueError as e:
+        print(f"python -m benchmarks train: --compiled-routes: {e}")
         return 2
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

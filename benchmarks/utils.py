@@ -385,3 +385,41 @@ def markdown(rows: Sequence[dict], cols: Sequence[str]) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(c, r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Compile routes per arm (models and train suites: --compiled-routes)
+# --------------------------------------------------------------------------------------------------
+class RouteTables:
+    """The compile routes (ops/compile_config.py) of each arm: ``--compiled-routes``' table for the arm named
+    ``fused[<op>=<route>;...]``, the library's defaults for every other one, set by ``enter(arm)``.  Routes are read
+    while Dynamo traces, and Dynamo guards on the table: each arm's compiled frames run with its own."""
+
+    def __init__(self, routes: dict[str, str]):
+        import dataclasses
+
+        from fused_layers.ops import compile_config
+
+        self.module = compile_config
+        self.default = compile_config.COMPILED
+        self.routed = dataclasses.replace(self.default, **routes) if routes else self.default
+        self.name = "fused[" + ";".join(f"{k}={v}" for k, v in routes.items()) + "]"
+
+    def enter(self, arm: str) -> None:
+        self.module.COMPILED = self.routed if arm == self.name else self.default
+
+
+def compiled_routes(spec: str) -> dict[str, str]:
+    """``"op=route,..."`` -> {op: route}, checked against ``CompiledRoutes`` (ValueError naming what is wrong)."""
+    import dataclasses
+
+    from fused_layers.ops.compile_config import CompiledRoutes
+
+    ops = [f.name for f in dataclasses.fields(CompiledRoutes)]
+    out = {}
+    for item in (x for x in spec.split(",") if x):
+        op, _, route = item.partition("=")
+        if op not in ops or route not in ("kernels", "inductor"):
+            raise ValueError(f"{item!r}: expected op=kernels|inductor with op one of {ops}")
+        out[op] = route
+    return out

@@ -169,9 +169,10 @@ def test_models_globals_switch_gives_each_arm_its_own_module_globals(monkeypatch
 
 
 def test_models_compiled_routes_option(capsys):
-    """--compiled-routes adds an arm with these compile routes (ops/compile_config.py) beside the fused arm, each
-    arm with its own table while it runs; a wrong op or route is refused before anything runs."""
-    from benchmarks.models import RouteTables, compiled_routes
+    """--compiled-routes (models and train suites) adds an arm with these compile routes (ops/compile_config.py)
+    beside the fused arm, each arm with its own table while it runs; a wrong op or route is refused before anything
+    runs."""
+    from benchmarks.utils import RouteTables, compiled_routes
 
     assert compiled_routes("") == {}
     assert compiled_routes("rms_norm_variant=inductor,softmax=kernels") == {"rms_norm_variant": "inductor",
@@ -201,6 +202,13 @@ def test_models_compiled_routes_option(capsys):
     p.add_argument("--smoke", action="store_true")
     assert models.run(p.parse_args(["--smoke", "--compiled-routes", "softmax=fast"])) == 2
     assert "--compiled-routes: 'softmax=fast'" in capsys.readouterr().out
+    from benchmarks import training  # the train suite takes the same option
+
+    p = argparse.ArgumentParser()
+    training.add_arguments(p)
+    p.add_argument("--smoke", action="store_true")
+    assert training.run(p.parse_args(["--smoke", "--compiled-routes", "mlp=fast"])) == 2
+    assert "--compiled-routes: 'mlp=fast'" in capsys.readouterr().out
 
 
 def test_models_arms_leave_kinds_out(capsys):
