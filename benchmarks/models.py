@@ -354,7 +354,6 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
     for name in names:
         t0 = time.perf_counter()
         try:
-            enter(name)
             a = Arm(model_name, "fused" if name == tables.name else name, mode, args.smoke, switch, args.variants)
             enter(name)
             loss = a.eval_loss()

@@ -129,6 +129,27 @@ def _lm_step(compiled, b):
     compiled(**b).loss.backward()
 
 
+def _assert_trains_as(model, ref, out, batch):
+    """``out`` (the compiled swapped ``model``'s output on ``batch``, its loss backpropagated) has the loss of the
+    unswapped ``ref`` on the same batch, and ``model`` every gradient of it."""
+    want = ref(**batch)
+    want.loss.backward()
+    torch.testing.assert_close(out.loss, want.loss)
+    grads = {n: p.grad for n, p in ref.named_parameters()}
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def _mlp_routes_on_kernels(monkeypatch):
+    """The MLP kinds' compile routes (ops/compile_config.py) on "kernels" for one test: their torch.library ops."""
+    import dataclasses
+
+    from fused_layers.ops import compile_config
+
+    monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(compile_config.COMPILED, mlp="kernels",
+                                                                        gated_activation="kernels"))
+
+
 def _lm_batches(n=2, mask=None):
     g = torch.Generator().manual_seed(0)
     out = []
@@ -151,12 +172,7 @@ def test_hf_compiled_gpu_route_no_break_no_extra_recompile(gpu_route, family, dt
     finishing mid-run (``_cpp._ext`` set) was a recompile of every frame: Dynamo guarded on it.  With the MLP routes
     on "kernels" (their ops under compile) too."""
     if mlp_route == "kernels":
-        import dataclasses
-
-        from fused_layers.ops import compile_config
-
-        monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(compile_config.COMPILED, mlp="kernels",
-                                                                            gated_activation="kernels"))
+        _mlp_routes_on_kernels(monkeypatch)
     torch.manual_seed(0)
     model = _hf_model(family, dtype)
     batches = _lm_batches()
@@ -196,12 +212,7 @@ def test_hf_materialized_mask_under_compile_runs_sdpa_without_a_break(gpu_route)
     model.zero_grad(set_to_none=True)
     out = torch.compile(model, backend="eager")(**batches[0])
     out.loss.backward()
-    want = ref(**batches[0])
-    want.loss.backward()
-    torch.testing.assert_close(out.loss, want.loss)
-    grads = {n: p.grad for n, p in ref.named_parameters()}
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)
+    _assert_trains_as(model, ref, out, batches[0])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -448,14 +459,9 @@ def test_hf_mlps_on_the_kernels_route_compile_and_train_as_unswapped(monkeypatch
     """With the MLP routes on "kernels", a compiled swapped transformers causal LM records the MLP op (activation +
     projection, backward by the kernels) with no graph break, through Inductor's partitioner, and trains as the
     unswapped model: loss and every gradient."""
-    import dataclasses
-
     from torch._dynamo.utils import counters
 
-    from fused_layers.ops import compile_config
-
-    monkeypatch.setattr(compile_config, "COMPILED", dataclasses.replace(compile_config.COMPILED, mlp="kernels",
-                                                                        gated_activation="kernels"))
+    _mlp_routes_on_kernels(monkeypatch)
     torch.manual_seed(0)
     model = _hf_model(family, torch.float32, layers=2)
     ref = _hf_model(family, torch.float32, layers=2)
@@ -469,12 +475,7 @@ def test_hf_mlps_on_the_kernels_route_compile_and_train_as_unswapped(monkeypatch
     out = torch.compile(model, backend="aot_eager_decomp_partition")(**b)
     out.loss.backward()
     assert not counters["graph_break"]
-    want = ref(**b)
-    want.loss.backward()
-    torch.testing.assert_close(out.loss, want.loss)
-    grads = {n: p.grad for n, p in ref.named_parameters()}
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)
+    _assert_trains_as(model, ref, out, b)
 
 
 @needs_hf
@@ -498,9 +499,4 @@ def test_hf_causal_lm_compiled_keeps_the_chunked_linear_cross_entropy():
     out = torch.compile(model, backend=backend)(**b)
     assert out.logits is None and any("linear_cross_entropy" in t for t in seen)
     out.loss.backward()
-    want = ref(**b)
-    want.loss.backward()
-    torch.testing.assert_close(out.loss, want.loss)
-    grads = {n: p.grad for n, p in ref.named_parameters()}
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)
+    _assert_trains_as(model, ref, out, b)
