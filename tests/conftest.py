@@ -98,7 +98,7 @@ def _seed(request):
 
 
 BIG = pytest.mark.gpu_memory  # a GPU case of several GiB: it holds the device alone (_device_share)
-ALONE = ("gpu_memory", "gpu_timed")  # marks that hold the device alone: memory, or step times other workers would skew
+ALONE = ("gpu_memory",)  # marks that hold the device alone (large cases: other workers' memory would not fit)
 
 
 @contextlib.contextmanager
@@ -125,9 +125,7 @@ def _device_share(exclusive):
 @pytest.fixture(autouse=True)
 def _gpu_memory(request):
     """GPU tests return their cached blocks to the device when they end, so that eight workers fit on one GPU; the
-    large ones (`gpu_memory`) run alone (without this, `-n 8` on an 80 GB H100 failed six of them out of memory), and
-    so do those whose verdict rests on step times (`gpu_timed`: under seven other workers the callback's compiled A/B
-    and the kept steps after it ran at 14.5 and 12.3 ms, outside each other's spread)."""
+    large ones (`gpu_memory`) run alone (without this, `-n 8` on an 80 GB H100 failed six of them out of memory)."""
     if not (HAS_CUDA and "gpu" in request.keywords):
         yield
         return
