@@ -89,6 +89,7 @@ except ImportError as e:  # the library itself needs torch and triton only
     ) from e
 
 from .ledger import TABLE_COLUMNS, KeptSteps, Ledger, Measurement, StepAB, compiled_graphs, faster_arm, fit_ab
+from .ops import compile_config
 from .swap import KINDS, SkipEntry, SwapReport, _normalize_mapping, resolve_kinds, restore_modules, swap_modules
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ INTERPRETER_NOTE = (
 def check_args(policy: str = "always", record_steps: int = 1, warmup_steps: int = 3, kinds: Any = None,
                mapping: Any = None, ab_rounds: int = 5, ab_warmup_rounds: int = 1, ab_max_steps: int = 40,
                ab_compiled: str = "per_arm", max_measure_seconds: float = 2.0, ab_check_steps: int = 5,
-               **_: Any) -> None:
+               compiled_routes: Any = None, **_: Any) -> None:
     """Check the constructor arguments (also used by train.py's config check, for a disabled callback too).
     Raises ``ValueError`` whose ``arg`` attribute names the argument."""
 
@@ -124,8 +125,9 @@ def check_args(policy: str = "always", record_steps: int = 1, warmup_steps: int 
             bad(arg, f"must be an int >= {lo}, got {val!r}")
     if not max_measure_seconds >= 0:
         bad("max_measure_seconds", f"must be >= 0, got {max_measure_seconds!r}")
-    # the swap's own checks (kinds, aliases, importable classes)
-    for arg, fn in (("kinds", lambda: resolve_kinds(kinds)), ("mapping", lambda: _normalize_mapping(mapping))):
+    # the swap's own checks (kinds, aliases, importable classes), the compile routes' table
+    for arg, fn in (("kinds", lambda: resolve_kinds(kinds)), ("mapping", lambda: _normalize_mapping(mapping)),
+                    ("compiled_routes", lambda: compile_config.check_routes(dict(compiled_routes or {})))):
         try:
             fn()
         except (ValueError, TypeError) as e:
@@ -164,6 +166,8 @@ class FusedLayersCallback(Callback):
         warmup_steps: training batches to run before measuring (caches, autotuning settle).
         max_measure_seconds: time budget of the whole measurement.
         log_table: also log the per-shape table (``fused/speedups``) to a ``WandbLogger``.
+        compiled_routes: ``{op: "kernels" | "inductor"}`` under ``torch.compile`` for this run
+            (``fused_layers.set_compiled_routes``; set at setup, the library's defaults back at teardown).
 
     See the module docstring for where the swap happens and what is logged.
     """
@@ -188,12 +192,16 @@ class FusedLayersCallback(Callback):
         ab_max_steps: int = 40,
         ab_compiled: str = "per_arm",
         ab_check_steps: int = 5,
+        compiled_routes: dict[str, str] | None = None,
         step_timer: Any = None,
     ) -> None:
         super().__init__()
         check_args(policy=policy, record_steps=record_steps, warmup_steps=warmup_steps, kinds=kinds, mapping=mapping,
                    ab_rounds=ab_rounds, ab_warmup_rounds=ab_warmup_rounds, ab_max_steps=ab_max_steps,
-                   ab_compiled=ab_compiled, max_measure_seconds=max_measure_seconds, ab_check_steps=ab_check_steps)
+                   ab_compiled=ab_compiled, max_measure_seconds=max_measure_seconds, ab_check_steps=ab_check_steps,
+                   compiled_routes=compiled_routes)
+        self.compiled_routes = dict(compiled_routes or {})
+        self._routes_before: Any = None  #: the route table the run found, put back at teardown
         self.kinds = dict(kinds) if kinds is not None else None
         self.include = list(include or [])
         self.exclude = list(exclude or [])
@@ -263,6 +271,8 @@ class FusedLayersCallback(Callback):
                 self._log_report(trainer)
             return
         self._graphs_at_setup = compiled_graphs()
+        if self.compiled_routes and self._routes_before is None:
+            self._routes_before = compile_config.set_routes(**self.compiled_routes)
         self._swap(pl_module)
         if is_overridden("configure_model", pl_module) and "configure_model" not in pl_module.__dict__:
             self._wrap_configure_model(trainer, pl_module)
@@ -284,6 +294,8 @@ class FusedLayersCallback(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         pl_module.__dict__.pop("configure_model", None)
+        if self._routes_before is not None:
+            compile_config.COMPILED, self._routes_before = self._routes_before, None
         if self.ledger is not None:
             self.ledger.stop_recording()
 
@@ -304,6 +316,8 @@ class FusedLayersCallback(Callback):
             else "not run: nothing swapped",
             "kept_arm": self.kept_arm,
         }
+        if self.compiled_routes:
+            out["compiled_routes"] = dict(self.compiled_routes)
         if self.ab is not None and self.ab.results:
             out["step_ab"] = {a: {"kinds": r.kinds, "step_ms": r.step_ms, "median_ms": r.median_ms,
                                   "speedup": r.speedup, "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi}

@@ -226,6 +226,9 @@ class FusedCallbackConfig:
     ab_compiled: str = doc("per_arm", "under model.compile=true: per_arm (one compiled graph per variant) or skip")
     ab_check_steps: int = doc(5, "steps after the comparison timed as the kept variant's own (does the verdict "
                                  "hold for the run?)")
+    compiled_routes: Dict[str, str] = doc(help="under model.compile=true, op -> kernels|inductor: "
+                                               "++callbacks.fused.compiled_routes.mlp=kernels keeps no MLP activation "
+                                               "(less memory, a slightly longer step)", factory=dict)
 
 
 @dataclass

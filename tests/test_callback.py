@@ -480,8 +480,28 @@ def test_bad_arguments():
         FusedLayersCallback(ab_rounds=-1)
     with pytest.raises(ValueError, match="unknown kind"):
         FusedLayersCallback(kinds={"layernorm": True})
+    with pytest.raises(ValueError, match="'compiled_routes' is invalid: compiled routes: no op 'mlps'"):
+        FusedLayersCallback(compiled_routes={"mlps": "kernels"})
     with pytest.raises(ValueError, match="flops_from"):
         ThroughputCallback(flops_from="guess")
+
+
+def test_compiled_routes_hold_for_the_run_and_are_reported(tmp_path):
+    """``compiled_routes`` is the route table while the run trains (read when the model compiles), the library's
+    defaults come back at teardown, and the run's summary names the routes it used."""
+    from fused_layers.ops import compile_config
+
+    default, seen = compile_config.COMPILED, []
+
+    class Probe(L.Callback):
+        def on_train_batch_start(self, *args):
+            seen.append(compile_config.COMPILED)
+
+    cb = _cb(measure=False, ab_rounds=0, compiled_routes={"mlp": "kernels", "layer_norm": "kernels"})
+    _trainer(tmp_path, [cb, Probe()]).fit(LM())
+    assert seen and all((t.mlp, t.layer_norm, t.softmax) == ("kernels", "kernels", default.softmax) for t in seen)
+    assert compile_config.COMPILED is default
+    assert cb.summary()["compiled_routes"] == {"mlp": "kernels", "layer_norm": "kernels"}
 
 
 @pytest.mark.parametrize("direction", ["fused->unfused", "unfused->fused"])

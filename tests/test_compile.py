@@ -424,6 +424,42 @@ def test_compiled_routes_are_data_and_decide_what_dynamo_records(monkeypatch):
             assert (recorded in _ops_in_graph(call, x)) == (r == "kernels"), (op, r)
 
 
+def test_set_compiled_routes_checks_its_arguments_and_recompiles_a_compiled_frame():
+    """``fused_layers.set_compiled_routes``: a wrong op is a TypeError and a wrong route a ValueError, each naming
+    what is allowed, and the table is left as it was; a frame compiled under the defaults compiles again under the
+    new table (Dynamo guards on it) and records the routed op; the returned table puts the defaults back."""
+    import dataclasses
+
+    import fused_layers
+    from fused_layers.ops import compile_config
+
+    default = compile_config.COMPILED
+    with pytest.raises(TypeError, match="no op 'mlps'; ops: layer_norm, "):
+        fused_layers.set_compiled_routes(mlps="kernels")
+    with pytest.raises(ValueError, match="mlp='fast'; a route is one of kernels, inductor"):
+        fused_layers.set_compiled_routes(mlp="fast")
+    assert compile_config.COMPILED is default
+    mlp, x, recorded = _mlp_call(), torch.randn(4, 16), []
+
+    def backend(gm, example_inputs):
+        recorded.append({str(n.target) for n in gm.graph.nodes})
+        return gm.forward
+
+    torch._dynamo.reset()
+    step = torch.compile(mlp, backend=backend, fullgraph=True)
+    step(x)
+    before = fused_layers.set_compiled_routes(mlp="kernels" if default.mlp == "inductor" else "inductor")
+    try:
+        step(x)
+        step(x)  # the second call under the new table reuses its graph
+    finally:
+        fused_layers.set_compiled_routes(**dataclasses.asdict(before))
+    assert before is default and compile_config.COMPILED == default
+    assert len(recorded) == 2, recorded  # one graph per table
+    has_op = [any("activation_linear_fwd" in t for t in g) for g in recorded]
+    assert has_op == ([False, True] if default.mlp == "inductor" else [True, False])
+
+
 @needs_hf
 def test_compiled_hf_attention_does_not_guard_on_other_models():
     """What a swapped model's attention runs where ours cannot is read from the module itself: another swapped
