@@ -410,16 +410,15 @@ class RouteTables:
 
 
 def compiled_routes(spec: str) -> dict[str, str]:
-    """``"op=route,..."`` -> {op: route}, checked against ``CompiledRoutes`` (ValueError naming what is wrong)."""
-    import dataclasses
+    """``"op=route,..."`` -> {op: route}, checked by the library's ``check_routes`` (ValueError naming what is
+    wrong)."""
+    from fused_layers.ops.compile_config import check_routes
 
-    from fused_layers.ops.compile_config import CompiledRoutes
-
-    ops = [f.name for f in dataclasses.fields(CompiledRoutes)]
     out = {}
     for item in (x for x in spec.split(",") if x):
         op, _, route = item.partition("=")
-        if op not in ops or route not in ("kernels", "inductor"):
-            raise ValueError(f"{item!r}: expected op=kernels|inductor with op one of {ops}")
-        out[op] = route
+        try:
+            out.update(check_routes({op: route}))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{item!r}: expected op=kernels|inductor ({e})") from None
     return out
