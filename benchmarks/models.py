@@ -37,7 +37,9 @@ CUDA events per arm and round, the setup's Python objects frozen out of the garb
 (``utils.interleaved_rounds``). ``step_ms`` is the median over rounds with its min-max; ``speedup`` is the
 unfused median over the arm's median, with the min-max over rounds of the in-round ratio. ``extra_peak_gib``:
 the allocator's peak during one step above what was allocated before it (activations, logits, gradients,
-temporaries). ``loss``: the first batch's loss in eval mode before any step; ``loss_diff`` its distance to
+temporaries). ``gpu_busy_ms``: how long a step keeps the GPU busy (its kernels' intervals under
+``torch.profiler``, two steps after the timed rounds): well below ``step_ms``, the step waits on the host's
+launches. ``loss``: the first batch's loss in eval mode before any step; ``loss_diff`` its distance to
 the unfused arm's. Each model runs in a subprocess of its own (``--timeout`` seconds).
 """
 
@@ -378,6 +380,10 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
         return []
     times = utils.interleaved_rounds({n: a.step for n, a in arms.items()}, args.rounds, args.steps,
                                      enter={n: (lambda n=n: enter(n)) for n in arms})
+    busy = {}
+    for n, a in arms.items():  # after the timed rounds: the profiler's overhead stays out of them
+        enter(n)
+        busy[n] = utils.gpu_busy_ms(a.step)
     enter("unfused")
     base = "unfused" if "unfused" in times else None
     ratios = utils.speedups(times, base) if base else {}
@@ -390,11 +396,12 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
         rows.append(dict(env, model=model_name, config=CONFIG[model_name], batch=arms[n].batch_desc, mode=row_mode,
                          arm=n,
                          step_ms=med, step_ms_lo=lo, step_ms_hi=hi, speedup=sp[0], speedup_lo=sp[1], speedup_hi=sp[2],
-                         extra_peak_gib=info[n]["extra_peak_gib"], loss=loss,
+                         extra_peak_gib=info[n]["extra_peak_gib"], gpu_busy_ms=busy[n], loss=loss,
                          loss_diff=None if ref_loss is None else abs(loss - ref_loss), swapped=info[n]["swapped"],
                          rounds=args.rounds, steps=args.steps, note="smoke (CPU)" if args.smoke else ""))
         print(f"[{model_name}/{row_mode}/{n}] {med:.2f} ms [{lo:.2f}-{hi:.2f}]"
-              + (f", {sp[0]:.3f}x [{sp[1]:.3f}-{sp[2]:.3f}]" if sp[0] else ""), flush=True)
+              + (f", {sp[0]:.3f}x [{sp[1]:.3f}-{sp[2]:.3f}]" if sp[0] else "")
+              + (f", GPU busy {busy[n]:.2f} ms" if busy[n] == busy[n] else ""), flush=True)
     return rows
 
 

@@ -28,7 +28,7 @@ MODEL_LABEL = {"gpt2": "GPT-2", "llama": "Llama\n(GQA, 32K)", "qwen2": "Qwen2\n(
 # table suite: the columns printed per table
 TABLE_COLUMNS = {
     "models": ["model", "batch", "mode", "arm", "step_ms", "step_ms_lo", "step_ms_hi", "speedup", "speedup_lo",
-               "speedup_hi", "extra_peak_gib", "loss_diff", "date", "commit"],
+               "speedup_hi", "extra_peak_gib", "gpu_busy_ms", "loss_diff", "date", "commit"],
     "ops": ["op", "pass", "dtype", "shape", "impl", "timer", "ms", "copy_frac", "tflops", "peak_mib", "date", "commit"],
     "train": ["model", "batch", "mode", "arm", "step_ms", "step_ms_lo", "step_ms_hi", "speedup", "tokens_per_s",
               "extra_peak_gib", "date", "commit"],

@@ -41,8 +41,8 @@ COLUMNS: dict[str, list[str]] = {
     "ops": KEY + ["op", "pass", "dtype", "shape", "impl", "timer", "ms", "gbps", "copy_frac", "tflops",
                   "peak_mib", "note"],
     "models": KEY + ["transformers", "liger", "model", "config", "batch", "mode", "arm", "step_ms", "step_ms_lo",
-                     "step_ms_hi", "speedup", "speedup_lo", "speedup_hi", "extra_peak_gib", "loss", "loss_diff",
-                     "swapped", "rounds", "steps", "note"],
+                     "step_ms_hi", "speedup", "speedup_lo", "speedup_hi", "extra_peak_gib", "gpu_busy_ms", "loss",
+                     "loss_diff", "swapped", "rounds", "steps", "note"],
     "train": KEY + ["model", "batch", "mode", "arm", "step_ms", "step_ms_lo", "step_ms_hi", "speedup", "speedup_lo",
                     "speedup_hi", "tokens_per_s", "extra_peak_gib", "loss", "rounds", "steps", "note"],
     "host": KEY + ["op", "pass", "dtype", "shape", "impl", "host_us", "host_us_lo", "host_us_hi", "vs_torch",
@@ -300,6 +300,35 @@ def peak_extra_mib(fn: Callable) -> float:
     fn()
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def union_ms(spans: Iterable[tuple[float, float]]) -> float:
+    """Milliseconds covered by the union of ``(start_us, end_us)`` intervals (kernels that overlap count once)."""
+    busy, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return busy / 1e3
+
+
+def gpu_busy_ms(fn: Callable, calls: int = 2) -> float:
+    """Milliseconds one call of ``fn`` keeps the GPU busy (its kernels' and copies' intervals, ``torch.profiler``,
+    the mean of ``calls`` calls). Beside the call's step time, the difference is the GPU waiting for the host: a
+    step that the host's launches bound. NaN without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return union_ms((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda) / calls
 
 
 def interleaved_rounds(steps: dict[str, Callable], rounds: int, per_round: int,

@@ -168,6 +168,19 @@ def test_models_globals_switch_gives_each_arm_its_own_module_globals(monkeypatch
     assert mod.rope == "original" and mod.added == "new"
 
 
+def test_gpu_busy_time_counts_overlapping_kernels_once():
+    """gpu_busy_ms's union of kernel intervals (microseconds in, milliseconds out): an overlap counts once, a gap
+    not at all, whatever the order; without CUDA the measure is NaN, not a number that looks measured."""
+    import math
+
+    import torch
+
+    assert utils.union_ms([(0, 1000), (500, 1500), (3000, 3500), (3100, 3200)]) == 2.0
+    assert utils.union_ms([(3000, 3500), (0, 1000)]) == 1.5 and utils.union_ms([]) == 0.0
+    if not torch.cuda.is_available():
+        assert math.isnan(utils.gpu_busy_ms(lambda: None))
+
+
 def test_models_compiled_routes_option(capsys):
     """--compiled-routes (models and train suites) adds an arm with these compile routes (ops/compile_config.py)
     beside the fused arm, each arm with its own table while it runs; a wrong op or route is refused before anything
