@@ -454,5 +454,5 @@ def run(args) -> int:
         print("[models] no rows measured")
     else:
         print(utils.markdown(rows, ["model", "mode", "arm", "step_ms", "speedup", "speedup_lo", "speedup_hi",
-                                    "extra_peak_gib", "loss_diff", "swapped"]))
+                                    "extra_peak_gib", "gpu_busy_ms", "loss_diff", "swapped"]))
     return 0
