@@ -472,6 +472,37 @@ def test_hf_eager_model_switches_back_to_eager():
 
 
 @needs_hf
+def test_hf_model_without_sdpa_whose_decoder_says_not_causal_gets_eager_masks(spy):
+    """BigBird-Pegasus's causal LM does not support SDPA and builds causal masks for decoder attention modules that
+    say ``is_causal = False``: with SDPA's masks (none for plain causal) the fused calls were not causal (logits
+    0.05 away). Such a model is switched to the eager masks' name, runs fused and trains exactly as unswapped,
+    padded or not, and is eager again once restored."""
+    import copy
+
+    from fused_layers.integrations._hf import IMPL_EAGER_MASKS
+
+    cfg = transformers.BigBirdPegasusConfig(
+        vocab_size=48, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32, dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=2)
+    ref = transformers.BigBirdPegasusForCausalLM(cfg)
+    m = copy.deepcopy(ref)
+    assert ref.config._attn_implementation == "eager" and not ref.model.decoder.layers[0].self_attn.is_causal
+    assert swap_modules(m, kinds=["attention"]).counts()["attention"] == 4  # self- and cross-attention, 2 layers
+    assert m.config._attn_implementation == IMPL_EAGER_MASKS
+    ids = torch.randint(3, 48, (2, 12))
+    pad = torch.ones(2, 12, dtype=torch.long)
+    pad[1, 8:] = 0  # right padding
+    for mask in (None, pad):
+        spy.clear()
+        _compare_steps(_step(ref, ids, mask), _step(m, ids, mask))
+        assert len(spy) == 2 and all(c["is_causal"] for c in spy)  # the self-attention of each layer, fused
+    restore_modules(m)
+    assert m.config._attn_implementation == "eager"
+
+
+@needs_hf
 def test_hf_attention_kind_off_and_wrapper_module():
     m = _tiny_llama()
     rep = swap_modules(m, kinds={"attention": False, "rms_norm": True})

@@ -20,9 +20,13 @@ masks a model builds are exactly those ``sdpa`` gets: ``None`` for causal withou
 boolean mask).  ``swap_modules`` gives each attention module that calls ``ALL_ATTENTION_FUNCTIONS`` a
 fused subclass and switches the model to "fused_layers" with the model's own
 ``set_attn_implementation``; ``restore_modules`` switches back to what it was when the last one is
-restored.  The registered function runs our kernels for modules of a fused subclass (a check on the
-module's type, nothing for Dynamo to guard beyond it) and the model's own implementation for any other
-module, so a model whose layers are partly restored (``policy=faster``) is right everywhere.
+restored.  SDPA's masks leave "causal" to the module's ``is_causal``; a model that does not support SDPA
+may build a causal mask for a module that says ``is_causal = False`` (BigBird-Pegasus's decoder), so
+such a model is switched to "fused_layers_eager_masks" instead: the same function, given the additive
+masks ``eager_mask`` builds (never skipped), which it decomposes as any other mask.  The registered function
+runs our kernels for modules of a fused subclass (a check on the module's type, nothing for Dynamo to guard
+beyond it) and the model's own implementation for any other module, so a model whose layers are partly
+restored (``policy=faster``) is right everywhere.
 
 What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding mask, or
 causal (Sq == Sk) AND a key-padding mask, or causal AND the layer's ``sliding_window`` AND a key-padding mask
@@ -64,6 +68,7 @@ from ..ops.norm_variants import fused_rms_norm_variant, variant_supported
 from . import REGISTRY, LookAlike
 
 IMPL = "fused_layers"  #: the name registered in transformers' AttentionInterface
+IMPL_EAGER_MASKS = "fused_layers_eager_masks"  #: the same function with the masks "eager" gets (see above)
 
 # --------------------------------------------------------------------------------------------------
 # Norms.  The forwards below are copied from transformers 5.24 (models/llama, models/t5, models/gemma);
@@ -603,15 +608,28 @@ _registered = [False]
 
 
 def register() -> None:
-    """Register "fused_layers" in transformers' attention and attention-mask interfaces (idempotent)."""
+    """Register "fused_layers" (SDPA's masks) and "fused_layers_eager_masks" (eager's) in transformers' attention
+    and attention-mask interfaces (idempotent)."""
     if _registered[0]:
         return
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
     AttentionInterface.register(IMPL, fused_attention_forward)
     AttentionMaskInterface.register(IMPL, sdpa_mask)
+    AttentionInterface.register(IMPL_EAGER_MASKS, fused_attention_forward)
+    AttentionMaskInterface.register(IMPL_EAGER_MASKS, eager_mask)
     _registered[0] = True
+
+
+def _impl_for(root: nn.Module, attention: list[nn.Module], prev: str) -> str:
+    """The implementation ``root`` is switched to from ``prev``: IMPL, or IMPL_EAGER_MASKS where the model does
+    not support SDPA, was not set to it anyway, and one of its fused attention modules says it is not causal (its
+    causal mask is then in the mask alone)."""
+    if (prev == "sdpa" or getattr(type(root), "_supports_sdpa", False)
+            or all(getattr(m, "is_causal", True) for m in attention)):
+        return IMPL
+    return IMPL_EAGER_MASKS
 
 
 def _sdpa(*args, **kwargs):
@@ -984,10 +1002,11 @@ def switch_models(model: nn.Module, attention_names: list[str]) -> dict[str, str
             failed[name] = "not inside a transformers PreTrainedModel (its attention implementation cannot be set)"
             continue
         rname, root = owner
+        prev = root.__dict__.get(PREV_ATTR, root.config._attn_implementation)
+        impl = _impl_for(root, [modules[n] for n in attention_names if _under(n, rname)], prev)
         if PREV_ATTR not in root.__dict__:
-            prev = root.config._attn_implementation
             try:
-                root.set_attn_implementation(IMPL)
+                root.set_attn_implementation(impl)
             except Exception as e:  # noqa: BLE001 - any refusal: leave this model alone
                 failed[name] = f"set_attn_implementation refused: {type(e).__name__}: {e}"
                 continue
@@ -995,7 +1014,7 @@ def switch_models(model: nn.Module, attention_names: list[str]) -> dict[str, str
         for m in root.modules():  # what each module's calls run where ours cannot
             m.__dict__[OWN_ATTR] = root.__dict__[PREV_ATTR]
         cfg = getattr(modules[name], "config", None)
-        if getattr(cfg, "_attn_implementation", None) != IMPL:
+        if getattr(cfg, "_attn_implementation", None) not in (IMPL, IMPL_EAGER_MASKS):
             impl = getattr(cfg, "_attn_implementation", None)
             failed[name] = f"its config's attention implementation stayed {impl!r}"
     return failed
