@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -401,7 +402,7 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
                          rounds=args.rounds, steps=args.steps, note="smoke (CPU)" if args.smoke else ""))
         print(f"[{model_name}/{row_mode}/{n}] {med:.2f} ms [{lo:.2f}-{hi:.2f}]"
               + (f", {sp[0]:.3f}x [{sp[1]:.3f}-{sp[2]:.3f}]" if sp[0] else "")
-              + (f", GPU busy {busy[n]:.2f} ms" if busy[n] == busy[n] else ""), flush=True)
+              + ("" if math.isnan(busy[n]) else f", GPU busy {busy[n]:.2f} ms"), flush=True)
     return rows
 
 

@@ -1002,9 +1002,9 @@ def switch_models(model: nn.Module, attention_names: list[str]) -> dict[str, str
             failed[name] = "not inside a transformers PreTrainedModel (its attention implementation cannot be set)"
             continue
         rname, root = owner
-        prev = root.__dict__.get(PREV_ATTR, root.config._attn_implementation)
-        impl = _impl_for(root, [modules[n] for n in attention_names if _under(n, rname)], prev)
-        if PREV_ATTR not in root.__dict__:
+        if PREV_ATTR not in root.__dict__:  # (once per model)
+            prev = root.config._attn_implementation
+            impl = _impl_for(root, [modules[n] for n in attention_names if _under(n, rname)], prev)
             try:
                 root.set_attn_implementation(impl)
             except Exception as e:  # noqa: BLE001 - any refusal: leave this model alone
