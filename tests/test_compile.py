@@ -215,6 +215,98 @@ def test_hf_materialized_mask_under_compile_runs_sdpa_without_a_break(gpu_route)
     _assert_trains_as(model, ref, out, batches[0])
 
 
+_CALL_MASK_FAMILIES = {  # (config, model, extra config): every model type of CALL_MASK_MODELS
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=4, n_positions=32)),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=4)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=8)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=8)),
+    # local layers with a window shorter than the batch, soft-capped attention and final logits
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=8, sliding_window=4, attn_implementation="eager")),
+}
+
+
+def _call_mask_model(family):
+    cfg, cls, extra = _CALL_MASK_FAMILIES[family]
+    kw = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=32, attn_implementation="sdpa")
+    if family == "gpt2":
+        kw = dict(vocab_size=64, attn_implementation="sdpa")
+    kw.update(extra)
+    torch.manual_seed(0)
+    m = getattr(transformers, cls)(getattr(transformers, cfg)(**kw))
+    m.config.use_cache = False
+    return m.train()
+
+
+@needs_hf
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(_CALL_MASK_FAMILIES))
+def test_compiled_causal_lm_masks_run_the_kernels(family, monkeypatch):
+    """Compiled, transformers materializes every mask; where the causal LM's call fixes what it is (no position
+    ids, no cache: causal AND the layer's window AND the call's 2-D padding mask), every attention call runs the
+    kernels on those, never reading the mask: no warning, no graph break, and the loss and every gradient of the
+    unswapped eager model, unpadded, right- and left-padded (float32)."""
+    from fused_layers.integrations import _hf
+    from fused_layers.ops import _common
+    from fused_layers.ops import attention as attn_ops
+
+    assert _hf.CALL_MASK_MODELS == set(_CALL_MASK_FAMILIES)
+    ref = _call_mask_model(family)
+    model = _call_mask_model(family)
+    model.load_state_dict(ref.state_dict())
+    for m in (ref, model):  # dropout off: the two models must draw nothing
+        for mod in m.modules():
+            if isinstance(mod, nn.Dropout):
+                mod.p = 0.0
+    report = swap_modules(model)
+    assert report.counts().get("attention") == 2, str(report)
+    calls = []
+    orig = attn_ops.fused_attention
+
+    def spy(*a, **k):
+        calls.append((k.get("attn_mask") is not None, k.get("window")))
+        return orig(*a, **k)
+
+    monkeypatch.setattr(attn_ops, "fused_attention", spy)
+    for key in [k for k in _common._warned if k.startswith("hf_attention:")]:
+        _common._warned.discard(key)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 64, (2, 8), generator=g)
+    right = torch.ones(2, 8, dtype=torch.long)
+    right[1, 6:] = 0
+    left = torch.ones(2, 8, dtype=torch.long)
+    left[0, :3] = 0
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for mask in (None, right, left):
+            labels = ids
+            if mask is not None:  # no loss on a padded position's logits (a row with every key masked: each
+                # implementation fills it its own way; the shifted loss reads the last one before the text)
+                read = torch.zeros_like(mask, dtype=torch.bool)
+                read[:, 1:] = mask[:, :-1] == 0
+                labels = ids.masked_fill((mask == 0) | read, -100)
+            batch = {"input_ids": ids, "labels": labels}
+            if mask is not None:
+                batch["attention_mask"] = mask
+            calls.clear()
+            model.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+            out = compiled(**batch)
+            out.loss.backward()
+            assert len(calls) == 2, (mask, calls)  # both layers on the kernels (traced once per mask case)
+            assert all(padded == (mask is not None) for padded, _ in calls), calls
+            _assert_trains_as(model, ref, out, batch)
+    assert not [x for x in w if "not fused" in str(x.message)], [str(x.message) for x in w]
+    if family in ("mistral", "gemma2"):
+        assert any(win == 4 for _, win in calls), calls
+    restore_modules(model)
+    torch._dynamo.reset()
+
+
 # --------------------------------------------------------------------------------------------------
 # torch modules and the demo GPT
 # --------------------------------------------------------------------------------------------------

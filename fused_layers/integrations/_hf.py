@@ -30,9 +30,12 @@ restored (``policy=faster``) is right everywhere.
 
 What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding mask, or
 causal (Sq == Sk) AND a key-padding mask, or causal AND the layer's ``sliding_window`` AND a key-padding mask
-(decomposed once per mask tensor and window, the model passes the same tensor to every layer of a kind; under
-torch.compile a mask tensor runs the model's own implementation, since telling which mask it is means reading its
-values, a graph break in every layer): the window goes to the kernels, which skip the key tiles outside it;
+(decomposed once per mask tensor and window, the model passes the same tensor to every layer of a kind): the window
+goes to the kernels, which skip the key tiles outside it.  Under torch.compile transformers materializes every mask,
+and telling which one a tensor is means reading its values, a graph break in every layer; where the swapped causal
+LM's call fixes its masks (``CALL_MASK_MODELS``, no position ids, no cache: causal AND the layer's window AND the
+call's 2-D padding mask) the kernels take those and the unread mask drops out of the graph, else the model's own
+implementation runs on the mask;
 ``softcap`` (Gemma 2's logit soft-capping) in the kernels; GQA through ``num_key_value_groups`` (the kernels'
 native GQA, K/V not repeated); ``scaling``; attention dropout in training. Packed, padding-free batches (several
 sequences in one row, as ``DataCollatorWithFlattening`` builds them) run the varlen kernel, so no attention crosses
@@ -476,6 +479,37 @@ def _drop_head_dispatch(model: nn.Module) -> None:
         lin.__dict__.pop("forward", None)
 
 
+# The masks of the compiled causal-LM call in progress, where its arguments fix them (``_call_masks``), for the
+# attention function: under torch.compile transformers materializes every mask (torch < 2.14 reports tracing as
+# exporting, and the position ids a model makes itself always look possibly packed), and which mask a tensor is
+# shows only in its values.  Set and cleared by the swapped causal LM's forward.
+_CALL_MASKS: list = [None]
+
+# Model types whose causal LMs build, from a call without position ids or a cache, only causal masks -- with the
+# window the layer passes its attention as ``sliding_window`` where it has one -- AND the call's 2-D padding mask
+# (read in their modeling files; each is tested compiled against the unswapped model, padded and not)
+CALL_MASK_MODELS = frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"})
+_CALL_MASK_KWARGS = frozenset({"num_items_in_batch", "ignore_index", "shift_labels", "return_dict"})
+
+
+def _call_masks(model: nn.Module, bound: dict) -> Optional[tuple]:
+    """``(padding,)`` -- the call's 2-D ``attention_mask`` or None -- where the call's arguments fix every mask the
+    model builds (``CALL_MASK_MODELS``; no position ids, which could pack several sequences in a row; no cache; no
+    4-D mask of the caller's; no keyword argument beyond the loss's), else None."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", None) not in CALL_MASK_MODELS or getattr(cfg, "attention_chunk_size", None):
+        return None
+    if not set(getattr(cfg, "layer_types", None) or ()) <= {"full_attention", "sliding_attention"}:
+        return None
+    mask = bound.get("attention_mask")
+    if (bound.get("position_ids") is not None or bound.get("past_key_values") is not None or bound.get("use_cache")
+            or not set(bound.get("kwargs", {})) <= _CALL_MASK_KWARGS):
+        return None
+    if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
+        return None
+    return (mask,)
+
+
 def _build_causal_lm(cls: type) -> dict:
     source_forward = cls.forward
     try:
@@ -518,6 +552,21 @@ def _build_causal_lm(cls: type) -> dict:
 
     @functools.wraps(source_forward)  # its signature: the Trainer keeps the batch columns the forward takes
     def forward(self, *args: Any, **kwargs: Any):
+        masks = None
+        if is_compiling() and sig is not None:
+            try:
+                masks = _call_masks(self, sig.bind(self, *args, **kwargs).arguments)
+            except TypeError:
+                masks = None
+        if masks is None:
+            return _forward(self, args, kwargs)
+        _CALL_MASKS[0] = masks
+        try:
+            return _forward(self, args, kwargs)
+        finally:
+            _CALL_MASKS[0] = None
+
+    def _forward(self, args: tuple, kwargs: dict):
         bound = _linear_call(self, args, kwargs)
         if bound is None:
             return source_forward(self, *args, **kwargs)
@@ -927,10 +976,16 @@ def fused_attention_forward(
             why = f"a {type(attention_mask).__name__} mask"
         elif is_compiling():
             # Which mask this is shows only in its values, and reading them (decompose_mask) would break the
-            # graph at every layer.  transformers materializes the causal mask under torch.compile even
-            # without padding where torch reports tracing as exporting (torch < 2.14, its masking_utils
-            # says), so this is the common compiled case there; the unswapped model runs SDPA on that mask.
-            why = "a mask tensor under torch.compile"
+            # graph at every layer.  Where the compiled causal LM's call fixes it (_call_masks), it is causal AND
+            # the layer's window AND the call's padding mask: the kernels take those, and the materialized mask,
+            # never read, is dropped from the graph.  Else the model's own implementation runs on the mask.
+            call = _CALL_MASKS[0]
+            if (call is not None and causal and sq == sk and attention_mask.dim() == 4
+                    and attention_mask.shape[-1] == sk and (call[0] is None or call[0].shape[-1] == sk)):
+                kmask = None if call[0] is None else call[0].to(torch.bool)[:, None, None, :]
+                win, attention_mask = window, None
+            else:
+                why = "a mask tensor under torch.compile"
         else:
             dec = decompose_mask(attention_mask, sq, sk)
             if dec is not None:
