@@ -137,8 +137,11 @@ def num(v, default: float = float("nan")) -> float:
 # The row key
 # --------------------------------------------------------------------------------------------------
 def git_commit() -> str:
-    """Short hash of HEAD, ``+dirty`` when tracked files differ from it (results tables excepted). A copy of the
-    tree without its git folder (a device machine's) takes the hash from ``BENCHMARKS_COMMIT``."""
+    """Short hash of HEAD, ``+dirty`` when tracked files differ from it (results tables excepted), or
+    ``BENCHMARKS_COMMIT`` where it is set: a copy of the tree on a device machine, whose git folder, if any, may
+    be older than the tree."""
+    if os.environ.get("BENCHMARKS_COMMIT"):
+        return os.environ["BENCHMARKS_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -54,6 +54,17 @@ def test_append_rows_checks_columns(tmp_path):
         utils.append_rows(out, [key], "models")  # another table's header
 
 
+def test_row_commit_is_benchmarks_commit_where_set(monkeypatch):
+    """A device machine's copy of the tree may carry an older git folder: BENCHMARKS_COMMIT, where set, keys the
+    rows; else HEAD's short hash (``+dirty`` when tracked files differ)."""
+    monkeypatch.setenv("BENCHMARKS_COMMIT", "abc1234")
+    assert utils.git_commit() == "abc1234"
+    monkeypatch.delenv("BENCHMARKS_COMMIT")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=utils.ROOT, capture_output=True, text=True)
+    if head.returncode == 0:
+        assert utils.git_commit().split("+")[0] == head.stdout.strip()
+
+
 def test_latest_picks_the_newest_row_of_each_case():
     rows = [dict(gpu="g", model="m", mode="eager", arm="fused", date="2026-01-02", v="old"),
             dict(gpu="g", model="m", mode="eager", arm="fused", date="2026-01-03", v="new"),

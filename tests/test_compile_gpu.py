@@ -218,6 +218,55 @@ def test_swapped_models_compile_like_unswapped(name, mode):
     assert_no_worse(fused, plain)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_compiled_causal_lm_masks_run_the_kernels_gpu(family):
+    """Through Inductor, a swapped causal LM whose call fixes its masks (no position ids, no cache) runs every
+    attention call on the kernels (no "not fused" warning), padded or not, with the loss and gradients of the
+    unswapped model compiled the same way (float32; Gemma 2: local layers with a window shorter than the batch)."""
+    import copy
+    import warnings
+
+    pytest.importorskip("transformers")
+    from test_compile import _call_mask_model
+
+    from fused_layers import swap_modules
+    from fused_layers.ops import _common
+
+    ref = _call_mask_model(family).cuda()
+    for mod in ref.modules():
+        if isinstance(mod, nn.Dropout):
+            mod.p = 0.0
+    model = copy.deepcopy(ref)
+    swap_modules(model)
+    for key in [k for k in _common._warned if k.startswith("hf_attention:")]:
+        _common._warned.discard(key)
+    torch._dynamo.reset()
+    fused, plain = torch.compile(model), torch.compile(ref)
+    ids = torch.randint(0, 64, (2, 32), device="cuda")
+    pad = torch.ones(2, 32, dtype=torch.long, device="cuda")
+    pad[1, 24:] = 0
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for mask in (None, pad):
+            batch = {"input_ids": ids, "labels": ids if mask is None else ids.masked_fill(mask == 0, -100)}
+            if mask is not None:
+                batch["attention_mask"] = mask
+            grads = []
+            for m, c in ((model, fused), (ref, plain)):
+                m.zero_grad(set_to_none=True)
+                loss = c(**batch).loss
+                loss.backward()
+                grads.append((loss.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}))
+            (loss_f, g_f), (loss_p, g_p) = grads
+            torch.testing.assert_close(loss_f, loss_p, rtol=1e-3, atol=1e-4)
+            assert g_f.keys() == g_p.keys()
+            for n in g_p:
+                assert _rel_err(g_f[n], g_p[n]) < 2e-3, (n, _rel_err(g_f[n], g_p[n]))
+    assert not [x for x in w if "not fused" in str(x.message)], [str(x.message) for x in w]
+    torch._dynamo.reset()
+
+
 class _DecoderOps(nn.Module):
     """RoPE -> residual add + RMSNorm -> SwiGLU, the decoder-layer ops of the functional API."""
 
