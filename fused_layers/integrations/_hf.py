@@ -488,7 +488,8 @@ _CALL_MASKS: list = [None]
 # Model types whose causal LMs build, from a call without position ids or a cache, only causal masks -- with the
 # window the layer passes its attention as ``sliding_window`` where it has one -- AND the call's 2-D padding mask
 # (read in their modeling files; each is tested compiled against the unswapped model, padded and not)
-CALL_MASK_MODELS = frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"})
+CALL_MASK_MODELS = frozenset({"gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
+                              "phi", "phi3", "olmo2", "granite", "starcoder2"})
 _CALL_MASK_KWARGS = frozenset({"num_items_in_batch", "ignore_index", "shift_labels", "return_dict"})
 
 
