@@ -316,6 +316,41 @@ def test_compiled_causal_lm_masks_run_the_kernels(family, monkeypatch):
     torch._dynamo.reset()
 
 
+@needs_hf
+@pytest.mark.slow
+def test_compiled_lora_causal_lm_masks_run_the_kernels(monkeypatch):
+    """A PEFT LoRA model compiled, padded, called with the output_* flags (which PEFT versions pass on to the causal
+    LM, None by default): the attention calls run the kernels with the call's padding mask, and train as the
+    unswapped adapter model does."""
+    peft = pytest.importorskip("peft")
+    from fused_layers.ops import attention as attn_ops
+
+    lora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    ref = peft.get_peft_model(_call_mask_model("llama"), peft.LoraConfig(**lora))
+    model = peft.get_peft_model(_call_mask_model("llama"), peft.LoraConfig(**lora))
+    model.load_state_dict(ref.state_dict())
+    swap_modules(model)
+    calls = []
+    orig = attn_ops.fused_attention
+
+    def spy(*a, **k):
+        calls.append(k.get("attn_mask") is not None)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(attn_ops, "fused_attention", spy)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100),
+             "output_attentions": False, "output_hidden_states": False}
+    torch._dynamo.reset()
+    out = torch.compile(model, backend="eager")(**batch)
+    out.loss.backward()
+    assert calls == [True, True], calls
+    _assert_trains_as(model, ref, out, batch)
+    torch._dynamo.reset()
+
+
 # --------------------------------------------------------------------------------------------------
 # torch modules and the demo GPT
 # --------------------------------------------------------------------------------------------------

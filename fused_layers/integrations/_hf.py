@@ -490,7 +490,9 @@ _CALL_MASKS: list = [None]
 # (read in their modeling files; each is tested compiled against the unswapped model, padded and not)
 CALL_MASK_MODELS = frozenset({"gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                               "phi", "phi3", "olmo2", "granite", "starcoder2"})
-_CALL_MASK_KWARGS = frozenset({"num_items_in_batch", "ignore_index", "shift_labels", "return_dict"})
+# (PEFT's causal LM passes the output_* flags, None by default: neither changes a mask)
+_CALL_MASK_KWARGS = frozenset({"num_items_in_batch", "ignore_index", "shift_labels", "return_dict", "output_attentions",
+                               "output_hidden_states"})
 
 
 def _call_masks(model: nn.Module, bound: dict) -> Optional[tuple]:
