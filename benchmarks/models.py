@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 import traceback
 
 from . import utils
@@ -331,6 +332,20 @@ class Arm:
         return (torch.cuda.max_memory_allocated() - before) / 2**30
 
 
+def fallback_note(messages) -> str:
+    """The library's fallback warnings among ``messages``, each cut to what fell back and why (a row's note): e.g.
+    "fused_layers attention: a mask tensor under torch.compile is not fused; ..." -> "attention: a mask tensor
+    under torch.compile"."""
+    out = []
+    for m in messages:
+        if not m.startswith("fused_layers"):
+            continue
+        m = m.removeprefix("fused_layers").lstrip(" :").split(" is not fused")[0].split("; ")[0].strip().rstrip(".")
+        if m not in out:
+            out.append(m[:160])
+    return "fell back: " + " | ".join(out) if out else ""
+
+
 def run_model(model_name: str, mode: str, args) -> list[dict]:
     """Every arm of one model in this process; returns the table rows."""
     import torch
@@ -357,17 +372,25 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
     for name in names:
         t0 = time.perf_counter()
         try:
-            a = Arm(model_name, "fused" if name == tables.name else name, mode, args.smoke, switch, args.variants)
-            enter(name)
-            loss = a.eval_loss()
-            for _ in range(args.warmup):
-                a.step()
+            with warnings.catch_warnings(record=True) as caught:  # the library's fallbacks, given once, while tracing
+                warnings.simplefilter("always")
+                a = Arm(model_name, "fused" if name == tables.name else name, mode, args.smoke, switch,
+                        args.variants)
+                enter(name)
+                loss = a.eval_loss()
+                for _ in range(args.warmup):
+                    a.step()
+            for w in caught:
+                if not str(w.message).startswith("fused_layers"):
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
             utils.wait_for_fast_path()
             peak = a.extra_peak_gib(args.smoke)
             arms[name] = a
-            info[name] = dict(loss=loss, extra_peak_gib=peak, swapped=a.swapped)
+            info[name] = dict(loss=loss, extra_peak_gib=peak, swapped=a.swapped,
+                              fallbacks=fallback_note(str(w.message) for w in caught))
             print(f"[{model_name}/{row_mode}/{name}] ready in {time.perf_counter() - t0:.0f} s: loss {loss:.5f}, "
-                  f"extra peak {peak:.2f} GiB {a.swapped}", flush=True)
+                  f"extra peak {peak:.2f} GiB {a.swapped}"
+                  + (f"; {info[name]['fallbacks']}" if info[name]["fallbacks"] else ""), flush=True)
         except ImportError as e:  # timm, Liger: a one-line reason
             print(f"[{model_name}/{row_mode}/{name}] skipped: {e} (pip install -e '.[bench,hf]')", flush=True)
         except Exception as e:  # noqa: BLE001 - report the arm and go on with the others
@@ -399,7 +422,8 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
                          step_ms=med, step_ms_lo=lo, step_ms_hi=hi, speedup=sp[0], speedup_lo=sp[1], speedup_hi=sp[2],
                          extra_peak_gib=info[n]["extra_peak_gib"], gpu_busy_ms=busy[n], loss=loss,
                          loss_diff=None if ref_loss is None else abs(loss - ref_loss), swapped=info[n]["swapped"],
-                         rounds=args.rounds, steps=args.steps, note="smoke (CPU)" if args.smoke else ""))
+                         rounds=args.rounds, steps=args.steps,
+                         note="; ".join(x for x in ("smoke (CPU)" if args.smoke else "", info[n]["fallbacks"]) if x)))
         print(f"[{model_name}/{row_mode}/{n}] {med:.2f} ms [{lo:.2f}-{hi:.2f}]"
               + (f", {sp[0]:.3f}x [{sp[1]:.3f}-{sp[2]:.3f}]" if sp[0] else "")
               + ("" if math.isnan(busy[n]) else f", GPU busy {busy[n]:.2f} ms"), flush=True)

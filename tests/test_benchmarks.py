@@ -65,6 +65,22 @@ def test_row_commit_is_benchmarks_commit_where_set(monkeypatch):
         assert utils.git_commit().split("+")[0] == head.stdout.strip()
 
 
+def test_models_row_note_names_the_library_fallbacks():
+    """What fell back to the model's own code during an arm's first steps goes into its row's note, once each."""
+    from benchmarks.models import fallback_note
+
+    msgs = ["fused_layers attention: a mask tensor under torch.compile is not fused; these calls run the model's own "
+            "attention implementation ('sdpa').",
+            "fused_layers attention: a mask tensor under torch.compile is not fused; these calls run the model's own "
+            "attention implementation ('sdpa').",
+            "fused_layers: LlamaForCausalLM's LM head + loss are not fused (its lm_head is a Linear8bit); the loss "
+            "alone is fused.",
+            "Profiler clears events at the end of each cycle."]
+    assert fallback_note(msgs) == ("fell back: attention: a mask tensor under torch.compile | LlamaForCausalLM's LM "
+                                   "head + loss are not fused (its lm_head is a Linear8bit)")
+    assert fallback_note(msgs[3:]) == ""
+
+
 def test_latest_picks_the_newest_row_of_each_case():
     rows = [dict(gpu="g", model="m", mode="eager", arm="fused", date="2026-01-02", v="old"),
             dict(gpu="g", model="m", mode="eager", arm="fused", date="2026-01-03", v="new"),
