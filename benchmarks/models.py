@@ -54,8 +54,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 import traceback
+import warnings
 
 from . import utils
 
