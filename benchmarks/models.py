@@ -55,7 +55,6 @@ import sys
 import tempfile
 import time
 import traceback
-import warnings
 
 from . import utils
 
@@ -333,14 +332,12 @@ class Arm:
 
 
 def fallback_note(messages) -> str:
-    """The library's fallback warnings among ``messages``, each cut to what fell back and why (a row's note): e.g.
+    """``fused_layers.fallbacks()`` messages, each cut to what fell back and why (a row's note): e.g.
     "fused_layers attention: a mask tensor under torch.compile is not fused; ..." -> "attention: a mask tensor
     under torch.compile"."""
     out = []
     for m in messages:
-        if not m.startswith("fused_layers"):
-            continue
-        m = m.removeprefix("fused_layers").lstrip(" :").split(" is not fused")[0].split("; ")[0].strip().rstrip(".")
+        m = m.removeprefix("fused_layers").lstrip(" :.").split(" is not fused")[0].split("; ")[0].strip().rstrip(".")
         if m not in out:
             out.append(m[:160])
     return "fell back: " + " | ".join(out) if out else ""
@@ -349,6 +346,8 @@ def fallback_note(messages) -> str:
 def run_model(model_name: str, mode: str, args) -> list[dict]:
     """Every arm of one model in this process; returns the table rows."""
     import torch
+
+    from fused_layers import fallbacks
 
     torch.backends.cuda.matmul.allow_tf32 = True
     routes = utils.compiled_routes(args.compiled_routes) if mode == "compile" else {}
@@ -372,22 +371,18 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
     for name in names:
         t0 = time.perf_counter()
         try:
-            with warnings.catch_warnings(record=True) as caught:  # the library's fallbacks, given once, while tracing
-                warnings.simplefilter("always")
-                a = Arm(model_name, "fused" if name == tables.name else name, mode, args.smoke, switch,
-                        args.variants)
-                enter(name)
-                loss = a.eval_loss()
-                for _ in range(args.warmup):
-                    a.step()
-            for w in caught:
-                if not str(w.message).startswith("fused_layers"):
-                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+            before = fallbacks()
+            a = Arm(model_name, "fused" if name == tables.name else name, mode, args.smoke, switch, args.variants)
+            enter(name)
+            loss = a.eval_loss()
+            for _ in range(args.warmup):
+                a.step()
+            new = [m for m, n in fallbacks().items() if n > before.get(m, 0)]  # this arm's, traced or called
             utils.wait_for_fast_path()
             peak = a.extra_peak_gib(args.smoke)
             arms[name] = a
             info[name] = dict(loss=loss, extra_peak_gib=peak, swapped=a.swapped,
-                              fallbacks=fallback_note(str(w.message) for w in caught))
+                              fallbacks=fallback_note(new))
             print(f"[{model_name}/{row_mode}/{name}] ready in {time.perf_counter() - t0:.0f} s: loss {loss:.5f}, "
                   f"extra peak {peak:.2f} GiB {a.swapped}"
                   + (f"; {info[name]['fallbacks']}" if info[name]["fallbacks"] else ""), flush=True)

@@ -33,6 +33,7 @@ from .modules import (
     FusedSoftmax,
     LinearCrossEntropyLoss,
 )
+from .ops._common import fallbacks
 from .ops.compile_config import set_routes as set_compiled_routes
 from .swap import SwapReport, restore_modules, swap_modules
 
@@ -44,5 +45,5 @@ __all__ = [
     "functional", "fused_layer_norm", "fused_rms_norm", "FusedLayerNorm", "FusedRMSNorm", "fused_softmax", "Attention",
     "FusedSoftmax", "swap_modules", "restore_modules", "SwapReport", "fused_gated_activation", "fused_swiglu",
     "fused_geglu", "fused_gated_activation_linear", "fused_activation_linear", "fused_add_rms_norm",
-    "fused_add_layer_norm", "fused_rope", "set_compiled_routes",
+    "fused_add_layer_norm", "fused_rope", "set_compiled_routes", "fallbacks",
 ]

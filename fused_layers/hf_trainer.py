@@ -40,6 +40,7 @@ except ImportError as e:  # the library itself needs torch and triton only
     raise ImportError("fused_layers.hf_trainer needs transformers: pip install 'fused-layers[hf]'") from e
 
 from .ledger import StepAB, faster_arm, fit_ab
+from .ops._common import fallbacks
 from .swap import SwapReport, resolve_kinds, swap_modules
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class FusedLayersTrainerCallback(TrainerCallback):
         self._model: torch.nn.Module | None = None
         self._steps = 0
         self._logged: dict[str, Any] = {}
+        self._fallbacks_at_swap: dict[str, int] = {}  #: ``fused_layers.fallbacks()`` when the model was swapped
 
     # -- swapping ------------------------------------------------------------------------------------
     def _swap(self, model: torch.nn.Module | None, state: Any) -> None:
@@ -117,6 +119,7 @@ class FusedLayersTrainerCallback(TrainerCallback):
             self.ab_status = "not run: nothing swapped (the kernels cannot run on this machine)"
             log.warning("FusedLayersTrainerCallback: no CUDA and TRITON_INTERPRET=1 is not set; nothing swapped")
             return
+        self._fallbacks_at_swap = fallbacks()
         self.report = swap_modules(model, kinds=self.kinds, include=self.include, exclude=self.exclude,
                                    mapping=self.mapping)
         if self.ab_rounds == 0:
@@ -153,7 +156,17 @@ class FusedLayersTrainerCallback(TrainerCallback):
             if ab.done:
                 self._finish_ab(state)
 
+    def fallbacks(self) -> dict[str, int]:
+        """What ran something else than the kernels since the swap (``fused_layers.fallbacks()``): message -> eager
+        calls or compiled traces."""
+        before = self._fallbacks_at_swap
+        return {m: n - before.get(m, 0) for m, n in fallbacks().items() if n > before.get(m, 0)}
+
     def on_train_end(self, args, state, control, **kwargs):
+        found = self.fallbacks()
+        if found and (state is None or state.is_world_process_zero):
+            log.info("fused_layers fell back during training: %s",
+                     "; ".join(f"{m} ({n} calls or traces)" for m, n in found.items()))
         if self.ab is not None and not self.ab.results:
             self.ab._token = None  # a step that began but did not end is not counted
             self._finish_ab(state, ended_early=True)
@@ -231,7 +244,7 @@ class FusedLayersTrainerCallback(TrainerCallback):
     def summary(self) -> dict[str, Any]:
         """What the callback did: swapped counts, the A/B's status and results, the kept arm."""
         out: dict[str, Any] = {"swapped": self.swapped_counts(), "policy": self.policy, "ab_status": self.ab_status,
-                               "kept_arm": self.kept_arm, "metrics": dict(self._logged)}
+                               "kept_arm": self.kept_arm, "metrics": dict(self._logged), "fallbacks": self.fallbacks()}
         if self.ab is not None and self.ab.results:
             out["step_ab"] = {a: {"kinds": r.kinds, "median_ms": r.median_ms, "speedup": r.speedup,
                                   "speedup_lo": r.speedup_lo, "speedup_hi": r.speedup_hi}

@@ -90,6 +90,7 @@ except ImportError as e:  # the library itself needs torch and triton only
 
 from .ledger import TABLE_COLUMNS, KeptSteps, Ledger, Measurement, StepAB, compiled_graphs, faster_arm, fit_ab
 from .ops import compile_config
+from .ops._common import fallbacks
 from .swap import KINDS, SkipEntry, SwapReport, _normalize_mapping, resolve_kinds, restore_modules, swap_modules
 
 log = logging.getLogger(__name__)
@@ -242,6 +243,7 @@ class FusedLayersCallback(Callback):
         #: peak allocated GiB: ``ab`` up to the A/B's end (its unfused arm included), ``kept`` over the steps
         #: after it (the configuration the run kept, in steady state); None where not read (CPU)
         self.peak_memory_gib: dict[str, float | None] = {}
+        self._fallbacks_at_setup: dict[str, int] = {}  #: ``fused_layers.fallbacks()`` when the run started
 
     # ----------------------------------------------------------------------------------------------
     # swapping
@@ -271,6 +273,7 @@ class FusedLayersCallback(Callback):
                 self._log_report(trainer)
             return
         self._graphs_at_setup = compiled_graphs()
+        self._fallbacks_at_setup = fallbacks()
         if self.compiled_routes and self._routes_before is None:
             self._routes_before = compile_config.set_routes(**self.compiled_routes)
         self._swap(pl_module)
@@ -304,6 +307,12 @@ class FusedLayersCallback(Callback):
         counts = self.report.counts()
         return {k: counts.get(k, 0) for k in resolve_kinds(self.kinds)}
 
+    def fallbacks(self) -> dict[str, int]:
+        """What ran something else than the kernels during this run (``fused_layers.fallbacks()`` since setup):
+        message -> eager calls or compiled traces."""
+        before = self._fallbacks_at_setup
+        return {m: n - before.get(m, 0) for m, n in fallbacks().items() if n > before.get(m, 0)}
+
     def summary(self) -> dict[str, Any]:
         """What the callback did, for a run summary (train.py's summary.json)."""
         out: dict[str, Any] = {
@@ -331,6 +340,7 @@ class FusedLayersCallback(Callback):
             out["kept_steps"] = self.kept.summary()
         if self.peak_memory_gib:
             out["peak_memory_gib"] = dict(self.peak_memory_gib)
+        out["fallbacks"] = self.fallbacks()
         return out
 
     def _log_report(self, trainer: Trainer) -> None:
@@ -401,6 +411,7 @@ class FusedLayersCallback(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self.enabled:
             return
+        self._log_fallbacks(trainer)
         if self.measure and not self._measured and self.ledger is not None and self.ledger.calls:
             self._measure(trainer, pl_module)
         if self.ab is not None and not self.ab.results:
@@ -529,6 +540,21 @@ class FusedLayersCallback(Callback):
         for lg in trainer.loggers:
             try:
                 lg.log_metrics(metrics, step=trainer.global_step)
+            except Exception as e:  # a logger that cannot take them must not stop training
+                log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)
+
+    def _log_fallbacks(self, trainer: Trainer) -> None:
+        """What ran something else than the kernels, as the swap report's companion (W&B: a table)."""
+        found = self.fallbacks()
+        if not found:
+            return
+        rank_zero_info("fused_layers fell back during the run: "
+                       + "; ".join(f"{m} ({n} calls or traces)" for m, n in found.items()))
+        for lg in trainer.loggers:
+            try:
+                if hasattr(lg, "log_text"):
+                    lg.log_text(key="fused/fallbacks", columns=["what", "calls or traces"],
+                                data=[[m, n] for m, n in found.items()])
             except Exception as e:  # a logger that cannot take them must not stop training
                 log.warning("FusedLayersCallback: logger %s: %s", type(lg).__name__, e)
 

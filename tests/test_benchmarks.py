@@ -66,7 +66,7 @@ def test_row_commit_is_benchmarks_commit_where_set(monkeypatch):
 
 
 def test_models_row_note_names_the_library_fallbacks():
-    """What fell back to the model's own code during an arm's first steps goes into its row's note, once each."""
+    """What fell back during an arm's first steps (``fused_layers.fallbacks()``) goes into its row's note, once each."""
     from benchmarks.models import fallback_note
 
     msgs = ["fused_layers attention: a mask tensor under torch.compile is not fused; these calls run the model's own "
@@ -75,10 +75,11 @@ def test_models_row_note_names_the_library_fallbacks():
             "attention implementation ('sdpa').",
             "fused_layers: LlamaForCausalLM's LM head + loss are not fused (its lm_head is a Linear8bit); the loss "
             "alone is fused.",
-            "Profiler clears events at the end of each cycle."]
+            "fused_attention: value head dim 32 != query head dim 64 is not fused; using SDPA."]
     assert fallback_note(msgs) == ("fell back: attention: a mask tensor under torch.compile | LlamaForCausalLM's LM "
-                                   "head + loss are not fused (its lm_head is a Linear8bit)")
-    assert fallback_note(msgs[3:]) == ""
+                                   "head + loss are not fused (its lm_head is a Linear8bit) | fused_attention: value "
+                                   "head dim 32 != query head dim 64")
+    assert fallback_note([]) == ""
 
 
 def test_latest_picks_the_newest_row_of_each_case():

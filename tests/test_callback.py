@@ -456,6 +456,47 @@ def test_step_ab_under_real_compile_reports_every_arms_compile(tmp_path, measure
         ledger_mod.StepAB(model, {"net.ln": "layer_norm"}, compiled_before={"softmax": 1.0})
 
 
+class _FallbackLM(L.LightningModule):
+    """A LayerNorm for the callback to swap, then attention whose value head dim differs from the query's: SDPA runs
+    it (a fallback, warned once) at every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(16)
+        self.v = nn.Linear(16, 24)
+
+    def training_step(self, batch, batch_idx):
+        from fused_layers import fused_attention
+
+        x = self.ln(batch[0])[:, None]  # (B, 1, S, 16)
+        return fused_attention(x, x, self.v(x)).float().square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(8, 5, 16)), batch_size=4)
+
+
+def test_summary_and_logs_name_what_fell_back_during_the_run(tmp_path, caplog):
+    """What ran something else than the kernels during the run is in the summary (message -> calls since setup, not
+    before) and in the log at the end of training, beside the swap report."""
+    import logging
+
+    from fused_layers.ops._common import warn_once
+
+    cb = _cb(measure=False, ab_rounds=0)
+    with warnings.catch_warnings(), caplog.at_level(logging.INFO):
+        warnings.simplefilter("ignore")
+        warn_once("test:before-the-run", "fused_layers test: given before the run")
+        _trainer(tmp_path, [cb], steps=3).fit(_FallbackLM())
+    found = cb.summary()["fallbacks"]
+    assert [n for m, n in found.items() if "value head dim" in m] == [3], found
+    assert not any("before the run" in m for m in found), found
+    assert cb.report.counts().get("layer_norm") == 1
+    assert "fused_layers fell back during the run" in caplog.text and "value head dim" in caplog.text
+
+
 def test_no_kernels_warns_and_swaps_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(fused_cb, "kernels_runnable", lambda device: False)
     model = LM()

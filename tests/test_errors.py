@@ -63,6 +63,27 @@ def test_attention_value_head_dim_fallback_gives_sdpa_answer():
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_fallbacks_count_every_call_warn_once_reports():
+    """``fused_layers.fallbacks()``: each fallback message once, with how many calls took it (the warning is given
+    once); the count goes on after the warning."""
+    import fused_layers
+
+    q = torch.randn(1, 2, 5, 16)
+    k = torch.randn(1, 2, 5, 16)
+    v = torch.randn(1, 2, 5, 8)  # value head dim != query's: SDPA runs
+    def dv_fallbacks():  # (one entry per fallback: the message of its first call, e.g. another test's shapes)
+        return {m: n for m, n in fused_layers.fallbacks().items() if "value head dim" in m}
+
+    before = dv_fallbacks()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        for _ in range(3):
+            fused_attention(q, k, v)
+    found = dv_fallbacks()
+    assert len(found) == 1 and "is not fused; using SDPA" in next(iter(found)), found
+    assert sum(found.values()) == sum(before.values()) + 3, (before, found)
+
+
 def test_softmax_under_interpreter_prints_no_numpy_warnings():
     """Masked-out lanes of the interpreter (numpy) compute -inf - -inf; the kernels never store those
     lanes, and no RuntimeWarning may leak to the user."""

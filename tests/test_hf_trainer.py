@@ -120,6 +120,7 @@ def test_trains_as_unfused_and_reports_without_an_ab(tmp_path):
     assert len(losses[1]) == 2
     assert losses[1] == pytest.approx(losses[0], abs=1e-4, rel=1e-4)
     assert cb.summary()["ab_status"] == "not run: ab_rounds=0" and cb.summary()["swapped"]["attention"] == 1
+    assert cb.summary()["fallbacks"] == {}  # every call of the training ran the kernels
 
 
 def test_swapped_forward_keeps_its_signature():

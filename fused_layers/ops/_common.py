@@ -52,6 +52,23 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _DTYPE_NAMES = "float16, bfloat16 or float32"
 
 _warned: set[str] = set()
+#: Every fallback ``warn_once`` was asked to report, in the order first seen: key -> [message, times]
+_fallbacks: dict[str, list] = {}
+
+
+def fallbacks() -> dict[str, int]:
+    """What ran something else than the kernels in this process (the model's own code, the PyTorch reference,
+    another kernel variant), each message once, with how often: eager calls, or traces under torch.compile (a
+    compiled graph keeps what it traced).  The warnings say the same, once each."""
+    return {m: n for m, n in _fallbacks.values()}
+
+
+def _record(key: str, message: str) -> None:
+    entry = _fallbacks.get(key)
+    if entry is None:
+        _fallbacks[key] = [message, 1]
+    else:
+        entry[1] += 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -75,6 +92,7 @@ def warn_once(key: str, message: str, category: type[Warning] = UserWarning) -> 
     if is_compiling():
         _warn_while_tracing(key, message)
         return
+    _record(key, message)
     if key in _warned:
         return
     _warned.add(key)
@@ -84,6 +102,7 @@ def warn_once(key: str, message: str, category: type[Warning] = UserWarning) -> 
 @torch.compiler.assume_constant_result
 def _warn_while_tracing(key: str, message: str) -> bool:
     """``warn_once`` from compiled code: run once while tracing (``assume_constant_result``), never in the graph."""
+    _record(key, message)
     if key not in _warned:
         _warned.add(key)
         warnings.warn(message, UserWarning, stacklevel=2)
