@@ -377,7 +377,7 @@ def run_model(model_name: str, mode: str, args) -> list[dict]:
             loss = a.eval_loss()
             for _ in range(args.warmup):
                 a.step()
-            new = [m for m, n in fallbacks().items() if n > before.get(m, 0)]  # this arm's, traced or called
+            new = fallbacks(since=before)  # this arm's, traced or called
             utils.wait_for_fast_path()
             peak = a.extra_peak_gib(args.smoke)
             arms[name] = a

@@ -159,8 +159,7 @@ class FusedLayersTrainerCallback(TrainerCallback):
     def fallbacks(self) -> dict[str, int]:
         """What ran something else than the kernels since the swap (``fused_layers.fallbacks()``): message -> eager
         calls or compiled traces."""
-        before = self._fallbacks_at_swap
-        return {m: n - before.get(m, 0) for m, n in fallbacks().items() if n > before.get(m, 0)}
+        return fallbacks(since=self._fallbacks_at_swap)
 
     def on_train_end(self, args, state, control, **kwargs):
         found = self.fallbacks()

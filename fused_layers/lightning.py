@@ -310,8 +310,7 @@ class FusedLayersCallback(Callback):
     def fallbacks(self) -> dict[str, int]:
         """What ran something else than the kernels during this run (``fused_layers.fallbacks()`` since setup):
         message -> eager calls or compiled traces."""
-        before = self._fallbacks_at_setup
-        return {m: n - before.get(m, 0) for m, n in fallbacks().items() if n > before.get(m, 0)}
+        return fallbacks(since=self._fallbacks_at_setup)
 
     def summary(self) -> dict[str, Any]:
         """What the callback did, for a run summary (train.py's summary.json)."""

@@ -530,8 +530,15 @@ def _build_causal_lm(cls: type) -> dict:
     def _set(self, value):
         self.__dict__["_loss_function"] = value
 
-    def _linear_call(self, args: tuple, kwargs: dict) -> Optional[dict]:
-        """The call's bound arguments where the fused LM head + loss may run it, else None."""
+    def _bind(self, args: tuple, kwargs: dict) -> Optional[dict]:
+        try:
+            return None if sig is None else sig.bind(self, *args, **kwargs).arguments
+        except TypeError:
+            return None
+
+    def _linear_call(self, args: tuple, kwargs: dict, bound: Optional[dict]) -> Optional[dict]:
+        """The call's bound arguments (``bound``, where the caller has them) where the fused LM head + loss may run
+        it, else None."""
         if linear_why is not None or not HF_SKIP_LOGITS or not self.training or not torch.is_grad_enabled():
             return None
         if "_loss_function" in self.__dict__ or (is_compiling() and compile_config.COMPILED.linear_cross_entropy
@@ -540,11 +547,8 @@ def _build_causal_lm(cls: type) -> dict:
         cfg = getattr(self, "config", None)
         if not getattr(cfg, "return_dict", True):  # tuple outputs: keep transformers' path
             return None
-        if sig is None:
-            return None
-        try:
-            bound = sig.bind(self, *args, **kwargs).arguments
-        except TypeError:
+        bound = bound if bound is not None else _bind(self, args, kwargs)
+        if bound is None:
             return None
         keep = bound.get("logits_to_keep", 0)
         extra = bound.get("kwargs", {})
@@ -555,22 +559,18 @@ def _build_causal_lm(cls: type) -> dict:
 
     @functools.wraps(source_forward)  # its signature: the Trainer keeps the batch columns the forward takes
     def forward(self, *args: Any, **kwargs: Any):
-        masks = None
-        if is_compiling() and sig is not None:
-            try:
-                masks = _call_masks(self, sig.bind(self, *args, **kwargs).arguments)
-            except TypeError:
-                masks = None
+        bound = _bind(self, args, kwargs) if is_compiling() else None  # (traced once: eager binds only if needed)
+        masks = _call_masks(self, bound) if bound is not None else None
         if masks is None:
-            return _forward(self, args, kwargs)
+            return _forward(self, args, kwargs, bound)
         _CALL_MASKS[0] = masks
         try:
-            return _forward(self, args, kwargs)
+            return _forward(self, args, kwargs, bound)
         finally:
             _CALL_MASKS[0] = None
 
-    def _forward(self, args: tuple, kwargs: dict):
-        bound = _linear_call(self, args, kwargs)
+    def _forward(self, args: tuple, kwargs: dict, bound: Optional[dict]):
+        bound = _linear_call(self, args, kwargs, bound)
         if bound is None:
             return source_forward(self, *args, **kwargs)
         head = self.__dict__["_modules"].get("lm_head")

@@ -56,11 +56,13 @@ _warned: set[str] = set()
 _fallbacks: dict[str, list] = {}
 
 
-def fallbacks() -> dict[str, int]:
+def fallbacks(since: dict[str, int] | None = None) -> dict[str, int]:
     """What ran something else than the kernels in this process (the model's own code, the PyTorch reference,
     another kernel variant), each message once, with how often: eager calls, or traces under torch.compile (a
-    compiled graph keeps what it traced).  The warnings say the same, once each."""
-    return {m: n for m, n in _fallbacks.values()}
+    compiled graph keeps what it traced).  The warnings say the same, once each.  ``since``: an earlier result;
+    only what came after it (a run's own)."""
+    since = since or {}
+    return {m: n - since.get(m, 0) for m, n in _fallbacks.values() if n > since.get(m, 0)}
 
 
 def _record(key: str, message: str) -> None:
