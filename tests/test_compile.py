@@ -252,11 +252,15 @@ def _call_mask_model(family):
 @needs_hf
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(_CALL_MASK_FAMILIES))
-def test_compiled_causal_lm_masks_run_the_kernels(family, monkeypatch):
-    """Compiled, transformers materializes every mask; where the causal LM's call fixes what it is (no position
-    ids, no cache: causal AND the layer's window AND the call's 2-D padding mask), every attention call runs the
-    kernels on those, never reading the mask: no warning, no graph break, and the loss and every gradient of the
-    unswapped eager model, unpadded, right- and left-padded (float32)."""
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_causal_lm_call_masks_run_the_kernels(mode, family, monkeypatch):
+    """Where the causal LM's call fixes its masks (no position ids, no cache: causal AND the layer's window AND the
+    call's 2-D padding mask), every attention call runs the kernels on those: compiled, never reading the mask
+    transformers materializes (no graph break); eager, with no mask built at all (no host read of the positions or
+    the padding), gradient checkpointing on, so that the recomputed layers get the call's masks again.  No warning,
+    and the loss and every gradient of the unswapped eager model, unpadded, right- and left-padded (float32)."""
+    import transformers.masking_utils as masking_utils
+
     from fused_layers.integrations import _hf
     from fused_layers.ops import _common
     from fused_layers.ops import attention as attn_ops
@@ -269,14 +273,20 @@ def test_compiled_causal_lm_masks_run_the_kernels(family, monkeypatch):
         for mod in m.modules():
             if isinstance(mod, nn.Dropout):
                 mod.p = 0.0
+        if mode == "eager":
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     report = swap_modules(model)
     assert report.counts().get("attention") == 2, str(report)
-    calls = []
+    calls, built = [], []
     orig = attn_ops.fused_attention
 
     def spy(*a, **k):
         calls.append((k.get("attn_mask") is not None, k.get("window")))
         return orig(*a, **k)
+
+    def no_host_read(*a, **k):  # what the swapped eager model must not call: transformers' reads on the host
+        built.append(a or k)
+        raise AssertionError("a mask built or positions read on the host")
 
     monkeypatch.setattr(attn_ops, "fused_attention", spy)
     for key in [k for k in _common._warned if k.startswith("hf_attention:")]:
@@ -288,7 +298,7 @@ def test_compiled_causal_lm_masks_run_the_kernels(family, monkeypatch):
     left = torch.ones(2, 8, dtype=torch.long)
     left[0, :3] = 0
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="eager")
+    run = torch.compile(model, backend="eager") if mode == "compile" else model
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         for mask in (None, right, left):
@@ -304,11 +314,20 @@ def test_compiled_causal_lm_masks_run_the_kernels(family, monkeypatch):
             calls.clear()
             model.zero_grad(set_to_none=True)
             ref.zero_grad(set_to_none=True)
-            out = compiled(**batch)
-            out.loss.backward()
-            assert len(calls) == 2, (mask, calls)  # both layers on the kernels (traced once per mask case)
+            with monkeypatch.context() as mp:
+                if mode == "eager":
+                    mp.setattr(masking_utils, "sdpa_mask", no_host_read)
+                    mp.setattr(masking_utils, "_ignore_causal_mask_sdpa", no_host_read)
+                    mp.setattr(_hf, "_packed_from_position_ids", no_host_read)
+                    mp.setattr(_hf, "decompose_mask", no_host_read)
+                    mp.setattr(masking_utils, "find_packed_sequence_indices", _hf._no_host_packed_check(no_host_read))
+                out = run(**batch)
+                out.loss.backward()
+            # both layers on the kernels (compiled: traced once per mask case; eager: again in the recompute)
+            assert len(calls) == (2 if mode == "compile" else 4), (mask, calls)
             assert all(padded == (mask is not None) for padded, _ in calls), calls
             _assert_trains_as(model, ref, out, batch)
+    assert not built
     assert not [x for x in w if "not fused" in str(x.message)], [str(x.message) for x in w]
     if _CALL_MASK_FAMILIES[family][2].get("sliding_window"):  # the local layers' window reached the kernels
         assert any(win == 4 for _, win in calls), calls

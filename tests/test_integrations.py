@@ -1011,6 +1011,42 @@ def test_hf_causal_lm_loss_matches_transformers(family, device):
 
 
 @needs_hf
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_hf_training_step_never_waits_for_the_gpu(family):
+    """A swapped causal LM's bf16 training step whose call fixes its masks (no position ids, no cache), padded or
+    not, AdamW included, makes no host-device sync (``torch.cuda.set_sync_debug_mode("error")``): transformers'
+    mask code reads the positions or the padding mask on the host at the start of every forward, which drains the
+    GPU's queue; swapped, no mask is built and the host stays ahead of the GPU for the whole step."""
+    dev = _dev("cuda")
+    torch.manual_seed(0)
+    window = dict(sliding_window=64, use_sliding_window=True, max_window_layers=0) if family == "qwen2" else {}
+    m = _tiny_llama(family, vocab_size=512, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                    max_position_embeddings=256, **window).to(dev, torch.bfloat16).train()
+    m.config.use_cache = False
+    swap_modules(m)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+    ids = torch.randint(0, 512, (2, 128), device=dev)
+    pad = torch.ones_like(ids)
+    pad[1, 100:] = 0
+    for mask in (None, pad):
+        batch = dict(input_ids=ids, labels=ids if mask is None else ids.masked_fill(mask == 0, -100))
+        if mask is not None:
+            batch["attention_mask"] = mask
+        for debug in ("default", "default", "error"):  # two steps to warm up (compiles, allocations), then checked
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode(debug)
+            try:
+                loss = m(**batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert torch.isfinite(loss).item()
+
+
+@needs_hf
 def test_hf_fused_head_layout_fixed_across_calls():
     """The swapped causal LM routes its head through one dispatcher installed at the swap, and a call only
     assigns entries (Dynamo 2.11 cannot trace removing a module ``__dict__`` entry: a compiled step gave up and

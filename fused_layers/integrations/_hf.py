@@ -479,11 +479,68 @@ def _drop_head_dispatch(model: nn.Module) -> None:
         lin.__dict__.pop("forward", None)
 
 
-# The masks of the compiled causal-LM call in progress, where its arguments fix them (``_call_masks``), for the
-# attention function: under torch.compile transformers materializes every mask (torch < 2.14 reports tracing as
-# exporting, and the position ids a model makes itself always look possibly packed), and which mask a tensor is
-# shows only in its values.  Set and cleared by the swapped causal LM's forward.
+# The masks of the causal-LM call in progress, where its arguments fix them (``_call_masks``), for the attention
+# function; set by the swapped causal LM's forward (the previous value back after it).  Eager, the model's mask
+# function then returns a ``CallMasks`` instead of building a mask: transformers would read the positions the model
+# made itself (``find_packed_sequence_indices``) and the padding mask (``_ignore_causal_mask_sdpa``) on the host, a
+# sync that drains the GPU's queue at the start of every forward (a step the GPU runs faster than the host launches
+# it then waits on the host).  Compiled, transformers materializes every mask (torch < 2.14 reports tracing as
+# exporting, and the positions a model makes itself always look possibly packed), and which mask a tensor is shows
+# only in its values: the attention function takes the call's masks and the unread mask drops out of the graph.
 _CALL_MASKS: list = [None]
+
+
+class CallMasks:
+    """The mask of a layer of a causal-LM call whose arguments fix it (``_call_masks``): causal AND the layer's
+    window (the ``sliding_window`` the layer passes its attention) AND ``padding``, the call's 2-D key-padding mask
+    (bool, or None).  What the "fused_layers" mask function returns in eager for such a call, passed by the model to
+    its layers (a checkpointed layer gets it again when it recomputes); ``build()`` makes the 4-D mask transformers'
+    ``sdpa_mask`` would have made, for the model's own attention implementation."""
+
+    __slots__ = ("padding", "_kwargs", "_built")
+
+    def __init__(self, kwargs: dict):
+        self.padding = kwargs.get("attention_mask")
+        self._kwargs = kwargs
+        self._built: Optional[tuple] = None
+
+    def build(self) -> Optional[torch.Tensor]:
+        if self._built is None:
+            from transformers.masking_utils import sdpa_mask
+
+            self._built = (sdpa_mask(**self._kwargs),)
+        return self._built[0]
+
+
+def _fused_mask(*args: Any, **kwargs: Any):
+    """The "fused_layers" mask function: transformers' ``sdpa_mask``, or in eager, where the causal LM's call fixes
+    the masks (``_CALL_MASKS``) and the mask is square with no offsets, a ``CallMasks`` (nothing built, no host
+    read)."""
+    from transformers.masking_utils import sdpa_mask
+
+    if (_CALL_MASKS[0] is not None and not args and not is_compiling() and kwargs.get("q_length") is not None
+            and kwargs.get("q_length") == kwargs.get("kv_length") and not kwargs.get("q_offset")
+            and not kwargs.get("kv_offset")):
+        return CallMasks(kwargs)
+    return sdpa_mask(*args, **kwargs)
+
+
+def _no_host_packed_check(find: Any) -> Any:
+    """transformers' ``find_packed_sequence_indices``, which reads the positions on the host, answering None (one
+    sequence a row) without reading them during a causal-LM call that passed no positions (``_CALL_MASKS``): the
+    positions are then the model's own, 0 .. S - 1 in every row."""
+    if getattr(find, "_fused_layers", False):
+        return find
+
+    @functools.wraps(find)
+    def find_packed_sequence_indices(position_ids, *args, **kwargs):
+        if _CALL_MASKS[0] is not None and not is_compiling():
+            return None
+        return find(position_ids, *args, **kwargs)
+
+    find_packed_sequence_indices._fused_layers = True
+    return find_packed_sequence_indices
+
 
 # Model types whose causal LMs build, from a call without position ids or a cache, only causal masks -- with the
 # window the layer passes its attention as ``sliding_window`` where it has one -- AND the call's 2-D padding mask
@@ -559,15 +616,17 @@ def _build_causal_lm(cls: type) -> dict:
 
     @functools.wraps(source_forward)  # its signature: the Trainer keeps the batch columns the forward takes
     def forward(self, *args: Any, **kwargs: Any):
-        bound = _bind(self, args, kwargs) if is_compiling() else None  # (traced once: eager binds only if needed)
-        masks = _call_masks(self, bound) if bound is not None else None
+        cfg = getattr(self, "config", None)
+        call_masks = getattr(cfg, "model_type", None) in CALL_MASK_MODELS
+        bound = _bind(self, args, kwargs) if call_masks or is_compiling() else None
+        masks = _call_masks(self, bound) if call_masks and bound is not None else None
         if masks is None:
             return _forward(self, args, kwargs, bound)
-        _CALL_MASKS[0] = masks
+        prev, _CALL_MASKS[0] = _CALL_MASKS[0], masks
         try:
             return _forward(self, args, kwargs, bound)
         finally:
-            _CALL_MASKS[0] = None
+            _CALL_MASKS[0] = prev
 
     def _forward(self, args: tuple, kwargs: dict, bound: Optional[dict]):
         bound = _linear_call(self, args, kwargs, bound)
@@ -664,13 +723,15 @@ def register() -> None:
     and attention-mask interfaces (idempotent)."""
     if _registered[0]:
         return
+    import transformers.masking_utils as masking_utils
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
     AttentionInterface.register(IMPL, fused_attention_forward)
-    AttentionMaskInterface.register(IMPL, sdpa_mask)
+    masking_utils.AttentionMaskInterface.register(IMPL, _fused_mask)
     AttentionInterface.register(IMPL_EAGER_MASKS, fused_attention_forward)
-    AttentionMaskInterface.register(IMPL_EAGER_MASKS, eager_mask)
+    masking_utils.AttentionMaskInterface.register(IMPL_EAGER_MASKS, masking_utils.eager_mask)
+    if hasattr(masking_utils, "find_packed_sequence_indices"):
+        masking_utils.find_packed_sequence_indices = _no_host_packed_check(masking_utils.find_packed_sequence_indices)
     _registered[0] = True
 
 
@@ -944,9 +1005,10 @@ def fused_attention_forward(
     """transformers' attention-function convention: q (B, Hq, Sq, D), k / v (B, Hkv, Sk, D), returns
     ((B, Sq, Hq, D), None).  Fused for modules of a fused subclass, the model's own implementation otherwise
     (see module docstring)."""
+    call = attention_mask if isinstance(attention_mask, CallMasks) else None
     if getattr(type(module), "_fused_layers_lookalike", None) != "hf_attention":  # not a swapped module
-        return own_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                             is_causal=is_causal, **kwargs)
+        return own_attention(module, query, key, value, call.build() if call is not None else attention_mask,
+                             dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
     why = None
     softcap, window = kwargs.get("softcap"), kwargs.get("sliding_window")
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap <= 0):
@@ -963,7 +1025,13 @@ def fused_attention_forward(
         why = f"head dims q {query.shape[-1]} / v {value.shape[-1]}"
     sq, sk = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    packed = _packed(query, key, attention_mask, window, kwargs) if why is None else None
+    if call is not None:  # the call fixes the mask (CallMasks); its positions are the model's own, never packed
+        if why is None and causal and sq == sk and (call.padding is None or call.padding.shape[-1] == sk):
+            kmask = None if call.padding is None else call.padding.to(torch.bool)[:, None, None, :]
+            return _run_kernels(module, query, key, value, None, kmask, True, window, softcap, dropout, scaling,
+                                is_causal, kwargs)
+        attention_mask = call.build()  # anything else: as if transformers had built it
+    packed = _packed(query, key, attention_mask, window, kwargs) if why is None and call is None else None
     if packed is not None:
         from ..ops.attention import fused_attention_varlen
 
@@ -1009,6 +1077,16 @@ def fused_attention_forward(
         causal = bool(sq > 1 and causal)
         if causal and sk > sq:
             key, value = key[:, :, :sq], value[:, :, :sq]
+    return _run_kernels(module, query, key, value, attention_mask, kmask, causal, win, softcap, dropout, scaling,
+                        is_causal, kwargs)
+
+
+def _run_kernels(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: Optional[torch.Tensor], kmask: Optional[torch.Tensor], causal: bool,
+                 win: Optional[int], softcap: Any, dropout: float, scaling: Optional[float], is_causal: Optional[bool],
+                 kwargs: dict) -> tuple[torch.Tensor, None]:
+    """The kernels on (B, H, S, D) q / k / v with a (B, 1, 1, Sk) boolean key mask ``kmask`` or None, ``causal``,
+    the window ``win``; SDPA (cuDNN) instead where it is measured faster and nothing but causal is asked."""
     from ..ops.attention import fused_attention, prefer_sdpa
 
     # where cuDNN is measured faster, as FusedAttention does (SDPA has no window or soft-capping)
