@@ -31,11 +31,12 @@ restored (``policy=faster``) is right everywhere.
 What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mask that is a key-padding mask, or
 causal (Sq == Sk) AND a key-padding mask, or causal AND the layer's ``sliding_window`` AND a key-padding mask
 (decomposed once per mask tensor and window, the model passes the same tensor to every layer of a kind): the window
-goes to the kernels, which skip the key tiles outside it.  Under torch.compile transformers materializes every mask,
-and telling which one a tensor is means reading its values, a graph break in every layer; where the swapped causal
-LM's call fixes its masks (``CALL_MASK_MODELS``, no position ids, no cache: causal AND the layer's window AND the
-call's 2-D padding mask) the kernels take those and the unread mask drops out of the graph, else the model's own
-implementation runs on the mask;
+goes to the kernels, which skip the key tiles outside it.  Where the swapped causal LM's call fixes its masks
+(``CALL_MASK_MODELS``, no position ids, no cache: causal AND the layer's window AND the call's 2-D padding mask), the
+kernels take those and no mask is read: eager, none is built (``CallMasks``), so the forward never waits on a host
+read of the positions or the padding, as transformers' mask code does every forward; compiled, transformers
+materializes every mask, and telling which one a tensor is would break the graph in every layer, so the unread
+mask drops out of the graph.  Other calls under torch.compile run the model's own implementation on the mask;
 ``softcap`` (Gemma 2's logit soft-capping) in the kernels; GQA through ``num_key_value_groups`` (the kernels'
 native GQA, K/V not repeated); ``scaling``; attention dropout in training. Packed, padding-free batches (several
 sequences in one row, as ``DataCollatorWithFlattening`` builds them) run the varlen kernel, so no attention crosses
