@@ -451,13 +451,23 @@ def test_hf_model_swap_attention_and_norms(family, device, spy):
 
 @needs_hf
 def test_hf_partial_restore_keeps_the_rest(spy):
+    """A layer given back (policy=faster) runs SDPA on the mask transformers builds, also in a call whose masks the
+    fused layers take from the call (CallMasks): the padded training step's loss and gradients stay the model's."""
+    import copy
+
     m = _tiny_llama()
+    ref = copy.deepcopy(m)
     swap_modules(m)
     restore_modules(m, ["model.layers.0.self_attn"])  # what policy=faster does for a slower layer
     assert m.config._attn_implementation == "fused_layers"
     ids = torch.randint(0, 48, (1, 8))
     m(input_ids=ids)
     assert len(spy) == 1  # layer 1 fused, layer 0 back on SDPA
+    ids = torch.randint(0, 48, (2, 8))
+    pad = torch.ones_like(ids)
+    pad[1, 5:] = 0
+    _compare_steps(_step(ref, ids, pad), _step(m, ids, pad), tol=1e-5)
+    assert len(spy) == 2
     restore_modules(m)
     assert m.config._attn_implementation == "sdpa"
 
