@@ -32,11 +32,12 @@ What runs fused: no mask with causal / non-causal; a 4-D boolean or additive mas
 causal (Sq == Sk) AND a key-padding mask, or causal AND the layer's ``sliding_window`` AND a key-padding mask
 (decomposed once per mask tensor and window, the model passes the same tensor to every layer of a kind): the window
 goes to the kernels, which skip the key tiles outside it.  Where the swapped causal LM's call fixes its masks
-(``CALL_MASK_MODELS``, no position ids, no cache: causal AND the layer's window AND the call's 2-D padding mask), the
-kernels take those and no mask is read: eager, none is built (``CallMasks``), so the forward never waits on a host
-read of the positions or the padding, as transformers' mask code does every forward; compiled, transformers
-materializes every mask, and telling which one a tensor is would break the graph in every layer, so the unread
-mask drops out of the graph.  Other calls under torch.compile run the model's own implementation on the mask;
+(``CALL_MASK_MODELS``, no cache, no position ids but beside a 2-D padding mask: causal AND the layer's window AND
+that padding mask), the kernels take those and no mask is read: eager, none is built (``CallMasks``), so the
+forward never waits on a host read of the positions or the padding, as transformers' mask code does every forward;
+compiled, transformers materializes every mask, and telling which one a tensor is would break the graph in every
+layer, so the unread mask drops out of the graph.  Other calls under torch.compile run the model's own
+implementation on the mask;
 ``softcap`` (Gemma 2's logit soft-capping) in the kernels; GQA through ``num_key_value_groups`` (the kernels'
 native GQA, K/V not repeated); ``scaling``; attention dropout in training. Packed, padding-free batches (several
 sequences in one row, as ``DataCollatorWithFlattening`` builds them) run the varlen kernel, so no attention crosses
@@ -555,18 +556,21 @@ _CALL_MASK_KWARGS = frozenset({"num_items_in_batch", "ignore_index", "shift_labe
 
 def _call_masks(model: nn.Module, bound: dict) -> Optional[tuple]:
     """``(padding,)`` -- the call's 2-D ``attention_mask`` or None -- where the call's arguments fix every mask the
-    model builds (``CALL_MASK_MODELS``; no position ids, which could pack several sequences in a row; no cache; no
-    4-D mask of the caller's; no keyword argument beyond the loss's), else None."""
+    model builds (``CALL_MASK_MODELS``; no cache; no 4-D mask of the caller's; no keyword argument beyond the
+    loss's; position ids only beside a 2-D mask: without one, transformers reads them for several sequences packed
+    in a row), else None."""
     cfg = getattr(model, "config", None)
     if getattr(cfg, "model_type", None) not in CALL_MASK_MODELS or getattr(cfg, "attention_chunk_size", None):
         return None
     if not set(getattr(cfg, "layer_types", None) or ()) <= {"full_attention", "sliding_attention"}:
         return None
-    mask = bound.get("attention_mask")
-    if (bound.get("position_ids") is not None or bound.get("past_key_values") is not None or bound.get("use_cache")
+    if (bound.get("past_key_values") is not None or bound.get("use_cache")
             or not set(bound.get("kwargs", {})) <= _CALL_MASK_KWARGS):
         return None
+    mask = bound.get("attention_mask")
     if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2):
+        return None
+    if bound.get("position_ids") is not None and mask is None:
         return None
     return (mask,)
 
