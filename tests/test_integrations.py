@@ -1021,6 +1021,65 @@ def test_hf_causal_lm_loss_matches_transformers(family, device):
 
 
 @needs_hf
+def test_hf_call_masks_are_per_thread():
+    """``nn.DataParallel`` runs its replicas' forwards in threads at once: whether an eager call's masks are the
+    call's own (no mask built) is its thread's state.  Thread B (a padded batch: the call's masks) starts while A's
+    call (a packed row, whose sequences the swapped model keeps apart from the positions) is in progress, both
+    before building a mask; A finishes first: each gets the loss of its call run alone.  (The kernels run one thread
+    at a time: Triton's interpreter is not thread-safe.)"""
+    import copy
+    import threading
+
+    ref = _tiny_llama()
+    models = [copy.deepcopy(ref) for _ in range(2)]
+    for m in models:
+        swap_modules(m)
+    # A: two sequences packed in one row (its masks are not the call's: transformers reads the positions);
+    # B: a padded batch (the call's masks)
+    ids = torch.randint(0, 48, (2, 8))
+    pad = torch.ones_like(ids)
+    pad[1, 5:] = 0
+    calls = [dict(input_ids=ids[:1], position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]]), labels=ids[:1]),
+             dict(input_ids=ids, attention_mask=pad, labels=ids)]
+    with torch.no_grad():  # each call alone (the packed row's sequences kept apart, as the swapped model does)
+        want = [m(**c).loss for m, c in zip(models, calls)]
+    a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
+    got, errors = [None, None], []
+
+    def pause_a(*_):  # inside A's call, its masks set: let B set its own, then go on
+        a_in.set()
+        b_in.wait(10)
+
+    def pause_b(*_):  # inside B's call: wait until A's call has ended
+        b_in.set()
+        a_done.wait(10)
+
+    models[0].model.embed_tokens.register_forward_pre_hook(pause_a)
+    models[1].model.embed_tokens.register_forward_pre_hook(pause_b)
+
+    def run(i):
+        try:
+            if i == 1:
+                a_in.wait(10)
+            with torch.no_grad():
+                got[i] = models[i](**calls[i]).loss
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            if i == 0:
+                a_done.set()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    for i in range(2):
+        torch.testing.assert_close(got[i], want[i], atol=1e-5, rtol=1e-5)
+
+
+@needs_hf
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_hf_training_step_never_waits_for_the_gpu(family):

@@ -61,6 +61,7 @@ import functools
 import inspect
 import os
 import sys
+import threading
 import weakref
 from typing import Any, Optional
 
@@ -489,7 +490,15 @@ def _drop_head_dispatch(model: nn.Module) -> None:
 # it then waits on the host).  Compiled, transformers materializes every mask (torch < 2.14 reports tracing as
 # exporting, and the positions a model makes itself always look possibly packed), and which mask a tensor is shows
 # only in its values: the attention function takes the call's masks and the unread mask drops out of the graph.
+# Eager calls keep theirs per thread (``nn.DataParallel`` runs its replicas' forwards in threads at once); the
+# compiled one in a plain list, which Dynamo traces (it does not trace a ``threading.local``).
 _CALL_MASKS: list = [None]
+_EAGER_CALL = threading.local()
+
+
+def _eager_call_masks() -> Optional[tuple]:
+    """The masks of this thread's eager causal-LM call in progress (``_call_masks``), or None."""
+    return getattr(_EAGER_CALL, "masks", None)
 
 
 class CallMasks:
@@ -516,11 +525,11 @@ class CallMasks:
 
 def _fused_mask(*args: Any, **kwargs: Any):
     """The "fused_layers" mask function: transformers' ``sdpa_mask``, or in eager, where the causal LM's call fixes
-    the masks (``_CALL_MASKS``) and the mask is square with no offsets, a ``CallMasks`` (nothing built, no host
+    the masks (``_eager_call_masks``) and the mask is square with no offsets, a ``CallMasks`` (nothing built, no host
     read)."""
     from transformers.masking_utils import sdpa_mask
 
-    if (_CALL_MASKS[0] is not None and not args and not is_compiling() and kwargs.get("q_length") is not None
+    if (not is_compiling() and _eager_call_masks() is not None and not args and kwargs.get("q_length") is not None
             and kwargs.get("q_length") == kwargs.get("kv_length") and not kwargs.get("q_offset")
             and not kwargs.get("kv_offset")):
         return CallMasks(kwargs)
@@ -529,14 +538,14 @@ def _fused_mask(*args: Any, **kwargs: Any):
 
 def _no_host_packed_check(find: Any) -> Any:
     """transformers' ``find_packed_sequence_indices``, which reads the positions on the host, answering None (one
-    sequence a row) without reading them during a causal-LM call that passed no positions (``_CALL_MASKS``): the
+    sequence a row) without reading them during a causal-LM call that passed no positions (``_eager_call_masks``): the
     positions are then the model's own, 0 .. S - 1 in every row."""
     if getattr(find, "_fused_layers", False):
         return find
 
     @functools.wraps(find)
     def find_packed_sequence_indices(position_ids, *args, **kwargs):
-        if _CALL_MASKS[0] is not None and not is_compiling():
+        if not is_compiling() and _eager_call_masks() is not None:
             return None
         return find(position_ids, *args, **kwargs)
 
@@ -627,11 +636,17 @@ def _build_causal_lm(cls: type) -> dict:
         masks = _call_masks(self, bound) if call_masks and bound is not None else None
         if masks is None:
             return _forward(self, args, kwargs, bound)
-        prev, _CALL_MASKS[0] = _CALL_MASKS[0], masks
+        if is_compiling():
+            prev, _CALL_MASKS[0] = _CALL_MASKS[0], masks
+            try:
+                return _forward(self, args, kwargs, bound)
+            finally:
+                _CALL_MASKS[0] = prev
+        prev, _EAGER_CALL.masks = _eager_call_masks(), masks
         try:
             return _forward(self, args, kwargs, bound)
         finally:
-            _CALL_MASKS[0] = prev
+            _EAGER_CALL.masks = prev
 
     def _forward(self, args: tuple, kwargs: dict, bound: Optional[dict]):
         bound = _linear_call(self, args, kwargs, bound)
