@@ -11,6 +11,7 @@ check to Dynamo: graphs, breaks and recompiles are counted from ``torch._dynamo.
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 
@@ -266,7 +267,7 @@ def test_causal_lm_call_masks_run_the_kernels(mode, family, monkeypatch):
     from fused_layers.ops import _common
     from fused_layers.ops import attention as attn_ops
 
-    assert _hf.CALL_MASK_MODELS == set(_CALL_MASK_FAMILIES)
+    assert _hf.CALL_MASK_MODELS == set(_CALL_MASK_FAMILIES) | set(_CALL_MASK_MORE_FAMILIES)
     ref = _call_mask_model(family)
     model = _call_mask_model(family)
     model.load_state_dict(ref.state_dict())
@@ -337,6 +338,78 @@ def test_causal_lm_call_masks_run_the_kernels(mode, family, monkeypatch):
         assert any(win == 4 for _, win in calls), calls
     restore_modules(model)
     torch._dynamo.reset()
+
+
+# The other model types of CALL_MASK_MODELS: same mask code (create_causal_mask / create_sliding_window_causal_mask
+# into the attention alone), checked eager; those with local layers get one with a window shorter than the batch.
+_CALL_MASK_MORE_FAMILIES = ["olmo", "olmo3", "cohere", "cohere2", "glm", "glm4", "glm4_moe", "helium", "smollm3",
+                            "stablelm", "granitemoe", "granitemoeshared", "ernie4_5", "ernie4_5_moe", "exaone4",
+                            "ministral", "apertus", "arcee", "nemotron", "hunyuan_v1_dense", "persimmon", "jetmoe",
+                            "bitnet", "dots1"]
+
+
+@needs_hf
+@pytest.mark.parametrize("family", _CALL_MASK_MORE_FAMILIES)
+def test_causal_lm_call_masks_more_families(family, monkeypatch):
+    """Eager, left-padded with position ids, then unpadded: no mask built, every attention call on the kernels with
+    the call's padding (and the local layers' window), the loss and every gradient of the unswapped model."""
+    import transformers.masking_utils as masking_utils
+
+    from fused_layers.integrations import _hf
+    from fused_layers.ops import attention as attn_ops
+
+    try:
+        cfg = transformers.AutoConfig.for_model(family)
+    except (KeyError, ValueError):
+        pytest.skip(f"transformers {transformers.__version__} has no {family}")
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=32, head_dim=8, pad_token_id=0)
+    optional = dict(num_experts=2, num_local_experts=2, n_routed_experts=2, num_experts_per_tok=1, n_shared_experts=1,
+                    moe_intermediate_size=32, shared_expert_intermediate_size=32, first_k_dense_replace=1)
+    for k, v in list(small.items()) + [(k, v) for k, v in optional.items() if hasattr(cfg, k)]:
+        setattr(cfg, k, v)
+    if getattr(cfg, "layer_types", None) and "sliding_attention" in cfg.layer_types:
+        cfg.sliding_window, cfg.layer_types = 4, ["sliding_attention", "full_attention"]
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float().train()
+    model = copy.deepcopy(ref)
+    for m in (ref, model):
+        m.config.use_cache = False
+        for mod in m.modules():
+            if isinstance(mod, nn.Dropout):
+                mod.p = 0.0
+    assert swap_modules(model).counts().get("attention") == 2
+    calls = []
+    orig = attn_ops.fused_attention
+
+    def spy(*a, **k):
+        calls.append((k.get("attn_mask") is not None, k.get("window")))
+        return orig(*a, **k)
+
+    def no_host_read(*a, **k):
+        raise AssertionError("a mask built or positions read on the host")
+
+    monkeypatch.setattr(attn_ops, "fused_attention", spy)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    left = torch.ones(2, 8, dtype=torch.long)
+    left[0, :3] = 0
+    labels = ids.masked_fill(left == 0, -100)
+    labels[0, 3] = -100  # (its shifted target is read from the last padded position)
+    for batch in ({"input_ids": ids, "attention_mask": left, "position_ids": (left.cumsum(-1) - 1).clamp(min=0),
+                   "labels": labels}, {"input_ids": ids, "labels": ids}):
+        calls.clear()
+        model.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        with monkeypatch.context() as mp:
+            for name in ("sdpa_mask", "_ignore_causal_mask_sdpa"):
+                mp.setattr(masking_utils, name, no_host_read)
+            mp.setattr(masking_utils, "find_packed_sequence_indices", _hf._no_host_packed_check(no_host_read))
+            out = model(**batch)
+            out.loss.backward()
+        assert len(calls) == 2 and all(padded == ("attention_mask" in batch) for padded, _ in calls), calls
+        _assert_trains_as(model, ref, out, batch)
+    if getattr(cfg, "layer_types", None) and "sliding_attention" in cfg.layer_types:
+        assert (False, 4) in calls, calls
 
 
 @needs_hf

@@ -555,9 +555,14 @@ def _no_host_packed_check(find: Any) -> Any:
 
 # Model types whose causal LMs build, from a call without position ids or a cache, only causal masks -- with the
 # window the layer passes its attention as ``sliding_window`` where it has one -- AND the call's 2-D padding mask
-# (read in their modeling files; each is tested compiled against the unswapped model, padded and not)
+# (read in their modeling files, transformers 5.17 and 5.25; against the unswapped model, padded and not, windows
+# shorter than the batch: the first two lines eager with checkpointing and compiled, the rest eager)
 CALL_MASK_MODELS = frozenset({"gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
-                              "phi", "phi3", "olmo2", "granite", "starcoder2"})
+                              "phi", "phi3", "olmo2", "granite", "starcoder2",
+                              "olmo", "olmo3", "cohere", "cohere2", "glm", "glm4", "glm4_moe", "helium", "smollm3",
+                              "stablelm", "granitemoe", "granitemoeshared", "ernie4_5", "ernie4_5_moe", "exaone4",
+                              "ministral", "apertus", "arcee", "nemotron", "hunyuan_v1_dense", "persimmon", "jetmoe",
+                              "bitnet", "dots1"})
 # (PEFT's causal LM passes the output_* flags, None by default: neither changes a mask)
 _CALL_MASK_KWARGS = frozenset({"num_items_in_batch", "ignore_index", "shift_labels", "return_dict", "output_attentions",
                                "output_hidden_states"})
