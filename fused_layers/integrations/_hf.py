@@ -502,16 +502,18 @@ def _eager_call_masks() -> Optional[tuple]:
 
 
 class CallMasks:
-    """The mask of a layer of a causal-LM call whose arguments fix it (``_call_masks``): causal AND the layer's
-    window (the ``sliding_window`` the layer passes its attention) AND ``padding``, the call's 2-D key-padding mask
-    (bool, or None).  What the "fused_layers" mask function returns in eager for such a call, passed by the model to
-    its layers (a checkpointed layer gets it again when it recomputes); ``build()`` makes the 4-D mask transformers'
-    ``sdpa_mask`` would have made, for the model's own attention implementation."""
+    """The mask of a layer of a causal-LM call whose arguments fix it (``_call_masks``): causal AND ``window`` (the
+    ``local_size`` transformers gives the mask function of a sliding-window mask, None for a causal one) AND
+    ``padding``, the call's 2-D key-padding mask (bool, or None).  What the "fused_layers" mask function returns in
+    eager for such a call, passed by the model to its layers (a checkpointed layer gets it again when it
+    recomputes); ``build()`` makes the 4-D mask transformers' ``sdpa_mask`` would have made, for the model's own
+    attention implementation."""
 
-    __slots__ = ("padding", "_kwargs", "_built")
+    __slots__ = ("padding", "window", "_kwargs", "_built")
 
     def __init__(self, kwargs: dict):
         self.padding = kwargs.get("attention_mask")
+        self.window = kwargs.get("local_size")
         self._kwargs = kwargs
         self._built: Optional[tuple] = None
 
@@ -1053,7 +1055,9 @@ def fused_attention_forward(
     if call is not None:  # the call fixes the mask (CallMasks); its positions are the model's own, never packed
         if why is None and causal and sq == sk and (call.padding is None or call.padding.shape[-1] == sk):
             kmask = None if call.padding is None else call.padding.to(torch.bool)[:, None, None, :]
-            return _run_kernels(module, query, key, value, None, kmask, True, window, softcap, dropout, scaling,
+            # (the mask's own window: the one transformers' SDPA / eager paths apply, whatever the layer passes)
+            win = call.window if isinstance(call.window, int) and call.window > 0 else None
+            return _run_kernels(module, query, key, value, None, kmask, True, win, softcap, dropout, scaling,
                                 is_causal, kwargs)
         attention_mask = call.build()  # anything else: as if transformers had built it
     packed = _packed(query, key, attention_mask, window, kwargs) if why is None and call is None else None
