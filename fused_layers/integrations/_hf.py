@@ -1052,7 +1052,7 @@ def fused_attention_forward(
         why = f"head dims q {query.shape[-1]} / v {value.shape[-1]}"
     sq, sk = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    if call is not None:  # the call fixes the mask (CallMasks); its positions are the model's own, never packed
+    if call is not None:  # the call fixes the mask (CallMasks): no positions, or positions beside a 2-D mask
         if why is None and causal and sq == sk and (call.padding is None or call.padding.shape[-1] == sk):
             kmask = None if call.padding is None else call.padding.to(torch.bool)[:, None, None, :]
             # (the mask's own window: the one transformers' SDPA / eager paths apply, whatever the layer passes)
