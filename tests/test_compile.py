@@ -250,6 +250,38 @@ def _call_mask_model(family):
     return m.train()
 
 
+def _spy_fused_attention(monkeypatch) -> list:
+    """(has a key mask, window) of every call that reaches ``fused_attention``, in a list the test reads."""
+    from fused_layers.ops import attention as attn_ops
+
+    calls, orig = [], attn_ops.fused_attention
+
+    def spy(*a, **k):
+        calls.append((k.get("attn_mask") is not None, k.get("window")))
+        return orig(*a, **k)
+
+    monkeypatch.setattr(attn_ops, "fused_attention", spy)
+    return calls
+
+
+def _forbid_host_reads(mp, found: list) -> None:
+    """What a swapped eager causal LM whose call fixes its masks must not call (transformers' mask builders and host
+    reads, our own mask readers), patched on ``mp`` to record the call in ``found`` and raise."""
+    import transformers.masking_utils as masking_utils
+
+    from fused_layers.integrations import _hf
+
+    def no_host_read(*a, **k):
+        found.append(a or k)
+        raise AssertionError("a mask built or positions read on the host")
+
+    for name in ("sdpa_mask", "_ignore_causal_mask_sdpa"):
+        mp.setattr(masking_utils, name, no_host_read)
+    mp.setattr(masking_utils, "find_packed_sequence_indices", _hf._no_host_packed_check(no_host_read))
+    mp.setattr(_hf, "_packed_from_position_ids", no_host_read)
+    mp.setattr(_hf, "decompose_mask", no_host_read)
+
+
 @needs_hf
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(_CALL_MASK_FAMILIES))
@@ -261,11 +293,9 @@ def test_causal_lm_call_masks_run_the_kernels(mode, family, monkeypatch):
     the padding), gradient checkpointing on, so that the recomputed layers get the call's masks again.  No warning,
     and the loss and every gradient of the unswapped eager model, unpadded, right- and left-padded (compiled) and
     left-padded with position ids (float32)."""
-    import transformers.masking_utils as masking_utils
 
     from fused_layers.integrations import _hf
     from fused_layers.ops import _common
-    from fused_layers.ops import attention as attn_ops
 
     assert _hf.CALL_MASK_MODELS == set(_CALL_MASK_FAMILIES) | set(_CALL_MASK_MORE_FAMILIES)
     ref = _call_mask_model(family)
@@ -279,18 +309,7 @@ def test_causal_lm_call_masks_run_the_kernels(mode, family, monkeypatch):
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     report = swap_modules(model)
     assert report.counts().get("attention") == 2, str(report)
-    calls, built = [], []
-    orig = attn_ops.fused_attention
-
-    def spy(*a, **k):
-        calls.append((k.get("attn_mask") is not None, k.get("window")))
-        return orig(*a, **k)
-
-    def no_host_read(*a, **k):  # what the swapped eager model must not call: transformers' reads on the host
-        built.append(a or k)
-        raise AssertionError("a mask built or positions read on the host")
-
-    monkeypatch.setattr(attn_ops, "fused_attention", spy)
+    calls, built = _spy_fused_attention(monkeypatch), []
     for key in [k for k in _common._warned if k.startswith("hf_attention:")]:
         _common._warned.discard(key)
     g = torch.Generator().manual_seed(1)
@@ -322,11 +341,7 @@ def test_causal_lm_call_masks_run_the_kernels(mode, family, monkeypatch):
             ref.zero_grad(set_to_none=True)
             with monkeypatch.context() as mp:
                 if mode == "eager":
-                    mp.setattr(masking_utils, "sdpa_mask", no_host_read)
-                    mp.setattr(masking_utils, "_ignore_causal_mask_sdpa", no_host_read)
-                    mp.setattr(_hf, "_packed_from_position_ids", no_host_read)
-                    mp.setattr(_hf, "decompose_mask", no_host_read)
-                    mp.setattr(masking_utils, "find_packed_sequence_indices", _hf._no_host_packed_check(no_host_read))
+                    _forbid_host_reads(mp, built)
                 out = run(**batch)
                 out.loss.backward()
             # both layers on the kernels (compiled: traced once per mask case; eager: again in the recompute)
@@ -354,10 +369,7 @@ _CALL_MASK_MORE_FAMILIES = ["olmo", "olmo3", "cohere", "cohere2", "glm", "glm4",
 def test_causal_lm_call_masks_more_families(family, monkeypatch):
     """Eager, left-padded with position ids, then unpadded: no mask built, every attention call on the kernels with
     the call's padding (and the local layers' window), the loss and every gradient of the unswapped model."""
-    import transformers.masking_utils as masking_utils
 
-    from fused_layers.integrations import _hf
-    from fused_layers.ops import attention as attn_ops
 
     try:
         cfg = transformers.AutoConfig.for_model(family)
@@ -380,17 +392,7 @@ def test_causal_lm_call_masks_more_families(family, monkeypatch):
             if isinstance(mod, nn.Dropout):
                 mod.p = 0.0
     assert swap_modules(model).counts().get("attention") == 2
-    calls = []
-    orig = attn_ops.fused_attention
-
-    def spy(*a, **k):
-        calls.append((k.get("attn_mask") is not None, k.get("window")))
-        return orig(*a, **k)
-
-    def no_host_read(*a, **k):
-        raise AssertionError("a mask built or positions read on the host")
-
-    monkeypatch.setattr(attn_ops, "fused_attention", spy)
+    calls, built = _spy_fused_attention(monkeypatch), []
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
     left = torch.ones(2, 8, dtype=torch.long)
     left[0, :3] = 0
@@ -402,13 +404,12 @@ def test_causal_lm_call_masks_more_families(family, monkeypatch):
         model.zero_grad(set_to_none=True)
         ref.zero_grad(set_to_none=True)
         with monkeypatch.context() as mp:
-            for name in ("sdpa_mask", "_ignore_causal_mask_sdpa"):
-                mp.setattr(masking_utils, name, no_host_read)
-            mp.setattr(masking_utils, "find_packed_sequence_indices", _hf._no_host_packed_check(no_host_read))
+            _forbid_host_reads(mp, built)
             out = model(**batch)
             out.loss.backward()
         assert len(calls) == 2 and all(padded == ("attention_mask" in batch) for padded, _ in calls), calls
         _assert_trains_as(model, ref, out, batch)
+    assert not built
     if getattr(cfg, "layer_types", None) and "sliding_attention" in cfg.layer_types:
         assert (False, 4) in calls, calls
 

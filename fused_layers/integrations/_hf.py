@@ -501,6 +501,15 @@ def _eager_call_masks() -> Optional[tuple]:
     return getattr(_EAGER_CALL, "masks", None)
 
 
+def _set_call_masks(masks: Optional[tuple]) -> Optional[tuple]:
+    """Make ``masks`` those of the call in progress (compiled or this thread's eager one); returns the previous."""
+    if is_compiling():
+        prev, _CALL_MASKS[0] = _CALL_MASKS[0], masks
+    else:
+        prev, _EAGER_CALL.masks = _eager_call_masks(), masks
+    return prev
+
+
 class CallMasks:
     """The mask of a layer of a causal-LM call whose arguments fix it (``_call_masks``): causal AND ``window`` (the
     ``local_size`` transformers gives the mask function of a sliding-window mask, None for a causal one) AND
@@ -643,17 +652,11 @@ def _build_causal_lm(cls: type) -> dict:
         masks = _call_masks(self, bound) if call_masks and bound is not None else None
         if masks is None:
             return _forward(self, args, kwargs, bound)
-        if is_compiling():
-            prev, _CALL_MASKS[0] = _CALL_MASKS[0], masks
-            try:
-                return _forward(self, args, kwargs, bound)
-            finally:
-                _CALL_MASKS[0] = prev
-        prev, _EAGER_CALL.masks = _eager_call_masks(), masks
+        prev = _set_call_masks(masks)
         try:
             return _forward(self, args, kwargs, bound)
         finally:
-            _EAGER_CALL.masks = prev
+            _set_call_masks(prev)
 
     def _forward(self, args: tuple, kwargs: dict, bound: Optional[dict]):
         bound = _linear_call(self, args, kwargs, bound)
@@ -1052,14 +1055,25 @@ def fused_attention_forward(
         why = f"head dims q {query.shape[-1]} / v {value.shape[-1]}"
     sq, sk = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    if call is not None:  # the call fixes the mask (CallMasks): no positions, or positions beside a 2-D mask
-        if why is None and causal and sq == sk and (call.padding is None or call.padding.shape[-1] == sk):
-            kmask = None if call.padding is None else call.padding.to(torch.bool)[:, None, None, :]
-            # (the mask's own window: the one transformers' SDPA / eager paths apply, whatever the layer passes)
-            win = call.window if isinstance(call.window, int) and call.window > 0 else None
-            return _run_kernels(module, query, key, value, None, kmask, True, win, softcap, dropout, scaling,
+    # The mask the causal-LM call fixes (_call_masks: causal AND a window AND the call's 2-D padding), never read.
+    # Eager, the CallMasks the model passes, with the mask's own window (the one transformers' SDPA / eager paths
+    # apply, whatever the layer passes); compiled, in place of the mask transformers materializes (which mask a
+    # tensor is shows only in its values: reading them would break the graph at every layer, and the unread mask
+    # drops out of it), with the window the layer passes.
+    fixed = None
+    if call is not None:
+        fixed = (call.padding, call.window if isinstance(call.window, int) and call.window > 0 else None)
+    elif (is_compiling() and _CALL_MASKS[0] is not None and isinstance(attention_mask, torch.Tensor)
+          and attention_mask.dim() == 4 and attention_mask.shape[-1] == sk):
+        fixed = (_CALL_MASKS[0][0], window)
+    if fixed is not None:
+        padding, win = fixed
+        if why is None and causal and sq == sk and (padding is None or padding.shape[-1] == sk):
+            kmask = None if padding is None else padding.to(torch.bool)[:, None, None, :]
+            return _run_kernels(module, query, key, value, None, kmask, sq > 1, win, softcap, dropout, scaling,
                                 is_causal, kwargs)
-        attention_mask = call.build()  # anything else: as if transformers had built it
+        if call is not None:
+            attention_mask = call.build()  # anything else: as if transformers had built it
     packed = _packed(query, key, attention_mask, window, kwargs) if why is None and call is None else None
     if packed is not None:
         from ..ops.attention import fused_attention_varlen
@@ -1074,18 +1088,8 @@ def fused_attention_forward(
     if why is None and attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             why = f"a {type(attention_mask).__name__} mask"
-        elif is_compiling():
-            # Which mask this is shows only in its values, and reading them (decompose_mask) would break the
-            # graph at every layer.  Where the compiled causal LM's call fixes it (_call_masks), it is causal AND
-            # the layer's window AND the call's padding mask: the kernels take those, and the materialized mask,
-            # never read, is dropped from the graph.  Else the model's own implementation runs on the mask.
-            call = _CALL_MASKS[0]
-            if (call is not None and causal and sq == sk and attention_mask.dim() == 4
-                    and attention_mask.shape[-1] == sk and (call[0] is None or call[0].shape[-1] == sk)):
-                kmask = None if call[0] is None else call[0].to(torch.bool)[:, None, None, :]
-                win, attention_mask = window, None
-            else:
-                why = "a mask tensor under torch.compile"
+        elif is_compiling():  # (reading which mask it is, decompose_mask, would break the graph at every layer)
+            why = "a mask tensor under torch.compile"
         else:
             dec = decompose_mask(attention_mask, sq, sk)
             if dec is not None:
