@@ -866,16 +866,20 @@ def test_linear_cross_entropy_frozen_inputs(frozen, reduction, compiled):
 
 
 def test_linear_cross_entropy_frozen_weight_chunks():
-    """Chunk sizes at the models' heads (bf16, 4,096 / 8,192 tokens): a trained weight keeps 1,024+ rows (its gradient
-    is summed once a chunk), a frozen one takes 64 MiB of logits / 512+ rows; and the head picks the pair by whether
-    the weight trains (a frozen weight at a small size: 3 chunks of the frozen pair's 128 rows, a trained one: 1)."""
+    """Chunk sizes at the models' heads (bf16, 4,096 / 8,192 tokens): a trained weight takes at most 256 MiB of logits
+    and 512+ rows (1,024+ where its gradient's sum weighs more: a float32 sum, a compiled step), a frozen one 32 MiB /
+    256+ rows; and the head picks the pair by whether the weight trains (a frozen weight at a small size: 3 chunks of
+    the frozen pair's 128 rows, a trained one: 1)."""
     from fused_layers import fused_linear_cross_entropy
     from fused_layers.ops import cross_entropy_config as cfg
     from fused_layers.ops import linear_cross_entropy as lce
 
-    for n, v, trained, frozen in ((4096, 256000, 1024, 512), (8192, 151936, 1024, 512), (8192, 128256, 1024, 512),
-                                  (8192, 32000, 4096, 1024), (8192, 50257, 2048, 640)):
-        assert (lce.chunk_rows(n, v, 2), lce.chunk_rows(n, v, 2, weight_grad=False)) == (trained, frozen), (n, v)
+    for n, v, trained, summed, frozen in ((4096, 256000, 512, 1024, 256), (8192, 151936, 768, 1024, 256),
+                                          (8192, 128256, 1024, 1024, 256), (8192, 32000, 4096, 4096, 512),
+                                          (8192, 50257, 2048, 2048, 256)):
+        got = (lce.chunk_rows(n, v, 2), lce.chunk_rows(n, v, 2, sum_bound=True),
+               lce.chunk_rows(n, v, 2, weight_grad=False))
+        assert got == (trained, summed, frozen), (n, v, got)
     n, h, v = 300, 24, 37
     hid, w, t = torch.randn(n, h, requires_grad=True), torch.randn(v, h), torch.randint(0, v, (n,))
     for trains, chunks in ((False, 3), (True, 1)):
@@ -886,6 +890,19 @@ def test_linear_cross_entropy_frozen_weight_chunks():
         assert ce.call_count == chunks, (trains, ce.call_count)
         ref = F.cross_entropy(F.linear(hid.double(), w.double()), t)
         torch.testing.assert_close(loss.double(), ref, atol=1e-4, rtol=1e-4)
+    # A trained weight's floor: 128-row chunks for a bf16 sum; 256 for a float32 sum (a float32 weight) and for the
+    # compiled ops, whatever the dtype
+    w.requires_grad_(True)
+    with patch.object(cfg, "LINEAR_CHUNK_BYTES", 1), patch.object(cfg, "LINEAR_MIN_ROWS", 128), \
+            patch.object(cfg, "LINEAR_SUM_MIN_ROWS", 256), \
+            patch.object(lce, "cross_entropy_forward", wraps=lce.cross_entropy_forward) as ce:
+        for dt, compiled, chunks in ((torch.bfloat16, False, 3), (torch.float32, False, 2), (torch.bfloat16, True, 2)):
+            ce.reset_mock()
+            loss, *_ = lce.linear_cross_entropy_forward(hid.detach().to(dt), w.detach().to(dt), t, None, -100, "mean",
+                                                        0.0, True, dt, dt, compiled=compiled)
+            assert ce.call_count == chunks, (dt, compiled, ce.call_count)
+            ref = F.cross_entropy(F.linear(hid.to(dt).double(), w.to(dt).double()), t)
+            torch.testing.assert_close(loss.double(), ref, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("v", [37, 48])
@@ -1081,7 +1098,7 @@ def test_linear_ce_float64_reference_in_row_chunks(smoothing):
                                            pytest.param(128256, 0.0, 1024, marks=BIG)])
 def test_gpu_linear_cross_entropy(v, smoothing, n):
     """The fused linear cross-entropy: over several small chunks (forced), and in the default plan, whose chunks
-    are LINEAR_MIN_ROWS = 1,024 rows at these vocabularies (four at 4,096 rows: the float32 weight-gradient sum; one
+    are LINEAR_SUM_MIN_ROWS = 1,024 rows at these vocabularies (four at 4,096 rows: the float32 weight-gradient sum; one
     at 1,024: the weight gradient as one product). 50,257 classes: a logits buffer with rows padded to 50,304
     (cuBLAS's alignment), which the kernel overwrites in place by the gradient."""
     from fused_layers import fused_linear_cross_entropy
@@ -1092,7 +1109,8 @@ def test_gpu_linear_cross_entropy(v, smoothing, n):
     w = (torch.randn(v, h, device="cuda") * 0.05).requires_grad_()
     t = torch.randint(0, v, (n,), device="cuda")
     forced = v != 256000 and n == 4096
-    assert forced or chunk_rows(n, v, 2) == min(n, 1024)  # the default plan these cases are meant to take
+    # the default plan these cases are meant to take (a float32 weight under autocast: its gradient summed in float32)
+    assert forced or chunk_rows(n, v, 2, sum_bound=True) == min(n, 1024)
     ctx = config_override("linear_cross_entropy", chunk_bytes=64 * 2**20, min_rows=128) if forced else nullcontext()
     with ctx:
         with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -89,19 +89,27 @@ PERSIST_BY_WIDTH = {(2, 65536): Persistent(2048, 2, 32, 4)}
 TMA_HOLD = {2: TmaHold(widest=32768, sub=16, box=256, nbuf=8, nout=1, num_warps=4, per_sm=3)}
 
 # ---- the fused linear cross-entropy --------------------------------------------------------------------------------
-# Logits computed this many bytes at a time (a multiple of 128 rows, at least 128): one chunk's logits, not (N, V).
+# Logits computed at most this many bytes at a time (a multiple of 128 rows): one chunk's logits, not (N, V).
 LINEAR_CHUNK_BYTES = 256 * 2**20
 # ... but at least this many rows: with several chunks the (V, H) weight gradient is read and written once a chunk,
-# which at n rows costs about 125 / n of the chunk's matmul time (bf16 sum, whatever V and H), while the chunk's
-# logits cost n V bytes; 1,024 rows cut Gemma's / Qwen2's / Llama 3's extra peak from 2.53 / 3.69 / 2.29 to
-# 2.05 / 3.40 / 2.04 GiB (H200 models suite, Liger 1.99 / 4.06 / 2.17) for 0.5-0.8 ms more head (11.77 against
-# 10.98 ms at Gemma's head on an H100; 512 rows: 13.10).
-LINEAR_MIN_ROWS = 1024
+# which at n rows costs about 125 / n of the chunk's matmul time (bf16 sum, whatever V and H).  Only a vocabulary
+# above 262K rows reaches the floor; the cap decides Gemma's 256K (512 rows) and Qwen2's 152K (768).  Whole eager
+# steps (bf16, H100, arms interleaved with Liger, commit 9053212) at 1,024 / 768 / 512 rows: Gemma 24.12 / 25.16 /
+# 25.74 ms for 2,094 / 1,969 / 1,844 MiB of extra peak (Liger 2,041 MiB, 141.3 ms), Qwen2 41.71 / 42.47 / 43.45 ms for
+# 3,487 / 3,414 / 3,339 MiB (Liger 4,159): the cap is what puts Gemma under Liger.
+LINEAR_MIN_ROWS = 512
+# Where the sum weighs more, the floor stays at 1,024 rows: a float32 sum (a float32 weight under autocast) moves twice
+# the bytes a chunk, and under torch.compile the step is compared with compiled unfused, not Liger: its peak is
+# already 67 % below it at Gemma, whose whole compiled step is 24 ms, of which the four more sums of 512-row chunks
+# would take 1.5 ms (its 1.10x over compiled unfused).
+LINEAR_SUM_MIN_ROWS = 1024
 # A weight that does not train (LoRA, a frozen tied embedding) has no gradient to sum, so its chunks are bound by
-# their logits alone: 64 MiB but at least 512 rows (a frozen Gemma head, 4,096 x 1,024 x 256K, forward + backward on
-# an H100: 1,024 / 512 / 256 / 128 rows take 8.41 / 8.76 / 10.18 / 16.36 ms for 0.50 / 0.25 / 0.13 / 0.07 GiB).
-LINEAR_FROZEN_CHUNK_BYTES = 64 * 2**20
-LINEAR_FROZEN_MIN_ROWS = 512
+# their logits alone, and each chunk reads the weight again: 32 MiB but at least 256 rows.  LoRA steps (as above) at
+# 512 / 256 / 128 rows: Gemma 21.47 / 22.63 / 26.75 ms for 1,630 / 1,505 / 1,443 MiB (Liger 1,443, 79.8 ms); Llama 3
+# 28.60 / 29.51 / 35.49 ms for 2,487 / 2,422 / 2,402 (Liger 2,403); Llama 32K at 1,024 / 512 rows 26.39 / 26.49 ms
+# for 2,420 / 2,405 (Liger 2,407).  128 rows would cost 20 % of a LoRA Gemma step.
+LINEAR_FROZEN_CHUNK_BYTES = 32 * 2**20
+LINEAR_FROZEN_MIN_ROWS = 256
 # Where V elements are not a 16-byte multiple, the head's weight gets zero classes up to a multiple of this, so that
 # every matmul has aligned sizes: bf16 8,192 x 1,024 x 32,001 forward + backward then takes 3.60 ms on an H100 (32,000:
 # 2.83; Inductor's compiled head at 32,001: 14.39); padding only the logits' rows left GPT-2's head at 14.7 ms.

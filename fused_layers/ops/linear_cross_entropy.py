@@ -1,10 +1,11 @@
 r"""Fused LM head + cross-entropy: ``F.cross_entropy(hidden @ weight.T + bias, target)`` without the
 full (N, V) logits.
 
-The N tokens are cut into chunks of ``n`` rows (``chunk_rows``: about ``LINEAR_CHUNK_BYTES`` = 256 MiB
-of logits per chunk but at least ``LINEAR_MIN_ROWS`` = 1,024 rows, a multiple of 128 rows; 2,432 rows at
-GPT-2's V = 50,304 in bf16, 7 chunks for 16K tokens; 1,024 rows at Gemma's 256K; a weight that does not
-train has no gradient to sum, and takes 64 MiB / 512 rows instead).  Per chunk:
+The N tokens are cut into chunks of ``n`` rows (``chunk_rows``: at most ``LINEAR_CHUNK_BYTES`` = 256 MiB of logits
+per chunk, a multiple of 128 rows, at least ``LINEAR_MIN_ROWS`` = 512; 2,048 rows at GPT-2's V = 50,304 in bf16, 4
+chunks for 8K tokens; 512 rows at Gemma's 256K; at least 1,024 rows under torch.compile and for a float32
+weight-gradient sum; a weight that does not train has no gradient to sum, and takes 32 MiB / 256 rows instead;
+``cross_entropy_config.py`` has the measurements).  Per chunk:
 
 1. ``logits = hidden_chunk @ weight.T (+ bias)``: cuBLAS, in the compute dtype (the autocast dtype
    under autocast, else the inputs' dtype);
@@ -15,12 +16,12 @@ train has no gradient to sum, and takes 64 MiB / 512 rows instead).  Per chunk:
    place; a single chunk writes it as one product, as unfused), ``grad_bias += dlogits.sum(0)``.
    grad_weight is summed across the chunks in the weight's own dtype when the weight is in the compute
    dtype (a bf16 model: cuBLAS accumulates each product in float32 and rounds the running sum once a
-   chunk, as Liger and gradient accumulation do; 2 to 4 chunks at the models' sizes), else in float32
+   chunk, as Liger and gradient accumulation do; 2 to 11 chunks at the models' sizes), else in float32
    (float32 weights under autocast: ``addmm(out_dtype=float32)`` where torch has it on CUDA).  A float32
    buffer beside a bf16 weight would hold 4 V H more bytes (1 GiB at Gemma's head) and move twice the
-   bytes a chunk.  The sum reads and writes the (V, H) gradient once a chunk, which is why chunks keep at
-   least 1,024 rows (``cross_entropy_config.py``).  A weight that does not train (LoRA, a frozen tied
-   embedding) gets no gradient: two matmuls a chunk and no (V, H) buffer.
+   bytes a chunk.  The sum reads and writes the (V, H) gradient once a chunk, which is why chunks keep a floor
+   of rows.  A weight that does not train (LoRA, a frozen tied embedding) gets no gradient: two matmuls a chunk
+   and no (V, H) buffer.
 
 So the forward returns the loss and already holds every gradient (for an upstream gradient of 1); the
 backward only scales them by grad_output (``_ce_scale_kernel``: no traffic when it is 1).  Peak extra
@@ -60,12 +61,14 @@ def linear_cross_entropy_reference(hidden, weight, target, bias=None, ignore_ind
                                              reduction=reduction, label_smoothing=label_smoothing)
 
 
-def chunk_rows(n: int, v: int, elem: int, weight_grad: bool = True) -> int:
-    """Rows per chunk: about LINEAR_CHUNK_BYTES of logits but at least LINEAR_MIN_ROWS (without a weight gradient:
+def chunk_rows(n: int, v: int, elem: int, weight_grad: bool = True, sum_bound: bool = False) -> int:
+    """Rows per chunk: at most LINEAR_CHUNK_BYTES of logits but at least LINEAR_MIN_ROWS (LINEAR_SUM_MIN_ROWS where
+    ``sum_bound``: a float32 weight-gradient sum, or a compiled step; without a weight gradient:
     LINEAR_FROZEN_CHUNK_BYTES, LINEAR_FROZEN_MIN_ROWS), a multiple of 128 rows, chunks of even size; all ``n`` rows
     when that covers them."""
     budget = cfg.LINEAR_CHUNK_BYTES if weight_grad else cfg.LINEAR_FROZEN_CHUNK_BYTES
-    least = cfg.LINEAR_MIN_ROWS if weight_grad else cfg.LINEAR_FROZEN_MIN_ROWS
+    least = cfg.LINEAR_FROZEN_MIN_ROWS if not weight_grad else (
+        cfg.LINEAR_SUM_MIN_ROWS if sum_bound else cfg.LINEAR_MIN_ROWS)
     budget = get_override("linear_cross_entropy", "chunk_bytes", budget)
     least = get_override("linear_cross_entropy", "min_rows", least)
     rows = max(128, least, (budget // max(v * elem, 1)) // 128 * 128)
@@ -107,14 +110,14 @@ def _accumulate_grad_weight(gw: torch.Tensor, dlogits: torch.Tensor, hc: torch.T
 
 def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                                  compute_grad, cdtype, out_dtype, row_scale=None, softcap=0.0,
-                                 grads=(True, True, True)):
+                                 grads=(True, True, True), compiled=False):
     """Launch the chunked head + loss on validated 2-D ``hidden`` (N, H), ``weight`` (V, H), ``target`` (N,).
 
     Returns ``(loss, grad_hidden, grad_weight, grad_bias)``; the gradients (for an upstream gradient of
     1, or per-row ``row_scale``) are None when ``compute_grad`` is False, and each one whose flag in ``grads``
     (hidden, weight, bias) is False is None too: a frozen head (LoRA, a tied embedding that does not train)
     costs no (V, H) buffer and a third fewer matmul FLOPs.  ``loss`` is per row (N,) float32 when ``row_scale``
-    is given.
+    is given.  ``compiled``: called by the torch.compile ops (the chunk plan's floor, ``chunk_rows``).
     """
     need_h, need_w, need_b = (bool(g) and compute_grad for g in grads)
     need_b = need_b and bias is not None
@@ -139,7 +142,8 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             check_target_flag(den, V)
         loss_rows = torch.empty(N, dtype=torch.float32, device=dev)
         gh = gw = gb = None
-        n = chunk_rows(N, V, h.element_size(), need_w)
+        sum_dtype = cdtype if weight.dtype == cdtype else torch.float32  # grad_weight's sum over the chunks
+        n = chunk_rows(N, V, h.element_size(), need_w, compiled or sum_dtype == torch.float32)
         one_chunk = n >= N
         if need_h:
             gh = torch.empty(N, H, dtype=cdtype, device=dev)
@@ -147,7 +151,7 @@ def linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, red
             # One chunk: grad_weight is one cuBLAS product, as unfused.  Several: summed over the chunks in the
             # weight's dtype where it is the compute dtype, else in float32 (module docstring), the first chunk's
             # product written without reading the buffer.
-            gw = torch.empty(Vp, H, dtype=cdtype if weight.dtype == cdtype else torch.float32, device=dev)
+            gw = torch.empty(Vp, H, dtype=sum_dtype, device=dev)
         if need_b:
             gb = torch.zeros(Vp, dtype=torch.float32, device=dev)
         buf = torch.empty(min(n, N), Vp, dtype=cdtype, device=dev)  # one logits buffer for all the chunks
@@ -233,7 +237,7 @@ def _lce_fwd_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor
     """``grads``: which of (hidden, weight, bias) get a gradient; one not needed comes back empty."""
     loss, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, reduction,
                                                     label_smoothing, any(grads), cdtype, out_dtype,
-                                                    softcap=softcap, grads=grads)
+                                                    softcap=softcap, grads=grads, compiled=True)
     return loss, _empty_or(gh, hidden), _empty_or(gw, weight), _empty_or(gb, hidden)
 
 
@@ -253,7 +257,7 @@ def _lce_bwd_rows_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.T
                      grads: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _, gh, gw, gb = linear_cross_entropy_forward(hidden, weight, target, bias, ignore_index, "none", label_smoothing,
                                                  True, cdtype, torch.float32, row_scale=grad_loss.float().contiguous(),
-                                                 softcap=softcap, grads=grads)
+                                                 softcap=softcap, grads=grads, compiled=True)
     return _empty_or(gh, hidden), _empty_or(gw, weight), _empty_or(gb, hidden)
 
 
