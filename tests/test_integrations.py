@@ -1081,12 +1081,15 @@ def test_hf_call_masks_are_per_thread():
 
 @needs_hf
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_hf_training_step_never_waits_for_the_gpu(family):
+@pytest.mark.parametrize("family,variant", [("llama", "plain"), ("qwen2", "plain"), ("llama", "grad_ckpt"),
+                                            ("llama", "lora")])
+def test_hf_training_step_never_waits_for_the_gpu(family, variant):
     """A swapped causal LM's bf16 training step whose call fixes its masks (no position ids, no cache), padded or
     not, AdamW included, makes no host-device sync (``torch.cuda.set_sync_debug_mode("error")``): transformers'
     mask code reads the positions or the padding mask on the host at the start of every forward, which drains the
-    GPU's queue; swapped, no mask is built and the host stays ahead of the GPU for the whole step."""
+    GPU's queue; swapped, no mask is built and the host stays ahead of the GPU for the whole step.  The same with
+    gradient checkpointing (the recomputed layers get the call's masks again) and with a PEFT LoRA adapter on the
+    attention projections (the frozen head's chunks), the models suite's variants."""
     dev = _dev("cuda")
     torch.manual_seed(0)
     window = dict(sliding_window=64, use_sliding_window=True, max_window_layers=0) if family == "qwen2" else {}
@@ -1094,7 +1097,13 @@ def test_hf_training_step_never_waits_for_the_gpu(family):
                     max_position_embeddings=256, **window).to(dev, torch.bfloat16).train()
     m.config.use_cache = False
     swap_modules(m)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+    if variant == "grad_ckpt":
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif variant == "lora":
+        peft = pytest.importorskip("peft")
+        m = peft.get_peft_model(m, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4, fused=True)
     ids = torch.randint(0, 512, (2, 128), device=dev)
     pad = torch.ones_like(ids)
     pad[1, 100:] = 0
