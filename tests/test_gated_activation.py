@@ -20,6 +20,7 @@ from fused_layers import (
 from fused_layers.ops.gated_activation import (
     activation_linear_reference,
     activation_reference,
+    frozen_gated_mlp,
     gated_activation_reference,
 )
 
@@ -343,6 +344,47 @@ def test_linear_frozen_weight(device):
     assert not any(k[0] == "bwd_y" for k in ga._PLANS if k[1] == (4, 24))
 
 
+def _frozen_chain(x, wg, wu, wd, activation):
+    """PyTorch's eager gated MLP in x's dtype (the weights cast to it)."""
+    wg, wu, wd = (w.to(x.dtype) for w in (wg, wu, wd))
+    F = torch.nn.functional
+    return F.linear(activation_reference(F.linear(x, wg), activation) * F.linear(x, wu), wd)
+
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_frozen_mlp_matches_float64_and_keeps_the_input(device, activation, dtype):
+    """``frozen_gated_mlp`` (ragged 3 x 5 tokens, 16 -> 37 -> 11, the weights frozen): y and dx within PyTorch's own
+    error of float64; autograd keeps x and the three weights, nothing of the intermediate width."""
+    x = torch.randn(3, 5, 16, device=device, dtype=dtype, requires_grad=True)
+    wg, wu = ((torch.randn(37, 16, device=device) / 3).to(dtype) for _ in range(2))
+    wd = (torch.randn(11, 37, device=device) / 6).to(dtype)
+    y = frozen_gated_mlp(x, wg, wu, wd, activation)
+    assert [tuple(t.shape) for t in y.grad_fn.saved_tensors] == [(3, 5, 16), (37, 16), (37, 16), (11, 37)]
+    _check_against_chain(lambda t: frozen_gated_mlp(t, wg, wu, wd, activation),
+                         lambda t: _frozen_chain(t, wg, wu, wd, activation), (x,), ("dx",))
+
+
+def test_frozen_mlp_declines(device):
+    """None (the caller runs its default path) where keeping x alone is not the whole story: a weight that trains,
+    no gradient to x, a saved-tensor hook at work (activation checkpointing), autocast, mixed dtypes, an unknown
+    activation."""
+    x = torch.randn(4, 8, device=device, requires_grad=True)
+    ws = [torch.randn(12, 8, device=device), torch.randn(12, 8, device=device), torch.randn(5, 12, device=device)]
+    assert frozen_gated_mlp(x, *ws) is not None
+    assert frozen_gated_mlp(x, ws[0], ws[1], ws[2].requires_grad_()) is None
+    ws[2].requires_grad_(False)
+    assert frozen_gated_mlp(x.detach(), *ws) is None
+    with torch.no_grad():
+        assert frozen_gated_mlp(x, *ws) is None
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        assert frozen_gated_mlp(x, *ws) is None
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        assert frozen_gated_mlp(x, *ws) is None
+    assert frozen_gated_mlp(x, ws[0].double(), ws[1], ws[2]) is None
+    assert frozen_gated_mlp(x, *ws, activation="relu") is None
+
+
 def test_linear_autocast(device):
     """float32 weights under bf16 autocast: the matmuls in bf16, y bf16 as F.linear's, the weight's gradient
     float32; within PyTorch's own error of the autocast chain."""
@@ -580,6 +622,18 @@ def test_gpu_linear_ops_compiled_by_inductor(case):
         assert a.dtype == c.dtype
         torch.testing.assert_close(a, c, atol=2e-2 * c.abs().max().item(), rtol=2e-2)
     assert len([t for t in saved if t.shape[:-1] == (2, 2048)]) == kept
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_gpu_frozen_mlp_gemma_size_bf16(activation):
+    """``frozen_gated_mlp`` at Gemma's MLP (2,048 tokens, 1,024 -> 8,192 -> 1,024, bf16, frozen weights): y and dx
+    within PyTorch's own error of float64, the backward's gate and up computed again by cuBLAS."""
+    x = torch.randn(2, 1024, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    wg, wu = ((torch.randn(8192, 1024, device="cuda") / 32).bfloat16() for _ in range(2))
+    wd = (torch.randn(1024, 8192, device="cuda") / 90).bfloat16()
+    _check_against_chain(lambda t: frozen_gated_mlp(t, wg, wu, wd, activation),
+                         lambda t: _frozen_chain(t, wg, wu, wd, activation), (x,), ("dx",))
 
 
 @pytest.mark.gpu

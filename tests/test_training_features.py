@@ -61,6 +61,35 @@ def test_lora_on_attention_and_mlp():
     assert all("lora_" in n for n in _grads(fused))  # only the adapters train
 
 
+def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
+    """LoRA on the attention only, with ``RECOMPUTE_FROZEN`` on: the frozen MLP keeps its input and computes gate
+    and up again in the backward (``frozen_gated_mlp``), the adapters' gradients as unswapped; with gradient
+    checkpointing, which recomputes the layer already, the MLP keeps gate and up as by default."""
+    peft = pytest.importorskip("peft")
+    from fused_layers.ops import _common
+    from fused_layers.ops import gated_activation as ga
+
+    torch.manual_seed(0)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                           lora_dropout=0.0, init_lora_weights=False)
+    ref = peft.get_peft_model(_tiny_llama(), lora)
+    fused = copy.deepcopy(ref)
+    swap_modules(fused)
+    ran = []
+    apply = ga._FrozenGatedMLPFunction.apply
+    monkeypatch.setattr(ga._FrozenGatedMLPFunction, "apply", lambda *a: ran.append(1) or apply(*a))
+    ids = torch.randint(0, 48, (2, 10))
+    with _common.config_override("gated_activation", recompute_frozen=1):
+        _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
+        assert ran == [1]  # the one layer's MLP
+        ran.clear()
+        for m in (ref, fused):
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
+        assert not ran
+    assert all("lora_" in n for n in _grads(fused))
+
+
 def test_lora_on_the_lm_head_keeps_training():
     """A LoRA adapter on lm_head: the fused head steps aside for the adapter (one warning naming why), the loss alone
     is fused, and the adapter's gradient is the unswapped model's."""

@@ -56,7 +56,8 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from ..ops import compile_config
-from ..ops._common import SUPPORTED_DTYPES, is_compiling, triton_runnable
+from ..ops import gated_activation_config as gated_cfg
+from ..ops._common import SUPPORTED_DTYPES, get_override, is_compiling, triton_runnable
 from . import REGISTRY, LookAlike, _compile_forward, fingerprint
 
 # --------------------------------------------------------------------------------------------------
@@ -158,6 +159,17 @@ def _down(self, h_in: torch.Tensor, up: Optional[torch.Tensor], act: str, fresh:
     return d(fused_gated_activation(h_in, up, act))
 
 
+def _frozen(self, x: torch.Tensor, act: str) -> Optional[torch.Tensor]:
+    """The MLP on ``frozen_gated_mlp`` (x kept, gate and up computed again in the backward) where its three
+    projections are plain bias-free ``nn.Linear`` that nothing hooks and whose weights do not train; else None."""
+    from ..ops.gated_activation import frozen_gated_mlp
+
+    ps = (self.gate_proj, self.up_proj, self.down_proj)
+    if not all(_plain_linear(p) and p.bias is None for p in ps):
+        return None
+    return frozen_gated_mlp(x, *(p.weight for p in ps), act)
+
+
 def _build_llama_mlp(cls: type) -> dict:
     source_forward = cls.forward
 
@@ -167,6 +179,10 @@ def _build_llama_mlp(cls: type) -> dict:
         act = activation_name(self.act_fn)
         if act is None or not triton_runnable(x):
             return source_forward(self, x)
+        if get_override("gated_activation", "recompute_frozen", gated_cfg.RECOMPUTE_FROZEN):
+            y = _frozen(self, x, act)
+            if y is not None:
+                return y
         gate, up = self.gate_proj(x), self.up_proj(x)  # the class's order
         if not _fusable(gate, up):
             return self.down_proj(self.act_fn(gate) * up)

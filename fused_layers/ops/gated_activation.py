@@ -62,7 +62,9 @@ from ._common import (
     check_tensor,
     concrete,
     is_compiling,
+    is_dtensor,
     override_epoch,
+    triton_runnable,
     use_fallback,
 )
 from ._library import FusedOp, Kernel
@@ -520,6 +522,59 @@ def fused_gated_activation_linear(gate: torch.Tensor, up: Optional[torch.Tensor]
         return _gated_linear_fwd_op(gate, up, weight.to(cdtype), bias, act)  # (below: the op under compile)
     over = bool(reuse_inputs) and _overwritable(gate, up)
     return _GatedLinearFunction.apply(gate, up, weight, bias, act, cdtype, over)
+
+
+# ==================================================================================================
+# A frozen gated MLP (under an adapter elsewhere): its input kept, gate and up computed again in the backward
+# ==================================================================================================
+class _FrozenGatedMLPFunction(torch.autograd.Function):
+    """``linear(a(linear(x, Wg)) * linear(x, Wu), Wd)`` for three weights that get no gradient, saving x only.
+
+    A frozen MLP's backward needs gate and up for d gate and d up, and nothing else: no weight gradient reads x or
+    the product.  Kept from the forward, gate and up are two intermediate-width tensors a layer (128 MiB at Gemma's
+    4,096 tokens x 8,192); here the backward multiplies x by Wg and Wu again (two of the forward's three matmuls)
+    and keeps x, one hidden-width tensor."""
+
+    @staticmethod
+    def forward(ctx, x, wg, wu, wd, act):
+        gate = torch.nn.functional.linear(x, wg)
+        up = torch.nn.functional.linear(x, wu)
+        y = torch.nn.functional.linear(gated_forward(gate, up, act), wd)  # gate, up and the product die here
+        ctx.act = act
+        ctx.save_for_backward(x, wg, wu, wd)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, wg, wu, wd = ctx.saved_tensors
+        gate = torch.nn.functional.linear(x, wg)
+        up = torch.nn.functional.linear(x, wu)
+        dh = torch.nn.functional.linear(dy.to(wd.dtype), wd.t())  # d(loss)/d(product), (..., N)
+        dg, du = _launch_backward(dh, gate, up, ctx.act, None, over_inputs=True)  # over gate and up, fresh here
+        del dh
+        n = dg.shape[-1]
+        dx = torch.mm(dg.reshape(-1, n), wg)
+        dx.addmm_(du.reshape(-1, n), wu)  # the two projections' input gradients summed in one product's epilogue
+        return dx.reshape(x.shape), None, None, None, None
+
+
+def frozen_gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, down_weight: torch.Tensor,
+                     activation: str = "silu") -> Optional[torch.Tensor]:
+    """``down(act(gate(x)) * up(x))`` for bias-free projections whose weights do not train, keeping x for the
+    backward instead of gate and up (module ``_FrozenGatedMLPFunction``); None where that does not apply: a weight
+    that trains, no gradient to x, a saved-tensor hook at work (activation checkpointing already recomputes the
+    layer), under ``torch.compile``, x not in the weights' dtype, autocast on, or the kernels cannot run."""
+    if activation not in ACTIVATIONS or is_compiling() or not torch.is_grad_enabled() or not x.requires_grad:
+        return None
+    ws = (gate_weight, up_weight, down_weight)
+    if any(w.requires_grad or w.dtype != x.dtype for w in ws) or x.dtype not in SUPPORTED_DTYPES:
+        return None
+    if autocast_dtype(x) is not None or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        return None
+    if x.shape[-1] != gate_weight.shape[1] or not triton_runnable(x) or any(map(is_dtensor, (x, *ws))):
+        return None
+    return _FrozenGatedMLPFunction.apply(x, gate_weight, up_weight, down_weight, ACTIVATIONS[activation])
 
 
 # ==================================================================================================

@@ -26,3 +26,10 @@ FWD = Elementwise(1024, 4)
 #: Backward (reads dy, gate and up, writes both gradients: five streams): the same 8 elements a thread; more warps
 #: a program only lengthens a row's ragged last block.
 BWD = Elementwise(1024, 4)
+
+#: A gated MLP whose three projections do not train (an adapter on the attention only, a frozen model's MLP) can keep
+#: its input for the backward and compute gate and up again there (``frozen_gated_mlp``) instead of keeping them: two
+#: intermediate-width tensors a layer less (under LoRA they are 768 of Gemma's 1,630 MiB at the step's peak, 4,096
+#: tokens, H100) for two more matmuls a layer in the backward. Off: what the two matmuls cost a whole step has not
+#: been measured against what the memory buys.
+RECOMPUTE_FROZEN = False
