@@ -44,15 +44,20 @@ def _compare(ref, fused, batches, tol=2e-5):
     return rb
 
 
+def _lora_pair(targets):
+    """A tiny Llama under a PEFT LoRA adapter on ``targets`` (random adapter weights, so they matter), and a copy of
+    it to swap: (reference, copy)."""
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, init_lora_weights=False)
+    ref = peft.get_peft_model(_tiny_llama(), lora)
+    return ref, copy.deepcopy(ref)
+
+
 def test_lora_on_attention_and_mlp():
     """LoRA on the attention and MLP projections (PEFT), the model swapped after: every kind still swaps inside the
     PeftModel, the fused head + loss runs, and the adapters' gradients are the unswapped model's."""
-    peft = pytest.importorskip("peft")
-    torch.manual_seed(0)
-    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"],
-                           lora_dropout=0.0, init_lora_weights=False)
-    ref = peft.get_peft_model(_tiny_llama(), lora)
-    fused = copy.deepcopy(ref)
+    ref, fused = _lora_pair(["q_proj", "v_proj", "up_proj", "down_proj"])
     counts = swap_modules(fused).counts()
     assert counts["attention"] == 1 and counts["rms_norm"] == 3 and counts["cross_entropy"] == 1, counts
     ids = torch.randint(0, 48, (2, 10))
@@ -65,15 +70,10 @@ def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
     """LoRA on the attention only, with ``RECOMPUTE_FROZEN`` on: the frozen MLP keeps its input and computes gate
     and up again in the backward (``frozen_gated_mlp``), the adapters' gradients as unswapped; with gradient
     checkpointing, which recomputes the layer already, the MLP keeps gate and up as by default."""
-    peft = pytest.importorskip("peft")
     from fused_layers.ops import _common
     from fused_layers.ops import gated_activation as ga
 
-    torch.manual_seed(0)
-    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                           lora_dropout=0.0, init_lora_weights=False)
-    ref = peft.get_peft_model(_tiny_llama(), lora)
-    fused = copy.deepcopy(ref)
+    ref, fused = _lora_pair(["q_proj", "k_proj", "v_proj", "o_proj"])
     swap_modules(fused)
     ran = []
     apply = ga._FrozenGatedMLPFunction.apply
@@ -93,12 +93,7 @@ def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
 def test_lora_on_the_lm_head_keeps_training():
     """A LoRA adapter on lm_head: the fused head steps aside for the adapter (one warning naming why), the loss alone
     is fused, and the adapter's gradient is the unswapped model's."""
-    peft = pytest.importorskip("peft")
-    torch.manual_seed(0)
-    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"], lora_dropout=0.0,
-                           init_lora_weights=False)
-    ref = peft.get_peft_model(_tiny_llama(), lora)
-    fused = copy.deepcopy(ref)
+    ref, fused = _lora_pair(["q_proj", "lm_head"])
     swap_modules(fused)
     ids = torch.randint(0, 48, (2, 10))
     with warnings.catch_warnings(record=True) as seen:
