@@ -67,9 +67,9 @@ def test_lora_on_attention_and_mlp():
 
 
 def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
-    """LoRA on the attention only, with ``RECOMPUTE_FROZEN`` on: the frozen MLP keeps its input and computes gate
-    and up again in the backward (``frozen_gated_mlp``), the adapters' gradients as unswapped; with gradient
-    checkpointing, which recomputes the layer already, the MLP keeps gate and up as by default."""
+    """LoRA on the attention only: the frozen MLP keeps its input and computes gate and up again in the backward
+    (``frozen_gated_mlp``, ``RECOMPUTE_FROZEN``'s default), the adapters' gradients as unswapped; with the override
+    off, and with gradient checkpointing, which recomputes the layer already, the MLP keeps gate and up."""
     from fused_layers.ops import _common
     from fused_layers.ops import gated_activation as ga
 
@@ -79,14 +79,16 @@ def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
     apply = ga._FrozenGatedMLPFunction.apply
     monkeypatch.setattr(ga._FrozenGatedMLPFunction, "apply", lambda *a: ran.append(1) or apply(*a))
     ids = torch.randint(0, 48, (2, 10))
-    with _common.config_override("gated_activation", recompute_frozen=1):
+    _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
+    assert ran == [1]  # the one layer's MLP
+    ran.clear()
+    with _common.config_override("gated_activation", recompute_frozen=0):
         _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
-        assert ran == [1]  # the one layer's MLP
-        ran.clear()
-        for m in (ref, fused):
-            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
-        assert not ran
+    assert not ran
+    for m in (ref, fused):
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
+    assert not ran
     assert all("lora_" in n for n in _grads(fused))
 
 
