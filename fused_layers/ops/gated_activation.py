@@ -537,9 +537,10 @@ class _FrozenGatedMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, wg, wu, wd, act):
-        gate = torch.nn.functional.linear(x, wg)
-        up = torch.nn.functional.linear(x, wu)
-        y = torch.nn.functional.linear(gated_forward(gate, up, act), wd)  # gate, up and the product die here
+        with torch.autocast(x.device.type, enabled=False):  # (autocast, if on, runs x's dtype: nothing to cast)
+            gate = torch.nn.functional.linear(x, wg)
+            up = torch.nn.functional.linear(x, wu)
+            y = torch.nn.functional.linear(gated_forward(gate, up, act), wd)  # gate, up and the product die here
         ctx.act = act
         ctx.save_for_backward(x, wg, wu, wd)
         return y
@@ -564,13 +565,15 @@ def frozen_gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torc
     """``down(act(gate(x)) * up(x))`` for bias-free projections whose weights do not train, keeping x for the
     backward instead of gate and up (module ``_FrozenGatedMLPFunction``); None where that does not apply: a weight
     that trains, no gradient to x, a saved-tensor hook at work (activation checkpointing already recomputes the
-    layer), under ``torch.compile``, x not in the weights' dtype, autocast on, or the kernels cannot run."""
+    layer), under ``torch.compile``, x not in the weights' dtype, autocast to another dtype than theirs (a bf16
+    model trained under bf16 autocast, as the HF Trainer's ``bf16=True`` runs a LoRA, qualifies), or the kernels
+    cannot run."""
     if activation not in ACTIVATIONS or is_compiling() or not torch.is_grad_enabled() or not x.requires_grad:
         return None
     ws = (gate_weight, up_weight, down_weight)
     if any(w.requires_grad or w.dtype != x.dtype for w in ws) or x.dtype not in SUPPORTED_DTYPES:
         return None
-    if autocast_dtype(x) is not None or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+    if autocast_dtype(x) not in (None, x.dtype) or torch._C._autograd._top_saved_tensors_default_hooks(False):
         return None
     if x.shape[-1] != gate_weight.shape[1] or not triton_runnable(x) or any(map(is_dtensor, (x, *ws))):
         return None
