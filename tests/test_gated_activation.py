@@ -379,18 +379,19 @@ def test_frozen_mlp_declines(device):
         assert frozen_gated_mlp(x, *ws) is None
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
         assert frozen_gated_mlp(x, *ws) is None
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):  # float32 x and weights: autocast would cast them
-        assert frozen_gated_mlp(x, *ws) is None
+    assert frozen_gated_mlp(x, ws[0].bfloat16(), ws[1], ws[2]) is None  # mixed dtypes outside autocast
     assert frozen_gated_mlp(x, ws[0].double(), ws[1], ws[2]) is None
     assert frozen_gated_mlp(x, *ws, activation="relu") is None
 
 
-def test_frozen_mlp_under_autocast_of_its_own_dtype(device):
-    """A bf16 MLP under bf16 autocast (the HF Trainer's ``bf16=True`` on a bf16 model): autocast has nothing to cast,
-    so the frozen path runs, with the autocast chain's y and dx within bf16's error of float64."""
-    x = torch.randn(2, 7, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
-    wg, wu = ((torch.randn(24, 16, device=device) / 3).bfloat16() for _ in range(2))
-    wd = (torch.randn(9, 24, device=device) / 5).bfloat16()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_frozen_mlp_under_autocast(device, dtype):
+    """Under bf16 autocast (the HF Trainer's ``bf16=True``), a bf16 or a float32 MLP: x and the weights cast as
+    ``F.linear`` casts them there, y bf16 and dx in x's dtype, within PyTorch's own error of float64 (the autocast
+    chain); autograd keeps the bf16 x."""
+    x = torch.randn(2, 7, 16, device=device, dtype=dtype, requires_grad=True)
+    wg, wu = ((torch.randn(24, 16, device=device) / 3).to(dtype) for _ in range(2))
+    wd = (torch.randn(9, 24, device=device) / 5).to(dtype)
 
     def under_autocast(fn):
         def run(t):
@@ -401,7 +402,8 @@ def test_frozen_mlp_under_autocast_of_its_own_dtype(device):
     with torch.autocast(device, dtype=torch.bfloat16):
         y = frozen_gated_mlp(x, wg, wu, wd, "silu")
     assert y is not None and y.dtype == torch.bfloat16
-    assert [tuple(t.shape) for t in y.grad_fn.saved_tensors][0] == (2, 7, 16)
+    saved = y.grad_fn.saved_tensors[0]
+    assert saved.shape == x.shape and saved.dtype == torch.bfloat16
     _check_against_chain(under_autocast(lambda t: frozen_gated_mlp(t, wg, wu, wd, "silu")),
                          under_autocast(lambda t: _frozen_chain(t, wg, wu, wd, "silu")), (x,), ("dx",))
 

@@ -92,6 +92,34 @@ def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
     assert all("lora_" in n for n in _grads(fused))
 
 
+def test_lora_under_bf16_autocast_frozen_mlp_recomputes(monkeypatch):
+    """The same float32 model under bf16 autocast (the HF Trainer's ``bf16=True``): the frozen MLP still keeps only
+    its (bf16) input, and the loss and every adapter gradient are within 2x the unswapped model's own autocast error
+    of its float32 run."""
+    from fused_layers.ops import gated_activation as ga
+
+    ref, fused = _lora_pair(["q_proj", "k_proj", "v_proj", "o_proj"])
+    swap_modules(fused)
+    ran = []
+    apply = ga._FrozenGatedMLPFunction.apply
+    monkeypatch.setattr(ga._FrozenGatedMLPFunction, "apply", lambda *a: ran.append(1) or apply(*a))
+    ids = torch.randint(0, 48, (2, 10))
+    runs = []
+    for model, bf16 in ((ref, False), (ref, True), (fused, True)):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        runs.append((out.loss.detach(), _grads(model)))
+    assert ran == [1]
+    (l32, g32), (lref, gref), (lfused, gfused) = runs
+    assert (lfused - l32).abs() <= 2 * (lref - l32).abs() + 1e-3 * l32.abs()
+    assert g32.keys() == gfused.keys() and g32
+    for n, g in g32.items():
+        bound = 2 * (gref[n] - g).abs().max() + 1e-3 * g.abs().max()
+        assert (gfused[n] - g).abs().max() <= bound, n
+
+
 def test_lora_on_the_lm_head_keeps_training():
     """A LoRA adapter on lm_head: the fused head steps aside for the adapter (one warning naming why), the loss alone
     is fused, and the adapter's gradient is the unswapped model's."""

@@ -536,13 +536,15 @@ class _FrozenGatedMLPFunction(torch.autograd.Function):
     and keeps x, one hidden-width tensor."""
 
     @staticmethod
-    def forward(ctx, x, wg, wu, wd, act):
-        with torch.autocast(x.device.type, enabled=False):  # (autocast, if on, runs x's dtype: nothing to cast)
-            gate = torch.nn.functional.linear(x, wg)
-            up = torch.nn.functional.linear(x, wu)
+    def forward(ctx, x, wg, wu, wd, act, cdtype):
+        with torch.autocast(x.device.type, enabled=False):  # the casts are explicit, as autocast makes them
+            xc = x.to(cdtype)  # (x itself where autocast is off or runs x's dtype)
+            wg, wu, wd = (w.to(cdtype) for w in (wg, wu, wd))
+            gate = torch.nn.functional.linear(xc, wg)
+            up = torch.nn.functional.linear(xc, wu)
             y = torch.nn.functional.linear(gated_forward(gate, up, act), wd)  # gate, up and the product die here
-        ctx.act = act
-        ctx.save_for_backward(x, wg, wu, wd)
+        ctx.act, ctx.x_dtype = act, x.dtype
+        ctx.save_for_backward(xc, wg, wu, wd)
         return y
 
     @staticmethod
@@ -557,7 +559,7 @@ class _FrozenGatedMLPFunction(torch.autograd.Function):
         n = dg.shape[-1]
         dx = torch.mm(dg.reshape(-1, n), wg)
         dx.addmm_(du.reshape(-1, n), wu)  # the two projections' input gradients summed in one product's epilogue
-        return dx.reshape(x.shape), None, None, None, None
+        return dx.reshape(x.shape).to(ctx.x_dtype), None, None, None, None, None
 
 
 def frozen_gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, down_weight: torch.Tensor,
@@ -565,19 +567,23 @@ def frozen_gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torc
     """``down(act(gate(x)) * up(x))`` for bias-free projections whose weights do not train, keeping x for the
     backward instead of gate and up (module ``_FrozenGatedMLPFunction``); None where that does not apply: a weight
     that trains, no gradient to x, a saved-tensor hook at work (activation checkpointing already recomputes the
-    layer), under ``torch.compile``, x not in the weights' dtype, autocast to another dtype than theirs (a bf16
-    model trained under bf16 autocast, as the HF Trainer's ``bf16=True`` runs a LoRA, qualifies), or the kernels
-    cannot run."""
+    layer), under ``torch.compile``, x and the weights in different dtypes outside autocast, or the kernels cannot
+    run.  Under ``torch.autocast`` (the HF Trainer's ``bf16=True``) x and the weights are cast to its dtype, as
+    ``F.linear`` casts them there: the result in that dtype, x's gradient in x's."""
     if activation not in ACTIVATIONS or is_compiling() or not torch.is_grad_enabled() or not x.requires_grad:
         return None
     ws = (gate_weight, up_weight, down_weight)
-    if any(w.requires_grad or w.dtype != x.dtype for w in ws) or x.dtype not in SUPPORTED_DTYPES:
+    if any(w.requires_grad or w.dtype not in SUPPORTED_DTYPES for w in ws) or x.dtype not in SUPPORTED_DTYPES:
         return None
-    if autocast_dtype(x) not in (None, x.dtype) or torch._C._autograd._top_saved_tensors_default_hooks(False):
+    cdtype = autocast_dtype(x)
+    if cdtype is None and any(w.dtype != x.dtype for w in ws):  # (F.linear raises: its error, not ours)
+        return None
+    cdtype = cdtype or x.dtype
+    if cdtype not in SUPPORTED_DTYPES or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
         return None
     if x.shape[-1] != gate_weight.shape[1] or not triton_runnable(x) or any(map(is_dtensor, (x, *ws))):
         return None
-    return _FrozenGatedMLPFunction.apply(x, gate_weight, up_weight, down_weight, ACTIVATIONS[activation])
+    return _FrozenGatedMLPFunction.apply(x, gate_weight, up_weight, down_weight, ACTIVATIONS[activation], cdtype)
 
 
 # ==================================================================================================
