@@ -97,6 +97,33 @@ def test_swapped_model_matches(family, monkeypatch, device):
     assert all(type(x).__name__.startswith("Fused") is False for x in m.modules())
 
 
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_frozen_mlp_keeps_its_input(family, monkeypatch, device):
+    """MLPs whose projections do not train (Llama's three, Phi-3's gate_up + down; the rest of the model trains):
+    each runs ``frozen_gated_mlp``, which saves the MLP's input and no intermediate-width tensor, and the logits
+    and every gradient are the unswapped model's."""
+    from fused_layers.ops import gated_activation as ga
+
+    ref = _tiny(family).to(device)
+    for name, p in ref.named_parameters():
+        if ".mlp." in name:
+            p.requires_grad_(False)
+    m = copy.deepcopy(ref)
+    swap_modules(m, kinds=list(NEW))
+    saved = []
+    apply = ga._FrozenGatedMLPFunction.apply
+
+    def spy(*a):
+        y = apply(*a)
+        saved.append([tuple(t.shape) for t in y.grad_fn.saved_tensors])
+        return y
+
+    monkeypatch.setattr(ga._FrozenGatedMLPFunction, "apply", spy)
+    ids = torch.randint(0, 48, (2, 5), device=device)
+    assert_same_step(_step(ref, ids), _step(m, ids))
+    assert saved == [[(2, 5, 32), (64, 32), (64, 32), (32, 64)]] * 2  # x and the three weights (gate_up's halves)
+
+
 def test_autocast_mixed_dtypes(monkeypatch, device):
     """float32 weights under bf16 autocast (the usual fine-tuning set-up): bf16 projections, a float32 residual
     stream, float32 cos / sin. Every fused path is still taken (the residual add of a bf16 attention output to the

@@ -159,15 +159,23 @@ def _down(self, h_in: torch.Tensor, up: Optional[torch.Tensor], act: str, fresh:
     return d(fused_gated_activation(h_in, up, act))
 
 
-def _frozen(self, x: torch.Tensor, act: str) -> Optional[torch.Tensor]:
-    """The MLP on ``frozen_gated_mlp`` (x kept, gate and up computed again in the backward) where its three
-    projections are plain bias-free ``nn.Linear`` that nothing hooks and whose weights do not train; else None."""
+def _frozen(x: torch.Tensor, act: str, gate: nn.Module, up: Optional[nn.Module],
+            down: nn.Module) -> Optional[torch.Tensor]:
+    """The MLP on ``frozen_gated_mlp`` (x kept, gate and up computed again in the backward) where its projections
+    (``up`` None: ``gate`` is Phi-3's ``gate_up_proj``, gate rows first) are plain bias-free ``nn.Linear`` that
+    nothing hooks and whose weights do not train; else None."""
     from ..ops.gated_activation import frozen_gated_mlp
 
-    ps = (self.gate_proj, self.up_proj, self.down_proj)
+    ps = (gate, down) if up is None else (gate, up, down)
     if not all(_plain_linear(p) and p.bias is None for p in ps):
         return None
-    return frozen_gated_mlp(x, *(p.weight for p in ps), act)
+    if up is None:
+        w = gate.weight
+        if w.shape[0] % 2:
+            return None
+        n = w.shape[0] // 2
+        return frozen_gated_mlp(x, w[:n], w[n:], down.weight, act)  # chunk(2, -1)'s halves: the weight's rows
+    return frozen_gated_mlp(x, gate.weight, up.weight, down.weight, act)
 
 
 def _build_llama_mlp(cls: type) -> dict:
@@ -180,7 +188,7 @@ def _build_llama_mlp(cls: type) -> dict:
         if act is None or not triton_runnable(x):
             return source_forward(self, x)
         if get_override("gated_activation", "recompute_frozen", gated_cfg.RECOMPUTE_FROZEN):
-            y = _frozen(self, x, act)
+            y = _frozen(x, act, self.gate_proj, self.up_proj, self.down_proj)
             if y is not None:
                 return y
         gate, up = self.gate_proj(x), self.up_proj(x)  # the class's order
@@ -200,6 +208,10 @@ def _build_phi3_mlp(cls: type) -> dict:
         act = activation_name(self.activation_fn)
         if act is None or not triton_runnable(hidden_states):
             return source_forward(self, hidden_states)
+        if get_override("gated_activation", "recompute_frozen", gated_cfg.RECOMPUTE_FROZEN):
+            y = _frozen(hidden_states, act, self.gate_up_proj, None, self.down_proj)
+            if y is not None:
+                return y
         gate_up = self.gate_up_proj(hidden_states)
         if not _fusable(gate_up) or gate_up.shape[-1] % 2:
             gate, up_states = gate_up.chunk(2, dim=-1)
