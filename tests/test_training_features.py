@@ -69,7 +69,8 @@ def test_lora_on_attention_and_mlp():
 def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
     """LoRA on the attention only: the frozen MLP keeps its input and computes gate and up again in the backward
     (``frozen_gated_mlp``, ``RECOMPUTE_FROZEN``'s default), the adapters' gradients as unswapped; with the override
-    off, and with gradient checkpointing, which recomputes the layer already, the MLP keeps gate and up."""
+    off, and with gradient checkpointing of either kind, which recomputes the layer already, the MLP keeps gate and
+    up."""
     from fused_layers.ops import _common
     from fused_layers.ops import gated_activation as ga
 
@@ -85,10 +86,11 @@ def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
     with _common.config_override("gated_activation", recompute_frozen=0):
         _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
     assert not ran
-    for m in (ref, fused):
-        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
-    assert not ran
+    for reentrant in (False, True):  # hooks on the saved tensors / the layer run again inside the backward
+        for m in (ref, fused):
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
+        assert not ran
     assert all("lora_" in n for n in _grads(fused))
 
 

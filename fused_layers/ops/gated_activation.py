@@ -564,12 +564,12 @@ class _FrozenGatedMLPFunction(torch.autograd.Function):
 
 def frozen_gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, down_weight: torch.Tensor,
                      activation: str = "silu") -> Optional[torch.Tensor]:
-    """``down(act(gate(x)) * up(x))`` for bias-free projections whose weights do not train, keeping x for the
-    backward instead of gate and up (module ``_FrozenGatedMLPFunction``); None where that does not apply: a weight
-    that trains, no gradient to x, a saved-tensor hook at work (activation checkpointing already recomputes the
-    layer), under ``torch.compile``, x and the weights in different dtypes outside autocast, or the kernels cannot
-    run.  Under ``torch.autocast`` (the HF Trainer's ``bf16=True``) x and the weights are cast to its dtype, as
-    ``F.linear`` casts them there: the result in that dtype, x's gradient in x's."""
+    """``down(act(gate(x)) * up(x))`` for bias-free projections whose weights do not train, keeping x for the backward
+    instead of gate and up (module ``_FrozenGatedMLPFunction``); None where that does not apply: a weight that
+    trains, no gradient to x, a saved-tensor hook at work or a backward running (activation checkpointing, either
+    kind, already recomputes the layer), under ``torch.compile``, x and the weights in different dtypes outside
+    autocast, or the kernels cannot run. Under ``torch.autocast`` (the HF Trainer's ``bf16=True``) x and the weights
+    are cast to its dtype, as ``F.linear`` casts them there: the result in that dtype, x's gradient in x's."""
     if activation not in ACTIVATIONS or is_compiling() or not torch.is_grad_enabled() or not x.requires_grad:
         return None
     ws = (gate_weight, up_weight, down_weight)
@@ -580,6 +580,8 @@ def frozen_gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torc
         return None
     cdtype = cdtype or x.dtype
     if cdtype not in SUPPORTED_DTYPES or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        return None
+    if torch._C._current_graph_task_id() != -1:  # inside a backward: reentrant checkpointing recomputing the layer
         return None
     if x.shape[-1] != gate_weight.shape[1] or not triton_runnable(x) or any(map(is_dtensor, (x, *ws))):
         return None
