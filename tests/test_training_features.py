@@ -71,7 +71,7 @@ def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
     (``frozen_gated_mlp``, ``RECOMPUTE_FROZEN``'s default), the adapters' gradients as unswapped; with the override
     off, and with gradient checkpointing of either kind, which recomputes the layer already, the MLP keeps gate and
     up."""
-    from fused_layers.ops import _common
+    from fused_layers.ops import _common, gated_activation_config
     from fused_layers.ops import gated_activation as ga
 
     ref, fused = _lora_pair(["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -86,6 +86,11 @@ def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
     with _common.config_override("gated_activation", recompute_frozen=0):
         _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
     assert not ran
+    monkeypatch.setattr(gated_activation_config, "RECOMPUTE_FROZEN", False)  # the user's switch (docs/performance.md)
+    _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
+    assert not ran
+    monkeypatch.undo()
+    monkeypatch.setattr(ga._FrozenGatedMLPFunction, "apply", lambda *a: ran.append(1) or apply(*a))
     for reentrant in (False, True):  # hooks on the saved tensors / the layer run again inside the backward
         for m in (ref, fused):
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})

@@ -29,7 +29,8 @@ BWD = Elementwise(1024, 4)
 
 #: A gated MLP whose three projections do not train (an adapter on the attention only, a frozen model's MLP) keeps
 #: its input for the backward and computes gate and up again there (``frozen_gated_mlp``) instead of keeping them: two
-#: intermediate-width tensors a layer less for two more matmuls a layer in the backward.  On: with a LoRA adapter the
-#: step's extra peak fell from 1,505 to 843 MiB on Gemma (Liger 1,443) and from 2,404 to 1,902 on Llama (Liger 2,409),
-#: its time unchanged within the spread (35.0 / 35.0 and 45.6 / 44.7 ms interleaved, H100).
+#: intermediate-width tensors a layer less for two more matmuls a layer in the backward.  On, for the memory that
+#: decides batch size and context length: with a LoRA adapter the step's extra peak fell from 1,505 to 843 MiB on
+#: Gemma (Liger 1,443) and from 2,404 to 1,902 on Llama (Liger 2,409), for 1.0 ms more GPU time a step (Gemma 18.5
+#: -> 19.5 ms busy, Llama 19.5 -> 20.5), which these host-bound steps hid (35.0 / 35.0 and 45.6 / 44.7 ms, H100).
 RECOMPUTE_FROZEN = True
