@@ -648,15 +648,25 @@ def test_gpu_linear_ops_compiled_by_inductor(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_gpu_frozen_mlp_gemma_size_bf16(activation):
-    """``frozen_gated_mlp`` at Gemma's MLP (2,048 tokens, 1,024 -> 8,192 -> 1,024, bf16, frozen weights): y and dx
-    within PyTorch's own error of float64, the backward's gate and up computed again by cuBLAS."""
-    x = torch.randn(2, 1024, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    wg, wu = ((torch.randn(8192, 1024, device="cuda") / 32).bfloat16() for _ in range(2))
-    wd = (torch.randn(1024, 8192, device="cuda") / 90).bfloat16()
-    _check_against_chain(lambda t: frozen_gated_mlp(t, wg, wu, wd, activation),
-                         lambda t: _frozen_chain(t, wg, wu, wd, activation), (x,), ("dx",))
+@pytest.mark.parametrize("activation,dtype,autocast", [("silu", torch.bfloat16, False),
+                                                       ("gelu_tanh", torch.bfloat16, False),
+                                                       ("silu", torch.float32, True)])
+def test_gpu_frozen_mlp_gemma_size(activation, dtype, autocast):
+    """``frozen_gated_mlp`` at Gemma's MLP (2,048 tokens, 1,024 -> 8,192 -> 1,024, frozen weights), bf16, and float32
+    under bf16 autocast (the HF Trainer's ``bf16=True``): y and dx within PyTorch's own error of float64, the
+    backward's gate and up computed again by cuBLAS."""
+    x = torch.randn(2, 1024, 1024, device="cuda", dtype=dtype, requires_grad=True)
+    wg, wu = ((torch.randn(8192, 1024, device="cuda") / 32).to(dtype) for _ in range(2))
+    wd = (torch.randn(1024, 8192, device="cuda") / 90).to(dtype)
+
+    def run(fn):
+        def call(t):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                return fn(t)
+        return call
+
+    _check_against_chain(run(lambda t: frozen_gated_mlp(t, wg, wu, wd, activation)),
+                         run(lambda t: _frozen_chain(t, wg, wu, wd, activation)), (x,), ("dx",))
 
 
 @pytest.mark.gpu
