@@ -66,9 +66,10 @@ def _kinds_available() -> list[str]:
 # --------------------------------------------------------------------------------------------------
 def test_registry_is_the_single_list_of_kinds():
     assert set(KINDS) == {"layer_norm", "rms_norm", "softmax", "multihead_attention", "attention", "cross_entropy",
-                          "gated_mlp", "rope", "residual_norm", "mlp"}
-    # transformers' decoder-layer kinds and the plain MLPs swap known look-alikes only: no torch class, always available
-    assert {k for k in KINDS if KINDS[k].known_only} == {"gated_mlp", "rope", "residual_norm", "mlp"}
+                          "gated_mlp", "rope", "residual_norm", "mlp", "lora"}
+    # transformers' decoder-layer kinds, the plain MLPs and PEFT's LoRA layer swap known look-alikes only: no torch
+    # class, always available
+    assert {k for k in KINDS if KINDS[k].known_only} == {"gated_mlp", "rope", "residual_norm", "mlp", "lora"}
     for k in KINDS:
         if KINDS[k].known_only:
             assert source_class(k) is None and target_class(k) is None and available_kinds()[k] is None

@@ -536,7 +536,8 @@ def test_llama_tiny_trains_fused_as_unfused(tmp_path):
     assert base["metrics"]["train/device/items_per_sec"] > 0 and base["metrics"]["train/device/flops_per_sec"] > 0
     assert fused["fused_layers"]["swapped"] == {"layer_norm": 0, "rms_norm": 3, "softmax": 0,
                                                 "multihead_attention": 0, "attention": 1, "cross_entropy": 1,
-                                                "gated_mlp": 1, "rope": 1, "residual_norm": 1, "mlp": 0}
+                                                "gated_mlp": 1, "rope": 1, "residual_norm": 1, "mlp": 0,
+                                                "lora": 0}
     for key in ("train/loss", "val/loss"):
         assert fused["metrics"][key] == pytest.approx(base["metrics"][key], abs=2e-4), key
 

@@ -178,7 +178,7 @@ def load_entries() -> None:
     """Fill ``REGISTRY`` (our own modules only; importing them imports no third-party library)."""
     if REGISTRY:
         return
-    from . import _hf, _hf_decoder, _mlp, _timm  # noqa: F401  (each appends its entries)
+    from . import _hf, _hf_decoder, _mlp, _peft, _timm  # noqa: F401  (each appends its entries)
 
 
 load_entries()

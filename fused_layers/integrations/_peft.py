@@ -1,0 +1,171 @@
+"""PEFT's LoRA linear layer (``peft.tuners.lora.layer.Linear``): the ``lora`` kind.
+
+A LoRA layer computes ``base(x) + lora_B(lora_A(dropout(x))) * scaling``.  PEFT keeps its adapters in float32 beside
+a bf16 / fp16 model (``autocast_adapter_dtype``) and casts x to float32 for them, so autograd keeps a float32 copy
+of every adapted projection's input for lora_A's weight gradient: with LoRA on q, k, v and o, four copies a layer
+at twice the input's size (128 MiB a layer at 8,192 tokens x 1,024).  The fused forward runs the same operations
+in the same dtypes (the same result), as one ``autograd.Function`` that keeps x in its own dtype and casts it again
+in the backward, and calls no module: one Python call where PEFT's forward makes five module calls.
+
+Verified by the syntax tree of the forward (``integrations.fingerprint``, PEFT 0.21's), with the instance checked at
+each call; anything else runs PEFT's forward: adapters disabled or merged, several active adapters, a variant (DoRA,
+...), an active dropout (p > 0 in training), a base layer or adapter that is not exactly an ``nn.Linear`` or that
+something hooks (quantized, ZeRO-3), an adapter bias, extra arguments (``adapter_names``), autocast, DTensors, no
+gradient, and ``torch.compile`` (Dynamo traces PEFT's code).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from ..ops._common import autocast_dtype, is_compiling, is_dtensor
+from . import REGISTRY, LookAlike
+from ._hf_decoder import _plain_linear, unhooked
+
+LORA_LINEAR_FORWARD = '''
+def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    self._check_forward_args(x, *args, **kwargs)
+    adapter_names = kwargs.pop("adapter_names", None)
+    variant_kwargs = {k: kwargs.pop(k, None) for k in VARIANT_KWARG_KEYS}  # don't pass these to base_layer
+
+    if self.disable_adapters:
+        if self.merged:
+            self.unmerge()
+        result = self.base_layer(x, *args, **kwargs)
+    elif adapter_names is not None:
+        result = self._mixed_batch_forward(x, *args, adapter_names=adapter_names, **variant_kwargs, **kwargs)
+    elif self.merged:
+        result = self.base_layer(x, *args, **kwargs)
+    else:
+        result = self.base_layer(x, *args, **kwargs)
+        torch_result_dtype = result.dtype
+
+        lora_A_keys = self.lora_A.keys()
+        for active_adapter in self.active_adapters:
+            if active_adapter not in lora_A_keys:
+                continue
+
+            lora_A = self.lora_A[active_adapter]
+            lora_B = self.lora_B[active_adapter]
+            dropout = self.lora_dropout[active_adapter]
+            scaling = self.scaling[active_adapter]
+            x = self._cast_input_dtype(x, lora_A.weight.dtype)
+            if active_adapter not in self.lora_variant:  # vanilla LoRA
+                result = result + lora_B(lora_A(dropout(x))) * scaling
+            else:
+                result = self.lora_variant[active_adapter].forward(
+                    self,
+                    active_adapter=active_adapter,
+                    x=x,
+                    result=result,
+                    **variant_kwargs,
+                    **kwargs,
+                )
+
+        result = result.to(torch_result_dtype)
+
+    return result
+'''
+
+
+class _LoraLinearFunction(torch.autograd.Function):
+    """``(linear(x, W, b) + linear(linear(x', A), B) * scaling).to(result dtype)`` with ``x' = x.to(cast)``: PEFT's
+    operations in PEFT's dtypes, saving x (not x') and lora_A's small output.
+
+    Backward, from dy (g: dy in the sum's dtype; every product as autograd's ``mm`` backward forms it):
+
+        d result = g,   d lb = g * scaling,   dB = (xa^T d lb)^T,   d xa = d lb B,   dA = (x'^T d xa)^T,
+        dx = d result W + (d xa A).to(x's dtype),   dW = (x^T d result)^T,   db = sum of d result
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, b, a, bw, scaling, cast):
+        result = torch.nn.functional.linear(x, w, b)
+        xa = torch.nn.functional.linear(x if cast is None else x.to(cast), a)  # x' dies here: recast in the backward
+        lb = torch.nn.functional.linear(xa, bw)
+        total = result + lb * scaling
+        ctx.scaling, ctx.cast = scaling, cast
+        ctx.dtypes = (result.dtype, total.dtype, lb.dtype, x.dtype)
+        ctx.save_for_backward(x, w, a, bw, xa)
+        return total.to(result.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, w, a, bw, xa = ctx.saved_tensors
+        rd, td, ld, xd = ctx.dtypes
+        need_x, need_w, need_b, need_a, need_bw = ctx.needs_input_grad[:5]
+        g = dy.to(td).reshape(-1, dy.shape[-1])
+        d_lb = g.to(ld) * ctx.scaling
+        xa2 = xa.reshape(-1, xa.shape[-1])
+        d_bw = xa2.t().mm(d_lb).t() if need_bw else None
+        d_xa = d_lb.mm(bw) if (need_a or need_x) else None
+        dx = da = dw = db = None
+        if need_a:
+            x2 = x.reshape(-1, x.shape[-1])
+            da = (x2 if ctx.cast is None else x2.to(ctx.cast)).t().mm(d_xa).t()
+        d_result = g.to(rd)
+        if need_x:
+            dx = (d_result.mm(w) + d_xa.mm(a).to(xd)).reshape(x.shape)
+        if need_w:
+            dw = x.reshape(-1, x.shape[-1]).t().mm(d_result).t()
+        if need_b:
+            db = d_result.sum(0)
+        return dx, dw, db, da, d_bw, None, None
+
+
+def _lora_call(self: nn.Module, x: torch.Tensor) -> Optional[tuple]:
+    """The fused call's arguments after x, or None where PEFT's own forward must run (module docstring)."""
+    if self._disable_adapters or self.merged_adapters or not torch.is_grad_enabled():
+        return None
+    active = self.active_adapter
+    names = [active] if isinstance(active, str) else list(active)
+    if len(names) != 1 or names[0] not in self.lora_A or names[0] in getattr(self, "lora_variant", {}):
+        return None
+    name = names[0]
+    base, lora_a, lora_b, drop = self.base_layer, self.lora_A[name], self.lora_B[name], self.lora_dropout[name]
+    if not (_plain_linear(base) and _plain_linear(lora_a) and _plain_linear(lora_b) and unhooked(drop)):
+        return None
+    if lora_a.bias is not None or lora_b.bias is not None:
+        return None
+    if not (type(drop) is nn.Identity or (type(drop) is nn.Dropout and (drop.p == 0 or not drop.training))):
+        return None
+    scaling = self.scaling[name]
+    if type(scaling) not in (int, float) or autocast_dtype(x) is not None:
+        return None
+    ws = (base.weight, lora_a.weight, lora_b.weight)
+    if not (x.requires_grad or any(w.requires_grad for w in ws)) or any(map(is_dtensor, (x, *ws))):
+        return None
+    dt = lora_a.weight.dtype
+    cast = dt if getattr(self, "cast_input_dtype_enabled", True) and x.dtype != dt else None
+    return base.weight, base.bias, lora_a.weight, lora_b.weight, float(scaling), cast
+
+
+def _build_lora_linear(cls: type) -> dict:
+    source_forward = cls.forward
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        call = None if (args or kwargs or is_compiling()) else _lora_call(self, x)
+        if call is None:
+            return source_forward(self, x, *args, **kwargs)
+        return _LoraLinearFunction.apply(x, *call)
+
+    return {"forward": forward}
+
+
+def _lora_check(m: nn.Module) -> Optional[str]:
+    base = getattr(m, "base_layer", None)
+    if type(base) is not nn.Linear:
+        return (f"its base layer is {type(base).__module__}.{type(base).__qualname__}, not an nn.Linear (a quantized "
+                "layer): PEFT's forward runs")
+    return None
+
+
+REGISTRY.append(
+    LookAlike("peft_lora_linear", "peft", "lora", "peft.tuners.lora.layer.Linear", _build_lora_linear,
+              forward_src=LORA_LINEAR_FORWARD, check=_lora_check,
+              note="PEFT LoRA on an nn.Linear: one call, the input kept in its dtype (PEFT keeps a float32 copy)"),
+)

@@ -1,0 +1,209 @@
+"""PEFT's LoRA linear layer swapped (integrations/_peft.py, the ``lora`` kind): PEFT's result and gradients from one
+call that keeps its input in its own dtype, and PEFT's own forward wherever the call does not apply."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from fused_layers import restore_modules, swap_modules
+from fused_layers.integrations import _peft
+
+peft = pytest.importorskip("peft")
+
+
+class _Block(nn.Module):
+    def __init__(self, dtype, n_in=24, n_out=20):
+        super().__init__()
+        self.proj = nn.Linear(n_in, n_out, bias=True, dtype=dtype)
+        self.other = nn.Linear(n_out, 5, dtype=dtype)
+
+    def forward(self, x):
+        return self.other(self.proj(x))
+
+
+def _pair(dtype=torch.bfloat16, size=(24, 20), r=4, **lora):
+    """A LoRA adapter on ``proj`` (PEFT's defaults: float32 adapter weights beside a 16-bit base), random adapter
+    weights; the model and a swapped copy."""
+    torch.manual_seed(0)
+    cfg = peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=["proj"], init_lora_weights=False, **lora)
+    ref = peft.get_peft_model(_Block(dtype, *size), cfg)
+    fused = copy.deepcopy(ref)
+    rep = swap_modules(fused)
+    return ref, fused, rep
+
+
+def _run(model, x, **kw):
+    x = x.detach().clone().requires_grad_()
+    y = model(x, **kw)
+    y.float().square().sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return y, x.grad, grads
+
+
+def _spy(monkeypatch):
+    ran = []
+    apply = _peft._LoraLinearFunction.apply
+    monkeypatch.setattr(_peft._LoraLinearFunction, "apply", lambda *a: ran.append(1) or apply(*a))
+    return ran
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_lora_linear_is_peft_s(dtype, monkeypatch):
+    """The swapped layer's output, input gradient and adapter gradients are PEFT's (the same operations in the
+    same dtypes), with a float32 adapter on a bf16 base and on a float32 one; the bf16 call keeps its input in
+    bf16 where PEFT keeps a float32 copy."""
+    ref, fused, rep = _pair(dtype)
+    assert rep.counts() == {"lora": 1}, str(rep)
+    ran = _spy(monkeypatch)
+    x = torch.randn(3, 7, 24, dtype=dtype)
+    (y0, dx0, g0), (y1, dx1, g1) = _run(ref, x), _run(fused, x)
+    assert ran == [1]
+    assert y1.dtype == y0.dtype == dtype
+    torch.testing.assert_close(y1, y0, atol=0, rtol=0)
+    torch.testing.assert_close(dx1, dx0, atol=1e-6, rtol=1e-6)
+    assert g0.keys() == g1.keys() and all("lora_" in n for n in g0) and len(g0) == 2
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], atol=1e-5, rtol=1e-5, msg=n)
+    layer = fused.base_model.model.proj
+    y = layer(x.requires_grad_())
+    saved = [t for t in y.grad_fn.saved_tensors if t.shape == x.shape]
+    assert saved and all(t.dtype == dtype for t in saved)  # x itself, never a float32 copy
+
+
+def test_lora_linear_trains_base_weight_and_bias(monkeypatch):
+    """A base layer that trains too (its weight and bias not frozen): their gradients are PEFT's."""
+    ref, fused, _ = _pair(torch.float32)
+    for m in (ref, fused):
+        m.base_model.model.proj.base_layer.weight.requires_grad_(True)
+        m.base_model.model.proj.base_layer.bias.requires_grad_(True)
+    ran = _spy(monkeypatch)
+    x = torch.randn(2, 5, 24)
+    (y0, dx0, g0), (y1, dx1, g1) = _run(ref, x), _run(fused, x)
+    assert ran == [1] and "base_model.model.proj.base_layer.weight" in g0
+    torch.testing.assert_close(y1, y0, atol=0, rtol=0)
+    torch.testing.assert_close(dx1, dx0, atol=1e-6, rtol=1e-6)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], atol=1e-5, rtol=1e-5, msg=n)
+
+
+@pytest.mark.parametrize("case", ["dropout", "merged", "disabled", "two_adapters", "dora", "autocast", "no_grad",
+                                  "adapter_names"])
+def test_lora_linear_runs_peft_s_forward_where_the_call_does_not_apply(case, monkeypatch):
+    """An active dropout, merged or disabled adapters, two active adapters, DoRA, autocast, no gradient and
+    ``adapter_names``: PEFT's own forward runs, with its result."""
+    kw = {}
+    if case == "dropout":
+        kw = dict(lora_dropout=0.1)
+    if case == "dora":
+        kw = dict(use_dora=True)
+    ref, fused, _ = _pair(torch.float32, **kw)
+    x = torch.randn(2, 5, 24)
+    call = {}
+    if case == "merged":
+        for m in (ref, fused):
+            m.base_model.model.proj.merge()
+    if case == "two_adapters":
+        ref.add_adapter("second", peft.LoraConfig(r=2, target_modules=["proj"], init_lora_weights=False))
+        ref.base_model.set_adapter(["default", "second"])
+        fused = copy.deepcopy(ref)
+        swap_modules(fused)
+    if case == "adapter_names":
+        call = dict(adapter_names=["default", "default"])
+    ran = _spy(monkeypatch)
+    if case == "disabled":
+        with ref.disable_adapter():
+            y0 = ref(x)
+        with fused.disable_adapter():
+            y1 = fused(x)
+    elif case == "autocast":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y0, y1 = ref(x), fused(x)
+    elif case == "no_grad":
+        with torch.no_grad():
+            y0, y1 = ref(x), fused(x)
+    elif case == "dropout":
+        torch.manual_seed(1)
+        y0 = ref(x)
+        torch.manual_seed(1)
+        y1 = fused(x)
+    elif case == "adapter_names":
+        y0, y1 = ref.base_model.model.proj(x, **call), fused.base_model.model.proj(x, **call)
+    else:
+        y0, y1 = ref(x), fused(x)
+    assert not ran
+    torch.testing.assert_close(y1, y0, atol=0, rtol=0)
+
+
+def test_quantized_or_hooked_base_is_left_alone():
+    """A base layer that is not exactly an nn.Linear is left to PEFT at the swap, with the reason in the report;
+    restore puts PEFT's class back."""
+    ref, fused, rep = _pair(torch.float32)
+    layer = fused.base_model.model.proj
+    assert type(layer).__module__ == "fused_layers.integrations._peft"
+    restore_modules(fused)
+    assert type(layer) is peft.tuners.lora.layer.Linear
+
+    class Quantized(nn.Linear):
+        pass
+
+    layer.base_layer.__class__ = Quantized
+    rep = swap_modules(fused)
+    assert rep.counts().get("lora", 0) == 0
+    assert any("not an nn.Linear" in s.reason for s in rep.skipped), str(rep)
+
+
+def test_lora_bf16_llama_keeps_no_float32_input(monkeypatch):
+    """A bf16 tiny Llama with float32 LoRA adapters on the attention (PEFT's defaults), swapped whole: every
+    projection's adapter runs the fused call, the loss and adapter gradients are the unswapped model's within bf16
+    rounding, and no float32 tensor of the hidden width is kept for the backward."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                   attn_implementation="sdpa")
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).train()
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                           init_lora_weights=False)
+    ref = peft.get_peft_model(base, lora)
+    fused = copy.deepcopy(ref)
+    assert swap_modules(fused).counts()["lora"] == 4
+    ran = _spy(monkeypatch)
+    ids = torch.randint(0, 48, (2, 10))
+    kept = []
+
+    def pack(t):
+        kept.append((t.dtype, tuple(t.shape)))
+        return t
+
+    losses, grads = [], []
+    for model in (ref, fused):
+        kept.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        losses.append(out.loss.detach())
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        if model is ref:
+            assert (torch.float32, (2, 10, 32)) in kept  # PEFT's float32 copies of the projections' inputs
+    assert ran == [1, 1, 1, 1]
+    assert (torch.float32, (2, 10, 32)) not in kept
+    torch.testing.assert_close(losses[1], losses[0], atol=0, rtol=1e-2)
+    assert grads[0].keys() == grads[1].keys()
+    for n, g in grads[0].items():
+        torch.testing.assert_close(grads[1][n], g, atol=5e-2 * g.abs().max().item(), rtol=0, msg=n)
+
+
+@pytest.mark.gpu
+def test_gpu_lora_linear_llama_size():
+    """On the GPU at a Llama projection's size (4,096 tokens, 1,024 -> 1,024, r 16, bf16 base, float32 adapter):
+    PEFT's output bit for bit (the same cuBLAS calls), the input and adapter gradients within float32 rounding."""
+    ref, fused, _ = _pair(torch.bfloat16, size=(1024, 1024), r=16)
+    ref, fused = ref.cuda(), fused.cuda()
+    x = torch.randn(4, 1024, 1024, device="cuda", dtype=torch.bfloat16)
+    (y0, dx0, g0), (y1, dx1, g1) = _run(ref, x), _run(fused, x)
+    torch.testing.assert_close(y1, y0, atol=0, rtol=0)
+    torch.testing.assert_close(dx1, dx0, atol=1e-2, rtol=1e-2)  # bf16 (one rounding apart at most)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], atol=1e-4 * g0[n].abs().max().item(), rtol=1e-3, msg=n)
