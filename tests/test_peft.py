@@ -36,7 +36,7 @@ def _pair(dtype=torch.bfloat16, size=(24, 20), r=4, **lora):
 
 def _run(model, x, **kw):
     x = x.detach().clone().requires_grad_()
-    y = model(x, **kw)
+    y = model(x * 1, **kw)  # an activation, as in a model (autocast caches its casts of leaves, not of these)
     y.float().square().sum().backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     return y, x.grad, grads
@@ -72,6 +72,24 @@ def test_lora_linear_is_peft_s(dtype, monkeypatch):
     assert saved and all(t.dtype == dtype for t in saved)  # x itself, never a float32 copy
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_lora_linear_under_autocast_is_peft_s(dtype, monkeypatch):
+    """Under bf16 autocast (the HF Trainer's ``bf16=True``), a bf16 and a float32 base with float32 adapters: the
+    output is PEFT's bit for bit, the input and adapter gradients within bf16 rounding of PEFT's."""
+    ref, fused, _ = _pair(dtype)
+    ran = _spy(monkeypatch)
+    x = torch.randn(3, 7, 24, dtype=dtype)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (y0, dx0, g0), (y1, dx1, g1) = _run(ref, x), _run(fused, x)
+    assert ran == [1] and y1.dtype == y0.dtype == torch.bfloat16
+    torch.testing.assert_close(y1, y0, atol=0, rtol=0)
+    torch.testing.assert_close(dx1, dx0, atol=0, rtol=0)
+    assert g0.keys() == g1.keys() and len(g0) == 2
+    for n in g0:
+        assert g1[n].dtype == g0[n].dtype == torch.float32
+        torch.testing.assert_close(g1[n], g0[n], atol=0, rtol=0, msg=n)
+
+
 def test_lora_linear_trains_base_weight_and_bias(monkeypatch):
     """A base layer that trains too (its weight and bias not frozen): their gradients are PEFT's."""
     ref, fused, _ = _pair(torch.float32)
@@ -88,11 +106,10 @@ def test_lora_linear_trains_base_weight_and_bias(monkeypatch):
         torch.testing.assert_close(g1[n], g0[n], atol=1e-5, rtol=1e-5, msg=n)
 
 
-@pytest.mark.parametrize("case", ["dropout", "merged", "disabled", "two_adapters", "dora", "autocast", "no_grad",
-                                  "adapter_names"])
+@pytest.mark.parametrize("case", ["dropout", "merged", "disabled", "two_adapters", "dora", "no_grad", "adapter_names"])
 def test_lora_linear_runs_peft_s_forward_where_the_call_does_not_apply(case, monkeypatch):
-    """An active dropout, merged or disabled adapters, two active adapters, DoRA, autocast, no gradient and
-    ``adapter_names``: PEFT's own forward runs, with its result."""
+    """An active dropout, merged or disabled adapters, two active adapters, DoRA, no gradient and ``adapter_names``:
+    PEFT's own forward runs, with its result."""
     kw = {}
     if case == "dropout":
         kw = dict(lora_dropout=0.1)
@@ -117,9 +134,6 @@ def test_lora_linear_runs_peft_s_forward_where_the_call_does_not_apply(case, mon
             y0 = ref(x)
         with fused.disable_adapter():
             y1 = fused(x)
-    elif case == "autocast":
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y0, y1 = ref(x), fused(x)
     elif case == "no_grad":
         with torch.no_grad():
             y0, y1 = ref(x), fused(x)

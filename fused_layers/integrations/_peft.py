@@ -10,8 +10,9 @@ in the backward, and calls no module: one Python call where PEFT's forward makes
 Verified by the syntax tree of the forward (``integrations.fingerprint``, PEFT 0.21's), with the instance checked at
 each call; anything else runs PEFT's forward: adapters disabled or merged, several active adapters, a variant (DoRA,
 ...), an active dropout (p > 0 in training), a base layer or adapter that is not exactly an ``nn.Linear`` or that
-something hooks (quantized, ZeRO-3), an adapter bias, extra arguments (``adapter_names``), autocast, DTensors, no
-gradient, and ``torch.compile`` (Dynamo traces PEFT's code).
+something hooks (quantized, ZeRO-3), an adapter bias, extra arguments (``adapter_names``), DTensors, no gradient, and
+``torch.compile`` (Dynamo traces PEFT's code).  Under ``torch.autocast`` (the HF Trainer's ``bf16=True``) the
+linears take their operands cast as autocast casts them.
 """
 
 from __future__ import annotations
@@ -73,48 +74,60 @@ def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
 
 class _LoraLinearFunction(torch.autograd.Function):
     """``(linear(x, W, b) + linear(linear(x', A), B) * scaling).to(result dtype)`` with ``x' = x.to(cast)``: PEFT's
-    operations in PEFT's dtypes, saving x (not x') and lora_A's small output.
+    operations in PEFT's dtypes, saving x (not x') and lora_A's small output.  Under autocast (``cd``, its dtype) the
+    three linears take their operands cast to it, as autocast casts them.
 
-    Backward, from dy (g: dy in the sum's dtype; every product as autograd's ``mm`` backward forms it):
+    Backward, from dy (g: dy in the sum's dtype; every product as autograd's ``mm`` backward forms it; each gradient
+    cast back through the casts its operand went through):
 
         d result = g,   d lb = g * scaling,   dB = (xa^T d lb)^T,   d xa = d lb B,   dA = (x'^T d xa)^T,
-        dx = d result W + (d xa A).to(x's dtype),   dW = (x^T d result)^T,   db = sum of d result
+        dx = d result W + d xa A,   dW = (x^T d result)^T,   db = sum of d result
     """
 
     @staticmethod
-    def forward(ctx, x, w, b, a, bw, scaling, cast):
-        result = torch.nn.functional.linear(x, w, b)
-        xa = torch.nn.functional.linear(x if cast is None else x.to(cast), a)  # x' dies here: recast in the backward
-        lb = torch.nn.functional.linear(xa, bw)
-        total = result + lb * scaling
-        ctx.scaling, ctx.cast = scaling, cast
-        ctx.dtypes = (result.dtype, total.dtype, lb.dtype, x.dtype)
-        ctx.save_for_backward(x, w, a, bw, xa)
+    def forward(ctx, x, w, b, a, bw, scaling, cast, cd):
+        def to(t):  # an operand of a linear, as autocast casts it (cd None: autocast off)
+            return t if cd is None or t is None else t.to(cd)
+
+        with torch.autocast(x.device.type, enabled=False):  # the casts are explicit, as autocast makes them
+            xr, wr, ar, bwr = to(x), to(w), to(a), to(bw)
+            result = torch.nn.functional.linear(xr, wr, to(b))
+            xa = torch.nn.functional.linear(to(x if cast is None else x.to(cast)), ar)  # x' dies here
+            lb = torch.nn.functional.linear(xa, bwr)
+            total = result + lb * scaling
+        ctx.scaling, ctx.cast, ctx.cd = scaling, cast, cd
+        ctx.dtypes = (result.dtype, total.dtype, lb.dtype, x.dtype, w.dtype, b.dtype if b is not None else None,
+                      a.dtype, bw.dtype)
+        ctx.save_for_backward(x, wr, ar, bwr, xa)
         return total.to(result.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, w, a, bw, xa = ctx.saved_tensors
-        rd, td, ld, xd = ctx.dtypes
+        x, wr, ar, bwr, xa = ctx.saved_tensors
+        rd, td, ld, xd, wd, bd, ad, bwd = ctx.dtypes
+        cast, cd = ctx.cast, ctx.cd
         need_x, need_w, need_b, need_a, need_bw = ctx.needs_input_grad[:5]
         g = dy.to(td).reshape(-1, dy.shape[-1])
         d_lb = g.to(ld) * ctx.scaling
-        xa2 = xa.reshape(-1, xa.shape[-1])
-        d_bw = xa2.t().mm(d_lb).t() if need_bw else None
-        d_xa = d_lb.mm(bw) if (need_a or need_x) else None
+        x2 = x.reshape(-1, x.shape[-1])
+        d_bw = xa.reshape(-1, xa.shape[-1]).t().mm(d_lb).t().to(bwd) if need_bw else None
+        d_xa = d_lb.mm(bwr) if (need_a or need_x) else None
         dx = da = dw = db = None
         if need_a:
-            x2 = x.reshape(-1, x.shape[-1])
-            da = (x2 if ctx.cast is None else x2.to(ctx.cast)).t().mm(d_xa).t()
+            xc = x2 if cast is None else x2.to(cast)
+            da = (xc if cd is None else xc.to(cd)).t().mm(d_xa).t().to(ad)
         d_result = g.to(rd)
         if need_x:
-            dx = (d_result.mm(w) + d_xa.mm(a).to(xd)).reshape(x.shape)
+            d_lora = d_xa.mm(ar)
+            if cd is not None:
+                d_lora = d_lora.to(cast or xd)
+            dx = (d_result.mm(wr).to(xd) + d_lora.to(xd)).reshape(x.shape)
         if need_w:
-            dw = x.reshape(-1, x.shape[-1]).t().mm(d_result).t()
+            dw = (x2 if cd is None else x2.to(cd)).t().mm(d_result).t().to(wd)
         if need_b:
-            db = d_result.sum(0)
-        return dx, dw, db, da, d_bw, None, None
+            db = d_result.sum(0).to(bd)
+        return dx, dw, db, da, d_bw, None, None, None
 
 
 def _lora_call(self: nn.Module, x: torch.Tensor) -> Optional[tuple]:
@@ -134,14 +147,15 @@ def _lora_call(self: nn.Module, x: torch.Tensor) -> Optional[tuple]:
     if not (type(drop) is nn.Identity or (type(drop) is nn.Dropout and (drop.p == 0 or not drop.training))):
         return None
     scaling = self.scaling[name]
-    if type(scaling) not in (int, float) or autocast_dtype(x) is not None:
+    cd = autocast_dtype(x)
+    if type(scaling) not in (int, float) or cd not in (None, torch.bfloat16, torch.float16):
         return None
     ws = (base.weight, lora_a.weight, lora_b.weight)
     if not (x.requires_grad or any(w.requires_grad for w in ws)) or any(map(is_dtensor, (x, *ws))):
         return None
     dt = lora_a.weight.dtype
     cast = dt if getattr(self, "cast_input_dtype_enabled", True) and x.dtype != dt else None
-    return base.weight, base.bias, lora_a.weight, lora_b.weight, float(scaling), cast
+    return base.weight, base.bias, lora_a.weight, lora_b.weight, float(scaling), cast, cd
 
 
 def _build_lora_linear(cls: type) -> dict:
