@@ -4,15 +4,16 @@ A LoRA layer computes ``base(x) + lora_B(lora_A(dropout(x))) * scaling``.  PEFT 
 a bf16 / fp16 model (``autocast_adapter_dtype``) and casts x to float32 for them, so autograd keeps a float32 copy
 of every adapted projection's input for lora_A's weight gradient: with LoRA on q, k, v and o, four copies a layer
 at twice the input's size (128 MiB a layer at 8,192 tokens x 1,024).  The fused forward runs the same operations
-in the same dtypes (the same result), as one ``autograd.Function`` that keeps x in its own dtype and casts it again
-in the backward, and calls no module: one Python call where PEFT's forward makes five module calls.
+in the same dtypes (the same result, the same dropout draw), as one ``autograd.Function`` that keeps x in its own
+dtype and the dropout's bool mask, and casts x and drops it out again in the backward, and calls no module: one
+Python call where PEFT's forward makes five module calls.
 
 Verified by the syntax tree of the forward (``integrations.fingerprint``, PEFT 0.21's), with the instance checked at
 each call; anything else runs PEFT's forward: adapters disabled or merged, several active adapters, a variant (DoRA,
-...), an active dropout (p > 0 in training), a base layer or adapter that is not exactly an ``nn.Linear`` or that
-something hooks (quantized, ZeRO-3), an adapter bias, extra arguments (``adapter_names``), DTensors, no gradient, and
-``torch.compile`` (Dynamo traces PEFT's code).  Under ``torch.autocast`` (the HF Trainer's ``bf16=True``) the
-linears take their operands cast as autocast casts them.
+...), a dropout module other than ``nn.Dropout`` / ``nn.Identity``, a base layer or adapter that is not exactly an
+``nn.Linear`` or that something hooks (quantized, ZeRO-3), an adapter bias, extra arguments (``adapter_names``),
+DTensors, no gradient, and ``torch.compile`` (Dynamo traces PEFT's code). Under ``torch.autocast`` (the HF Trainer's
+``bf16=True``) the linears take their operands cast as autocast casts them.
 """
 
 from __future__ import annotations
@@ -72,62 +73,87 @@ def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
 '''
 
 
+def _dropout(xc: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``nn.Dropout(p)`` in training, as ``F.dropout`` draws it (the fused kernel on CUDA, a noise tensor on the CPU):
+    (output, the kept elements as a bool mask)."""
+    if xc.device.type == "cuda":
+        return torch.native_dropout(xc, p, True)
+    noise = torch.empty_like(xc).bernoulli_(1 - p).div_(1 - p)
+    return xc * noise, noise != 0
+
+
+def _dropout_again(t: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
+    """``t`` times the dropout's noise, as its forward (t = x') and backward (t = the gradient) multiply by it."""
+    if t.device.type == "cuda":
+        return torch.ops.aten.native_dropout_backward(t, mask, 1.0 / (1 - p))  # t * mask * scale, as the kernel
+    return t * mask.to(t.dtype).div_(1 - p)
+
+
 class _LoraLinearFunction(torch.autograd.Function):
-    """``(linear(x, W, b) + linear(linear(x', A), B) * scaling).to(result dtype)`` with ``x' = x.to(cast)``: PEFT's
-    operations in PEFT's dtypes, saving x (not x') and lora_A's small output.  Under autocast (``cd``, its dtype) the
-    three linears take their operands cast to it, as autocast casts them.
+    """``(linear(x, W, b) + linear(linear(drop(x'), A), B) * scaling).to(result dtype)`` with ``x' = x.to(cast)``:
+    PEFT's operations in PEFT's dtypes, saving x (not x' nor drop(x')), the dropout's bool mask and lora_A's small
+    output.  Under autocast (``cd``, its dtype) the three linears take their operands cast to it, as autocast casts
+    them.
 
-    Backward, from dy (g: dy in the sum's dtype; every product as autograd's ``mm`` backward forms it; each gradient
-    cast back through the casts its operand went through):
+    Backward, from dy (g: dy in the sum's dtype; every product as autograd's ``mm`` backward forms it for a
+    contiguous weight; each gradient cast back through the casts its operand went through; drop(x') and its gradient
+    rebuilt from the mask):
 
-        d result = g,   d lb = g * scaling,   dB = (xa^T d lb)^T,   d xa = d lb B,   dA = (x'^T d xa)^T,
-        dx = d result W + d xa A,   dW = (x^T d result)^T,   db = sum of d result
+        d result = g,   d lb = g * scaling,   dB = d lb^T xa,   d xa = d lb B,   dA = d xa^T drop(x'),
+        dx = d result W + drop(d xa A),   dW = d result^T x,   db = sum of d result
     """
 
     @staticmethod
-    def forward(ctx, x, w, b, a, bw, scaling, cast, cd):
+    def forward(ctx, x, w, b, a, bw, scaling, cast, cd, p):
         def to(t):  # an operand of a linear, as autocast casts it (cd None: autocast off)
             return t if cd is None or t is None else t.to(cd)
 
         with torch.autocast(x.device.type, enabled=False):  # the casts are explicit, as autocast makes them
             xr, wr, ar, bwr = to(x), to(w), to(a), to(bw)
             result = torch.nn.functional.linear(xr, wr, to(b))
-            xa = torch.nn.functional.linear(to(x if cast is None else x.to(cast)), ar)  # x' dies here
+            xc = x if cast is None else x.to(cast)
+            xd, mask = _dropout(xc, p) if p else (xc, None)
+            xa = torch.nn.functional.linear(to(xd), ar)  # x' and drop(x') die here
             lb = torch.nn.functional.linear(xa, bwr)
             total = result + lb * scaling
-        ctx.scaling, ctx.cast, ctx.cd = scaling, cast, cd
+        ctx.scaling, ctx.cast, ctx.cd, ctx.p = scaling, cast, cd, p
         ctx.dtypes = (result.dtype, total.dtype, lb.dtype, x.dtype, w.dtype, b.dtype if b is not None else None,
                       a.dtype, bw.dtype)
-        ctx.save_for_backward(x, wr, ar, bwr, xa)
+        ctx.save_for_backward(x, wr, ar, bwr, xa, mask)
         return total.to(result.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, wr, ar, bwr, xa = ctx.saved_tensors
+        x, wr, ar, bwr, xa, mask = ctx.saved_tensors
         rd, td, ld, xd, wd, bd, ad, bwd = ctx.dtypes
-        cast, cd = ctx.cast, ctx.cd
+        cast, cd, p = ctx.cast, ctx.cd, ctx.p
         need_x, need_w, need_b, need_a, need_bw = ctx.needs_input_grad[:5]
         g = dy.to(td).reshape(-1, dy.shape[-1])
         d_lb = g.to(ld) * ctx.scaling
         x2 = x.reshape(-1, x.shape[-1])
-        d_bw = xa.reshape(-1, xa.shape[-1]).t().mm(d_lb).t().to(bwd) if need_bw else None
+        m2 = mask.reshape(x2.shape) if p else None
+        d_bw = d_lb.t().mm(xa.reshape(-1, xa.shape[-1])).to(bwd) if need_bw else None
         d_xa = d_lb.mm(bwr) if (need_a or need_x) else None
         dx = da = dw = db = None
         if need_a:
             xc = x2 if cast is None else x2.to(cast)
-            da = (xc if cd is None else xc.to(cd)).t().mm(d_xa).t().to(ad)
+            if p:
+                xc = _dropout_again(xc, m2, p)
+            da = d_xa.t().mm(xc if cd is None else xc.to(cd)).to(ad)
         d_result = g.to(rd)
         if need_x:
             d_lora = d_xa.mm(ar)
             if cd is not None:
                 d_lora = d_lora.to(cast or xd)
+            if p:
+                d_lora = _dropout_again(d_lora, m2, p)
             dx = (d_result.mm(wr).to(xd) + d_lora.to(xd)).reshape(x.shape)
         if need_w:
-            dw = (x2 if cd is None else x2.to(cd)).t().mm(d_result).t().to(wd)
+            dw = d_result.t().mm(x2 if cd is None else x2.to(cd)).to(wd)
         if need_b:
             db = d_result.sum(0).to(bd)
-        return dx, dw, db, da, d_bw, None, None, None
+        return dx, dw, db, da, d_bw, None, None, None, None
 
 
 def _lora_call(self: nn.Module, x: torch.Tensor) -> Optional[tuple]:
@@ -144,7 +170,13 @@ def _lora_call(self: nn.Module, x: torch.Tensor) -> Optional[tuple]:
         return None
     if lora_a.bias is not None or lora_b.bias is not None:
         return None
-    if not (type(drop) is nn.Identity or (type(drop) is nn.Dropout and (drop.p == 0 or not drop.training))):
+    if type(drop) is nn.Dropout:
+        p = float(drop.p) if drop.training else 0.0
+        if not 0 <= p < 1:
+            return None
+    elif type(drop) is nn.Identity:
+        p = 0.0
+    else:
         return None
     scaling = self.scaling[name]
     cd = autocast_dtype(x)
@@ -155,7 +187,7 @@ def _lora_call(self: nn.Module, x: torch.Tensor) -> Optional[tuple]:
         return None
     dt = lora_a.weight.dtype
     cast = dt if getattr(self, "cast_input_dtype_enabled", True) and x.dtype != dt else None
-    return base.weight, base.bias, lora_a.weight, lora_b.weight, float(scaling), cast, cd
+    return base.weight, base.bias, lora_a.weight, lora_b.weight, float(scaling), cast, cd, p
 
 
 def _build_lora_linear(cls: type) -> dict:
