@@ -287,15 +287,18 @@ class Arm:
         if arm == "fused" or arm.startswith("fused-"):
             from fused_layers import swap_modules
 
+            # the variant first, as the callbacks find a model (a PEFT model's LoRA layers are swapped too)
+            self.model = apply_variant(self.model, model_name, variant)
             report = swap_modules(self.model, kinds=fused_kinds(arm))
             self.swapped = ", ".join(f"{k} {c}" for k, c in sorted(report.counts().items()) if c)
-        elif arm == "liger":
-            import liger_kernel.transformers as lk
+        else:
+            if arm == "liger":  # Liger patches the transformers model, before PEFT wraps it
+                import liger_kernel.transformers as lk
 
-            apply = getattr(lk, LIGER[model_name])
-            switch.capture(lambda: apply(model=self.model))
-            self.swapped = LIGER[model_name]
-        self.model = apply_variant(self.model, model_name, variant)
+                apply = getattr(lk, LIGER[model_name])
+                switch.capture(lambda: apply(model=self.model))
+                self.swapped = LIGER[model_name]
+            self.model = apply_variant(self.model, model_name, variant)
         self.net = torch.compile(self.model) if mode == "compile" else self.model
         params = [p for p in self.model.parameters() if p.requires_grad]  # (LoRA: the adapter's)
         self.opt = torch.optim.AdamW(params, lr=1e-5, fused=not smoke)

@@ -305,8 +305,8 @@ def test_models_writes_each_case_as_it_ends(tmp_path, monkeypatch):
 
 def test_models_variants_gradient_checkpointing_and_lora(capsys):
     """--variants: grad_ckpt turns on the model's activation checkpointing, lora wraps it in a PEFT adapter whose
-    parameters alone train (the arm's optimizer takes only those); an unknown variant is refused before anything
-    runs."""
+    parameters alone train (the arm's optimizer takes only those), before a fused arm swaps (its LoRA layers too);
+    an unknown variant is refused before anything runs."""
     pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
     import argparse
@@ -318,6 +318,8 @@ def test_models_variants_gradient_checkpointing_and_lora(capsys):
     m = models.apply_variant(models.build("llama", smoke=True)[0], "llama", "lora")
     trainable = [n for n, p in m.named_parameters() if p.requires_grad]
     assert isinstance(m, peft.PeftModel) and trainable and all("lora_" in n for n in trainable)
+    arm = models.Arm("llama", "fused", "eager", True, models.GlobalsSwitch(), "lora")
+    assert isinstance(arm.model, peft.PeftModel) and "lora " in arm.swapped, arm.swapped  # swapped after PEFT
     p = argparse.ArgumentParser()
     models.add_arguments(p)
     p.add_argument("--smoke", action="store_true")
