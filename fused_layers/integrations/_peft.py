@@ -74,9 +74,9 @@ def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
 
 
 def _dropout(xc: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``nn.Dropout(p)`` in training, as ``F.dropout`` draws it (the fused kernel on CUDA, a noise tensor on the CPU):
-    (output, the kept elements as a bool mask)."""
-    if xc.device.type == "cuda":
+    """``nn.Dropout(p)`` in training, as ``F.dropout`` draws it (the fused kernel on CUDA / XPU, a noise tensor on the
+    CPU): (output, the kept elements as a bool mask)."""
+    if xc.device.type in ("cuda", "xpu"):
         return torch.native_dropout(xc, p, True)
     noise = torch.empty_like(xc).bernoulli_(1 - p).div_(1 - p)
     return xc * noise, noise != 0
@@ -84,7 +84,7 @@ def _dropout(xc: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _dropout_again(t: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
     """``t`` times the dropout's noise, as its forward (t = x') and backward (t = the gradient) multiply by it."""
-    if t.device.type == "cuda":
+    if t.device.type in ("cuda", "xpu"):
         return torch.ops.aten.native_dropout_backward(t, mask, 1.0 / (1 - p))  # t * mask * scale, as the kernel
     return t * mask.to(t.dtype).div_(1 - p)
 
@@ -126,7 +126,7 @@ class _LoraLinearFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, wr, ar, bwr, xa, mask = ctx.saved_tensors
-        rd, td, ld, xd, wd, bd, ad, bwd = ctx.dtypes
+        rd, td, ld, x_dt, wd, bd, ad, bwd = ctx.dtypes
         cast, cd, p = ctx.cast, ctx.cd, ctx.p
         need_x, need_w, need_b, need_a, need_bw = ctx.needs_input_grad[:5]
         g = dy.to(td).reshape(-1, dy.shape[-1])
@@ -145,10 +145,10 @@ class _LoraLinearFunction(torch.autograd.Function):
         if need_x:
             d_lora = d_xa.mm(ar)
             if cd is not None:
-                d_lora = d_lora.to(cast or xd)
+                d_lora = d_lora.to(cast or x_dt)
             if p:
                 d_lora = _dropout_again(d_lora, m2, p)
-            dx = (d_result.mm(wr).to(xd) + d_lora.to(xd)).reshape(x.shape)
+            dx = (d_result.mm(wr).to(x_dt) + d_lora.to(x_dt)).reshape(x.shape)
         if need_w:
             dw = d_result.t().mm(x2 if cd is None else x2.to(cd)).to(wd)
         if need_b:
