@@ -66,12 +66,9 @@ def test_lora_on_attention_and_mlp():
     assert all("lora_" in n for n in _grads(fused))  # only the adapters train
 
 
-def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
-    """LoRA on the attention only: the frozen MLP keeps its input and computes gate and up again in the backward
-    (``frozen_gated_mlp``, ``RECOMPUTE_FROZEN``'s default), the adapters' gradients as unswapped; with the override
-    off, and with gradient checkpointing of either kind, which recomputes the layer already, the MLP keeps gate and
-    up."""
-    from fused_layers.ops import _common, gated_activation_config
+def _attention_lora_frozen_mlp_spied(monkeypatch):
+    """A LoRA pair on the attention projections, the copy swapped, and the list that each frozen-MLP call appends to:
+    (reference, swapped, calls)."""
     from fused_layers.ops import gated_activation as ga
 
     ref, fused = _lora_pair(["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -79,6 +76,17 @@ def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
     ran = []
     apply = ga._FrozenGatedMLPFunction.apply
     monkeypatch.setattr(ga._FrozenGatedMLPFunction, "apply", lambda *a: ran.append(1) or apply(*a))
+    return ref, fused, ran
+
+
+def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
+    """LoRA on the attention only: the frozen MLP keeps its input and computes gate and up again in the backward
+    (``frozen_gated_mlp``, ``RECOMPUTE_FROZEN``'s default), the adapters' gradients as unswapped; with the override
+    off, and with gradient checkpointing of either kind, which recomputes the layer already, the MLP keeps gate and
+    up."""
+    from fused_layers.ops import _common, gated_activation_config
+
+    ref, fused, ran = _attention_lora_frozen_mlp_spied(monkeypatch)
     ids = torch.randint(0, 48, (2, 10))
     _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
     assert ran == [1]  # the one layer's MLP
@@ -89,8 +97,7 @@ def test_lora_on_the_attention_frozen_mlp_recomputes_gate_and_up(monkeypatch):
     monkeypatch.setattr(gated_activation_config, "RECOMPUTE_FROZEN", False)  # the user's switch (docs/performance.md)
     _compare(ref, fused, [dict(input_ids=ids, labels=ids)])
     assert not ran
-    monkeypatch.undo()
-    monkeypatch.setattr(ga._FrozenGatedMLPFunction, "apply", lambda *a: ran.append(1) or apply(*a))
+    monkeypatch.setattr(gated_activation_config, "RECOMPUTE_FROZEN", True)
     for reentrant in (False, True):  # hooks on the saved tensors / the layer run again inside the backward
         for m in (ref, fused):
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
@@ -103,13 +110,7 @@ def test_lora_under_bf16_autocast_frozen_mlp_recomputes(monkeypatch):
     """The same float32 model under bf16 autocast (the HF Trainer's ``bf16=True``): the frozen MLP still keeps only
     its (bf16) input, and the loss and every adapter gradient are within 2x the unswapped model's own autocast error
     of its float32 run."""
-    from fused_layers.ops import gated_activation as ga
-
-    ref, fused = _lora_pair(["q_proj", "k_proj", "v_proj", "o_proj"])
-    swap_modules(fused)
-    ran = []
-    apply = ga._FrozenGatedMLPFunction.apply
-    monkeypatch.setattr(ga._FrozenGatedMLPFunction, "apply", lambda *a: ran.append(1) or apply(*a))
+    ref, fused, ran = _attention_lora_frozen_mlp_spied(monkeypatch)
     ids = torch.randint(0, 48, (2, 10))
     runs = []
     for model, bf16 in ((ref, False), (ref, True), (fused, True)):
