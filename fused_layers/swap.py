@@ -133,7 +133,7 @@ KINDS: dict[str, Kind] = {
         Kind("residual_norm", "", "", "GB/s", known_only=True),
         # transformers' GPT-2 and timm's plain MLPs (integrations/_mlp.py): the activation with the second linear
         Kind("mlp", "", "", "GB/s", known_only=True),
-        # PEFT's LoRA linear layer (integrations/_peft.py): one call, its input kept in its own dtype
+        # PEFT's LoRA linear layer (integrations/_peft.py): its input kept in its own dtype, not as a float32 copy
         Kind("lora", "", "", "GB/s", known_only=True),
     )
 }
