@@ -1,5 +1,5 @@
-"""PEFT's LoRA linear layer swapped (integrations/_peft.py, the ``lora`` kind): PEFT's result and gradients from one
-call that keeps its input in its own dtype, and PEFT's own forward wherever the call does not apply."""
+"""PEFT's LoRA linear layer swapped (integrations/_peft.py, the ``lora`` kind): PEFT's result and gradients from its
+own operations, the input kept in its own dtype, and PEFT's own forward wherever the call does not apply."""
 
 import copy
 
