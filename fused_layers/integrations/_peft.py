@@ -205,5 +205,5 @@ def _lora_check(m: nn.Module) -> Optional[str]:
 REGISTRY.append(
     LookAlike("peft_lora_linear", "peft", "lora", "peft.tuners.lora.layer.Linear", _build_lora_linear,
               forward_src=LORA_LINEAR_FORWARD, check=_lora_check,
-              note="PEFT LoRA on an nn.Linear: its operations, the input kept in its dtype (PEFT keeps a float32 copy)"),
+              note="PEFT LoRA on an nn.Linear: its ops, the input kept in its dtype (PEFT keeps a float32 copy)"),
 )
