@@ -122,6 +122,7 @@ from .attention_config import BWD_TMA_CASES, BWD_TMA_MIN_SEQLEN_K, PREPROCESS_BL
 
 _OP = "fused_attention"
 LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)  # the same, inside the kernels
 MAX_HEAD_DIM = 256
 DROPOUT_STEPS = 256  # the keep mask's resolution: 8 random bits an element
 
@@ -210,6 +211,92 @@ def _window_range(
     return n_lo, n_a, n_b
 
 
+@triton.jit
+def _sequence(
+    CU_Q, CU_K,  # int32 [B + 1] cumulative sequence offsets (only read when VARLEN)
+    b,  # the program's sequence
+    SQ, SK,  # sequence lengths of the dense layout
+    VARLEN: tl.constexpr,
+):
+    """Where sequence b's query and key rows start, and how many there are: (q_start, seqlen_q, k_start,
+    seqlen_k)."""
+    if VARLEN:
+        q_start = tl.load(CU_Q + b)
+        seqlen_q = tl.load(CU_Q + b + 1) - q_start
+        k_start = tl.load(CU_K + b)
+        seqlen_k = tl.load(CU_K + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = SQ
+        k_start = 0
+        seqlen_k = SK
+    return q_start, seqlen_q, k_start, seqlen_k
+
+
+@triton.jit
+def _key_tiles(
+    start_m,  # first query row of the block
+    seqlen_k,  # keys of the sequence
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,  # 0: none; w > 0: row i sees key j only if j > i - w
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The key tiles a query block streams, (n_lo, n_a, n_b, n_end): [n_a, n_b) is visible to every row of the block
+    (no mask arithmetic); [n_b, n_end) holds the causal diagonal and / or the ragged last tile (masked); with a
+    window, [n_lo, n_a) holds its left edge (masked) and tiles left of n_lo are never read (_window_range)."""
+    if CAUSAL:
+        n_end = tl.minimum(seqlen_k, start_m + BLOCK_M)
+        n_full = (tl.minimum(start_m, seqlen_k) // BLOCK_N) * BLOCK_N
+    else:
+        n_end = seqlen_k
+        n_full = (seqlen_k // BLOCK_N) * BLOCK_N
+    n_lo = 0
+    n_a = 0
+    n_b = n_full
+    if WINDOW > 0:
+        n_lo, n_a, n_b = _window_range(start_m, n_full, WINDOW, BLOCK_M, BLOCK_N)
+    return n_lo, n_a, n_b, n_end
+
+
+@triton.jit
+def _load_keys(
+    ptrs,  # pointers to the first tile [BLOCK_N, BLOCK_D] of the sequence's keys (or values)
+    start_n, stride,  # the tile's first key, and the stride along keys
+    cols, seqlen_k, d_mask,  # the tile's key indices [BLOCK_N], keys of the sequence, head-dim mask [BLOCK_D]
+    MASKED: tl.constexpr,  # a tile that may reach past seqlen_k
+    EVEN_D: tl.constexpr,  # D == BLOCK_D: no head-dim mask
+):
+    """One K or V tile; keys past the end and padded head dims load 0 (the identity of the dot products)."""
+    if MASKED:
+        kv_mask = cols[:, None] < seqlen_k
+        if not EVEN_D:
+            kv_mask = kv_mask & d_mask[None, :]
+        tile = tl.load(ptrs + start_n * stride, mask=kv_mask, other=0.0)
+    elif EVEN_D:
+        tile = tl.load(ptrs + start_n * stride)
+    else:
+        tile = tl.load(ptrs + start_n * stride, mask=d_mask[None, :], other=0.0)
+    return tile
+
+
+@triton.jit
+def _visible(
+    rows, cols,  # query rows [BLOCK_M] and keys [BLOCK_N] of a masked tile
+    seqlen_k,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    """Which scores of a masked tile exist [BLOCK_M, BLOCK_N]: the key is in the sequence, not after the row
+    (causal), and within the row's window."""
+    keep = cols[None, :] < seqlen_k
+    if CAUSAL:
+        keep = keep & (cols[None, :] <= rows[:, None])
+    if WINDOW > 0:
+        keep = keep & (cols[None, :] > rows[:, None] - WINDOW)
+    return keep
+
+
 # ==================================================================================================
 # Forward kernel
 # ==================================================================================================
@@ -237,35 +324,21 @@ def _attn_fwd_inner(
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        # K / V tiles; out-of-range keys and padded head dims load 0 (identity of the dot products).
-        if MASKED:
-            kv_mask = cols[:, None] < seqlen_k
-            if not EVEN_D:
-                kv_mask = kv_mask & d_mask[None, :]
-            k = tl.load(k_ptrs + start_n * sks, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs + start_n * sks)
-        else:
-            k = tl.load(k_ptrs + start_n * sks, mask=d_mask[None, :], other=0.0)
+        k = _load_keys(k_ptrs, start_n, sks, cols, seqlen_k, d_mask, MASKED, EVEN_D)
         # Scores.  Without a key bias the raw q . k stays in qk and c = scale * log2(e) is applied to its
         # row max and inside exp2's argument, one FMA a score (c > 0: max(qk) * c = max(qk * c)).  With a
         # bias, the base-2 scores s2 = (q . k) * c + bias * log2(e) are formed first.
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if SOFTCAP > 0:  # s2 = c * tanh(scale * qk / c) * log2(e), before any bias or mask (as Gemma 2)
-            qk = _tanh(qk * (qk_scale / (SOFTCAP * 1.4426950408889634))) * (SOFTCAP * 1.4426950408889634)
+            qk = _tanh(qk * (qk_scale / (SOFTCAP * _LOG2E))) * (SOFTCAP * _LOG2E)
         elif HAS_KB:
             qk = qk * qk_scale
         if HAS_KB:
             # -inf (a dropped key, or a key past the end) is the identity of the max that follows.
             kb = tl.load(kb_ptrs + cols * skbn, mask=cols < seqlen_k, other=-float("inf")).to(tl.float32)
-            qk = qk + kb[None, :] * 1.4426950408889634
+            qk = qk + kb[None, :] * _LOG2E
         if MASKED:
-            keep = cols[None, :] < seqlen_k
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None])
-            if WINDOW > 0:
-                keep = keep & (cols[None, :] > offs_m[:, None] - WINDOW)
-            qk = tl.where(keep, qk, -float("inf"))
+            qk = tl.where(_visible(offs_m, cols, seqlen_k, CAUSAL, WINDOW), qk, -float("inf"))
         # Online softmax update: the new row max, the old terms rescaled by alpha = exp2(m_old - m_new).
         if HAS_KB or SOFTCAP > 0:
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -283,12 +356,7 @@ def _attn_fwd_inner(
         l_i = l_i + tl.sum(p, 1)  # the softmax normalizer sums the probabilities before dropout
         if HAS_DROPOUT:  # dropped probabilities add nothing to P V (the 1 / (1 - p) is in the epilogue)
             p = tl.where(_dropout_keep(seed, bh, offs_m, start_n, dropout_p, BLOCK_M, BLOCK_N), p, 0.0)
-        if MASKED:
-            v = tl.load(v_ptrs + start_n * svs, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            v = tl.load(v_ptrs + start_n * svs)
-        else:
-            v = tl.load(v_ptrs + start_n * svs, mask=d_mask[None, :], other=0.0)
+        v = _load_keys(v_ptrs, start_n, svs, cols, seqlen_k, d_mask, MASKED, EVEN_D)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
     return acc, l_i, m_i
 
@@ -335,16 +403,7 @@ def _attn_fwd_kernel(
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
-    if VARLEN:
-        q_start = tl.load(CU_Q + b)
-        seqlen_q = tl.load(CU_Q + b + 1) - q_start
-        k_start = tl.load(CU_K + b)
-        seqlen_k = tl.load(CU_K + b + 1) - k_start
-    else:
-        q_start = 0
-        seqlen_q = SQ
-        k_start = 0
-        seqlen_k = SK
+    q_start, seqlen_q, k_start, seqlen_k = _sequence(CU_Q, CU_K, b, SQ, SK, VARLEN)
     start_m = pid_m * BLOCK_M
     if start_m >= seqlen_q:  # a short sequence of a packed batch
         return
@@ -372,19 +431,9 @@ def _attn_fwd_kernel(
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
-    # Key range: [0, n_full) is visible to every row of the block with no mask; [n_full, n_end) holds
-    # the causal diagonal and / or the ragged last tile.  With a window (_window_range): [n_lo, n_a) masked (its
-    # left edge), [n_a, n_b) unmasked, [n_b, n_end) masked; tiles left of n_lo are never read.
-    if CAUSAL:
-        n_end = tl.minimum(seqlen_k, start_m + BLOCK_M)
-        n_full = (tl.minimum(start_m, seqlen_k) // BLOCK_N) * BLOCK_N
-    else:
-        n_end = seqlen_k
-        n_full = (seqlen_k // BLOCK_N) * BLOCK_N
-    n_a = 0
-    n_b = n_full
+    # Key tiles (_key_tiles): [n_lo, n_a) masked (a window's left edge), [n_a, n_b) unmasked, [n_b, n_end) masked.
+    n_lo, n_a, n_b, n_end = _key_tiles(start_m, seqlen_k, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
     if WINDOW > 0:
-        n_lo, n_a, n_b = _window_range(start_m, n_full, WINDOW, BLOCK_M, BLOCK_N)
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, offs_m, offs_n, d_mask,
             seqlen_k, n_lo, n_a, qk_scale, seed, pid_bh, dropout_p,
@@ -501,8 +550,8 @@ def _attn_bwd_dkdv_inner(
         # Transposed scores s2^T [BLOCK_N, BLOCK_M] and probabilities P^T recomputed from L.
         qkT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)
         if SOFTCAP > 0:  # t = tanh(scale * qk / c), s2 = c * t * log2(e); ds / d(qk) = scale * (1 - t^2)
-            tT = _tanh(qkT * (qk_scale / (SOFTCAP * 1.4426950408889634)))
-            qkT = tT * (SOFTCAP * 1.4426950408889634)
+            tT = _tanh(qkT * (qk_scale / (SOFTCAP * _LOG2E)))
+            qkT = tT * (SOFTCAP * _LOG2E)
         else:
             qkT = qkT * qk_scale
         if HAS_KB:
@@ -571,16 +620,7 @@ def _attn_bwd_dkdv_kernel(
     pid_bh = tl.program_id(1)
     b = pid_bh // HKV
     hk = pid_bh % HKV
-    if VARLEN:
-        q_start = tl.load(CU_Q + b)
-        seqlen_q = tl.load(CU_Q + b + 1) - q_start
-        k_start = tl.load(CU_K + b)
-        seqlen_k = tl.load(CU_K + b + 1) - k_start
-    else:
-        q_start = 0
-        seqlen_q = SQ
-        k_start = 0
-        seqlen_k = SK
+    q_start, seqlen_q, k_start, seqlen_k = _sequence(CU_Q, CU_K, b, SQ, SK, VARLEN)
     start_n = pid_n * BLOCK_N
     if start_n >= seqlen_k:
         return
@@ -624,7 +664,7 @@ def _attn_bwd_dkdv_kernel(
         bh = b * (HKV * GROUP) + hk * GROUP + g  # the query head's (batch, head) index, as in the forward
         if HAS_KB:
             kb = tl.load(KB + b64 * skbb + h64 * skbh + cols * skbn, mask=cols < seqlen_k, other=-float("inf"))
-            kb = kb.to(tl.float32) * 1.4426950408889634
+            kb = kb.to(tl.float32) * _LOG2E
         q_base = Q + b64 * sqb + h64 * sqh + q_start.to(tl.int64) * sqs
         do_base = DO + b64 * sdob + h64 * sdoh + q_start.to(tl.int64) * sdos
         if USE_TMA:
@@ -688,35 +728,20 @@ def _attn_bwd_dq_inner(
 ):
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        if MASKED:
-            kv_mask = cols[:, None] < seqlen_k
-            if not EVEN_D:
-                kv_mask = kv_mask & d_mask[None, :]
-            k = tl.load(k_ptrs + start_n * sks, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptrs + start_n * svs, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs + start_n * sks)
-            v = tl.load(v_ptrs + start_n * svs)
-        else:
-            k = tl.load(k_ptrs + start_n * sks, mask=d_mask[None, :], other=0.0)
-            v = tl.load(v_ptrs + start_n * svs, mask=d_mask[None, :], other=0.0)
+        k = _load_keys(k_ptrs, start_n, sks, cols, seqlen_k, d_mask, MASKED, EVEN_D)
+        v = _load_keys(v_ptrs, start_n, svs, cols, seqlen_k, d_mask, MASKED, EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if SOFTCAP > 0:  # as in _attn_bwd_dkdv_inner
-            t = _tanh(qk * (qk_scale / (SOFTCAP * 1.4426950408889634)))
-            qk = t * (SOFTCAP * 1.4426950408889634)
+            t = _tanh(qk * (qk_scale / (SOFTCAP * _LOG2E)))
+            qk = t * (SOFTCAP * _LOG2E)
         else:
             qk = qk * qk_scale
         if HAS_KB:
             kb = tl.load(kb_ptrs + cols * skbn, mask=cols < seqlen_k, other=-float("inf")).to(tl.float32)
-            qk = qk + kb[None, :] * 1.4426950408889634
+            qk = qk + kb[None, :] * _LOG2E
         p = tl.math.exp2(qk - lse[:, None])
         if MASKED:
-            keep = cols[None, :] < seqlen_k
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= rows[:, None])
-            if WINDOW > 0:
-                keep = keep & (cols[None, :] > rows[:, None] - WINDOW)
-            p = tl.where(keep, p, 0.0)
+            p = tl.where(_visible(rows, cols, seqlen_k, CAUSAL, WINDOW), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # dP = dO V^T
         if HAS_DROPOUT:  # dP = (dO V^T) Z, Z = keep / (1 - p)
             keep_d = _dropout_keep(seed, bh, rows, start_n, dropout_p, BLOCK_M, BLOCK_N)
@@ -763,16 +788,7 @@ def _attn_bwd_dq_kernel(
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
-    if VARLEN:
-        q_start = tl.load(CU_Q + b)
-        seqlen_q = tl.load(CU_Q + b + 1) - q_start
-        k_start = tl.load(CU_K + b)
-        seqlen_k = tl.load(CU_K + b + 1) - k_start
-    else:
-        q_start = 0
-        seqlen_q = SQ
-        k_start = 0
-        seqlen_k = SK
+    q_start, seqlen_q, k_start, seqlen_k = _sequence(CU_Q, CU_K, b, SQ, SK, VARLEN)
     start_m = pid_m * BLOCK_M
     if start_m >= seqlen_q:
         return
@@ -793,20 +809,12 @@ def _attn_bwd_dq_kernel(
     k_ptrs = K + b64 * skb + hk64 * skh + k_start.to(tl.int64) * sks + offs_n[:, None] * sks + offs_d[None, :] * skd
     v_ptrs = V + b64 * svb + hk64 * svh + k_start.to(tl.int64) * svs + offs_n[:, None] * svs + offs_d[None, :] * svd
     kb_ptrs = KB + b64 * skbb + h64 * skbh
-    if CAUSAL:
-        n_end = tl.minimum(seqlen_k, start_m + BLOCK_M)
-        n_full = (tl.minimum(start_m, seqlen_k) // BLOCK_N) * BLOCK_N
-    else:
-        n_end = seqlen_k
-        n_full = (seqlen_k // BLOCK_N) * BLOCK_N
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
-    n_a = 0
-    n_b = n_full
-    if WINDOW > 0:  # as in the forward
-        n_lo, n_a, n_b = _window_range(start_m, n_full, WINDOW, BLOCK_M, BLOCK_N)
+    n_lo, n_a, n_b, n_end = _key_tiles(start_m, seqlen_k, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)  # as in the forward
+    if WINDOW > 0:
         dq = _attn_bwd_dq_inner(
             dq, q, do, lse, delta, k_ptrs, v_ptrs, kb_ptrs, sks, svs, skbn, rows, offs_n, d_mask,
             seqlen_k, n_lo, n_a, qk_scale, seed, pid_bh, dropout_p, dropout_scale,
