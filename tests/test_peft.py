@@ -43,10 +43,26 @@ def _run(model, x, **kw):
 
 
 def _spy(monkeypatch):
+    """A list that each call of the fused LoRA forward appends to."""
     ran = []
-    apply = _peft._LoraAFunction.apply
-    monkeypatch.setattr(_peft._LoraAFunction, "apply", lambda *a: ran.append(1) or apply(*a))
+    forward = _peft._lora_forward
+    monkeypatch.setattr(_peft, "_lora_forward", lambda *a: ran.append(1) or forward(*a))
     return ran
+
+
+def _packed(monkeypatch, layer, x):
+    """What the fused call's own saved-tensor hooks (``_keep_input``) keep of each tensor autograd saves, for one call
+    of ``layer`` on ``x`` with no other saved-tensor hooks active."""
+    kept = []
+    keep_input = _peft._keep_input
+
+    def spied(*args):
+        pack, unpack = keep_input(*args)
+        return (lambda t: kept.append(pack(t)) or kept[-1]), unpack
+
+    monkeypatch.setattr(_peft, "_keep_input", spied)
+    layer(x.requires_grad_())
+    return kept
 
 
 def _saved(layer, x):
@@ -75,8 +91,25 @@ def test_lora_linear_is_peft_s(dtype, monkeypatch):
     for n in g0:
         torch.testing.assert_close(g1[n], g0[n], atol=0, rtol=0, msg=n)
     layer = fused.base_model.model.proj
-    saved = [t for t in _saved(layer, x) if t.shape == x.shape]
-    assert saved and all(t.dtype == dtype for t in saved)  # x itself, never a float32 copy
+    saved = [t for t in _saved(layer, x) if t.numel() == x.numel()]  # other hooks active: _LoraAFunction (bf16)
+    assert saved and all(t.dtype == dtype for t in saved)  # x itself (or a view), never a float32 copy
+    packed = _packed(monkeypatch, layer, x)  # no other hooks: PEFT's ops under _keep_input's hooks
+    if dtype == torch.bfloat16:
+        assert [p[0] for p in packed if type(p) is tuple] == [x]  # x kept for the float32 copy's view
+    big = [p for p in packed if type(p) is torch.Tensor and p.numel() == x.numel()]
+    assert not [t for t in big if t.dtype == torch.float32 and dtype != torch.float32], big
+
+
+def test_lora_linear_input_modified_in_place_raises():
+    """x, kept in place of its float32 copy, modified in place before the backward: autograd's own error, never a
+    gradient from the modified values."""
+    _, fused, _ = _pair(torch.bfloat16)
+    x = torch.randn(3, 7, 24, dtype=torch.bfloat16, requires_grad=True)
+    h = x * 1
+    y = fused(h)
+    h.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.float().sum().backward()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
