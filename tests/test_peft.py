@@ -272,18 +272,21 @@ def test_lora_bf16_llama_keeps_no_float32_input(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("autocast", [False, True])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_gpu_lora_linear_llama_size(dropout):
+def test_gpu_lora_linear_llama_size(dropout, autocast):
     """On the GPU at a Llama projection's size (4,096 tokens, 1,024 -> 1,024, r 16, bf16 base, float32 adapter),
-    without and with a LoRA dropout (the fused dropout kernel, one seed): PEFT's output bit for bit (the same cuBLAS
-    calls, the same draw), the input and adapter gradients within float32 rounding."""
+    without and with a LoRA dropout (the fused dropout kernel, one seed), without and with bf16 autocast: PEFT's
+    output bit for bit (the same cuBLAS calls, the same draw), the input and adapter gradients within float32
+    rounding."""
     ref, fused, _ = _pair(torch.bfloat16, size=(1024, 1024), r=16, lora_dropout=dropout)
     ref, fused = ref.cuda(), fused.cuda()
     x = torch.randn(4, 1024, 1024, device="cuda", dtype=torch.bfloat16)
     outs = []
     for model in (ref, fused):
         torch.manual_seed(1)
-        outs.append(_run(model, x))
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            outs.append(_run(model, x))
     (y0, dx0, g0), (y1, dx1, g1) = outs
     torch.testing.assert_close(y1, y0, atol=0, rtol=0)
     torch.testing.assert_close(dx1, dx0, atol=1e-2, rtol=1e-2)  # bf16 (one rounding apart at most)

@@ -6,8 +6,9 @@ of every adapted projection's input for lora_A's weight gradient: with LoRA on q
 at twice the input's size (128 MiB a layer at 8,192 tokens x 1,024).  The fused forward runs the same operations
 in the same dtypes (the same result, the same dropout draw) without PEFT's module calls: the base linear, lora_B,
 the scaling and the sum as autograd ops, and lora_A's product ``linear(x.to(float32), A)`` with saved-tensor hooks
-that keep x in its own dtype in place of its float32 copy and cast it again in the backward (with a dropout or
-autocast, a small ``autograd.Function`` that does the same and keeps the dropout's bool mask).  Measured on an H100
+that keep x in its own dtype in place of its float32 copy and cast it again in the backward (with a dropout, a small
+``autograd.Function`` that does the same and keeps the dropout's bool mask; under autocast the product keeps
+autocast's 16-bit copy already, and PEFT's ops run as they are).  Measured on an H100
 (the models suite's LoRA rows, q, k, v, o adapted): extra peak Llama 1.86 -> 0.99 GiB, Qwen2 2.45 -> 1.30, Gemma
 0.82 -> 0.50, for one more cast of each adapted input in the backward (GPU time +2-5 % of these steps).
 
@@ -165,13 +166,19 @@ def _keep_input(x: torch.Tensor, xc: torch.Tensor) -> tuple:
 def _lora_a(x: torch.Tensor, a: torch.Tensor, cast: Optional[torch.dtype], cd: Optional[torch.dtype],
             p: float) -> torch.Tensor:
     """lora_A's product ``linear(drop(x.to(cast)), A)``, keeping x rather than a float32 copy of it for A's gradient.
+
     Without dropout or autocast, PEFT's own autograd ops under saved-tensor hooks (``_keep_input``), so autograd's
     C++ backward runs them: a LoRA layer's forward + backward took 50 us less host time than with
-    ``_LoraAFunction``'s Python backward (CPU, tiny tensors: 218 against 268 us, PEFT's ops alone 219).  With
-    dropout or autocast, or where other saved-tensor hooks are active (activation checkpointing),
-    ``_LoraAFunction``."""
+    ``_LoraAFunction``'s Python backward (CPU, tiny tensors: 218 against 268 us, PEFT's ops alone 219).  Under
+    autocast the product saves autocast's 16-bit copy of its input, no float32 one, so PEFT's ops run as they are
+    (the dropout's mask is a bool on CUDA there; on the CPU ``F.dropout`` keeps a float32 noise, so the Function
+    runs).  With a dropout and no autocast, or where other saved-tensor hooks are active (activation
+    checkpointing), ``_LoraAFunction``."""
     if cast is None and not p and cd is None:
         return torch.nn.functional.linear(x, a)  # no copy to keep: PEFT's ops as they are
+    if cd is not None and (not p or x.device.type in ("cuda", "xpu")):
+        xc = x if cast is None else x.to(cast)
+        return torch.nn.functional.linear(torch.nn.functional.dropout(xc, p, True) if p else xc, a)
     if p or cd is not None or not x.is_contiguous() or torch._C._autograd._top_saved_tensors_default_hooks(False):
         return _LoraAFunction.apply(x, a, cast, cd, p)
     xc = x.to(cast)
