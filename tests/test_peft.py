@@ -95,7 +95,7 @@ def test_lora_linear_is_peft_s(dtype, monkeypatch):
     assert saved and all(t.dtype == dtype for t in saved)  # x itself (or a view), never a float32 copy
     packed = _packed(monkeypatch, layer, x)  # no other hooks: PEFT's ops under _keep_input's hooks
     if dtype == torch.bfloat16:
-        assert [p[0] for p in packed if type(p) is tuple] == [x]  # x kept for the float32 copy's view
+        assert [p[0] is x for p in packed if type(p) is tuple] == [True]  # x kept for the float32 copy's view
     big = [p for p in packed if type(p) is torch.Tensor and p.numel() == x.numel()]
     assert not [t for t in big if t.dtype == torch.float32 and dtype != torch.float32], big
 
