@@ -4,7 +4,10 @@
 
 Tiny inputs, so that the GPU's work is negligible and the host is what is measured: (8, 768) bf16 for the
 norms and softmax, (8, 1,000) and (8, 50,304) bf16 logits for the cross-entropy, B1 H1 S128 D64 bf16 for
-attention (against ``F.scaled_dot_product_attention``). ``fwd`` is a call with no input requiring grad;
+attention (against ``F.scaled_dot_product_attention``); the rest of a decoder layer, each against the PyTorch code
+a model runs for it: RoPE on B1 S128 q 8 / k 2 heads of D64 (HF's ``apply_rotary_pos_emb``), residual add + RMSNorm
+on (8, 768), the gated MLP's activation and down projection (``linear(silu(gate) * up, W)``, 8 x 2,048 -> 768) and
+the plain MLP's (``linear(gelu(h), W, b)``, 8 x 3,072 -> 768). ``fwd`` is a call with no input requiring grad;
 ``fwd+bwd`` is ``op(x).backward(g)`` with the inputs requiring grad. After a warm-up (the library's eager
 C++ fast path built and each shape registered), ``--calls`` calls back to back, then one synchronize: the
 wall time over the calls is the host cost per call. ``--rounds`` rounds, implementations interleaved in
@@ -62,6 +65,7 @@ def cases(dev: str, smoke: bool) -> dict:
             "torch": lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(go),
             "fused": lambda: fused_attention(qg, kg, vg, is_causal=True, backend="triton").backward(go)},
     }
+    out.update({case: impls for case, (_, impls) in decoder_cases(dev, dt, smoke).items()})
     for v in vocabs:
         out[("cross_entropy", "fwd", f"8x{v}")] = {"torch": lambda v=v: F.cross_entropy(logits[v], target[v]),
                                                   "fused": lambda v=v: fused_cross_entropy(logits[v], target[v])}
@@ -70,6 +74,75 @@ def cases(dev: str, smoke: bool) -> dict:
             "fused": lambda v=v: fused_cross_entropy(logits_g[v], target[v]).backward()}
     if not smoke:
         _add_liger(out, x, w, b, g, xg, wg, bg)
+    return out
+
+
+def _rotate_half(x):
+    import torch
+
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+def decoder_cases(dev: str, dt, smoke: bool) -> dict:
+    """The decoder layer's ops that run on the library's Python path: {(op, pass, shape): (leaves, {impl:
+    callable})}, each callable a forward and backward reaching the same leaves' gradients (Liger's peers on CUDA,
+    where installed; ``smoke``: 16 positions and narrower MLPs, for the interpreter)."""
+    import torch
+    import torch.nn.functional as F
+
+    from fused_layers import fused_activation_linear, fused_add_rms_norm, fused_gated_activation_linear, fused_rope
+
+    def grad(*shape):
+        return torch.randn(*shape, device=dev, dtype=dt, requires_grad=True)
+
+    seq, n_gated, n_plain = (16, 256, 256) if smoke else (128, 2048, 3072)
+    q, k = grad(1, 8, seq, 64), grad(1, 2, seq, 64)
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    cos, sin = (torch.randn(1, seq, 64, device=dev, dtype=dt) for _ in range(2))
+
+    def rope_torch():  # HF's apply_rotary_pos_emb
+        c, s_ = cos.unsqueeze(1), sin.unsqueeze(1)
+        torch.autograd.backward([q * c + _rotate_half(q) * s_, k * c + _rotate_half(k) * s_], [gq, gk])
+
+    x, r, w = grad(8, 768), grad(8, 768), grad(768)
+    gy = torch.randn(8, 768, device=dev, dtype=dt)
+
+    def add_norm_torch():
+        h = x + r
+        torch.autograd.backward([h, F.rms_norm(h, (768,), w, 1e-6)], [gy, gy])
+
+    gate, up, wd = grad(8, n_gated), grad(8, n_gated), grad(768, n_gated)
+    hm, wp, bp = grad(8, n_plain), grad(768, n_plain), grad(768)
+    rope = ("rope", "fwd+bwd", f"B1 S{seq} Hq8 Hk2 D64")
+    add_norm = ("residual_rms_norm", "fwd+bwd", "8x768")
+    gated = ("gated_linear", "fwd+bwd", f"8x{n_gated}->768")
+    out = {
+        rope: ([q, k], {
+            "torch": rope_torch,
+            "fused": lambda: torch.autograd.backward(list(fused_rope(q, k, cos, sin)), [gq, gk])}),
+        add_norm: ([x, r, w], {
+            "torch": add_norm_torch,
+            "fused": lambda: torch.autograd.backward(list(fused_add_rms_norm(x, r, w, 1e-6)), [gy, gy])}),
+        gated: ([gate, up, wd], {
+            "torch": lambda: F.linear(F.silu(gate) * up, wd).backward(gy),
+            "fused": lambda: fused_gated_activation_linear(gate, up, wd, None, "silu").backward(gy)}),
+        ("act_linear", "fwd+bwd", f"8x{n_plain}->768"): ([hm, wp, bp], {
+            "torch": lambda: F.linear(F.gelu(hm), wp, bp).backward(gy),
+            "fused": lambda: fused_activation_linear(hm, wp, bp, "gelu").backward(gy)}),
+    }
+    if dev != "cuda":
+        return out
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+        from liger_kernel.ops.rope import LigerRopeFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except Exception:  # noqa: BLE001 - Liger is optional
+        return out
+    # (Liger's SwiGLU is the activation alone: its MLP module calls the down projection after it)
+    out[rope][1]["liger"] = lambda: torch.autograd.backward(list(LigerRopeFunction.apply(q, k, cos, sin)), [gq, gk])
+    out[add_norm][1]["liger"] = (
+        lambda: torch.autograd.backward(list(LigerFusedAddRMSNormFunction.apply(x, r, w, 1e-6)), [gy, gy]))
+    out[gated][1]["liger"] = lambda: F.linear(LigerSiLUMulFunction.apply(gate, up), wd).backward(gy)
     return out
 
 

@@ -325,3 +325,37 @@ def test_models_variants_gradient_checkpointing_and_lora(capsys):
     p.add_argument("--smoke", action="store_true")
     assert models.run(p.parse_args(["--smoke", "--variants", "qlora"])) == 2
     assert "unknown ['qlora']" in capsys.readouterr().out
+
+
+def _decoder_grads_agree(dev, dt, atol, rtol):
+    import torch
+
+    from benchmarks import host
+
+    for case, (leaves, impls) in host.decoder_cases(dev, dt, smoke=dev == "cpu").items():
+        grads = {}
+        for name, fn in impls.items():
+            for t in leaves:
+                t.grad = None
+            fn()
+            grads[name] = [t.grad.float() for t in leaves]
+        assert len(impls) >= 2, case
+        for name, gs in grads.items():
+            for i, (g, ref) in enumerate(zip(gs, grads["torch"])):
+                torch.testing.assert_close(g, ref, atol=atol, rtol=rtol, msg=lambda m: f"{case} {name} leaf {i}: {m}")
+
+
+def test_host_decoder_cases_compute_the_same_gradients():
+    """The host suite times equal work: each decoder case's fused call reaches the leaves' gradients that the
+    PyTorch code it stands for computes (float32, the interpreter)."""
+    import torch
+
+    _decoder_grads_agree("cpu", torch.float32, 1e-4, 1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_host_decoder_cases_compute_the_same_gradients():
+    """The same in bf16 on the GPU, Liger's peers included where installed."""
+    import torch
+
+    _decoder_grads_agree("cuda", torch.bfloat16, 6e-2, 2e-2)
