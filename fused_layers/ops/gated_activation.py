@@ -57,6 +57,7 @@ from ._common import (
     FusedDtypeError,
     FusedShapeError,
     autocast_dtype,
+    autocast_off,
     check_float_dtype,
     check_same_device,
     check_tensor,
@@ -394,7 +395,7 @@ class _GatedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate, up, weight, bias, act, cdtype, over_inputs):
-        with torch.autocast(gate.device.type, enabled=False):  # the casts are explicit, as autocast makes them
+        with autocast_off(gate):  # the casts are explicit, as autocast makes them
             w = weight.to(cdtype)
             b = bias.to(cdtype) if bias is not None else None
             y = torch.nn.functional.linear(gated_forward(gate, up, act), w, b)  # the product dies here
@@ -537,7 +538,7 @@ class _FrozenGatedMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, wg, wu, wd, act, cdtype):
-        with torch.autocast(x.device.type, enabled=False):  # the casts are explicit, as autocast makes them
+        with autocast_off(x):  # the casts are explicit, as autocast makes them
             xc = x.to(cdtype)  # (x itself where autocast is off or runs x's dtype)
             wg, wu, wd = (w.to(cdtype) for w in (wg, wu, wd))
             gate = torch.nn.functional.linear(xc, wg)
@@ -635,7 +636,7 @@ class _ActivationLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, act, cdtype, over_input):
-        with torch.autocast(x.device.type, enabled=False):  # the casts are explicit, as autocast makes them
+        with autocast_off(x):  # the casts are explicit, as autocast makes them
             w = weight.to(cdtype)
             b = bias.to(cdtype) if bias is not None else None
             y = torch.nn.functional.linear(activation_forward(x, act), w, b)  # a(x) dies here
