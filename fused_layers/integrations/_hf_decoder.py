@@ -166,6 +166,9 @@ def _frozen(x: torch.Tensor, act: str, gate: nn.Module, up: Optional[nn.Module],
     nothing hooks and whose weights do not train; else None."""
     from ..ops.gated_activation import frozen_gated_mlp
 
+    w = getattr(down, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.requires_grad:  # a training MLP: none of the checks below (host time)
+        return None
     ps = (gate, down) if up is None else (gate, up, down)
     if not all(_plain_linear(p) and p.bias is None for p in ps):
         return None
