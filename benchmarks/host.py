@@ -96,13 +96,17 @@ def decoder_cases(dev: str, dt, smoke: bool) -> dict:
         return torch.randn(*shape, device=dev, dtype=dt, requires_grad=True)
 
     seq, n_gated, n_plain = (16, 256, 256) if smoke else (128, 2048, 3072)
-    q, k = grad(1, 8, seq, 64), grad(1, 2, seq, 64)
-    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    # q and k as an HF attention makes them: (B, S, H, D) projections viewed as (B, H, S, D)
+    qs, ks = grad(1, seq, 8, 64), grad(1, seq, 2, 64)
+    gq, gk = torch.randn(1, 8, seq, 64, device=dev, dtype=dt), torch.randn(1, 2, seq, 64, device=dev, dtype=dt)
     cos, sin = (torch.randn(1, seq, 64, device=dev, dtype=dt) for _ in range(2))
 
     def rope_torch():  # HF's apply_rotary_pos_emb
-        c, s_ = cos.unsqueeze(1), sin.unsqueeze(1)
+        q, k, c, s_ = qs.transpose(1, 2), ks.transpose(1, 2), cos.unsqueeze(1), sin.unsqueeze(1)
         torch.autograd.backward([q * c + _rotate_half(q) * s_, k * c + _rotate_half(k) * s_], [gq, gk])
+
+    def rope_with(fn):
+        return lambda: torch.autograd.backward(list(fn(qs.transpose(1, 2), ks.transpose(1, 2), cos, sin)), [gq, gk])
 
     x, r, w = grad(8, 768), grad(8, 768), grad(768)
     gy = torch.randn(8, 768, device=dev, dtype=dt)
@@ -117,9 +121,7 @@ def decoder_cases(dev: str, dt, smoke: bool) -> dict:
     add_norm = ("residual_rms_norm", "fwd+bwd", "8x768")
     gated = ("gated_linear", "fwd+bwd", f"8x{n_gated}->768")
     out = {
-        rope: ([q, k], {
-            "torch": rope_torch,
-            "fused": lambda: torch.autograd.backward(list(fused_rope(q, k, cos, sin)), [gq, gk])}),
+        rope: ([qs, ks], {"torch": rope_torch, "fused": rope_with(fused_rope)}),
         add_norm: ([x, r, w], {
             "torch": add_norm_torch,
             "fused": lambda: torch.autograd.backward(list(fused_add_rms_norm(x, r, w, 1e-6)), [gy, gy])}),
@@ -139,7 +141,7 @@ def decoder_cases(dev: str, dt, smoke: bool) -> dict:
     except Exception:  # noqa: BLE001 - Liger is optional
         return out
     # (Liger's SwiGLU is the activation alone: its MLP module calls the down projection after it)
-    out[rope][1]["liger"] = lambda: torch.autograd.backward(list(LigerRopeFunction.apply(q, k, cos, sin)), [gq, gk])
+    out[rope][1]["liger"] = rope_with(LigerRopeFunction.apply)
     out[add_norm][1]["liger"] = (
         lambda: torch.autograd.backward(list(LigerFusedAddRMSNormFunction.apply(x, r, w, 1e-6)), [gy, gy]))
     out[gated][1]["liger"] = lambda: F.linear(LigerSiLUMulFunction.apply(gate, up), wd).backward(gy)
