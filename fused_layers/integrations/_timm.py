@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..ops._common import autocast_off
 from ..ops.layer_norm import fused_layer_norm
 from . import REGISTRY, LookAlike
 from ._sdpa import build_sdpa_caller
@@ -95,10 +96,8 @@ def _f32(t):
 def _fp32_forward(x, m):
     # F.layer_norm(x.float(), ...) runs in float32 with or without autocast; so do the kernels given
     # float32 parameters, with x read in its own dtype (no float32 copy of x).
-    if torch.is_autocast_enabled(x.device.type):
-        with torch.autocast(x.device.type, enabled=False):
-            return fused_layer_norm(x, m.normalized_shape, _f32(m.weight), _f32(m.bias), m.eps).to(x.dtype)
-    return fused_layer_norm(x, m.normalized_shape, _f32(m.weight), _f32(m.bias), m.eps).to(x.dtype)
+    with autocast_off(x):
+        return fused_layer_norm(x, m.normalized_shape, _f32(m.weight), _f32(m.bias), m.eps).to(x.dtype)
 
 
 def _build_ln_fp32(cls: type) -> dict:
