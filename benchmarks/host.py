@@ -101,12 +101,15 @@ def decoder_cases(dev: str, dt, smoke: bool) -> dict:
     gq, gk = torch.randn(1, 8, seq, 64, device=dev, dtype=dt), torch.randn(1, 2, seq, 64, device=dev, dtype=dt)
     cos, sin = (torch.randn(1, seq, 64, device=dev, dtype=dt) for _ in range(2))
 
+    # Every implementation gets fresh q and k, as the projections make them in a model: Liger's kernel rotates them in
+    # place (its forward writes the rotation over its inputs), which must not reach the leaves
     def rope_torch():  # HF's apply_rotary_pos_emb
-        q, k, c, s_ = qs.transpose(1, 2), ks.transpose(1, 2), cos.unsqueeze(1), sin.unsqueeze(1)
+        q, k, c, s_ = qs.clone().transpose(1, 2), ks.clone().transpose(1, 2), cos.unsqueeze(1), sin.unsqueeze(1)
         torch.autograd.backward([q * c + _rotate_half(q) * s_, k * c + _rotate_half(k) * s_], [gq, gk])
 
     def rope_with(fn):
-        return lambda: torch.autograd.backward(list(fn(qs.transpose(1, 2), ks.transpose(1, 2), cos, sin)), [gq, gk])
+        return lambda: torch.autograd.backward(
+            list(fn(qs.clone().transpose(1, 2), ks.clone().transpose(1, 2), cos, sin))[:2], [gq, gk])
 
     x, r, w = grad(8, 768), grad(8, 768), grad(768)
     gy = torch.randn(8, 768, device=dev, dtype=dt)

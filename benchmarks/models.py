@@ -26,7 +26,8 @@ Arms, each its own model built from the same seed (identical weights) and its ow
 * ``unfused``  as the library builds it (attention: SDPA)
 * ``fused``    after ``fused_layers.swap_modules(model)``: every norm, attention and LM-head loss it knows
 * ``fused-<kind>[-<kind>...]``  the same with those kinds left out (``fused-mlp``: every kind but the plain MLP),
-               to measure what one kind costs or gains inside the step
+               to measure what one kind costs or gains inside the step; ``fused+<kind>`` with a kind that is off
+               by default swapped too (``fused+mlp_recompute``: timm's MLP, memory for speed)
 * ``liger``    after Liger-Kernel's ``apply_liger_kernel_to_<family>(model=...)`` (Llama, Qwen2, Gemma; when
                installed). Liger also rebinds functions of the transformers module (RoPE); those globals are
                set to each arm's own values before its steps, so every arm runs its own code in one process.
@@ -50,6 +51,7 @@ import gc
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -79,7 +81,8 @@ def add_arguments(p) -> None:
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
     p.add_argument("--modes", default="eager", help="eager and/or compile (torch.compile of each arm's model)")
     p.add_argument("--arms", default="unfused,fused,liger",
-                   help="comma-separated: unfused, fused, liger, fused-<kind>[-<kind>...] (fused without those kinds)")
+                   help="comma-separated: unfused, fused, liger, fused-<kind>[-<kind>...] (fused without those kinds), "
+                        "fused+<kind> (with a kind that is off by default)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--steps", type=int, default=3, help="steps per arm and round")
@@ -261,19 +264,20 @@ def apply_variant(model, model_name: str, variant: str):
 
 
 def fused_kinds(arm: str) -> list[str] | None:
-    """The kinds a ``fused`` arm swaps: all (None), or all but those named after ``fused-`` (ValueError for another
-    arm name or a kind the library does not have)."""
-    from fused_layers.swap import KINDS
+    """The kinds a ``fused`` arm swaps: those on by default (None), less those named after ``fused-``, plus those named
+    after ``fused+`` (ValueError for another arm name or a kind the library does not have)."""
+    from fused_layers.swap import KINDS, resolve_kinds
 
     if arm == "fused":
         return None
-    if not arm.startswith("fused-"):
-        raise ValueError(f"unknown arm {arm!r}; arms: unfused, fused, fused-<kind>[-<kind>...], liger")
-    left_out = arm.split("-")[1:]
-    unknown = [k for k in left_out if k not in KINDS]
+    if not arm.startswith(("fused-", "fused+")):
+        raise ValueError(f"unknown arm {arm!r}; arms: unfused, fused, fused-<kind>[-<kind>...], fused+<kind>, liger")
+    signed = re.findall(r"([-+])([^-+]*)", arm[len("fused"):])  # [("-", "mlp"), ("+", "mlp_recompute"), ...]
+    unknown = [k for _, k in signed if k not in KINDS]
     if unknown:
         raise ValueError(f"arm {arm!r}: no kind {', '.join(unknown)} (kinds: {', '.join(KINDS)})")
-    return [k for k in KINDS if k not in left_out]
+    kinds = set(resolve_kinds(None)) | {k for sign, k in signed if sign == "+"}
+    return [k for k in KINDS if k in kinds and ("-", k) not in signed]
 
 
 class Arm:
@@ -284,7 +288,7 @@ class Arm:
         self.name = arm
         self.model, self.batch, self.loss_fn, self.items, self.batch_desc = build(model_name, smoke)
         self.swapped = ""
-        if arm == "fused" or arm.startswith("fused-"):
+        if arm == "fused" or arm.startswith(("fused-", "fused+")):
             from fused_layers import swap_modules
 
             # the variant first, as the callbacks find a model (a PEFT model's LoRA layers are swapped too)

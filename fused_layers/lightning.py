@@ -150,7 +150,7 @@ class FusedLayersCallback(Callback):
     and their known look-alikes), time the training step with and without them, log what was gained.
 
     Args:
-        kinds: ``{kind: on/off}`` (kinds of ``fused_layers.swap.KINDS``); ``None`` = all.
+        kinds: ``{kind: on/off}`` (kinds of ``fused_layers.swap.KINDS``); ``None`` = those on by default.
         include: glob/regex patterns on qualified module names to swap (empty = all).
         exclude: patterns of module names to leave alone.
         mapping: ``{"dotted.path.Class": kind}`` for a model's own classes that behave like a source.

@@ -22,11 +22,12 @@ LayerNorm2d, timm's SDPA-calling attention, every transformers attention module 
 ``AttentionInterface``) are swapped by default whenever their library is imported, each into a fused
 subclass of its own class (only ``forward`` differs).  They count as their kind (``kinds`` switches
 them) and the report names the registry entry.  Hugging Face attention modules also switch their model
-to the attention implementation "fused_layers" (and back on restore).  Four kinds exist only as such
+to the attention implementation "fused_layers" (and back on restore).  Six kinds exist only as such
 look-alikes (``Kind.known_only``: no torch class, nothing a ``mapping`` can name): ``gated_mlp``
 (transformers' gated MLPs), ``rope`` (the RoPE of their attention, through the model's rotary-embedding
 module), ``residual_norm`` (their decoder layers' residual add + post-attention norm; ``integrations/_hf_decoder.py``
-says what each verifies) and ``mlp`` (GPT-2's and timm's plain MLPs, ``integrations/_mlp.py``).
+says what each verifies), ``mlp`` (GPT-2's plain MLP, ``integrations/_mlp.py``), ``mlp_recompute`` (timm's Mlp,
+off by default: ``Kind.default``) and ``lora`` (PEFT's LoRA linear, ``integrations/_peft.py``).
 
 Rules.  By default only modules whose type *is* a source class are swapped (a subclass may override
 ``forward``, so it is reported and left alone unless ``mapping`` names it).  A module that is already
@@ -113,6 +114,10 @@ class Kind:
     #: a kind of third-party look-alikes only (``fused_layers.integrations``): no torch source class, no fused class
     #: of ours, nothing a ``mapping`` can name
     known_only: bool = False
+    #: swapped when ``kinds`` is None; a kind that is off by default is swapped only where ``kinds`` names it
+    default: bool = True
+    #: why a kind is off by default (the report's reason for the modules it leaves alone)
+    why_off: str = ""
 
 
 KINDS: dict[str, Kind] = {
@@ -131,8 +136,13 @@ KINDS: dict[str, Kind] = {
         Kind("gated_mlp", "", "", "GB/s", known_only=True),
         Kind("rope", "", "", "GB/s", known_only=True),
         Kind("residual_norm", "", "", "GB/s", known_only=True),
-        # transformers' GPT-2 and timm's plain MLPs (integrations/_mlp.py): the activation with the second linear
+        # transformers' GPT-2 plain MLP and the ones registered with ``register_mlp`` (integrations/_mlp.py): the
+        # activation with the second linear, recomputed in the backward
         Kind("mlp", "", "", "GB/s", known_only=True),
+        # the same for plain MLPs whose activation is already one PyTorch kernel (timm's Mlp): memory only
+        Kind("mlp_recompute", "", "", "GB/s", known_only=True, default=False,
+             why_off="it saves one (tokens, hidden) activation a layer but no GPU time, and its host time made "
+                     "timm's ViT-B/16 step 0.78x on an H100 host; name it in 'kinds' to trade speed for memory"),
         # PEFT's LoRA linear layer (integrations/_peft.py): its input kept in its own dtype, not as a float32 copy
         Kind("lora", "", "", "GB/s", known_only=True),
     )
@@ -182,9 +192,10 @@ def available_kinds() -> dict[str, str | None]:
 
 
 def resolve_kinds(kinds: None | Iterable[str] | Mapping[str, bool]) -> list[str]:
-    """Normalise ``kinds`` (None = all, a list of names, or ``{name: on/off}``) and check the names."""
+    """Normalise ``kinds`` (None = every kind on by default, a list of names, or ``{name: on/off}``) and check the
+    names."""
     if kinds is None:
-        names = list(KINDS)
+        names = [k for k in KINDS if KINDS[k].default]
     elif isinstance(kinds, Mapping):
         _check_names(kinds.keys(), "kinds")
         names = [k for k, on in kinds.items() if on]
@@ -443,7 +454,8 @@ def swap_modules(
 
     Args:
         model: any ``nn.Module`` (the root itself can be swapped too; its name is ``""``).
-        kinds: which kinds to swap: ``None`` (all of ``KINDS``), a list of names, or ``{name: bool}``.
+        kinds: which kinds to swap: ``None`` (every kind of ``KINDS`` but those off by default: ``mlp_recompute``),
+            a list of names, or ``{name: bool}``.
         include: glob or regex patterns on qualified module names (``"blocks.*.ln_1"``); when given,
             only matching modules are swapped.
         exclude: patterns of modules to leave alone (applied after ``include``).
@@ -520,7 +532,9 @@ def swap_modules(
                 )
             continue
         if kind not in wanted:
-            report.skipped.append(SkipEntry(name, kind, f"kind '{kind}' disabled"))
+            off = KINDS[kind].why_off if kinds is None and not KINDS[kind].default else ""
+            report.skipped.append(SkipEntry(name, kind, f"kind '{kind}' off by default: {off}" if off
+                                            else f"kind '{kind}' disabled"))
             continue
         if kind in report.unavailable:
             report.skipped.append(SkipEntry(name, kind, report.unavailable[kind]))

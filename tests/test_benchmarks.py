@@ -253,8 +253,9 @@ def test_models_compiled_routes_option(capsys):
 
 
 def test_models_arms_leave_kinds_out(capsys):
-    """--arms fused-<kind>[-<kind>...]: the fused arm without those kinds (what one kind costs or gains in the step);
-    the arm's swap leaves them alone; an unknown arm or kind is refused before anything runs."""
+    """--arms fused-<kind>[-<kind>...]: the fused arm without those kinds (what one kind costs or gains in the step),
+    fused+<kind> with a kind that is off by default; the arm's swap leaves them alone; an unknown arm or kind is
+    refused before anything runs."""
     pytest.importorskip("transformers")
     import argparse
 
@@ -262,8 +263,12 @@ def test_models_arms_leave_kinds_out(capsys):
     from fused_layers.swap import KINDS
 
     assert models.fused_kinds("fused") is None
-    assert models.fused_kinds("fused-mlp") == [k for k in KINDS if k != "mlp"]
-    assert set(KINDS) - set(models.fused_kinds("fused-mlp-attention")) == {"mlp", "attention"}
+    default = [k for k in KINDS if KINDS[k].default]
+    assert models.fused_kinds("fused-mlp") == [k for k in default if k != "mlp"]
+    assert set(default) - set(models.fused_kinds("fused-mlp-attention")) == {"mlp", "attention"}
+    assert models.fused_kinds("fused+mlp_recompute") == [k for k in KINDS if k in default or k == "mlp_recompute"]
+    assert models.fused_kinds("fused-mlp+mlp_recompute") == [k for k in KINDS if k in default + ["mlp_recompute"]
+                                                             and k != "mlp"]
     arm = models.Arm("gpt2", "fused-mlp", "eager", True, models.GlobalsSwitch())
     assert "mlp" not in arm.swapped and "layer_norm" in arm.swapped, arm.swapped
     p = argparse.ArgumentParser()

@@ -1,4 +1,5 @@
-"""Plain MLPs (integrations/_mlp.py, the ``mlp`` kind): transformers' GPT-2 MLP and timm's Mlp swapped in tiny models
+"""Plain MLPs (integrations/_mlp.py, the ``mlp`` and ``mlp_recompute`` kinds): transformers' GPT-2 MLP and timm's Mlp
+swapped in tiny models
 (fp32) against the unswapped model: logits and every parameter gradient; what autograd keeps (one intermediate-width
 tensor less a layer); the paths that run the class's own forward (hooks, adapters, dropout, a norm, no gradient);
 restore."""
@@ -138,8 +139,8 @@ def test_timm_mlp_trains_as_unswapped(monkeypatch):
     """ViT's Mlp (nn.GELU, p = 0 dropouts, no norm) swapped: loss and every gradient as timm's; restore."""
     ref = _vit()
     fused = copy.deepcopy(ref)
-    rep = swap_modules(fused, kinds=["mlp"])
-    assert rep.counts() == {"mlp": 2} and "timm_mlp" in str(rep)
+    rep = swap_modules(fused, kinds=["mlp_recompute"])
+    assert rep.counts() == {"mlp_recompute": 2} and "timm_mlp" in str(rep)
     calls = _calls(monkeypatch)
     x, t = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
     assert_same_step(_vit_step(ref, x, t), _vit_step(fused, x, t))
@@ -153,7 +154,7 @@ def test_timm_mlp_dropout_and_norm(monkeypatch):
     with a norm after the activation is left alone with the reason."""
     ref = _vit(proj_drop_rate=0.1)
     fused = copy.deepcopy(ref)
-    swap_modules(fused, kinds=["mlp"])
+    swap_modules(fused, kinds=["mlp_recompute"])
     calls = _calls(monkeypatch)
     x, t = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
     torch.manual_seed(1)
@@ -165,8 +166,22 @@ def test_timm_mlp_dropout_and_norm(monkeypatch):
     from timm.layers import Mlp
 
     m = nn.Sequential(Mlp(16, 32, norm_layer=nn.LayerNorm))
-    rep = swap_modules(m, kinds=["mlp"])
+    rep = swap_modules(m, kinds=["mlp_recompute"])
     assert rep.counts() == {} and "a norm between the activation and fc2" in str(rep)
+
+
+def test_timm_mlp_is_off_by_default():
+    """timm's Mlp saves memory only (its activation is one PyTorch kernel already): a default swap leaves it alone and
+    says why; naming the kind swaps it, and the other kinds still go in by default."""
+    rep = swap_modules(_vit())
+    counts = rep.counts()
+    assert counts.get("mlp_recompute", 0) == 0 and counts.get("mlp", 0) == 0 and counts["layer_norm"] == 5
+    skipped = [s for s in rep.skipped if s.kind == "mlp_recompute"]
+    assert len(skipped) == 2 and all("off by default" in s.reason and "'kinds'" in s.reason for s in skipped)
+    rep = swap_modules(_vit(), kinds={"mlp_recompute": True})
+    assert rep.counts() == {"mlp_recompute": 2}
+    rep = swap_modules(_vit(), kinds=["layer_norm"])
+    assert all("disabled" in s.reason for s in rep.skipped if s.kind == "mlp_recompute")
 
 
 # --------------------------------------------------------------------------------------------------

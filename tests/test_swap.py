@@ -18,6 +18,7 @@ from fused_layers.swap import (
     KINDS,
     SOURCE_ATTR,
     available_kinds,
+    resolve_kinds,
     restore_modules,
     source_class,
     swap_modules,
@@ -66,10 +67,15 @@ def _kinds_available() -> list[str]:
 # --------------------------------------------------------------------------------------------------
 def test_registry_is_the_single_list_of_kinds():
     assert set(KINDS) == {"layer_norm", "rms_norm", "softmax", "multihead_attention", "attention", "cross_entropy",
-                          "gated_mlp", "rope", "residual_norm", "mlp", "lora"}
+                          "gated_mlp", "rope", "residual_norm", "mlp", "mlp_recompute", "lora"}
     # transformers' decoder-layer kinds, the plain MLPs and PEFT's LoRA layer swap known look-alikes only: no torch
     # class, always available
-    assert {k for k in KINDS if KINDS[k].known_only} == {"gated_mlp", "rope", "residual_norm", "mlp", "lora"}
+    assert {k for k in KINDS if KINDS[k].known_only} == {"gated_mlp", "rope", "residual_norm", "mlp", "mlp_recompute",
+                                                         "lora"}
+    # a kind off by default says why, and None swaps every other kind
+    assert {k for k in KINDS if not KINDS[k].default} == {"mlp_recompute"}
+    assert all(KINDS[k].why_off for k in KINDS if not KINDS[k].default)
+    assert resolve_kinds(None) == [k for k in KINDS if k != "mlp_recompute"]
     for k in KINDS:
         if KINDS[k].known_only:
             assert source_class(k) is None and target_class(k) is None and available_kinds()[k] is None
