@@ -99,7 +99,11 @@ def decoder_cases(dev: str, dt, smoke: bool) -> dict:
     # q and k as an HF attention makes them: (B, S, H, D) projections viewed as (B, H, S, D)
     qs, ks = grad(1, seq, 8, 64), grad(1, seq, 2, 64)
     gq, gk = torch.randn(1, 8, seq, 64, device=dev, dtype=dt), torch.randn(1, 2, seq, 64, device=dev, dtype=dt)
-    cos, sin = (torch.randn(1, seq, 64, device=dev, dtype=dt) for _ in range(2))
+    # cos and sin as HF's rotary embedding makes them: the angles' two halves equal (Liger's kernel reads one half)
+    angles = torch.outer(torch.arange(seq, device=dev, dtype=torch.float32),
+                         10000.0 ** (-torch.arange(0, 64, 2, device=dev, dtype=torch.float32) / 64))
+    angles = torch.cat([angles, angles], dim=-1)[None]
+    cos, sin = angles.cos().to(dt), angles.sin().to(dt)
 
     # Every implementation gets fresh q and k, as the projections make them in a model: Liger's kernel rotates them in
     # place (its forward writes the rotation over its inputs), which must not reach the leaves
