@@ -15,10 +15,8 @@ checked at the swap and at each call:
   weight)``, run as ``F.linear(h, weight.t(), bias)``) or an ``nn.Linear``.
 * ``timm.layers.mlp.Mlp``: ``drop2(fc2(norm(drop1(act(fc1(x))))))`` with ``norm`` the identity and ``drop1`` inactive
   (p = 0, timm's default, or eval), ``fc2`` an ``nn.Linear``.  Kind ``mlp_recompute``, swapped only where ``kinds``
-  names it: timm's activation is already one PyTorch kernel, so the fusion saves memory and no GPU time (ViT-B/16 x
-  64 on an H100: GPU busy 21.8 ms fused, 21.3 without it), while its Python autograd node costs host time (the step
-  0.78x of unfused with it, 1.00x without, interleaved on a host whose CPU is slow).  GPT-2's ``gelu_new`` is eight
-  PyTorch kernels, which the fusion makes one: GPU busy 20.1 ms against 28.0 without it, at equal step time there.
+  names it: timm's activation is one PyTorch kernel already, so the fusion saves memory but no GPU time (the reason
+  is ``swap.KINDS``'s), where GPT-2's ``gelu_new``, eight kernels, becomes one (GPU busy 20.1 against 28.0 ms a step).
 
 * a class of your own whose forward is ``return self.<proj>(self.<act>(self.<fc>(x)))``, registered with
   ``fused_layers.integrations.register_mlp(cls, fc=..., act=..., proj=...)`` (the job's demo GPT registers its MLP).
